@@ -1,0 +1,13 @@
+drop table cluster_capacity;
+drop table clusters;
+drop table idempotency_keys;
+drop table audit_log;
+drop table budgets;
+drop table priority_classes;
+drop table quotas;
+drop table gpu_class_rates;
+drop table gpu_classes;
+drop table api_tokens;
+drop table team_members;
+drop table teams;
+drop table users;

@@ -1,0 +1,217 @@
+//! The one error type of the REST API, rendered as RFC 9457 `application/problem+json`
+//! with a stable `code` and, for validation failures, the fields that are wrong.
+//!
+//! 5xx bodies say nothing internal: the cause is logged once, here, and the client gets a
+//! generic sentence.
+
+use axum::{
+    http::{header, HeaderValue, StatusCode},
+    response::{IntoResponse, Response},
+};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::domain::FieldError;
+
+/// An RFC 9457 problem document.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Problem {
+    /// URI reference naming the problem type.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// Short summary of the problem type.
+    pub title: String,
+    /// The HTTP status code.
+    pub status: u16,
+    /// Explanation of this occurrence.
+    pub detail: String,
+    /// Stable machine-readable code, e.g. `validation_failed`.
+    pub code: String,
+    /// The first failing field, when the problem is about one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// Every failing field.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<FieldError>,
+}
+
+/// Everything a handler or middleware can answer instead of success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("authentication required")]
+    Unauthenticated,
+    #[error("forbidden")]
+    Forbidden,
+    #[error("{0} not found")]
+    NotFound(&'static str),
+    #[error("validation failed")]
+    Validation(Vec<FieldError>),
+    #[error("malformed request body")]
+    MalformedBody { field: Option<String>, detail: String },
+    #[error("{detail}")]
+    Conflict { code: &'static str, detail: String, field: Option<String> },
+    #[error("the resource changed since it was read")]
+    PreconditionFailed,
+    #[error("request body too large")]
+    PayloadTooLarge,
+    #[error("unsupported media type")]
+    UnsupportedMediaType,
+    #[error("idempotency key reused with another request")]
+    IdempotencyKeyReused,
+    #[error("a request with this idempotency key is in flight")]
+    IdempotencyInFlight,
+    #[error("request timed out")]
+    Timeout,
+    #[error("service unavailable")]
+    Unavailable,
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    /// One failing field.
+    pub fn field(error: FieldError) -> Self {
+        ApiError::Validation(vec![error])
+    }
+
+    /// A conflict with the current state, e.g. a duplicate name.
+    pub fn conflict(code: &'static str, field: Option<&str>, detail: impl Into<String>) -> Self {
+        ApiError::Conflict { code, detail: detail.into(), field: field.map(str::to_owned) }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, &'static str) {
+        use ApiError::*;
+        match self {
+            Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
+            Forbidden => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
+            NotFound(_) => (StatusCode::NOT_FOUND, "not_found", "Not found"),
+            Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "Validation failed"),
+            MalformedBody { .. } => (StatusCode::BAD_REQUEST, "malformed_body", "Malformed request body"),
+            Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
+            PreconditionFailed => (StatusCode::PRECONDITION_FAILED, "etag_mismatch", "Precondition failed"),
+            PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "Payload too large"),
+            UnsupportedMediaType => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "Unsupported media type")
+            }
+            IdempotencyKeyReused => {
+                (StatusCode::UNPROCESSABLE_ENTITY, "idempotency_key_reused", "Idempotency key reused")
+            }
+            IdempotencyInFlight => (StatusCode::CONFLICT, "idempotency_in_flight", "Request in flight"),
+            Timeout => (StatusCode::SERVICE_UNAVAILABLE, "request_timeout", "Request timed out"),
+            Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
+            Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "Internal server error"),
+        }
+    }
+
+    /// The problem document this error renders as.
+    pub fn problem(&self) -> Problem {
+        let (status, code, title) = self.parts();
+        let (detail, field, errors) = match self {
+            ApiError::Validation(errors) => {
+                let detail = errors
+                    .iter()
+                    .map(|e| format!("{}: {}", e.field, e.message))
+                    .collect::<Vec<_>>()
+                    .join("; ");
+                (detail, errors.first().map(|e| e.field.clone()), errors.clone())
+            }
+            ApiError::MalformedBody { field, detail } => (detail.clone(), field.clone(), Vec::new()),
+            ApiError::Conflict { detail, field, .. } => (detail.clone(), field.clone(), Vec::new()),
+            ApiError::PayloadTooLarge => {
+                ("the request body exceeds the size limit".into(), Some("body".into()), Vec::new())
+            }
+            ApiError::UnsupportedMediaType => {
+                ("the request body must be sent as application/json".into(), None, Vec::new())
+            }
+            ApiError::IdempotencyKeyReused => (
+                "this Idempotency-Key was already used with a different request".into(),
+                Some("Idempotency-Key".into()),
+                Vec::new(),
+            ),
+            ApiError::IdempotencyInFlight => (
+                "the first request with this Idempotency-Key is still being processed; retry later".into(),
+                Some("Idempotency-Key".into()),
+                Vec::new(),
+            ),
+            ApiError::PreconditionFailed => (
+                "If-Match does not match the current ETag; read the resource again".into(),
+                Some("If-Match".into()),
+                Vec::new(),
+            ),
+            ApiError::Internal(_) => ("the server failed to handle the request".into(), None, Vec::new()),
+            other => (other.to_string(), None, Vec::new()),
+        };
+        Problem {
+            type_: format!("/problems/{}", code.replace('_', "-")),
+            title: title.into(),
+            status: status.as_u16(),
+            detail,
+            code: code.into(),
+            field,
+            errors,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Internal(cause) = &self {
+            tracing::error!(error = %cause, "request failed");
+        }
+        let problem = self.problem();
+        let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let body = serde_json::to_vec(&problem).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if matches!(self, ApiError::Unauthenticated) {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"fairway\""));
+        }
+        response
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        match error {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+                tracing::error!(%error, "database unavailable");
+                ApiError::Unavailable
+            }
+            other => ApiError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl From<Vec<FieldError>> for ApiError {
+    fn from(errors: Vec<FieldError>) -> Self {
+        ApiError::Validation(errors)
+    }
+}
+
+impl From<FieldError> for ApiError {
+    fn from(error: FieldError) -> Self {
+        ApiError::field(error)
+    }
+}
+
+/// Maps a named constraint violation to a client error where it happens.
+pub trait OnConstraint<T> {
+    /// Replaces a violation of `constraint` with `error`; other errors pass through.
+    fn on_constraint(self, constraint: &str, error: impl FnOnce() -> ApiError) -> Result<T, ApiError>;
+}
+
+impl<T> OnConstraint<T> for Result<T, sqlx::Error> {
+    fn on_constraint(self, constraint: &str, error: impl FnOnce() -> ApiError) -> Result<T, ApiError> {
+        self.map_err(|e| match e.as_database_error().and_then(|d| d.constraint()) {
+            Some(c) if c == constraint => error(),
+            _ => ApiError::from(e),
+        })
+    }
+}
+
+impl<T> OnConstraint<T> for Result<T, ApiError> {
+    fn on_constraint(self, _constraint: &str, _error: impl FnOnce() -> ApiError) -> Result<T, ApiError> {
+        self
+    }
+}

@@ -1,0 +1,202 @@
+//! The REST API under `/api/v1`: routes, their OpenAPI entries and their authorization
+//! policies, registered together so none can exist without the others.
+
+pub mod audit;
+pub mod auth;
+pub mod budgets;
+pub mod clusters;
+pub mod error;
+pub mod extract;
+pub mod gpu_classes;
+pub mod health;
+pub mod idempotency;
+pub mod priority_classes;
+pub mod quotas;
+pub mod teams;
+pub mod tokens;
+pub mod users;
+
+use utoipa::{
+    openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
+    Modify, OpenApi,
+};
+use utoipa_axum::{router::OpenApiRouter, routes};
+
+use crate::{
+    app::AppState,
+    auth::policy::{Policy, RoutePolicy},
+    domain::TeamRole,
+};
+
+const fn route(method: &'static str, path: &'static str, policy: Policy) -> RoutePolicy {
+    RoutePolicy { method, path, policy }
+}
+
+use Policy::{Authenticated, PlatformAdmin, Public, Team};
+
+/// Every route's authorization policy. A route missing here is refused at runtime and fails
+/// the test that compares this table with the OpenAPI document.
+pub const ROUTE_POLICIES: &[RoutePolicy] = &[
+    route("GET", "/healthz", Public),
+    route("GET", "/readyz", Public),
+    route("GET", "/metrics", Public),
+    route("POST", "/api/v1/auth/token", Public),
+    route("GET", "/api/v1/me", Authenticated),
+    route("GET", "/api/v1/users", PlatformAdmin),
+    route("POST", "/api/v1/users", PlatformAdmin),
+    route("GET", "/api/v1/teams", Authenticated),
+    route("POST", "/api/v1/teams", PlatformAdmin),
+    route("GET", "/api/v1/teams/{team}", Team(TeamRole::Viewer)),
+    route("PATCH", "/api/v1/teams/{team}", Team(TeamRole::Admin)),
+    route("DELETE", "/api/v1/teams/{team}", Policy::TeamPlatformAdmin),
+    route("GET", "/api/v1/teams/{team}/members", Team(TeamRole::Viewer)),
+    route("PUT", "/api/v1/teams/{team}/members/{username}", Team(TeamRole::Admin)),
+    route("DELETE", "/api/v1/teams/{team}/members/{username}", Team(TeamRole::Admin)),
+    route("GET", "/api/v1/teams/{team}/tokens", Team(TeamRole::Admin)),
+    route("POST", "/api/v1/teams/{team}/tokens", Team(TeamRole::Admin)),
+    route("DELETE", "/api/v1/teams/{team}/tokens/{token_id}", Team(TeamRole::Admin)),
+    route("GET", "/api/v1/teams/{team}/quotas", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/quotas/{gpu_class}", Team(TeamRole::Viewer)),
+    route("PUT", "/api/v1/teams/{team}/quotas/{gpu_class}", Policy::TeamPlatformAdmin),
+    route("DELETE", "/api/v1/teams/{team}/quotas/{gpu_class}", Policy::TeamPlatformAdmin),
+    route("GET", "/api/v1/teams/{team}/budgets", Team(TeamRole::Viewer)),
+    route("PUT", "/api/v1/teams/{team}/budgets/{period}", Policy::TeamPlatformAdmin),
+    route("DELETE", "/api/v1/teams/{team}/budgets/{period}", Policy::TeamPlatformAdmin),
+    route("GET", "/api/v1/teams/{team}/audit-log", Team(TeamRole::Admin)),
+    route("GET", "/api/v1/gpu-classes", Authenticated),
+    route("POST", "/api/v1/gpu-classes", PlatformAdmin),
+    route("GET", "/api/v1/gpu-classes/{gpu_class}", Authenticated),
+    route("PATCH", "/api/v1/gpu-classes/{gpu_class}", PlatformAdmin),
+    route("GET", "/api/v1/gpu-classes/{gpu_class}/rates", Authenticated),
+    route("POST", "/api/v1/gpu-classes/{gpu_class}/rates", PlatformAdmin),
+    route("GET", "/api/v1/priority-classes", Authenticated),
+    route("POST", "/api/v1/priority-classes", PlatformAdmin),
+    route("GET", "/api/v1/priority-classes/{priority_class}", Authenticated),
+    route("PUT", "/api/v1/priority-classes/{priority_class}", PlatformAdmin),
+    route("GET", "/api/v1/clusters", Authenticated),
+    route("PUT", "/api/v1/clusters/{cluster}", PlatformAdmin),
+    route("GET", "/api/v1/audit-log", PlatformAdmin),
+];
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Fairway",
+        description = "Multi-tenant GPU platform: teams, reserved and burst quotas, fair-share admission, chargeback.",
+        license(name = "Apache-2.0", identifier = "Apache-2.0")
+    ),
+    modifiers(&BearerAuth),
+    security(("bearer" = [])),
+    components(schemas(error::Problem)),
+    tags(
+        (name = "auth", description = "Signing in"),
+        (name = "users", description = "Users (platform admins)"),
+        (name = "teams", description = "Teams and their members"),
+        (name = "tokens", description = "API tokens for CI pipelines"),
+        (name = "quotas", description = "Reserved, burst and lendable GPUs per team and class"),
+        (name = "budgets", description = "Monthly budgets per team"),
+        (name = "gpu-classes", description = "The GPU catalogue and rate card"),
+        (name = "priority-classes", description = "Priority classes"),
+        (name = "clusters", description = "Clusters and their capacity"),
+        (name = "audit", description = "Audit log"),
+        (name = "health", description = "Health and metrics"),
+    )
+)]
+struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .bearer_format("JWT access token or fwy_ API token")
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// Every route with its OpenAPI entry.
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health::get_healthz))
+        .routes(routes!(health::get_readyz))
+        .routes(routes!(health::get_metrics))
+        .routes(routes!(auth::create_access_token))
+        .routes(routes!(auth::get_me))
+        .routes(routes!(users::create_user, users::list_users))
+        .routes(routes!(teams::create_team, teams::list_teams))
+        .routes(routes!(teams::get_team, teams::update_team, teams::delete_team))
+        .routes(routes!(teams::list_members))
+        .routes(routes!(teams::put_member, teams::delete_member))
+        .routes(routes!(tokens::create_token, tokens::list_tokens))
+        .routes(routes!(tokens::revoke_token))
+        .routes(routes!(quotas::list_quotas))
+        .routes(routes!(quotas::get_quota, quotas::put_quota, quotas::delete_quota))
+        .routes(routes!(budgets::list_budgets))
+        .routes(routes!(budgets::put_budget, budgets::delete_budget))
+        .routes(routes!(audit::list_team_audit_log))
+        .routes(routes!(audit::list_audit_log))
+        .routes(routes!(gpu_classes::create_gpu_class, gpu_classes::list_gpu_classes))
+        .routes(routes!(gpu_classes::get_gpu_class, gpu_classes::update_gpu_class))
+        .routes(routes!(gpu_classes::list_gpu_class_rates, gpu_classes::create_gpu_class_rate))
+        .routes(routes!(priority_classes::list_priority_classes, priority_classes::create_priority_class))
+        .routes(routes!(priority_classes::get_priority_class, priority_classes::put_priority_class))
+        .routes(routes!(clusters::list_clusters))
+        .routes(routes!(clusters::put_cluster))
+}
+
+/// The OpenAPI document of the API, as committed in `openapi/openapi.json`.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    router().split_for_parts().1
+}
+
+/// The document as pretty JSON with a trailing newline, byte for byte what is committed.
+pub fn openapi_json() -> String {
+    let mut text = openapi().to_pretty_json().unwrap_or_default();
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_documented_operation_has_a_policy_and_every_policy_a_route() {
+        let doc = openapi();
+        let mut operations = Vec::new();
+        for (path, item) in doc.paths.paths.iter() {
+            let methods = [
+                ("GET", item.get.is_some()),
+                ("POST", item.post.is_some()),
+                ("PUT", item.put.is_some()),
+                ("PATCH", item.patch.is_some()),
+                ("DELETE", item.delete.is_some()),
+            ];
+            for (method, present) in methods {
+                if present {
+                    operations.push((method, path.clone()));
+                }
+            }
+        }
+        for (method, path) in &operations {
+            assert!(crate::auth::policy::policy_for(method, path).is_some(), "{method} {path} has no policy");
+        }
+        for r in ROUTE_POLICIES {
+            assert!(operations.iter().any(|(m, p)| *m == r.method && p == r.path), "policy for {} {} has no route", r.method, r.path);
+        }
+        assert_eq!(operations.len(), ROUTE_POLICIES.len());
+    }
+
+    #[test]
+    fn the_document_is_openapi_3_1() {
+        let json = openapi_json();
+        assert!(json.contains("\"openapi\": \"3.1.0\""), "{}", &json[..200]);
+    }
+}

@@ -1,0 +1,254 @@
+//! The running service: shared state, the HTTP application with its layers, and the
+//! `serve` lifecycle (database, bootstrap, listen, graceful shutdown).
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use anyhow::Context as _;
+use axum::{
+    extract::{DefaultBodyLimit, Request, State},
+    middleware::{self, Next},
+    response::{IntoResponse, Response},
+    Router,
+};
+use base64::Engine as _;
+use sqlx::PgPool;
+use utoipa_swagger_ui::SwaggerUi;
+
+use crate::{
+    api::{self, error::ApiError},
+    auth::{jwt::JwtKeys, password, policy},
+    config::{decode_signing_key, Config, Secret},
+    db::{self, embedded::{Durability, EmbeddedPostgres}},
+    telemetry::{self, Metrics},
+};
+
+/// State shared by every request.
+#[derive(Clone)]
+pub struct AppState {
+    /// The database pool.
+    pub db: PgPool,
+    /// Access-token keys.
+    pub keys: Arc<JwtKeys>,
+    /// The effective configuration.
+    pub config: Arc<Config>,
+    /// Request metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl AppState {
+    /// State over `db` with keys from `config`.
+    pub fn new(db: PgPool, config: Config, signing_key: &[u8]) -> anyhow::Result<Self> {
+        let previous = config
+            .previous_signing_keys
+            .iter()
+            .map(|k| decode_signing_key("FAIRWAY_PREVIOUS_SIGNING_KEYS", k))
+            .collect::<Result<Vec<_>, _>>()?;
+        let keys = JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
+        Ok(Self { db, keys: Arc::new(keys), config: Arc::new(config), metrics: Arc::default() })
+    }
+}
+
+/// The whole HTTP application.
+pub fn app(state: AppState) -> Router {
+    let (api, openapi) = api::router().split_for_parts();
+    let api = api
+        .route_layer(middleware::from_fn_with_state(state.clone(), api::idempotency::idempotency))
+        .route_layer(middleware::from_fn_with_state(state.clone(), policy::authorize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), telemetry::observe));
+    api.merge(SwaggerUi::new("/api/docs").url("/api/v1/openapi.json", openapi))
+        .fallback(|| async { ApiError::NotFound("route") })
+        .method_not_allowed_fallback(|| async {
+            let mut r = ApiError::NotFound("route").into_response();
+            *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
+            r
+        })
+        .layer(middleware::from_fn_with_state(state.clone(), timeout))
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .with_state(state)
+}
+
+/// Answers 503 `request_timeout` when a request takes longer than the configured limit.
+/// Dropping the handler's future rolls back any open transaction.
+async fn timeout(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    match tokio::time::timeout(state.config.request_timeout, next.run(request)).await {
+        Ok(response) => response,
+        Err(_) => ApiError::Timeout.into_response(),
+    }
+}
+
+/// The service's database: an external one, or the embedded server we started.
+pub struct Database {
+    /// Connection pool.
+    pub pool: PgPool,
+    embedded: Option<EmbeddedPostgres>,
+}
+
+impl Database {
+    /// Connects to `DATABASE_URL`, or starts the embedded server under the data directory.
+    pub async fn open(config: &Config) -> anyhow::Result<Self> {
+        match &config.database_url {
+            Some(url) => {
+                let options: sqlx::postgres::PgConnectOptions =
+                    url.expose().parse().context("DATABASE_URL is not a PostgreSQL URL")?;
+                let pool = db::connect(options, 20).await.context("cannot connect to DATABASE_URL")?;
+                Ok(Self { pool, embedded: None })
+            }
+            None => {
+                let pgdata = config.data_dir.join("postgres");
+                let server = EmbeddedPostgres::start(&pgdata, Durability { fsync: true }).await?;
+                tracing::info!(pgdata = %server.pgdata().display(), "embedded PostgreSQL running");
+                server.create_database("fairway", None).await?;
+                let pool = db::connect(server.connect_options("fairway"), 20).await?;
+                Ok(Self { pool, embedded: Some(server) })
+            }
+        }
+    }
+
+    /// The embedded server, if we run one.
+    pub fn embedded(&self) -> Option<&EmbeddedPostgres> {
+        self.embedded.as_ref()
+    }
+
+    /// Closes the pool and stops the embedded server.
+    pub async fn close(self) {
+        self.pool.close().await;
+        if let Some(server) = self.embedded {
+            server.stop().await;
+        }
+    }
+}
+
+/// The key that signs access tokens: the configured one, or in the embedded development
+/// mode a random key generated once and kept in the data directory (so sign-ins survive a
+/// restart). Outside development mode a missing or short key is fatal.
+pub fn signing_key(config: &Config) -> anyhow::Result<Vec<u8>> {
+    if let Some(key) = &config.signing_key {
+        return Ok(decode_signing_key("FAIRWAY_SIGNING_KEY", key)?);
+    }
+    if !config.embedded_database() {
+        anyhow::bail!(
+            "FAIRWAY_SIGNING_KEY is required with an external database: set it to at least 32 random bytes in base64 \
+             (e.g. `openssl rand -base64 32`)"
+        );
+    }
+    let path = config.data_dir.join("signing.key");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        return Ok(decode_signing_key("signing.key", &Secret::new(text.trim()))?);
+    }
+    let key: [u8; 32] = rand::random();
+    write_private(&path, &base64::engine::general_purpose::STANDARD.encode(key))?;
+    Ok(key.to_vec())
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::{io::Write as _, os::unix::fs::OpenOptionsExt as _};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
+    file.write_all(text.as_bytes())?;
+    Ok(())
+}
+
+/// Creates the platform admin on first start. Prints a generated password once.
+pub async fn bootstrap_admin(pool: &PgPool, config: &Config) -> anyhow::Result<()> {
+    if db::users::by_username(pool, "admin").await?.is_some() {
+        return Ok(());
+    }
+    let (secret, generated) = match &config.admin_password {
+        Some(p) => (p.expose().to_owned(), false),
+        None => (password::generate(), true),
+    };
+    let hash = tokio::task::spawn_blocking({
+        let secret = secret.clone();
+        move || password::hash(&secret)
+    })
+    .await?;
+    if db::users::ensure_admin(pool, &hash).await? {
+        if generated {
+            // Printed, not logged: it must not end up in a log pipeline.
+            println!("Created the platform admin `admin` with password: {secret}");
+            println!("It is shown only this once; set FAIRWAY_ADMIN_PASSWORD to choose it instead.");
+        } else {
+            tracing::info!("created the platform admin `admin` with the password from FAIRWAY_ADMIN_PASSWORD");
+        }
+    }
+    Ok(())
+}
+
+/// Runs the service until SIGTERM or SIGINT.
+pub async fn serve(config: Config) -> anyhow::Result<()> {
+    let key = signing_key(&config)?;
+    let database = Database::open(&config).await?;
+    let result = run(&database, config, &key).await;
+    database.close().await;
+    result
+}
+
+async fn run(database: &Database, config: Config, key: &[u8]) -> anyhow::Result<()> {
+    if database.embedded().is_some() {
+        db::MIGRATOR.run(&database.pool).await.context("applying migrations")?;
+    } else {
+        check_migrated(&database.pool).await?;
+    }
+    bootstrap_admin(&database.pool, &config).await?;
+    let listen = config.listen;
+    let state = AppState::new(database.pool.clone(), config, key)?;
+    tokio::spawn(purge_idempotency_keys(state.db.clone()));
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(address = %listener.local_addr()?, "fairway listening");
+    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+/// With an external database, migrations are an explicit step (`fairway migrate up`), so
+/// several replicas never race to apply them; refuse to run on an older schema.
+async fn check_migrated(pool: &PgPool) -> anyhow::Result<()> {
+    let latest = db::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
+    let applied: Option<i64> = sqlx::query_scalar("select max(version) from _sqlx_migrations where success")
+        .fetch_one(pool)
+        .await
+        .unwrap_or(None);
+    if applied.unwrap_or(0) < latest {
+        anyhow::bail!("the database schema is behind this binary: run `fairway migrate up` first");
+    }
+    Ok(())
+}
+
+async fn purge_idempotency_keys(pool: PgPool) {
+    let mut tick = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        tick.tick().await;
+        match db::idempotency::purge_expired(&pool).await {
+            Ok(n) if n > 0 => tracing::info!(rows = n, "purged expired idempotency keys"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "purging idempotency keys failed"),
+        }
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown signal received; draining requests");
+}

@@ -1,0 +1,290 @@
+//! Service configuration: built-in defaults, then an optional TOML file, then `FAIRWAY_*`
+//! environment variables, each layer overriding the one before.
+//!
+//! Secrets (the database URL, signing keys, the admin password) are held in [`Secret`], whose
+//! `Debug` and `Display` never show the value, so a logged `Config` cannot leak them.
+
+use std::{fmt, net::SocketAddr, path::PathBuf, time::Duration};
+
+use base64::Engine as _;
+use serde::Deserialize;
+
+/// A value that must never be printed: `Debug` shows `Secret([redacted])`.
+#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The secret itself; call only where it is used, never to log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret([redacted])")
+    }
+}
+
+/// Why the configuration cannot be used; each names the setting that is wrong.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    ReadFile { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} is not valid: {source}")]
+    ParseFile { path: PathBuf, source: toml::de::Error },
+    #[error("{name} is not valid: {reason}")]
+    Invalid { name: &'static str, reason: String },
+}
+
+/// The effective configuration of one `fairway` process.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Address the HTTP server binds (`FAIRWAY_LISTEN`).
+    pub listen: SocketAddr,
+    /// Where the embedded database and generated dev keys live (`FAIRWAY_DATA_DIR`).
+    pub data_dir: PathBuf,
+    /// External database; `None` selects the embedded PostgreSQL (`DATABASE_URL`).
+    pub database_url: Option<Secret>,
+    /// Key that signs access tokens (`FAIRWAY_SIGNING_KEY`, base64, at least 256 bits).
+    /// Required unless the embedded development database is in use.
+    pub signing_key: Option<Secret>,
+    /// Earlier signing keys still accepted for verification while tokens they signed
+    /// expire (`FAIRWAY_PREVIOUS_SIGNING_KEYS`, comma-separated base64).
+    pub previous_signing_keys: Vec<Secret>,
+    /// `iss` claim of issued access tokens (`FAIRWAY_JWT_ISSUER`).
+    pub jwt_issuer: String,
+    /// `aud` claim of issued access tokens (`FAIRWAY_JWT_AUDIENCE`).
+    pub jwt_audience: String,
+    /// Lifetime of an access token (`FAIRWAY_ACCESS_TOKEN_TTL_SECONDS`).
+    pub access_token_ttl: Duration,
+    /// Initial password of the `admin` user (`FAIRWAY_ADMIN_PASSWORD`); random if unset.
+    pub admin_password: Option<Secret>,
+    /// Longest a request may take before it is answered 503 (`FAIRWAY_REQUEST_TIMEOUT_SECONDS`).
+    pub request_timeout: Duration,
+    /// Largest accepted request body in bytes (`FAIRWAY_MAX_BODY_BYTES`).
+    pub max_body_bytes: usize,
+    /// How long a repeated `Idempotency-Key` waits for the first request to finish before
+    /// answering 409 (`FAIRWAY_IDEMPOTENCY_WAIT_MS`).
+    pub idempotency_wait: Duration,
+    /// Currency of every price and budget, ISO 4217 (`FAIRWAY_CURRENCY`).
+    pub currency: String,
+    /// Log as JSON lines instead of compact text (`FAIRWAY_LOG_FORMAT=json`).
+    pub log_json: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            data_dir: PathBuf::from(".fairway"),
+            database_url: None,
+            signing_key: None,
+            previous_signing_keys: Vec::new(),
+            jwt_issuer: "fairway".into(),
+            jwt_audience: "fairway-api".into(),
+            access_token_ttl: Duration::from_secs(15 * 60),
+            admin_password: None,
+            request_timeout: Duration::from_secs(30),
+            max_body_bytes: 2 * 1024 * 1024,
+            idempotency_wait: Duration::from_secs(5),
+            currency: "USD".into(),
+            log_json: false,
+        }
+    }
+}
+
+/// The TOML file's shape: every field optional, names as in the environment without the
+/// `FAIRWAY_` prefix, lowercased.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    database_url: Option<Secret>,
+    signing_key: Option<Secret>,
+    previous_signing_keys: Option<Vec<Secret>>,
+    jwt_issuer: Option<String>,
+    jwt_audience: Option<String>,
+    access_token_ttl_seconds: Option<u64>,
+    admin_password: Option<Secret>,
+    request_timeout_seconds: Option<u64>,
+    max_body_bytes: Option<usize>,
+    idempotency_wait_ms: Option<u64>,
+    currency: Option<String>,
+    log_format: Option<String>,
+}
+
+impl Config {
+    /// Loads the configuration from the optional file (`FAIRWAY_CONFIG` when `file` is
+    /// `None`) and the process environment.
+    pub fn load(file: Option<PathBuf>) -> Result<Self, ConfigError> {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let file = file.or_else(|| env("FAIRWAY_CONFIG").map(PathBuf::from));
+        let from_file = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|source| ConfigError::ReadFile { path: path.clone(), source })?;
+                toml::from_str(&text).map_err(|source| ConfigError::ParseFile { path, source })?
+            }
+            None => FileConfig::default(),
+        };
+        Self::from_layers(from_file, &env)
+    }
+
+    fn from_layers(file: FileConfig, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut config = Config::default();
+        let listen = env("FAIRWAY_LISTEN").or(file.listen);
+        if let Some(listen) = listen {
+            config.listen = listen.parse().map_err(|e| ConfigError::Invalid {
+                name: "FAIRWAY_LISTEN",
+                reason: format!("{e} (expected host:port, e.g. 127.0.0.1:8080)"),
+            })?;
+        }
+        if let Some(dir) = env("FAIRWAY_DATA_DIR").map(PathBuf::from).or(file.data_dir) {
+            config.data_dir = dir;
+        }
+        config.database_url = env("DATABASE_URL").map(Secret::new).or(file.database_url);
+        config.signing_key = env("FAIRWAY_SIGNING_KEY").map(Secret::new).or(file.signing_key);
+        config.previous_signing_keys = match env("FAIRWAY_PREVIOUS_SIGNING_KEYS") {
+            Some(list) => list.split(',').map(|k| Secret::new(k.trim())).collect(),
+            None => file.previous_signing_keys.unwrap_or_default(),
+        };
+        if let Some(v) = env("FAIRWAY_JWT_ISSUER").or(file.jwt_issuer) {
+            config.jwt_issuer = v;
+        }
+        if let Some(v) = env("FAIRWAY_JWT_AUDIENCE").or(file.jwt_audience) {
+            config.jwt_audience = v;
+        }
+        let number = |name: &'static str, from_file: Option<u64>| -> Result<Option<u64>, ConfigError> {
+            match env(name) {
+                Some(v) => v.parse().map(Some).map_err(|_| ConfigError::Invalid {
+                    name,
+                    reason: format!("{v:?} is not a whole number"),
+                }),
+                None => Ok(from_file),
+            }
+        };
+        if let Some(s) = number("FAIRWAY_ACCESS_TOKEN_TTL_SECONDS", file.access_token_ttl_seconds)? {
+            if !(60..=86_400).contains(&s) {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_ACCESS_TOKEN_TTL_SECONDS",
+                    reason: "must be between 60 and 86400".into(),
+                });
+            }
+            config.access_token_ttl = Duration::from_secs(s);
+        }
+        if let Some(s) = number("FAIRWAY_REQUEST_TIMEOUT_SECONDS", file.request_timeout_seconds)? {
+            config.request_timeout = Duration::from_secs(s.max(1));
+        }
+        if let Some(b) = number("FAIRWAY_MAX_BODY_BYTES", file.max_body_bytes.map(|b| b as u64))? {
+            config.max_body_bytes = usize::try_from(b).unwrap_or(usize::MAX);
+        }
+        if let Some(ms) = number("FAIRWAY_IDEMPOTENCY_WAIT_MS", file.idempotency_wait_ms)? {
+            config.idempotency_wait = Duration::from_millis(ms);
+        }
+        config.admin_password = env("FAIRWAY_ADMIN_PASSWORD").map(Secret::new).or(file.admin_password);
+        if let Some(c) = env("FAIRWAY_CURRENCY").or(file.currency) {
+            if c.len() != 3 || !c.bytes().all(|b| b.is_ascii_uppercase()) {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_CURRENCY",
+                    reason: "must be an ISO 4217 code such as USD".into(),
+                });
+            }
+            config.currency = c;
+        }
+        config.log_json = match env("FAIRWAY_LOG_FORMAT").or(file.log_format).as_deref() {
+            None | Some("text") => false,
+            Some("json") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_LOG_FORMAT",
+                    reason: format!("{other:?} is neither \"text\" nor \"json\""),
+                })
+            }
+        };
+        Ok(config)
+    }
+
+    /// True when no external database is configured: the embedded development mode.
+    pub fn embedded_database(&self) -> bool {
+        self.database_url.is_none()
+    }
+}
+
+/// Decodes a base64 signing key and insists on at least 256 bits.
+pub fn decode_signing_key(name: &'static str, key: &Secret) -> Result<Vec<u8>, ConfigError> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(key.expose().trim())
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(key.expose().trim()))
+        .map_err(|_| ConfigError::Invalid { name, reason: "is not base64".into() })?;
+    if bytes.len() < 32 {
+        return Err(ConfigError::Invalid {
+            name,
+            reason: format!("is {} bits; at least 256 are required", bytes.len() * 8),
+        });
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + '_ {
+        move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn debug_output_never_shows_secrets() {
+        let env = env_of(&[
+            ("DATABASE_URL", "postgres://u:hunter2@db/fairway"),
+            ("FAIRWAY_SIGNING_KEY", "c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0c2VjcmV0MTI="),
+            ("FAIRWAY_ADMIN_PASSWORD", "correct-horse"),
+        ]);
+        let config = Config::from_layers(FileConfig::default(), &env).unwrap();
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("c2VjcmV0"), "{shown}");
+        assert!(!shown.contains("correct-horse"), "{shown}");
+        assert!(shown.contains("[redacted]"));
+    }
+
+    #[test]
+    fn environment_overrides_the_file_and_defaults_apply_otherwise() {
+        let file: FileConfig = toml::from_str("listen = \"0.0.0.0:9000\"\njwt_issuer = \"from-file\"").unwrap();
+        let env = env_of(&[("FAIRWAY_LISTEN", "127.0.0.1:7000")]);
+        let config = Config::from_layers(file, &env).unwrap();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:7000");
+        assert_eq!(config.jwt_issuer, "from-file");
+        assert_eq!(config.data_dir, PathBuf::from(".fairway"));
+        assert!(config.embedded_database());
+    }
+
+    #[test]
+    fn a_bad_listen_address_names_the_variable() {
+        let env = env_of(&[("FAIRWAY_LISTEN", "not-an-address")]);
+        let err = Config::from_layers(FileConfig::default(), &env).unwrap_err();
+        assert!(err.to_string().starts_with("FAIRWAY_LISTEN"), "{err}");
+    }
+
+    #[test]
+    fn unknown_keys_in_the_file_are_rejected() {
+        assert!(toml::from_str::<FileConfig>("lisen = \"x\"").is_err());
+    }
+
+    #[test]
+    fn signing_keys_shorter_than_256_bits_are_refused() {
+        let short = Secret::new(base64::engine::general_purpose::STANDARD.encode([7u8; 31]));
+        let err = decode_signing_key("FAIRWAY_SIGNING_KEY", &short).unwrap_err();
+        assert!(err.to_string().contains("248 bits"), "{err}");
+        let long = Secret::new(base64::engine::general_purpose::STANDARD.encode([7u8; 32]));
+        assert_eq!(decode_signing_key("FAIRWAY_SIGNING_KEY", &long).unwrap().len(), 32);
+    }
+}

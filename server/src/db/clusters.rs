@@ -1,0 +1,102 @@
+//! Clusters and the GPU capacity they hold.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A stored cluster.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClusterRow {
+    pub id: Uuid,
+    pub name: String,
+    pub backend: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub version: i64,
+}
+
+/// One class's capacity in a cluster.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct CapacityRow {
+    pub cluster: String,
+    pub gpu_class: String,
+    pub gpus: i32,
+}
+
+/// All clusters by name.
+pub async fn list(pool: &PgPool) -> Result<Vec<ClusterRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ClusterRow,
+        "select id, name, backend, created_at, updated_at, version from clusters order by name"
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Capacity of every cluster, by cluster and class name.
+pub async fn capacity(db: impl sqlx::PgExecutor<'_>) -> Result<Vec<CapacityRow>, sqlx::Error> {
+    sqlx::query_as!(
+        CapacityRow,
+        "select cl.name as cluster, c.name as gpu_class, cc.gpus
+         from cluster_capacity cc
+         join clusters cl on cl.id = cc.cluster_id
+         join gpu_classes c on c.id = cc.gpu_class_id
+         order by cl.name, c.name"
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// The cluster called `name`, locked for update.
+pub async fn get_for_update(tx: &mut Tx<'_>, name: &str) -> Result<Option<ClusterRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ClusterRow,
+        "select id, name, backend, created_at, updated_at, version from clusters where name = $1 for update",
+        name
+    )
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// Creates or updates a cluster and replaces its capacity.
+pub async fn upsert(tx: &mut Tx<'_>, name: &str, backend: &str, capacity: &[(Uuid, i32)]) -> Result<ClusterRow, sqlx::Error> {
+    let row = sqlx::query_as!(
+        ClusterRow,
+        "insert into clusters (id, name, backend) values ($1, $2, $3)
+         on conflict (name) do update
+         set backend = excluded.backend, updated_at = now(), version = clusters.version + 1
+         returning id, name, backend, created_at, updated_at, version",
+        Uuid::new_v4(),
+        name,
+        backend
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    sqlx::query!("delete from cluster_capacity where cluster_id = $1", row.id).execute(&mut **tx).await?;
+    let (classes, gpus): (Vec<Uuid>, Vec<i32>) = capacity.iter().copied().unzip();
+    sqlx::query!(
+        "insert into cluster_capacity (cluster_id, gpu_class_id, gpus)
+         select $1, c, g from unnest($2::uuid[], $3::int4[]) as t(c, g)",
+        row.id,
+        &classes,
+        &gpus
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(row)
+}
+
+/// The GPUs of `class_id` the platform knows of across all clusters; `None` when no
+/// cluster declares any capacity at all (nothing to compare against).
+pub async fn known_capacity(tx: &mut Tx<'_>, class_id: Uuid) -> Result<Option<i64>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"select (select count(*) from cluster_capacity) as "any!",
+                  (select coalesce(sum(gpus), 0) from cluster_capacity where gpu_class_id = $1) as "gpus!""#,
+        class_id
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok((row.any > 0).then_some(row.gpus))
+}

@@ -1,0 +1,144 @@
+//! GPU classes and their effective-dated rates.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A stored GPU class with the rate in effect now.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GpuClassRow {
+    pub id: Uuid,
+    pub name: String,
+    pub kind: String,
+    pub memory_mib: i32,
+    pub fraction_milli: i32,
+    pub description: String,
+    /// Rate in effect now; `None` when every rate starts in the future.
+    pub rate_micros_per_gpu_hour: Option<i64>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub version: i64,
+}
+
+/// One entry of a class's rate history.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct RateRow {
+    pub effective_from: DateTime<Utc>,
+    pub rate_micros_per_gpu_hour: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The class called `name`, in or outside a transaction.
+pub async fn by_name(db: impl sqlx::PgExecutor<'_>, name: &str) -> Result<Option<GpuClassRow>, sqlx::Error> {
+    sqlx::query_as!(
+        GpuClassRow,
+        r#"select c.id, c.name, c.kind, c.memory_mib, c.fraction_milli, c.description,
+                  (select r.rate_micros_per_gpu_hour from gpu_class_rates r
+                   where r.gpu_class_id = c.id and r.effective_from <= now()
+                   order by r.effective_from desc limit 1) as rate_micros_per_gpu_hour,
+                  c.created_at, c.updated_at, c.version
+           from gpu_classes c where c.name = $1"#,
+        name
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// Classes by name, after `after`.
+pub async fn list(pool: &PgPool, after: Option<&str>, limit: i64) -> Result<Vec<GpuClassRow>, sqlx::Error> {
+    sqlx::query_as!(
+        GpuClassRow,
+        r#"select c.id, c.name, c.kind, c.memory_mib, c.fraction_milli, c.description,
+                  (select r.rate_micros_per_gpu_hour from gpu_class_rates r
+                   where r.gpu_class_id = c.id and r.effective_from <= now()
+                   order by r.effective_from desc limit 1) as rate_micros_per_gpu_hour,
+                  c.created_at, c.updated_at, c.version
+           from gpu_classes c where $1::text is null or c.name > $1
+           order by c.name limit $2"#,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Creates a class; fails on `gpu_classes_name_key` when the name is taken.
+pub async fn insert(
+    tx: &mut Tx<'_>,
+    name: &str,
+    kind: &str,
+    memory_mib: i32,
+    fraction_milli: i32,
+    description: &str,
+) -> Result<Uuid, sqlx::Error> {
+    let row = sqlx::query!(
+        "insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
+         values ($1, $2, $3, $4, $5, $6) returning id",
+        Uuid::new_v4(),
+        name,
+        kind,
+        memory_mib,
+        fraction_milli,
+        description
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(row.id)
+}
+
+/// Adds a rate effective from `effective_from`; fails on `gpu_class_rates_pkey` when a rate
+/// already starts at that instant.
+pub async fn add_rate(
+    tx: &mut Tx<'_>,
+    class_id: Uuid,
+    effective_from: DateTime<Utc>,
+    rate_micros_per_gpu_hour: i64,
+) -> Result<RateRow, sqlx::Error> {
+    sqlx::query_as!(
+        RateRow,
+        "insert into gpu_class_rates (gpu_class_id, effective_from, rate_micros_per_gpu_hour)
+         values ($1, $2, $3) returning effective_from, rate_micros_per_gpu_hour, created_at",
+        class_id,
+        effective_from,
+        rate_micros_per_gpu_hour
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// The rate history of a class, oldest first.
+pub async fn rates(pool: &PgPool, class_id: Uuid) -> Result<Vec<RateRow>, sqlx::Error> {
+    sqlx::query_as!(
+        RateRow,
+        "select effective_from, rate_micros_per_gpu_hour, created_at
+         from gpu_class_rates where gpu_class_id = $1 order by effective_from",
+        class_id
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Locks a class and returns its version.
+pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<i64>, sqlx::Error> {
+    let row = sqlx::query!("select version from gpu_classes where id = $1 for update", id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(row.map(|r| r.version))
+}
+
+/// Changes the description and memory of a class (its kind and fraction are fixed: jobs and
+/// usage already refer to them).
+pub async fn update(tx: &mut Tx<'_>, id: Uuid, memory_mib: i32, description: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update gpu_classes set memory_mib = $2, description = $3, updated_at = now(), version = version + 1
+         where id = $1",
+        id,
+        memory_mib,
+        description
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

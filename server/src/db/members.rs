@@ -1,0 +1,75 @@
+//! Team membership and roles.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A member of a team.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MemberRow {
+    pub user_id: Uuid,
+    pub username: String,
+    pub role: String,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Members of `team_id` by username, after `after`.
+pub async fn list(pool: &PgPool, team_id: Uuid, after: Option<&str>, limit: i64) -> Result<Vec<MemberRow>, sqlx::Error> {
+    sqlx::query_as!(
+        MemberRow,
+        "select m.user_id, u.username, m.role, m.created_at, m.updated_at
+         from team_members m join users u on u.id = m.user_id
+         where m.team_id = $1 and ($2::text is null or u.username > $2)
+         order by u.username limit $3",
+        team_id,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The membership of `user_id` in `team_id`, locked for update.
+pub async fn get_for_update(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid) -> Result<Option<MemberRow>, sqlx::Error> {
+    sqlx::query_as!(
+        MemberRow,
+        "select m.user_id, u.username, m.role, m.created_at, m.updated_at
+         from team_members m join users u on u.id = m.user_id
+         where m.team_id = $1 and m.user_id = $2
+         for update of m",
+        team_id,
+        user_id
+    )
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// Adds a member or changes their role.
+pub async fn upsert(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid, role: &str) -> Result<MemberRow, sqlx::Error> {
+    sqlx::query_as!(
+        MemberRow,
+        r#"with m as (
+               insert into team_members (team_id, user_id, role) values ($1, $2, $3)
+               on conflict (team_id, user_id) do update set role = excluded.role, updated_at = now()
+               returning *
+           )
+           select m.user_id, u.username, m.role, m.created_at, m.updated_at
+           from m join users u on u.id = m.user_id"#,
+        team_id,
+        user_id,
+        role
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// Removes a member.
+pub async fn delete(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from team_members where team_id = $1 and user_id = $2", team_id, user_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! All SQL of the service. Every query is checked at compile time against the schema
+//! (`.sqlx/` holds the offline data so builds need no database). Tenant-owned rows are read
+//! with their team as an explicit argument.
+
+pub mod audit;
+pub mod budgets;
+pub mod clusters;
+pub mod embedded;
+pub mod gpu_classes;
+pub mod idempotency;
+pub mod members;
+pub mod priority_classes;
+pub mod quotas;
+pub mod teams;
+pub mod tokens;
+pub mod users;
+
+use std::time::Duration;
+
+use sqlx::{migrate::Migrator, postgres::PgPoolOptions, PgPool, Postgres, Transaction};
+
+/// The schema migrations, embedded in the binary; each has an `up` and a `down`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+/// A transaction on the service's database.
+pub type Tx<'a> = Transaction<'a, Postgres>;
+
+/// Opens a connection pool.
+pub async fn connect(options: sqlx::postgres::PgConnectOptions, max_connections: u32) -> Result<PgPool, sqlx::Error> {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(5))
+        .connect_with(options)
+        .await
+}
+
+/// True when the database answers a trivial query.
+pub async fn ping(pool: &PgPool) -> bool {
+    sqlx::query!("select 1 as one").fetch_one(pool).await.is_ok()
+}

@@ -1,0 +1,145 @@
+//! Quotas per team per GPU class.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A stored quota with its class's name.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct QuotaRow {
+    pub gpu_class: String,
+    pub reserved: i32,
+    pub burst: i32,
+    pub lendable: Option<i32>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub version: i64,
+}
+
+/// Quotas of `team_id` by class name.
+pub async fn list(pool: &PgPool, team_id: Uuid) -> Result<Vec<QuotaRow>, sqlx::Error> {
+    sqlx::query_as!(
+        QuotaRow,
+        "select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
+         from quotas q join gpu_classes c on c.id = q.gpu_class_id
+         where q.team_id = $1 order by c.name",
+        team_id
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The quota of `team_id` for `class_id`.
+pub async fn get(pool: &PgPool, team_id: Uuid, class_id: Uuid) -> Result<Option<QuotaRow>, sqlx::Error> {
+    sqlx::query_as!(
+        QuotaRow,
+        "select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
+         from quotas q join gpu_classes c on c.id = q.gpu_class_id
+         where q.team_id = $1 and q.gpu_class_id = $2",
+        team_id,
+        class_id
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Everything a quota change is validated against, read under locks so two concurrent
+/// changes in one subtree cannot both pass the checks.
+#[derive(Debug, Clone)]
+pub struct QuotaContext {
+    /// The quota being changed, if it exists.
+    pub current: Option<QuotaRow>,
+    /// The parent's reserved quota for the class (`None`: no parent, or no quota row).
+    pub parent_reserved: Option<i32>,
+    /// The sum of the other children of the parent, excluding this team.
+    pub siblings_reserved: i64,
+    /// The sum of this team's children's reserved quotas.
+    pub children_reserved: i64,
+    /// Reserved quota of the class across all top-level teams, excluding this team.
+    pub other_roots_reserved: i64,
+}
+
+/// Reads and locks what a change of `team_id`'s quota for `class_id` must respect. Locks the
+/// class row first: every quota change of a class serialises on it.
+pub async fn context_for_update(
+    tx: &mut Tx<'_>,
+    team_id: Uuid,
+    parent_id: Option<Uuid>,
+    class_id: Uuid,
+) -> Result<QuotaContext, sqlx::Error> {
+    sqlx::query!("select id from gpu_classes where id = $1 for update", class_id)
+        .fetch_optional(&mut **tx)
+        .await?;
+    let current = sqlx::query_as!(
+        QuotaRow,
+        "select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
+         from quotas q join gpu_classes c on c.id = q.gpu_class_id
+         where q.team_id = $1 and q.gpu_class_id = $2",
+        team_id,
+        class_id
+    )
+    .fetch_optional(&mut **tx)
+    .await?;
+    let sums = sqlx::query!(
+        r#"select
+             (select reserved from quotas where team_id = $2 and gpu_class_id = $3) as parent_reserved,
+             (select coalesce(sum(q.reserved), 0) from quotas q join teams t on t.id = q.team_id
+               where t.parent_id = $2 and q.gpu_class_id = $3 and q.team_id <> $1) as "siblings!",
+             (select coalesce(sum(q.reserved), 0) from quotas q join teams t on t.id = q.team_id
+               where t.parent_id = $1 and q.gpu_class_id = $3) as "children!",
+             (select coalesce(sum(q.reserved), 0) from quotas q join teams t on t.id = q.team_id
+               where t.parent_id is null and q.gpu_class_id = $3 and q.team_id <> $1) as "roots!""#,
+        team_id,
+        parent_id,
+        class_id
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(QuotaContext {
+        current,
+        parent_reserved: sums.parent_reserved,
+        siblings_reserved: sums.siblings,
+        children_reserved: sums.children,
+        other_roots_reserved: sums.roots,
+    })
+}
+
+/// Creates or replaces a quota.
+pub async fn upsert(
+    tx: &mut Tx<'_>,
+    team_id: Uuid,
+    class_id: Uuid,
+    reserved: i32,
+    burst: i32,
+    lendable: Option<i32>,
+) -> Result<QuotaRow, sqlx::Error> {
+    sqlx::query_as!(
+        QuotaRow,
+        r#"with q as (
+               insert into quotas (team_id, gpu_class_id, reserved, burst, lendable) values ($1, $2, $3, $4, $5)
+               on conflict (team_id, gpu_class_id) do update
+               set reserved = excluded.reserved, burst = excluded.burst, lendable = excluded.lendable,
+                   updated_at = now(), version = quotas.version + 1
+               returning *
+           )
+           select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
+           from q join gpu_classes c on c.id = q.gpu_class_id"#,
+        team_id,
+        class_id,
+        reserved,
+        burst,
+        lendable
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// Removes a quota.
+pub async fn delete(tx: &mut Tx<'_>, team_id: Uuid, class_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from quotas where team_id = $1 and gpu_class_id = $2", team_id, class_id)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}

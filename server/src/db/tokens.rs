@@ -1,0 +1,135 @@
+//! API tokens: stored only as hashes.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A stored token, without its secret.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TokenRow {
+    pub id: Uuid,
+    pub team_id: Uuid,
+    pub name: String,
+    pub role: String,
+    pub display_prefix: String,
+    pub created_by: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+/// What authenticating a token yields.
+#[derive(Debug, Clone)]
+pub struct TokenAuth {
+    pub id: Uuid,
+    pub name: String,
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub role: String,
+}
+
+/// Stores a new token.
+pub async fn insert(
+    tx: &mut Tx<'_>,
+    team_id: Uuid,
+    name: &str,
+    role: &str,
+    token_hash: &[u8],
+    display_prefix: &str,
+    created_by: Uuid,
+    expires_at: DateTime<Utc>,
+) -> Result<TokenRow, sqlx::Error> {
+    sqlx::query_as!(
+        TokenRow,
+        r#"with t as (
+               insert into api_tokens (id, team_id, name, role, token_hash, display_prefix, created_by, expires_at)
+               values ($1, $2, $3, $4, $5, $6, $7, $8)
+               returning *
+           )
+           select t.id, t.team_id, t.name, t.role, t.display_prefix, u.username as "created_by?",
+                  t.created_at, t.expires_at, t.last_used_at, t.revoked_at
+           from t left join users u on u.id = t.created_by"#,
+        Uuid::new_v4(),
+        team_id,
+        name,
+        role,
+        token_hash,
+        display_prefix,
+        created_by,
+        expires_at
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// Tokens of `team_id`, newest first, after the token `after`.
+pub async fn list(pool: &PgPool, team_id: Uuid, after: Option<Uuid>, limit: i64) -> Result<Vec<TokenRow>, sqlx::Error> {
+    sqlx::query_as!(
+        TokenRow,
+        r#"select t.id, t.team_id, t.name, t.role, t.display_prefix, u.username as "created_by?",
+                  t.created_at, t.expires_at, t.last_used_at, t.revoked_at
+           from api_tokens t left join users u on u.id = t.created_by
+           where t.team_id = $1 and ($2::uuid is null or t.id > $2)
+           order by t.id limit $3"#,
+        team_id,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The token `id` of `team_id`, locked for update.
+pub async fn get_for_update(tx: &mut Tx<'_>, team_id: Uuid, id: Uuid) -> Result<Option<TokenRow>, sqlx::Error> {
+    sqlx::query_as!(
+        TokenRow,
+        r#"select t.id, t.team_id, t.name, t.role, t.display_prefix, u.username as "created_by?",
+                  t.created_at, t.expires_at, t.last_used_at, t.revoked_at
+           from api_tokens t left join users u on u.id = t.created_by
+           where t.team_id = $1 and t.id = $2
+           for update of t"#,
+        team_id,
+        id
+    )
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// Revokes a token from now on.
+pub async fn revoke(tx: &mut Tx<'_>, team_id: Uuid, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update api_tokens set revoked_at = coalesce(revoked_at, now()) where team_id = $1 and id = $2",
+        team_id,
+        id
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The live (unrevoked, unexpired) token with this hash, recording its use. The use is
+/// written at most once a minute per token so busy pipelines do not turn reads into writes.
+pub async fn authenticate(pool: &PgPool, token_hash: &[u8]) -> Result<Option<TokenAuth>, sqlx::Error> {
+    let auth = sqlx::query_as!(
+        TokenAuth,
+        "select t.id, t.name, t.team_id, tm.name as team_name, t.role
+         from api_tokens t join teams tm on tm.id = t.team_id
+         where t.token_hash = $1 and t.revoked_at is null and t.expires_at > now()",
+        token_hash
+    )
+    .fetch_optional(pool)
+    .await?;
+    if let Some(auth) = &auth {
+        sqlx::query!(
+            "update api_tokens set last_used_at = now()
+             where id = $1 and (last_used_at is null or last_used_at < now() - interval '1 minute')",
+            auth.id
+        )
+        .execute(pool)
+        .await?;
+    }
+    Ok(auth)
+}
