@@ -237,7 +237,7 @@ pub fn decode_signing_key(name: &'static str, key: &Secret) -> Result<Vec<u8>, C
 mod tests {
     use super::*;
 
-    fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + '_ {
+    fn env_of<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
         move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
     }
 

@@ -66,9 +66,13 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 };
                 // serde reports an unknown or missing field at its parent's path; name the
                 // field itself so the client sees exactly which key is wrong.
-                let field_name = match (code, message.split('`').nth(1)) {
-                    ("unknown_field" | "missing_field", Some(key)) if field.is_none() => key.to_owned(),
-                    ("unknown_field" | "missing_field", Some(key)) => format!("{field_name}.{key}"),
+                let field_name = match (code, message.split('`').nth(1), &field) {
+                    ("unknown_field" | "missing_field", Some(key), None) => key.to_owned(),
+                    ("unknown_field" | "missing_field", Some(key), Some(path))
+                        if path != key && !path.ends_with(&format!(".{key}")) =>
+                    {
+                        format!("{path}.{key}")
+                    }
                     _ => field_name,
                 };
                 ApiError::field(FieldError::new(field_name, code, message))

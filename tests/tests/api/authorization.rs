@@ -1,0 +1,199 @@
+//! The authorization matrix: every route × every kind of caller, each cell as specified.
+//!
+//! The expectations are written out here, independently of the server's policy table, and
+//! the test fails if the OpenAPI document lists a route this matrix does not cover.
+
+use fairway_tests::{call, TestApp, USER_PASSWORD};
+use serde_json::{json, Value};
+
+/// The callers, in the order of each row's expectations.
+const CALLERS: [&str; 7] = ["anonymous", "viewer", "member", "admin-of-b", "token-of-b", "finance", "platform-admin"];
+
+/// What a caller gets: `A` allowed (2xx), or an error status.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Cell {
+    A,
+    E(u16),
+}
+use Cell::{A, E};
+
+const U: Cell = E(401);
+const F: Cell = E(403);
+const N: Cell = E(404);
+
+/// Public to all.
+const PUBLIC: [Cell; 7] = [A, A, A, A, A, A, A];
+/// Any signed-in caller.
+const SIGNED_IN: [Cell; 7] = [U, A, A, A, A, A, A];
+/// Platform admins only, for platform-wide objects.
+const PLATFORM: [Cell; 7] = [U, F, F, F, F, F, A];
+/// Readers of team A: its members, finance and platform admins; others do not see it.
+const TEAM_READ: [Cell; 7] = [U, A, A, N, N, A, A];
+/// Admins of team A (here only the platform admin); team members get 403, strangers 404.
+const TEAM_ADMIN: [Cell; 7] = [U, F, F, N, N, F, A];
+
+struct Row {
+    method: &'static str,
+    path: &'static str,
+    cells: [Cell; 7],
+    body: Option<Value>,
+}
+
+fn row(method: &'static str, path: &'static str, cells: [Cell; 7], body: Option<Value>) -> Row {
+    Row { method, path, cells, body }
+}
+
+fn matrix() -> Vec<Row> {
+    let soon = (chrono::Utc::now() + chrono::Duration::days(7)).to_rfc3339();
+    let later = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339();
+    vec![
+        row("GET", "/healthz", PUBLIC, None),
+        row("GET", "/readyz", PUBLIC, None),
+        row("GET", "/metrics", PUBLIC, None),
+        row("POST", "/api/v1/auth/token", PUBLIC, Some(json!({"username": "viewer", "password": USER_PASSWORD}))),
+        row("GET", "/api/v1/me", SIGNED_IN, None),
+        row("GET", "/api/v1/users", PLATFORM, None),
+        row("POST", "/api/v1/users", PLATFORM, Some(json!({"username": "newcomer", "password": USER_PASSWORD}))),
+        row("GET", "/api/v1/teams", SIGNED_IN, None),
+        row("POST", "/api/v1/teams", PLATFORM, Some(json!({"name": "team-c"}))),
+        row("GET", "/api/v1/teams/{team}", TEAM_READ, None),
+        row("PATCH", "/api/v1/teams/{team}", TEAM_ADMIN, Some(json!({"display_name": "Team A"}))),
+        row("DELETE", "/api/v1/teams/{team}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/members", TEAM_READ, None),
+        row("PUT", "/api/v1/teams/{team}/members/{username}", TEAM_ADMIN, Some(json!({"role": "viewer"}))),
+        row("DELETE", "/api/v1/teams/{team}/members/{username}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/tokens", TEAM_ADMIN, None),
+        row("POST", "/api/v1/teams/{team}/tokens", TEAM_ADMIN, Some(json!({"name": "ci", "role": "member", "expires_at": soon}))),
+        row("DELETE", "/api/v1/teams/{team}/tokens/{token_id}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/quotas", TEAM_READ, None),
+        row("GET", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_READ, None),
+        row("PUT", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_ADMIN, Some(json!({"reserved": 2, "burst": 1}))),
+        row("DELETE", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/budgets", TEAM_READ, None),
+        row("PUT", "/api/v1/teams/{team}/budgets/{period}", TEAM_ADMIN, Some(json!({"unit": "money", "amount": 5, "enforcement": "soft"}))),
+        row("DELETE", "/api/v1/teams/{team}/budgets/{period}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/audit-log", TEAM_ADMIN, None),
+        row("GET", "/api/v1/gpu-classes", SIGNED_IN, None),
+        row("POST", "/api/v1/gpu-classes", PLATFORM, Some(json!({"name": "t4", "kind": "whole", "memory_mib": 16384, "rate_micros_per_gpu_hour": 350000}))),
+        row("GET", "/api/v1/gpu-classes/{gpu_class}", SIGNED_IN, None),
+        row("PATCH", "/api/v1/gpu-classes/{gpu_class}", PLATFORM, Some(json!({"description": "Hopper"}))),
+        row("GET", "/api/v1/gpu-classes/{gpu_class}/rates", SIGNED_IN, None),
+        row("POST", "/api/v1/gpu-classes/{gpu_class}/rates", PLATFORM, Some(json!({"effective_from": later, "rate_micros_per_gpu_hour": 2_000_000}))),
+        row("GET", "/api/v1/priority-classes", SIGNED_IN, None),
+        row("POST", "/api/v1/priority-classes", PLATFORM, Some(json!({"name": "batch", "priority": 50, "preemptible": true, "usage_factor_milli": 500, "price_multiplier_milli": 600}))),
+        row("GET", "/api/v1/priority-classes/{priority_class}", SIGNED_IN, None),
+        row("PUT", "/api/v1/priority-classes/{priority_class}", PLATFORM, Some(json!({"priority": 90, "preemptible": true, "usage_factor_milli": 700, "price_multiplier_milli": 800}))),
+        row("GET", "/api/v1/clusters", SIGNED_IN, None),
+        row("PUT", "/api/v1/clusters/{cluster}", PLATFORM, Some(json!({"backend": "sim", "capacity": {"h100": 8}}))),
+        row("GET", "/api/v1/audit-log", PLATFORM, None),
+    ]
+}
+
+/// Team A with a viewer, a member, a quota, a budget and a token; team B with its own
+/// admin and a CI token; a finance user. Returns the app and a token per caller.
+async fn fixture() -> (TestApp, Vec<Option<String>>, String) {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.gpu_class(&admin, "h100").await;
+    app.team(&admin, "team-a", None).await;
+    app.team(&admin, "team-b", None).await;
+    let viewer = app.user(&admin, "viewer", None).await;
+    app.member(&admin, "team-a", "viewer", "viewer").await;
+    let member = app.user(&admin, "member", None).await;
+    app.member(&admin, "team-a", "member", "member").await;
+    let admin_b = app.user(&admin, "admin-b", None).await;
+    app.member(&admin, "team-b", "admin-b", "admin").await;
+    let (_, token_b) = app.api_token(&admin, "team-b", "member").await;
+    let finance = app.user(&admin, "finance", Some("finance")).await;
+    app.send(call("PUT", "/api/v1/teams/team-a/quotas/h100").token(&admin).json(&json!({"reserved": 4, "burst": 2})))
+        .await
+        .assert_status(200);
+    app.send(
+        call("PUT", "/api/v1/teams/team-a/budgets/2026-12")
+            .token(&admin)
+            .json(&json!({"unit": "gpu-hours", "amount": 100, "enforcement": "hard"})),
+    )
+    .await
+    .assert_status(200);
+    let (token_a_id, _) = app.api_token(&admin, "team-a", "viewer").await;
+    let callers = vec![None, Some(viewer), Some(member), Some(admin_b), Some(token_b), Some(finance), Some(admin)];
+    (app, callers, token_a_id)
+}
+
+fn concrete(path: &str, token_id: &str) -> String {
+    path.replace("{team}", "team-a")
+        .replace("{username}", "member")
+        .replace("{token_id}", token_id)
+        .replace("{gpu_class}", "h100")
+        .replace("{period}", "2026-12")
+        .replace("{priority_class}", "experiment")
+        .replace("{cluster}", "sim-1")
+}
+
+#[tokio::test]
+async fn every_route_answers_every_kind_of_caller_as_specified() {
+    let rows = matrix();
+
+    // The matrix covers exactly the routes the service documents.
+    let doc = fairway::api::openapi();
+    let mut documented = Vec::new();
+    for (path, item) in doc.paths.paths.iter() {
+        for (method, present) in [
+            ("GET", item.get.is_some()),
+            ("POST", item.post.is_some()),
+            ("PUT", item.put.is_some()),
+            ("PATCH", item.patch.is_some()),
+            ("DELETE", item.delete.is_some()),
+        ] {
+            if present {
+                documented.push(format!("{method} {path}"));
+            }
+        }
+    }
+    for route in &documented {
+        assert!(rows.iter().any(|r| format!("{} {}", r.method, r.path) == *route), "no matrix row for {route}");
+    }
+    assert_eq!(rows.len(), documented.len(), "the matrix lists routes the service does not have");
+
+    // Reads share one fixture; each write gets its own, and its allowed callers go last so
+    // a refused attempt never runs against state an allowed one changed.
+    let (shared, shared_callers, shared_token) = fixture().await;
+    let mut failures = Vec::new();
+    for row in &rows {
+        let own;
+        let (app, callers, token_id) = if row.method == "GET" {
+            (&shared, &shared_callers, &shared_token)
+        } else {
+            own = fixture().await;
+            (&own.0, &own.1, &own.2)
+        };
+        let path = concrete(row.path, token_id);
+        let mut order: Vec<usize> = (0..CALLERS.len()).collect();
+        order.sort_by_key(|&i| row.cells[i] == A);
+        for i in order {
+            let mut c = call(row.method, &path).maybe_token(callers[i].as_deref());
+            if let Some(body) = &row.body {
+                c = c.json(body);
+            }
+            let r = app.send(c).await;
+            let got = if r.status.is_success() { A } else { E(r.status.as_u16()) };
+            if got != row.cells[i] {
+                failures.push(format!(
+                    "{} {} as {}: expected {:?}, got {:?} {}",
+                    row.method,
+                    row.path,
+                    CALLERS[i],
+                    row.cells[i],
+                    got,
+                    String::from_utf8_lossy(&r.body)
+                ));
+            }
+            if let E(status) = got {
+                if status >= 400 {
+                    assert_eq!(r.header("content-type").as_deref(), Some("application/problem+json"), "{} {}", row.method, row.path);
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} cells differ:\n{}", failures.len(), failures.join("\n"));
+}

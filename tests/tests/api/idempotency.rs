@@ -1,0 +1,118 @@
+//! `Idempotency-Key` on creates.
+
+use std::sync::Arc;
+
+use fairway_tests::{call, TestApp, USER_PASSWORD};
+use serde_json::json;
+
+#[tokio::test]
+async fn the_same_create_sent_100_times_20_at_once_makes_one_object_and_identical_responses() {
+    let app = Arc::new(TestApp::spawn().await);
+    let admin = Arc::new(app.admin().await);
+    let mut responses = Vec::new();
+    for _ in 0..5 {
+        let wave: Vec<_> = (0..20)
+            .map(|_| {
+                let (app, admin) = (app.clone(), admin.clone());
+                tokio::spawn(async move {
+                    app.send(
+                        call("POST", "/api/v1/teams")
+                            .token(&admin)
+                            .header("idempotency-key", "create-ml-1")
+                            .json(&json!({"name": "ml", "display_name": "ML"})),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        for task in wave {
+            responses.push(task.await.unwrap());
+        }
+    }
+    assert_eq!(responses.len(), 100);
+    let first = &responses[0];
+    first.assert_status(201);
+    for r in &responses {
+        assert_eq!((r.status, &r.body), (first.status, &first.body));
+    }
+    let replayed = responses.iter().filter(|r| r.header("idempotent-replayed").is_some()).count();
+    assert_eq!(replayed, 99, "exactly one request ran the create");
+    let teams: i64 = sqlx::query_scalar("select count(*) from teams").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(teams, 1);
+}
+
+#[tokio::test]
+async fn reusing_a_key_with_another_body_is_422() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    let send = |name: &'static str| {
+        app.send(call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "k1").json(&json!({"name": name})))
+    };
+    send("ml").await.assert_status(201);
+    let doc = send("vision").await.assert_problem(422, "idempotency_key_reused");
+    assert_eq!(doc["field"], "Idempotency-Key");
+    let teams: i64 = sqlx::query_scalar("select count(*) from teams").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(teams, 1);
+}
+
+#[tokio::test]
+async fn a_repeat_while_the_first_request_is_in_flight_is_409() {
+    // No waiting for the first request: a repeat that finds it running answers at once.
+    let app = Arc::new(TestApp::spawn_with(|c| c.idempotency_wait = std::time::Duration::ZERO).await);
+    let admin = Arc::new(app.admin().await);
+    // Creating a user hashes its password with argon2id, which keeps the first request in
+    // flight long enough for the second to arrive.
+    let send = || {
+        let (app, admin) = (app.clone(), admin.clone());
+        tokio::spawn(async move {
+            app.send(
+                call("POST", "/api/v1/users")
+                    .token(&admin)
+                    .header("idempotency-key", "user-1")
+                    .json(&json!({"username": "alice", "password": USER_PASSWORD})),
+            )
+            .await
+        })
+    };
+    let (a, b) = (send(), send());
+    let (a, b) = (a.await.unwrap(), b.await.unwrap());
+    let mut statuses = [a.status.as_u16(), b.status.as_u16()];
+    statuses.sort();
+    assert_eq!(statuses, [201, 409], "{} / {}", String::from_utf8_lossy(&a.body), String::from_utf8_lossy(&b.body));
+    let conflict = if a.status == 409 { &a } else { &b };
+    conflict.assert_problem(409, "idempotency_in_flight");
+    // Once the first has finished, the repeat gets its response.
+    let again = app
+        .send(
+            call("POST", "/api/v1/users")
+                .token(&admin)
+                .header("idempotency-key", "user-1")
+                .json(&json!({"username": "alice", "password": USER_PASSWORD})),
+        )
+        .await;
+    again.assert_status(201);
+    assert_eq!(again.header("idempotent-replayed").as_deref(), Some("true"));
+}
+
+#[tokio::test]
+async fn keys_are_scoped_per_caller() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    let other = app.user(&admin, "other-admin", Some("platform-admin")).await;
+    let r1 = app.send(call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "same").json(&json!({"name": "one"}))).await;
+    let r2 = app.send(call("POST", "/api/v1/teams").token(&other).header("idempotency-key", "same").json(&json!({"name": "two"}))).await;
+    r1.assert_status(201);
+    r2.assert_status(201);
+    assert_ne!(r1.json()["id"], r2.json()["id"]);
+}
+
+#[tokio::test]
+async fn a_failed_create_replays_its_error_for_the_same_key() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    let send = || app.send(call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "bad").json(&json!({"name": "Bad Name"})));
+    let first = send().await;
+    first.assert_problem(422, "validation_failed");
+    let second = send().await;
+    assert_eq!((second.status, &second.body), (first.status, &first.body));
+}

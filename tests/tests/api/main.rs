@@ -1,0 +1,9 @@
+//! Integration tests of the REST API against a real PostgreSQL.
+
+mod auth;
+mod authorization;
+mod bad_input;
+mod idempotency;
+mod migrations;
+mod openapi;
+mod tenancy;
