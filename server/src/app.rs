@@ -18,7 +18,10 @@ use crate::{
     api::{self, error::ApiError},
     auth::{jwt::JwtKeys, password, policy},
     config::{decode_signing_key, Config, Secret},
-    db::{self, embedded::{Durability, EmbeddedPostgres}},
+    db::{
+        self,
+        embedded::{Durability, EmbeddedPostgres},
+    },
     telemetry::{self, Metrics},
 };
 
@@ -43,7 +46,8 @@ impl AppState {
             .iter()
             .map(|k| decode_signing_key("FAIRWAY_PREVIOUS_SIGNING_KEYS", k))
             .collect::<Result<Vec<_>, _>>()?;
-        let keys = JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
+        let keys =
+            JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
         Ok(Self { db, keys: Arc::new(keys), config: Arc::new(config), metrics: Arc::default() })
     }
 }

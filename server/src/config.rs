@@ -164,10 +164,10 @@ impl Config {
         }
         let number = |name: &'static str, from_file: Option<u64>| -> Result<Option<u64>, ConfigError> {
             match env(name) {
-                Some(v) => v.parse().map(Some).map_err(|_| ConfigError::Invalid {
-                    name,
-                    reason: format!("{v:?} is not a whole number"),
-                }),
+                Some(v) => v
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| ConfigError::Invalid { name, reason: format!("{v:?} is not a whole number") }),
                 None => Ok(from_file),
             }
         };

@@ -71,7 +71,10 @@ impl Metrics {
         out.push_str("# TYPE fairway_http_requests_total counter\n");
         if let Ok(requests) = self.requests.lock() {
             for ((method, route, status), n) in requests.iter() {
-                let _ = writeln!(out, "fairway_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {n}");
+                let _ = writeln!(
+                    out,
+                    "fairway_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {n}"
+                );
             }
         }
         out.push_str("# HELP fairway_http_request_duration_seconds HTTP request latency.\n");
@@ -80,9 +83,11 @@ impl Metrics {
             for ((method, route), h) in latency.iter() {
                 let labels = format!("method=\"{method}\",route=\"{route}\"");
                 for (bound, n) in BUCKETS.iter().zip(h.counts) {
-                    let _ = writeln!(out, "fairway_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {n}");
+                    let _ =
+                        writeln!(out, "fairway_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {n}");
                 }
-                let _ = writeln!(out, "fairway_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
+                let _ =
+                    writeln!(out, "fairway_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
                 let _ = writeln!(out, "fairway_http_request_duration_seconds_sum{{{labels}}} {}", h.sum);
                 let _ = writeln!(out, "fairway_http_request_duration_seconds_count{{{labels}}} {}", h.count);
             }

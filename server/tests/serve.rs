@@ -75,11 +75,7 @@ impl Server {
             .env("FAIRWAY_ADMIN_PASSWORD", ADMIN_PASSWORD)
             .spawn()
             .expect("spawn fairway serve");
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .unwrap();
+        let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
         let mut server = Self { child: Some(child), base: format!("http://127.0.0.1:{port}"), log, http };
         server.wait_ready().await;
         server
@@ -207,7 +203,8 @@ fn serve_with_external_database(dir_name: &str, signing_key: Option<&str>) -> (E
     let dir = fresh_dir(dir_name);
     let log = dir.join("stderr.log");
     let mut cmd = fairway_serve(&dir.join("stdout.log"));
-    cmd.stderr(fs::File::create(&log).unwrap()).env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+    cmd.stderr(fs::File::create(&log).unwrap())
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
         .env("FAIRWAY_DATA_DIR", &dir)
         .env("FAIRWAY_LISTEN", format!("127.0.0.1:{}", free_port()));
     if let Some(key) = signing_key {

@@ -91,7 +91,11 @@ fn remove_stale_clusters(root: &std::path::Path) {
         let pid = name.strip_prefix("pg-").and_then(|p| p.split('.').next()).and_then(|p| p.parse::<u32>().ok());
         if let Some(pid) = pid {
             if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                let _ = if entry.path().is_dir() { std::fs::remove_dir_all(entry.path()) } else { std::fs::remove_file(entry.path()) };
+                let _ = if entry.path().is_dir() {
+                    std::fs::remove_dir_all(entry.path())
+                } else {
+                    std::fs::remove_file(entry.path())
+                };
             }
         }
     }
@@ -287,24 +291,27 @@ impl TestApp {
 
     /// Creates a team.
     pub async fn team(&self, admin: &str, name: &str, parent: Option<&str>) -> Value {
-        let r = self.send(call("POST", "/api/v1/teams").token(admin).json(&json!({"name": name, "parent": parent}))).await;
+        let r =
+            self.send(call("POST", "/api/v1/teams").token(admin).json(&json!({"name": name, "parent": parent}))).await;
         r.assert_status(201);
         r.json()
     }
 
     /// Gives `username` a role in `team`.
     pub async fn member(&self, admin: &str, team: &str, username: &str, role: &str) {
-        self.send(call("PUT", &format!("/api/v1/teams/{team}/members/{username}")).token(admin).json(&json!({"role": role})))
-            .await
-            .assert_status(200);
+        self.send(
+            call("PUT", &format!("/api/v1/teams/{team}/members/{username}")).token(admin).json(&json!({"role": role})),
+        )
+        .await
+        .assert_status(200);
     }
 
     /// Creates a whole-GPU class.
     pub async fn gpu_class(&self, admin: &str, name: &str) {
         self.send(
-            call("POST", "/api/v1/gpu-classes")
-                .token(admin)
-                .json(&json!({"name": name, "kind": "whole", "memory_mib": 81920, "rate_micros_per_gpu_hour": 2_500_000})),
+            call("POST", "/api/v1/gpu-classes").token(admin).json(
+                &json!({"name": name, "kind": "whole", "memory_mib": 81920, "rate_micros_per_gpu_hour": 2_500_000}),
+            ),
         )
         .await
         .assert_status(201);

@@ -102,7 +102,11 @@ async fn page(state: &AppState, team: Option<Uuid>, params: AuditParams) -> Resu
     check_range("limit", limit, 1, 200)?;
     let before = match params.cursor {
         Some(c) => Some(c.parse::<i64>().map_err(|_| {
-            ApiError::field(crate::domain::FieldError::new("cursor", "invalid_value", "is not a cursor this API issued"))
+            ApiError::field(crate::domain::FieldError::new(
+                "cursor",
+                "invalid_value",
+                "is not a cursor this API issued",
+            ))
         })?),
         None => None,
     };

@@ -100,10 +100,28 @@ pub async fn put_budget(
     let mut tx = state.db.begin().await?;
     let before = db::budgets::get_for_update(&mut tx, team.id, period.first_day()).await?;
     if_match.check(before.as_ref().map_or(0, |b| b.version))?;
-    let row = db::budgets::upsert(&mut tx, team.id, period.first_day(), spec.unit.as_str(), spec.amount, spec.enforcement.as_str()).await?;
+    let row = db::budgets::upsert(
+        &mut tx,
+        team.id,
+        period.first_day(),
+        spec.unit.as_str(),
+        spec.amount,
+        spec.enforcement.as_str(),
+    )
+    .await?;
     let currency = &state.config.currency;
     let object = format!("{}/{period}", team.name);
-    record(&mut tx, &principal, "budget.put", "budget", &object, Some(team.id), before.map(|b| view(b, currency)).as_ref(), Some(&view(row.clone(), currency))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "budget.put",
+        "budget",
+        &object,
+        Some(team.id),
+        before.map(|b| view(b, currency)).as_ref(),
+        Some(&view(row.clone(), currency)),
+    )
+    .await?;
     tx.commit().await?;
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, etag(row.version));
@@ -127,11 +145,22 @@ pub async fn delete_budget(
     let period = BudgetPeriod::parse("period", &period)?;
     let team = access.team;
     let mut tx = state.db.begin().await?;
-    let before = db::budgets::get_for_update(&mut tx, team.id, period.first_day()).await?.ok_or(ApiError::NotFound("budget"))?;
+    let before =
+        db::budgets::get_for_update(&mut tx, team.id, period.first_day()).await?.ok_or(ApiError::NotFound("budget"))?;
     if_match.check(before.version)?;
     db::budgets::delete(&mut tx, team.id, period.first_day()).await?;
     let object = format!("{}/{period}", team.name);
-    record(&mut tx, &principal, "budget.delete", "budget", &object, Some(team.id), Some(&view(before, &state.config.currency)), None::<&()>).await?;
+    record(
+        &mut tx,
+        &principal,
+        "budget.delete",
+        "budget",
+        &object,
+        Some(team.id),
+        Some(&view(before, &state.config.currency)),
+        None::<&()>,
+    )
+    .await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -10,7 +10,11 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{audit::record, error::ApiError, extract::{ApiJson, IfMatch}};
+use super::{
+    audit::record,
+    error::ApiError,
+    extract::{ApiJson, IfMatch},
+};
 use crate::{
     app::AppState,
     auth::Principal,
@@ -112,9 +116,9 @@ pub async fn put_cluster(
     for (class_name, gpus) in &spec.capacity {
         let field = format!("capacity.{class_name}");
         check_range(&field, *gpus, 0, MAX_GPUS)?;
-        let class = db::gpu_classes::by_name(&state.db, class_name)
-            .await?
-            .ok_or_else(|| FieldError::new(field.clone(), "not_found", format!("GPU class {class_name} does not exist")))?;
+        let class = db::gpu_classes::by_name(&state.db, class_name).await?.ok_or_else(|| {
+            FieldError::new(field.clone(), "not_found", format!("GPU class {class_name} does not exist"))
+        })?;
         capacity.push((class.id, *gpus as i32));
     }
     let mut tx = state.db.begin().await?;
@@ -124,8 +128,19 @@ pub async fn put_cluster(
     let capacity_after = db::clusters::capacity(&mut *tx).await?;
     let after: BTreeMap<&str, i32> =
         capacity_after.iter().filter(|r| r.cluster == name.as_str()).map(|r| (r.gpu_class.as_str(), r.gpus)).collect();
-    record(&mut tx, &principal, "cluster.put", "cluster", name.as_str(), None, before.as_ref(), Some(&serde_json::json!({"backend": spec.backend, "capacity": after}))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "cluster.put",
+        "cluster",
+        name.as_str(),
+        None,
+        before.as_ref(),
+        Some(&serde_json::json!({"backend": spec.backend, "capacity": after})),
+    )
+    .await?;
     tx.commit().await?;
-    let view = views(&state.db).await?.into_iter().find(|c| c.name == name.as_str()).ok_or(ApiError::NotFound("cluster"))?;
+    let view =
+        views(&state.db).await?.into_iter().find(|c| c.name == name.as_str()).ok_or(ApiError::NotFound("cluster"))?;
     Ok(Json(view))
 }

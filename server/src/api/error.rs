@@ -108,11 +108,8 @@ impl ApiError {
         let (status, code, title) = self.parts();
         let (detail, field, errors) = match self {
             ApiError::Validation(errors) => {
-                let detail = errors
-                    .iter()
-                    .map(|e| format!("{}: {}", e.field, e.message))
-                    .collect::<Vec<_>>()
-                    .join("; ");
+                let detail =
+                    errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ");
                 (detail, errors.first().map(|e| e.field.clone()), errors.clone())
             }
             ApiError::MalformedBody { field, detail } => (detail.clone(), field.clone(), Vec::new()),

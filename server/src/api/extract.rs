@@ -77,14 +77,12 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 };
                 ApiError::field(FieldError::new(field_name, code, message))
             }
-            _ => ApiError::MalformedBody {
-                field,
-                detail: format!("the body is not valid JSON: {inner}"),
-            },
+            _ => ApiError::MalformedBody { field, detail: format!("the body is not valid JSON: {inner}") },
         }
     })?;
     // Trailing data after the value is a syntax error too.
-    de.end().map_err(|e| ApiError::MalformedBody { field: None, detail: format!("the body is not valid JSON: {e}") })?;
+    de.end()
+        .map_err(|e| ApiError::MalformedBody { field: None, detail: format!("the body is not valid JSON: {e}") })?;
     Ok(value)
 }
 
@@ -121,9 +119,9 @@ impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
         let Some(value) = parts.headers.get(header::IF_MATCH) else { return Ok(Self(None)) };
-        let text = value.to_str().map_err(|_| {
-            ApiError::field(FieldError::new("If-Match", "invalid_value", "must be an entity tag"))
-        })?;
+        let text = value
+            .to_str()
+            .map_err(|_| ApiError::field(FieldError::new("If-Match", "invalid_value", "must be an entity tag")))?;
         Ok(Self(Some(text.split(',').map(|t| t.trim().to_owned()).collect())))
     }
 }
@@ -164,7 +162,12 @@ impl PageRequest {
 
     /// Builds the page from up to `limit + 1` fetched rows: the extra row only says that a
     /// next page exists.
-    pub fn page<T, R: Serialize>(&self, mut rows: Vec<T>, key: impl Fn(&T) -> String, view: impl Fn(T) -> R) -> Page<R> {
+    pub fn page<T, R: Serialize>(
+        &self,
+        mut rows: Vec<T>,
+        key: impl Fn(&T) -> String,
+        view: impl Fn(T) -> R,
+    ) -> Page<R> {
         let more = rows.len() as i64 > self.limit;
         rows.truncate(self.limit as usize);
         let next_cursor = if more { rows.last().map(|r| encode_cursor(&key(r))) } else { None };

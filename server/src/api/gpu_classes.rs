@@ -18,7 +18,10 @@ use super::{
 use crate::{
     app::AppState,
     auth::Principal,
-    db::{self, gpu_classes::{GpuClassRow, RateRow}},
+    db::{
+        self,
+        gpu_classes::{GpuClassRow, RateRow},
+    },
     domain::{check_range, DisplayText, FieldError, GpuClassName, GpuKind},
 };
 
@@ -120,21 +123,47 @@ pub async fn create_gpu_class(
     let fraction = body.fraction_milli.unwrap_or(1000);
     check_range("fraction_milli", fraction, 1, 1000)?;
     if body.kind == GpuKind::Whole && fraction != 1000 {
-        return Err(FieldError::new("fraction_milli", "invalid_value", "a whole GPU class has fraction_milli 1000").into());
+        return Err(
+            FieldError::new("fraction_milli", "invalid_value", "a whole GPU class has fraction_milli 1000").into()
+        );
     }
     if body.kind != GpuKind::Whole && fraction == 1000 {
-        return Err(FieldError::new("fraction_milli", "invalid_value", "a MIG or time-sliced class is a fraction of a GPU: below 1000").into());
+        return Err(FieldError::new(
+            "fraction_milli",
+            "invalid_value",
+            "a MIG or time-sliced class is a fraction of a GPU: below 1000",
+        )
+        .into());
     }
     check_range("rate_micros_per_gpu_hour", body.rate_micros_per_gpu_hour, 0, MAX_RATE_MICROS)?;
     let description = DisplayText::parse("description", body.description.as_deref().unwrap_or(""), 1000)?;
     let mut tx = state.db.begin().await?;
-    let id = db::gpu_classes::insert(&mut tx, name.as_str(), body.kind.as_str(), body.memory_mib as i32, fraction as i32, description.as_str())
-        .await
-        .on_constraint("gpu_classes_name_key", || ApiError::conflict("gpu_class_exists", Some("name"), format!("GPU class {name} already exists")))?;
+    let id = db::gpu_classes::insert(
+        &mut tx,
+        name.as_str(),
+        body.kind.as_str(),
+        body.memory_mib as i32,
+        fraction as i32,
+        description.as_str(),
+    )
+    .await
+    .on_constraint("gpu_classes_name_key", || {
+        ApiError::conflict("gpu_class_exists", Some("name"), format!("GPU class {name} already exists"))
+    })?;
     let effective = body.rate_effective_from.unwrap_or_else(Utc::now);
     db::gpu_classes::add_rate(&mut tx, id, effective, body.rate_micros_per_gpu_hour).await?;
     let row = db::gpu_classes::by_name(&mut *tx, name.as_str()).await?.ok_or(ApiError::NotFound("GPU class"))?;
-    record(&mut tx, &principal, "gpu_class.create", "gpu_class", name.as_str(), None, None::<&()>, Some(&view(row.clone(), &state.config.currency))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "gpu_class.create",
+        "gpu_class",
+        name.as_str(),
+        None,
+        None::<&()>,
+        Some(&view(row.clone(), &state.config.currency)),
+    )
+    .await?;
     tx.commit().await?;
     let (headers, json) = with_etag(row, &state.config.currency);
     Ok((StatusCode::CREATED, headers, json))
@@ -187,14 +216,25 @@ pub async fn update_gpu_class(
     let before = find(&state, &name).await?;
     let memory = body.memory_mib.unwrap_or(i64::from(before.memory_mib));
     check_range("memory_mib", memory, 1, MAX_MEMORY_MIB)?;
-    let description = DisplayText::parse("description", body.description.as_deref().unwrap_or(&before.description), 1000)?;
+    let description =
+        DisplayText::parse("description", body.description.as_deref().unwrap_or(&before.description), 1000)?;
     let mut tx = state.db.begin().await?;
     let version = db::gpu_classes::lock(&mut tx, before.id).await?.ok_or(ApiError::NotFound("GPU class"))?;
     if_match.check(version)?;
     db::gpu_classes::update(&mut tx, before.id, memory as i32, description.as_str()).await?;
     let after = db::gpu_classes::by_name(&mut *tx, &name).await?.ok_or(ApiError::NotFound("GPU class"))?;
     let currency = &state.config.currency;
-    record(&mut tx, &principal, "gpu_class.update", "gpu_class", &name, None, Some(&view(before, currency)), Some(&view(after.clone(), currency))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "gpu_class.update",
+        "gpu_class",
+        &name,
+        None,
+        Some(&view(before, currency)),
+        Some(&view(after.clone(), currency)),
+    )
+    .await?;
     tx.commit().await?;
     Ok(with_etag(after, currency))
 }
@@ -254,9 +294,21 @@ pub async fn create_gpu_class_rate(
     let mut tx = state.db.begin().await?;
     let row = db::gpu_classes::add_rate(&mut tx, class.id, body.effective_from, body.rate_micros_per_gpu_hour)
         .await
-        .on_constraint("gpu_class_rates_pkey", || ApiError::conflict("rate_exists", Some("effective_from"), "a rate already starts at this instant"))?;
+        .on_constraint("gpu_class_rates_pkey", || {
+            ApiError::conflict("rate_exists", Some("effective_from"), "a rate already starts at this instant")
+        })?;
     let rate = Rate::from(row);
-    record(&mut tx, &principal, "gpu_class.rate.create", "gpu_class_rate", &format!("{name}@{}", rate.effective_from.to_rfc3339()), None, None::<&()>, Some(&rate)).await?;
+    record(
+        &mut tx,
+        &principal,
+        "gpu_class.rate.create",
+        "gpu_class_rate",
+        &format!("{name}@{}", rate.effective_from.to_rfc3339()),
+        None,
+        None::<&()>,
+        Some(&rate),
+    )
+    .await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(rate)))
 }

@@ -34,7 +34,9 @@ pub async fn idempotency(State(state): State<AppState>, request: Request, next: 
         .to_str()
         .ok()
         .filter(|k| !k.is_empty() && k.len() <= 255)
-        .ok_or_else(|| FieldError::new("Idempotency-Key", "invalid_value", "must be 1 to 255 visible ASCII characters"))?
+        .ok_or_else(|| {
+            FieldError::new("Idempotency-Key", "invalid_value", "must be 1 to 255 visible ASCII characters")
+        })?
         .to_owned();
     // Public routes (signing in) have no principal to scope a key to; they are not creates.
     let Some(principal) = request.extensions().get::<Principal>().map(Principal::key) else {
@@ -96,7 +98,8 @@ async fn store(state: &AppState, principal: &str, key: &str, response: Response)
                 Some(((*name).to_owned(), serde_json::Value::String(value.to_owned())))
             })
             .collect();
-        db::idempotency::complete(&state.db, principal, key, i32::from(parts.status.as_u16()), headers.into(), &bytes).await?;
+        db::idempotency::complete(&state.db, principal, key, i32::from(parts.status.as_u16()), headers.into(), &bytes)
+            .await?;
     }
     Ok(Response::from_parts(parts, Body::from(bytes)))
 }

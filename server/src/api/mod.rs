@@ -189,7 +189,12 @@ mod tests {
             assert!(crate::auth::policy::policy_for(method, path).is_some(), "{method} {path} has no policy");
         }
         for r in ROUTE_POLICIES {
-            assert!(operations.iter().any(|(m, p)| *m == r.method && p == r.path), "policy for {} {} has no route", r.method, r.path);
+            assert!(
+                operations.iter().any(|(m, p)| *m == r.method && p == r.path),
+                "policy for {} {} has no route",
+                r.method,
+                r.path
+            );
         }
         assert_eq!(operations.len(), ROUTE_POLICIES.len());
     }

@@ -141,10 +141,24 @@ pub async fn create_priority_class(
     let wanted = validated(name.as_str(), &body.spec)?;
     let mut tx = state.db.begin().await?;
     if db::priority_classes::get_for_update(&mut tx, name.as_str()).await?.is_some() {
-        return Err(ApiError::conflict("priority_class_exists", Some("name"), format!("priority class {name} already exists")));
+        return Err(ApiError::conflict(
+            "priority_class_exists",
+            Some("name"),
+            format!("priority class {name} already exists"),
+        ));
     }
     let row = db::priority_classes::upsert(&mut tx, &wanted).await?;
-    record(&mut tx, &principal, "priority_class.create", "priority_class", name.as_str(), None, None::<&()>, Some(&PriorityClassView::from(row.clone()))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "priority_class.create",
+        "priority_class",
+        name.as_str(),
+        None,
+        None::<&()>,
+        Some(&PriorityClassView::from(row.clone())),
+    )
+    .await?;
     tx.commit().await?;
     let (headers, json) = with_etag(row);
     Ok((StatusCode::CREATED, headers, json))
@@ -166,11 +180,22 @@ pub async fn put_priority_class(
     ApiJson(spec): ApiJson<PriorityClassSpec>,
 ) -> Result<(HeaderMap, Json<PriorityClassView>), ApiError> {
     let mut tx = state.db.begin().await?;
-    let before = db::priority_classes::get_for_update(&mut tx, &name).await?.ok_or(ApiError::NotFound("priority class"))?;
+    let before =
+        db::priority_classes::get_for_update(&mut tx, &name).await?.ok_or(ApiError::NotFound("priority class"))?;
     if_match.check(before.version)?;
     let wanted = validated(&name, &spec)?;
     let row = db::priority_classes::upsert(&mut tx, &wanted).await?;
-    record(&mut tx, &principal, "priority_class.update", "priority_class", &name, None, Some(&PriorityClassView::from(before)), Some(&PriorityClassView::from(row.clone()))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "priority_class.update",
+        "priority_class",
+        &name,
+        None,
+        Some(&PriorityClassView::from(before)),
+        Some(&PriorityClassView::from(row.clone())),
+    )
+    .await?;
     tx.commit().await?;
     Ok(with_etag(row))
 }

@@ -179,7 +179,17 @@ pub async fn put_quota(
     }
     let row = db::quotas::upsert(&mut tx, team.id, class.id, reserved, burst, lendable).await?;
     let object = format!("{}/{}", team.name, class_name);
-    record(&mut tx, &principal, "quota.put", "quota", &object, Some(team.id), ctx.current.map(QuotaView::from).as_ref(), Some(&QuotaView::from(row.clone()))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "quota.put",
+        "quota",
+        &object,
+        Some(team.id),
+        ctx.current.map(QuotaView::from).as_ref(),
+        Some(&QuotaView::from(row.clone())),
+    )
+    .await?;
     tx.commit().await?;
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, etag(row.version));
@@ -207,11 +217,25 @@ pub async fn delete_quota(
     let current = ctx.current.ok_or(ApiError::NotFound("quota"))?;
     if_match.check(current.version)?;
     if ctx.children_reserved > 0 {
-        return Err(ApiError::conflict("children_reserve_quota", None, format!("the child teams of {} reserve {class_name} GPUs", team.name)));
+        return Err(ApiError::conflict(
+            "children_reserve_quota",
+            None,
+            format!("the child teams of {} reserve {class_name} GPUs", team.name),
+        ));
     }
     db::quotas::delete(&mut tx, team.id, class.id).await?;
     let object = format!("{}/{}", team.name, class_name);
-    record(&mut tx, &principal, "quota.delete", "quota", &object, Some(team.id), Some(&QuotaView::from(current)), None::<&()>).await?;
+    record(
+        &mut tx,
+        &principal,
+        "quota.delete",
+        "quota",
+        &object,
+        Some(team.id),
+        Some(&QuotaView::from(current)),
+        None::<&()>,
+    )
+    .await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -119,7 +119,17 @@ pub async fn create_team(
         .on_constraint("teams_name_key", || {
             ApiError::conflict("team_exists", Some("name"), format!("team {name} already exists"))
         })?;
-    record(&mut tx, &principal, "team.create", "team", name.as_str(), Some(row.id), None::<&()>, Some(&TeamView::from(row.clone()))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "team.create",
+        "team",
+        name.as_str(),
+        Some(row.id),
+        None::<&()>,
+        Some(&TeamView::from(row.clone())),
+    )
+    .await?;
     tx.commit().await?;
     let (headers, body) = with_etag(row);
     Ok((StatusCode::CREATED, headers, body))
@@ -186,7 +196,17 @@ pub async fn update_team(
     let version = db::teams::lock(&mut tx, before.id).await?.ok_or(ApiError::NotFound("team"))?;
     if_match.check(version)?;
     let row = db::teams::update(&mut tx, before.id, display.as_str()).await?;
-    record(&mut tx, &principal, "team.update", "team", &row.name, Some(row.id), Some(&TeamView::from(before)), Some(&TeamView::from(row.clone()))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "team.update",
+        "team",
+        &row.name,
+        Some(row.id),
+        Some(&TeamView::from(before)),
+        Some(&TeamView::from(row.clone())),
+    )
+    .await?;
     tx.commit().await?;
     Ok(with_etag(row))
 }
@@ -209,12 +229,26 @@ pub async fn delete_team(
     let version = db::teams::lock(&mut tx, team.id).await?.ok_or(ApiError::NotFound("team"))?;
     if_match.check(version)?;
     if db::teams::has_children(&mut tx, team.id).await? {
-        return Err(ApiError::conflict("team_has_children", None, format!("team {} has child teams; delete them first", team.name)));
+        return Err(ApiError::conflict(
+            "team_has_children",
+            None,
+            format!("team {} has child teams; delete them first", team.name),
+        ));
     }
-    db::teams::delete(&mut tx, team.id)
-        .await
-        .on_constraint("teams_parent_id_fkey", || ApiError::conflict("team_has_children", None, "the team has child teams"))?;
-    record(&mut tx, &principal, "team.delete", "team", &team.name, Some(team.id), Some(&TeamView::from(team.clone())), None::<&()>).await?;
+    db::teams::delete(&mut tx, team.id).await.on_constraint("teams_parent_id_fkey", || {
+        ApiError::conflict("team_has_children", None, "the team has child teams")
+    })?;
+    record(
+        &mut tx,
+        &principal,
+        "team.delete",
+        "team",
+        &team.name,
+        Some(team.id),
+        Some(&TeamView::from(team.clone())),
+        None::<&()>,
+    )
+    .await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -279,15 +313,25 @@ pub async fn put_member(
 ) -> Result<Json<MemberView>, ApiError> {
     let (_, username) = path;
     let username = crate::domain::Username::parse("username", &username)?;
-    let user = db::users::by_username(&state.db, username.as_str())
-        .await?
-        .ok_or_else(|| ApiError::field(FieldError::new("username", "not_found", format!("user {username} does not exist"))))?;
+    let user = db::users::by_username(&state.db, username.as_str()).await?.ok_or_else(|| {
+        ApiError::field(FieldError::new("username", "not_found", format!("user {username} does not exist")))
+    })?;
     let team = access.team;
     let mut tx = state.db.begin().await?;
     let before = db::members::get_for_update(&mut tx, team.id, user.id).await?;
     let row = db::members::upsert(&mut tx, team.id, user.id, body.role.as_str()).await?;
     let object = format!("{}/{}", team.name, username);
-    record(&mut tx, &principal, "member.put", "member", &object, Some(team.id), before.map(MemberView::from).as_ref(), Some(&MemberView::from(row.clone()))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "member.put",
+        "member",
+        &object,
+        Some(team.id),
+        before.map(MemberView::from).as_ref(),
+        Some(&MemberView::from(row.clone())),
+    )
+    .await?;
     tx.commit().await?;
     Ok(Json(MemberView::from(row)))
 }
@@ -311,7 +355,17 @@ pub async fn delete_member(
     let before = db::members::get_for_update(&mut tx, team.id, user.id).await?.ok_or(ApiError::NotFound("member"))?;
     db::members::delete(&mut tx, team.id, user.id).await?;
     let object = format!("{}/{}", team.name, username);
-    record(&mut tx, &principal, "member.delete", "member", &object, Some(team.id), Some(&MemberView::from(before)), None::<&()>).await?;
+    record(
+        &mut tx,
+        &principal,
+        "member.delete",
+        "member",
+        &object,
+        Some(team.id),
+        Some(&MemberView::from(before)),
+        None::<&()>,
+    )
+    .await?;
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -106,24 +106,38 @@ pub async fn create_token(
         return Err(FieldError::new("expires_at", "in_the_past", "must be in the future").into());
     }
     if body.expires_at > now + chrono::Duration::days(MAX_TOKEN_DAYS) {
-        return Err(FieldError::new("expires_at", "too_far", format!("must be at most {MAX_TOKEN_DAYS} days away")).into());
+        return Err(
+            FieldError::new("expires_at", "too_far", format!("must be at most {MAX_TOKEN_DAYS} days away")).into()
+        );
     }
     let minted = api_token::mint();
     let team = access.team;
     let mut tx = state.db.begin().await?;
     let row = db::tokens::insert(
         &mut tx,
-        team.id,
-        name.as_str(),
-        body.role.as_str(),
-        &minted.hash,
-        &minted.display_prefix,
-        *user_id,
-        body.expires_at,
+        &db::tokens::NewToken {
+            team_id: team.id,
+            name: name.as_str(),
+            role: body.role.as_str(),
+            token_hash: &minted.hash,
+            display_prefix: &minted.display_prefix,
+            created_by: *user_id,
+            expires_at: body.expires_at,
+        },
     )
     .await?;
     let object = format!("{}/{}", team.name, row.id);
-    record(&mut tx, &principal, "token.create", "api_token", &object, Some(team.id), None::<&()>, Some(&TokenView::from(row.clone()))).await?;
+    record(
+        &mut tx,
+        &principal,
+        "token.create",
+        "api_token",
+        &object,
+        Some(team.id),
+        None::<&()>,
+        Some(&TokenView::from(row.clone())),
+    )
+    .await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(MintedTokenView { token: TokenView::from(row), secret: minted.secret })))
 }
@@ -141,7 +155,10 @@ pub async fn list_tokens(
 ) -> Result<Json<Page<TokenView>>, ApiError> {
     let page = PageRequest::parse(params)?;
     let after = match &page.after {
-        Some(a) => Some(a.parse::<Uuid>().map_err(|_| FieldError::new("cursor", "invalid_value", "is not a cursor this API issued"))?),
+        Some(a) => Some(
+            a.parse::<Uuid>()
+                .map_err(|_| FieldError::new("cursor", "invalid_value", "is not a cursor this API issued"))?,
+        ),
         None => None,
     };
     let rows = db::tokens::list(&state.db, access.team.id, after, page.fetch()).await?;
@@ -169,7 +186,17 @@ pub async fn revoke_token(
         db::tokens::revoke(&mut tx, team.id, token_id).await?;
         let after = db::tokens::get_for_update(&mut tx, team.id, token_id).await?;
         let object = format!("{}/{}", team.name, token_id);
-        record(&mut tx, &principal, "token.revoke", "api_token", &object, Some(team.id), Some(&TokenView::from(before)), after.map(TokenView::from).as_ref()).await?;
+        record(
+            &mut tx,
+            &principal,
+            "token.revoke",
+            "api_token",
+            &object,
+            Some(team.id),
+            Some(&TokenView::from(before)),
+            after.map(TokenView::from).as_ref(),
+        )
+        .await?;
     }
     tx.commit().await?;
     Ok(StatusCode::NO_CONTENT)

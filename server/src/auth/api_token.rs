@@ -30,11 +30,7 @@ pub fn mint() -> MintedToken {
     let mut rng = rand::rngs::OsRng;
     let random: String = (0..RANDOM_LEN).map(|_| ALPHABET[rng.gen_range(0..62)] as char).collect();
     let secret = format!("{PREFIX}{random}{}", checksum(&random));
-    MintedToken {
-        hash: hash(&secret),
-        display_prefix: secret[..PREFIX.len() + 4].to_owned(),
-        secret,
-    }
+    MintedToken { hash: hash(&secret), display_prefix: secret[..PREFIX.len() + 4].to_owned(), secret }
 }
 
 /// The stored hash of a presented token, or `None` when it is not well-formed (wrong

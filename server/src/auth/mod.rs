@@ -20,19 +20,9 @@ use crate::{
 #[derive(Debug, Clone)]
 pub enum Principal {
     /// A person, signed in with a password.
-    User {
-        id: Uuid,
-        username: String,
-        platform_role: Option<PlatformRole>,
-    },
+    User { id: Uuid, username: String, platform_role: Option<PlatformRole> },
     /// A CI pipeline's API token: one team, one role.
-    Token {
-        id: Uuid,
-        name: String,
-        team_id: Uuid,
-        team: String,
-        role: TeamRole,
-    },
+    Token { id: Uuid, name: String, team_id: Uuid, team: String, role: TeamRole },
 }
 
 impl Principal {
@@ -79,7 +69,8 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Optio
     if credential.starts_with(api_token::PREFIX) {
         let hash = api_token::parse(credential).ok_or(ApiError::Unauthenticated)?;
         let auth = db::tokens::authenticate(&state.db, &hash).await?.ok_or(ApiError::Unauthenticated)?;
-        let role = TeamRole::parse(&auth.role).ok_or_else(|| ApiError::Internal(format!("bad token role {}", auth.role)))?;
+        let role =
+            TeamRole::parse(&auth.role).ok_or_else(|| ApiError::Internal(format!("bad token role {}", auth.role)))?;
         return Ok(Some(Principal::Token {
             id: auth.id,
             name: auth.name,

@@ -31,7 +31,11 @@ pub async fn list(pool: &PgPool, team_id: Uuid) -> Result<Vec<BudgetRow>, sqlx::
 }
 
 /// The budget of `team_id` for `period`, locked for update.
-pub async fn get_for_update(tx: &mut Tx<'_>, team_id: Uuid, period: NaiveDate) -> Result<Option<BudgetRow>, sqlx::Error> {
+pub async fn get_for_update(
+    tx: &mut Tx<'_>,
+    team_id: Uuid,
+    period: NaiveDate,
+) -> Result<Option<BudgetRow>, sqlx::Error> {
     sqlx::query_as!(
         BudgetRow,
         "select period, unit, amount, enforcement, created_at, updated_at, version
@@ -71,8 +75,6 @@ pub async fn upsert(
 
 /// Removes a budget.
 pub async fn delete(tx: &mut Tx<'_>, team_id: Uuid, period: NaiveDate) -> Result<(), sqlx::Error> {
-    sqlx::query!("delete from budgets where team_id = $1 and period = $2", team_id, period)
-        .execute(&mut **tx)
-        .await?;
+    sqlx::query!("delete from budgets where team_id = $1 and period = $2", team_id, period).execute(&mut **tx).await?;
     Ok(())
 }

@@ -27,12 +27,9 @@ pub struct CapacityRow {
 
 /// All clusters by name.
 pub async fn list(pool: &PgPool) -> Result<Vec<ClusterRow>, sqlx::Error> {
-    sqlx::query_as!(
-        ClusterRow,
-        "select id, name, backend, created_at, updated_at, version from clusters order by name"
-    )
-    .fetch_all(pool)
-    .await
+    sqlx::query_as!(ClusterRow, "select id, name, backend, created_at, updated_at, version from clusters order by name")
+        .fetch_all(pool)
+        .await
 }
 
 /// Capacity of every cluster, by cluster and class name.
@@ -61,7 +58,12 @@ pub async fn get_for_update(tx: &mut Tx<'_>, name: &str) -> Result<Option<Cluste
 }
 
 /// Creates or updates a cluster and replaces its capacity.
-pub async fn upsert(tx: &mut Tx<'_>, name: &str, backend: &str, capacity: &[(Uuid, i32)]) -> Result<ClusterRow, sqlx::Error> {
+pub async fn upsert(
+    tx: &mut Tx<'_>,
+    name: &str,
+    backend: &str,
+    capacity: &[(Uuid, i32)],
+) -> Result<ClusterRow, sqlx::Error> {
     let row = sqlx::query_as!(
         ClusterRow,
         "insert into clusters (id, name, backend) values ($1, $2, $3)

@@ -134,11 +134,7 @@ impl EmbeddedPostgres {
 
     /// Options that connect to `database` on this server.
     pub fn connect_options(&self, database: &str) -> PgConnectOptions {
-        PgConnectOptions::new()
-            .socket(&self.socket_dir)
-            .port(PORT)
-            .username(SUPERUSER)
-            .database(database)
+        PgConnectOptions::new().socket(&self.socket_dir).port(PORT).username(SUPERUSER).database(database)
     }
 
     /// A `postgres://` URL for `database`, for tools such as `psql` and sqlx's macros.

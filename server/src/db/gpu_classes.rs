@@ -122,9 +122,8 @@ pub async fn rates(pool: &PgPool, class_id: Uuid) -> Result<Vec<RateRow>, sqlx::
 
 /// Locks a class and returns its version.
 pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<i64>, sqlx::Error> {
-    let row = sqlx::query!("select version from gpu_classes where id = $1 for update", id)
-        .fetch_optional(&mut **tx)
-        .await?;
+    let row =
+        sqlx::query!("select version from gpu_classes where id = $1 for update", id).fetch_optional(&mut **tx).await?;
     Ok(row.map(|r| r.version))
 }
 

@@ -17,7 +17,12 @@ pub struct MemberRow {
 }
 
 /// Members of `team_id` by username, after `after`.
-pub async fn list(pool: &PgPool, team_id: Uuid, after: Option<&str>, limit: i64) -> Result<Vec<MemberRow>, sqlx::Error> {
+pub async fn list(
+    pool: &PgPool,
+    team_id: Uuid,
+    after: Option<&str>,
+    limit: i64,
+) -> Result<Vec<MemberRow>, sqlx::Error> {
     sqlx::query_as!(
         MemberRow,
         "select m.user_id, u.username, m.role, m.created_at, m.updated_at

@@ -69,9 +69,7 @@ pub async fn context_for_update(
     parent_id: Option<Uuid>,
     class_id: Uuid,
 ) -> Result<QuotaContext, sqlx::Error> {
-    sqlx::query!("select id from gpu_classes where id = $1 for update", class_id)
-        .fetch_optional(&mut **tx)
-        .await?;
+    sqlx::query!("select id from gpu_classes where id = $1 for update", class_id).fetch_optional(&mut **tx).await?;
     let current = sqlx::query_as!(
         QuotaRow,
         "select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version

@@ -142,9 +142,7 @@ pub async fn update(tx: &mut Tx<'_>, id: Uuid, display_name: &str) -> Result<Tea
 
 /// Locks a team row for the rest of the transaction and returns its version.
 pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<i64>, sqlx::Error> {
-    let row = sqlx::query!("select version from teams where id = $1 for update", id)
-        .fetch_optional(&mut **tx)
-        .await?;
+    let row = sqlx::query!("select version from teams where id = $1 for update", id).fetch_optional(&mut **tx).await?;
     Ok(row.map(|r| r.version))
 }
 

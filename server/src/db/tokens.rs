@@ -31,17 +31,20 @@ pub struct TokenAuth {
     pub role: String,
 }
 
+/// A token to store.
+#[derive(Debug)]
+pub struct NewToken<'a> {
+    pub team_id: Uuid,
+    pub name: &'a str,
+    pub role: &'a str,
+    pub token_hash: &'a [u8],
+    pub display_prefix: &'a str,
+    pub created_by: Uuid,
+    pub expires_at: DateTime<Utc>,
+}
+
 /// Stores a new token.
-pub async fn insert(
-    tx: &mut Tx<'_>,
-    team_id: Uuid,
-    name: &str,
-    role: &str,
-    token_hash: &[u8],
-    display_prefix: &str,
-    created_by: Uuid,
-    expires_at: DateTime<Utc>,
-) -> Result<TokenRow, sqlx::Error> {
+pub async fn insert(tx: &mut Tx<'_>, token: &NewToken<'_>) -> Result<TokenRow, sqlx::Error> {
     sqlx::query_as!(
         TokenRow,
         r#"with t as (
@@ -53,13 +56,13 @@ pub async fn insert(
                   t.created_at, t.expires_at, t.last_used_at, t.revoked_at
            from t left join users u on u.id = t.created_by"#,
         Uuid::new_v4(),
-        team_id,
-        name,
-        role,
-        token_hash,
-        display_prefix,
-        created_by,
-        expires_at
+        token.team_id,
+        token.name,
+        token.role,
+        token.token_hash,
+        token.display_prefix,
+        token.created_by,
+        token.expires_at
     )
     .fetch_one(&mut **tx)
     .await

@@ -118,11 +118,7 @@ impl Password {
     pub fn parse(field: &str, value: &str) -> Result<Self, FieldError> {
         let len = value.chars().count();
         if len < Self::MIN_LEN {
-            return Err(FieldError::new(
-                field,
-                "too_short",
-                format!("must be at least {} characters", Self::MIN_LEN),
-            ));
+            return Err(FieldError::new(field, "too_short", format!("must be at least {} characters", Self::MIN_LEN)));
         }
         if len > 256 {
             return Err(FieldError::new(field, "too_long", "must be at most 256 characters"));

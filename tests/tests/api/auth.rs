@@ -178,7 +178,12 @@ async fn a_ci_token_cannot_see_another_teams_objects() {
     app.team(&admin, "team-a", None).await;
     app.team(&admin, "team-b", None).await;
     let (_, token_b) = app.api_token(&admin, "team-b", "member").await;
-    for path in ["/api/v1/teams/team-a", "/api/v1/teams/team-a/quotas", "/api/v1/teams/team-a/members", "/api/v1/teams/team-a/budgets"] {
+    for path in [
+        "/api/v1/teams/team-a",
+        "/api/v1/teams/team-a/quotas",
+        "/api/v1/teams/team-a/members",
+        "/api/v1/teams/team-a/budgets",
+    ] {
         app.send(call("GET", path).token(&token_b)).await.assert_problem(404, "not_found");
     }
     // A team that does not exist looks exactly the same.

@@ -63,26 +63,60 @@ fn matrix() -> Vec<Row> {
         row("PUT", "/api/v1/teams/{team}/members/{username}", TEAM_ADMIN, Some(json!({"role": "viewer"}))),
         row("DELETE", "/api/v1/teams/{team}/members/{username}", TEAM_ADMIN, None),
         row("GET", "/api/v1/teams/{team}/tokens", TEAM_ADMIN, None),
-        row("POST", "/api/v1/teams/{team}/tokens", TEAM_ADMIN, Some(json!({"name": "ci", "role": "member", "expires_at": soon}))),
+        row(
+            "POST",
+            "/api/v1/teams/{team}/tokens",
+            TEAM_ADMIN,
+            Some(json!({"name": "ci", "role": "member", "expires_at": soon})),
+        ),
         row("DELETE", "/api/v1/teams/{team}/tokens/{token_id}", TEAM_ADMIN, None),
         row("GET", "/api/v1/teams/{team}/quotas", TEAM_READ, None),
         row("GET", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_READ, None),
         row("PUT", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_ADMIN, Some(json!({"reserved": 2, "burst": 1}))),
         row("DELETE", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_ADMIN, None),
         row("GET", "/api/v1/teams/{team}/budgets", TEAM_READ, None),
-        row("PUT", "/api/v1/teams/{team}/budgets/{period}", TEAM_ADMIN, Some(json!({"unit": "money", "amount": 5, "enforcement": "soft"}))),
+        row(
+            "PUT",
+            "/api/v1/teams/{team}/budgets/{period}",
+            TEAM_ADMIN,
+            Some(json!({"unit": "money", "amount": 5, "enforcement": "soft"})),
+        ),
         row("DELETE", "/api/v1/teams/{team}/budgets/{period}", TEAM_ADMIN, None),
         row("GET", "/api/v1/teams/{team}/audit-log", TEAM_ADMIN, None),
         row("GET", "/api/v1/gpu-classes", SIGNED_IN, None),
-        row("POST", "/api/v1/gpu-classes", PLATFORM, Some(json!({"name": "t4", "kind": "whole", "memory_mib": 16384, "rate_micros_per_gpu_hour": 350000}))),
+        row(
+            "POST",
+            "/api/v1/gpu-classes",
+            PLATFORM,
+            Some(json!({"name": "t4", "kind": "whole", "memory_mib": 16384, "rate_micros_per_gpu_hour": 350000})),
+        ),
         row("GET", "/api/v1/gpu-classes/{gpu_class}", SIGNED_IN, None),
         row("PATCH", "/api/v1/gpu-classes/{gpu_class}", PLATFORM, Some(json!({"description": "Hopper"}))),
         row("GET", "/api/v1/gpu-classes/{gpu_class}/rates", SIGNED_IN, None),
-        row("POST", "/api/v1/gpu-classes/{gpu_class}/rates", PLATFORM, Some(json!({"effective_from": later, "rate_micros_per_gpu_hour": 2_000_000}))),
+        row(
+            "POST",
+            "/api/v1/gpu-classes/{gpu_class}/rates",
+            PLATFORM,
+            Some(json!({"effective_from": later, "rate_micros_per_gpu_hour": 2_000_000})),
+        ),
         row("GET", "/api/v1/priority-classes", SIGNED_IN, None),
-        row("POST", "/api/v1/priority-classes", PLATFORM, Some(json!({"name": "batch", "priority": 50, "preemptible": true, "usage_factor_milli": 500, "price_multiplier_milli": 600}))),
+        row(
+            "POST",
+            "/api/v1/priority-classes",
+            PLATFORM,
+            Some(
+                json!({"name": "batch", "priority": 50, "preemptible": true, "usage_factor_milli": 500, "price_multiplier_milli": 600}),
+            ),
+        ),
         row("GET", "/api/v1/priority-classes/{priority_class}", SIGNED_IN, None),
-        row("PUT", "/api/v1/priority-classes/{priority_class}", PLATFORM, Some(json!({"priority": 90, "preemptible": true, "usage_factor_milli": 700, "price_multiplier_milli": 800}))),
+        row(
+            "PUT",
+            "/api/v1/priority-classes/{priority_class}",
+            PLATFORM,
+            Some(
+                json!({"priority": 90, "preemptible": true, "usage_factor_milli": 700, "price_multiplier_milli": 800}),
+            ),
+        ),
         row("GET", "/api/v1/clusters", SIGNED_IN, None),
         row("PUT", "/api/v1/clusters/{cluster}", PLATFORM, Some(json!({"backend": "sim", "capacity": {"h100": 8}}))),
         row("GET", "/api/v1/audit-log", PLATFORM, None),
@@ -190,7 +224,13 @@ async fn every_route_answers_every_kind_of_caller_as_specified() {
             }
             if let E(status) = got {
                 if status >= 400 {
-                    assert_eq!(r.header("content-type").as_deref(), Some("application/problem+json"), "{} {}", row.method, row.path);
+                    assert_eq!(
+                        r.header("content-type").as_deref(),
+                        Some("application/problem+json"),
+                        "{} {}",
+                        row.method,
+                        row.path
+                    );
                 }
             }
         }

@@ -18,7 +18,13 @@ async fn unknown_fields_are_rejected_by_name() {
     let doc = r.assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "colour");
     assert_eq!(doc["errors"][0]["code"], "unknown_field");
-    let r = app.send(call("PUT", "/api/v1/teams/ml/quotas/h100").token(&admin).json(&json!({"reserved": 1, "burst": 0, "borrow": 3}))).await;
+    let r = app
+        .send(
+            call("PUT", "/api/v1/teams/ml/quotas/h100")
+                .token(&admin)
+                .json(&json!({"reserved": 1, "burst": 0, "borrow": 3})),
+        )
+        .await;
     assert_eq!(r.assert_problem(422, "validation_failed")["field"], "borrow");
 }
 
@@ -45,7 +51,10 @@ async fn negative_and_absurd_quotas_name_the_field() {
 async fn names_with_control_characters_are_refused() {
     let (app, admin) = setup().await;
     for name in ["ml\u{0}evil", "ml\nx", "ml\u{1b}[31m"] {
-        let doc = app.send(call("POST", "/api/v1/teams").token(&admin).json(&json!({"name": name}))).await.assert_problem(422, "validation_failed");
+        let doc = app
+            .send(call("POST", "/api/v1/teams").token(&admin).json(&json!({"name": name})))
+            .await
+            .assert_problem(422, "validation_failed");
         assert_eq!(doc["field"], "name");
         assert_eq!(doc["errors"][0]["code"], "control_character");
     }
@@ -63,7 +72,12 @@ async fn a_10_mb_body_is_413() {
     let r = app.send(call("POST", "/api/v1/teams").token(&admin).raw("application/json", huge.into_bytes())).await;
     r.assert_problem(413, "payload_too_large");
     let r = app
-        .send(call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "big").raw("application/json", vec![b' '; 10 * 1024 * 1024]))
+        .send(
+            call("POST", "/api/v1/teams")
+                .token(&admin)
+                .header("idempotency-key", "big")
+                .raw("application/json", vec![b' '; 10 * 1024 * 1024]),
+        )
         .await;
     r.assert_problem(413, "payload_too_large");
 }
@@ -89,11 +103,16 @@ async fn the_wrong_content_type_is_415_and_broken_json_is_400() {
 #[tokio::test]
 async fn bad_query_parameters_and_unknown_routes_are_problems_too() {
     let (app, admin) = setup().await;
-    let doc = app.send(call("GET", "/api/v1/teams?limit=0").token(&admin)).await.assert_problem(422, "validation_failed");
+    let doc =
+        app.send(call("GET", "/api/v1/teams?limit=0").token(&admin)).await.assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "limit");
-    let doc = app.send(call("GET", "/api/v1/teams?cursor=%21%21").token(&admin)).await.assert_problem(422, "validation_failed");
+    let doc = app
+        .send(call("GET", "/api/v1/teams?cursor=%21%21").token(&admin))
+        .await
+        .assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "cursor");
-    let doc = app.send(call("GET", "/api/v1/teams?colour=red").token(&admin)).await.assert_problem(422, "validation_failed");
+    let doc =
+        app.send(call("GET", "/api/v1/teams?colour=red").token(&admin)).await.assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "colour");
     app.send(call("GET", "/api/v1/nothing-here").token(&admin)).await.assert_problem(404, "not_found");
     let r = app.send(call("PATCH", "/api/v1/gpu-classes").token(&admin)).await;
@@ -104,7 +123,11 @@ async fn bad_query_parameters_and_unknown_routes_are_problems_too() {
 async fn a_bad_period_gpu_class_or_unknown_member_names_the_field() {
     let (app, admin) = setup().await;
     let doc = app
-        .send(call("PUT", "/api/v1/teams/ml/budgets/2026-13").token(&admin).json(&json!({"unit": "money", "amount": 1, "enforcement": "hard"})))
+        .send(
+            call("PUT", "/api/v1/teams/ml/budgets/2026-13")
+                .token(&admin)
+                .json(&json!({"unit": "money", "amount": 1, "enforcement": "hard"})),
+        )
         .await
         .assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "period");

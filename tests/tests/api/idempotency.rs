@@ -46,7 +46,9 @@ async fn reusing_a_key_with_another_body_is_422() {
     let app = TestApp::spawn().await;
     let admin = app.admin().await;
     let send = |name: &'static str| {
-        app.send(call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "k1").json(&json!({"name": name})))
+        app.send(
+            call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "k1").json(&json!({"name": name})),
+        )
     };
     send("ml").await.assert_status(201);
     let doc = send("vision").await.assert_problem(422, "idempotency_key_reused");
@@ -99,8 +101,16 @@ async fn keys_are_scoped_per_caller() {
     let app = TestApp::spawn().await;
     let admin = app.admin().await;
     let other = app.user(&admin, "other-admin", Some("platform-admin")).await;
-    let r1 = app.send(call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "same").json(&json!({"name": "one"}))).await;
-    let r2 = app.send(call("POST", "/api/v1/teams").token(&other).header("idempotency-key", "same").json(&json!({"name": "two"}))).await;
+    let r1 = app
+        .send(
+            call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "same").json(&json!({"name": "one"})),
+        )
+        .await;
+    let r2 = app
+        .send(
+            call("POST", "/api/v1/teams").token(&other).header("idempotency-key", "same").json(&json!({"name": "two"})),
+        )
+        .await;
     r1.assert_status(201);
     r2.assert_status(201);
     assert_ne!(r1.json()["id"], r2.json()["id"]);
@@ -110,7 +120,14 @@ async fn keys_are_scoped_per_caller() {
 async fn a_failed_create_replays_its_error_for_the_same_key() {
     let app = TestApp::spawn().await;
     let admin = app.admin().await;
-    let send = || app.send(call("POST", "/api/v1/teams").token(&admin).header("idempotency-key", "bad").json(&json!({"name": "Bad Name"})));
+    let send = || {
+        app.send(
+            call("POST", "/api/v1/teams")
+                .token(&admin)
+                .header("idempotency-key", "bad")
+                .json(&json!({"name": "Bad Name"})),
+        )
+    };
     let first = send().await;
     first.assert_problem(422, "validation_failed");
     let second = send().await;

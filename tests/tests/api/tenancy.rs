@@ -11,8 +11,12 @@ async fn setup() -> (TestApp, String) {
 }
 
 async fn put_quota(app: &TestApp, admin: &str, team: &str, reserved: i64, burst: i64) -> fairway_tests::TestResponse {
-    app.send(call("PUT", &format!("/api/v1/teams/{team}/quotas/h100")).token(admin).json(&json!({"reserved": reserved, "burst": burst})))
-        .await
+    app.send(
+        call("PUT", &format!("/api/v1/teams/{team}/quotas/h100"))
+            .token(admin)
+            .json(&json!({"reserved": reserved, "burst": burst})),
+    )
+    .await
 }
 
 #[tokio::test]
@@ -43,9 +47,11 @@ async fn reserving_more_than_the_known_capacity_is_a_warning_not_an_error() {
     let (app, admin) = setup().await;
     app.team(&admin, "ml", None).await;
     app.team(&admin, "cv", None).await;
-    app.send(call("PUT", "/api/v1/clusters/sim-1").token(&admin).json(&json!({"backend": "sim", "capacity": {"h100": 16}})))
-        .await
-        .assert_status(200);
+    app.send(
+        call("PUT", "/api/v1/clusters/sim-1").token(&admin).json(&json!({"backend": "sim", "capacity": {"h100": 16}})),
+    )
+    .await
+    .assert_status(200);
     let r = put_quota(&app, &admin, "ml", 12, 0).await;
     r.assert_status(200);
     assert_eq!(r.json()["warnings"], json!([]));
@@ -63,10 +69,24 @@ async fn updates_honour_if_match_and_answer_412_on_a_stale_etag() {
     let r = app.send(call("GET", "/api/v1/teams/ml").token(&admin)).await;
     let etag = r.header("etag").unwrap();
     assert_eq!(etag, "\"1\"");
-    let ok = app.send(call("PATCH", "/api/v1/teams/ml").token(&admin).header("if-match", &etag).json(&json!({"display_name": "ML"}))).await;
+    let ok = app
+        .send(
+            call("PATCH", "/api/v1/teams/ml")
+                .token(&admin)
+                .header("if-match", &etag)
+                .json(&json!({"display_name": "ML"})),
+        )
+        .await;
     ok.assert_status(200);
     assert_eq!(ok.header("etag").as_deref(), Some("\"2\""));
-    let stale = app.send(call("PATCH", "/api/v1/teams/ml").token(&admin).header("if-match", &etag).json(&json!({"display_name": "Nope"}))).await;
+    let stale = app
+        .send(
+            call("PATCH", "/api/v1/teams/ml")
+                .token(&admin)
+                .header("if-match", &etag)
+                .json(&json!({"display_name": "Nope"})),
+        )
+        .await;
     stale.assert_problem(412, "etag_mismatch");
     let now = app.send(call("GET", "/api/v1/teams/ml").token(&admin)).await;
     assert_eq!(now.json()["display_name"], "ML");
@@ -74,11 +94,21 @@ async fn updates_honour_if_match_and_answer_412_on_a_stale_etag() {
     let q = put_quota(&app, &admin, "ml", 2, 2).await;
     let qtag = q.header("etag").unwrap();
     let r = app
-        .send(call("PUT", "/api/v1/teams/ml/quotas/h100").token(&admin).header("if-match", "\"99\"").json(&json!({"reserved": 3, "burst": 0})))
+        .send(
+            call("PUT", "/api/v1/teams/ml/quotas/h100")
+                .token(&admin)
+                .header("if-match", "\"99\"")
+                .json(&json!({"reserved": 3, "burst": 0})),
+        )
         .await;
     r.assert_problem(412, "etag_mismatch");
     let r = app
-        .send(call("PUT", "/api/v1/teams/ml/quotas/h100").token(&admin).header("if-match", &qtag).json(&json!({"reserved": 3, "burst": 0})))
+        .send(
+            call("PUT", "/api/v1/teams/ml/quotas/h100")
+                .token(&admin)
+                .header("if-match", &qtag)
+                .json(&json!({"reserved": 3, "burst": 0})),
+        )
         .await;
     r.assert_status(200);
 }
@@ -110,8 +140,13 @@ async fn every_change_is_in_the_audit_log_with_who_and_before_and_after() {
 async fn a_refused_change_leaves_no_audit_record_and_no_row() {
     let (app, admin) = setup().await;
     app.team(&admin, "ml", None).await;
-    app.send(call("POST", "/api/v1/teams").token(&admin).json(&json!({"name": "ml"}))).await.assert_problem(409, "team_exists");
-    let entries: i64 = sqlx::query_scalar("select count(*) from audit_log where action = 'team.create'").fetch_one(&app.pool).await.unwrap();
+    app.send(call("POST", "/api/v1/teams").token(&admin).json(&json!({"name": "ml"})))
+        .await
+        .assert_problem(409, "team_exists");
+    let entries: i64 = sqlx::query_scalar("select count(*) from audit_log where action = 'team.create'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
     assert_eq!(entries, 1);
 }
 
@@ -157,11 +192,19 @@ async fn rates_are_effective_dated_and_cannot_change_the_past() {
     let (app, admin) = setup().await;
     let future = (chrono::Utc::now() + chrono::Duration::days(10)).to_rfc3339();
     let past = (chrono::Utc::now() - chrono::Duration::days(10)).to_rfc3339();
-    app.send(call("POST", "/api/v1/gpu-classes/h100/rates").token(&admin).json(&json!({"effective_from": future, "rate_micros_per_gpu_hour": 2_000_000})))
-        .await
-        .assert_status(201);
+    app.send(
+        call("POST", "/api/v1/gpu-classes/h100/rates")
+            .token(&admin)
+            .json(&json!({"effective_from": future, "rate_micros_per_gpu_hour": 2_000_000})),
+    )
+    .await
+    .assert_status(201);
     let doc = app
-        .send(call("POST", "/api/v1/gpu-classes/h100/rates").token(&admin).json(&json!({"effective_from": past, "rate_micros_per_gpu_hour": 1})))
+        .send(
+            call("POST", "/api/v1/gpu-classes/h100/rates")
+                .token(&admin)
+                .json(&json!({"effective_from": past, "rate_micros_per_gpu_hour": 1})),
+        )
         .await
         .assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "effective_from");
@@ -180,10 +223,15 @@ async fn gpu_classes_describe_whole_gpus_and_mig_slices_consistently() {
     assert_eq!(r.json()["fraction_milli"], 428);
     assert_eq!(r.json()["currency"], "USD");
     let bad = json!({"name": "a100", "kind": "whole", "memory_mib": 81920, "fraction_milli": 500, "rate_micros_per_gpu_hour": 1});
-    let doc = app.send(call("POST", "/api/v1/gpu-classes").token(&admin).json(&bad)).await.assert_problem(422, "validation_failed");
+    let doc = app
+        .send(call("POST", "/api/v1/gpu-classes").token(&admin).json(&bad))
+        .await
+        .assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "fraction_milli");
     let dup = json!({"name": "h100", "kind": "whole", "memory_mib": 81920, "rate_micros_per_gpu_hour": 1});
-    app.send(call("POST", "/api/v1/gpu-classes").token(&admin).json(&dup)).await.assert_problem(409, "gpu_class_exists");
+    app.send(call("POST", "/api/v1/gpu-classes").token(&admin).json(&dup))
+        .await
+        .assert_problem(409, "gpu_class_exists");
 }
 
 #[tokio::test]
@@ -226,7 +274,10 @@ async fn readiness_and_metrics_report_real_state() {
     app.send(call("GET", "/api/v1/teams").token(&admin)).await.assert_status(200);
     let metrics = app.send(call("GET", "/metrics")).await;
     let text = String::from_utf8_lossy(&metrics.body).into_owned();
-    assert!(text.contains("fairway_http_requests_total{method=\"GET\",route=\"/api/v1/teams\",status=\"200\"} 1"), "{text}");
+    assert!(
+        text.contains("fairway_http_requests_total{method=\"GET\",route=\"/api/v1/teams\",status=\"200\"} 1"),
+        "{text}"
+    );
     app.pool.close().await;
     app.send(call("GET", "/readyz")).await.assert_status(503);
 }
