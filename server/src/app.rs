@@ -165,7 +165,11 @@ pub async fn bootstrap_admin(pool: &PgPool, config: &Config) -> anyhow::Result<(
         return Ok(());
     }
     let (secret, generated) = match &config.admin_password {
-        Some(p) => (p.expose().to_owned(), false),
+        Some(p) => {
+            crate::domain::Password::parse("FAIRWAY_ADMIN_PASSWORD", p.expose())
+                .map_err(|e| anyhow::anyhow!("{} {}", e.field, e.message))?;
+            (p.expose().to_owned(), false)
+        }
         None => (password::generate(), true),
     };
     let hash = tokio::task::spawn_blocking({

@@ -39,7 +39,7 @@ pub struct TokenResponse {
     request_body = TokenRequest,
     responses(
         (status = 200, description = "Signed in", body = TokenResponse),
-        (status = 401, description = "Unknown user or wrong password", body = super::error::Problem),
+        (status = 401, description = "Unknown user or wrong password (`invalid_credentials`)", body = super::error::Problem),
         (status = 422, description = "Malformed request", body = super::error::Problem),
     ),
     security(())
@@ -66,7 +66,7 @@ pub async fn create_access_token(
             None
         }
     };
-    let user = verified.ok_or(ApiError::Unauthenticated)?;
+    let user = verified.ok_or(ApiError::InvalidCredentials)?;
     let token = state.keys.issue(user.id, chrono::Utc::now().timestamp());
     tracing::info!(user.name = %user.username, "access token issued");
     Ok(Json(TokenResponse { access_token: token, token_type: "Bearer", expires_in: state.keys.ttl().as_secs() }))

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use axum::{
     extract::{Path, State},
+    http::StatusCode,
     Extension, Json,
 };
 use chrono::{DateTime, Utc};
@@ -101,7 +102,8 @@ pub async fn list_clusters(State(state): State<AppState>) -> Result<Json<Vec<Clu
     params(("cluster" = String, Path, description = "Cluster name"),
            ("If-Match" = Option<String>, Header, description = "ETag from a previous read")),
     request_body = ClusterSpec,
-    responses((status = 200, body = ClusterView), (status = 422, body = super::error::Problem))
+    responses((status = 200, description = "Updated", body = ClusterView), (status = 201, description = "Created", body = ClusterView),
+              (status = 412, body = super::error::Problem), (status = 422, body = super::error::Problem))
 )]
 pub async fn put_cluster(
     State(state): State<AppState>,
@@ -109,7 +111,7 @@ pub async fn put_cluster(
     Path(name): Path<String>,
     if_match: IfMatch,
     ApiJson(spec): ApiJson<ClusterSpec>,
-) -> Result<Json<ClusterView>, ApiError> {
+) -> Result<(StatusCode, Json<ClusterView>), ApiError> {
     // Cluster names follow the same DNS-label rule as team names.
     let name = TeamName::parse("cluster", &name)?;
     let mut capacity = Vec::new();
@@ -142,5 +144,6 @@ pub async fn put_cluster(
     tx.commit().await?;
     let view =
         views(&state.db).await?.into_iter().find(|c| c.name == name.as_str()).ok_or(ApiError::NotFound("cluster"))?;
-    Ok(Json(view))
+    let status = if before.is_some() { StatusCode::OK } else { StatusCode::CREATED };
+    Ok((status, Json(view)))
 }

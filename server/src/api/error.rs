@@ -40,6 +40,8 @@ pub struct Problem {
 pub enum ApiError {
     #[error("authentication required")]
     Unauthenticated,
+    #[error("invalid username or password")]
+    InvalidCredentials,
     #[error("forbidden")]
     Forbidden,
     #[error("{0} not found")]
@@ -83,6 +85,7 @@ impl ApiError {
         use ApiError::*;
         match self {
             Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
+            InvalidCredentials => (StatusCode::UNAUTHORIZED, "invalid_credentials", "Invalid credentials"),
             Forbidden => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not_found", "Not found"),
             Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "Validation failed"),

@@ -150,8 +150,7 @@ pub async fn create_gpu_class(
     .on_constraint("gpu_classes_name_key", || {
         ApiError::conflict("gpu_class_exists", Some("name"), format!("GPU class {name} already exists"))
     })?;
-    let effective = body.rate_effective_from.unwrap_or_else(Utc::now);
-    db::gpu_classes::add_rate(&mut tx, id, effective, body.rate_micros_per_gpu_hour).await?;
+    db::gpu_classes::add_rate(&mut tx, id, body.rate_effective_from, body.rate_micros_per_gpu_hour).await?;
     let row = db::gpu_classes::by_name(&mut *tx, name.as_str()).await?.ok_or(ApiError::NotFound("GPU class"))?;
     record(
         &mut tx,
@@ -292,7 +291,7 @@ pub async fn create_gpu_class_rate(
         return Err(FieldError::new("effective_from", "in_the_past", "rates cannot be changed retroactively").into());
     }
     let mut tx = state.db.begin().await?;
-    let row = db::gpu_classes::add_rate(&mut tx, class.id, body.effective_from, body.rate_micros_per_gpu_hour)
+    let row = db::gpu_classes::add_rate(&mut tx, class.id, Some(body.effective_from), body.rate_micros_per_gpu_hour)
         .await
         .on_constraint("gpu_class_rates_pkey", || {
             ApiError::conflict("rate_exists", Some("effective_from"), "a rate already starts at this instant")

@@ -42,8 +42,10 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/metrics", Public),
     route("POST", "/api/v1/auth/token", Public),
     route("GET", "/api/v1/me", Authenticated),
+    route("POST", "/api/v1/me/password", Authenticated),
     route("GET", "/api/v1/users", PlatformAdmin),
     route("POST", "/api/v1/users", PlatformAdmin),
+    route("PATCH", "/api/v1/users/{username}", PlatformAdmin),
     route("GET", "/api/v1/teams", Authenticated),
     route("POST", "/api/v1/teams", PlatformAdmin),
     route("GET", "/api/v1/teams/{team}", Team(TeamRole::Viewer)),
@@ -129,7 +131,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(health::get_metrics))
         .routes(routes!(auth::create_access_token))
         .routes(routes!(auth::get_me))
+        .routes(routes!(users::change_password))
         .routes(routes!(users::create_user, users::list_users))
+        .routes(routes!(users::update_user))
         .routes(routes!(teams::create_team, teams::list_teams))
         .routes(routes!(teams::get_team, teams::update_team, teams::delete_team))
         .routes(routes!(teams::list_members))

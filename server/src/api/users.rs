@@ -1,12 +1,17 @@
 //! Users, managed by platform admins.
 
-use axum::{extract::State, http::StatusCode, Extension, Json};
+use axum::{
+    extract::{Path, State},
+    http::StatusCode,
+    Extension, Json,
+};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{
+    audit::record,
     error::{ApiError, OnConstraint as _},
     extract::{ApiJson, ListQuery, Page, PageParams, PageRequest},
 };
@@ -14,7 +19,7 @@ use crate::{
     app::AppState,
     auth::{password, Principal},
     db::{self, audit::Change, users::UserRow},
-    domain::{Password, PlatformRole, Username},
+    domain::{FieldError, Password, PlatformRole, Username},
 };
 
 /// A new user.
@@ -111,4 +116,116 @@ pub async fn list_users(
     let page = PageRequest::parse(params)?;
     let rows = db::users::list(&state.db, page.after.as_deref(), page.fetch()).await?;
     Ok(Json(page.page(rows, |u| u.username.clone(), UserView::from)))
+}
+
+/// Changes to a user. `platform_role: null` removes the platform role.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UserPatch {
+    /// A platform-wide role, or null for none.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<PlatformRole>)]
+    pub platform_role: Option<Option<PlatformRole>>,
+    /// A disabled user cannot sign in and their access tokens stop working at once.
+    pub disabled: Option<bool>,
+    /// A new password (at least 12 characters).
+    pub password: Option<String>,
+}
+
+/// Distinguishes a field set to null (`Some(None)`) from an absent one (`None`).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(d: D) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
+}
+
+/// Changes a user's platform role, disabled flag or password. A user cannot remove their
+/// own platform-admin role or disable themselves, so the platform always keeps an admin.
+#[utoipa::path(
+    patch, path = "/api/v1/users/{username}", tag = "users", operation_id = "update_user",
+    params(("username" = String, Path, description = "User name")),
+    request_body = UserPatch,
+    responses((status = 200, body = UserView), (status = 404, body = super::error::Problem), (status = 422, body = super::error::Problem))
+)]
+pub async fn update_user(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(username): Path<String>,
+    ApiJson(body): ApiJson<UserPatch>,
+) -> Result<Json<UserView>, ApiError> {
+    let hash = match body.password {
+        Some(p) => {
+            let p = Password::parse("password", &p)?;
+            Some(
+                tokio::task::spawn_blocking(move || password::hash(p.expose()))
+                    .await
+                    .map_err(|e| ApiError::Internal(e.to_string()))?,
+            )
+        }
+        None => None,
+    };
+    let mut tx = state.db.begin().await?;
+    let before = db::users::get_for_update(&mut tx, &username).await?.ok_or(ApiError::NotFound("user"))?;
+    let role = match body.platform_role {
+        Some(role) => role,
+        None => before.platform_role.as_deref().and_then(PlatformRole::parse),
+    };
+    let disabled = body.disabled.unwrap_or(before.disabled);
+    if matches!(&principal, Principal::User { id, .. } if *id == before.id) {
+        if role != Some(PlatformRole::PlatformAdmin) {
+            return Err(FieldError::new(
+                "platform_role",
+                "self_demotion",
+                "you cannot remove your own platform-admin role",
+            )
+            .into());
+        }
+        if disabled {
+            return Err(FieldError::new("disabled", "self_disable", "you cannot disable yourself").into());
+        }
+    }
+    let row = db::users::update(&mut tx, before.id, role.map(|r| r.as_str()), disabled, hash.as_deref()).await?;
+    let view = UserView::from(row);
+    record(&mut tx, &principal, "user.update", "user", &username, None, Some(&UserView::from(before)), Some(&view))
+        .await?;
+    tx.commit().await?;
+    Ok(Json(view))
+}
+
+/// A password change.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordChange {
+    pub current_password: String,
+    /// At least 12 characters.
+    pub new_password: String,
+}
+
+/// Changes the signed-in user's own password.
+#[utoipa::path(
+    post, path = "/api/v1/me/password", tag = "auth", operation_id = "change_password",
+    request_body = PasswordChange,
+    responses((status = 204), (status = 403, description = "API tokens have no password", body = super::error::Problem),
+              (status = 422, body = super::error::Problem))
+)]
+pub async fn change_password(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    ApiJson(body): ApiJson<PasswordChange>,
+) -> Result<StatusCode, ApiError> {
+    let Principal::User { username, .. } = &principal else { return Err(ApiError::Forbidden) };
+    let new = Password::parse("new_password", &body.new_password)?;
+    let mut tx = state.db.begin().await?;
+    let user = db::users::get_for_update(&mut tx, username).await?.ok_or(ApiError::Unauthenticated)?;
+    let (current, stored) = (body.current_password, user.password_hash.clone());
+    let (ok, hash) =
+        tokio::task::spawn_blocking(move || (password::verify(&current, &stored), password::hash(new.expose())))
+            .await
+            .map_err(|e| ApiError::Internal(e.to_string()))?;
+    if !ok {
+        return Err(FieldError::new("current_password", "incorrect", "is not your current password").into());
+    }
+    let role = user.platform_role.clone();
+    db::users::update(&mut tx, user.id, role.as_deref(), user.disabled, Some(&hash)).await?;
+    record(&mut tx, &principal, "user.password", "user", username, None, None::<&()>, None::<&()>).await?;
+    tx.commit().await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -88,18 +88,19 @@ pub async fn insert(
     Ok(row.id)
 }
 
-/// Adds a rate effective from `effective_from`; fails on `gpu_class_rates_pkey` when a rate
-/// already starts at that instant.
+/// Adds a rate effective from `effective_from` (the transaction's start when `None`, so the
+/// database clock alone decides what is in effect); fails on `gpu_class_rates_pkey` when a
+/// rate already starts at that instant.
 pub async fn add_rate(
     tx: &mut Tx<'_>,
     class_id: Uuid,
-    effective_from: DateTime<Utc>,
+    effective_from: Option<DateTime<Utc>>,
     rate_micros_per_gpu_hour: i64,
 ) -> Result<RateRow, sqlx::Error> {
     sqlx::query_as!(
         RateRow,
         "insert into gpu_class_rates (gpu_class_id, effective_from, rate_micros_per_gpu_hour)
-         values ($1, $2, $3) returning effective_from, rate_micros_per_gpu_hour, created_at",
+         values ($1, coalesce($2, now()), $3) returning effective_from, rate_micros_per_gpu_hour, created_at",
         class_id,
         effective_from,
         rate_micros_per_gpu_hour

@@ -89,3 +89,38 @@ pub async fn ensure_admin(pool: &PgPool, password_hash: &str) -> Result<bool, sq
     .await?;
     Ok(created.is_some())
 }
+
+/// Changes a user's role, disabled flag and, when given, password hash.
+pub async fn update(
+    tx: &mut Tx<'_>,
+    id: Uuid,
+    platform_role: Option<&str>,
+    disabled: bool,
+    password_hash: Option<&str>,
+) -> Result<UserRow, sqlx::Error> {
+    sqlx::query_as!(
+        UserRow,
+        "update users set platform_role = $2, disabled = $3, password_hash = coalesce($4, password_hash),
+                updated_at = now(), version = version + 1
+         where id = $1
+         returning id, username, password_hash, platform_role, disabled, created_at",
+        id,
+        platform_role,
+        disabled,
+        password_hash
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// The user `username`, locked for update.
+pub async fn get_for_update(tx: &mut Tx<'_>, username: &str) -> Result<Option<UserRow>, sqlx::Error> {
+    sqlx::query_as!(
+        UserRow,
+        "select id, username, password_hash, platform_role, disabled, created_at
+         from users where username = $1 for update",
+        username
+    )
+    .fetch_optional(&mut **tx)
+    .await
+}

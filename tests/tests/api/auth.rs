@@ -62,8 +62,8 @@ async fn a_wrong_password_and_an_unknown_user_get_the_same_401() {
     let unknown = app
         .send(call("POST", "/api/v1/auth/token").json(&json!({"username": "nobody", "password": "not-the-password"})))
         .await;
-    wrong.assert_problem(401, "unauthenticated");
-    unknown.assert_problem(401, "unauthenticated");
+    wrong.assert_problem(401, "invalid_credentials");
+    unknown.assert_problem(401, "invalid_credentials");
     assert_eq!(wrong.body, unknown.body);
 }
 
@@ -209,4 +209,59 @@ async fn a_department_admin_administers_its_child_teams() {
     let list = app.send(call("GET", "/api/v1/teams").token(&head)).await;
     let names: Vec<_> = list.json()["items"].as_array().unwrap().iter().map(|t| t["name"].clone()).collect();
     assert_eq!(names, vec![json!("research"), json!("vision")]);
+}
+
+#[tokio::test]
+async fn a_disabled_user_is_locked_out_at_once_including_live_access_tokens() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    let alice = app.user(&admin, "alice", None).await;
+    assert_eq!(me_status(&app, &alice).await, 200);
+    app.send(call("PATCH", "/api/v1/users/alice").token(&admin).json(&json!({"disabled": true})))
+        .await
+        .assert_status(200);
+    assert_eq!(me_status(&app, &alice).await, 401);
+    let r = app
+        .send(
+            call("POST", "/api/v1/auth/token")
+                .json(&json!({"username": "alice", "password": fairway_tests::USER_PASSWORD})),
+        )
+        .await;
+    r.assert_problem(401, "invalid_credentials");
+}
+
+#[tokio::test]
+async fn a_platform_admin_cannot_demote_or_disable_themselves() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    let r = app.send(call("PATCH", "/api/v1/users/admin").token(&admin).json(&json!({"platform_role": null}))).await;
+    assert_eq!(r.assert_problem(422, "validation_failed")["errors"][0]["code"], "self_demotion");
+    let r = app.send(call("PATCH", "/api/v1/users/admin").token(&admin).json(&json!({"disabled": true}))).await;
+    assert_eq!(r.assert_problem(422, "validation_failed")["field"], "disabled");
+    assert_eq!(me_status(&app, &admin).await, 200);
+}
+
+#[tokio::test]
+async fn users_change_their_own_password_with_the_current_one() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    let alice = app.user(&admin, "alice", None).await;
+    let change = |current: &str| {
+        app.send(
+            call("POST", "/api/v1/me/password")
+                .token(&alice)
+                .json(&json!({"current_password": current, "new_password": "a-brand-new-password"})),
+        )
+    };
+    let r = change("wrong-password-123").await;
+    assert_eq!(r.assert_problem(422, "validation_failed")["field"], "current_password");
+    change(fairway_tests::USER_PASSWORD).await.assert_status(204);
+    app.login("alice", "a-brand-new-password").await;
+    let old = app
+        .send(
+            call("POST", "/api/v1/auth/token")
+                .json(&json!({"username": "alice", "password": fairway_tests::USER_PASSWORD})),
+        )
+        .await;
+    old.assert_status(401);
 }

@@ -52,7 +52,14 @@ fn matrix() -> Vec<Row> {
         row("GET", "/metrics", PUBLIC, None),
         row("POST", "/api/v1/auth/token", PUBLIC, Some(json!({"username": "viewer", "password": USER_PASSWORD}))),
         row("GET", "/api/v1/me", SIGNED_IN, None),
+        row(
+            "POST",
+            "/api/v1/me/password",
+            [U, A, A, A, F, A, A],
+            Some(json!({"current_password": USER_PASSWORD, "new_password": USER_PASSWORD})),
+        ),
         row("GET", "/api/v1/users", PLATFORM, None),
+        row("PATCH", "/api/v1/users/{username}", PLATFORM, Some(json!({"disabled": false}))),
         row("POST", "/api/v1/users", PLATFORM, Some(json!({"username": "newcomer", "password": USER_PASSWORD}))),
         row("GET", "/api/v1/teams", SIGNED_IN, None),
         row("POST", "/api/v1/teams", PLATFORM, Some(json!({"name": "team-c"}))),
@@ -150,7 +157,9 @@ async fn fixture() -> (TestApp, Vec<Option<String>>, String) {
     .await
     .assert_status(200);
     let (token_a_id, _) = app.api_token(&admin, "team-a", "viewer").await;
-    let callers = vec![None, Some(viewer), Some(member), Some(admin_b), Some(token_b), Some(finance), Some(admin)];
+    // A platform admin with the same password as the others, so one body fits every caller.
+    let platform = app.user(&admin, "platform", Some("platform-admin")).await;
+    let callers = vec![None, Some(viewer), Some(member), Some(admin_b), Some(token_b), Some(finance), Some(platform)];
     (app, callers, token_a_id)
 }
 

@@ -47,11 +47,12 @@ async fn reserving_more_than_the_known_capacity_is_a_warning_not_an_error() {
     let (app, admin) = setup().await;
     app.team(&admin, "ml", None).await;
     app.team(&admin, "cv", None).await;
-    app.send(
-        call("PUT", "/api/v1/clusters/sim-1").token(&admin).json(&json!({"backend": "sim", "capacity": {"h100": 16}})),
-    )
-    .await
-    .assert_status(200);
+    let cluster = json!({"backend": "sim", "capacity": {"h100": 16}});
+    app.send(call("PUT", "/api/v1/clusters/sim-1").token(&admin).json(&cluster)).await.assert_status(201);
+    let again = app.send(call("PUT", "/api/v1/clusters/sim-1").token(&admin).json(&cluster)).await;
+    again.assert_status(200);
+    assert_eq!(again.json()["capacity"]["h100"], 16);
+    assert_eq!(again.json()["version"], 2);
     let r = put_quota(&app, &admin, "ml", 12, 0).await;
     r.assert_status(200);
     assert_eq!(r.json()["warnings"], json!([]));
@@ -221,6 +222,7 @@ async fn gpu_classes_describe_whole_gpus_and_mig_slices_consistently() {
     let r = app.send(call("POST", "/api/v1/gpu-classes").token(&admin).json(&mig)).await;
     r.assert_status(201);
     assert_eq!(r.json()["fraction_milli"], 428);
+    assert_eq!(r.json()["rate_micros_per_gpu_hour"], 900000, "the first rate is in effect at once");
     assert_eq!(r.json()["currency"], "USD");
     let bad = json!({"name": "a100", "kind": "whole", "memory_mib": 81920, "fraction_milli": 500, "rate_micros_per_gpu_hour": 1});
     let doc = app
