@@ -53,16 +53,11 @@ pub async fn create_access_token(
     let verified = match user {
         Some(user) if !user.disabled => {
             let stored = user.password_hash.clone();
-            // Argon2 takes tens of milliseconds of CPU: keep it off the async workers.
-            let ok = tokio::task::spawn_blocking(move || password::verify(&password, &stored))
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            let ok = super::off_thread(move || password::verify(&password, &stored)).await?;
             ok.then_some(user)
         }
         _ => {
-            tokio::task::spawn_blocking(move || password::verify_dummy(&password))
-                .await
-                .map_err(|e| ApiError::Internal(e.to_string()))?;
+            super::off_thread(move || password::verify_dummy(&password)).await?;
             None
         }
     };

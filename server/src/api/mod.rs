@@ -155,6 +155,31 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(clusters::put_cluster))
 }
 
+/// Runs CPU-heavy work (argon2 takes tens of milliseconds) on the blocking pool so it
+/// never stalls the async workers serving other requests.
+pub async fn off_thread<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, error::ApiError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| error::ApiError::Internal(e.to_string()))
+}
+
+/// Every documented operation as (method, path template), in document order.
+pub fn documented_operations() -> Vec<(&'static str, String)> {
+    let mut operations = Vec::new();
+    for (path, item) in openapi().paths.paths {
+        for (method, present) in [
+            ("GET", item.get.is_some()),
+            ("POST", item.post.is_some()),
+            ("PUT", item.put.is_some()),
+            ("PATCH", item.patch.is_some()),
+            ("DELETE", item.delete.is_some()),
+        ] {
+            if present {
+                operations.push((method, path.clone()));
+            }
+        }
+    }
+    operations
+}
+
 /// The OpenAPI document of the API, as committed in `openapi/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
     router().split_for_parts().1
@@ -173,22 +198,7 @@ mod tests {
 
     #[test]
     fn every_documented_operation_has_a_policy_and_every_policy_a_route() {
-        let doc = openapi();
-        let mut operations = Vec::new();
-        for (path, item) in doc.paths.paths.iter() {
-            let methods = [
-                ("GET", item.get.is_some()),
-                ("POST", item.post.is_some()),
-                ("PUT", item.put.is_some()),
-                ("PATCH", item.patch.is_some()),
-                ("DELETE", item.delete.is_some()),
-            ];
-            for (method, present) in methods {
-                if present {
-                    operations.push((method, path.clone()));
-                }
-            }
-        }
+        let operations = documented_operations();
         for (method, path) in &operations {
             assert!(crate::auth::policy::policy_for(method, path).is_some(), "{method} {path} has no policy");
         }

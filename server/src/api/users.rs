@@ -76,9 +76,7 @@ pub async fn create_user(
 ) -> Result<(StatusCode, Json<UserView>), ApiError> {
     let username = Username::parse("username", &body.username)?;
     let password = Password::parse("password", &body.password)?;
-    let hash = tokio::task::spawn_blocking(move || password::hash(password.expose()))
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let hash = super::off_thread(move || password::hash(password.expose())).await?;
     let mut tx = state.db.begin().await?;
     let user = db::users::insert(&mut tx, username.as_str(), &hash, body.platform_role.map(|r| r.as_str()))
         .await
@@ -154,11 +152,7 @@ pub async fn update_user(
     let hash = match body.password {
         Some(p) => {
             let p = Password::parse("password", &p)?;
-            Some(
-                tokio::task::spawn_blocking(move || password::hash(p.expose()))
-                    .await
-                    .map_err(|e| ApiError::Internal(e.to_string()))?,
-            )
+            Some(super::off_thread(move || password::hash(p.expose())).await?)
         }
         None => None,
     };
@@ -217,9 +211,7 @@ pub async fn change_password(
     let user = db::users::get_for_update(&mut tx, username).await?.ok_or(ApiError::Unauthenticated)?;
     let (current, stored) = (body.current_password, user.password_hash.clone());
     let (ok, hash) =
-        tokio::task::spawn_blocking(move || (password::verify(&current, &stored), password::hash(new.expose())))
-            .await
-            .map_err(|e| ApiError::Internal(e.to_string()))?;
+        super::off_thread(move || (password::verify(&current, &stored), password::hash(new.expose()))).await?;
     if !ok {
         return Err(FieldError::new("current_password", "incorrect", "is not your current password").into());
     }
