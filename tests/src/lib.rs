@@ -332,3 +332,10 @@ impl TestApp {
         (v["id"].as_str().expect("id").to_owned(), v["secret"].as_str().expect("secret").to_owned())
     }
 }
+
+/// An access token for the bootstrap admin, signed directly with the test key: for apps
+/// whose limits (e.g. a tiny request timeout) would refuse the sign-in itself.
+pub async fn test_admin_token(app: &TestApp) -> String {
+    let admin = fairway::db::users::by_username(&app.pool, "admin").await.expect("query").expect("admin exists");
+    app.state.keys.issue(admin.id, chrono::Utc::now().timestamp())
+}

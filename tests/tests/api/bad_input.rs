@@ -147,3 +147,21 @@ async fn a_bad_period_gpu_class_or_unknown_member_names_the_field() {
         .assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "role");
 }
+
+#[tokio::test]
+async fn a_request_over_the_time_limit_is_answered_503_and_writes_nothing() {
+    let app = TestApp::spawn_with(|c| c.request_timeout = std::time::Duration::from_millis(1)).await;
+    let admin = fairway_tests::test_admin_token(&app).await;
+    // Creating a user hashes a password with argon2id: far longer than a millisecond.
+    let r = app
+        .send(
+            call("POST", "/api/v1/users")
+                .token(&admin)
+                .json(&json!({"username": "slow", "password": "a-long-enough-password"})),
+        )
+        .await;
+    r.assert_problem(503, "request_timeout");
+    let users: i64 =
+        sqlx::query_scalar("select count(*) from users where username = 'slow'").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(users, 0);
+}
