@@ -11,4 +11,5 @@ pub mod auth;
 pub mod config;
 pub mod db;
 pub mod domain;
+pub mod scheduler;
 pub mod telemetry;

@@ -1,0 +1,144 @@
+//! What the engine decides: admissions with exact placements, preemptions with their
+//! victims and reasons, and for every job left waiting a reason, a position and an
+//! expected start.
+
+use super::snapshot::{JobId, ReplicaPlacement, TeamId};
+
+/// A job admitted now, with where each replica runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Admission {
+    pub job: JobId,
+    pub placement: Vec<ReplicaPlacement>,
+    /// True when part of the job runs on capacity borrowed beyond its team's reserved quota
+    /// (it may be preempted to give that capacity back).
+    pub borrowing: bool,
+    /// Its maximum cost in micro-units of money (GPUs × rate × max runtime × multiplier).
+    pub max_cost_micros: i64,
+    /// The soft budget this job would exceed, if any (admitted anyway, flagged).
+    pub exceeds_soft_budget: bool,
+}
+
+/// Why a running job is preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum PreemptReason {
+    /// A higher-priority job of the same team needs the GPUs.
+    Priority,
+    /// Its team was borrowing; the lender reclaims its reserved quota.
+    Reclaim,
+    /// Its team holds more borrowed capacity than fair share allows.
+    FairShare,
+}
+
+impl PreemptReason {
+    /// Stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            PreemptReason::Priority => "priority",
+            PreemptReason::Reclaim => "reclaim",
+            PreemptReason::FairShare => "fair_share",
+        }
+    }
+}
+
+/// A running job told to stop, and for whom.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preemption {
+    pub victim: JobId,
+    /// The pending job the GPUs go to.
+    pub for_job: JobId,
+    pub reason: PreemptReason,
+    /// How long the victim has to checkpoint before it is killed.
+    pub grace_ms: i64,
+    /// Work lost: GPU-milliseconds (milli-units × ms / 1000) since its last checkpoint.
+    pub lost_work: u64,
+}
+
+/// Why a job is still waiting: the first rule that blocks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PendingReason {
+    /// No GPU class capacity at all can ever hold it (larger than any placement).
+    NeverFits,
+    /// Its team (or an ancestor) is at reserved + burst for the class.
+    BurstLimit { team: TeamId },
+    /// A non-preemptible job needs reserved quota the team has used up.
+    ReservedQuotaExhausted { team: TeamId },
+    /// Its team's hard budget cannot cover the job's maximum cost.
+    BudgetExhausted,
+    /// Enough GPUs, but not in one domain of the required topology level.
+    NoTopologyFit,
+    /// Not enough free GPUs; others are ahead by fair share.
+    FairShareBehind { team: TeamId },
+    /// Not enough free GPUs and nothing it may preempt.
+    InsufficientCapacity,
+    /// Victims were told to stop; the job starts when they have.
+    WaitingForReclaim,
+    /// GPUs are held for an earlier gang that would otherwise starve.
+    ReservedFor { job: JobId },
+    /// Strict FIFO: an earlier job is blocked at the head of the queue.
+    BehindHeadOfLine { job: JobId },
+}
+
+impl PendingReason {
+    /// Stable machine-readable code, e.g. `fair_share_behind:ml-research`.
+    pub fn code(&self, team_name: &dyn Fn(TeamId) -> String) -> String {
+        match self {
+            PendingReason::NeverFits => "never_fits".into(),
+            PendingReason::BurstLimit { .. } => "burst_limit".into(),
+            PendingReason::ReservedQuotaExhausted { .. } => "reserved_quota_exhausted".into(),
+            PendingReason::BudgetExhausted => "budget_exhausted".into(),
+            PendingReason::NoTopologyFit => "no_topology_fit".into(),
+            PendingReason::FairShareBehind { team } => format!("fair_share_behind:{}", team_name(*team)),
+            PendingReason::InsufficientCapacity => "insufficient_capacity".into(),
+            PendingReason::WaitingForReclaim => "waiting_for_reclaim".into(),
+            PendingReason::ReservedFor { job } => format!("reserved_for:{job}"),
+            PendingReason::BehindHeadOfLine { job } => format!("behind_head_of_line:{job}"),
+        }
+    }
+
+    /// A sentence for people.
+    pub fn message(&self, team_name: &dyn Fn(TeamId) -> String) -> String {
+        match self {
+            PendingReason::NeverFits => "no cluster has enough GPUs of this class for the whole gang".into(),
+            PendingReason::BurstLimit { team } => {
+                format!("team {} is at its reserved plus burst quota for this GPU class", team_name(*team))
+            }
+            PendingReason::ReservedQuotaExhausted { team } => format!(
+                "non-preemptible jobs run only within reserved quota, and team {} has used all of its",
+                team_name(*team)
+            ),
+            PendingReason::BudgetExhausted => "the team's hard budget cannot cover this job's maximum cost".into(),
+            PendingReason::NoTopologyFit => {
+                "enough GPUs are free, but not within one domain of the required topology level".into()
+            }
+            PendingReason::FairShareBehind { team } => {
+                format!("waiting for burst capacity: team {} is ahead by fair share", team_name(*team))
+            }
+            PendingReason::InsufficientCapacity => "not enough free GPUs of this class".into(),
+            PendingReason::WaitingForReclaim => "preempted jobs are releasing the GPUs this job will get".into(),
+            PendingReason::ReservedFor { job } => {
+                format!("GPUs are held for job {job}, an earlier gang that would otherwise starve")
+            }
+            PendingReason::BehindHeadOfLine { job } => format!("job {job} at the head of the queue is waiting"),
+        }
+    }
+}
+
+/// A job left waiting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pending {
+    pub job: JobId,
+    /// 1-based rank in the admission order of this cycle.
+    pub position: u32,
+    pub reason: PendingReason,
+    /// When it is expected to start, playing the queue forward on the running jobs' maximum
+    /// runtimes; `None` when it cannot be foreseen (budget, quota, never fits).
+    pub expected_start_ms: Option<i64>,
+}
+
+/// Everything one cycle decides.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Decisions {
+    pub admissions: Vec<Admission>,
+    pub preemptions: Vec<Preemption>,
+    pub pending: Vec<Pending>,
+}

@@ -1,0 +1,567 @@
+//! One admission cycle: rank, check quota and budget, place, preempt, reserve, explain.
+
+use std::{
+    cmp::Ordering,
+    collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque},
+};
+
+use super::{
+    decision::{Admission, Decisions, Pending, PendingReason, PreemptReason, Preemption},
+    fairshare,
+    inventory::Inventory,
+    quota::Ledger,
+    snapshot::{ClassId, JobId, JobSpec, Policy, ReplicaPlacement, Snapshot, TeamId, Topology},
+};
+
+/// Maximum cost of running `spec` for `ms` milliseconds, in micro-units of money:
+/// units × rate per unit-hour × hours × price multiplier. Exact integer arithmetic.
+pub fn cost_micros(snapshot: &Snapshot, spec: &JobSpec, ms: i64) -> i64 {
+    let rate = snapshot.classes.get(usize::from(spec.class)).map_or(0, |c| i128::from(c.rate_micros_per_hour));
+    let mult =
+        snapshot.priorities.get(usize::from(spec.priority)).map_or(1000, |p| i128::from(p.price_multiplier_milli));
+    let cost = i128::from(spec.total_milli()) * rate * i128::from(ms.max(0)) * mult / (1000 * 3_600_000 * 1000);
+    i64::try_from(cost).unwrap_or(i64::MAX)
+}
+
+/// Orders team heads: reserved demand first (by priority, then age), then burst demand by
+/// fair-share score (then priority, then age). Totally ordered, so cycles are deterministic.
+#[derive(Debug, Clone, Copy)]
+struct HeadKey {
+    tier: u8,
+    score: f64,
+    priority: i32,
+    submitted: i64,
+    job: JobId,
+    team: TeamId,
+}
+
+impl PartialEq for HeadKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for HeadKey {}
+impl PartialOrd for HeadKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for HeadKey {
+    /// Reversed: `BinaryHeap` pops the greatest, and the best head must be the greatest.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.tier.cmp(&self.tier))
+            .then_with(|| other.score.total_cmp(&self.score))
+            .then_with(|| self.priority.cmp(&other.priority))
+            .then_with(|| other.submitted.cmp(&self.submitted))
+            .then_with(|| other.job.cmp(&self.job))
+            .then_with(|| other.team.cmp(&self.team))
+    }
+}
+
+/// A blocked job's hold on the future: later jobs of its class may only take GPUs they
+/// give back before `shadow_ms` (EASY backfill), so a large gang cannot starve.
+#[derive(Debug, Clone, Copy)]
+struct Reservation {
+    job: JobId,
+    shadow_ms: i64,
+}
+
+struct Cycle<'a> {
+    s: &'a Snapshot,
+    inv: Inventory,
+    ledger: Ledger,
+    /// Hard budget left per team after the committed cost of its running jobs.
+    hard_left: Vec<Option<i64>>,
+    soft_left: Vec<Option<i64>>,
+    /// Running jobs chosen as victims this cycle.
+    victims: BTreeSet<usize>,
+    /// Milli a borrowing team may still lose to reclaim this cycle, per (team, class).
+    reclaimable: BTreeMap<(TeamId, ClassId), u64>,
+    /// Milli per class held by jobs that were told to stop in earlier cycles and are not
+    /// yet claimed by a job ranked earlier in this cycle.
+    stopping_unclaimed: BTreeMap<ClassId, u64>,
+    /// Jobs admitted this cycle: (end, class, milli), for reservations.
+    admitted_ends: Vec<(i64, ClassId, u64)>,
+    reservations: BTreeMap<ClassId, Reservation>,
+    /// Shapes that found no placement this cycle; free space only shrinks within a cycle.
+    unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey)>,
+    /// (team, class, priority, within reserved) → smallest demand whose preemption failed.
+    unpreemptable: BTreeMap<(TeamId, ClassId, u8, bool, bool), u64>,
+    decisions: Decisions,
+    position: u32,
+}
+
+type TopologyKey = (u8, u8);
+
+fn topology_key(t: Topology) -> TopologyKey {
+    match t {
+        Topology::Any => (0, 0),
+        Topology::Required(l) => (1, l as u8),
+        Topology::Preferred(l) => (2, l as u8),
+    }
+}
+
+/// Runs one cycle.
+pub fn run(snapshot: &Snapshot) -> Decisions {
+    let mut cycle = Cycle::new(snapshot);
+    match snapshot.config.policy {
+        Policy::Fifo => cycle.fifo(),
+        Policy::Fairway | Policy::QuotaNoHistory => cycle.fair(),
+    }
+    let mut decisions = std::mem::take(&mut cycle.decisions);
+    if snapshot.config.estimate_start_times {
+        super::eta::estimate(snapshot, &cycle.inv, &cycle.victims, &mut decisions);
+    }
+    decisions
+}
+
+impl<'a> Cycle<'a> {
+    fn new(s: &'a Snapshot) -> Self {
+        let mut inv = Inventory::new(&s.nodes, s.classes.len());
+        let mut ledger = Ledger::new(s);
+        let mut hard_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.hard_budget_left_micros).collect();
+        let mut soft_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.soft_budget_left_micros).collect();
+        for r in &s.running {
+            inv.allocate(&r.placement);
+            if (r.spec.team as usize) < s.teams.len() {
+                ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), false);
+                // A hard budget must also cover what running jobs may still spend.
+                let remaining = (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0);
+                let committed = if r.terminating { 0 } else { cost_micros(s, &r.spec, remaining) };
+                for l in
+                    [&mut hard_left[r.spec.team as usize], &mut soft_left[r.spec.team as usize]].into_iter().flatten()
+                {
+                    *l = l.saturating_sub(committed);
+                }
+            }
+        }
+        let mut stopping_unclaimed: BTreeMap<ClassId, u64> = BTreeMap::new();
+        for r in s.running.iter().filter(|r| r.terminating) {
+            *stopping_unclaimed.entry(r.spec.class).or_default() += r.spec.total_milli();
+        }
+        let mut reclaimable = BTreeMap::new();
+        for t in 0..s.teams.len() as TeamId {
+            for c in 0..s.classes.len() as ClassId {
+                let b = ledger.borrowed(t, c);
+                if b > 0 {
+                    reclaimable.insert((t, c), b);
+                }
+            }
+        }
+        Self {
+            s,
+            inv,
+            ledger,
+            hard_left,
+            soft_left,
+            victims: BTreeSet::new(),
+            reclaimable,
+            stopping_unclaimed,
+            admitted_ends: Vec::new(),
+            reservations: BTreeMap::new(),
+            unplaceable: BTreeSet::new(),
+            unpreemptable: BTreeMap::new(),
+            decisions: Decisions::default(),
+            position: 0,
+        }
+    }
+
+    fn priority(&self, job: &JobSpec) -> i32 {
+        self.s.priorities.get(usize::from(job.priority)).map_or(0, |p| p.priority)
+    }
+
+    fn preemptible(&self, job: &JobSpec) -> bool {
+        self.s.priorities.get(usize::from(job.priority)).is_some_and(|p| p.preemptible)
+    }
+
+    fn pend(&mut self, job: &JobSpec, reason: PendingReason) {
+        self.decisions.pending.push(Pending { job: job.id, position: self.position, reason, expected_start_ms: None });
+    }
+
+    /// Strict FIFO: the oldest job first; the first that does not fit blocks all behind it.
+    fn fifo(&mut self) {
+        let mut order: Vec<&JobSpec> = self.s.pending.iter().collect();
+        order.sort_by_key(|j| (j.submitted_ms, j.id));
+        let mut head: Option<JobId> = None;
+        for job in order {
+            self.position += 1;
+            if !self.inv.could_ever_fit(job) || (job.team as usize) >= self.s.teams.len() {
+                self.pend(job, PendingReason::NeverFits);
+                continue;
+            }
+            if let Some(h) = head {
+                self.pend(job, PendingReason::BehindHeadOfLine { job: h });
+                continue;
+            }
+            match self.inv.find(job) {
+                Some(placement) => self.admit(job, placement, false),
+                None => {
+                    head = Some(job.id);
+                    self.pend(job, PendingReason::InsufficientCapacity);
+                }
+            }
+        }
+    }
+
+    fn key(&self, job: &JobSpec) -> HeadKey {
+        let within = self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none();
+        let score = if within || self.s.config.policy != Policy::Fairway {
+            0.0
+        } else {
+            fairshare::score(self.s, &self.ledger, job.team)
+        };
+        HeadKey {
+            tier: u8::from(!within),
+            score,
+            priority: self.priority(job),
+            submitted: job.submitted_ms,
+            job: job.id,
+            team: job.team,
+        }
+    }
+
+    /// Reserved first, then burst by fair share; each team's own queue by priority and age.
+    fn fair(&mut self) {
+        let mut queues: BTreeMap<TeamId, VecDeque<&'a JobSpec>> = BTreeMap::new();
+        for job in &self.s.pending {
+            queues.entry(job.team).or_default().push_back(job);
+        }
+        for q in queues.values_mut() {
+            let mut v: Vec<&JobSpec> = q.drain(..).collect();
+            v.sort_by(|a, b| {
+                self.priority(b).cmp(&self.priority(a)).then(a.submitted_ms.cmp(&b.submitted_ms)).then(a.id.cmp(&b.id))
+            });
+            *q = v.into();
+        }
+        let mut heap: BinaryHeap<HeadKey> = queues.values().filter_map(|q| q.front()).map(|j| self.key(j)).collect();
+        while let Some(top) = heap.pop() {
+            let Some(job) = queues.get(&top.team).and_then(|q| q.front()).copied() else { continue };
+            // Keys only grow stale by getting worse (usage rises within a cycle): re-rank
+            // a head whose fresh key no longer beats the rest.
+            let fresh = self.key(job);
+            if let Some(next) = heap.peek() {
+                if fresh.cmp(next) == Ordering::Less {
+                    heap.push(fresh);
+                    continue;
+                }
+            }
+            if let Some(q) = queues.get_mut(&top.team) {
+                q.pop_front();
+            }
+            self.position += 1;
+            self.consider(job);
+            if let Some(next) = queues.get(&top.team).and_then(|q| q.front()) {
+                heap.push(self.key(next));
+            }
+        }
+    }
+
+    fn consider(&mut self, job: &JobSpec) {
+        let s = self.s;
+        let n = job.total_milli();
+        if (job.team as usize) >= s.teams.len() || !self.inv.could_ever_fit(job) {
+            return self.pend(job, PendingReason::NeverFits);
+        }
+        let cost = cost_micros(s, job, job.max_runtime_ms);
+        if self.hard_left[job.team as usize].is_some_and(|left| left < cost) {
+            return self.pend(job, PendingReason::BudgetExhausted);
+        }
+        if let Some(team) = self.ledger.over_limit(job.team, job.class, n) {
+            // Within its own quota a team's higher-priority work displaces its lower.
+            if s.config.policy != Policy::Fifo {
+                let within = self.ledger.beyond_reserved(job.team, job.class, n).is_none();
+                if let Some(victims) = self.try_preempt(job, within, true) {
+                    for v in victims {
+                        self.record_victim(job, v.0, v.1);
+                    }
+                    return self.pend(job, PendingReason::WaitingForReclaim);
+                }
+            }
+            return self.pend(job, PendingReason::BurstLimit { team });
+        }
+        let beyond = self.ledger.beyond_reserved(job.team, job.class, n);
+        if let (Some(team), false) = (beyond, self.preemptible(job)) {
+            return self.pend(job, PendingReason::ReservedQuotaExhausted { team });
+        }
+        if let Some(r) = self.reservations.get(&job.class) {
+            if s.now_ms.saturating_add(job.max_runtime_ms) > r.shadow_ms {
+                let blocker = r.job;
+                return self.pend(job, PendingReason::ReservedFor { job: blocker });
+            }
+        }
+        let available = self.available(job);
+        if available >= n {
+            if let Some(placement) = self.place(job) {
+                return self.admit(job, placement, beyond.is_some());
+            }
+        }
+        // It does not fit now. GPUs of jobs already stopping go to the first jobs that need
+        // them: preempting more before they are gone would lose work for nothing.
+        let stopping = self.stopping_unclaimed.get(&job.class).copied().unwrap_or(0);
+        if stopping > 0 && available + stopping >= n {
+            self.stopping_unclaimed.insert(job.class, stopping - n.saturating_sub(available));
+            return self.pend(job, PendingReason::WaitingForReclaim);
+        }
+        if s.config.policy != Policy::Fifo {
+            if let Some(victims) = self.try_preempt(job, beyond.is_none(), false) {
+                for v in victims {
+                    self.record_victim(job, v.0, v.1);
+                }
+                return self.pend(job, PendingReason::WaitingForReclaim);
+            }
+        }
+        let reason = if available >= n && matches!(job.topology, Topology::Required(_)) {
+            PendingReason::NoTopologyFit
+        } else if beyond.is_some() {
+            match self.largest_borrower(job.class, job.team) {
+                Some(team) if s.config.policy == Policy::Fairway => PendingReason::FairShareBehind { team },
+                _ => PendingReason::InsufficientCapacity,
+            }
+        } else {
+            PendingReason::InsufficientCapacity
+        };
+        if s.config.policy == Policy::Fairway && !self.reservations.contains_key(&job.class) {
+            if let Some(shadow_ms) = self.shadow_time(job) {
+                self.reservations.insert(job.class, Reservation { job: job.id, shadow_ms });
+            }
+        }
+        self.pend(job, reason)
+    }
+
+    /// Free capacity of the class this job may use: all free GPUs except those held back
+    /// for other teams' idle, unlendable reserved quota.
+    fn available(&self, job: &JobSpec) -> u64 {
+        self.inv.free_milli(job.class).saturating_sub(self.ledger.held_back_for_others(job.team, job.class))
+    }
+
+    fn place(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
+        let shape = (job.class, job.replicas, job.milli_per_replica, topology_key(job.topology));
+        if self.unplaceable.contains(&shape) {
+            return None;
+        }
+        let found = self.inv.find(job);
+        if found.is_none() {
+            self.unplaceable.insert(shape);
+        }
+        found
+    }
+
+    fn admit(&mut self, job: &JobSpec, placement: Vec<ReplicaPlacement>, borrowing: bool) {
+        let s = self.s;
+        self.inv.allocate(&placement);
+        let n = job.total_milli();
+        let cost = cost_micros(s, job, job.max_runtime_ms);
+        let mut exceeds_soft_budget = false;
+        if (job.team as usize) < s.teams.len() {
+            self.ledger.add(job.team, job.class, n, false);
+            if let Some(left) = &mut self.hard_left[job.team as usize] {
+                *left = left.saturating_sub(cost);
+            }
+            if let Some(left) = &mut self.soft_left[job.team as usize] {
+                exceeds_soft_budget = *left < cost;
+                *left = left.saturating_sub(cost);
+            }
+        }
+        self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, n));
+        self.decisions.admissions.push(Admission {
+            job: job.id,
+            placement,
+            borrowing,
+            max_cost_micros: cost,
+            exceeds_soft_budget,
+        });
+    }
+
+    /// The team (other than `except`) borrowing the most money's worth of the class.
+    fn largest_borrower(&self, class: ClassId, except: TeamId) -> Option<TeamId> {
+        (0..self.s.teams.len() as TeamId)
+            .filter(|&t| t != except && self.s.teams[t as usize].parent.is_none() && self.ledger.borrowed(t, class) > 0)
+            .max_by(|&a, &b| self.ledger.borrowed(a, class).cmp(&self.ledger.borrowed(b, class)).then(b.cmp(&a)))
+    }
+
+    /// When enough GPUs of the job's class will have been given back, by the running and
+    /// just-admitted jobs' maximum runtimes, for the job to fit by amount.
+    fn shadow_time(&self, job: &JobSpec) -> Option<i64> {
+        let s = self.s;
+        let mut ends: Vec<(i64, u64)> = s
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.spec.class == job.class)
+            .map(|(i, r)| {
+                let end = if r.terminating || self.victims.contains(&i) {
+                    s.now_ms + s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms)
+                } else {
+                    r.started_ms.saturating_add(r.spec.max_runtime_ms)
+                };
+                (end.max(s.now_ms), r.spec.total_milli())
+            })
+            .chain(self.admitted_ends.iter().filter(|e| e.1 == job.class).map(|e| (e.0, e.2)))
+            .collect();
+        ends.sort_unstable();
+        let mut free = self.available(job);
+        for (end, milli) in ends {
+            free += milli;
+            if free >= job.total_milli() {
+                return Some(end);
+            }
+        }
+        None
+    }
+
+    fn record_victim(&mut self, for_job: &JobSpec, index: usize, reason: PreemptReason) {
+        let s = self.s;
+        let r = &s.running[index];
+        self.victims.insert(index);
+        if reason == PreemptReason::Reclaim || reason == PreemptReason::FairShare {
+            if let Some(left) = self.reclaimable.get_mut(&(r.spec.team, r.spec.class)) {
+                *left = left.saturating_sub(r.spec.total_milli());
+            }
+        }
+        let grace_ms = s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms);
+        self.decisions.preemptions.push(Preemption {
+            victim: r.spec.id,
+            for_job: for_job.id,
+            reason,
+            grace_ms,
+            lost_work: lost_work(s.now_ms, r),
+        });
+    }
+
+    /// Finds the victims that lose the least work and make room for `job`, or `None`.
+    ///
+    /// Who may be a victim: a preemptible job past the minimum runtime, of the same class,
+    /// not already stopping, and
+    /// - of the same team with a strictly lower priority (priority preemption), or
+    /// - when `job` stays within its team's reserved quota: of a team borrowing at a level
+    ///   `job`'s team does not share, and only as much as that team borrows (reclaim), or
+    /// - when `job` borrows (Fairway policy only): of a team whose live borrowed value,
+    ///   after losing the victim, still exceeds `job`'s team's after admitting `job`
+    ///   (fair share). See the module docs for why none of these can loop.
+    fn try_preempt(
+        &mut self,
+        job: &JobSpec,
+        within_reserved: bool,
+        own_team_only: bool,
+    ) -> Option<Vec<(usize, PreemptReason)>> {
+        let s = self.s;
+        let n = job.total_milli();
+        let memo_key = (job.team, job.class, job.priority, within_reserved, own_team_only);
+        if self.unpreemptable.get(&memo_key).is_some_and(|&m| m <= n) {
+            return None;
+        }
+        let my_priority = self.priority(job);
+        let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
+        let my_value_after = fairshare::live_value(s, &self.ledger, job.team) + fairshare::value_of(s, job.class, n);
+        let mut candidates: Vec<(u64, u64, JobId, usize, PreemptReason)> = Vec::new();
+        for (i, r) in s.running.iter().enumerate() {
+            if r.spec.class != job.class || r.terminating || self.victims.contains(&i) || !self.preemptible(&r.spec) {
+                continue;
+            }
+            if s.now_ms - r.started_ms < s.config.min_runtime_before_preemption_ms {
+                continue;
+            }
+            let reason = if r.spec.team == job.team {
+                (self.priority(&r.spec) < my_priority).then_some(PreemptReason::Priority)
+            } else if own_team_only {
+                None
+            } else if within_reserved {
+                let lender_level = self.ledger.chain(r.spec.team).find(|t| !my_chain.contains(t));
+                let borrows = lender_level.is_some_and(|t| self.ledger.borrowed(t, job.class) > 0);
+                let left = self.reclaimable.get(&(r.spec.team, job.class)).copied().unwrap_or(0);
+                (borrows && left >= r.spec.total_milli()).then_some(PreemptReason::Reclaim)
+            } else if s.config.policy == Policy::Fairway {
+                let left = self.reclaimable.get(&(r.spec.team, job.class)).copied().unwrap_or(0);
+                let already_taken = self.ledger.borrowed(r.spec.team, job.class).saturating_sub(left);
+                let their_after = fairshare::live_value(s, &self.ledger, r.spec.team)
+                    - fairshare::value_of(s, job.class, already_taken + r.spec.total_milli());
+                (left >= r.spec.total_milli() && my_value_after < their_after).then_some(PreemptReason::FairShare)
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                candidates.push((lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i, reason));
+            }
+        }
+        if candidates.is_empty() {
+            self.unpreemptable.insert(memo_key, n);
+            return None;
+        }
+        candidates.sort_unstable();
+        let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
+        let mut fits = false;
+        let mut taken_by_team: BTreeMap<TeamId, u64> = BTreeMap::new();
+        for &(_, _, _, index, reason) in &candidates {
+            let r = &s.running[index];
+            // A team never loses more than it borrows to reclaim or fair share.
+            if reason != PreemptReason::Priority {
+                let left = self.reclaimable.get(&(r.spec.team, job.class)).copied().unwrap_or(0);
+                let taken = taken_by_team.get(&r.spec.team).copied().unwrap_or(0);
+                if taken + r.spec.total_milli() > left {
+                    continue;
+                }
+                *taken_by_team.entry(r.spec.team).or_default() += r.spec.total_milli();
+            }
+            self.take_out(index, true);
+            chosen.push((index, reason));
+            if self.fits_now(job) {
+                fits = true;
+                break;
+            }
+        }
+        if !fits {
+            for &(index, _) in &chosen {
+                self.take_out(index, false);
+            }
+            self.unpreemptable.insert(memo_key, n);
+            return None;
+        }
+        // Drop victims that turned out unnecessary, most work lost first.
+        let mut i = chosen.len();
+        while i > 0 {
+            i -= 1;
+            let (index, _) = chosen[i];
+            self.take_out(index, false);
+            if self.fits_now(job) {
+                chosen.retain(|&(x, _)| x != index);
+            } else {
+                self.take_out(index, true);
+            }
+        }
+        // Victims keep their GPUs and quota until they exit; nobody else may take them
+        // this cycle.
+        for &(index, _) in &chosen {
+            self.take_out(index, false);
+        }
+        Some(chosen)
+    }
+}
+
+impl Cycle<'_> {
+    /// Tentatively removes (or puts back) a running job's GPUs and quota use.
+    fn take_out(&mut self, index: usize, out: bool) {
+        let r = &self.s.running[index];
+        if out {
+            self.inv.release(&r.placement);
+        } else {
+            self.inv.allocate(&r.placement);
+        }
+        if (r.spec.team as usize) < self.s.teams.len() {
+            self.ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), out);
+        }
+    }
+
+    /// Whether the job passes its quota limit and fits in free capacity right now.
+    fn fits_now(&mut self, job: &JobSpec) -> bool {
+        self.ledger.over_limit(job.team, job.class, job.total_milli()).is_none()
+            && self.available(job) >= job.total_milli()
+            && self.inv.find(job).is_some()
+    }
+}
+
+/// GPU-milliseconds of work a running job loses if stopped now: since its last checkpoint.
+pub fn lost_work(now_ms: i64, r: &super::snapshot::RunningJob) -> u64 {
+    let since = r.last_checkpoint_ms.unwrap_or(r.started_ms).max(r.started_ms);
+    let ms = (now_ms - since).max(0) as u64;
+    ms.saturating_mul(r.spec.total_milli()) / 1000
+}

@@ -1,0 +1,488 @@
+//! Free GPU state and gang placement.
+//!
+//! Every node holds units of one GPU class; each unit has 1000 milli free when idle. A
+//! replica takes whole units on one node, or a share (< 1000) of one unit. Placement is
+//! best-fit at every level: the node with the fewest free whole units that still holds the
+//! replica, the NVLink domain with the fewest free units within it, the partially used unit
+//! with the least room for a share. Packing this way keeps large free blocks (whole nodes,
+//! whole domains) for the gangs that need them.
+//!
+//! Per class, nodes are bucketed by their free whole units, so finding the best-fit node is
+//! a walk over at most 65 buckets, not over every node.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::snapshot::{ClassId, JobSpec, Level, Node, NodeId, ReplicaPlacement, Topology, UNIT};
+
+const UNIT_U16: u16 = UNIT as u16;
+
+#[derive(Debug, Clone)]
+struct NodeState {
+    class: ClassId,
+    /// Free milli per unit.
+    free: Vec<u16>,
+    free_whole: u8,
+    domain_size: u8,
+    rack: u64,
+    zone: u64,
+}
+
+impl NodeState {
+    fn domain_of(&self, unit: usize) -> usize {
+        if self.domain_size == 0 {
+            0
+        } else {
+            unit / usize::from(self.domain_size)
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct ClassIndex {
+    /// Nodes by their count of free whole units.
+    buckets: Vec<BTreeSet<NodeId>>,
+    /// Partially used units: (free milli, node, unit).
+    partial: BTreeSet<(u16, NodeId, u8)>,
+    /// Free milli over all units of the class.
+    free_milli: u64,
+    /// Capacity in milli.
+    capacity_milli: u64,
+    /// Most units on one node.
+    max_node_units: u8,
+    /// Free whole units per rack and per zone.
+    rack_free: BTreeMap<u64, u32>,
+    zone_free: BTreeMap<u64, u32>,
+}
+
+/// The free GPUs of every node, with the indexes placement needs.
+#[derive(Debug, Clone)]
+pub struct Inventory {
+    nodes: Vec<NodeState>,
+    classes: Vec<ClassIndex>,
+}
+
+impl Inventory {
+    /// An idle inventory of `nodes` for `class_count` classes.
+    pub fn new(nodes: &[Node], class_count: usize) -> Self {
+        let mut classes = vec![ClassIndex::default(); class_count];
+        for c in &mut classes {
+            c.buckets = vec![BTreeSet::new(); 65];
+        }
+        let mut states = Vec::with_capacity(nodes.len());
+        for (i, n) in nodes.iter().enumerate() {
+            let units = n.units.min(64);
+            // Nodes without a rack or zone are their own; keys above u32 keep them apart.
+            let rack = n.rack.map_or(u64::from(u32::MAX) + 1 + i as u64, u64::from);
+            let zone = n.zone.map_or(u64::from(u32::MAX) + 1 + i as u64, u64::from);
+            let state = NodeState {
+                class: n.class,
+                free: vec![UNIT_U16; usize::from(units)],
+                free_whole: units,
+                domain_size: if n.elastic { 0 } else { n.nvlink_domain_size },
+                rack,
+                zone,
+            };
+            if let Some(c) = classes.get_mut(usize::from(n.class)) {
+                c.buckets[usize::from(units)].insert(i as NodeId);
+                c.free_milli += u64::from(units) * u64::from(UNIT);
+                c.capacity_milli += u64::from(units) * u64::from(UNIT);
+                c.max_node_units = c.max_node_units.max(units);
+                *c.rack_free.entry(rack).or_default() += u32::from(units);
+                *c.zone_free.entry(zone).or_default() += u32::from(units);
+            }
+            states.push(state);
+        }
+        Self { nodes: states, classes }
+    }
+
+    /// Free milli-units of a class.
+    pub fn free_milli(&self, class: ClassId) -> u64 {
+        self.classes.get(usize::from(class)).map_or(0, |c| c.free_milli)
+    }
+
+    /// Capacity of a class in milli-units.
+    pub fn capacity_milli(&self, class: ClassId) -> u64 {
+        self.classes.get(usize::from(class)).map_or(0, |c| c.capacity_milli)
+    }
+
+    /// True when an idle cluster could hold the job at all (ignoring topology domains
+    /// other than the node a replica must fit on).
+    pub fn could_ever_fit(&self, job: &JobSpec) -> bool {
+        let Some(c) = self.classes.get(usize::from(job.class)) else { return false };
+        let per_replica_units = job.milli_per_replica.div_ceil(UNIT);
+        job.milli_per_replica > 0
+            && job.replicas > 0
+            && per_replica_units <= u32::from(c.max_node_units)
+            && job.total_milli() <= c.capacity_milli
+    }
+
+    /// Takes the GPUs of a placement (of a running job, or one just decided).
+    pub fn allocate(&mut self, placement: &[ReplicaPlacement]) {
+        for replica in placement {
+            for &(unit, milli) in &replica.units {
+                self.change(replica.node, unit, -(milli as i32));
+            }
+        }
+    }
+
+    /// Gives back the GPUs of a placement.
+    pub fn release(&mut self, placement: &[ReplicaPlacement]) {
+        for replica in placement {
+            for &(unit, milli) in &replica.units {
+                self.change(replica.node, unit, milli as i32);
+            }
+        }
+    }
+
+    /// Adds `delta` milli to a unit's free amount, keeping every index current. Amounts
+    /// outside the unit's range are clamped: a placement that does not match the inventory
+    /// (a node that shrank) must not corrupt it.
+    fn change(&mut self, node: NodeId, unit: u8, delta: i32) {
+        let Some(state) = self.nodes.get_mut(node as usize) else { return };
+        let Some(slot) = state.free.get(usize::from(unit)).copied() else { return };
+        let new = (i32::from(slot) + delta).clamp(0, i32::from(UNIT_U16)) as u16;
+        if new == slot {
+            return;
+        }
+        let class = &mut self.classes[usize::from(state.class)];
+        let was_whole = slot == UNIT_U16;
+        let is_whole = new == UNIT_U16;
+        if slot > 0 && !was_whole {
+            class.partial.remove(&(slot, node, unit));
+        }
+        if new > 0 && !is_whole {
+            class.partial.insert((new, node, unit));
+        }
+        if was_whole != is_whole {
+            class.buckets[usize::from(state.free_whole)].remove(&node);
+            let (rack, zone) = (state.rack, state.zone);
+            if is_whole {
+                state.free_whole += 1;
+                *class.rack_free.entry(rack).or_default() += 1;
+                *class.zone_free.entry(zone).or_default() += 1;
+            } else {
+                state.free_whole -= 1;
+                if let Some(r) = class.rack_free.get_mut(&rack) {
+                    *r -= 1;
+                }
+                if let Some(z) = class.zone_free.get_mut(&zone) {
+                    *z -= 1;
+                }
+            }
+            class.buckets[usize::from(state.free_whole)].insert(node);
+        }
+        class.free_milli = (class.free_milli as i64 + i64::from(new) - i64::from(slot)) as u64;
+        state.free[usize::from(unit)] = new;
+    }
+
+    /// Finds a placement for the whole gang without taking it, or `None`.
+    pub fn find(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
+        if self.free_milli(job.class) < job.total_milli() {
+            return None;
+        }
+        match job.topology {
+            Topology::Any => self.find_anywhere(job),
+            Topology::Required(level) => self.find_within(job, level),
+            Topology::Preferred(level) => self.find_within(job, level).or_else(|| self.find_anywhere(job)),
+        }
+    }
+
+    /// Places replicas one by one, best-fit, taking each tentatively so the next sees it;
+    /// everything is given back before returning.
+    fn find_anywhere(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
+        let mut placed: Vec<ReplicaPlacement> = Vec::with_capacity(usize::from(job.replicas));
+        for _ in 0..job.replicas {
+            match self.best_replica(job.class, job.milli_per_replica, None) {
+                Some(r) => {
+                    self.allocate(std::slice::from_ref(&r));
+                    placed.push(r);
+                }
+                None => {
+                    self.release(&placed);
+                    return None;
+                }
+            }
+        }
+        self.release(&placed);
+        Some(placed)
+    }
+
+    /// Places the gang inside one domain of `level`, choosing the fullest domain that holds it.
+    fn find_within(&mut self, job: &JobSpec, level: Level) -> Option<Vec<ReplicaPlacement>> {
+        let whole_needed = if job.milli_per_replica >= UNIT {
+            (job.total_milli() / u64::from(UNIT)) as u32
+        } else {
+            // Shares need at most one fresh unit per replica; demand at least one free unit.
+            1
+        };
+        match level {
+            Level::Node | Level::NvlinkDomain => {
+                let class = self.classes.get(usize::from(job.class))?;
+                let candidates: Vec<NodeId> =
+                    class.buckets.iter().skip(whole_needed.min(64) as usize).flat_map(|b| b.iter().copied()).collect();
+                for node in candidates {
+                    if let Some(p) = self.place_on_node(job, node, level == Level::NvlinkDomain) {
+                        return Some(p);
+                    }
+                }
+                None
+            }
+            Level::Rack | Level::Zone => {
+                let class = self.classes.get(usize::from(job.class))?;
+                let map = if level == Level::Rack { &class.rack_free } else { &class.zone_free };
+                let mut domains: Vec<(u32, u64)> =
+                    map.iter().filter(|(_, &free)| free >= whole_needed).map(|(&k, &free)| (free, k)).collect();
+                domains.sort_unstable();
+                for (_, key) in domains {
+                    let filter = DomainFilter { level, key };
+                    if let Some(p) = self.place_in_domain(job, filter) {
+                        return Some(p);
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    fn place_in_domain(&mut self, job: &JobSpec, filter: DomainFilter) -> Option<Vec<ReplicaPlacement>> {
+        let mut placed = Vec::with_capacity(usize::from(job.replicas));
+        for _ in 0..job.replicas {
+            match self.best_replica(job.class, job.milli_per_replica, Some(filter)) {
+                Some(r) => {
+                    self.allocate(std::slice::from_ref(&r));
+                    placed.push(r);
+                }
+                None => {
+                    self.release(&placed);
+                    return None;
+                }
+            }
+        }
+        self.release(&placed);
+        Some(placed)
+    }
+
+    /// All replicas on one node (and, if asked, one NVLink domain of it).
+    fn place_on_node(&mut self, job: &JobSpec, node: NodeId, one_domain: bool) -> Option<Vec<ReplicaPlacement>> {
+        let state = &self.nodes[node as usize];
+        if state.class != job.class {
+            return None;
+        }
+        let domains: Vec<Option<usize>> = if one_domain && state.domain_size > 0 {
+            let count = state.free.len().div_ceil(usize::from(state.domain_size));
+            // Fullest domain first: best-fit inside the node.
+            let mut d: Vec<(usize, usize)> = (0..count)
+                .map(|d| {
+                    let free =
+                        (0..state.free.len()).filter(|&u| state.domain_of(u) == d && state.free[u] == UNIT_U16).count();
+                    (free, d)
+                })
+                .collect();
+            d.sort_unstable();
+            d.into_iter().map(|(_, d)| Some(d)).collect()
+        } else {
+            vec![None]
+        };
+        for domain in domains {
+            let mut placed = Vec::with_capacity(usize::from(job.replicas));
+            let mut ok = true;
+            for _ in 0..job.replicas {
+                match self.replica_on_node(node, job.milli_per_replica, domain) {
+                    Some(r) => {
+                        self.allocate(std::slice::from_ref(&r));
+                        placed.push(r);
+                    }
+                    None => {
+                        ok = false;
+                        break;
+                    }
+                }
+            }
+            self.release(&placed);
+            if ok {
+                return Some(placed);
+            }
+        }
+        None
+    }
+
+    /// The best place for one replica of the class, optionally within a rack or zone.
+    fn best_replica(&self, class: ClassId, milli: u32, within: Option<DomainFilter>) -> Option<ReplicaPlacement> {
+        let index = self.classes.get(usize::from(class))?;
+        let allowed = |node: NodeId| within.is_none_or(|f| f.contains(&self.nodes[node as usize]));
+        if milli < UNIT {
+            // A share: the partially used unit with the least room that fits, so whole
+            // units stay whole for whole-GPU jobs.
+            let share = milli as u16;
+            if let Some(&(_, node, unit)) = index.partial.range((share, 0, 0)..).find(|&&(_, node, _)| allowed(node)) {
+                return Some(ReplicaPlacement { node, units: vec![(unit, milli)] });
+            }
+        }
+        let whole = milli.div_ceil(UNIT) as usize;
+        for bucket in index.buckets.iter().skip(whole.max(1)) {
+            for &node in bucket {
+                if !allowed(node) {
+                    continue;
+                }
+                if let Some(r) = self.replica_on_node(node, milli, None) {
+                    return Some(r);
+                }
+            }
+        }
+        None
+    }
+
+    /// One replica on `node`: whole units packed into the fullest NVLink domain that holds
+    /// them, or a share of a unit.
+    fn replica_on_node(&self, node: NodeId, milli: u32, domain: Option<usize>) -> Option<ReplicaPlacement> {
+        let state = &self.nodes[node as usize];
+        let in_domain = |u: usize| domain.is_none_or(|d| state.domain_of(u) == d);
+        if milli < UNIT {
+            let share = milli as u16;
+            // Best-fit among the node's units with room.
+            let unit = (0..state.free.len())
+                .filter(|&u| in_domain(u) && state.free[u] >= share)
+                .min_by_key(|&u| (state.free[u], u))?;
+            return Some(ReplicaPlacement { node, units: vec![(unit as u8, milli)] });
+        }
+        let whole = (milli / UNIT) as usize;
+        let free: Vec<usize> = (0..state.free.len()).filter(|&u| in_domain(u) && state.free[u] == UNIT_U16).collect();
+        if free.len() < whole {
+            return None;
+        }
+        let units: Vec<usize> = if state.domain_size == 0 || domain.is_some() {
+            free.into_iter().take(whole).collect()
+        } else {
+            // Prefer one NVLink domain: the fullest one that still holds the replica.
+            let mut by_domain: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+            for u in free.iter().copied() {
+                by_domain.entry(state.domain_of(u)).or_default().push(u);
+            }
+            match by_domain.values().filter(|v| v.len() >= whole).min_by_key(|v| v.len()) {
+                Some(v) => v.iter().copied().take(whole).collect(),
+                None => free.into_iter().take(whole).collect(),
+            }
+        };
+        Some(ReplicaPlacement { node, units: units.into_iter().map(|u| (u as u8, UNIT)).collect() })
+    }
+
+    /// Free milli-units that no replica of the given shapes could use: units on nodes whose
+    /// free space is too small for the smallest whole-GPU shape, plus partial units too small
+    /// for the smallest share. The fragmentation measure of a placement policy.
+    pub fn stranded_milli(&self, class: ClassId, smallest_whole_units: u8, smallest_share_milli: u32) -> u64 {
+        let mut stranded = 0u64;
+        for state in self.nodes.iter().filter(|n| n.class == class) {
+            for &free in &state.free {
+                let usable = if free == UNIT_U16 {
+                    state.free_whole >= smallest_whole_units || u32::from(free) >= smallest_share_milli
+                } else {
+                    u32::from(free) >= smallest_share_milli
+                };
+                if !usable {
+                    stranded += u64::from(free);
+                }
+            }
+        }
+        stranded
+    }
+}
+
+/// Restricts placement to one rack or zone.
+#[derive(Debug, Clone, Copy)]
+struct DomainFilter {
+    level: Level,
+    key: u64,
+}
+
+impl DomainFilter {
+    fn contains(&self, node: &NodeState) -> bool {
+        match self.level {
+            Level::Rack => node.rack == self.key,
+            Level::Zone => node.zone == self.key,
+            Level::Node | Level::NvlinkDomain => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scheduler::snapshot::Topology;
+
+    fn node(name: &str, units: u8, rack: u32) -> Node {
+        Node {
+            name: name.into(),
+            class: 0,
+            units,
+            nvlink_domain_size: 4,
+            rack: Some(rack),
+            zone: Some(0),
+            elastic: false,
+        }
+    }
+
+    fn job(replicas: u16, milli: u32, topology: Topology) -> JobSpec {
+        JobSpec {
+            id: 1,
+            team: 0,
+            class: 0,
+            replicas,
+            milli_per_replica: milli,
+            priority: 0,
+            topology,
+            submitted_ms: 0,
+            max_runtime_ms: 1,
+        }
+    }
+
+    #[test]
+    fn a_single_gpu_goes_to_the_fullest_node_that_fits() {
+        let mut inv = Inventory::new(&[node("a", 8, 0), node("b", 8, 0)], 1);
+        inv.allocate(&[ReplicaPlacement { node: 1, units: vec![(0, 1000), (1, 1000), (2, 1000)] }]);
+        let p = inv.find(&job(1, 1000, Topology::Any)).unwrap();
+        assert_eq!(p[0].node, 1, "packs onto the busier node, keeping node a whole");
+        // Within node b, the replica goes to the partly used NVLink domain (units 0..4).
+        assert_eq!(p[0].units, vec![(3, 1000)]);
+    }
+
+    #[test]
+    fn shares_fill_partly_used_units_before_whole_ones() {
+        let mut inv = Inventory::new(&[node("a", 2, 0)], 1);
+        inv.allocate(&[ReplicaPlacement { node: 0, units: vec![(1, 600)] }]);
+        let p = inv.find(&job(1, 300, Topology::Any)).unwrap();
+        assert_eq!(p[0].units, vec![(1, 300)]);
+    }
+
+    #[test]
+    fn a_gang_is_placed_whole_or_not_at_all_and_finding_takes_nothing() {
+        let mut inv = Inventory::new(&[node("a", 4, 0), node("b", 4, 0)], 1);
+        assert!(inv.find(&job(3, 4000, Topology::Any)).is_none());
+        assert_eq!(inv.free_milli(0), 8000);
+        let p = inv.find(&job(2, 4000, Topology::Any)).unwrap();
+        assert_eq!(p.len(), 2);
+        assert_eq!(inv.free_milli(0), 8000);
+    }
+
+    #[test]
+    fn required_topology_keeps_the_gang_in_one_domain() {
+        let mut inv = Inventory::new(&[node("a", 8, 0), node("b", 8, 1)], 1);
+        inv.allocate(&[ReplicaPlacement { node: 0, units: (0..5).map(|u| (u, 1000)).collect() }]);
+        inv.allocate(&[ReplicaPlacement { node: 1, units: (0..5).map(|u| (u, 1000)).collect() }]);
+        // Six GPUs are free in total but at most three per node and rack.
+        assert!(inv.find(&job(2, 2000, Topology::Required(Level::Node))).is_none());
+        assert!(inv.find(&job(2, 2000, Topology::Required(Level::Rack))).is_none());
+        assert!(inv.find(&job(2, 2000, Topology::Preferred(Level::Node))).is_some());
+        assert!(inv.find(&job(1, 3000, Topology::Required(Level::Node))).is_some());
+    }
+
+    #[test]
+    fn release_restores_exactly_what_allocate_took() {
+        let mut inv = Inventory::new(&[node("a", 8, 0)], 1);
+        let p = inv.find(&job(3, 500, Topology::Any)).unwrap();
+        inv.allocate(&p);
+        assert_eq!(inv.free_milli(0), 8000 - 1500);
+        inv.release(&p);
+        assert_eq!(inv.free_milli(0), 8000);
+        assert!(inv.find(&job(1, 8000, Topology::Required(Level::Node))).is_some());
+    }
+}

@@ -1,0 +1,74 @@
+//! The admission engine: a pure, deterministic function from a [`Snapshot`] (inventory,
+//! teams and quotas, usage history, running and pending jobs, the time) to [`Decisions`]
+//! (admissions with exact placements, preemptions with victims and reasons, and for every
+//! waiting job a reason, a position and an expected start). No database, no I/O, no clock:
+//! the control loop and `fairway simulate` drive it. The same snapshot always gives the same
+//! decisions: every ordering is total, every map ordered.
+//!
+//! # A cycle
+//!
+//! 1. **Ranking.** Each team's queue is ordered by priority, then age. Team heads compete:
+//!    a head that fits within its team's reserved quota (at every level of the team tree)
+//!    goes before any head that needs to borrow; among borrowers the lowest fair-share
+//!    score goes first (see [`fairshare`] for the formula: cost-weighted borrowed capacity
+//!    plus decayed history, per unit of weight). After each decision the team's next head
+//!    is re-ranked with its new usage.
+//! 2. **Checks**, in order, each giving the pending reason when it fails: the gang can
+//!    ever fit (`never_fits`); the team's hard budget covers the job's maximum cost
+//!    (`budget_exhausted`); the team and its ancestors stay within reserved + burst
+//!    (`burst_limit`); a non-preemptible job stays within reserved quota
+//!    (`reserved_quota_exhausted`); the job ends before a starving gang's reservation
+//!    (`reserved_for:<job>`).
+//! 3. **Placement** of the whole gang ([`inventory`]): best-fit packing, topology required
+//!    or preferred, never partial. Capacity held back for other teams' idle, unlendable
+//!    reserved quota is not touched ([`quota`]).
+//! 4. **Preemption** when it does not fit (below), else a **reservation**: the first gang of
+//!    a class blocked by capacity gets a shadow time (when enough GPUs return by maximum
+//!    runtimes) and later jobs backfill only if they end before it, so no gang starves.
+//! 5. **Expected starts** ([`eta`]) by playing the queue forward.
+//!
+//! # Preemption, and why it cannot loop
+//!
+//! Only preemptible jobs past the minimum runtime are victims, cheapest first by work lost
+//! since their last checkpoint × GPUs, then the fewest; a victim gets its priority class's
+//! grace period and goes back to the queue. A job preempts only in one of three ways:
+//!
+//! - **Priority**, within its own team: the victim has a strictly lower priority. A
+//!   requeued victim can never preempt its preemptor back (it would need a strictly higher
+//!   priority), and priorities are finite, so chains end.
+//! - **Reclaim**: the preemptor stays within its team's reserved quota; the victim's team
+//!   borrows at a level the preemptor's team does not share, and loses at most what it
+//!   borrows. So after the preemption the victim's team still holds at least its reserved
+//!   quota: none of its jobs can be within reserved *and* short of GPUs, so it can never
+//!   reclaim back; and the preemptor, being within reserved, is not borrowing, so it is
+//!   never a reclaim victim. This is how reserved quota is kept in one preemption round:
+//!   borrowed capacity always suffices, because reserved quotas fit in the cluster.
+//! - **Fair share** (Fairway policy only): the preemptor borrows, and its team's live
+//!   borrowed value *after* admission is strictly below the victim team's *after* losing
+//!   the victim. Both new values are below the victim team's old value, and no other team
+//!   changes, so the multiset of live borrowed values, sorted in descending order, strictly
+//!   decreases lexicographically with every such preemption. It takes finitely many values,
+//!   so with no new arrivals preemption stops. (Usage history orders the queue but is
+//!   deliberately left out of this condition: it drifts with time, the condition must not.)
+//!
+//! A job whose victims are still stopping waits for them (`waiting_for_reclaim`) instead of
+//! choosing more.
+
+pub mod decision;
+pub mod engine;
+pub mod eta;
+pub mod fairshare;
+pub mod inventory;
+pub mod quota;
+pub mod snapshot;
+
+#[cfg(test)]
+mod tests;
+
+pub use decision::{Admission, Decisions, Pending, PendingReason, PreemptReason, Preemption};
+pub use snapshot::*;
+
+/// Runs one admission cycle over a snapshot.
+pub fn schedule(snapshot: &Snapshot) -> Decisions {
+    engine::run(snapshot)
+}

@@ -1,0 +1,150 @@
+//! Quota accounting on the team tree.
+//!
+//! A job counts against its team and every ancestor. At each level it must stay within
+//! `reserved + burst`. What a team holds beyond its `reserved` is borrowed. Idle reserved
+//! quota is lent out only up to `lendable`: the rest is *held back* for its owner, and no
+//! other team may take it, so the owner can always get its reserved quota without waiting.
+
+use super::snapshot::{ClassId, Quota, Snapshot, TeamId};
+
+/// Usage per team per class (including descendants) and the held-back sums.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    classes: usize,
+    parent: Vec<Option<TeamId>>,
+    quota: Vec<Quota>,
+    usage: Vec<u64>,
+    /// Held-back milli of all children of a group (a team, or the virtual root at index
+    /// `teams`) per class.
+    held_back_children: Vec<u64>,
+}
+
+impl Ledger {
+    /// An empty ledger for the snapshot's teams.
+    pub fn new(snapshot: &Snapshot) -> Self {
+        let classes = snapshot.classes.len();
+        let teams = snapshot.teams.len();
+        let mut quota = vec![Quota::default(); teams * classes];
+        for (t, team) in snapshot.teams.iter().enumerate() {
+            for (&c, q) in &team.quotas {
+                if usize::from(c) < classes {
+                    let mut q = *q;
+                    q.lendable = q.lendable.min(q.reserved);
+                    quota[t * classes + usize::from(c)] = q;
+                }
+            }
+        }
+        // A parent outside the tree (or a cycle) is treated as top level so a bad snapshot
+        // cannot make accounting loop.
+        let parent: Vec<Option<TeamId>> = snapshot
+            .teams
+            .iter()
+            .enumerate()
+            .map(|(t, team)| team.parent.filter(|&p| (p as usize) < teams && p as usize != t))
+            .collect();
+        let mut ledger = Self {
+            classes,
+            parent,
+            quota,
+            usage: vec![0; teams * classes],
+            held_back_children: vec![0; (teams + 1) * classes],
+        };
+        ledger.break_cycles();
+        for t in 0..teams {
+            for c in 0..classes {
+                let hb = ledger.held_back(t as TeamId, c as ClassId);
+                let g = ledger.group(t as TeamId);
+                ledger.held_back_children[g * classes + c] += hb;
+            }
+        }
+        ledger
+    }
+
+    fn break_cycles(&mut self) {
+        let n = self.parent.len();
+        for t in 0..n {
+            let mut seen = 0;
+            let mut cur = self.parent[t];
+            while let Some(p) = cur {
+                seen += 1;
+                if seen > n {
+                    self.parent[t] = None;
+                    break;
+                }
+                cur = self.parent[p as usize];
+            }
+        }
+    }
+
+    fn group(&self, team: TeamId) -> usize {
+        self.parent[team as usize].map_or(self.parent.len(), |p| p as usize)
+    }
+
+    /// The team and its ancestors, nearest first.
+    pub fn chain(&self, team: TeamId) -> impl Iterator<Item = TeamId> + '_ {
+        std::iter::successors(Some(team), move |&t| self.parent.get(t as usize).copied().flatten())
+    }
+
+    /// The quota of a team for a class.
+    pub fn quota(&self, team: TeamId, class: ClassId) -> Quota {
+        self.quota.get(team as usize * self.classes + usize::from(class)).copied().unwrap_or_default()
+    }
+
+    /// Milli-units a team (with its descendants) holds of a class.
+    pub fn usage(&self, team: TeamId, class: ClassId) -> u64 {
+        self.usage.get(team as usize * self.classes + usize::from(class)).copied().unwrap_or(0)
+    }
+
+    /// What a team holds beyond its reserved quota.
+    pub fn borrowed(&self, team: TeamId, class: ClassId) -> u64 {
+        self.usage(team, class).saturating_sub(self.quota(team, class).reserved)
+    }
+
+    /// Idle reserved quota the team does not lend.
+    fn held_back(&self, team: TeamId, class: ClassId) -> u64 {
+        let q = self.quota(team, class);
+        let idle = q.reserved.saturating_sub(self.usage(team, class));
+        idle.saturating_sub(q.lendable)
+    }
+
+    /// The first team in the chain that `milli` more would push above reserved + burst.
+    pub fn over_limit(&self, team: TeamId, class: ClassId, milli: u64) -> Option<TeamId> {
+        self.chain(team).find(|&t| {
+            let q = self.quota(t, class);
+            self.usage(t, class) + milli > q.reserved.saturating_add(q.burst)
+        })
+    }
+
+    /// The first team in the chain that `milli` more would push above its reserved quota;
+    /// `None` when the job fits within reserved quota all the way up.
+    pub fn beyond_reserved(&self, team: TeamId, class: ClassId, milli: u64) -> Option<TeamId> {
+        self.chain(team).find(|&t| self.usage(t, class) + milli > self.quota(t, class).reserved)
+    }
+
+    /// Capacity held back for other teams that a job of `team` must leave alone: at every
+    /// level of its chain, the held-back quota of its siblings.
+    pub fn held_back_for_others(&self, team: TeamId, class: ClassId) -> u64 {
+        let c = usize::from(class);
+        self.chain(team)
+            .map(|t| {
+                let g = self.group(t);
+                self.held_back_children[g * self.classes + c].saturating_sub(self.held_back(t, class))
+            })
+            .sum()
+    }
+
+    /// Records `milli` more (or less, when `release`) held by `team` and its ancestors.
+    pub fn add(&mut self, team: TeamId, class: ClassId, milli: u64, release: bool) {
+        let chain: Vec<TeamId> = self.chain(team).collect();
+        let c = usize::from(class);
+        for t in chain {
+            let before = self.held_back(t, class);
+            let slot = &mut self.usage[t as usize * self.classes + c];
+            *slot = if release { slot.saturating_sub(milli) } else { *slot + milli };
+            let after = self.held_back(t, class);
+            let g = self.group(t);
+            let sum = &mut self.held_back_children[g * self.classes + c];
+            *sum = (*sum + after).saturating_sub(before);
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! What the engine decides from: inventory, teams and quotas, usage history, running and
+//! pending jobs, and the time. Built by the control loop (from the database) or by the
+//! simulator (from a trace); the engine never reads anything else.
+//!
+//! All GPU amounts are in *milli-units* of a GPU class: a whole GPU of the class is 1000.
+//! A replica asks either for whole units (a multiple of 1000) on one node, or for a share
+//! below 1000 of a single unit (time-slicing, GPU sharing). Quotas are in milli-units too.
+
+use std::collections::BTreeMap;
+
+/// One unit of a GPU class, in milli-units.
+pub const UNIT: u32 = 1000;
+
+/// Index of a GPU class in [`Snapshot::classes`].
+pub type ClassId = u16;
+/// Index of a team in [`Snapshot::teams`].
+pub type TeamId = u32;
+/// Index of a node in [`Snapshot::nodes`].
+pub type NodeId = u32;
+/// A job's stable identifier (the database id's low bits, or a trace row number).
+pub type JobId = u64;
+/// Index of a priority class in [`Snapshot::priorities`].
+pub type PriorityId = u8;
+
+/// A GPU class as the engine sees it.
+#[derive(Debug, Clone)]
+pub struct GpuClass {
+    /// Its name, for explanations.
+    pub name: String,
+    /// Price of one unit-hour in micro-units of money (the rate card now).
+    pub rate_micros_per_hour: i64,
+}
+
+/// A topology level a gang can ask to be kept within.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Level {
+    /// One NVLink domain of one node.
+    NvlinkDomain,
+    /// One node.
+    Node,
+    /// One rack (leaf switch).
+    Rack,
+    /// One zone (spine).
+    Zone,
+}
+
+/// How strongly a job wants its topology level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// Anywhere.
+    Any,
+    /// The whole gang within one domain of this level, or not at all.
+    Required(Level),
+    /// Within one domain of this level if possible, anywhere otherwise.
+    Preferred(Level),
+}
+
+/// A node's GPUs of one class. An elastic pool (cloud batch) is a node with `elastic` set:
+/// it has no topology and `units` is its maximum size.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// For placements and explanations.
+    pub name: String,
+    /// The GPU class of every unit on the node.
+    pub class: ClassId,
+    /// How many units of the class the node has (at most 64).
+    pub units: u8,
+    /// Units per NVLink domain (units `0..d`, `d..2d`, ... form the domains); 0 = one domain.
+    pub nvlink_domain_size: u8,
+    /// Rack index; nodes without a rack each count as their own.
+    pub rack: Option<u32>,
+    /// Zone index.
+    pub zone: Option<u32>,
+    /// A cloud-batch pool without topology.
+    pub elastic: bool,
+}
+
+/// A team's quota for one class, in milli-units.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quota {
+    /// Guaranteed.
+    pub reserved: u64,
+    /// How much beyond `reserved` the team may borrow.
+    pub burst: u64,
+    /// How much of its idle `reserved` others may borrow.
+    pub lendable: u64,
+}
+
+/// A team in the tree.
+#[derive(Debug, Clone)]
+pub struct Team {
+    /// For explanations.
+    pub name: String,
+    /// Parent team; `None` for a top-level team.
+    pub parent: Option<TeamId>,
+    /// Quotas by class; a missing class means zero reserved and zero burst.
+    pub quotas: BTreeMap<ClassId, Quota>,
+    /// Weight of the team in fair share, in thousandths (1000 = normal).
+    pub fair_share_weight_milli: u32,
+    /// Decayed past use of borrowed capacity in money (micro-units), already weighted by
+    /// the priority classes' usage factors and decayed to `Snapshot::now_ms`.
+    pub usage_history_micros: f64,
+    /// Money left in a hard budget for the period (micro-units); `None` = no hard budget.
+    pub hard_budget_left_micros: Option<i64>,
+    /// Money left in a soft budget; only flags jobs that would exceed it.
+    pub soft_budget_left_micros: Option<i64>,
+}
+
+/// A priority class.
+#[derive(Debug, Clone)]
+pub struct PriorityClass {
+    /// For explanations.
+    pub name: String,
+    /// Higher first.
+    pub priority: i32,
+    /// Whether its jobs may be preempted (and so run on borrowed capacity).
+    pub preemptible: bool,
+    /// Price multiplier in thousandths.
+    pub price_multiplier_milli: u32,
+    /// Fair-share usage factor in thousandths.
+    pub usage_factor_milli: u32,
+    /// Grace period given to a preempted job to checkpoint, in milliseconds.
+    pub preemption_grace_ms: i64,
+}
+
+/// What a job asks for.
+#[derive(Debug, Clone)]
+pub struct JobSpec {
+    pub id: JobId,
+    pub team: TeamId,
+    pub class: ClassId,
+    /// Replicas of the gang; all or none are placed.
+    pub replicas: u16,
+    /// Milli-units per replica: a multiple of 1000, or below 1000 for a share of one unit.
+    pub milli_per_replica: u32,
+    pub priority: PriorityId,
+    pub topology: Topology,
+    /// When it was submitted (ms since the epoch): the tie-breaker within a priority.
+    pub submitted_ms: i64,
+    /// Longest it may run; it is stopped then.
+    pub max_runtime_ms: i64,
+}
+
+impl JobSpec {
+    /// Total milli-units of the gang.
+    pub fn total_milli(&self) -> u64 {
+        u64::from(self.replicas) * u64::from(self.milli_per_replica)
+    }
+}
+
+/// One replica's exact place: a node and, per unit used, the milli-units taken on it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReplicaPlacement {
+    pub node: NodeId,
+    /// (unit index on the node, milli-units taken).
+    pub units: Vec<(u8, u32)>,
+}
+
+/// A job that holds GPUs now.
+#[derive(Debug, Clone)]
+pub struct RunningJob {
+    pub spec: JobSpec,
+    pub started_ms: i64,
+    /// When it last reported a checkpoint; work before it survives a preemption.
+    pub last_checkpoint_ms: Option<i64>,
+    pub placement: Vec<ReplicaPlacement>,
+    /// Already asked to stop (preempted or cancelled, within its grace period): its GPUs
+    /// are still held but it is no victim candidate and is not counted as borrowing.
+    pub terminating: bool,
+}
+
+/// Tunables of the engine.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Half-life of usage history in fair share.
+    pub usage_half_life_ms: i64,
+    /// A job runs at least this long before it can be preempted.
+    pub min_runtime_before_preemption_ms: i64,
+    /// Which policy decides.
+    pub policy: Policy,
+    /// Compute expected start times of pending jobs (the costliest part of a cycle).
+    pub estimate_start_times: bool,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            usage_half_life_ms: 7 * 24 * 3600 * 1000,
+            min_runtime_before_preemption_ms: 5 * 60 * 1000,
+            policy: Policy::Fairway,
+            estimate_start_times: true,
+        }
+    }
+}
+
+/// The admission policy. The baselines exist so the simulator can compare in one run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Policy {
+    /// Reserved first, burst by cost-weighted fair share with history, gangs with
+    /// reservations and backfill, preemption to reclaim and to restore fair share.
+    Fairway,
+    /// Strict first-in first-out over all teams, no quotas, no backfill, no preemption.
+    Fifo,
+    /// Kueue-like: reserved (nominal) first, then borrowing in submission order without
+    /// usage history or fair-share preemption.
+    QuotaNoHistory,
+}
+
+/// Everything the engine decides from.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The time of the decision, ms since the epoch.
+    pub now_ms: i64,
+    pub classes: Vec<GpuClass>,
+    pub nodes: Vec<Node>,
+    pub teams: Vec<Team>,
+    pub priorities: Vec<PriorityClass>,
+    pub running: Vec<RunningJob>,
+    pub pending: Vec<JobSpec>,
+    pub config: Config,
+}

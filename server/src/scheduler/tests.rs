@@ -1,0 +1,303 @@
+//! Behaviour of one cycle on small, hand-made clusters.
+
+use std::collections::BTreeMap;
+
+use super::*;
+
+const HOUR: i64 = 3_600_000;
+const NOW: i64 = 100 * HOUR;
+
+/// Priority classes: 0 = production (not preemptible), 1 = experiment, 2 = scavenger.
+fn priorities() -> Vec<PriorityClass> {
+    let p = |name: &str, priority, preemptible| PriorityClass {
+        name: name.into(),
+        priority,
+        preemptible,
+        price_multiplier_milli: 1000,
+        usage_factor_milli: 1000,
+        preemption_grace_ms: 30_000,
+    };
+    vec![p("production", 500, false), p("experiment", 100, true), p("scavenger", 0, true)]
+}
+
+fn team(name: &str, reserved_gpus: u64, burst_gpus: u64) -> Team {
+    let mut quotas = BTreeMap::new();
+    quotas
+        .insert(0, Quota { reserved: reserved_gpus * 1000, burst: burst_gpus * 1000, lendable: reserved_gpus * 1000 });
+    Team {
+        name: name.into(),
+        parent: None,
+        quotas,
+        fair_share_weight_milli: 1000,
+        usage_history_micros: 0.0,
+        hard_budget_left_micros: None,
+        soft_budget_left_micros: None,
+    }
+}
+
+/// `nodes` nodes of 8 GPUs of one class in one rack, and teams `a` and `b`.
+fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
+    Snapshot {
+        now_ms: NOW,
+        classes: vec![GpuClass { name: "h100".into(), rate_micros_per_hour: 2_000_000 }],
+        nodes: (0..nodes)
+            .map(|i| Node {
+                name: format!("n{i}"),
+                class: 0,
+                units: 8,
+                nvlink_domain_size: 8,
+                rack: Some(0),
+                zone: Some(0),
+                elastic: false,
+            })
+            .collect(),
+        teams,
+        priorities: priorities(),
+        running: Vec::new(),
+        pending: Vec::new(),
+        config: Config::default(),
+    }
+}
+
+fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
+    JobSpec {
+        id,
+        team,
+        class: 0,
+        replicas: 1,
+        milli_per_replica: gpus * 1000,
+        priority,
+        topology: Topology::Any,
+        submitted_ms: NOW - HOUR + id as i64,
+        max_runtime_ms: 4 * HOUR,
+    }
+}
+
+/// Runs `job` as if admitted `age_ms` ago, at a placement found on the snapshot.
+fn start(s: &mut Snapshot, spec: JobSpec, age_ms: i64) {
+    let mut inv = inventory::Inventory::new(&s.nodes, s.classes.len());
+    for r in &s.running {
+        inv.allocate(&r.placement);
+    }
+    let placement = inv.find(&spec).expect("the test cluster has room");
+    s.running.push(RunningJob {
+        spec,
+        started_ms: s.now_ms - age_ms,
+        last_checkpoint_ms: None,
+        placement,
+        terminating: false,
+    });
+}
+
+fn reason_of(d: &Decisions, id: JobId) -> PendingReason {
+    d.pending.iter().find(|p| p.job == id).map(|p| p.reason.clone()).expect("pending")
+}
+
+fn admitted(d: &Decisions) -> Vec<JobId> {
+    d.admissions.iter().map(|a| a.job).collect()
+}
+
+#[test]
+fn reserved_demand_goes_before_earlier_burst_demand() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 4, 4)]);
+    // b already uses its reserved 4; its next job would borrow. a's job is within reserved.
+    start(&mut s, job(1, 1, 4, 1), HOUR);
+    s.pending = vec![job(2, 1, 4, 1), job(3, 0, 4, 1)];
+    s.pending[0].submitted_ms = NOW - 2 * HOUR;
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![3]);
+    assert!(!d.admissions[0].borrowing);
+    assert!(matches!(reason_of(&d, 2), PendingReason::InsufficientCapacity | PendingReason::FairShareBehind { .. }));
+}
+
+#[test]
+fn a_team_reclaims_its_reserved_quota_from_a_borrower_in_one_round() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 4, 4)]);
+    // b borrows all of a's idle quota: 8 GPUs, 4 of them borrowed.
+    start(&mut s, job(1, 1, 4, 1), HOUR);
+    start(&mut s, job(2, 1, 2, 1), HOUR);
+    start(&mut s, job(3, 1, 2, 1), 2 * HOUR);
+    s.pending = vec![job(10, 0, 4, 0)];
+    let d = schedule(&s);
+    assert!(d.admissions.is_empty());
+    assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
+    let mut victims: Vec<JobId> = d.preemptions.iter().map(|p| p.victim).collect();
+    victims.sort();
+    assert_eq!(victims, vec![2, 3], "only borrowed jobs, never below b's reserved");
+    assert!(d
+        .preemptions
+        .iter()
+        .all(|p| p.reason == PreemptReason::Reclaim && p.for_job == 10 && p.grace_ms == 30_000));
+    // Next cycle, after the victims are gone: admitted.
+    s.running.retain(|r| !victims.contains(&r.spec.id));
+    let d2 = schedule(&s);
+    assert_eq!(admitted(&d2), vec![10]);
+    assert!(d2.preemptions.is_empty());
+}
+
+#[test]
+fn victims_are_the_jobs_that_lose_the_least_work() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 0, 8)]);
+    start(&mut s, job(1, 1, 4, 1), 10 * HOUR);
+    start(&mut s, job(2, 1, 4, 1), HOUR);
+    s.running[0].last_checkpoint_ms = Some(NOW - 60_000);
+    s.pending = vec![job(10, 0, 4, 0)];
+    let d = schedule(&s);
+    assert_eq!(d.preemptions.len(), 1);
+    assert_eq!(d.preemptions[0].victim, 1, "checkpointed a minute ago: least work lost");
+    assert_eq!(d.preemptions[0].lost_work, 4 * 60_000);
+}
+
+#[test]
+fn jobs_younger_than_the_minimum_runtime_are_not_preempted() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 0, 8)]);
+    start(&mut s, job(1, 1, 8, 1), 60_000);
+    s.pending = vec![job(10, 0, 4, 0)];
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty());
+    assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
+}
+
+#[test]
+fn non_preemptible_jobs_never_borrow() {
+    let s = {
+        let mut s = cluster(1, vec![team("a", 2, 6)]);
+        s.pending = vec![job(1, 0, 4, 0), job(2, 0, 4, 1)];
+        s
+    };
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![2], "the preemptible job borrows");
+    assert_eq!(reason_of(&d, 1), PendingReason::ReservedQuotaExhausted { team: 0 });
+}
+
+#[test]
+fn a_team_never_exceeds_reserved_plus_burst_nor_its_ancestors_limits() {
+    let mut s = cluster(2, vec![team("dept", 4, 0), team("a", 2, 8)]);
+    s.teams[1].parent = Some(0);
+    s.pending = vec![job(1, 1, 4, 1), job(2, 1, 2, 1)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![1]);
+    assert_eq!(reason_of(&d, 2), PendingReason::BurstLimit { team: 0 }, "the department is a closed pool of 4");
+}
+
+#[test]
+fn a_hard_budget_blocks_a_job_it_cannot_pay_for_and_a_soft_one_only_flags() {
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
+    // 4 GPUs × $2 × 4 h = $32 maximum cost.
+    s.teams[0].hard_budget_left_micros = Some(31_000_000);
+    s.teams[1].soft_budget_left_micros = Some(1_000_000);
+    s.pending = vec![job(1, 0, 4, 1), job(2, 1, 4, 1)];
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 1), PendingReason::BudgetExhausted);
+    assert_eq!(admitted(&d), vec![2]);
+    assert_eq!(d.admissions[0].max_cost_micros, 32_000_000);
+    assert!(d.admissions[0].exceeds_soft_budget);
+}
+
+#[test]
+fn a_blocked_gang_gets_a_reservation_and_only_short_jobs_backfill() {
+    let mut s = cluster(2, vec![team("a", 16, 16)]);
+    start(&mut s, job(1, 0, 8, 0), HOUR); // production, ends in 3 h
+    start(&mut s, job(2, 0, 4, 0), HOUR); // production, ends in 3 h
+    let mut gang = job(10, 0, 8, 1);
+    gang.replicas = 2;
+    let mut long = job(11, 0, 2, 1);
+    long.max_runtime_ms = 10 * HOUR;
+    let mut short = job(12, 0, 2, 1);
+    short.max_runtime_ms = HOUR;
+    s.pending = vec![gang, long, short];
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
+    assert_eq!(reason_of(&d, 11), PendingReason::ReservedFor { job: 10 });
+    assert_eq!(admitted(&d), vec![12], "ends before the gang's reservation");
+    let gang_eta = d.pending.iter().find(|p| p.job == 10).and_then(|p| p.expected_start_ms);
+    assert_eq!(gang_eta, Some(NOW + 3 * HOUR));
+}
+
+#[test]
+fn a_higher_priority_job_preempts_its_own_teams_lower_priority_work() {
+    let mut s = cluster(1, vec![team("a", 8, 0)]);
+    start(&mut s, job(1, 0, 8, 2), HOUR);
+    s.pending = vec![job(2, 0, 8, 1)];
+    let d = schedule(&s);
+    assert_eq!(d.preemptions.len(), 1);
+    assert_eq!(d.preemptions[0].reason, PreemptReason::Priority);
+}
+
+#[test]
+fn burst_capacity_goes_to_the_team_with_less_history() {
+    let mut s = cluster(1, vec![team("a", 0, 8), team("b", 0, 8)]);
+    s.teams[0].usage_history_micros = 500_000_000.0;
+    s.pending = vec![job(1, 0, 8, 1), job(2, 1, 8, 1)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![2]);
+    assert_eq!(reason_of(&d, 1), PendingReason::FairShareBehind { team: 1 });
+    let names = |t: TeamId| s.teams[t as usize].name.clone();
+    assert_eq!(reason_of(&d, 1).code(&names), "fair_share_behind:b");
+}
+
+#[test]
+fn fair_share_preemption_evens_out_borrowing_and_then_stops() {
+    let mut s = cluster(2, vec![team("a", 0, 16), team("b", 0, 16)]);
+    for id in 1..=4 {
+        start(&mut s, job(id, 1, 4, 1), HOUR);
+    }
+    s.pending = (10..14).map(|id| job(id, 0, 4, 1)).collect();
+    let mut preempted = 0;
+    for _ in 0..10 {
+        let d = schedule(&s);
+        if d.preemptions.is_empty() && d.admissions.is_empty() {
+            break;
+        }
+        preempted += d.preemptions.len();
+        let gone: Vec<JobId> = d.preemptions.iter().map(|p| p.victim).collect();
+        let requeued: Vec<JobSpec> =
+            s.running.iter().filter(|r| gone.contains(&r.spec.id)).map(|r| r.spec.clone()).collect();
+        s.running.retain(|r| !gone.contains(&r.spec.id));
+        for a in &d.admissions {
+            let spec = s.pending.iter().find(|j| j.id == a.job).cloned().expect("pending");
+            s.running.push(RunningJob {
+                spec,
+                started_ms: s.now_ms - HOUR,
+                last_checkpoint_ms: None,
+                placement: a.placement.clone(),
+                terminating: false,
+            });
+        }
+        s.pending.retain(|j| !d.admissions.iter().any(|a| a.job == j.id));
+        s.pending.extend(requeued);
+    }
+    let held = |t: TeamId| s.running.iter().filter(|r| r.spec.team == t).map(|r| r.spec.total_milli()).sum::<u64>();
+    assert_eq!((held(0), held(1)), (8000, 8000), "after {preempted} preemptions the teams share evenly");
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "no loop");
+}
+
+#[test]
+fn strict_fifo_blocks_everything_behind_a_head_that_does_not_fit() {
+    let mut s = cluster(1, vec![team("a", 0, 0)]);
+    s.config.policy = Policy::Fifo;
+    start(&mut s, job(1, 0, 6, 0), HOUR);
+    s.pending = vec![job(2, 0, 4, 0), job(3, 0, 1, 0)];
+    let d = schedule(&s);
+    assert!(d.admissions.is_empty());
+    assert_eq!(reason_of(&d, 3), PendingReason::BehindHeadOfLine { job: 2 });
+}
+
+#[test]
+fn the_same_snapshot_gives_the_same_decisions() {
+    let mut s = cluster(3, vec![team("a", 8, 8), team("b", 4, 12), team("c", 0, 24)]);
+    for id in 0..40 {
+        s.pending.push(job(id, (id % 3) as TeamId, 1 + (id % 4) as u32, (id % 3) as PriorityId));
+    }
+    assert_eq!(schedule(&s), schedule(&s));
+}
+
+#[test]
+fn a_job_larger_than_any_node_never_fits() {
+    let mut s = cluster(2, vec![team("a", 16, 0)]);
+    s.pending = vec![job(1, 0, 9, 0)];
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 1), PendingReason::NeverFits);
+    assert_eq!(d.pending[0].expected_start_ms, None);
+}
