@@ -55,6 +55,7 @@
 //! choosing more.
 
 pub mod decision;
+pub mod dry_run;
 pub mod engine;
 pub mod eta;
 pub mod fairshare;

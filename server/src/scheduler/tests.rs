@@ -301,3 +301,21 @@ fn a_job_larger_than_any_node_never_fits() {
     assert_eq!(reason_of(&d, 1), PendingReason::NeverFits);
     assert_eq!(d.pending[0].expected_start_ms, None);
 }
+
+#[test]
+fn a_dry_run_answers_like_a_real_submission_without_changing_anything() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 0, 8)]);
+    start(&mut s, job(1, 1, 8, 1), HOUR);
+    let before = s.clone();
+    let answer = dry_run::dry_run(&s, &job(10, 0, 4, 0));
+    assert_eq!(answer.placement, None);
+    assert_eq!(answer.reason, Some(PendingReason::WaitingForReclaim));
+    assert_eq!(answer.victims.len(), 1);
+    assert_eq!(answer.victims[0].victim, 1);
+    assert_eq!(answer.max_cost_micros, 4 * 2_000_000 * 4);
+    assert_eq!(answer.expected_start_ms, Some(NOW + 30_000), "when the victim's grace period ends");
+    assert_eq!(s.running.len(), before.running.len());
+    let free = dry_run::dry_run(&cluster(1, vec![team("a", 4, 4)]), &job(11, 0, 2, 0));
+    assert!(free.placement.is_some());
+    assert_eq!(free.expected_start_ms, Some(NOW));
+}
