@@ -80,6 +80,10 @@ struct Cycle<'a> {
     /// Milli per class held by jobs that were told to stop in earlier cycles and are not
     /// yet claimed by a job ranked earlier in this cycle.
     stopping_unclaimed: BTreeMap<ClassId, u64>,
+    /// Indexes of running jobs per class, for victim searches.
+    running_by_class: BTreeMap<ClassId, Vec<usize>>,
+    /// The largest borrower per class, valid until the next admission of that class.
+    largest_borrowers: BTreeMap<ClassId, Vec<TeamId>>,
     /// Jobs admitted this cycle: (end, class, milli), for reservations.
     admitted_ends: Vec<(i64, ClassId, u64)>,
     reservations: BTreeMap<ClassId, Reservation>,
@@ -139,6 +143,10 @@ impl<'a> Cycle<'a> {
         for r in s.running.iter().filter(|r| r.terminating) {
             *stopping_unclaimed.entry(r.spec.class).or_default() += r.spec.total_milli();
         }
+        let mut running_by_class: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
+        for (i, r) in s.running.iter().enumerate() {
+            running_by_class.entry(r.spec.class).or_default().push(i);
+        }
         let mut reclaimable = BTreeMap::new();
         for t in 0..s.teams.len() as TeamId {
             for c in 0..s.classes.len() as ClassId {
@@ -157,6 +165,8 @@ impl<'a> Cycle<'a> {
             victims: BTreeSet::new(),
             reclaimable,
             stopping_unclaimed,
+            running_by_class,
+            largest_borrowers: BTreeMap::new(),
             admitted_ends: Vec::new(),
             reservations: BTreeMap::new(),
             unplaceable: BTreeSet::new(),
@@ -352,6 +362,7 @@ impl<'a> Cycle<'a> {
         let n = job.total_milli();
         let cost = cost_micros(s, job, job.max_runtime_ms);
         let mut exceeds_soft_budget = false;
+        self.largest_borrowers.remove(&job.class);
         if (job.team as usize) < s.teams.len() {
             self.ledger.add(job.team, job.class, n, false);
             if let Some(left) = &mut self.hard_left[job.team as usize] {
@@ -372,11 +383,21 @@ impl<'a> Cycle<'a> {
         });
     }
 
-    /// The team (other than `except`) borrowing the most money's worth of the class.
-    fn largest_borrower(&self, class: ClassId, except: TeamId) -> Option<TeamId> {
-        (0..self.s.teams.len() as TeamId)
-            .filter(|&t| t != except && self.s.teams[t as usize].parent.is_none() && self.ledger.borrowed(t, class) > 0)
-            .max_by(|&a, &b| self.ledger.borrowed(a, class).cmp(&self.ledger.borrowed(b, class)).then(b.cmp(&a)))
+    /// The top-level team (other than `except`) borrowing the most of the class.
+    fn largest_borrower(&mut self, class: ClassId, except: TeamId) -> Option<TeamId> {
+        let ledger = &self.ledger;
+        let teams = &self.s.teams;
+        // The two largest suffice: one of them is not `except`.
+        let top = self.largest_borrowers.entry(class).or_insert_with(|| {
+            let mut borrowers: Vec<(u64, TeamId)> = (0..teams.len() as TeamId)
+                .filter(|&t| teams[t as usize].parent.is_none())
+                .map(|t| (ledger.borrowed(t, class), t))
+                .filter(|&(b, _)| b > 0)
+                .collect();
+            borrowers.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            borrowers.into_iter().take(2).map(|(_, t)| t).collect()
+        });
+        top.iter().copied().find(|&t| t != except)
     }
 
     /// When enough GPUs of the job's class will have been given back, by the running and
@@ -454,8 +475,10 @@ impl<'a> Cycle<'a> {
         let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
         let my_value_after = fairshare::live_value(s, &self.ledger, job.team) + fairshare::value_of(s, job.class, n);
         let mut candidates: Vec<(u64, u64, JobId, usize, PreemptReason)> = Vec::new();
-        for (i, r) in s.running.iter().enumerate() {
-            if r.spec.class != job.class || r.terminating || self.victims.contains(&i) || !self.preemptible(&r.spec) {
+        let in_class = self.running_by_class.get(&job.class).cloned().unwrap_or_default();
+        for i in in_class {
+            let r = &s.running[i];
+            if r.terminating || self.victims.contains(&i) || !self.preemptible(&r.spec) {
                 continue;
             }
             if s.now_ms - r.started_ms < s.config.min_runtime_before_preemption_ms {
