@@ -75,8 +75,6 @@ struct Cycle<'a> {
     soft_left: Vec<Option<i64>>,
     /// Running jobs chosen as victims this cycle.
     victims: BTreeSet<usize>,
-    /// Milli a borrowing team may still lose to reclaim this cycle, per (team, class).
-    reclaimable: BTreeMap<(TeamId, ClassId), u64>,
     /// Milli per class held by jobs that were told to stop in earlier cycles and are not
     /// yet claimed by a job ranked earlier in this cycle.
     stopping_unclaimed: BTreeMap<ClassId, u64>,
@@ -84,6 +82,21 @@ struct Cycle<'a> {
     running_by_class: BTreeMap<ClassId, Vec<usize>>,
     /// The largest borrower per class, valid until the next admission of that class.
     largest_borrowers: BTreeMap<ClassId, Vec<TeamId>>,
+    /// Teams with a job waiting for its victims, per class: the waiting job and its priority.
+    /// The team's lower-priority jobs of the class wait behind it, so they cannot take the
+    /// reserved room its victims free and be preempted for it in turn.
+    waiting_in_team: BTreeMap<(TeamId, ClassId), (JobId, i32)>,
+    /// Every team (at any level) borrowing a class, valid until the class's usage changes.
+    borrowers: BTreeMap<ClassId, Vec<TeamId>>,
+    /// GPUs held for jobs waiting for their victims: (job, class, placement).
+    claims: Vec<(JobId, ClassId, Vec<ReplicaPlacement>)>,
+    /// Free milli per class promised to jobs waiting for stopping jobs.
+    claimed_free: BTreeMap<ClassId, u64>,
+    /// Running jobs per (team, class), for priority preemption within a team.
+    running_by_team: BTreeMap<(TeamId, ClassId), Vec<usize>>,
+    /// Failed cross-team preemption attempts per class: (value after, milli). An attempt
+    /// by a team at least as rich for at least as much fails too.
+    fair_share_failures: BTreeMap<ClassId, Vec<(f64, u64)>>,
     /// Jobs admitted this cycle: (end, class, milli), for reservations.
     admitted_ends: Vec<(i64, ClassId, u64)>,
     reservations: BTreeMap<ClassId, Reservation>,
@@ -127,7 +140,9 @@ impl<'a> Cycle<'a> {
         let mut soft_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.soft_budget_left_micros).collect();
         for r in &s.running {
             inv.allocate(&r.placement);
-            if (r.spec.team as usize) < s.teams.len() {
+            // A stopping job keeps its GPUs until it exits, but no longer its quota: like a
+            // victim chosen in this cycle, it is leaving.
+            if (r.spec.team as usize) < s.teams.len() && !r.terminating {
                 ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), false);
                 // A hard budget must also cover what running jobs may still spend.
                 let remaining = (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0);
@@ -147,14 +162,9 @@ impl<'a> Cycle<'a> {
         for (i, r) in s.running.iter().enumerate() {
             running_by_class.entry(r.spec.class).or_default().push(i);
         }
-        let mut reclaimable = BTreeMap::new();
-        for t in 0..s.teams.len() as TeamId {
-            for c in 0..s.classes.len() as ClassId {
-                let b = ledger.borrowed(t, c);
-                if b > 0 {
-                    reclaimable.insert((t, c), b);
-                }
-            }
+        let mut running_by_team: BTreeMap<(TeamId, ClassId), Vec<usize>> = BTreeMap::new();
+        for (i, r) in s.running.iter().enumerate() {
+            running_by_team.entry((r.spec.team, r.spec.class)).or_default().push(i);
         }
         Self {
             s,
@@ -163,10 +173,15 @@ impl<'a> Cycle<'a> {
             hard_left,
             soft_left,
             victims: BTreeSet::new(),
-            reclaimable,
             stopping_unclaimed,
             running_by_class,
             largest_borrowers: BTreeMap::new(),
+            claimed_free: BTreeMap::new(),
+            claims: Vec::new(),
+            waiting_in_team: BTreeMap::new(),
+            borrowers: BTreeMap::new(),
+            running_by_team,
+            fair_share_failures: BTreeMap::new(),
             admitted_ends: Vec::new(),
             reservations: BTreeMap::new(),
             unplaceable: BTreeSet::new(),
@@ -230,20 +245,46 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    /// Reserved first, then burst by fair share; each team's own queue by priority and age.
+    /// Reserved first, then burst by fair share.
+    ///
+    /// Phase one decides, in priority then age order across all teams, every job that fits
+    /// within its team's reserved quota (and those that rules alone keep waiting): the
+    /// guaranteed part never waits behind anyone's burst, including its own team's. Phase two
+    /// hands out burst capacity: team heads (each team's queue by priority, then age)
+    /// compete by fair-share score.
     fn fair(&mut self) {
+        let mut order: Vec<&'a JobSpec> = self.s.pending.iter().collect();
+        order.sort_by(|a, b| {
+            self.priority(b).cmp(&self.priority(a)).then(a.submitted_ms.cmp(&b.submitted_ms)).then(a.id.cmp(&b.id))
+        });
         let mut queues: BTreeMap<TeamId, VecDeque<&'a JobSpec>> = BTreeMap::new();
-        for job in &self.s.pending {
-            queues.entry(job.team).or_default().push_back(job);
+        // Highest priority deferred to phase two per (team, class): the team's lower-priority
+        // jobs wait for phase two too, or they would take room the higher-priority job then
+        // preempts them for, cycle after cycle.
+        let mut deferred: BTreeMap<(TeamId, ClassId), i32> = BTreeMap::new();
+        for job in order {
+            let within = (job.team as usize) < self.s.teams.len()
+                && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
+                && deferred.get(&(job.team, job.class)).is_none_or(|&p| self.priority(job) >= p);
+            if within || self.blocked_by_rules(job) {
+                self.position += 1;
+                self.consider(job);
+            } else {
+                let priority = self.priority(job);
+                deferred.entry((job.team, job.class)).or_insert(priority);
+                queues.entry(job.team).or_default().push_back(job);
+            }
         }
-        for q in queues.values_mut() {
-            let mut v: Vec<&JobSpec> = q.drain(..).collect();
-            v.sort_by(|a, b| {
-                self.priority(b).cmp(&self.priority(a)).then(a.submitted_ms.cmp(&b.submitted_ms)).then(a.id.cmp(&b.id))
-            });
-            *q = v.into();
+        // Jobs that quota, budget or size alone keep waiting are decided as soon as they
+        // reach the head of their team's queue, so they never hide the team's next job
+        // (which may fit within reserved quota) from the ranking.
+        let teams: Vec<TeamId> = queues.keys().copied().collect();
+        let mut heap: BinaryHeap<HeadKey> = BinaryHeap::new();
+        for team in teams {
+            if let Some(head) = self.next_head(&mut queues, team) {
+                heap.push(self.key(head));
+            }
         }
-        let mut heap: BinaryHeap<HeadKey> = queues.values().filter_map(|q| q.front()).map(|j| self.key(j)).collect();
         while let Some(top) = heap.pop() {
             let Some(job) = queues.get(&top.team).and_then(|q| q.front()).copied() else { continue };
             // Keys only grow stale by getting worse (usage rises within a cycle): re-rank
@@ -260,10 +301,38 @@ impl<'a> Cycle<'a> {
             }
             self.position += 1;
             self.consider(job);
-            if let Some(next) = queues.get(&top.team).and_then(|q| q.front()) {
+            if let Some(next) = self.next_head(&mut queues, top.team) {
                 heap.push(self.key(next));
             }
         }
+    }
+
+    /// The team's next job that the ranking must decide, after deciding at once those that
+    /// quota, budget or size alone keep waiting (their outcome does not depend on the order).
+    fn next_head(&mut self, queues: &mut BTreeMap<TeamId, VecDeque<&'a JobSpec>>, team: TeamId) -> Option<&'a JobSpec> {
+        loop {
+            let job = queues.get(&team)?.front().copied()?;
+            if !self.blocked_by_rules(job) {
+                return Some(job);
+            }
+            if let Some(q) = queues.get_mut(&team) {
+                q.pop_front();
+            }
+            self.position += 1;
+            self.consider(job);
+        }
+    }
+
+    /// True when the job cannot be admitted now whatever the order: it never fits, its
+    /// budget is spent, its quota is exhausted, or a higher-priority job of its team waits.
+    fn blocked_by_rules(&self, job: &JobSpec) -> bool {
+        let n = job.total_milli();
+        (job.team as usize) >= self.s.teams.len()
+            || !self.inv.could_ever_fit(job)
+            || self.hard_left[job.team as usize].is_some_and(|left| left < cost_micros(self.s, job, job.max_runtime_ms))
+            || self.waiting_in_team.get(&(job.team, job.class)).is_some_and(|&(_, p)| self.priority(job) < p)
+            || self.ledger.over_limit(job.team, job.class, n).is_some()
+            || (!self.preemptible(job) && self.ledger.beyond_reserved(job.team, job.class, n).is_some())
     }
 
     fn consider(&mut self, job: &JobSpec) {
@@ -276,22 +345,28 @@ impl<'a> Cycle<'a> {
         if self.hard_left[job.team as usize].is_some_and(|left| left < cost) {
             return self.pend(job, PendingReason::BudgetExhausted);
         }
-        if let Some(team) = self.ledger.over_limit(job.team, job.class, n) {
-            // Within its own quota a team's higher-priority work displaces its lower.
+        if let Some(&(waiting, priority)) = self.waiting_in_team.get(&(job.team, job.class)) {
+            if self.priority(job) < priority {
+                return self.pend(job, PendingReason::ReservedFor { job: waiting });
+            }
+        }
+        let over = self.ledger.over_limit(job.team, job.class, n);
+        let beyond = self.ledger.beyond_reserved(job.team, job.class, n);
+        let non_preemptible = !self.preemptible(job);
+        if over.is_some() || (beyond.is_some() && non_preemptible) {
+            // Quota, not capacity, blocks it. A team within its own reserved quota takes
+            // back what borrowing siblings hold; otherwise only the team's own lower-priority
+            // work can make room.
             if s.config.policy != Policy::Fifo {
-                let within = self.ledger.beyond_reserved(job.team, job.class, n).is_none();
-                if let Some(victims) = self.try_preempt(job, within, true) {
-                    for v in victims {
-                        self.record_victim(job, v.0, v.1);
-                    }
-                    return self.pend(job, PendingReason::WaitingForReclaim);
+                if let Some(victims) = self.try_preempt(job, beyond.is_none(), beyond.is_some()) {
+                    return self.wait_for(job, victims);
                 }
             }
-            return self.pend(job, PendingReason::BurstLimit { team });
-        }
-        let beyond = self.ledger.beyond_reserved(job.team, job.class, n);
-        if let (Some(team), false) = (beyond, self.preemptible(job)) {
-            return self.pend(job, PendingReason::ReservedQuotaExhausted { team });
+            return match (beyond, over) {
+                (Some(team), _) if non_preemptible => self.pend(job, PendingReason::ReservedQuotaExhausted { team }),
+                (_, Some(team)) => self.pend(job, PendingReason::BurstLimit { team }),
+                (_, None) => self.pend(job, PendingReason::InsufficientCapacity),
+            };
         }
         if let Some(r) = self.reservations.get(&job.class) {
             if s.now_ms.saturating_add(job.max_runtime_ms) > r.shadow_ms {
@@ -310,17 +385,20 @@ impl<'a> Cycle<'a> {
         let stopping = self.stopping_unclaimed.get(&job.class).copied().unwrap_or(0);
         if stopping > 0 && available + stopping >= n {
             self.stopping_unclaimed.insert(job.class, stopping - n.saturating_sub(available));
+            // Hold its quota and the free part of its GPUs against jobs ranked after it.
+            *self.claimed_free.entry(job.class).or_default() += available.min(n);
+            self.claims.push((job.id, job.class, Vec::new()));
+            self.claim_quota(job);
             return self.pend(job, PendingReason::WaitingForReclaim);
         }
         if s.config.policy != Policy::Fifo {
             if let Some(victims) = self.try_preempt(job, beyond.is_none(), false) {
-                for v in victims {
-                    self.record_victim(job, v.0, v.1);
-                }
-                return self.pend(job, PendingReason::WaitingForReclaim);
+                return self.wait_for(job, victims);
             }
         }
-        let reason = if available >= n && matches!(job.topology, Topology::Required(_)) {
+        let reason = if let Some(holder) = self.held_for(job) {
+            PendingReason::ReservedFor { job: holder }
+        } else if available >= n && matches!(job.topology, Topology::Required(_)) {
             PendingReason::NoTopologyFit
         } else if beyond.is_some() {
             match self.largest_borrower(job.class, job.team) {
@@ -341,7 +419,66 @@ impl<'a> Cycle<'a> {
     /// Free capacity of the class this job may use: all free GPUs except those held back
     /// for other teams' idle, unlendable reserved quota.
     fn available(&self, job: &JobSpec) -> u64 {
-        self.inv.free_milli(job.class).saturating_sub(self.ledger.held_back_for_others(job.team, job.class))
+        let claimed = self.claimed_free.get(&job.class).copied().unwrap_or(0);
+        self.inv
+            .free_milli(job.class)
+            .saturating_sub(self.ledger.held_back_for_others(job.team, job.class))
+            .saturating_sub(claimed)
+    }
+
+    /// Counts a waiting job's quota as used for the rest of the cycle, so jobs ranked after
+    /// it cannot take the room its victims are making.
+    fn claim_quota(&mut self, job: &JobSpec) {
+        if (job.team as usize) < self.s.teams.len() {
+            self.ledger.add(job.team, job.class, job.total_milli(), false);
+            self.largest_borrowers.remove(&job.class);
+            self.borrowers.remove(&job.class);
+        }
+        let priority = self.priority(job);
+        self.waiting_in_team.entry((job.team, job.class)).or_insert((job.id, priority));
+    }
+
+    /// The waiting job whose held GPUs keep `job` from fitting, if that is what blocks it.
+    fn held_for(&mut self, job: &JobSpec) -> Option<JobId> {
+        let held: Vec<usize> = (0..self.claims.len()).filter(|&i| self.claims[i].1 == job.class).collect();
+        let holder = self.claims.get(*held.first()?)?.0;
+        let claimed = self.claimed_free.remove(&job.class);
+        for &i in &held {
+            self.inv.release(&self.claims[i].2);
+        }
+        let fits = self.available(job) >= job.total_milli() && self.inv.find(job).is_some();
+        for &i in &held {
+            self.inv.allocate(&self.claims[i].2);
+        }
+        if let Some(c) = claimed {
+            self.claimed_free.insert(job.class, c);
+        }
+        fits.then_some(holder)
+    }
+
+    /// Whether `victim_team` borrows the class at a level `chain` (the preemptor's) does not
+    /// share: the capacity it holds there is someone else's reserved quota.
+    fn reclaimable(&self, class: ClassId, chain: &[TeamId], victim_team: TeamId) -> bool {
+        self.ledger.chain(victim_team).find(|t| !chain.contains(t)).is_some_and(|t| self.ledger.borrowed(t, class) > 0)
+    }
+
+    /// Whether a team outside `chain` borrows the class at some level.
+    fn other_borrower(&mut self, class: ClassId, chain: &[TeamId]) -> bool {
+        let ledger = &self.ledger;
+        let teams = self.s.teams.len() as TeamId;
+        let list = self
+            .borrowers
+            .entry(class)
+            .or_insert_with(|| (0..teams).filter(|&t| ledger.borrowed(t, class) > 0).collect());
+        list.iter().any(|t| !chain.contains(t))
+    }
+
+    /// Records the victims chosen for `job`, which waits for them to stop.
+    fn wait_for(&mut self, job: &JobSpec, victims: Vec<(usize, PreemptReason)>) {
+        for (index, reason) in victims {
+            self.record_victim(job, index, reason);
+        }
+        self.pend(job, PendingReason::WaitingForReclaim)
     }
 
     fn place(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
@@ -363,6 +500,7 @@ impl<'a> Cycle<'a> {
         let cost = cost_micros(s, job, job.max_runtime_ms);
         let mut exceeds_soft_budget = false;
         self.largest_borrowers.remove(&job.class);
+        self.borrowers.remove(&job.class);
         if (job.team as usize) < s.teams.len() {
             self.ledger.add(job.team, job.class, n, false);
             if let Some(left) = &mut self.hard_left[job.team as usize] {
@@ -434,11 +572,6 @@ impl<'a> Cycle<'a> {
         let s = self.s;
         let r = &s.running[index];
         self.victims.insert(index);
-        if reason == PreemptReason::Reclaim || reason == PreemptReason::FairShare {
-            if let Some(left) = self.reclaimable.get_mut(&(r.spec.team, r.spec.class)) {
-                *left = left.saturating_sub(r.spec.total_milli());
-            }
-        }
         let grace_ms = s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms);
         self.decisions.preemptions.push(Preemption {
             victim: r.spec.id,
@@ -449,16 +582,19 @@ impl<'a> Cycle<'a> {
         });
     }
 
-    /// Finds the victims that lose the least work and make room for `job`, or `None`.
+    /// Finds the victims that lose the least work and make room for `job`, or `None`. On
+    /// success the job's future GPUs and quota are held for it (see [`Self::wait_for`]).
     ///
     /// Who may be a victim: a preemptible job past the minimum runtime, of the same class,
     /// not already stopping, and
     /// - of the same team with a strictly lower priority (priority preemption), or
     /// - when `job` stays within its team's reserved quota: of a team borrowing at a level
-    ///   `job`'s team does not share, and only as much as that team borrows (reclaim), or
+    ///   `job`'s team does not share, while that team still borrows (reclaim), or
     /// - when `job` borrows (Fairway policy only): of a team whose live borrowed value,
-    ///   after losing the victim, still exceeds `job`'s team's after admitting `job`
-    ///   (fair share). See the module docs for why none of these can loop.
+    ///   after losing the victim, is still at least `job`'s team's after admitting `job`, and
+    ///   never taking more than that team borrows (fair share).
+    ///
+    /// See the module docs for why none of these can loop.
     fn try_preempt(
         &mut self,
         job: &JobSpec,
@@ -472,38 +608,55 @@ impl<'a> Cycle<'a> {
             return None;
         }
         let my_priority = self.priority(job);
-        let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
         let my_value_after = fairshare::live_value(s, &self.ledger, job.team) + fairshare::value_of(s, job.class, n);
         let mut candidates: Vec<(u64, u64, JobId, usize, PreemptReason)> = Vec::new();
-        let in_class = self.running_by_class.get(&job.class).cloned().unwrap_or_default();
-        for i in in_class {
+        let eligible = |cycle: &Self, i: usize| {
             let r = &s.running[i];
-            if r.terminating || self.victims.contains(&i) || !self.preemptible(&r.spec) {
-                continue;
+            !r.terminating
+                && !cycle.victims.contains(&i)
+                && cycle.preemptible(&r.spec)
+                && s.now_ms - r.started_ms >= s.config.min_runtime_before_preemption_ms
+        };
+        for &i in self.running_by_team.get(&(job.team, job.class)).map_or(&[][..], Vec::as_slice) {
+            let r = &s.running[i];
+            if eligible(self, i) && self.priority(&r.spec) < my_priority {
+                candidates.push((
+                    lost_work(s.now_ms, r),
+                    u64::MAX - r.spec.total_milli(),
+                    r.spec.id,
+                    i,
+                    PreemptReason::Priority,
+                ));
             }
-            if s.now_ms - r.started_ms < s.config.min_runtime_before_preemption_ms {
-                continue;
-            }
-            let reason = if r.spec.team == job.team {
-                (self.priority(&r.spec) < my_priority).then_some(PreemptReason::Priority)
-            } else if own_team_only {
-                None
-            } else if within_reserved {
-                let lender_level = self.ledger.chain(r.spec.team).find(|t| !my_chain.contains(t));
-                let borrows = lender_level.is_some_and(|t| self.ledger.borrowed(t, job.class) > 0);
-                let left = self.reclaimable.get(&(r.spec.team, job.class)).copied().unwrap_or(0);
-                (borrows && left >= r.spec.total_milli()).then_some(PreemptReason::Reclaim)
-            } else if s.config.policy == Policy::Fairway {
-                let left = self.reclaimable.get(&(r.spec.team, job.class)).copied().unwrap_or(0);
-                let already_taken = self.ledger.borrowed(r.spec.team, job.class).saturating_sub(left);
-                let their_after = fairshare::live_value(s, &self.ledger, r.spec.team)
-                    - fairshare::value_of(s, job.class, already_taken + r.spec.total_milli());
-                (left >= r.spec.total_milli() && my_value_after < their_after).then_some(PreemptReason::FairShare)
-            } else {
-                None
-            };
-            if let Some(reason) = reason {
-                candidates.push((lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i, reason));
+        }
+        let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
+        let cross_team = !own_team_only
+            && (within_reserved || s.config.policy == Policy::Fairway)
+            && self.other_borrower(job.class, &my_chain)
+            && !(!within_reserved
+                && self
+                    .fair_share_failures
+                    .get(&job.class)
+                    .is_some_and(|f| f.iter().any(|&(v, m)| my_value_after >= v && n >= m)));
+        if cross_team {
+            let mut live: BTreeMap<TeamId, f64> = BTreeMap::new();
+            for &i in self.running_by_class.get(&job.class).map_or(&[][..], Vec::as_slice) {
+                let r = &s.running[i];
+                if r.spec.team == job.team || !eligible(self, i) {
+                    continue;
+                }
+                let reason = if within_reserved {
+                    self.reclaimable(job.class, &my_chain, r.spec.team).then_some(PreemptReason::Reclaim)
+                } else {
+                    let theirs =
+                        *live.entry(r.spec.team).or_insert_with(|| fairshare::live_value(s, &self.ledger, r.spec.team));
+                    let fair = self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
+                        && my_value_after <= theirs - fairshare::value_of(s, job.class, r.spec.total_milli());
+                    fair.then_some(PreemptReason::FairShare)
+                };
+                if let Some(reason) = reason {
+                    candidates.push((lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i, reason));
+                }
             }
         }
         if candidates.is_empty() {
@@ -513,23 +666,40 @@ impl<'a> Cycle<'a> {
         candidates.sort_unstable();
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
         let mut fits = false;
-        let mut taken_by_team: BTreeMap<TeamId, u64> = BTreeMap::new();
-        for &(_, _, _, index, reason) in &candidates {
-            let r = &s.running[index];
-            // A team never loses more than it borrows to reclaim or fair share.
-            if reason != PreemptReason::Priority {
-                let left = self.reclaimable.get(&(r.spec.team, job.class)).copied().unwrap_or(0);
-                let taken = taken_by_team.get(&r.spec.team).copied().unwrap_or(0);
-                if taken + r.spec.total_milli() > left {
+        // First without taking any team below its reserved quota; only if that cannot make
+        // room may reclaim take a borrowing team's gang across its reserved line (a gang
+        // cannot be split), since the reserved promise must hold.
+        'passes: for straddle in [false, true] {
+            for &(_, _, _, index, reason) in &candidates {
+                if chosen.iter().any(|&(c, _)| c == index) {
                     continue;
                 }
-                *taken_by_team.entry(r.spec.team).or_default() += r.spec.total_milli();
-            }
-            self.take_out(index, true);
-            chosen.push((index, reason));
-            if self.fits_now(job) {
-                fits = true;
-                break;
+                let r = &s.running[index];
+                // Earlier victims are already out of the ledger: re-check against what is
+                // left. Fair share never takes a team below its reserved quota, nor below the
+                // preemptor's value.
+                let still = match reason {
+                    PreemptReason::Priority => true,
+                    PreemptReason::Reclaim => {
+                        self.reclaimable(job.class, &my_chain, r.spec.team)
+                            && (straddle || self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli())
+                    }
+                    PreemptReason::FairShare => {
+                        self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
+                            && my_value_after
+                                <= fairshare::live_value(s, &self.ledger, r.spec.team)
+                                    - fairshare::value_of(s, job.class, r.spec.total_milli())
+                    }
+                };
+                if !still {
+                    continue;
+                }
+                self.take_out(index, true);
+                chosen.push((index, reason));
+                if self.fits_now(job) {
+                    fits = true;
+                    break 'passes;
+                }
             }
         }
         if !fits {
@@ -537,6 +707,9 @@ impl<'a> Cycle<'a> {
                 self.take_out(index, false);
             }
             self.unpreemptable.insert(memo_key, n);
+            if cross_team && !within_reserved {
+                self.fair_share_failures.entry(job.class).or_default().push((my_value_after, n));
+            }
             return None;
         }
         // Drop victims that turned out unnecessary, most work lost first.
@@ -551,10 +724,17 @@ impl<'a> Cycle<'a> {
                 self.take_out(index, true);
             }
         }
-        // Victims keep their GPUs and quota until they exit; nobody else may take them
-        // this cycle.
+        // The cycle goes on as if the victims were gone and the job admitted, except that the
+        // victims keep their GPUs until they exit: the job's future GPUs are taken, then the
+        // victims' put back (where the two overlap the units stay taken), so nobody ranked
+        // later can take them or the job's quota room.
+        if let Some(placement) = self.inv.find(job) {
+            self.inv.allocate(&placement);
+            self.claims.push((job.id, job.class, placement));
+        }
+        self.claim_quota(job);
         for &(index, _) in &chosen {
-            self.take_out(index, false);
+            self.inv.allocate(&s.running[index].placement);
         }
         Some(chosen)
     }
@@ -576,8 +756,10 @@ impl Cycle<'_> {
 
     /// Whether the job passes its quota limit and fits in free capacity right now.
     fn fits_now(&mut self, job: &JobSpec) -> bool {
-        self.ledger.over_limit(job.team, job.class, job.total_milli()).is_none()
-            && self.available(job) >= job.total_milli()
+        let n = job.total_milli();
+        self.ledger.over_limit(job.team, job.class, n).is_none()
+            && (self.preemptible(job) || self.ledger.beyond_reserved(job.team, job.class, n).is_none())
+            && self.available(job) >= n
             && self.inv.find(job).is_some()
     }
 }

@@ -209,12 +209,8 @@ impl Inventory {
 
     /// Places the gang inside one domain of `level`, choosing the fullest domain that holds it.
     fn find_within(&mut self, job: &JobSpec, level: Level) -> Option<Vec<ReplicaPlacement>> {
-        let whole_needed = if job.milli_per_replica >= UNIT {
-            (job.total_milli() / u64::from(UNIT)) as u32
-        } else {
-            // Shares need at most one fresh unit per replica; demand at least one free unit.
-            1
-        };
+        // Shares may all fit on partly used units: no whole unit is required of a domain.
+        let whole_needed = if job.milli_per_replica >= UNIT { (job.total_milli() / u64::from(UNIT)) as u32 } else { 0 };
         match level {
             Level::Node | Level::NvlinkDomain => {
                 let class = self.classes.get(usize::from(job.class))?;

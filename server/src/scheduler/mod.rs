@@ -44,13 +44,22 @@
 //!   never a reclaim victim. This is how reserved quota is kept in one preemption round:
 //!   borrowed capacity always suffices, because reserved quotas fit in the cluster.
 //! - **Fair share** (Fairway policy only): the preemptor borrows, and its team's live
-//!   borrowed value *after* admission is strictly below the victim team's *after* losing
-//!   the victim. Both new values are below the victim team's old value, and no other team
-//!   changes, so the multiset of live borrowed values, sorted in descending order, strictly
-//!   decreases lexicographically with every such preemption. It takes finitely many values,
-//!   so with no new arrivals preemption stops. (Usage history orders the queue but is
-//!   deliberately left out of this condition: it drifts with time, the condition must not.)
+//!   borrowed value *after* admission is not above the victim team's *after* losing the
+//!   victim (which never takes that team below its reserved quota). Both new values are
+//!   then strictly below the victim team's old value (the victim frees something), and no
+//!   other team changes, so the multiset of live borrowed values, sorted in descending
+//!   order, strictly decreases lexicographically with every such preemption. It takes
+//!   finitely many values, so with no new arrivals preemption stops. (Usage history orders
+//!   the queue but is deliberately left out of this condition: it drifts with time, the
+//!   condition must not.)
 //!
+//! Reclaim may take a borrowing team's last victim across its reserved line (a gang cannot
+//! be split), but only for a job within its own reserved quota, which is therefore never
+//! borrowing: the reclaimer is never a reclaim victim, and each reclaim strictly lowers the
+//! total borrowed.
+//!
+//! A job that preempts holds its future GPUs and its quota for the rest of the cycle, so a
+//! job ranked after it cannot take the room its victims make and force another round.
 //! A job whose victims are still stopping waits for them (`waiting_for_reclaim`) instead of
 //! choosing more.
 

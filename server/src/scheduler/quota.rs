@@ -115,10 +115,14 @@ impl Ledger {
         })
     }
 
-    /// The first team in the chain that `milli` more would push above its reserved quota;
-    /// `None` when the job fits within reserved quota all the way up.
+    /// `Some(team)` when `milli` more would push the team above its own reserved quota.
+    ///
+    /// Only the team's own level counts: children's reserved quotas never exceed their
+    /// parent's (the API enforces it), so a team within its own reserved quota is entitled to
+    /// it even while its department borrows; what the department holds beyond that is held
+    /// by borrowing siblings, which reclaim can take back.
     pub fn beyond_reserved(&self, team: TeamId, class: ClassId, milli: u64) -> Option<TeamId> {
-        self.chain(team).find(|&t| self.usage(t, class) + milli > self.quota(t, class).reserved)
+        (self.usage(team, class) + milli > self.quota(team, class).reserved).then_some(team)
     }
 
     /// Capacity held back for other teams that a job of `team` must leave alone: at every
