@@ -630,14 +630,16 @@ impl<'a> Cycle<'a> {
             }
         }
         let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
+        // A fair-share attempt fails for a team at least as rich asking at least as much.
+        let known_to_fail = !within_reserved
+            && self
+                .fair_share_failures
+                .get(&job.class)
+                .is_some_and(|f| f.iter().any(|&(v, m)| my_value_after >= v && n >= m));
         let cross_team = !own_team_only
             && (within_reserved || s.config.policy == Policy::Fairway)
-            && self.other_borrower(job.class, &my_chain)
-            && !(!within_reserved
-                && self
-                    .fair_share_failures
-                    .get(&job.class)
-                    .is_some_and(|f| f.iter().any(|&(v, m)| my_value_after >= v && n >= m)));
+            && !known_to_fail
+            && self.other_borrower(job.class, &my_chain);
         if cross_team {
             let mut live: BTreeMap<TeamId, f64> = BTreeMap::new();
             for &i in self.running_by_class.get(&job.class).map_or(&[][..], Vec::as_slice) {
