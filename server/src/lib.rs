@@ -8,8 +8,10 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod bench;
 pub mod config;
 pub mod db;
 pub mod domain;
 pub mod scheduler;
+pub mod simulate;
 pub mod telemetry;

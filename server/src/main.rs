@@ -27,12 +27,46 @@ enum Command {
     },
     /// Prints the OpenAPI document.
     Openapi,
+    /// Replays a job trace through the admission engine under Fairway, strict FIFO and
+    /// quota-without-history, and prints utilisation, delays, fairness and sharing anomalies.
+    Simulate {
+        /// `alibaba` (the Alibaba GPU v2023 pods on its node list, teams from Helios Venus) or
+        /// a job trace CSV (`submit_s,team,gpu_class,replicas,gpus_per_replica,duration_s,priority_class`).
+        #[arg(long, default_value = "alibaba")]
+        trace: String,
+        /// Cluster description (TOML); required with a CSV trace.
+        #[arg(long)]
+        cluster: Option<PathBuf>,
+        /// Divide arrival times by this factor; by default it is searched (1, 2, 4, ...) until
+        /// FIFO's utilisation reaches 70%.
+        #[arg(long)]
+        compress: Option<f64>,
+        /// Keep one node in this many (an even sample), scaling quotas with it.
+        #[arg(long, default_value_t = 1)]
+        shrink: u32,
+        /// Directory of the public traces.
+        #[arg(long, default_value = "../shared/traces")]
+        traces_dir: PathBuf,
+    },
+    /// Places the Alibaba placement-only pod lists until the first failure, with Fairway's
+    /// placement and with plain best-fit, and prints GPUs allocated and stranded.
+    Fragmentation {
+        /// Directory of the public traces.
+        #[arg(long, default_value = "../shared/traces")]
+        traces_dir: PathBuf,
+    },
     /// Runs the embedded PostgreSQL alone and prints its URL (for tools and sqlx's
     /// compile-time checks), until interrupted.
     EmbeddedDb {
         /// Database to create and migrate.
         #[arg(long, default_value = "fairway")]
         database: String,
+    },
+    /// Runs a benchmark and prints its table (build with --release for real numbers).
+    Bench {
+        /// What to measure.
+        #[arg(value_enum)]
+        what: fairway::bench::Target,
     },
 }
 
@@ -74,6 +108,17 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
         Command::Openapi => {
             print!("{}", fairway::api::openapi_json());
             Ok(())
+        }
+        Command::Simulate { trace, cluster, compress, shrink, traces_dir } => {
+            let options = fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces_dir };
+            fairway::simulate::simulate_command(&options, &mut std::io::stdout().lock())
+        }
+        Command::Fragmentation { traces_dir } => {
+            fairway::simulate::fragmentation_command(&traces_dir, &mut std::io::stdout().lock())
+        }
+        Command::Bench { what } => {
+            // Measured on this thread on purpose: the numbers are for one core.
+            fairway::bench::run(what, &mut std::io::stdout().lock()).context("writing the benchmark report")
         }
         Command::Migrate { direction } => {
             let database = app::Database::open(&config).await?;

@@ -90,12 +90,14 @@ struct Cycle<'a> {
     borrowers: BTreeMap<ClassId, Vec<TeamId>>,
     /// GPUs held for jobs waiting for their victims: (job, class, placement).
     claims: Vec<(JobId, ClassId, Vec<ReplicaPlacement>)>,
+    /// Teams with reserved demand queued behind their own burst jobs in phase two.
+    reserved_demand: BTreeSet<TeamId>,
     /// Free milli per class promised to jobs waiting for stopping jobs.
     claimed_free: BTreeMap<ClassId, u64>,
     /// Running jobs per (team, class), for priority preemption within a team.
     running_by_team: BTreeMap<(TeamId, ClassId), Vec<usize>>,
-    /// Failed cross-team preemption attempts per class: (value after, milli). An attempt
-    /// by a team at least as rich for at least as much fails too.
+    /// Failed fair-share preemption attempts per class: (score after, milli). An attempt by
+    /// a team whose score would be at least as high, for at least as much, fails too.
     fair_share_failures: BTreeMap<ClassId, Vec<(f64, u64)>>,
     /// Jobs admitted this cycle: (end, class, milli), for reservations.
     admitted_ends: Vec<(i64, ClassId, u64)>,
@@ -178,6 +180,7 @@ impl<'a> Cycle<'a> {
             largest_borrowers: BTreeMap::new(),
             claimed_free: BTreeMap::new(),
             claims: Vec::new(),
+            reserved_demand: BTreeSet::new(),
             waiting_in_team: BTreeMap::new(),
             borrowers: BTreeMap::new(),
             running_by_team,
@@ -229,7 +232,8 @@ impl<'a> Cycle<'a> {
     }
 
     fn key(&self, job: &JobSpec) -> HeadKey {
-        let within = self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none();
+        let within = self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
+            || self.reserved_demand.contains(&job.team);
         let score = if within || self.s.config.policy != Policy::Fairway {
             0.0
         } else {
@@ -272,6 +276,13 @@ impl<'a> Cycle<'a> {
             } else {
                 let priority = self.priority(job);
                 deferred.entry((job.team, job.class)).or_insert(priority);
+                if (job.team as usize) < self.s.teams.len()
+                    && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
+                {
+                    // Reserved demand queued behind the team's own higher-priority burst job:
+                    // the team still ranks with reserved demand in phase two.
+                    self.reserved_demand.insert(job.team);
+                }
                 queues.entry(job.team).or_default().push_back(job);
             }
         }
@@ -456,6 +467,11 @@ impl<'a> Cycle<'a> {
         fits.then_some(holder)
     }
 
+    /// A team's fair-share score after losing `milli` of a class.
+    fn score_without(&self, team: TeamId, class: ClassId, milli: u64) -> f64 {
+        fairshare::score_with(self.s, &self.ledger, team, -fairshare::value_of(self.s, class, milli))
+    }
+
     /// Whether `victim_team` borrows the class at a level `chain` (the preemptor's) does not
     /// share: the capacity it holds there is someone else's reserved quota.
     fn reclaimable(&self, class: ClassId, chain: &[TeamId], victim_team: TeamId) -> bool {
@@ -608,7 +624,7 @@ impl<'a> Cycle<'a> {
             return None;
         }
         let my_priority = self.priority(job);
-        let my_value_after = fairshare::live_value(s, &self.ledger, job.team) + fairshare::value_of(s, job.class, n);
+        let my_score_after = fairshare::score_with(s, &self.ledger, job.team, fairshare::value_of(s, job.class, n));
         let mut candidates: Vec<(u64, u64, JobId, usize, PreemptReason)> = Vec::new();
         let eligible = |cycle: &Self, i: usize| {
             let r = &s.running[i];
@@ -630,18 +646,17 @@ impl<'a> Cycle<'a> {
             }
         }
         let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
-        // A fair-share attempt fails for a team at least as rich asking at least as much.
+        // A fair-share attempt fails for a team scoring at least as high asking at least as much.
         let known_to_fail = !within_reserved
             && self
                 .fair_share_failures
                 .get(&job.class)
-                .is_some_and(|f| f.iter().any(|&(v, m)| my_value_after >= v && n >= m));
+                .is_some_and(|f| f.iter().any(|&(v, m)| my_score_after >= v && n >= m));
         let cross_team = !own_team_only
             && (within_reserved || s.config.policy == Policy::Fairway)
             && !known_to_fail
             && self.other_borrower(job.class, &my_chain);
         if cross_team {
-            let mut live: BTreeMap<TeamId, f64> = BTreeMap::new();
             for &i in self.running_by_class.get(&job.class).map_or(&[][..], Vec::as_slice) {
                 let r = &s.running[i];
                 if r.spec.team == job.team || !eligible(self, i) {
@@ -650,10 +665,8 @@ impl<'a> Cycle<'a> {
                 let reason = if within_reserved {
                     self.reclaimable(job.class, &my_chain, r.spec.team).then_some(PreemptReason::Reclaim)
                 } else {
-                    let theirs =
-                        *live.entry(r.spec.team).or_insert_with(|| fairshare::live_value(s, &self.ledger, r.spec.team));
                     let fair = self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
-                        && my_value_after <= theirs - fairshare::value_of(s, job.class, r.spec.total_milli());
+                        && my_score_after <= self.score_without(r.spec.team, job.class, r.spec.total_milli());
                     fair.then_some(PreemptReason::FairShare)
                 };
                 if let Some(reason) = reason {
@@ -688,9 +701,7 @@ impl<'a> Cycle<'a> {
                     }
                     PreemptReason::FairShare => {
                         self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
-                            && my_value_after
-                                <= fairshare::live_value(s, &self.ledger, r.spec.team)
-                                    - fairshare::value_of(s, job.class, r.spec.total_milli())
+                            && my_score_after <= self.score_without(r.spec.team, job.class, r.spec.total_milli())
                     }
                 };
                 if !still {
@@ -710,7 +721,7 @@ impl<'a> Cycle<'a> {
             }
             self.unpreemptable.insert(memo_key, n);
             if cross_team && !within_reserved {
-                self.fair_share_failures.entry(job.class).or_default().push((my_value_after, n));
+                self.fair_share_failures.entry(job.class).or_default().push((my_score_after, n));
             }
             return None;
         }

@@ -40,11 +40,17 @@ pub fn value_of(snapshot: &Snapshot, class: ClassId, milli: u64) -> f64 {
 
 /// The team's fair-share score: lower is more deserving.
 pub fn score(snapshot: &Snapshot, ledger: &Ledger, team: TeamId) -> f64 {
+    score_with(snapshot, ledger, team, 0.0)
+}
+
+/// The team's score if its live borrowed value changed by `delta` (money per hour): what
+/// fair-share preemption compares, so that it agrees with the ranking of the next cycle.
+pub fn score_with(snapshot: &Snapshot, ledger: &Ledger, team: TeamId, delta: f64) -> f64 {
     let Some(t) = snapshot.teams.get(team as usize) else { return f64::MAX };
     let tau_hours = snapshot.config.usage_half_life_ms as f64 / 3_600_000.0 / std::f64::consts::LN_2;
     let past = if tau_hours > 0.0 { t.usage_history_micros.max(0.0) / tau_hours } else { 0.0 };
     let weight = f64::from(t.fair_share_weight_milli.max(1)) / 1000.0;
-    (live_value(snapshot, ledger, team) + past) / weight
+    ((live_value(snapshot, ledger, team) + delta).max(0.0) + past) / weight
 }
 
 /// Decays a usage history over `elapsed_ms`: what the control loop and the simulator use to

@@ -42,7 +42,9 @@
 //!   quota: none of its jobs can be within reserved *and* short of GPUs, so it can never
 //!   reclaim back; and the preemptor, being within reserved, is not borrowing, so it is
 //!   never a reclaim victim. This is how reserved quota is kept in one preemption round:
-//!   borrowed capacity always suffices, because reserved quotas fit in the cluster.
+//!   borrowed capacity always suffices, because reserved quotas fit in the cluster. (From
+//!   a state where borrowers sit on capacity held back for another team's idle, unlendable
+//!   reserved quota, which only an admin lowering `lendable` creates, it may take two.)
 //! - **Fair share** (Fairway policy only): the preemptor borrows, and its team's live
 //!   borrowed value *after* admission is not above the victim team's *after* losing the
 //!   victim (which never takes that team below its reserved quota). Both new values are

@@ -1,0 +1,794 @@
+//! Benchmarks behind `fairway bench`.
+//!
+//! `fairway bench scheduler` times one full admission cycle ([`crate::scheduler::schedule`]) on
+//! a synthetic cluster of the size the engine is specified for: 1,250 nodes × 8 GPUs in racks
+//! and zones, 1,000 teams, a cluster about 70% busy, and 1k, 10k or 50k pending jobs. Each
+//! size is measured three ways in the same run so the numbers can be compared: Fairway as
+//! configured by default, Fairway without expected-start estimation, and strict FIFO.
+//!
+//! The snapshot generator, [`synthetic_snapshot`], is public and deterministic (seeded, with
+//! its own small PRNG) so that tests and other tools can rebuild exactly the benchmarked input.
+
+use std::{
+    io::{self, Write},
+    time::{Duration, Instant},
+};
+
+use crate::scheduler::{
+    self, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, NodeId, Policy, PriorityClass, PriorityId,
+    Quota, ReplicaPlacement, RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
+};
+
+/// What `fairway bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Target {
+    /// One full admission cycle for 1k, 10k and 50k pending jobs.
+    Scheduler,
+}
+
+/// Runs the benchmark `target` and writes its report to `out`.
+pub fn run(target: Target, out: &mut dyn Write) -> io::Result<()> {
+    match target {
+        Target::Scheduler => scheduler_report(DEFAULT_SEED, &[1_000, 10_000, 50_000], out),
+    }
+}
+
+/// The seed of the benchmarked snapshots, fixed so that runs are comparable.
+pub const DEFAULT_SEED: u64 = 0x5EED_FA1E_0001;
+
+/// Nodes in the synthetic cluster.
+pub const NODES: usize = 1_250;
+/// Leaf teams (tenants that submit jobs) in the synthetic cluster.
+pub const LEAF_TEAMS: usize = 1_000;
+/// Departments: each is a parent team of [`TEAMS_PER_DEPARTMENT`] leaf teams; the other leaf
+/// teams are top-level.
+pub const DEPARTMENTS: usize = 80;
+/// Leaf teams under each department.
+pub const TEAMS_PER_DEPARTMENT: usize = 10;
+
+const NODES_PER_RACK: u32 = 16;
+const RACKS_PER_ZONE: u32 = 10;
+const GPUS_PER_NODE: u8 = 8;
+/// An A100 split into seven 1g.10gb MIG slices: a node of 8 such GPUs has 56 slices.
+const MIG_SLICES_PER_NODE: u8 = 56;
+/// Share of capacity handed out as reserved quota, in percent.
+const RESERVED_PERCENT: u64 = 80;
+/// Share of capacity held by running jobs, in percent.
+const BUSY_PERCENT: u64 = 70;
+/// The time of the synthetic snapshot, ms since the epoch (2025-06-15).
+const NOW_MS: i64 = 1_750_000_000_000;
+const HOUR_MS: i64 = 3_600_000;
+
+const H100: ClassId = 0;
+const A100: ClassId = 1;
+const MIG: ClassId = 2;
+const CLASSES: usize = 3;
+
+const SERVING: PriorityId = 0;
+const PRODUCTION: PriorityId = 1;
+const EXPERIMENT: PriorityId = 2;
+const SCAVENGER: PriorityId = 3;
+
+/// Whether jobs of priority `p` may not be preempted (and so must stay within reserved quota).
+fn firm(p: PriorityId) -> bool {
+    matches!(p, SERVING | PRODUCTION)
+}
+
+/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast and good enough for synthetic data, and it
+/// keeps the generator free of a dependency whose output could change between versions.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (multiply-shift; the bias is far below anything a benchmark notices).
+    fn below(&mut self, n: u64) -> u64 {
+        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
+    }
+
+    /// Uniform in `lo..=hi`.
+    fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+
+    /// True with probability `percent` / 100.
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+
+    fn index(&mut self, len: usize) -> usize {
+        self.below(len as u64) as usize
+    }
+}
+
+/// Which GPUs are taken, per node and unit, while the generator places running jobs.
+struct Occupancy {
+    used: Vec<Vec<u32>>,
+    /// Wholly free units per node, to skip full nodes quickly.
+    free_units: Vec<u32>,
+}
+
+impl Occupancy {
+    fn new(nodes: &[Node]) -> Self {
+        Self {
+            used: nodes.iter().map(|n| vec![0; usize::from(n.units)]).collect(),
+            free_units: nodes.iter().map(|n| u32::from(n.units)).collect(),
+        }
+    }
+
+    /// Places every replica of `spec` on `candidates` (first fit, so jobs pack onto the
+    /// lowest nodes and racks as a long-running cluster's would), or nothing.
+    fn place(&mut self, spec: &JobSpec, candidates: &[NodeId]) -> Option<Vec<ReplicaPlacement>> {
+        let mut placed: Vec<ReplicaPlacement> = Vec::with_capacity(usize::from(spec.replicas));
+        for _ in 0..spec.replicas {
+            match self.place_replica(spec.milli_per_replica, candidates) {
+                Some(replica) => placed.push(replica),
+                None => {
+                    for replica in &placed {
+                        self.release(replica);
+                    }
+                    return None;
+                }
+            }
+        }
+        Some(placed)
+    }
+
+    fn place_replica(&mut self, milli: u32, candidates: &[NodeId]) -> Option<ReplicaPlacement> {
+        if milli >= UNIT {
+            let want = milli / UNIT;
+            let node = *candidates.iter().find(|&&n| self.free_units[n as usize] >= want)?;
+            let used = &mut self.used[node as usize];
+            let units: Vec<(u8, u32)> =
+                (0..used.len()).filter(|&u| used[u] == 0).take(want as usize).map(|u| (u as u8, UNIT)).collect();
+            for &(u, _) in &units {
+                used[usize::from(u)] = UNIT;
+            }
+            self.free_units[node as usize] -= want;
+            return Some(ReplicaPlacement { node, units });
+        }
+        // A share of one unit: best fit among partly used units first, so shares pack.
+        let mut empty = None;
+        for &node in candidates {
+            for (u, &used) in self.used[node as usize].iter().enumerate() {
+                if used > 0 && used + milli <= UNIT {
+                    return Some(self.take_share(node, u, milli));
+                }
+                if used == 0 && empty.is_none() {
+                    empty = Some((node, u));
+                }
+            }
+        }
+        let (node, u) = empty?;
+        Some(self.take_share(node, u, milli))
+    }
+
+    fn take_share(&mut self, node: NodeId, unit: usize, milli: u32) -> ReplicaPlacement {
+        let used = &mut self.used[node as usize][unit];
+        if *used == 0 {
+            self.free_units[node as usize] -= 1;
+        }
+        *used += milli;
+        ReplicaPlacement { node, units: vec![(unit as u8, milli)] }
+    }
+
+    fn release(&mut self, replica: &ReplicaPlacement) {
+        for &(u, milli) in &replica.units {
+            let used = &mut self.used[replica.node as usize][usize::from(u)];
+            *used -= milli;
+            if *used == 0 {
+                self.free_units[replica.node as usize] += 1;
+            }
+        }
+    }
+}
+
+/// Per team and class milli-units held, for keeping generated running jobs within quota.
+struct Usage {
+    total: Vec<[u64; CLASSES]>,
+    non_preemptible: Vec<[u64; CLASSES]>,
+}
+
+/// A deterministic synthetic snapshot of the benchmark's size: [`NODES`] nodes, [`LEAF_TEAMS`]
+/// tenant teams and `pending` pending jobs, generated from `seed`.
+///
+/// - Inventory: 60% H100 nodes and 30% A100 nodes with 8 GPUs in one NVLink domain, 10% A100
+///   nodes split into 56 MIG slices (a class of its own); racks of 16 nodes, zones of 10 racks.
+/// - Teams: [`DEPARTMENTS`] departments of [`TEAMS_PER_DEPARTMENT`] teams, the rest top-level.
+///   Each leaf team reserves a random share of its main class, scaled so that reserved quota
+///   sums to 80% of each class's capacity, may burst to about three times that, and lends all
+///   of it; a third also may burst into a second class. A department reserves the sum of its
+///   teams' reservations and may burst by half of that. Some teams have hard or soft budgets.
+/// - Priorities: `serving` and `production` (not preemptible), `experiment` and `scavenger`.
+/// - Running jobs fill about 70% of every class, placed first fit, each within its team's
+///   quota chain; non-preemptible ones only within reserved quota.
+/// - Pending jobs: mostly one GPU, some 2, 4 or 8 GPUs on one node, a few gangs of 2-8 replicas
+///   × 8 GPUs (preferring, some requiring, one rack), some shares of 250 or 500 milli, and small
+///   gangs of single GPUs required on one node; mixed priorities and submission times.
+pub fn synthetic_snapshot(seed: u64, pending: usize) -> Snapshot {
+    let mut rng = SplitMix64(seed);
+    let classes = vec![
+        GpuClass { name: "h100-80gb".into(), rate_micros_per_hour: 4_000_000 },
+        GpuClass { name: "a100-80gb".into(), rate_micros_per_hour: 2_500_000 },
+        GpuClass { name: "a100-80gb.mig-1g.10gb".into(), rate_micros_per_hour: 2_500_000 / 7 },
+    ];
+    let nodes = synthetic_nodes();
+    let mut capacity = [0u64; CLASSES];
+    let mut nodes_of_class: Vec<Vec<NodeId>> = vec![Vec::new(); CLASSES];
+    for (i, node) in nodes.iter().enumerate() {
+        capacity[usize::from(node.class)] += u64::from(node.units) * u64::from(UNIT);
+        nodes_of_class[usize::from(node.class)].push(i as NodeId);
+    }
+    let (teams, leaves) = synthetic_teams(&mut rng, &capacity);
+    let priorities = vec![
+        priority("serving", 1_000, false, 2_000, 1_000, 120_000),
+        priority("production", 500, false, 1_000, 1_000, 60_000),
+        priority("experiment", 100, true, 1_000, 1_000, 30_000),
+        priority("scavenger", 0, true, 500, 250, 10_000),
+    ];
+
+    let mut next_id: JobId = 1;
+    let running = synthetic_running(&mut rng, &nodes, &nodes_of_class, &capacity, &teams, &leaves, &mut next_id);
+    let pending_jobs = (0..pending)
+        .map(|_| {
+            let team = leaves[rng.index(leaves.len())];
+            let class = job_class(&mut rng, &teams[team as usize]);
+            let id = next_id;
+            next_id += 1;
+            let mut spec = pending_shape(&mut rng, id, team, class);
+            spec.priority = match rng.below(100) {
+                0..=9 => SERVING,
+                10..=34 => PRODUCTION,
+                35..=84 => EXPERIMENT,
+                _ => SCAVENGER,
+            };
+            spec
+        })
+        .collect();
+
+    Snapshot {
+        now_ms: NOW_MS,
+        classes,
+        nodes,
+        teams,
+        priorities,
+        running,
+        pending: pending_jobs,
+        config: Config::default(),
+    }
+}
+
+fn priority(name: &str, priority: i32, preemptible: bool, price: u32, usage: u32, grace_ms: i64) -> PriorityClass {
+    PriorityClass {
+        name: name.into(),
+        priority,
+        preemptible,
+        price_multiplier_milli: price,
+        usage_factor_milli: usage,
+        preemption_grace_ms: grace_ms,
+    }
+}
+
+fn synthetic_nodes() -> Vec<Node> {
+    let h100_nodes = NODES * 60 / 100;
+    let a100_nodes = NODES * 30 / 100;
+    (0..NODES)
+        .map(|i| {
+            // Classes in contiguous blocks: a rack holds one kind of server, as in practice.
+            let (class, units, domain) = if i < h100_nodes {
+                (H100, GPUS_PER_NODE, GPUS_PER_NODE)
+            } else if i < h100_nodes + a100_nodes {
+                (A100, GPUS_PER_NODE, GPUS_PER_NODE)
+            } else {
+                // MIG slices share no NVLink domain worth asking for: one domain per node.
+                (MIG, MIG_SLICES_PER_NODE, 0)
+            };
+            let rack = i as u32 / NODES_PER_RACK;
+            Node {
+                name: format!("node-{i:04}"),
+                class,
+                units,
+                nvlink_domain_size: domain,
+                rack: Some(rack),
+                zone: Some(rack / RACKS_PER_ZONE),
+                elastic: false,
+            }
+        })
+        .collect()
+}
+
+/// The team tree and the list of leaf teams (the ones that submit jobs).
+fn synthetic_teams(rng: &mut SplitMix64, capacity: &[u64; CLASSES]) -> (Vec<Team>, Vec<TeamId>) {
+    let mut teams = Vec::with_capacity(LEAF_TEAMS + DEPARTMENTS);
+    let mut leaves = Vec::with_capacity(LEAF_TEAMS);
+    let mut department_of: Vec<Option<TeamId>> = Vec::with_capacity(LEAF_TEAMS);
+    for d in 0..DEPARTMENTS {
+        let department = teams.len() as TeamId;
+        teams.push(team(rng, format!("dept-{d:02}"), None));
+        for t in 0..TEAMS_PER_DEPARTMENT {
+            leaves.push(teams.len() as TeamId);
+            department_of.push(Some(department));
+            teams.push(team(rng, format!("dept-{d:02}-team-{t}"), Some(department)));
+        }
+    }
+    for t in 0..LEAF_TEAMS - DEPARTMENTS * TEAMS_PER_DEPARTMENT {
+        leaves.push(teams.len() as TeamId);
+        department_of.push(None);
+        teams.push(team(rng, format!("team-{t:03}"), None));
+    }
+
+    // Each leaf team's main class (60/30/10 like the inventory) and a random weight; reserved
+    // quota is the weight's share of 80% of the class.
+    let mut main_class = Vec::with_capacity(leaves.len());
+    let mut weight = Vec::with_capacity(leaves.len());
+    let mut weight_sum = [0u64; CLASSES];
+    for _ in &leaves {
+        let class = match rng.below(10) {
+            0..=5 => H100,
+            6..=8 => A100,
+            _ => MIG,
+        };
+        let w = rng.between(1, 16);
+        weight_sum[usize::from(class)] += w;
+        main_class.push(class);
+        weight.push(w);
+    }
+    for (i, &leaf) in leaves.iter().enumerate() {
+        let class = main_class[i];
+        let pool = capacity[usize::from(class)] * RESERVED_PERCENT / 100;
+        let reserved = pool * weight[i] / weight_sum[usize::from(class)].max(1);
+        let burst = 2 * reserved.max(8 * u64::from(UNIT));
+        teams[leaf as usize].quotas.insert(class, Quota { reserved, burst, lendable: reserved });
+        if rng.chance(33) {
+            let other = (class + 1 + rng.below(CLASSES as u64 - 1) as ClassId) % CLASSES as ClassId;
+            let burst = if other == MIG { 28 * u64::from(UNIT) } else { 16 * u64::from(UNIT) };
+            teams[leaf as usize].quotas.insert(other, Quota { reserved: 0, burst, lendable: 0 });
+        }
+    }
+    for (i, &leaf) in leaves.iter().enumerate() {
+        let Some(department) = department_of[i] else { continue };
+        let child: Vec<(ClassId, Quota)> = teams[leaf as usize].quotas.iter().map(|(&c, &q)| (c, q)).collect();
+        for (class, q) in child {
+            let entry = teams[department as usize].quotas.entry(class).or_default();
+            entry.reserved += q.reserved;
+            entry.lendable += q.lendable;
+            // Half of the children's reserved plus burst: a department can absorb its teams'
+            // bursts only partly, so nesting actually limits something.
+            entry.burst += (q.reserved + q.burst) / 2;
+        }
+    }
+    (teams, leaves)
+}
+
+fn team(rng: &mut SplitMix64, name: String, parent: Option<TeamId>) -> Team {
+    let hard_budget = rng.chance(10).then(|| rng.between(0, 20_000_000_000) as i64);
+    let soft_budget = rng.chance(10).then(|| rng.between(0, 50_000_000_000) as i64);
+    Team {
+        name,
+        parent,
+        quotas: Default::default(),
+        fair_share_weight_milli: match rng.below(10) {
+            0 => 500,
+            1 => 2_000,
+            _ => 1_000,
+        },
+        usage_history_micros: rng.below(5_000_000_000) as f64,
+        hard_budget_left_micros: hard_budget,
+        soft_budget_left_micros: soft_budget,
+    }
+}
+
+/// The class a job of `team` asks for: mostly the one it reserves.
+fn job_class(rng: &mut SplitMix64, team: &Team) -> ClassId {
+    let main = team.quotas.iter().max_by_key(|(_, q)| q.reserved).map_or(H100, |(&c, _)| c);
+    if team.quotas.len() > 1 && rng.chance(15) {
+        team.quotas.keys().copied().find(|&c| c != main).unwrap_or(main)
+    } else {
+        main
+    }
+}
+
+fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topology: Topology) -> JobSpec {
+    JobSpec {
+        id,
+        team,
+        class,
+        replicas,
+        milli_per_replica: milli,
+        priority: EXPERIMENT,
+        topology,
+        submitted_ms: NOW_MS,
+        max_runtime_ms: 0,
+    }
+}
+
+/// A pending job's shape, as seen in shared training clusters: mostly single GPUs.
+fn pending_shape(rng: &mut SplitMix64, id: JobId, team: TeamId, class: ClassId) -> JobSpec {
+    let mut job = if class == MIG {
+        match rng.below(100) {
+            0..=69 => spec(id, team, class, 1, UNIT, Topology::Any),
+            70..=84 => spec(id, team, class, 1, 2 * UNIT, Topology::Any),
+            85..=94 => spec(id, team, class, rng.between(2, 4) as u16, UNIT, Topology::Preferred(Level::Node)),
+            _ => spec(id, team, class, 1, 500, Topology::Any),
+        }
+    } else {
+        match rng.below(1000) {
+            0..=549 => spec(id, team, class, 1, UNIT, Topology::Any),
+            550..=679 => spec(id, team, class, 1, 2 * UNIT, Topology::Any),
+            680..=759 => spec(id, team, class, 1, 4 * UNIT, Topology::Any),
+            760..=829 => spec(id, team, class, 1, 8 * UNIT, Topology::Required(Level::Node)),
+            830..=859 => {
+                let topology =
+                    if rng.chance(25) { Topology::Required(Level::Rack) } else { Topology::Preferred(Level::Rack) };
+                spec(id, team, class, rng.between(2, 8) as u16, 8 * UNIT, topology)
+            }
+            860..=929 => spec(id, team, class, rng.between(2, 4) as u16, UNIT, Topology::Required(Level::Node)),
+            _ => spec(id, team, class, 1, if rng.chance(50) { 250 } else { 500 }, Topology::Any),
+        }
+    };
+    job.submitted_ms = NOW_MS - rng.below(6 * HOUR_MS as u64) as i64;
+    job.max_runtime_ms = rng.between(1, 48) as i64 * HOUR_MS;
+    job
+}
+
+/// A running job's shape: like pending ones, with fewer large gangs (they finish or were
+/// never admitted).
+fn running_shape(rng: &mut SplitMix64, id: JobId, team: TeamId, class: ClassId) -> JobSpec {
+    let mut job = pending_shape(rng, id, team, class);
+    if job.replicas > 1 && job.milli_per_replica == 8 * UNIT && rng.chance(50) {
+        job.replicas = 1;
+    }
+    job
+}
+
+fn synthetic_running(
+    rng: &mut SplitMix64,
+    nodes: &[Node],
+    nodes_of_class: &[Vec<NodeId>],
+    capacity: &[u64; CLASSES],
+    teams: &[Team],
+    leaves: &[TeamId],
+    next_id: &mut JobId,
+) -> Vec<RunningJob> {
+    let mut occupancy = Occupancy::new(nodes);
+    let mut usage = Usage { total: vec![[0; CLASSES]; teams.len()], non_preemptible: vec![[0; CLASSES]; teams.len()] };
+    let mut running = Vec::new();
+    for class in 0..CLASSES as ClassId {
+        let users: Vec<TeamId> = leaves
+            .iter()
+            .copied()
+            .filter(|&t| teams[t as usize].quotas.get(&class).is_some_and(|q| q.reserved + q.burst > 0))
+            .collect();
+        let target = capacity[usize::from(class)] * BUSY_PERCENT / 100;
+        let mut used = 0u64;
+        let mut misses = 0;
+        // Stop at the target or when placement keeps failing (the rest is fragmented).
+        while used < target && misses < 2_000 && !users.is_empty() {
+            let team = users[rng.index(users.len())];
+            let mut job = running_shape(rng, *next_id, team, class);
+            job.priority = match rng.below(100) {
+                0..=14 => SERVING,
+                15..=44 => PRODUCTION,
+                45..=89 => EXPERIMENT,
+                _ => SCAVENGER,
+            };
+            let total = job.total_milli();
+            let chain = chain(teams, team);
+            let c = usize::from(class);
+            let within = |t: TeamId, held: &[[u64; CLASSES]], limit: &dyn Fn(&Quota) -> u64| {
+                let quota = teams[t as usize].quotas.get(&class).copied().unwrap_or_default();
+                held[t as usize][c] + total <= limit(&quota)
+            };
+            if !chain.iter().all(|&t| within(t, &usage.total, &|q| q.reserved + q.burst)) {
+                misses += 1;
+                continue;
+            }
+            if firm(job.priority) && !chain.iter().all(|&t| within(t, &usage.non_preemptible, &|q| q.reserved)) {
+                // Beyond reserved quota only preemptible jobs may run.
+                job.priority = EXPERIMENT;
+            }
+            let Some(placement) = occupancy.place(&job, &nodes_of_class[c]) else {
+                misses += 1;
+                continue;
+            };
+            for &t in &chain {
+                usage.total[t as usize][c] += total;
+                if firm(job.priority) {
+                    usage.non_preemptible[t as usize][c] += total;
+                }
+            }
+            used += total;
+            *next_id += 1;
+            let started_ms = NOW_MS - rng.below(24 * HOUR_MS as u64) as i64;
+            job.submitted_ms = started_ms - rng.below(HOUR_MS as u64) as i64;
+            job.max_runtime_ms = (NOW_MS - started_ms) + rng.between(1, 48) as i64 * HOUR_MS;
+            let last_checkpoint_ms =
+                rng.chance(50).then(|| started_ms + rng.below((NOW_MS - started_ms) as u64 + 1) as i64);
+            running.push(RunningJob {
+                spec: job,
+                started_ms,
+                last_checkpoint_ms,
+                placement,
+                terminating: rng.chance(1),
+            });
+        }
+    }
+    running
+}
+
+/// `team` and its ancestors.
+fn chain(teams: &[Team], team: TeamId) -> Vec<TeamId> {
+    let mut chain = vec![team];
+    let mut at = team;
+    while let Some(parent) = teams[at as usize].parent {
+        chain.push(parent);
+        at = parent;
+    }
+    chain
+}
+
+/// The configurations measured side by side.
+fn variants() -> [(&'static str, Config); 3] {
+    [
+        ("fairway", Config::default()),
+        ("fairway, no ETA", Config { estimate_start_times: false, ..Config::default() }),
+        ("fifo", Config { policy: Policy::Fifo, ..Config::default() }),
+    ]
+}
+
+/// One configuration's timings on one snapshot.
+struct Measurement {
+    runs: Vec<Duration>,
+    admitted: usize,
+    preempted: usize,
+    pending: usize,
+}
+
+impl Measurement {
+    fn decided(&self) -> usize {
+        self.admitted + self.preempted + self.pending
+    }
+
+    fn min(&self) -> Duration {
+        self.runs.iter().copied().min().unwrap_or_default()
+    }
+
+    fn median(&self) -> Duration {
+        let mut runs = self.runs.clone();
+        runs.sort();
+        runs.get(runs.len() / 2).copied().unwrap_or_default()
+    }
+
+    fn decisions_per_second(&self) -> f64 {
+        self.decided() as f64 / self.median().as_secs_f64().max(1e-9)
+    }
+}
+
+/// Times `schedule` on `snapshot`: one warm-up cycle, then at least 5 and at most 21 measured
+/// cycles, stopping early once 5 seconds have been spent.
+fn measure(snapshot: &Snapshot) -> Measurement {
+    let warm_up = Instant::now();
+    let decisions = std::hint::black_box(scheduler::schedule(std::hint::black_box(snapshot)));
+    let slow = warm_up.elapsed() > Duration::from_secs(2);
+    let (admitted, preempted, pending) = counts(&decisions);
+    drop(decisions);
+    let (min_runs, max_runs) = if slow { (3, 3) } else { (5, 21) };
+    let budget = Duration::from_secs(5);
+    let started = Instant::now();
+    let mut runs = Vec::with_capacity(max_runs);
+    while runs.len() < min_runs || (runs.len() < max_runs && started.elapsed() < budget) {
+        let t = Instant::now();
+        let decisions = scheduler::schedule(std::hint::black_box(snapshot));
+        runs.push(t.elapsed());
+        // Dropping the result is not part of the cycle the caller waits for.
+        drop(std::hint::black_box(decisions));
+    }
+    Measurement { runs, admitted, preempted, pending }
+}
+
+fn counts(decisions: &Decisions) -> (usize, usize, usize) {
+    (decisions.admissions.len(), decisions.preemptions.len(), decisions.pending.len())
+}
+
+/// The report of `fairway bench scheduler` for the pending-job counts in `sizes`.
+pub fn scheduler_report(seed: u64, sizes: &[usize], out: &mut dyn Write) -> io::Result<()> {
+    writeln!(out, "fairway bench scheduler: one full admission cycle on one thread (seed {seed:#x})")?;
+    if cfg!(debug_assertions) {
+        writeln!(out, "warning: debug build; measure with `cargo run --release -p fairway -- bench scheduler`")?;
+    }
+    let mut header_done = false;
+    let mut rows = Vec::new();
+    for &size in sizes {
+        let base = synthetic_snapshot(seed, size);
+        if !header_done {
+            describe(&base, out)?;
+            writeln!(out)?;
+            writeln!(
+                out,
+                "{:>8}  {:<16} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>14}",
+                "pending", "policy", "admitted", "preempted", "waiting", "runs", "min ms", "median ms", "decisions/s"
+            )?;
+            header_done = true;
+        }
+        for (name, config) in variants() {
+            let mut snapshot = base.clone();
+            snapshot.config = config;
+            let m = measure(&snapshot);
+            writeln!(
+                out,
+                "{:>8}  {:<16} {:>9} {:>9} {:>9} {:>5} {:>10.2} {:>10.2} {:>14}",
+                thousands(size as u64),
+                name,
+                thousands(m.admitted as u64),
+                thousands(m.preempted as u64),
+                thousands(m.pending as u64),
+                m.runs.len(),
+                m.min().as_secs_f64() * 1e3,
+                m.median().as_secs_f64() * 1e3,
+                thousands(m.decisions_per_second() as u64),
+            )?;
+            out.flush()?;
+            rows.push((size, name, m));
+        }
+    }
+    writeln!(out)?;
+    writeln!(out, "decisions = admitted + preempted + waiting entries; decisions/s uses the median cycle.")?;
+    if let Some((_, _, m)) = rows.iter().find(|(size, name, _)| *size == 50_000 && *name == "fairway") {
+        let median_ms = m.median().as_secs_f64() * 1e3;
+        let rate = m.decisions_per_second();
+        writeln!(
+            out,
+            "goal (fairway, 50k pending): cycle < 100 ms: {} ({median_ms:.1} ms); > 100,000 decisions/s: {} ({})",
+            if median_ms < 100.0 { "met" } else { "NOT met" },
+            if rate > 100_000.0 { "met" } else { "NOT met" },
+            thousands(rate as u64),
+        )?;
+    }
+    Ok(())
+}
+
+/// Prints the snapshot's size: inventory, teams and how busy it is.
+fn describe(snapshot: &Snapshot, out: &mut dyn Write) -> io::Result<()> {
+    let mut capacity = vec![0u64; snapshot.classes.len()];
+    let mut nodes = vec![0usize; snapshot.classes.len()];
+    for node in &snapshot.nodes {
+        capacity[usize::from(node.class)] += u64::from(node.units) * u64::from(UNIT);
+        nodes[usize::from(node.class)] += 1;
+    }
+    let mut busy = vec![0u64; snapshot.classes.len()];
+    for job in &snapshot.running {
+        busy[usize::from(job.spec.class)] += job.spec.total_milli();
+    }
+    let racks = snapshot.nodes.iter().filter_map(|n| n.rack).max().map_or(0, |r| r + 1);
+    let zones = snapshot.nodes.iter().filter_map(|n| n.zone).max().map_or(0, |z| z + 1);
+    writeln!(
+        out,
+        "cluster: {} nodes in {racks} racks and {zones} zones; {} teams ({} leaf teams, {DEPARTMENTS} departments); {} running jobs",
+        thousands(snapshot.nodes.len() as u64),
+        thousands(snapshot.teams.len() as u64),
+        thousands(LEAF_TEAMS as u64),
+        thousands(snapshot.running.len() as u64),
+    )?;
+    for (i, class) in snapshot.classes.iter().enumerate() {
+        let reserved: u64 = snapshot
+            .teams
+            .iter()
+            .filter(|t| t.parent.is_none())
+            .filter_map(|t| t.quotas.get(&(i as ClassId)))
+            .map(|q| q.reserved)
+            .sum();
+        writeln!(
+            out,
+            "  {:<22} {:>5} nodes {:>6} units  reserved {:>3}%  busy {:>3}%",
+            class.name,
+            nodes[i],
+            thousands(capacity[i] / u64::from(UNIT)),
+            reserved * 100 / capacity[i].max(1),
+            busy[i] * 100 / capacity[i].max(1),
+        )?;
+    }
+    Ok(())
+}
+
+/// `1234567` as `1,234,567`.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use super::*;
+
+    #[test]
+    fn the_synthetic_snapshot_is_the_same_for_the_same_seed() {
+        let a = synthetic_snapshot(7, 200);
+        let b = synthetic_snapshot(7, 200);
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        let c = synthetic_snapshot(8, 200);
+        assert_ne!(format!("{a:?}"), format!("{c:?}"));
+    }
+
+    #[test]
+    fn the_synthetic_snapshot_has_the_specified_size_and_is_internally_consistent() {
+        let s = synthetic_snapshot(DEFAULT_SEED, 1_000);
+        assert_eq!(s.nodes.len(), NODES);
+        assert_eq!(s.pending.len(), 1_000);
+        let leaves: BTreeSet<TeamId> =
+            s.pending.iter().chain(s.running.iter().map(|r| &r.spec)).map(|j| j.team).collect();
+        assert!(
+            leaves.iter().all(|&t| !s.teams.iter().any(|other| other.parent == Some(t))),
+            "jobs only in leaf teams"
+        );
+        assert_eq!(s.teams.iter().filter(|t| t.parent.is_some()).count(), DEPARTMENTS * TEAMS_PER_DEPARTMENT);
+        assert!(s.nodes.iter().all(|n| n.units <= 64));
+
+        // No unit is overcommitted and every placement is on a node of the job's class.
+        let mut used: BTreeMap<(NodeId, u8), u32> = BTreeMap::new();
+        let mut capacity = [0u64; CLASSES];
+        let mut busy = [0u64; CLASSES];
+        for node in &s.nodes {
+            capacity[usize::from(node.class)] += u64::from(node.units) * u64::from(UNIT);
+        }
+        for job in &s.running {
+            assert_eq!(job.placement.len(), usize::from(job.spec.replicas));
+            busy[usize::from(job.spec.class)] += job.spec.total_milli();
+            for replica in &job.placement {
+                let node = &s.nodes[replica.node as usize];
+                assert_eq!(node.class, job.spec.class);
+                let milli: u32 = replica.units.iter().map(|&(_, m)| m).sum();
+                assert_eq!(milli, job.spec.milli_per_replica);
+                for &(unit, milli) in &replica.units {
+                    assert!(unit < node.units);
+                    *used.entry((replica.node, unit)).or_default() += milli;
+                }
+            }
+        }
+        assert!(used.values().all(|&m| m <= UNIT));
+        for class in 0..CLASSES {
+            let percent = busy[class] * 100 / capacity[class];
+            assert!((60..=75).contains(&percent), "class {class} is {percent}% busy");
+        }
+
+        // Every team, departments included, is within reserved + burst, and non-preemptible
+        // jobs within reserved.
+        let mut total: BTreeMap<(TeamId, ClassId), u64> = BTreeMap::new();
+        let mut firm: BTreeMap<(TeamId, ClassId), u64> = BTreeMap::new();
+        for job in &s.running {
+            for t in chain(&s.teams, job.spec.team) {
+                *total.entry((t, job.spec.class)).or_default() += job.spec.total_milli();
+                if !s.priorities[usize::from(job.spec.priority)].preemptible {
+                    *firm.entry((t, job.spec.class)).or_default() += job.spec.total_milli();
+                }
+            }
+        }
+        for (&(t, c), &held) in &total {
+            let q = s.teams[t as usize].quotas.get(&c).copied().unwrap_or_default();
+            assert!(held <= q.reserved + q.burst, "team {t} class {c}: {held} > {q:?}");
+            assert!(firm.get(&(t, c)).copied().unwrap_or(0) <= q.reserved);
+        }
+    }
+
+    #[test]
+    fn thousands_are_separated_by_commas() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(123_456_789), "123,456,789");
+    }
+}

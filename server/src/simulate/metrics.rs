@@ -1,0 +1,205 @@
+//! What a replay measured.
+//!
+//! - **Utilisation**: allocated milli-GPU-ms over capacity × time, over the makespan (first
+//!   arrival to last completion) and over a window the caller chooses (the experiment uses one
+//!   window for every policy, see [`super::experiment`]). GPUs held by preempted jobs during
+//!   their grace period count as allocated: nobody else can use them.
+//! - **Job completion time** (completion − submit) and **queueing delay** (first start −
+//!   submit), averaged and at the 99th percentile (nearest rank), over completed jobs.
+//! - **Preemptions** and the **GPU-hours lost** to them: each victim's GPUs × its runtime
+//!   since its last checkpoint when it stopped.
+//! - **Jain's fairness index** over teams of each team's *service rate*: the GPU-time its
+//!   jobs needed over the GPU-time they spent in the system, `Σ gpus × duration / Σ gpus ×
+//!   (completion − submit)` over its completed jobs. It is 1 for a team that never waited and
+//!   falls as its jobs queue, so it is a GPU-weighted inverse slowdown; weighting by GPU-time
+//!   keeps one-second jobs from dominating, as they would an average of per-job slowdowns.
+//!   (Allocated over demanded GPU-time would be ≈ 1 for every team once all jobs complete.)
+
+use super::{replay::ReplayOutcome, Workload};
+use crate::scheduler::{Policy, TeamId, UNIT};
+
+/// A span of simulated time, in ms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub from_ms: i64,
+    pub to_ms: i64,
+}
+
+impl Window {
+    /// Length in seconds.
+    pub fn seconds(&self) -> f64 {
+        (self.to_ms - self.from_ms) as f64 / 1000.0
+    }
+}
+
+/// One row of the comparison table.
+#[derive(Debug, Clone)]
+pub struct RunMetrics {
+    pub policy: Policy,
+    pub jobs: usize,
+    pub completed: usize,
+    /// Over the makespan.
+    pub utilisation: f64,
+    /// Over the caller's window.
+    pub window_utilisation: f64,
+    pub avg_completion_s: f64,
+    pub p99_completion_s: f64,
+    pub avg_wait_s: f64,
+    pub p99_wait_s: f64,
+    /// First arrival to last completion.
+    pub makespan_s: f64,
+    pub preemptions: u64,
+    pub lost_gpu_hours: f64,
+    pub jain: f64,
+    pub cycles: u64,
+    /// Why the replay stopped early, if it did.
+    pub stopped: Option<String>,
+}
+
+/// Summarises a replay of `workload`.
+pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -> RunMetrics {
+    let capacity = workload.cluster.total_capacity_milli();
+    let first_arrival = workload.jobs.iter().map(|j| j.submit_ms).min().unwrap_or(0);
+    let last_completion =
+        outcome.jobs.iter().filter_map(|o| o.completion_ms).max().unwrap_or(first_arrival).max(first_arrival);
+    let makespan = Window { from_ms: first_arrival, to_ms: last_completion };
+    let mut completion = Vec::new();
+    let mut wait = Vec::new();
+    for (job, o) in workload.jobs.iter().zip(&outcome.jobs) {
+        if let (Some(start), Some(end)) = (o.first_start_ms, o.completion_ms) {
+            completion.push((end - job.submit_ms) as f64 / 1000.0);
+            wait.push((start - job.submit_ms) as f64 / 1000.0);
+        }
+    }
+    RunMetrics {
+        policy: outcome.policy,
+        jobs: workload.jobs.len(),
+        completed: completion.len(),
+        utilisation: utilisation(&outcome.allocation, capacity, makespan),
+        window_utilisation: utilisation(&outcome.allocation, capacity, window),
+        avg_completion_s: mean(&completion),
+        p99_completion_s: percentile(&completion, 99.0),
+        avg_wait_s: mean(&wait),
+        p99_wait_s: percentile(&wait, 99.0),
+        makespan_s: makespan.seconds(),
+        preemptions: outcome.preemptions,
+        lost_gpu_hours: outcome.lost_milli_ms as f64 / f64::from(UNIT) / 3_600_000.0,
+        jain: jain(&team_service_rates(workload, outcome)),
+        cycles: outcome.cycles,
+        stopped: outcome.stopped.clone(),
+    }
+}
+
+/// Allocated over available milli-unit-ms within a window; 0 for an empty window.
+pub fn utilisation(allocation: &[(i64, u64)], capacity_milli: u64, window: Window) -> f64 {
+    let span = window.to_ms - window.from_ms;
+    if span <= 0 || capacity_milli == 0 {
+        return 0.0;
+    }
+    allocated_within(allocation, window) as f64 / (capacity_milli as f64 * span as f64)
+}
+
+/// Integral of the allocation step function over a window, in milli-unit-ms.
+pub fn allocated_within(allocation: &[(i64, u64)], window: Window) -> u128 {
+    let mut total = 0u128;
+    for (i, &(from, milli)) in allocation.iter().enumerate() {
+        let to = allocation.get(i + 1).map_or(window.to_ms, |next| next.0);
+        let (start, end) = (from.max(window.from_ms), to.min(window.to_ms));
+        if end > start {
+            total += u128::from(milli) * (end - start) as u128;
+        }
+    }
+    total
+}
+
+/// Each team's service rate (see the module docs), for teams with a completed job.
+pub fn team_service_rates(workload: &Workload, outcome: &ReplayOutcome) -> Vec<f64> {
+    let teams = workload.cluster.teams.len();
+    let mut needed = vec![0f64; teams];
+    let mut spent = vec![0f64; teams];
+    for (job, o) in workload.jobs.iter().zip(&outcome.jobs) {
+        if let Some(end) = o.completion_ms {
+            let gpus = job.total_milli() as f64;
+            needed[job.team as usize] += gpus * job.duration_ms as f64;
+            spent[job.team as usize] += gpus * (end - job.submit_ms) as f64;
+        }
+    }
+    needed.iter().zip(&spent).filter(|(_, &s)| s > 0.0).map(|(n, s)| n / s).collect()
+}
+
+/// Average queueing delay in seconds of one team's completed jobs, `None` if it has none.
+pub fn team_average_wait_s(workload: &Workload, outcome: &ReplayOutcome, team: TeamId) -> Option<f64> {
+    let waits: Vec<f64> = workload
+        .jobs
+        .iter()
+        .zip(&outcome.jobs)
+        .filter(|(j, _)| j.team == team)
+        .filter_map(|(j, o)| Some((o.first_start_ms? - j.submit_ms) as f64 / 1000.0))
+        .collect();
+    (!waits.is_empty()).then(|| mean(&waits))
+}
+
+/// Jain's fairness index `(Σx)² / (n Σx²)`: 1 when all are equal, 1/n when one has
+/// everything. 1 for an empty or all-zero input (nobody is treated worse than another).
+pub fn jain(values: &[f64]) -> f64 {
+    let sum: f64 = values.iter().sum();
+    let squares: f64 = values.iter().map(|x| x * x).sum();
+    if values.is_empty() || squares == 0.0 {
+        return 1.0;
+    }
+    sum * sum / (values.len() as f64 * squares)
+}
+
+/// The `p`-th percentile (0 < p ≤ 100) by nearest rank; 0 for no values.
+pub fn percentile(values: &[f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let rank = (p / 100.0 * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Arithmetic mean; 0 for no values.
+pub fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        0.0
+    } else {
+        values.iter().sum::<f64>() / values.len() as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jain_is_one_for_equal_shares_and_one_over_n_for_a_monopoly() {
+        assert!((jain(&[0.5, 0.5, 0.5]) - 1.0).abs() < 1e-12);
+        assert!((jain(&[1.0, 0.0, 0.0, 0.0]) - 0.25).abs() < 1e-12);
+        assert!((jain(&[1.0, 2.0]) - 0.9).abs() < 1e-12);
+        assert_eq!(jain(&[]), 1.0);
+    }
+
+    #[test]
+    fn percentiles_use_the_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).rev().collect();
+        assert_eq!(percentile(&values, 99.0), 99.0);
+        assert_eq!(percentile(&values, 50.0), 50.0);
+        assert_eq!(percentile(&values, 100.0), 100.0);
+        assert_eq!(percentile(&[7.0], 99.0), 7.0);
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 1.0), 1.0);
+        assert_eq!(percentile(&[], 99.0), 0.0);
+    }
+
+    #[test]
+    fn utilisation_integrates_the_allocation_steps_within_the_window() {
+        // 1 GPU of 2 from t=0, 2 from t=10, none from t=20.
+        let steps = [(0, 1000), (10, 2000), (20, 0)];
+        assert!((utilisation(&steps, 2000, Window { from_ms: 0, to_ms: 20 }) - 0.75).abs() < 1e-12);
+        assert!((utilisation(&steps, 2000, Window { from_ms: 10, to_ms: 30 }) - 0.5).abs() < 1e-12);
+        assert!((utilisation(&steps, 2000, Window { from_ms: 5, to_ms: 15 }) - 0.75).abs() < 1e-12);
+        assert_eq!(utilisation(&steps, 2000, Window { from_ms: 5, to_ms: 5 }), 0.0);
+    }
+}
