@@ -75,11 +75,14 @@ struct Cycle<'a> {
     soft_left: Vec<Option<i64>>,
     /// Running jobs chosen as victims this cycle.
     victims: BTreeSet<usize>,
+    /// The same, by running-job index, for the hot loops (also marks tentative victims).
+    victim: Vec<bool>,
+    /// Per class, the running jobs that may ever be victims this cycle (preemptible, past
+    /// the minimum runtime, not stopping), least work lost first, then largest.
+    victim_order: BTreeMap<ClassId, Vec<usize>>,
     /// Milli per class held by jobs that were told to stop in earlier cycles and are not
     /// yet claimed by a job ranked earlier in this cycle.
     stopping_unclaimed: BTreeMap<ClassId, u64>,
-    /// Indexes of running jobs per class, for victim searches.
-    running_by_class: BTreeMap<ClassId, Vec<usize>>,
     /// The largest borrower per class, valid until the next admission of that class.
     largest_borrowers: BTreeMap<ClassId, Vec<TeamId>>,
     /// Teams with a job waiting for its victims, per class: the waiting job and its priority.
@@ -94,8 +97,6 @@ struct Cycle<'a> {
     reserved_demand: BTreeSet<TeamId>,
     /// Free milli per class promised to jobs waiting for stopping jobs.
     claimed_free: BTreeMap<ClassId, u64>,
-    /// Running jobs per (team, class), for priority preemption within a team.
-    running_by_team: BTreeMap<(TeamId, ClassId), Vec<usize>>,
     /// Failed fair-share preemption attempts per class: (score after, milli). An attempt by
     /// a team whose score would be at least as high, for at least as much, fails too.
     fair_share_failures: BTreeMap<ClassId, Vec<(f64, u64)>>,
@@ -160,13 +161,21 @@ impl<'a> Cycle<'a> {
         for r in s.running.iter().filter(|r| r.terminating) {
             *stopping_unclaimed.entry(r.spec.class).or_default() += r.spec.total_milli();
         }
-        let mut running_by_class: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
-        for (i, r) in s.running.iter().enumerate() {
-            running_by_class.entry(r.spec.class).or_default().push(i);
-        }
-        let mut running_by_team: BTreeMap<(TeamId, ClassId), Vec<usize>> = BTreeMap::new();
-        for (i, r) in s.running.iter().enumerate() {
-            running_by_team.entry((r.spec.team, r.spec.class)).or_default().push(i);
+        let mut victim_order: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
+        let mut keyed: Vec<(ClassId, u64, u64, JobId, usize)> = s
+            .running
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| {
+                !r.terminating
+                    && s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible)
+                    && s.now_ms - r.started_ms >= s.config.min_runtime_before_preemption_ms
+            })
+            .map(|(i, r)| (r.spec.class, lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i))
+            .collect();
+        keyed.sort_unstable();
+        for (class, _, _, _, i) in keyed {
+            victim_order.entry(class).or_default().push(i);
         }
         Self {
             s,
@@ -175,15 +184,15 @@ impl<'a> Cycle<'a> {
             hard_left,
             soft_left,
             victims: BTreeSet::new(),
+            victim: vec![false; s.running.len()],
+            victim_order,
             stopping_unclaimed,
-            running_by_class,
             largest_borrowers: BTreeMap::new(),
             claimed_free: BTreeMap::new(),
             claims: Vec::new(),
             reserved_demand: BTreeSet::new(),
             waiting_in_team: BTreeMap::new(),
             borrowers: BTreeMap::new(),
-            running_by_team,
             fair_share_failures: BTreeMap::new(),
             admitted_ends: Vec::new(),
             reservations: BTreeMap::new(),
@@ -588,6 +597,7 @@ impl<'a> Cycle<'a> {
         let s = self.s;
         let r = &s.running[index];
         self.victims.insert(index);
+        self.victim[index] = true;
         let grace_ms = s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms);
         self.decisions.preemptions.push(Preemption {
             victim: r.spec.id,
@@ -606,11 +616,13 @@ impl<'a> Cycle<'a> {
     /// - of the same team with a strictly lower priority (priority preemption), or
     /// - when `job` stays within its team's reserved quota: of a team borrowing at a level
     ///   `job`'s team does not share, while that team still borrows (reclaim), or
-    /// - when `job` borrows (Fairway policy only): of a team whose live borrowed value,
-    ///   after losing the victim, is still at least `job`'s team's after admitting `job`, and
-    ///   never taking more than that team borrows (fair share).
+    /// - when `job` borrows (Fairway policy only): of a team whose fair-share score after
+    ///   losing the victim is still at least `job`'s team's after admitting `job`, never
+    ///   taking that team below its reserved quota (fair share).
     ///
-    /// See the module docs for why none of these can loop.
+    /// Candidates are walked once per pass in the cycle's victim order (least work lost,
+    /// then largest, so the fewest victims); see the module docs for why none of the three
+    /// can loop.
     fn try_preempt(
         &mut self,
         job: &JobSpec,
@@ -624,28 +636,8 @@ impl<'a> Cycle<'a> {
             return None;
         }
         let my_priority = self.priority(job);
-        let my_score_after = fairshare::score_with(s, &self.ledger, job.team, fairshare::value_of(s, job.class, n));
-        let mut candidates: Vec<(u64, u64, JobId, usize, PreemptReason)> = Vec::new();
-        let eligible = |cycle: &Self, i: usize| {
-            let r = &s.running[i];
-            !r.terminating
-                && !cycle.victims.contains(&i)
-                && cycle.preemptible(&r.spec)
-                && s.now_ms - r.started_ms >= s.config.min_runtime_before_preemption_ms
-        };
-        for &i in self.running_by_team.get(&(job.team, job.class)).map_or(&[][..], Vec::as_slice) {
-            let r = &s.running[i];
-            if eligible(self, i) && self.priority(&r.spec) < my_priority {
-                candidates.push((
-                    lost_work(s.now_ms, r),
-                    u64::MAX - r.spec.total_milli(),
-                    r.spec.id,
-                    i,
-                    PreemptReason::Priority,
-                ));
-            }
-        }
         let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
+        let my_score_after = fairshare::score_with(s, &self.ledger, job.team, fairshare::value_of(s, job.class, n));
         // A fair-share attempt fails for a team scoring at least as high asking at least as much.
         let known_to_fail = !within_reserved
             && self
@@ -656,64 +648,49 @@ impl<'a> Cycle<'a> {
             && (within_reserved || s.config.policy == Policy::Fairway)
             && !known_to_fail
             && self.other_borrower(job.class, &my_chain);
-        if cross_team {
-            for &i in self.running_by_class.get(&job.class).map_or(&[][..], Vec::as_slice) {
-                let r = &s.running[i];
-                if r.spec.team == job.team || !eligible(self, i) {
-                    continue;
-                }
-                let reason = if within_reserved {
-                    self.reclaimable(job.class, &my_chain, r.spec.team).then_some(PreemptReason::Reclaim)
-                } else {
-                    let fair = self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
-                        && my_score_after <= self.score_without(r.spec.team, job.class, r.spec.total_milli());
-                    fair.then_some(PreemptReason::FairShare)
-                };
-                if let Some(reason) = reason {
-                    candidates.push((lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i, reason));
-                }
-            }
-        }
-        if candidates.is_empty() {
-            self.unpreemptable.insert(memo_key, n);
-            return None;
-        }
-        candidates.sort_unstable();
+        let order = std::mem::take(self.victim_order.entry(job.class).or_default());
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
         let mut fits = false;
         // First without taking any team below its reserved quota; only if that cannot make
         // room may reclaim take a borrowing team's gang across its reserved line (a gang
         // cannot be split), since the reserved promise must hold.
         'passes: for straddle in [false, true] {
-            for &(_, _, _, index, reason) in &candidates {
-                if chosen.iter().any(|&(c, _)| c == index) {
+            if straddle && !(cross_team && within_reserved) {
+                break;
+            }
+            for &index in &order {
+                if self.victim[index] {
                     continue;
                 }
                 let r = &s.running[index];
-                // Earlier victims are already out of the ledger: re-check against what is
-                // left. Fair share never takes a team below its reserved quota, nor below the
-                // preemptor's value.
-                let still = match reason {
-                    PreemptReason::Priority => true,
-                    PreemptReason::Reclaim => {
-                        self.reclaimable(job.class, &my_chain, r.spec.team)
-                            && (straddle || self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli())
-                    }
-                    PreemptReason::FairShare => {
-                        self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
-                            && my_score_after <= self.score_without(r.spec.team, job.class, r.spec.total_milli())
-                    }
+                // Earlier victims are already out of the ledger, so every check sees what
+                // is left.
+                let reason = if r.spec.team == job.team {
+                    (self.priority(&r.spec) < my_priority).then_some(PreemptReason::Priority)
+                } else if !cross_team {
+                    None
+                } else if within_reserved {
+                    let ok = self.reclaimable(job.class, &my_chain, r.spec.team)
+                        && (straddle || self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli());
+                    ok.then_some(PreemptReason::Reclaim)
+                } else {
+                    let ok = self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
+                        && my_score_after <= self.score_without(r.spec.team, job.class, r.spec.total_milli());
+                    ok.then_some(PreemptReason::FairShare)
                 };
-                if !still {
-                    continue;
-                }
+                let Some(reason) = reason else { continue };
                 self.take_out(index, true);
+                self.victim[index] = true;
                 chosen.push((index, reason));
                 if self.fits_now(job) {
                     fits = true;
                     break 'passes;
                 }
             }
+        }
+        self.victim_order.insert(job.class, order);
+        for &(index, _) in &chosen {
+            self.victim[index] = false;
         }
         if !fits {
             for &(index, _) in &chosen {
