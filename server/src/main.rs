@@ -41,19 +41,22 @@ enum Command {
         /// FIFO's utilisation reaches 70%.
         #[arg(long)]
         compress: Option<f64>,
-        /// Keep one node in this many (an even sample), scaling quotas with it.
-        #[arg(long, default_value_t = 1)]
-        shrink: u32,
-        /// Directory of the public traces.
-        #[arg(long, default_value = "../shared/traces")]
-        traces_dir: PathBuf,
+        /// Keep one node in this many (an even sample), scaling quotas with it; by default
+        /// searched (1, 2, 4, ...) together with the compression.
+        #[arg(long)]
+        shrink: Option<u32>,
+        /// Directory of the public traces [default: ../shared/traces, from the current
+        /// directory or else from the source tree].
+        #[arg(long)]
+        traces_dir: Option<PathBuf>,
     },
     /// Places the Alibaba placement-only pod lists until the first failure, with Fairway's
     /// placement and with plain best-fit, and prints GPUs allocated and stranded.
     Fragmentation {
-        /// Directory of the public traces.
-        #[arg(long, default_value = "../shared/traces")]
-        traces_dir: PathBuf,
+        /// Directory of the public traces [default: ../shared/traces, from the current
+        /// directory or else from the source tree].
+        #[arg(long)]
+        traces_dir: Option<PathBuf>,
     },
     /// Runs the embedded PostgreSQL alone and prints its URL (for tools and sqlx's
     /// compile-time checks), until interrupted.
@@ -110,10 +113,12 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Simulate { trace, cluster, compress, shrink, traces_dir } => {
+            let traces_dir = traces_dir.unwrap_or_else(fairway::simulate::traces::default_traces_dir);
             let options = fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces_dir };
             fairway::simulate::simulate_command(&options, &mut std::io::stdout().lock())
         }
         Command::Fragmentation { traces_dir } => {
+            let traces_dir = traces_dir.unwrap_or_else(fairway::simulate::traces::default_traces_dir);
             fairway::simulate::fragmentation_command(&traces_dir, &mut std::io::stdout().lock())
         }
         Command::Bench { what } => {

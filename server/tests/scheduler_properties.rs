@@ -1015,7 +1015,7 @@ proptest! {
     }
 
     #[test]
-    fn a_team_asking_within_its_reserved_quota_is_admitted_after_at_most_one_preemption_round(
+    fn a_team_asking_within_its_reserved_quota_is_admitted_after_one_preemption_round_or_two_if_a_gang_straddles(
         (s, job) in (raw(), any::<usize>(), 1u16..=4, any::<usize>()).prop_filter_map(
             "a leaf team with reserved quota",
             |(raw, asker, replicas, priority)| reserved_scenario(&raw, asker, replicas, priority),
@@ -1027,14 +1027,43 @@ proptest! {
             let second_snapshot = apply(&s, &first);
             let second = schedule(&second_snapshot);
             check_capacity(&second_snapshot, &second)?;
-            prop_assert!(
-                second.admissions.iter().any(|a| a.job == job),
-                "job {} within its team's reserved quota is still pending after one preemption round; \
-                 first cycle: {:#?}; second cycle: {:#?}",
-                job,
-                first,
-                second
-            );
+            if !second.admissions.iter().any(|a| a.job == job) {
+                // The one documented exception: to free enough, reclaim had to take a
+                // borrowing team's gang across its reserved line (a gang cannot be split), and
+                // that team's requeued job, now within its reserved quota, went first. Then a
+                // second round must do it.
+                let class = s.pending.iter().find(|j| j.id == job).map(|j| j.class).unwrap_or(0);
+                let usage = |snap: &Snapshot, t: TeamId| -> u64 {
+                    snap.running
+                        .iter()
+                        .filter(|r| r.spec.class == class && chain(snap, r.spec.team).contains(&t))
+                        .map(|r| r.spec.total_milli())
+                        .sum()
+                };
+                let straddled = (0..s.teams.len() as TeamId).any(|t| {
+                    let reserved = quota(&s, t, class).reserved;
+                    usage(&s, t) > reserved && usage(&second_snapshot, t) < reserved
+                });
+                prop_assert!(
+                    straddled,
+                    "job {} within its team's reserved quota is still pending after one preemption round \
+                     (no team was taken below its reserved quota); first cycle: {:#?}; second cycle: {:#?}",
+                    job,
+                    first,
+                    second
+                );
+                let third_snapshot = apply(&second_snapshot, &second);
+                let third = schedule(&third_snapshot);
+                prop_assert!(
+                    third.admissions.iter().any(|a| a.job == job),
+                    "job {} within its team's reserved quota is still pending after two preemption rounds; \
+                     first: {:#?}; second: {:#?}; third: {:#?}",
+                    job,
+                    first,
+                    second,
+                    third
+                );
+            }
         }
     }
 

@@ -60,6 +60,9 @@ pub enum PendingReason {
     NeverFits,
     /// Its team (or an ancestor) is at reserved + burst for the class.
     BurstLimit { team: TeamId },
+    /// The job alone is larger than that team's reserved + burst (or, non-preemptible, its
+    /// reserved): it waits until the quota is raised.
+    ExceedsQuota { team: TeamId },
     /// A non-preemptible job needs reserved quota the team has used up.
     ReservedQuotaExhausted { team: TeamId },
     /// Its team's hard budget cannot cover the job's maximum cost.
@@ -84,6 +87,7 @@ impl PendingReason {
         match self {
             PendingReason::NeverFits => "never_fits".into(),
             PendingReason::BurstLimit { .. } => "burst_limit".into(),
+            PendingReason::ExceedsQuota { .. } => "exceeds_quota".into(),
             PendingReason::ReservedQuotaExhausted { .. } => "reserved_quota_exhausted".into(),
             PendingReason::BudgetExhausted => "budget_exhausted".into(),
             PendingReason::NoTopologyFit => "no_topology_fit".into(),
@@ -101,6 +105,9 @@ impl PendingReason {
             PendingReason::NeverFits => "no cluster has enough GPUs of this class for the whole gang".into(),
             PendingReason::BurstLimit { team } => {
                 format!("team {} is at its reserved plus burst quota for this GPU class", team_name(*team))
+            }
+            PendingReason::ExceedsQuota { team } => {
+                format!("the job is larger than team {}'s quota for this GPU class allows", team_name(*team))
             }
             PendingReason::ReservedQuotaExhausted { team } => format!(
                 "non-preemptible jobs run only within reserved quota, and team {} has used all of its",

@@ -58,12 +58,16 @@ impl Ord for HeadKey {
     }
 }
 
-/// A blocked job's hold on the future: later jobs of its class may only take GPUs they
-/// give back before `shadow_ms` (EASY backfill), so a large gang cannot starve.
-#[derive(Debug, Clone, Copy)]
+/// A blocked gang's hold on the future. At `shadow_ms` the running jobs' maximum runtimes
+/// will have freed the GPUs of `placement`; of those, the ones free now are held for it.
+/// Other jobs run anywhere else, and on the held GPUs only if they end before `shadow_ms`
+/// (EASY backfill), so a large gang cannot starve behind a stream of small ones.
+#[derive(Debug, Clone)]
 struct Reservation {
     job: JobId,
     shadow_ms: i64,
+    /// Exactly what is held now (released to let a short job backfill).
+    held: Vec<ReplicaPlacement>,
 }
 
 struct Cycle<'a> {
@@ -93,6 +97,10 @@ struct Cycle<'a> {
     borrowers: BTreeMap<ClassId, Vec<TeamId>>,
     /// GPUs held for jobs waiting for their victims: (job, class, placement).
     claims: Vec<(JobId, ClassId, Vec<ReplicaPlacement>)>,
+    /// Borrowed value (money per hour) in use at the start of the cycle, over top-level teams.
+    burst_value: f64,
+    /// Total fair-share weight of the teams borrowing or waiting to borrow.
+    burst_weight: f64,
     /// Teams with reserved demand queued behind their own burst jobs in phase two.
     reserved_demand: BTreeSet<TeamId>,
     /// Free milli per class promised to jobs waiting for stopping jobs.
@@ -100,8 +108,8 @@ struct Cycle<'a> {
     /// Failed fair-share preemption attempts per class: (score after, milli). An attempt by
     /// a team whose score would be at least as high, for at least as much, fails too.
     fair_share_failures: BTreeMap<ClassId, Vec<(f64, u64)>>,
-    /// Jobs admitted this cycle: (end, class, milli), for reservations.
-    admitted_ends: Vec<(i64, ClassId, u64)>,
+    /// Jobs admitted this cycle: (end, class, placement), for reservations.
+    admitted_ends: Vec<(i64, ClassId, Vec<ReplicaPlacement>)>,
     reservations: BTreeMap<ClassId, Reservation>,
     /// Shapes that found no placement this cycle; free space only shrinks within a cycle.
     unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey)>,
@@ -130,7 +138,16 @@ pub fn run(snapshot: &Snapshot) -> Decisions {
     }
     let mut decisions = std::mem::take(&mut cycle.decisions);
     if snapshot.config.estimate_start_times {
-        super::eta::estimate(snapshot, &cycle.inv, &cycle.victims, &mut decisions);
+        // GPUs held for waiting jobs are theirs to start on: count them as free.
+        let mut held = vec![0u64; snapshot.classes.len()];
+        let holds =
+            cycle.claims.iter().map(|c| (c.1, &c.2)).chain(cycle.reservations.iter().map(|(c, r)| (*c, &r.held)));
+        for (class, placement) in holds {
+            if let Some(h) = held.get_mut(usize::from(class)) {
+                *h += placement.iter().flat_map(|r| r.units.iter()).map(|&(_, m)| u64::from(m)).sum::<u64>();
+            }
+        }
+        super::eta::estimate(snapshot, &cycle.inv, &held, &cycle.victims, &mut decisions);
     }
     decisions
 }
@@ -161,6 +178,25 @@ impl<'a> Cycle<'a> {
         for r in s.running.iter().filter(|r| r.terminating) {
             *stopping_unclaimed.entry(r.spec.class).or_default() += r.spec.total_milli();
         }
+        // Who wants burst: teams borrowing now, and teams with a job beyond their reserved.
+        let mut wants_burst: BTreeSet<TeamId> = BTreeSet::new();
+        let mut burst_value = 0.0;
+        for t in 0..s.teams.len() as TeamId {
+            let live = fairshare::live_value(s, &ledger, t);
+            if live > 0.0 {
+                wants_burst.insert(t);
+                if s.teams[t as usize].parent.is_none() {
+                    burst_value += live;
+                }
+            }
+        }
+        for j in &s.pending {
+            if (j.team as usize) < s.teams.len() && ledger.beyond_reserved(j.team, j.class, j.total_milli()).is_some() {
+                wants_burst.insert(j.team);
+            }
+        }
+        let burst_weight: f64 =
+            wants_burst.iter().map(|&t| f64::from(s.teams[t as usize].fair_share_weight_milli.max(1))).sum();
         let mut victim_order: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
         let mut keyed: Vec<(ClassId, u64, u64, JobId, usize)> = s
             .running
@@ -191,6 +227,8 @@ impl<'a> Cycle<'a> {
             claimed_free: BTreeMap::new(),
             claims: Vec::new(),
             reserved_demand: BTreeSet::new(),
+            burst_value,
+            burst_weight,
             waiting_in_team: BTreeMap::new(),
             borrowers: BTreeMap::new(),
             fair_share_failures: BTreeMap::new(),
@@ -382,23 +420,23 @@ impl<'a> Cycle<'a> {
                     return self.wait_for(job, victims);
                 }
             }
+            if let Some(team) = self.quota_too_small(job) {
+                return self.pend(job, PendingReason::ExceedsQuota { team });
+            }
             return match (beyond, over) {
                 (Some(team), _) if non_preemptible => self.pend(job, PendingReason::ReservedQuotaExhausted { team }),
                 (_, Some(team)) => self.pend(job, PendingReason::BurstLimit { team }),
                 (_, None) => self.pend(job, PendingReason::InsufficientCapacity),
             };
         }
-        if let Some(r) = self.reservations.get(&job.class) {
-            if s.now_ms.saturating_add(job.max_runtime_ms) > r.shadow_ms {
-                let blocker = r.job;
-                return self.pend(job, PendingReason::ReservedFor { job: blocker });
-            }
-        }
         let available = self.available(job);
         if available >= n {
             if let Some(placement) = self.place(job) {
                 return self.admit(job, placement, beyond.is_some());
             }
+        }
+        if let Some(placement) = self.backfill(job) {
+            return self.admit(job, placement, beyond.is_some());
         }
         // It does not fit now. GPUs of jobs already stopping go to the first jobs that need
         // them: preempting more before they are gone would lose work for nothing.
@@ -428,12 +466,27 @@ impl<'a> Cycle<'a> {
         } else {
             PendingReason::InsufficientCapacity
         };
-        if s.config.policy == Policy::Fairway && !self.reservations.contains_key(&job.class) {
-            if let Some(shadow_ms) = self.shadow_time(job) {
-                self.reservations.insert(job.class, Reservation { job: job.id, shadow_ms });
-            }
+        if s.config.policy == Policy::Fairway
+            && job.total_milli() >= 2 * u64::from(super::snapshot::UNIT)
+            && !self.reservations.contains_key(&job.class)
+        {
+            self.reserve(job);
         }
         self.pend(job, reason)
+    }
+
+    /// The team whose quota is smaller than the whole job, so that it can never be admitted
+    /// while quotas stay as they are: reserved + burst anywhere in the chain, or reserved of
+    /// the team itself for a non-preemptible job.
+    fn quota_too_small(&self, job: &JobSpec) -> Option<TeamId> {
+        let n = job.total_milli();
+        if !self.preemptible(job) && self.ledger.quota(job.team, job.class).reserved < n {
+            return Some(job.team);
+        }
+        self.ledger.chain(job.team).find(|&t| {
+            let q = self.ledger.quota(t, job.class);
+            q.reserved.saturating_add(q.burst) < n
+        })
     }
 
     /// Free capacity of the class this job may use: all free GPUs except those held back
@@ -460,20 +513,36 @@ impl<'a> Cycle<'a> {
 
     /// The waiting job whose held GPUs keep `job` from fitting, if that is what blocks it.
     fn held_for(&mut self, job: &JobSpec) -> Option<JobId> {
-        let held: Vec<usize> = (0..self.claims.len()).filter(|&i| self.claims[i].1 == job.class).collect();
-        let holder = self.claims.get(*held.first()?)?.0;
+        let mut holds: Vec<(JobId, Vec<ReplicaPlacement>)> =
+            self.claims.iter().filter(|c| c.1 == job.class).map(|c| (c.0, c.2.clone())).collect();
+        if let Some(r) = self.reservations.get(&job.class) {
+            holds.push((r.job, r.held.clone()));
+        }
+        let holder = holds.first()?.0;
         let claimed = self.claimed_free.remove(&job.class);
-        for &i in &held {
-            self.inv.release(&self.claims[i].2);
+        for (_, held) in &holds {
+            self.inv.release(held);
         }
         let fits = self.available(job) >= job.total_milli() && self.inv.find(job).is_some();
-        for &i in &held {
-            self.inv.allocate(&self.claims[i].2);
+        for (_, held) in &holds {
+            self.inv.allocate(held);
         }
         if let Some(c) = claimed {
             self.claimed_free.insert(job.class, c);
         }
         fits.then_some(holder)
+    }
+
+    /// The burst a team deserves: the borrowed value in use across the platform at the
+    /// start of the cycle, split among the teams that want burst (borrowing or waiting to)
+    /// by weight. Fair-share preemption only lifts teams up to it and only takes from teams
+    /// above it, so it restores fair share instead of churning between near-equal teams.
+    fn deserved(&self, team: TeamId) -> f64 {
+        let weight = self.s.teams.get(team as usize).map_or(0.0, |t| f64::from(t.fair_share_weight_milli.max(1)));
+        if self.burst_weight <= 0.0 {
+            return 0.0;
+        }
+        self.burst_value * weight / self.burst_weight
     }
 
     /// A team's fair-share score after losing `milli` of a class.
@@ -536,7 +605,7 @@ impl<'a> Cycle<'a> {
                 *left = left.saturating_sub(cost);
             }
         }
-        self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, n));
+        self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, placement.clone()));
         self.decisions.admissions.push(Admission {
             job: job.id,
             placement,
@@ -563,11 +632,13 @@ impl<'a> Cycle<'a> {
         top.iter().copied().find(|&t| t != except)
     }
 
-    /// When enough GPUs of the job's class will have been given back, by the running and
-    /// just-admitted jobs' maximum runtimes, for the job to fit by amount.
-    fn shadow_time(&self, job: &JobSpec) -> Option<i64> {
+    /// Gives a blocked gang its reservation: replays the running and just-admitted jobs of
+    /// its class ending in order of their maximum runtimes until the gang can be placed, and
+    /// holds the GPUs of that placement that are free now. Only gangs of two or more GPUs get
+    /// one: a single GPU is served by whichever frees first and cannot starve.
+    fn reserve(&mut self, job: &JobSpec) {
         let s = self.s;
-        let mut ends: Vec<(i64, u64)> = s
+        let mut ends: Vec<(i64, &[ReplicaPlacement])> = s
             .running
             .iter()
             .enumerate()
@@ -578,19 +649,48 @@ impl<'a> Cycle<'a> {
                 } else {
                     r.started_ms.saturating_add(r.spec.max_runtime_ms)
                 };
-                (end.max(s.now_ms), r.spec.total_milli())
+                (end.max(s.now_ms), r.placement.as_slice())
             })
-            .chain(self.admitted_ends.iter().filter(|e| e.1 == job.class).map(|e| (e.0, e.2)))
+            .chain(self.admitted_ends.iter().filter(|e| e.1 == job.class).map(|e| (e.0, e.2.as_slice())))
             .collect();
-        ends.sort_unstable();
-        let mut free = self.available(job);
-        for (end, milli) in ends {
-            free += milli;
-            if free >= job.total_milli() {
-                return Some(end);
+        ends.sort_by_key(|e| e.0);
+        let mut future = self.inv.clone();
+        let held_back = self.ledger.held_back_for_others(job.team, job.class);
+        for (end, placement) in ends {
+            future.release(placement);
+            if future.free_milli(job.class).saturating_sub(held_back) < job.total_milli() {
+                continue;
+            }
+            if let Some(at_shadow) = future.find(job) {
+                let held = self.inv.hold(&at_shadow);
+                self.reservations.insert(job.class, Reservation { job: job.id, shadow_ms: end, held });
+                return;
             }
         }
-        None
+    }
+
+    /// Places a job on GPUs held by its class's reservation, if it ends before the reserved
+    /// gang can start (EASY backfill).
+    fn backfill(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
+        let reservation = self.reservations.get(&job.class)?;
+        if self.s.now_ms.saturating_add(job.max_runtime_ms) > reservation.shadow_ms {
+            return None;
+        }
+        let held = reservation.held.clone();
+        self.inv.release(&held);
+        let found = if self.available(job) >= job.total_milli() { self.inv.find(job) } else { None };
+        if let Some(placement) = &found {
+            // The backfilled job takes part of the held GPUs until it ends; hold the rest.
+            self.inv.allocate(placement);
+            let rest = self.inv.hold(&held);
+            self.inv.release(placement);
+            if let Some(r) = self.reservations.get_mut(&job.class) {
+                r.held = rest;
+            }
+        } else {
+            self.inv.allocate(&held);
+        }
+        found
     }
 
     fn record_victim(&mut self, for_job: &JobSpec, index: usize, reason: PreemptReason) {
@@ -638,6 +738,7 @@ impl<'a> Cycle<'a> {
         let my_priority = self.priority(job);
         let my_chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
         let my_score_after = fairshare::score_with(s, &self.ledger, job.team, fairshare::value_of(s, job.class, n));
+        let my_live_after = fairshare::live_value(s, &self.ledger, job.team) + fairshare::value_of(s, job.class, n);
         // A fair-share attempt fails for a team scoring at least as high asking at least as much.
         let known_to_fail = !within_reserved
             && self
@@ -674,7 +775,12 @@ impl<'a> Cycle<'a> {
                         && (straddle || self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli());
                     ok.then_some(PreemptReason::Reclaim)
                 } else {
+                    let lost = fairshare::value_of(s, job.class, r.spec.total_milli());
+                    let their_live_after = fairshare::live_value(s, &self.ledger, r.spec.team) - lost;
                     let ok = self.ledger.borrowed(r.spec.team, job.class) >= r.spec.total_milli()
+                        && my_live_after <= self.deserved(job.team)
+                        && their_live_after >= self.deserved(r.spec.team)
+                        && my_live_after <= their_live_after
                         && my_score_after <= self.score_without(r.spec.team, job.class, r.spec.total_milli());
                     ok.then_some(PreemptReason::FairShare)
                 };
@@ -715,17 +821,18 @@ impl<'a> Cycle<'a> {
             }
         }
         // The cycle goes on as if the victims were gone and the job admitted, except that the
-        // victims keep their GPUs until they exit: the job's future GPUs are taken, then the
-        // victims' put back (where the two overlap the units stay taken), so nobody ranked
-        // later can take them or the job's quota room.
-        if let Some(placement) = self.inv.find(job) {
-            self.inv.allocate(&placement);
-            self.claims.push((job.id, job.class, placement));
-        }
-        self.claim_quota(job);
+        // victims keep their GPUs until they exit: with the victims back, the part of the
+        // job's future GPUs that is free now is held for it, and its quota counted, so nobody
+        // ranked later can take them or the room its victims make.
+        let future = self.inv.find(job);
         for &(index, _) in &chosen {
             self.inv.allocate(&s.running[index].placement);
         }
+        if let Some(placement) = future {
+            let held = self.inv.hold(&placement);
+            self.claims.push((job.id, job.class, held));
+        }
+        self.claim_quota(job);
         Some(chosen)
     }
 }

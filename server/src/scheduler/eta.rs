@@ -16,9 +16,11 @@ use super::{
 };
 
 /// Fills `expected_start_ms` of the pending jobs that wait for capacity.
-pub fn estimate(s: &Snapshot, inv: &Inventory, victims: &BTreeSet<usize>, decisions: &mut Decisions) {
+/// `held` is, per class, milli held for waiting jobs (free for this purpose).
+pub fn estimate(s: &Snapshot, inv: &Inventory, held: &[u64], victims: &BTreeSet<usize>, decisions: &mut Decisions) {
     let classes = s.classes.len();
-    let mut free: Vec<u64> = (0..classes).map(|c| inv.free_milli(c as ClassId)).collect();
+    let mut free: Vec<u64> =
+        (0..classes).map(|c| inv.free_milli(c as ClassId) + held.get(c).copied().unwrap_or(0)).collect();
     let mut events: BinaryHeap<Reverse<(i64, ClassId, u64)>> = BinaryHeap::new();
     for (i, r) in s.running.iter().enumerate() {
         let end = if r.terminating || victims.contains(&i) {

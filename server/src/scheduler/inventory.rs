@@ -116,6 +116,30 @@ impl Inventory {
             && job.total_milli() <= c.capacity_milli
     }
 
+    /// Free milli of one unit.
+    pub fn unit_free(&self, node: NodeId, unit: u8) -> u32 {
+        self.nodes.get(node as usize).and_then(|n| n.free.get(usize::from(unit))).map_or(0, |&f| u32::from(f))
+    }
+
+    /// Takes, of each unit in `placement`, what is free of it now, up to what the placement
+    /// asks; returns exactly what was taken, so that releasing it restores the inventory.
+    pub fn hold(&mut self, placement: &[ReplicaPlacement]) -> Vec<ReplicaPlacement> {
+        let mut held = Vec::new();
+        for replica in placement {
+            let units: Vec<(u8, u32)> = replica
+                .units
+                .iter()
+                .map(|&(unit, milli)| (unit, milli.min(self.unit_free(replica.node, unit))))
+                .filter(|&(_, milli)| milli > 0)
+                .collect();
+            if !units.is_empty() {
+                held.push(ReplicaPlacement { node: replica.node, units });
+            }
+        }
+        self.allocate(&held);
+        held
+    }
+
     /// Takes the GPUs of a placement (of a running job, or one just decided).
     pub fn allocate(&mut self, placement: &[ReplicaPlacement]) {
         for replica in placement {

@@ -45,20 +45,26 @@
 //!   borrowed capacity always suffices, because reserved quotas fit in the cluster. (From
 //!   a state where borrowers sit on capacity held back for another team's idle, unlendable
 //!   reserved quota, which only an admin lowering `lendable` creates, it may take two.)
-//! - **Fair share** (Fairway policy only): the preemptor borrows, and its team's live
-//!   borrowed value *after* admission is not above the victim team's *after* losing the
-//!   victim (which never takes that team below its reserved quota). Both new values are
-//!   then strictly below the victim team's old value (the victim frees something), and no
-//!   other team changes, so the multiset of live borrowed values, sorted in descending
-//!   order, strictly decreases lexicographically with every such preemption. It takes
-//!   finitely many values, so with no new arrivals preemption stops. (Usage history orders
-//!   the queue but is deliberately left out of this condition: it drifts with time, the
-//!   condition must not.)
+//! - **Fair share** (Fairway policy only): the preemptor borrows; its team's borrowed value
+//!   after admission stays within its *deserved* burst (the borrowed value in use, split by
+//!   weight among the teams that want burst), the victim team stays at or above its own
+//!   deserved burst after losing the victim (and at or above its reserved quota), the
+//!   preemptor's live borrowed value after admission is not above the victim team's after
+//!   the loss, and neither is its fair-share score (so the next cycle ranks the preemptor
+//!   first and the freed GPUs go where they were freed for). Both teams' new live values are
+//!   then strictly below the victim team's old one (the victim frees something) and no other
+//!   team changes, so the multiset of live borrowed values, sorted in descending order,
+//!   strictly decreases lexicographically with every such preemption. It takes finitely many
+//!   values, so with no new arrivals preemption stops. Only teams below their deserved share
+//!   take from teams above it: fair share is restored, not churned between near-equal teams.
 //!
 //! Reclaim may take a borrowing team's last victim across its reserved line (a gang cannot
-//! be split), but only for a job within its own reserved quota, which is therefore never
-//! borrowing: the reclaimer is never a reclaim victim, and each reclaim strictly lowers the
-//! total borrowed.
+//! be split), but only when no choice of victims within the line makes room, and only for a
+//! job within its own reserved quota, which is therefore never borrowing: the reclaimer is
+//! never a reclaim victim, and each reclaim strictly lowers the total borrowed. The price:
+//! the team taken below its line may have a requeued job that now fits its own reserved
+//! quota and, being older or of higher priority, goes first; the reclaimer then gets its
+//! GPUs in a second round. Property tests check both the one-round rule and this exception.
 //!
 //! A job that preempts holds its future GPUs and its quota for the rest of the cycle, so a
 //! job ranked after it cannot take the room its victims make and force another round.

@@ -161,14 +161,13 @@ fn jobs_younger_than_the_minimum_runtime_are_not_preempted() {
 
 #[test]
 fn non_preemptible_jobs_never_borrow() {
-    let s = {
-        let mut s = cluster(1, vec![team("a", 2, 6)]);
-        s.pending = vec![job(1, 0, 4, 0), job(2, 0, 4, 1)];
-        s
-    };
+    let mut s = cluster(1, vec![team("a", 2, 6)]);
+    start(&mut s, job(1, 0, 2, 0), HOUR);
+    s.pending = vec![job(2, 0, 2, 0), job(3, 0, 4, 1), job(4, 0, 4, 0)];
     let d = schedule(&s);
-    assert_eq!(admitted(&d), vec![2], "the preemptible job borrows");
-    assert_eq!(reason_of(&d, 1), PendingReason::ReservedQuotaExhausted { team: 0 });
+    assert_eq!(admitted(&d), vec![3], "the preemptible job borrows");
+    assert_eq!(reason_of(&d, 2), PendingReason::ReservedQuotaExhausted { team: 0 });
+    assert_eq!(reason_of(&d, 4), PendingReason::ExceedsQuota { team: 0 }, "larger than all of a's reserved");
 }
 
 #[test]

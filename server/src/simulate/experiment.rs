@@ -3,9 +3,16 @@
 //!
 //! # Load
 //!
-//! A trace may load its cluster too lightly for policies to differ. Arrival times are divided
-//! by a compression factor (durations unchanged); [`find_compression`] doubles it from 1 until
-//! FIFO's utilisation over the measurement window reaches the target (70%).
+//! A trace may load its cluster too lightly for policies to differ. Two knobs raise the load:
+//! arrival times are divided by a *compression factor* (durations unchanged), and the cluster
+//! can be *shrunk* to one node in `k` ([`Workload::shrunk`]). [`find_load`] tries shrink
+//! factors 1, 2, 4, ... and for each doubles the compression from 1 up to
+//! [`MAX_COMPRESSION`], stopping at the first load where FIFO's utilisation over the
+//! measurement window reaches [`TARGET_UTILISATION`]. A shrink factor at which the whole trace
+//! fits the cluster at once is skipped without replaying: no arrival pattern can make jobs
+//! wait there. (The Alibaba trace's GPU pods add up to 5,485 GPUs, less than its 6,212, so it
+//! needs a smaller cluster; compression alone tops out near 41% there.) Capping the
+//! compression keeps the replay a stream of arrivals rather than one batch.
 //!
 //! # Measurement window
 //!
@@ -22,28 +29,39 @@
 //! A team's sharing anomaly is its average queueing delay in the shared cluster minus its
 //! average queueing delay when its own jobs alone are replayed under FIFO on a *private*
 //! cluster of its reserved size. The private cluster is built from the real node list so that
-//! fragmentation is as faithful as the shapes allow: per class, an evenly spaced sample of the
-//! class's nodes (every `1/r`-th node, `r` = reserved / class capacity, so the mix of 1-, 2-,
-//! 4- and 8-GPU nodes is the cluster's), topped up with the next nodes until it holds at least
+//! fragmentation is as faithful as the shapes allow: per class, an even sample of a share
+//! `r` = reserved / class capacity of the nodes of each size ([`Cluster::sample_nodes`], so the
+//! mix of 1-, 2-, 4- and 8-GPU nodes is the cluster's), topped up with the next nodes until it holds at least
 //! the reserved GPUs (rounded up to whole nodes, which favours the private cluster), plus one
 //! node large enough for the team's largest replica if the sample has none. Jobs of classes
 //! where the team reserves nothing cannot run on a private cluster and are left out of both
-//! averages. A team is *within reserved* when its jobs, started at submission, would never
-//! need more than its reserved GPUs at once: the teams the guarantee is about.
+//! averages.
+//!
+//! The guarantee (HiveD's) is about a team *within* its reserved quota. A team as a whole is
+//! within reserved when its jobs, each run from submission for its duration, never need more
+//! than its reserved GPUs at once; under a contended load with teams loaded in proportion to
+//! their quotas, few are. So the anomaly is also measured per job: a *within-reserved job* is
+//! one that, at its submission, fits with the team's earlier jobs still running (by that same
+//! ideal schedule) within the reserved quota, and its anomaly is its own shared minus private
+//! queueing delay, averaged per team.
 
-use std::{collections::BTreeMap, fmt::Write as _};
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BinaryHeap},
+    fmt::Write as _,
+};
 
 use super::{
     metrics::{self, summarize, RunMetrics, Window},
-    replay::{replay, BadDecision, ReplayOutcome},
-    Cluster, Workload,
+    replay::{replay, BadDecision, ReplayOutcome, PENDING_REASONS},
+    Cluster, TraceJob, Workload,
 };
 use crate::scheduler::{ClassId, Policy, Quota, TeamId, UNIT};
 
 /// FIFO's utilisation over the window that counts as contended.
 pub const TARGET_UTILISATION: f64 = 0.70;
 /// The largest compression factor tried.
-pub const MAX_COMPRESSION: f64 = 65536.0;
+pub const MAX_COMPRESSION: f64 = 1024.0;
 
 /// The three policies, in table order, with their names.
 pub const POLICIES: [(Policy, &str); 3] =
@@ -54,35 +72,70 @@ pub fn policy_name(policy: Policy) -> &'static str {
     POLICIES.iter().find(|(p, _)| *p == policy).map_or("?", |(_, n)| n)
 }
 
-/// The load search's record: factor and FIFO's utilisation at it, per factor tried.
+/// One load tried: shrink factor, compression factor, FIFO's window utilisation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadTried {
+    pub shrink: u32,
+    pub compression: f64,
+    /// `None` when skipped because the whole trace fits the cluster at once.
+    pub fifo_utilisation: Option<f64>,
+}
+
+/// The load search's record.
 #[derive(Debug, Clone)]
 pub struct LoadSearch {
-    pub tried: Vec<(f64, f64)>,
-    /// The factor chosen: the first that reached the target, else the largest tried.
-    pub factor: f64,
+    pub tried: Vec<LoadTried>,
+    /// The load chosen: the first that reached the target, else the most contended tried.
+    pub shrink: u32,
+    pub compression: f64,
     pub reached: bool,
 }
 
-/// Doubles the compression factor from 1 until FIFO's window utilisation reaches `target`.
-/// `progress` hears each factor tried with FIFO's utilisation at it.
-pub fn find_compression(
+/// The shrink factors tried, in order.
+pub const SHRINK_FACTORS: [u32; 7] = [1, 2, 4, 8, 16, 32, 64];
+
+/// Finds a load where FIFO's window utilisation reaches `target` (see the module docs). A
+/// fixed shrink or compression factor is used as given; `progress` hears each load tried.
+pub fn find_load(
     workload: &Workload,
     target: f64,
-    progress: &mut dyn FnMut(f64, f64),
+    shrink: Option<u32>,
+    compression: Option<f64>,
+    progress: &mut dyn FnMut(&LoadTried),
 ) -> Result<LoadSearch, BadDecision> {
+    let shrinks: Vec<u32> = shrink.map_or_else(|| SHRINK_FACTORS.to_vec(), |k| vec![k]);
+    let compressions: Vec<f64> = compression.map_or_else(
+        || std::iter::successors(Some(1.0), |f| (f * 2.0 <= MAX_COMPRESSION).then_some(f * 2.0)).collect(),
+        |f| vec![f],
+    );
     let mut tried = Vec::new();
-    let mut factor = 1.0;
-    loop {
-        let compressed = workload.compressed(factor);
-        let outcome = replay(&compressed, Policy::Fifo)?;
-        let util = summarize(&compressed, &outcome, arrival_window(&compressed)).window_utilisation;
-        tried.push((factor, util));
-        progress(factor, util);
-        if util >= target || factor >= MAX_COMPRESSION {
-            return Ok(LoadSearch { tried, factor, reached: util >= target });
+    let mut best: Option<LoadTried> = None;
+    for &k in &shrinks {
+        let shrunk = workload.shrunk(k);
+        let demand: u64 = shrunk.jobs.iter().map(TraceJob::total_milli).sum();
+        if shrinks.len() > 1 && demand <= shrunk.cluster.total_capacity_milli() {
+            let skipped = LoadTried { shrink: k, compression: 0.0, fifo_utilisation: None };
+            progress(&skipped);
+            tried.push(skipped);
+            continue;
         }
-        factor *= 2.0;
+        for &f in &compressions {
+            let compressed = shrunk.compressed(f);
+            let outcome = replay(&compressed, Policy::Fifo)?;
+            let util = summarize(&compressed, &outcome, arrival_window(&compressed)).window_utilisation;
+            let load = LoadTried { shrink: k, compression: f, fifo_utilisation: Some(util) };
+            progress(&load);
+            tried.push(load);
+            if util >= target {
+                return Ok(LoadSearch { tried, shrink: k, compression: f, reached: true });
+            }
+            if best.is_none_or(|b| b.fifo_utilisation < Some(util)) {
+                best = Some(load);
+            }
+        }
     }
+    let best = best.unwrap_or(LoadTried { shrink: 1, compression: 1.0, fifo_utilisation: None });
+    Ok(LoadSearch { tried, shrink: best.shrink, compression: best.compression, reached: false })
 }
 
 /// The window load is measured over: the 1st to the 99th percentile of arrival times.
@@ -101,17 +154,23 @@ pub fn arrival_window(workload: &Workload) -> Window {
 pub struct TeamAnomaly {
     pub team: String,
     pub reserved_gpus: f64,
+    /// GPUs of its private cluster.
+    pub private_gpus: f64,
     /// Jobs counted (those of classes it reserves).
     pub jobs: usize,
     /// The most GPUs its jobs would hold at once if each started at submission.
     pub peak_demand_gpus: f64,
+    /// Whether that peak stays within its reserved quota.
     pub within_reserved: bool,
-    /// GPUs of its private cluster.
-    pub private_gpus: f64,
     /// Average queueing delay on the private cluster, in seconds.
     pub private_wait_s: f64,
     /// Average queueing delay in the shared cluster per policy (table order), in seconds.
     pub shared_wait_s: Vec<f64>,
+    /// Its within-reserved jobs (see the module docs).
+    pub within_jobs: usize,
+    /// Per policy, the within-reserved jobs' average of shared minus private queueing delay;
+    /// `None` without such jobs.
+    pub within_anomaly_s: Vec<Option<f64>>,
 }
 
 impl TeamAnomaly {
@@ -127,29 +186,32 @@ pub struct Comparison {
     pub workload: String,
     pub jobs: usize,
     pub capacity_gpus: f64,
+    pub shrink: u32,
     pub compression: f64,
     pub window: Window,
     pub rows: Vec<RunMetrics>,
     pub anomalies: Vec<TeamAnomaly>,
 }
 
-/// Replays `workload` compressed by `factor` under every policy and measures anomalies.
-pub fn compare(workload: &Workload, factor: f64) -> Result<Comparison, BadDecision> {
-    let compressed = workload.compressed(factor);
-    let window = arrival_window(&compressed);
+/// Replays `workload` shrunk by `shrink` and compressed by `compression` under every policy,
+/// and measures each team's sharing anomaly.
+pub fn compare(workload: &Workload, shrink: u32, compression: f64) -> Result<Comparison, BadDecision> {
+    let loaded = workload.shrunk(shrink).compressed(compression);
+    let window = arrival_window(&loaded);
     let mut rows = Vec::new();
     let mut outcomes = Vec::new();
     for (policy, _) in POLICIES {
-        let outcome = replay(&compressed, policy)?;
-        rows.push(summarize(&compressed, &outcome, window));
+        let outcome = replay(&loaded, policy)?;
+        rows.push(summarize(&loaded, &outcome, window));
         outcomes.push(outcome);
     }
-    let anomalies = team_anomalies(&compressed, &outcomes)?;
+    let anomalies = team_anomalies(&loaded, &outcomes)?;
     Ok(Comparison {
-        workload: workload.name.clone(),
-        jobs: workload.jobs.len(),
-        capacity_gpus: workload.cluster.total_capacity_milli() as f64 / f64::from(UNIT),
-        compression: factor,
+        workload: loaded.name.clone(),
+        jobs: loaded.jobs.len(),
+        capacity_gpus: loaded.cluster.total_capacity_milli() as f64 / f64::from(UNIT),
+        shrink,
+        compression,
         window,
         rows,
         anomalies,
@@ -161,37 +223,74 @@ fn team_anomalies(workload: &Workload, outcomes: &[ReplayOutcome]) -> Result<Vec
     for team in 0..workload.cluster.teams.len() as TeamId {
         let Some(private) = private_workload(workload, team) else { continue };
         let private_outcome = replay(&private.workload, Policy::Fifo)?;
-        let Some(private_wait_s) = metrics::team_average_wait_s(&private.workload, &private_outcome, 0) else {
-            continue;
+        let wait_s = |o: &ReplayOutcome, private_index: usize, job: usize| {
+            let submit = workload.jobs[job].submit_ms;
+            o.jobs[job]
+                .first_start_ms
+                .zip(private_outcome.jobs[private_index].first_start_ms)
+                .map(|(shared, own)| ((shared - submit) as f64 / 1000.0, (own - submit) as f64 / 1000.0))
         };
-        let counted = |j: &super::TraceJob| j.team == team && workload.cluster.reserved_milli(team, j.class) > 0;
-        let shared_wait_s = outcomes
-            .iter()
-            .map(|o| {
-                let waits: Vec<f64> = workload
-                    .jobs
-                    .iter()
-                    .zip(&o.jobs)
-                    .filter(|(j, _)| counted(j))
-                    .filter_map(|(j, o)| Some((o.first_start_ms? - j.submit_ms) as f64 / 1000.0))
-                    .collect();
-                metrics::mean(&waits)
-            })
-            .collect();
+        let within = within_reserved_jobs(workload, &private.original);
+        let mut shared_wait_s = Vec::new();
+        let mut within_anomaly_s = Vec::new();
+        let mut private_waits = Vec::new();
+        for o in outcomes {
+            let pairs: Vec<(f64, f64)> =
+                private.original.iter().enumerate().filter_map(|(i, &job)| wait_s(o, i, job)).collect();
+            shared_wait_s.push(metrics::mean(&pairs.iter().map(|p| p.0).collect::<Vec<_>>()));
+            private_waits = pairs.iter().map(|p| p.1).collect();
+            let differences: Vec<f64> = private
+                .original
+                .iter()
+                .enumerate()
+                .filter(|&(i, _)| within[i])
+                .filter_map(|(i, &job)| wait_s(o, i, job))
+                .map(|(shared, own)| shared - own)
+                .collect();
+            within_anomaly_s.push((!differences.is_empty()).then(|| metrics::mean(&differences)));
+        }
         let peak = peak_demand(workload, team);
         let reserved: u64 = workload.cluster.teams[team as usize].quotas.values().map(|q| q.reserved).sum();
         rows.push(TeamAnomaly {
             team: workload.cluster.teams[team as usize].name.clone(),
             reserved_gpus: reserved as f64 / f64::from(UNIT),
-            jobs: private.workload.jobs.len(),
+            private_gpus: private.workload.cluster.total_capacity_milli() as f64 / f64::from(UNIT),
+            jobs: private.original.len(),
             peak_demand_gpus: peak.values().sum::<u64>() as f64 / f64::from(UNIT),
             within_reserved: peak.iter().all(|(&c, &p)| p <= workload.cluster.reserved_milli(team, c)),
-            private_gpus: private.workload.cluster.total_capacity_milli() as f64 / f64::from(UNIT),
-            private_wait_s,
+            private_wait_s: metrics::mean(&private_waits),
             shared_wait_s,
+            within_jobs: within.iter().filter(|&&w| w).count(),
+            within_anomaly_s,
         });
     }
     Ok(rows)
+}
+
+/// For each of a team's jobs (indices into the workload, in submission order): whether, at
+/// its submission, it fits within the reserved quota together with the team's earlier jobs
+/// still running if every job ran from submission for its duration.
+fn within_reserved_jobs(workload: &Workload, jobs: &[usize]) -> Vec<bool> {
+    // Per class, the (end, milli) of jobs still running, soonest end first.
+    let mut running: BTreeMap<ClassId, BinaryHeap<Reverse<(i64, u64)>>> = BTreeMap::new();
+    let mut held: BTreeMap<ClassId, u64> = BTreeMap::new();
+    jobs.iter()
+        .map(|&i| {
+            let job = &workload.jobs[i];
+            let heap = running.entry(job.class).or_default();
+            let used = held.entry(job.class).or_default();
+            while let Some(&Reverse((end, milli))) = heap.peek() {
+                if end > job.submit_ms {
+                    break;
+                }
+                heap.pop();
+                *used -= milli;
+            }
+            heap.push(Reverse((job.submit_ms + job.duration_ms, job.total_milli())));
+            *used += job.total_milli();
+            *used <= workload.cluster.reserved_milli(job.team, job.class)
+        })
+        .collect()
 }
 
 /// Per class, the most milli-units a team's jobs would hold at once if each ran from its
@@ -221,6 +320,8 @@ fn peak_demand(workload: &Workload, team: TeamId) -> BTreeMap<ClassId, u64> {
 /// A team's jobs alone on a private cluster of its reserved size.
 pub struct PrivateReplay {
     pub workload: Workload,
+    /// Each private job's index in the shared workload.
+    pub original: Vec<usize>,
 }
 
 /// The team's jobs (of classes it reserves) on a private cluster (see the module docs), as
@@ -228,12 +329,13 @@ pub struct PrivateReplay {
 pub fn private_workload(workload: &Workload, team: TeamId) -> Option<PrivateReplay> {
     let cluster = &workload.cluster;
     let quotas = &cluster.teams[team as usize].quotas;
-    let jobs: Vec<_> = workload
-        .jobs
-        .iter()
-        .filter(|j| j.team == team && quotas.get(&j.class).is_some_and(|q| q.reserved > 0))
-        .map(|j| super::TraceJob { team: 0, ..j.clone() })
+    let original: Vec<usize> = (0..workload.jobs.len())
+        .filter(|&i| {
+            let j = &workload.jobs[i];
+            j.team == team && quotas.get(&j.class).is_some_and(|q| q.reserved > 0)
+        })
         .collect();
+    let jobs: Vec<TraceJob> = original.iter().map(|&i| TraceJob { team: 0, ..workload.jobs[i].clone() }).collect();
     if jobs.is_empty() {
         return None;
     }
@@ -262,75 +364,61 @@ pub fn private_workload(workload: &Workload, team: TeamId) -> Option<PrivateRepl
         teams: vec![private_team],
         priorities: cluster.priorities.clone(),
     };
-    Some(PrivateReplay { workload: Workload { name: format!("{} private", workload.name), cluster: private, jobs } })
+    let workload = Workload { name: format!("{} private", workload.name), cluster: private, jobs };
+    Some(PrivateReplay { workload, original })
 }
 
 /// Indices of the nodes of a private cluster of one class (see the module docs).
 fn private_nodes(cluster: &Cluster, class: ClassId, reserved: u64, largest_units: u32) -> Vec<usize> {
-    let of_class: Vec<usize> = (0..cluster.nodes.len()).filter(|&n| cluster.nodes[n].class == class).collect();
-    let capacity = cluster.capacity_milli(class).max(1);
+    let capacity = cluster.capacity_milli(class);
+    let mut chosen = cluster.sample_nodes(class, u128::from(reserved), u128::from(capacity));
     let units = |n: usize| u64::from(cluster.nodes[n].units) * u64::from(UNIT);
-    // An even sample: node i is taken when ⌊(i+1)·r⌋ > ⌊i·r⌋, r = reserved / capacity.
-    let mut chosen: Vec<usize> = Vec::new();
-    let mut taken = vec![false; of_class.len()];
-    for i in 0..of_class.len() as u64 {
-        let (r, c) = (u128::from(reserved), u128::from(capacity));
-        if (u128::from(i) + 1) * r / c > u128::from(i) * r / c {
-            taken[i as usize] = true;
-        }
-    }
-    let mut held: u64 = 0;
-    for (i, &n) in of_class.iter().enumerate() {
-        if taken[i] {
-            chosen.push(n);
-            held += units(n);
-        }
-    }
-    for (i, &n) in of_class.iter().enumerate() {
+    let mut held: u64 = chosen.iter().map(|&n| units(n)).sum();
+    let spare: Vec<usize> =
+        (0..cluster.nodes.len()).filter(|&n| cluster.nodes[n].class == class && !chosen.contains(&n)).collect();
+    for n in spare {
         if held >= reserved {
             break;
         }
-        if !taken[i] {
-            taken[i] = true;
-            chosen.push(n);
-            held += units(n);
-        }
+        chosen.push(n);
+        held += units(n);
     }
     let fits_largest = |n: usize| u32::from(cluster.nodes[n].units) >= largest_units;
     if !chosen.iter().any(|&n| fits_largest(n)) {
-        if let Some(i) = (0..of_class.len()).find(|&i| !taken[i] && fits_largest(of_class[i])) {
-            chosen.push(of_class[i]);
+        if let Some(n) = (0..cluster.nodes.len())
+            .find(|&n| cluster.nodes[n].class == class && !chosen.contains(&n) && fits_largest(n))
+        {
+            chosen.push(n);
         }
     }
     chosen.sort_unstable();
     chosen
 }
 
-/// Formats the comparison: the load, the policy table and the anomaly table.
+/// Formats the comparison: the load, the policy table, where the waiting went, and the
+/// anomaly table.
 pub fn render(comparison: &Comparison, search: Option<&LoadSearch>) -> String {
     let mut out = String::new();
     render_load(&mut out, comparison, search);
     render_policies(&mut out, comparison);
+    render_waiting(&mut out, comparison);
     render_anomalies(&mut out, comparison);
     out
 }
 
 fn render_load(out: &mut String, c: &Comparison, search: Option<&LoadSearch>) {
-    let _ = writeln!(out, "Workload: {} ({} jobs on {} GPUs)", c.workload, c.jobs, c.capacity_gpus);
-    if let Some(search) = search {
-        let tried: Vec<String> = search.tried.iter().map(|(f, u)| format!("{f}x: {:.1}%", u * 100.0)).collect();
-        let _ = writeln!(out, "Load search (FIFO window utilisation): {}", tried.join(", "));
-        if !search.reached {
-            let _ = writeln!(
-                out,
-                "  (FIFO never reached {:.0}%; using the largest factor tried)",
-                TARGET_UTILISATION * 100.0
-            );
-        }
+    if search.is_some_and(|s| !s.reached) {
+        let _ = writeln!(
+            out,
+            "FIFO never reached {:.0}% utilisation; using the most contended load tried.",
+            TARGET_UTILISATION * 100.0
+        );
     }
+    let _ = writeln!(out, "Workload: {} ({} jobs on {} GPUs)", c.workload, c.jobs, c.capacity_gpus);
     let _ = writeln!(
         out,
-        "Arrival compression factor: {} (arrival window {:.0} s, 1st to 99th percentile of arrivals)\n",
+        "Load: cluster shrink factor {}, arrival compression factor {}; utilisation window {:.0} s (1st to 99th percentile of arrivals)\n",
+        c.shrink,
         c.compression,
         c.window.seconds()
     );
@@ -339,13 +427,13 @@ fn render_load(out: &mut String, c: &Comparison, search: Option<&LoadSearch>) {
 fn render_policies(out: &mut String, c: &Comparison) {
     let _ = writeln!(
         out,
-        "| policy | util (window) | util (makespan) | avg JCT s | p99 JCT s | avg wait s | p99 wait s | makespan s | preemptions | GPU-h lost | Jain | completed |"
+        "| policy | util (window) | util (makespan) | avg JCT s | p99 JCT s | avg wait s | p99 wait s | makespan s | preemptions (priority/reclaim/fair share) | most of one job | GPU-h lost | Jain | completed |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &c.rows {
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.2}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {:.1} | {:.3} | {}/{} |",
+            "| {} | {:.1}% | {:.2}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} ({}/{}/{}) | {} | {:.1} | {:.3} | {}/{} |",
             policy_name(r.policy),
             r.window_utilisation * 100.0,
             r.utilisation * 100.0,
@@ -355,6 +443,10 @@ fn render_policies(out: &mut String, c: &Comparison) {
             r.p99_wait_s,
             r.makespan_s,
             r.preemptions,
+            r.preemptions_by_reason[0],
+            r.preemptions_by_reason[1],
+            r.preemptions_by_reason[2],
+            r.max_preemptions_of_one_job,
             r.lost_gpu_hours,
             r.jain,
             r.completed,
@@ -364,50 +456,163 @@ fn render_policies(out: &mut String, c: &Comparison) {
     for r in c.rows.iter().filter(|r| r.stopped.is_some()) {
         let _ = writeln!(out, "  {} stopped early: {}", policy_name(r.policy), r.stopped.as_deref().unwrap_or(""));
     }
-    let _ = writeln!(out);
+}
+
+/// Where the waiting went: each pending reason's share of the job-seconds spent waiting.
+fn render_waiting(out: &mut String, c: &Comparison) {
+    let used: Vec<usize> = (0..PENDING_REASONS.len())
+        .filter(|&i| c.rows.iter().any(|r| r.waiting_share_by_reason.get(i).is_some_and(|&x| x > 0.0)))
+        .collect();
+    if used.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nWaiting time by pending reason (share of all job-seconds spent waiting):");
+    let header: Vec<&str> = used.iter().map(|&i| PENDING_REASONS[i]).collect();
+    let _ = writeln!(out, "| policy | {} |", header.join(" | "));
+    let _ = writeln!(out, "|---|{}", "---:|".repeat(used.len()));
+    for r in &c.rows {
+        let cells: Vec<String> =
+            used.iter().map(|&i| format!("{:.1}%", r.waiting_share_by_reason[i] * 100.0)).collect();
+        let _ = writeln!(out, "| {} | {} |", policy_name(r.policy), cells.join(" | "));
+    }
 }
 
 fn render_anomalies(out: &mut String, c: &Comparison) {
     let names: Vec<&str> = POLICIES.iter().map(|(_, n)| *n).collect();
     let _ = writeln!(
         out,
-        "Sharing anomaly = team's avg queueing delay shared - on a private FIFO cluster of its reserved size (s)"
+        "\nSharing anomaly: avg queueing delay in the shared cluster minus on a private FIFO cluster of the team's reserved size (s); \"within\" = over its within-reserved jobs"
     );
+    let per_policy = |suffix: &str| names.iter().map(|n| format!("{n}{suffix}")).collect::<Vec<_>>().join(" | ");
     let _ = writeln!(
         out,
-        "| team | reserved GPUs | private GPUs | jobs | peak demand GPUs | within reserved | private wait s | {} |",
-        names.iter().map(|n| format!("{n} anomaly s")).collect::<Vec<_>>().join(" | ")
+        "| team | reserved GPUs | private GPUs | jobs | peak demand GPUs | within-reserved jobs | private wait s | {} | {} |",
+        per_policy(" anomaly s"),
+        per_policy(" within s")
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|:---:|---:|{}", "---:|".repeat(names.len()));
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|{}", "---:|".repeat(2 * names.len()));
+    // Rounded to whole seconds; -0.4 prints as 0, not -0.
+    let show =
+        |x: Option<f64>| x.map_or_else(|| "-".to_owned(), |x| format!("{:.0}", if x.abs() < 0.5 { 0.0 } else { x }));
     for a in &c.anomalies {
-        let anomalies: Vec<String> = a.anomaly_s().iter().map(|x| format!("{x:.0}")).collect();
+        let all: Vec<String> = a.anomaly_s().iter().map(|&x| show(Some(x))).collect();
+        let within: Vec<String> = a.within_anomaly_s.iter().map(|&x| show(x)).collect();
         let _ = writeln!(
             out,
-            "| {} | {:.1} | {:.0} | {} | {:.1} | {} | {:.0} | {} |",
+            "| {} | {:.1} | {:.0} | {} | {:.1} | {} | {:.0} | {} | {} |",
             a.team,
             a.reserved_gpus,
             a.private_gpus,
             a.jobs,
             a.peak_demand_gpus,
-            if a.within_reserved { "yes" } else { "no" },
+            a.within_jobs,
             a.private_wait_s,
-            anomalies.join(" | ")
+            all.join(" | "),
+            within.join(" | ")
         );
     }
+    let whole_teams = c.anomalies.iter().filter(|a| a.within_reserved).count();
+    let _ = writeln!(out, "Teams whose peak demand stays within reserved: {whole_teams} of {}", c.anomalies.len());
+    let max = |values: Vec<Option<f64>>| {
+        values.into_iter().flatten().fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+    };
     for (i, name) in names.iter().enumerate() {
-        let max = |within: bool| {
-            c.anomalies
-                .iter()
-                .filter(|a| !within || a.within_reserved)
-                .map(|a| a.anomaly_s()[i])
-                .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
-        };
-        let show = |x: Option<f64>| x.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.0} s"));
+        let all = max(c.anomalies.iter().map(|a| Some(a.anomaly_s()[i])).collect());
+        let within = max(c.anomalies.iter().map(|a| a.within_anomaly_s[i]).collect());
+        let whole = max(c.anomalies.iter().filter(|a| a.within_reserved).map(|a| Some(a.anomaly_s()[i])).collect());
+        let s = |x: Option<f64>| x.map_or_else(|| "n/a".to_owned(), |x| format!("{x:.0} s"));
         let _ = writeln!(
             out,
-            "Max anomaly, {name}: {} over all teams, {} over teams within reserved",
-            show(max(false)),
-            show(max(true))
+            "Max anomaly, {name}: {} over all teams; {} over teams within reserved; {} over within-reserved jobs (team averages)",
+            s(all),
+            s(whole),
+            s(within)
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simulate::cluster::parse_cluster;
+
+    /// Two teams reserving 2 and 6 GPUs of a cluster of 1-, 2- and 8-GPU nodes.
+    fn workload(jobs: Vec<TraceJob>) -> Workload {
+        let cluster = parse_cluster(
+            "[[classes]]\nname = \"gpu\"\nrate_per_gpu_hour = 1.0\n\
+             [[nodes]]\nname_prefix = \"one-\"\ncount = 4\nclass = \"gpu\"\ngpus = 1\n\
+             [[nodes]]\nname_prefix = \"two-\"\ncount = 4\nclass = \"gpu\"\ngpus = 2\n\
+             [[nodes]]\nname_prefix = \"eight-\"\ncount = 1\nclass = \"gpu\"\ngpus = 8\n\
+             [[teams]]\nname = \"small\"\nreserved = { gpu = 2 }\nburst = { gpu = 18 }\n\
+             [[teams]]\nname = \"large\"\nreserved = { gpu = 6 }\nburst = { gpu = 14 }\n",
+        )
+        .unwrap();
+        Workload { name: "test".into(), cluster, jobs }
+    }
+
+    fn job(team: TeamId, gpus: u32, submit_s: i64, duration_s: i64) -> TraceJob {
+        TraceJob {
+            team,
+            class: 0,
+            replicas: 1,
+            milli_per_replica: gpus * UNIT,
+            priority: 2,
+            submit_ms: submit_s * 1000,
+            duration_ms: duration_s * 1000,
+            max_runtime_ms: crate::simulate::traces::max_runtime_ms(duration_s * 1000),
+        }
+    }
+
+    #[test]
+    fn a_private_cluster_holds_the_reserved_gpus_and_the_largest_replica() {
+        let w = workload(vec![job(0, 1, 0, 10), job(0, 8, 5, 10), job(1, 2, 0, 10)]);
+        let small = private_workload(&w, 0).unwrap();
+        let capacity = small.workload.cluster.total_capacity_milli();
+        assert!(capacity >= 2000, "at least the reserved 2 GPUs: {capacity}");
+        assert!(small.workload.cluster.nodes.iter().any(|n| n.units == 8), "room for its 8-GPU job");
+        assert_eq!(small.original, [0, 1]);
+        assert!(small.workload.jobs.iter().all(|j| j.team == 0));
+        let large = private_workload(&w, 1).unwrap();
+        let capacity = large.workload.cluster.total_capacity_milli();
+        assert!((6000..=6000 + 8000).contains(&capacity), "reserved rounded up to whole nodes: {capacity}");
+    }
+
+    #[test]
+    fn a_job_is_within_reserved_when_it_fits_beside_the_teams_running_jobs() {
+        // Team small reserves 2: a 1-GPU job, a second beside it (2 in use), a third while
+        // both run (3 > 2), and a fourth after the first two ended.
+        let jobs = vec![job(0, 1, 0, 100), job(0, 1, 10, 100), job(0, 1, 20, 100), job(0, 1, 115, 10)];
+        let w = workload(jobs);
+        assert_eq!(within_reserved_jobs(&w, &[0, 1, 2, 3]), [true, true, false, true]);
+    }
+
+    #[test]
+    fn the_arrival_window_trims_the_first_and_last_percent_of_arrivals() {
+        let jobs: Vec<TraceJob> = (0..=100).map(|i| job(0, 1, if i == 0 { -10_000 } else { i }, 1)).collect();
+        let window = arrival_window(&workload(jobs));
+        assert_eq!((window.from_ms, window.to_ms), (1000, 99_000));
+    }
+
+    #[test]
+    fn the_load_search_skips_a_cluster_the_whole_trace_fits_at_once() {
+        // Ten 1-GPU jobs (10 GPUs) on 20 GPUs: skipped at shrink 1; at shrink 2 FIFO runs.
+        let jobs: Vec<TraceJob> = (0..10u32).map(|i| job(i % 2, 1, i64::from(i), 600)).collect();
+        let w = workload(jobs);
+        let mut seen = Vec::new();
+        let search = find_load(&w, 0.01, None, Some(1.0), &mut |t| seen.push(*t)).unwrap();
+        assert_eq!(seen[0].fifo_utilisation, None);
+        assert!(search.reached && search.shrink > 1, "{search:?}");
+    }
+
+    #[test]
+    fn the_comparison_has_a_row_per_policy_and_an_anomaly_per_team() {
+        let jobs: Vec<TraceJob> = (0..30).map(|i| job(i % 2, 1 + i % 3, i64::from(i) * 60, 900)).collect();
+        let comparison = compare(&workload(jobs), 1, 2.0).unwrap();
+        assert_eq!(comparison.rows.len(), 3);
+        assert!(comparison.rows.iter().all(|r| r.completed == 30 && r.stopped.is_none()));
+        assert_eq!(comparison.anomalies.len(), 2);
+        let text = render(&comparison, None);
+        assert!(text.contains("| Fairway |") && text.contains("| FIFO |") && text.contains("| Quota (no history) |"));
+        assert!(text.contains("Max anomaly, Fairway"));
     }
 }

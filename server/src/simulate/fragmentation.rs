@@ -1,8 +1,16 @@
-//! `fairway fragmentation`: the FGD paper's experiment (Weng et al., ATC '23). Each pod list
-//! is placed in order on the Alibaba v2023 GPU nodes until the first pod that does not fit;
-//! at that point, GPUs allocated (milli-GPUs / 1000) and GPUs stranded (capacity − allocated:
-//! free capacity no longer usable for the workload's next pod) measure how well a placement
-//! policy avoids fragmentation.
+//! `fairway fragmentation`: the FGD paper's experiment (Weng et al., ATC '23). Pods of each
+//! list are placed on the Alibaba v2023 GPU nodes until the first pod that does not fit; at
+//! that point, GPUs allocated (milli-GPUs / 1000) and GPUs stranded (capacity − allocated:
+//! free capacity the next pod could not use) measure how well a placement policy avoids
+//! fragmentation.
+//!
+//! Two arrival orders:
+//! - **listed**: the list's own order, starting over from the top if it runs out before a pod
+//!   fails. The multi-GPU variants only append their extra pods after the default list's
+//!   8,152, so in this order they fail exactly where the default list does.
+//! - **sampled**: as FGD does, pods drawn uniformly with replacement from the list (so the
+//!   variants' shape mixes matter), by a fixed-seed generator; the table shows the mean over
+//!   [`SAMPLED_RUNS`] seeds.
 //!
 //! Only GPUs are modelled, as Fairway schedules GPUs: pods without GPUs are skipped, and
 //! CPU and memory are not checked. A pod is one replica (its GPUs on one node; a share of one
@@ -13,7 +21,8 @@
 //!   would choose for the pod.
 //! - **Best-fit**: a whole-GPU pod goes to the node whose free GPU capacity after placing it
 //!   is the smallest; a share goes to the GPU with the least free capacity that still holds
-//!   it. Ties go to the lower node (and GPU) index.
+//!   it, among equally free GPUs to the one on the node with the least free capacity. Other
+//!   ties go to the lower node (and GPU) index.
 
 use std::{fmt::Write as _, path::Path};
 
@@ -37,19 +46,31 @@ impl Placer {
     }
 }
 
+/// The order pods arrive in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// The list's order, cycling.
+    Listed,
+    /// Drawn with replacement by a generator seeded with this.
+    Sampled(u64),
+}
+
+/// Seeds averaged in the sampled order.
+pub const SAMPLED_RUNS: u64 = 10;
+
 /// One row of the table.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FragmentationRow {
     pub workload: String,
+    /// `listed` or `sampled`.
+    pub order: &'static str,
     pub placer: Placer,
-    /// GPU pods placed before the first failure.
-    pub pods_placed: usize,
+    /// GPU pods placed before the first failure (a mean for the sampled order).
+    pub pods_placed: f64,
     /// GPU pods in the list.
     pub gpu_pods: usize,
     pub allocated_gpus: f64,
     pub stranded_gpus: f64,
-    /// False when every pod was placed (nothing failed).
-    pub failed: bool,
 }
 
 /// The pod lists of the experiment, by name.
@@ -60,7 +81,7 @@ pub const WORKLOADS: [(&str, &str); 4] = [
     ("gpushare100", files::ALIBABA_GPUSHARE100),
 ];
 
-/// Runs every workload under both placers on the Alibaba GPU nodes.
+/// Runs every workload in both orders under both placers on the Alibaba GPU nodes.
 pub fn run(traces_dir: &Path) -> Result<Vec<FragmentationRow>, TraceError> {
     let nodes = traces::load_alibaba_nodes(&traces_dir.join(files::ALIBABA_NODES))?;
     let cluster = traces::alibaba_cluster(&nodes, &[("all".into(), 1)]);
@@ -68,14 +89,55 @@ pub fn run(traces_dir: &Path) -> Result<Vec<FragmentationRow>, TraceError> {
     for (name, file) in WORKLOADS {
         let pods = traces::load_alibaba_pods(&traces_dir.join(file))?;
         for placer in [Placer::Fairway, Placer::BestFit] {
-            rows.push(place_until_failure(name, &cluster.nodes, &pods, placer));
+            let outcome = place_until_failure(&cluster.nodes, &pods, placer, Order::Listed);
+            rows.push(outcome.row(name, "listed", placer));
+        }
+        for placer in [Placer::Fairway, Placer::BestFit] {
+            let runs: Vec<Outcome> = (0..SAMPLED_RUNS)
+                .map(|seed| place_until_failure(&cluster.nodes, &pods, placer, Order::Sampled(seed)))
+                .collect();
+            rows.push(Outcome::mean(&runs).row(name, "sampled", placer));
         }
     }
     Ok(rows)
 }
 
-/// Places the GPU pods in order until one does not fit.
-pub fn place_until_failure(workload: &str, nodes: &[Node], pods: &[AlibabaPod], placer: Placer) -> FragmentationRow {
+/// What one placement run ended with.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    pub pods_placed: f64,
+    pub gpu_pods: usize,
+    pub allocated_milli: f64,
+    pub capacity_milli: f64,
+}
+
+impl Outcome {
+    fn mean(runs: &[Outcome]) -> Outcome {
+        let n = runs.len().max(1) as f64;
+        Outcome {
+            pods_placed: runs.iter().map(|r| r.pods_placed).sum::<f64>() / n,
+            gpu_pods: runs.first().map_or(0, |r| r.gpu_pods),
+            allocated_milli: runs.iter().map(|r| r.allocated_milli).sum::<f64>() / n,
+            capacity_milli: runs.first().map_or(0.0, |r| r.capacity_milli),
+        }
+    }
+
+    fn row(&self, workload: &str, order: &'static str, placer: Placer) -> FragmentationRow {
+        FragmentationRow {
+            workload: workload.into(),
+            order,
+            placer,
+            pods_placed: self.pods_placed,
+            gpu_pods: self.gpu_pods,
+            allocated_gpus: self.allocated_milli / f64::from(UNIT),
+            stranded_gpus: (self.capacity_milli - self.allocated_milli) / f64::from(UNIT),
+        }
+    }
+}
+
+/// Places GPU pods in the given order until one does not fit. A list without GPU pods, or one
+/// whose pods all fit forever (impossible: each takes capacity), ends at once.
+pub fn place_until_failure(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, order: Order) -> Outcome {
     let requests: Vec<u32> = pods.iter().filter_map(AlibabaPod::milli_per_replica).collect();
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();
     let mut state: Box<dyn Place> = match placer {
@@ -83,22 +145,47 @@ pub fn place_until_failure(workload: &str, nodes: &[Node], pods: &[AlibabaPod], 
         Placer::BestFit => Box::new(BestFit::new(nodes)),
     };
     let mut allocated = 0u64;
-    let mut placed = 0;
-    for &milli in &requests {
+    let mut placed = 0usize;
+    let mut rng = SplitMix64(match order {
+        Order::Sampled(seed) => seed,
+        Order::Listed => 0,
+    });
+    while !requests.is_empty() {
+        let next = match order {
+            Order::Listed => placed % requests.len(),
+            Order::Sampled(_) => rng.below(requests.len()),
+        };
+        let milli = requests[next];
         if !state.place(milli) {
             break;
         }
         allocated += u64::from(milli);
         placed += 1;
     }
-    FragmentationRow {
-        workload: workload.into(),
-        placer,
-        pods_placed: placed,
+    Outcome {
+        pods_placed: placed as f64,
         gpu_pods: requests.len(),
-        allocated_gpus: allocated as f64 / f64::from(UNIT),
-        stranded_gpus: (capacity - allocated) as f64 / f64::from(UNIT),
-        failed: placed < requests.len(),
+        allocated_milli: allocated as f64,
+        capacity_milli: capacity as f64,
+    }
+}
+
+/// A small deterministic generator, so the sampled order is the same on every machine and
+/// with every version of the `rand` crate.
+struct SplitMix64(u64);
+
+impl SplitMix64 {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (multiply-shift; the bias is below 2^-32 for these sizes).
+    fn below(&mut self, n: usize) -> usize {
+        ((u128::from(self.next()) * n as u128) >> 64) as usize
     }
 }
 
@@ -156,15 +243,19 @@ impl BestFit {
 impl Place for BestFit {
     fn place(&mut self, milli: u32) -> bool {
         if milli < UNIT {
-            // The GPU with the least free capacity that still holds the share.
+            // The GPU with the least free capacity that still holds the share; among equally
+            // free GPUs (idle ones, typically), the one on the node with the least free.
             let best = self
                 .free
                 .iter()
                 .enumerate()
-                .flat_map(|(n, units)| units.iter().enumerate().map(move |(u, &f)| (f, n, u)))
-                .filter(|&(f, _, _)| f >= milli)
+                .flat_map(|(n, units)| {
+                    let node_free: u32 = units.iter().sum();
+                    units.iter().enumerate().map(move |(u, &f)| (f, node_free, n, u))
+                })
+                .filter(|&(f, _, _, _)| f >= milli)
                 .min();
-            let Some((_, n, u)) = best else { return false };
+            let Some((_, _, n, u)) = best else { return false };
             self.free[n][u] -= milli;
             return true;
         }
@@ -188,21 +279,24 @@ impl Place for BestFit {
 /// Formats the table.
 pub fn render(rows: &[FragmentationRow]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "| workload | policy | GPUs allocated | GPUs stranded | pods placed |");
-    let _ = writeln!(out, "|---|---|---:|---:|---:|");
+    let _ =
+        writeln!(out, "Pods placed until the first failure (GPU pods only; sampled = mean of {SAMPLED_RUNS} seeds)");
+    let _ = writeln!(
+        out,
+        "| workload | order | policy | GPUs allocated | GPUs stranded | pods placed | GPU pods in list |"
+    );
+    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|");
     for r in rows {
-        let placed = if r.failed {
-            format!("{} of {}", r.pods_placed, r.gpu_pods)
-        } else {
-            format!("{} of {} (all)", r.pods_placed, r.gpu_pods)
-        };
         let _ = writeln!(
             out,
-            "| {} | {} | {:.1} | {:.1} | {placed} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
             r.workload,
+            r.order,
             r.placer.name(),
             r.allocated_gpus,
-            r.stranded_gpus
+            r.stranded_gpus,
+            r.pods_placed,
+            r.gpu_pods
         );
     }
     out
@@ -248,9 +342,11 @@ mod tests {
         assert!(bf.place(1000));
         assert_eq!(bf.free[1], [0, 1000], "the 2-GPU node is left with less");
         assert!(bf.place(300));
-        assert_eq!(bf.free[0], [700, 1000, 1000, 1000], "among equally free GPUs, the first");
+        assert_eq!(bf.free[1], [0, 700], "among idle GPUs, the one on the fuller node");
         assert!(bf.place(600));
-        assert_eq!(bf.free[0], [100, 1000, 1000, 1000], "the share joins the partly used GPU");
+        assert_eq!(bf.free[1], [0, 100], "the share joins the partly used GPU");
+        assert!(bf.place(500));
+        assert_eq!(bf.free[0], [500, 1000, 1000, 1000]);
         assert!(!bf.place(8000));
     }
 
@@ -258,11 +354,29 @@ mod tests {
     fn placement_stops_at_the_first_pod_that_does_not_fit() {
         let pods = [pod(1, 500), pod(2, 1000), pod(0, 0), pod(4, 1000), pod(1, 500)];
         for placer in [Placer::Fairway, Placer::BestFit] {
-            let row = place_until_failure("t", &nodes(&[2, 2]), &pods, placer);
+            let outcome = place_until_failure(&nodes(&[2, 2]), &pods, placer, Order::Listed);
             // The share and the 2-GPU pod fit; the 4-GPU pod fits on no node.
-            assert_eq!((row.pods_placed, row.gpu_pods, row.failed), (2, 4, true), "{placer:?}");
-            assert_eq!(row.allocated_gpus, 2.5);
-            assert_eq!(row.stranded_gpus, 1.5);
+            assert_eq!((outcome.pods_placed, outcome.gpu_pods), (2.0, 4), "{placer:?}");
+            let row = outcome.row("t", "listed", placer);
+            assert_eq!((row.allocated_gpus, row.stranded_gpus), (2.5, 1.5));
         }
+    }
+
+    #[test]
+    fn a_list_that_runs_out_starts_over_until_a_pod_fails() {
+        let outcome = place_until_failure(&nodes(&[2]), &[pod(1, 600)], Placer::BestFit, Order::Listed);
+        // Three shares of 0.6: one per GPU, the third finds 0.4 free on each.
+        assert_eq!(outcome.pods_placed, 2.0);
+    }
+
+    #[test]
+    fn the_sampled_order_is_reproducible_and_draws_every_shape() {
+        let pods = [pod(1, 200), pod(1, 1000), pod(2, 1000)];
+        let run = |seed| place_until_failure(&nodes(&[8; 4]), &pods, Placer::Fairway, Order::Sampled(seed));
+        assert_eq!(run(7), run(7));
+        let mut rng = SplitMix64(3);
+        let mut seen = [0; 3];
+        (0..300).for_each(|_| seen[rng.below(3)] += 1);
+        assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
     }
 }

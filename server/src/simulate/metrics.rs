@@ -49,6 +49,12 @@ pub struct RunMetrics {
     /// First arrival to last completion.
     pub makespan_s: f64,
     pub preemptions: u64,
+    /// Preemptions decided by reason: priority, reclaim, fair share.
+    pub preemptions_by_reason: [u64; 3],
+    /// The most times one job was preempted.
+    pub max_preemptions_of_one_job: u32,
+    /// Share of all waiting time per pending reason (see [`PENDING_REASONS`](super::replay::PENDING_REASONS)).
+    pub waiting_share_by_reason: Vec<f64>,
     pub lost_gpu_hours: f64,
     pub jain: f64,
     pub cycles: u64,
@@ -83,11 +89,20 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
         p99_wait_s: percentile(&wait, 99.0),
         makespan_s: makespan.seconds(),
         preemptions: outcome.preemptions,
+        preemptions_by_reason: outcome.preemptions_by_reason,
+        max_preemptions_of_one_job: outcome.max_preemptions_of_one_job,
+        waiting_share_by_reason: shares(&outcome.waiting_ms_by_reason),
         lost_gpu_hours: outcome.lost_milli_ms as f64 / f64::from(UNIT) / 3_600_000.0,
         jain: jain(&team_service_rates(workload, outcome)),
         cycles: outcome.cycles,
         stopped: outcome.stopped.clone(),
     }
+}
+
+/// Each entry's share of the sum; zeros when the sum is zero.
+fn shares(values: &[u128]) -> Vec<f64> {
+    let total: u128 = values.iter().sum();
+    values.iter().map(|&v| if total == 0 { 0.0 } else { v as f64 / total as f64 }).collect()
 }
 
 /// Allocated over available milli-unit-ms within a window; 0 for an empty window.

@@ -49,6 +49,27 @@ impl Cluster {
         self.nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum()
     }
 
+    /// An even sample of about `num / den` of a class's nodes, taken per node size so the
+    /// sample has the class's mix of sizes whatever order the nodes are listed in: of the
+    /// `n` nodes of one size, the `i`-th is kept when `round((i+1)·num/den) > round(i·num/den)`,
+    /// which keeps `round(n·num/den)` of them, evenly spread. Indices in node order.
+    pub fn sample_nodes(&self, class: ClassId, num: u128, den: u128) -> Vec<usize> {
+        let den = den.max(1);
+        let rounded = |i: u128| (2 * i * num + den) / (2 * den);
+        let mut by_size: std::collections::BTreeMap<u8, Vec<usize>> = std::collections::BTreeMap::new();
+        for (i, node) in self.nodes.iter().enumerate().filter(|(_, n)| n.class == class) {
+            by_size.entry(node.units).or_default().push(i);
+        }
+        let mut kept: Vec<usize> = by_size
+            .values()
+            .flat_map(|nodes| {
+                nodes.iter().enumerate().filter(|&(i, _)| rounded(i as u128 + 1) > rounded(i as u128)).map(|(_, &n)| n)
+            })
+            .collect();
+        kept.sort_unstable();
+        kept
+    }
+
     /// A team's reserved quota of a class, in milli-units.
     pub fn reserved_milli(&self, team: TeamId, class: ClassId) -> u64 {
         self.teams[team as usize].quotas.get(&class).map_or(0, |q| q.reserved)
@@ -117,14 +138,11 @@ impl Workload {
             return workload;
         }
         let cluster = &self.cluster;
-        let mut nodes = Vec::new();
-        for class in 0..cluster.classes.len() as ClassId {
-            let of_class = cluster.nodes.iter().filter(|n| n.class == class);
-            // Node i of the class is kept when ⌊(i+1)/k⌋ > ⌊i/k⌋: the last of every k.
-            nodes.extend(of_class.enumerate().filter(|(i, _)| (i + 1) % k as usize == 0).map(|(_, n)| n.clone()));
-        }
-        nodes.sort_by_key(|n| cluster.nodes.iter().position(|m| m.name == n.name));
-        workload.cluster.nodes = nodes;
+        let mut kept: Vec<usize> = (0..cluster.classes.len() as ClassId)
+            .flat_map(|class| cluster.sample_nodes(class, 1, u128::from(k)))
+            .collect();
+        kept.sort_unstable();
+        workload.cluster.nodes = kept.into_iter().map(|n| cluster.nodes[n].clone()).collect();
         for class in 0..cluster.classes.len() as ClassId {
             let (old, new) = (cluster.capacity_milli(class), workload.cluster.capacity_milli(class));
             let scale = |milli: u64| (u128::from(milli) * u128::from(new) / u128::from(old.max(1))) as u64;
@@ -146,18 +164,21 @@ pub struct SimulateOptions {
     pub trace: String,
     /// Cluster description, for a CSV trace.
     pub cluster: Option<PathBuf>,
-    /// A fixed compression factor instead of the search.
+    /// A fixed compression factor instead of searching one.
     pub compress: Option<f64>,
-    /// Keep one node in this many (see [`Workload::shrunk`]); 1 keeps the whole cluster.
-    pub shrink: u32,
+    /// A fixed shrink factor (see [`Workload::shrunk`]) instead of searching one.
+    pub shrink: Option<u32>,
     pub traces_dir: PathBuf,
 }
 
 /// `fairway simulate`: loads the workload, finds (or takes) the load, replays it under every
 /// policy and prints the tables.
 pub fn simulate_command(options: &SimulateOptions, out: &mut dyn Write) -> anyhow::Result<()> {
-    anyhow::ensure!(options.shrink >= 1, "--shrink must be at least 1");
-    let workload = load_workload(options)?.shrunk(options.shrink);
+    if let Some(f) = options.compress {
+        anyhow::ensure!(f.is_finite() && f > 0.0, "--compress must be a positive number, not {f}");
+    }
+    anyhow::ensure!(options.shrink != Some(0), "--shrink must be at least 1");
+    let workload = load_workload(options)?;
     writeln!(
         out,
         "Replaying {} ({} jobs, {} GPUs) under {} policies",
@@ -166,21 +187,28 @@ pub fn simulate_command(options: &SimulateOptions, out: &mut dyn Write) -> anyho
         workload.cluster.total_capacity_milli() as f64 / f64::from(UNIT),
         experiment::POLICIES.len()
     )?;
-    let search = match options.compress {
-        Some(factor) if factor.is_finite() && factor > 0.0 => None,
-        Some(factor) => anyhow::bail!("--compress must be a positive number, not {factor}"),
-        None => {
-            writeln!(out, "Searching the arrival compression factor for FIFO utilisation >= 70% ...")?;
-            out.flush()?;
-            let mut progress = |factor: f64, util: f64| {
-                let _ = writeln!(out, "  {factor}x: FIFO utilisation {:.1}%", util * 100.0);
+    let (shrink, compression, search) = match (options.shrink, options.compress) {
+        (Some(k), Some(f)) => (k, f, None),
+        (k, f) => {
+            writeln!(
+                out,
+                "Searching the load (cluster shrink x arrival compression) for FIFO utilisation >= {:.0}%:",
+                experiment::TARGET_UTILISATION * 100.0
+            )?;
+            let mut progress = |t: &experiment::LoadTried| {
+                let _ = match t.fifo_utilisation {
+                    Some(u) => {
+                        writeln!(out, "  shrink {} x compress {}: FIFO {:.1}%", t.shrink, t.compression, u * 100.0)
+                    }
+                    None => writeln!(out, "  shrink {}: skipped, the whole trace fits the cluster at once", t.shrink),
+                };
                 let _ = out.flush();
             };
-            Some(experiment::find_compression(&workload, experiment::TARGET_UTILISATION, &mut progress)?)
+            let search = experiment::find_load(&workload, experiment::TARGET_UTILISATION, k, f, &mut progress)?;
+            (search.shrink, search.compression, Some(search))
         }
     };
-    let factor = search.as_ref().map_or(options.compress.unwrap_or(1.0), |s| s.factor);
-    let comparison = experiment::compare(&workload, factor)?;
+    let comparison = experiment::compare(&workload, shrink, compression)?;
     writeln!(out)?;
     write!(out, "{}", experiment::render(&comparison, search.as_ref()))?;
     Ok(())
@@ -207,4 +235,51 @@ pub fn fragmentation_command(traces_dir: &Path, out: &mut dyn Write) -> anyhow::
     let rows = fragmentation::run(traces_dir)?;
     write!(out, "{}", fragmentation::render(&rows))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compression_divides_arrival_times_from_the_first_arrival_and_keeps_durations() {
+        let cluster = Cluster { classes: vec![], nodes: vec![], teams: vec![], priorities: vec![] };
+        let job = |submit_ms| TraceJob {
+            team: 0,
+            class: 0,
+            replicas: 1,
+            milli_per_replica: 1000,
+            priority: 0,
+            submit_ms,
+            duration_ms: 5000,
+            max_runtime_ms: 7_200_000,
+        };
+        let w = Workload { name: "w".into(), cluster, jobs: vec![job(1000), job(5000), job(9000)] };
+        let c = w.compressed(4.0);
+        let submits: Vec<i64> = c.jobs.iter().map(|j| j.submit_ms).collect();
+        assert_eq!(submits, [1000, 2000, 3000]);
+        assert!(c.jobs.iter().all(|j| j.duration_ms == 5000));
+    }
+
+    #[test]
+    fn shrinking_keeps_one_node_in_k_of_each_class_and_scales_quotas() {
+        let nodes: Vec<traces::AlibabaNode> = (0..16)
+            .map(|i| traces::AlibabaNode {
+                name: format!("n{i}"),
+                cpu_milli: 0,
+                memory_mib: 0,
+                gpus: if i % 2 == 0 { 8 } else { 2 },
+                model: String::new(),
+            })
+            .collect();
+        let cluster = traces::alibaba_cluster(&nodes, &[("a".into(), 3), ("b".into(), 1)]);
+        let w = Workload { name: "w".into(), cluster, jobs: vec![] };
+        let shrunk = w.shrunk(4);
+        assert_eq!(shrunk.cluster.nodes.len(), 4);
+        assert_eq!(shrunk.cluster.nodes.iter().filter(|n| n.units == 8).count(), 2, "the mix survives");
+        let reserved: u64 = shrunk.cluster.teams.iter().map(|t| t.quotas[&0].reserved).sum();
+        let capacity = shrunk.cluster.total_capacity_milli();
+        assert_eq!(capacity, 20_000);
+        assert!(reserved <= capacity * 8 / 10 && reserved + 2 >= capacity * 8 / 10, "{reserved}");
+    }
 }

@@ -1,5 +1,9 @@
 //! The event-driven simulator. A simulated clock jumps from event to event; the events are
-//! job arrivals, job completions and the exits of preempted jobs when their grace period ends.
+//! job arrivals, job completions, the exits of preempted jobs when their grace period ends,
+//! and preemptible jobs passing the engine's minimum runtime (from then on they may be
+//! victims, so a waiting job may preempt them: a control loop cycling every few seconds would
+//! notice at once, and without this event the simulator would notice only at the next
+//! arrival or completion).
 //! At each distinct event time the simulator applies every event of that time, then runs one
 //! engine cycle on a [`Snapshot`] of the state and applies its decisions:
 //! - an admitted job takes the GPUs of its placement (checked against what is free: a bad
@@ -21,7 +25,8 @@ use std::{
 
 use super::{TraceJob, Workload};
 use crate::scheduler::{
-    schedule, Config, Decisions, JobId, JobSpec, Policy, ReplicaPlacement, RunningJob, Snapshot, Topology, UNIT,
+    schedule, ClassId, Config, Decisions, JobId, JobSpec, PendingReason, Policy, PreemptReason, ReplicaPlacement,
+    RunningJob, Snapshot, Topology, UNIT,
 };
 
 /// Simulated jobs checkpoint after every this much runtime.
@@ -48,6 +53,14 @@ pub struct ReplayOutcome {
     pub allocation: Vec<(i64, u64)>,
     /// Preemptions applied (victims that stopped before completing).
     pub preemptions: u64,
+    /// Preemptions decided, by reason: priority, reclaim, fair share. (A victim that
+    /// completes within its grace period counts here but not in `preemptions`.)
+    pub preemptions_by_reason: [u64; 3],
+    /// The most times one job was preempted.
+    pub max_preemptions_of_one_job: u32,
+    /// Time jobs spent waiting, by the reason the engine gave (ms × jobs), indexed as
+    /// [`PENDING_REASONS`]: where the queueing delay comes from.
+    pub waiting_ms_by_reason: [u128; PENDING_REASONS.len()],
     /// Work lost to preemptions: milli-units × ms since the victims' last checkpoints.
     pub lost_milli_ms: u128,
     /// Engine cycles run.
@@ -56,6 +69,37 @@ pub struct ReplayOutcome {
     pub engine_time: Duration,
     /// Why the replay ended before every job completed, if it did.
     pub stopped: Option<String>,
+}
+
+/// The pending reasons' codes, in the order of [`ReplayOutcome::waiting_ms_by_reason`].
+pub const PENDING_REASONS: [&str; 11] = [
+    "never_fits",
+    "burst_limit",
+    "reserved_quota_exhausted",
+    "budget_exhausted",
+    "no_topology_fit",
+    "fair_share_behind",
+    "insufficient_capacity",
+    "waiting_for_reclaim",
+    "reserved_for",
+    "behind_head_of_line",
+    "exceeds_quota",
+];
+
+fn reason_index(reason: &PendingReason) -> usize {
+    match reason {
+        PendingReason::NeverFits => 0,
+        PendingReason::BurstLimit { .. } => 1,
+        PendingReason::ReservedQuotaExhausted { .. } => 2,
+        PendingReason::BudgetExhausted => 3,
+        PendingReason::NoTopologyFit => 4,
+        PendingReason::FairShareBehind { .. } => 5,
+        PendingReason::InsufficientCapacity => 6,
+        PendingReason::WaitingForReclaim => 7,
+        PendingReason::ReservedFor { .. } => 8,
+        PendingReason::BehindHeadOfLine { .. } => 9,
+        PendingReason::ExceedsQuota { .. } => 10,
+    }
 }
 
 /// The engine's decisions could not be applied: a bug in the engine.
@@ -81,6 +125,8 @@ enum EventKind {
     /// A preempted job's grace period ends.
     Exit,
     Arrival,
+    /// A preemptible job has run the minimum runtime: it may now be a victim.
+    Eligible,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -121,6 +167,10 @@ struct Replay<'a> {
     allocated_milli: u64,
     allocation: Vec<(i64, u64)>,
     preemptions: u64,
+    preemptions_by_reason: [u64; 3],
+    /// Pending jobs per reason as of the last cycle, and their accumulated waiting.
+    pending_by_reason: [u64; PENDING_REASONS.len()],
+    waiting_ms_by_reason: [u128; PENDING_REASONS.len()],
     lost_milli_ms: u128,
     cycles: u64,
     engine_time: Duration,
@@ -173,6 +223,9 @@ impl<'a> Replay<'a> {
             allocated_milli: 0,
             allocation: Vec::new(),
             preemptions: 0,
+            preemptions_by_reason: [0; 3],
+            pending_by_reason: [0; PENDING_REASONS.len()],
+            waiting_ms_by_reason: [0; PENDING_REASONS.len()],
             lost_milli_ms: 0,
             cycles: 0,
             engine_time: Duration::ZERO,
@@ -193,9 +246,14 @@ impl<'a> Replay<'a> {
                 self.apply_event(event);
             }
             if self.snapshot.pending.is_empty() {
+                self.pending_by_reason = [0; PENDING_REASONS.len()];
                 continue;
             }
             let decisions = self.cycle();
+            self.pending_by_reason = [0; PENDING_REASONS.len()];
+            for pending in &decisions.pending {
+                self.pending_by_reason[reason_index(&pending.reason)] += 1;
+            }
             let acted = !decisions.admissions.is_empty() || !decisions.preemptions.is_empty();
             self.apply(&decisions)?;
             if !acted && self.events.is_empty() {
@@ -216,6 +274,9 @@ impl<'a> Replay<'a> {
         let elapsed = to_ms - self.snapshot.now_ms;
         if elapsed > 0 {
             self.accrue_usage(elapsed);
+            for (total, &count) in self.waiting_ms_by_reason.iter_mut().zip(&self.pending_by_reason) {
+                *total += u128::from(count) * elapsed as u128;
+            }
         }
         self.snapshot.now_ms = to_ms;
     }
@@ -260,7 +321,7 @@ impl<'a> Replay<'a> {
                 (0..classes)
                     .map(|c| {
                         let (milli, weighted) = held[t * classes + c];
-                        let reserved = team.quotas.get(&(c as u16)).map_or(0, |q| q.reserved);
+                        let reserved = team.quotas.get(&(c as ClassId)).map_or(0, |q| q.reserved);
                         if milli <= reserved {
                             return 0.0;
                         }
@@ -292,6 +353,8 @@ impl<'a> Replay<'a> {
                     self.exit_preempted(event.job);
                 }
             }
+            // Nothing changes but the time: the cycle that follows sees the job as a victim.
+            EventKind::Eligible => {}
         }
     }
 
@@ -302,9 +365,6 @@ impl<'a> Replay<'a> {
     /// A preempted job's grace period is over: it keeps its checkpointed work and requeues.
     fn exit_preempted(&mut self, job: JobId) {
         let Some(run) = self.runs[job as usize] else { return };
-        if std::env::var("SIMDBG3").ok().and_then(|v| v.parse::<i64>().ok()) == Some(self.snapshot.now_ms) {
-            eprintln!("EXIT {:?} job={} placement={:?}", self.policy, job, self.snapshot.running[run.index].placement);
-        }
         let ran = self.snapshot.now_ms - run.started_ms;
         let saved = ran / CHECKPOINT_INTERVAL_MS * CHECKPOINT_INTERVAL_MS;
         let total_milli = self.workload.jobs[job as usize].total_milli();
@@ -388,24 +448,12 @@ impl<'a> Replay<'a> {
                 return Err(self.bad(format!("preempts job {victim}, which is already terminating")));
             }
             job.terminating = true;
-            if std::env::var_os("SIMDBG").is_some() {
-                let fj = &self.workload.jobs[preemption.for_job as usize];
-                let vj = &self.workload.jobs[victim as usize];
-                eprintln!(
-                    "t={} {:?} victim={} team={} milli={} ran={} for={} team={} milli={} prio={} pending={}",
-                    self.snapshot.now_ms,
-                    preemption.reason,
-                    victim,
-                    vj.team,
-                    vj.total_milli(),
-                    self.snapshot.now_ms - job.started_ms,
-                    preemption.for_job,
-                    fj.team,
-                    fj.total_milli(),
-                    fj.priority,
-                    self.snapshot.pending.len()
-                );
-            }
+            let reason = match preemption.reason {
+                PreemptReason::Priority => 0,
+                PreemptReason::Reclaim => 1,
+                PreemptReason::FairShare => 2,
+            };
+            self.preemptions_by_reason[reason] += 1;
             let at_ms = self.snapshot.now_ms + preemption.grace_ms.max(0);
             self.events.push(Reverse(Event { at_ms, kind: EventKind::Exit, job: victim, run: run.number }));
         }
@@ -414,35 +462,6 @@ impl<'a> Replay<'a> {
         }
         let positions: HashMap<JobId, usize> =
             self.snapshot.pending.iter().enumerate().map(|(i, p)| (p.id, i)).collect();
-        if std::env::var_os("SIMDBG2").is_some() && !decisions.preemptions.is_empty() {
-            // usage per team excluding terminating jobs, after this cycle's preemptions
-            let mut live = vec![0u64; self.snapshot.teams.len()];
-            let mut term = vec![0u64; self.snapshot.teams.len()];
-            for j in &self.snapshot.running {
-                if j.terminating {
-                    term[j.spec.team as usize] += j.spec.total_milli();
-                } else {
-                    live[j.spec.team as usize] += j.spec.total_milli();
-                }
-            }
-            let mut teams: Vec<u32> = decisions
-                .preemptions
-                .iter()
-                .filter(|p| p.reason == crate::scheduler::PreemptReason::Reclaim)
-                .map(|p| self.workload.jobs[p.victim as usize].team)
-                .collect();
-            teams.sort();
-            teams.dedup();
-            for t in teams {
-                let r = self.snapshot.teams[t as usize].quotas[&0].reserved;
-                if live[t as usize] < r {
-                    eprintln!(
-                        "t={} victim team {t} left with live {} < reserved {r} (terminating {})",
-                        self.snapshot.now_ms, live[t as usize], term[t as usize]
-                    );
-                }
-            }
-        }
         let mut admitted = HashSet::new();
         for admission in &decisions.admissions {
             let position = positions.get(&admission.job).copied();
@@ -451,21 +470,6 @@ impl<'a> Replay<'a> {
             };
             let spec = self.snapshot.pending[position].clone();
             self.check_placement(&spec, &admission.placement)?;
-            if std::env::var("SIMDBG3").ok().and_then(|v| v.parse::<i64>().ok()) == Some(self.snapshot.now_ms) {
-                let j = &self.workload.jobs[spec.id as usize];
-                eprintln!(
-                    "ADMIT {:?} t={} job={} team={} milli={} prio={} submit={} borrowing={} node={:?}",
-                    self.policy,
-                    self.snapshot.now_ms,
-                    spec.id,
-                    j.team,
-                    j.total_milli(),
-                    j.priority,
-                    j.submit_ms,
-                    admission.borrowing,
-                    admission.placement
-                );
-            }
             self.start(spec, admission.placement.clone());
             admitted.insert(admission.job);
         }
@@ -536,6 +540,16 @@ impl<'a> Replay<'a> {
         self.outcomes[id].first_start_ms.get_or_insert(now);
         let at_ms = now + self.remaining_ms[id];
         self.events.push(Reverse(Event { at_ms, kind: EventKind::Completion, job: spec.id, run: run.number }));
+        let preemptible = self.snapshot.priorities.get(usize::from(spec.priority)).is_some_and(|p| p.preemptible);
+        let eligible_ms = now + self.snapshot.config.min_runtime_before_preemption_ms;
+        if preemptible && eligible_ms < at_ms {
+            self.events.push(Reverse(Event {
+                at_ms: eligible_ms,
+                kind: EventKind::Eligible,
+                job: spec.id,
+                run: run.number,
+            }));
+        }
         self.snapshot.running.push(RunningJob {
             spec,
             started_ms: now,
@@ -546,22 +560,36 @@ impl<'a> Replay<'a> {
     }
 
     fn stuck_report(&self, decisions: &Decisions) -> String {
-        let first = decisions.pending.first().map_or_else(String::new, |p| {
-            let name = |t: u32| self.snapshot.teams.get(t as usize).map_or_else(|| t.to_string(), |t| t.name.clone());
-            format!("; first: job {} ({})", p.job, p.reason.code(&name))
-        });
+        let name = |t: u32| self.snapshot.teams.get(t as usize).map_or_else(|| t.to_string(), |t| t.name.clone());
+        let first = decisions
+            .pending
+            .first()
+            .map_or_else(String::new, |p| format!("; first: job {} ({})", p.job, p.reason.code(&name)));
+        let mut by_reason = [0usize; PENDING_REASONS.len()];
+        decisions.pending.iter().for_each(|p| by_reason[reason_index(&p.reason)] += 1);
+        let reasons: Vec<String> = PENDING_REASONS
+            .iter()
+            .zip(by_reason)
+            .filter(|(_, n)| *n > 0)
+            .map(|(code, n)| format!("{n} {code}"))
+            .collect();
         format!(
-            "{} jobs wait, nothing is running or due and the engine admits nothing{first}",
-            self.snapshot.pending.len()
+            "{} jobs wait ({}), nothing is running or due and the engine admits nothing{first}",
+            self.snapshot.pending.len(),
+            reasons.join(", ")
         )
     }
 
     fn into_outcome(self) -> ReplayOutcome {
+        let max_preemptions_of_one_job = self.outcomes.iter().map(|o| o.preemptions).max().unwrap_or(0);
         ReplayOutcome {
+            max_preemptions_of_one_job,
             policy: self.policy,
             jobs: self.outcomes,
             allocation: self.allocation,
             preemptions: self.preemptions,
+            preemptions_by_reason: self.preemptions_by_reason,
+            waiting_ms_by_reason: self.waiting_ms_by_reason,
             lost_milli_ms: self.lost_milli_ms,
             cycles: self.cycles,
             engine_time: self.engine_time,
