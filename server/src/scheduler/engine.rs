@@ -511,26 +511,23 @@ impl<'a> Cycle<'a> {
         self.waiting_in_team.entry((job.team, job.class)).or_insert((job.id, priority));
     }
 
-    /// The waiting job whose held GPUs keep `job` from fitting, if that is what blocks it.
-    fn held_for(&mut self, job: &JobSpec) -> Option<JobId> {
-        let mut holds: Vec<(JobId, Vec<ReplicaPlacement>)> =
-            self.claims.iter().filter(|c| c.1 == job.class).map(|c| (c.0, c.2.clone())).collect();
+    /// The waiting job whose held GPUs keep `job` from fitting, if that is what blocks it:
+    /// judged by amount (held plus available covers the job), which is cheap enough to ask
+    /// for every waiting job; the code only explains, it decides nothing.
+    fn held_for(&self, job: &JobSpec) -> Option<JobId> {
+        let claims = self.claims.iter().filter(|c| c.1 == job.class);
+        let mut holder = None;
+        let mut held = self.claimed_free.get(&job.class).copied().unwrap_or(0);
+        for (id, _, placement) in claims {
+            holder.get_or_insert(*id);
+            held += placement.iter().flat_map(|r| r.units.iter()).map(|&(_, m)| u64::from(m)).sum::<u64>();
+        }
         if let Some(r) = self.reservations.get(&job.class) {
-            holds.push((r.job, r.held.clone()));
+            holder.get_or_insert(r.job);
+            held += r.held.iter().flat_map(|p| p.units.iter()).map(|&(_, m)| u64::from(m)).sum::<u64>();
         }
-        let holder = holds.first()?.0;
-        let claimed = self.claimed_free.remove(&job.class);
-        for (_, held) in &holds {
-            self.inv.release(held);
-        }
-        let fits = self.available(job) >= job.total_milli() && self.inv.find(job).is_some();
-        for (_, held) in &holds {
-            self.inv.allocate(held);
-        }
-        if let Some(c) = claimed {
-            self.claimed_free.insert(job.class, c);
-        }
-        fits.then_some(holder)
+        let holder = holder?;
+        (self.available(job) + held >= job.total_milli()).then_some(holder)
     }
 
     /// The burst a team deserves: the borrowed value in use across the platform at the
