@@ -211,12 +211,16 @@ impl Inventory {
         }
     }
 
-    /// Places replicas one by one, best-fit, taking each tentatively so the next sees it;
-    /// everything is given back before returning.
+    /// Places replicas one by one, best-fit, optionally within one rack or zone, taking each
+    /// tentatively so the next sees it; everything is given back before returning.
     fn find_anywhere(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
+        self.place_replicas(job, None)
+    }
+
+    fn place_replicas(&mut self, job: &JobSpec, within: Option<DomainFilter>) -> Option<Vec<ReplicaPlacement>> {
         let mut placed: Vec<ReplicaPlacement> = Vec::with_capacity(usize::from(job.replicas));
         for _ in 0..job.replicas {
-            match self.best_replica(job.class, job.milli_per_replica, None) {
+            match self.best_replica(job.class, job.milli_per_replica, within) {
                 Some(r) => {
                     self.allocate(std::slice::from_ref(&r));
                     placed.push(r);
@@ -255,31 +259,13 @@ impl Inventory {
                 domains.sort_unstable();
                 for (_, key) in domains {
                     let filter = DomainFilter { level, key };
-                    if let Some(p) = self.place_in_domain(job, filter) {
+                    if let Some(p) = self.place_replicas(job, Some(filter)) {
                         return Some(p);
                     }
                 }
                 None
             }
         }
-    }
-
-    fn place_in_domain(&mut self, job: &JobSpec, filter: DomainFilter) -> Option<Vec<ReplicaPlacement>> {
-        let mut placed = Vec::with_capacity(usize::from(job.replicas));
-        for _ in 0..job.replicas {
-            match self.best_replica(job.class, job.milli_per_replica, Some(filter)) {
-                Some(r) => {
-                    self.allocate(std::slice::from_ref(&r));
-                    placed.push(r);
-                }
-                None => {
-                    self.release(&placed);
-                    return None;
-                }
-            }
-        }
-        self.release(&placed);
-        Some(placed)
     }
 
     /// All replicas on one node (and, if asked, one NVLink domain of it).
