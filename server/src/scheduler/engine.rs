@@ -58,8 +58,8 @@ impl Ord for HeadKey {
     }
 }
 
-/// A blocked gang's hold on the future. At `shadow_ms` the running jobs' maximum runtimes
-/// will have freed the GPUs of `placement`; of those, the ones free now are held for it.
+/// A blocked gang's hold on the future. By `shadow_ms` the running jobs' maximum runtimes
+/// will have freed GPUs where the gang can be placed; of those, the ones free now are held.
 /// Other jobs run anywhere else, and on the held GPUs only if they end before `shadow_ms`
 /// (EASY backfill), so a large gang cannot starve behind a stream of small ones.
 #[derive(Debug, Clone)]
