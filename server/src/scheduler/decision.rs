@@ -142,10 +142,24 @@ pub struct Pending {
     pub expected_start_ms: Option<i64>,
 }
 
+/// How fragmented a class's free capacity is after the cycle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fragmentation {
+    pub class: super::snapshot::ClassId,
+    /// Free milli-units (GPUs held for waiting jobs count as taken).
+    pub free_milli: u64,
+    /// Free milli-units that no replica of the waiting jobs' shapes could use: too few free
+    /// units on a node for the smallest whole-GPU replica, too little on a unit for the
+    /// smallest share. Zero when nothing of the class waits.
+    pub stranded_milli: u64,
+}
+
 /// Everything one cycle decides.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Decisions {
     pub admissions: Vec<Admission>,
     pub preemptions: Vec<Preemption>,
     pub pending: Vec<Pending>,
+    /// Per class with capacity: free and stranded capacity after the cycle.
+    pub fragmentation: Vec<Fragmentation>,
 }

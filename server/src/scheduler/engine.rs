@@ -137,6 +137,7 @@ pub fn run(snapshot: &Snapshot) -> Decisions {
         Policy::Fairway | Policy::QuotaNoHistory => cycle.fair(),
     }
     let mut decisions = std::mem::take(&mut cycle.decisions);
+    decisions.fragmentation = fragmentation(snapshot, &cycle.inv, &decisions);
     if snapshot.config.estimate_start_times {
         // GPUs held for waiting jobs are theirs to start on: count them as free.
         let mut held = vec![0u64; snapshot.classes.len()];
@@ -856,6 +857,31 @@ impl Cycle<'_> {
             && self.available(job) >= n
             && self.inv.find(job).is_some()
     }
+}
+
+/// Free and stranded capacity per class, judged against the shapes of the waiting jobs.
+fn fragmentation(s: &Snapshot, inv: &Inventory, d: &Decisions) -> Vec<super::decision::Fragmentation> {
+    let still_waiting: BTreeSet<JobId> = d.pending.iter().map(|p| p.job).collect();
+    (0..s.classes.len() as ClassId)
+        .filter(|&c| inv.capacity_milli(c) > 0)
+        .map(|class| {
+            let waiting = s.pending.iter().filter(|j| j.class == class && still_waiting.contains(&j.id));
+            let (mut whole, mut share, mut any) = (u8::MAX, u32::MAX, false);
+            for j in waiting {
+                any = true;
+                if j.milli_per_replica >= super::snapshot::UNIT {
+                    whole = whole.min((j.milli_per_replica / super::snapshot::UNIT).min(64) as u8);
+                } else {
+                    share = share.min(j.milli_per_replica);
+                }
+            }
+            super::decision::Fragmentation {
+                class,
+                free_milli: inv.free_milli(class),
+                stranded_milli: if any { inv.stranded_milli(class, whole, share) } else { 0 },
+            }
+        })
+        .collect()
 }
 
 /// GPU-milliseconds of work a running job loses if stopped now: since its last checkpoint.

@@ -374,7 +374,8 @@ impl Inventory {
 
     /// Free milli-units that no replica of the given shapes could use: units on nodes whose
     /// free space is too small for the smallest whole-GPU shape, plus partial units too small
-    /// for the smallest share. The fragmentation measure of a placement policy.
+    /// for the smallest share (`u8::MAX` / `u32::MAX` when no job of that kind waits). The
+    /// fragmentation measure of a placement policy.
     pub fn stranded_milli(&self, class: ClassId, smallest_whole_units: u8, smallest_share_milli: u32) -> u64 {
         let mut stranded = 0u64;
         for state in self.nodes.iter().filter(|n| n.class == class) {

@@ -83,7 +83,7 @@ pub mod snapshot;
 #[cfg(test)]
 mod tests;
 
-pub use decision::{Admission, Decisions, Pending, PendingReason, PreemptReason, Preemption};
+pub use decision::{Admission, Decisions, Fragmentation, Pending, PendingReason, PreemptReason, Preemption};
 pub use snapshot::*;
 
 /// Runs one admission cycle over a snapshot.

@@ -321,3 +321,19 @@ fn a_dry_run_answers_like_a_real_submission_without_changing_anything() {
     assert!(free.placement.is_some());
     assert_eq!(free.expected_start_ms, Some(NOW));
 }
+
+#[test]
+fn free_gpus_no_waiting_shape_can_use_are_reported_as_stranded() {
+    let mut s = cluster(2, vec![team("a", 16, 0)]);
+    start(&mut s, job(1, 0, 6, 0), HOUR); // leaves 2 GPUs on one node
+    start(&mut s, job(2, 0, 5, 0), HOUR); // leaves 3 on the other
+    s.pending = vec![job(3, 0, 4, 0)];
+    let d = schedule(&s);
+    assert_eq!(d.fragmentation.len(), 1);
+    assert_eq!(d.fragmentation[0].free_milli, 5000);
+    assert_eq!(d.fragmentation[0].stranded_milli, 5000, "5 GPUs free, but no node has the 4 the job needs");
+    s.pending = vec![job(4, 0, 3, 0), job(5, 0, 4, 0)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![4]);
+    assert_eq!(d.fragmentation[0].stranded_milli, 2000, "the 3-GPU job took 3; the 2 left fit no waiting job");
+}
