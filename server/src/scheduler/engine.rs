@@ -108,8 +108,8 @@ struct Cycle<'a> {
     /// Failed fair-share preemption attempts per class: (score after, milli). An attempt by
     /// a team whose score would be at least as high, for at least as much, fails too.
     fair_share_failures: BTreeMap<ClassId, Vec<(f64, u64)>>,
-    /// Jobs admitted this cycle: (end, class, placement), for reservations.
-    admitted_ends: Vec<(i64, ClassId, Vec<ReplicaPlacement>)>,
+    /// Jobs admitted this cycle: (end, class, job, placement), for reservations.
+    admitted_ends: Vec<(i64, ClassId, JobId, Vec<ReplicaPlacement>)>,
     reservations: BTreeMap<ClassId, Reservation>,
     /// Shapes that found no placement this cycle; free space only shrinks within a cycle.
     unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey)>,
@@ -603,7 +603,7 @@ impl<'a> Cycle<'a> {
                 *left = left.saturating_sub(cost);
             }
         }
-        self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, placement.clone()));
+        self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, job.id, placement.clone()));
         self.decisions.admissions.push(Admission {
             job: job.id,
             placement,
@@ -636,7 +636,7 @@ impl<'a> Cycle<'a> {
     /// one: a single GPU is served by whichever frees first and cannot starve.
     fn reserve(&mut self, job: &JobSpec) {
         let s = self.s;
-        let mut ends: Vec<(i64, &[ReplicaPlacement])> = s
+        let mut ends: Vec<(i64, JobId, &[ReplicaPlacement])> = s
             .running
             .iter()
             .enumerate()
@@ -647,14 +647,16 @@ impl<'a> Cycle<'a> {
                 } else {
                     r.started_ms.saturating_add(r.spec.max_runtime_ms)
                 };
-                (end.max(s.now_ms), r.placement.as_slice())
+                (end.max(s.now_ms), r.spec.id, r.placement.as_slice())
             })
-            .chain(self.admitted_ends.iter().filter(|e| e.1 == job.class).map(|e| (e.0, e.2.as_slice())))
+            .chain(self.admitted_ends.iter().filter(|e| e.1 == job.class).map(|e| (e.0, e.2, e.3.as_slice())))
             .collect();
-        ends.sort_by_key(|e| e.0);
+        // Ties broken by job id: the replay, and so the held GPUs, must not depend on the
+        // order the snapshot lists running jobs in.
+        ends.sort_by_key(|e| (e.0, e.1));
         let mut future = self.inv.clone();
         let held_back = self.ledger.held_back_for_others(job.team, job.class);
-        for (end, placement) in ends {
+        for (end, _, placement) in ends {
             future.release(placement);
             if future.free_milli(job.class).saturating_sub(held_back) < job.total_milli() {
                 continue;
