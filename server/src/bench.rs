@@ -14,6 +14,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::rng::SplitMix64;
 use crate::scheduler::{
     self, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, NodeId, Policy, PriorityClass, PriorityId,
     Quota, ReplicaPlacement, RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
@@ -72,39 +73,6 @@ const SCAVENGER: PriorityId = 3;
 /// Whether jobs of priority `p` may not be preempted (and so must stay within reserved quota).
 fn firm(p: PriorityId) -> bool {
     matches!(p, SERVING | PRODUCTION)
-}
-
-/// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast and good enough for synthetic data, and it
-/// keeps the generator free of a dependency whose output could change between versions.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (multiply-shift; the bias is far below anything a benchmark notices).
-    fn below(&mut self, n: u64) -> u64 {
-        ((u128::from(self.next()) * u128::from(n)) >> 64) as u64
-    }
-
-    /// Uniform in `lo..=hi`.
-    fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.below(hi - lo + 1)
-    }
-
-    /// True with probability `percent` / 100.
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-
-    fn index(&mut self, len: usize) -> usize {
-        self.below(len as u64) as usize
-    }
 }
 
 /// Which GPUs are taken, per node and unit, while the generator places running jobs.

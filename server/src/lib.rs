@@ -12,6 +12,7 @@ pub mod bench;
 pub mod config;
 pub mod db;
 pub mod domain;
+pub mod rng;
 pub mod scheduler;
 pub mod simulate;
 pub mod telemetry;

@@ -27,7 +27,10 @@
 use std::{fmt::Write as _, path::Path};
 
 use super::traces::{self, files, AlibabaPod, TraceError};
-use crate::scheduler::{inventory::Inventory, JobSpec, Node, Topology, UNIT};
+use crate::{
+    rng::SplitMix64,
+    scheduler::{inventory::Inventory, JobSpec, Node, Topology, UNIT},
+};
 
 /// A placement policy under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +156,7 @@ pub fn place_until_failure(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, 
     while !requests.is_empty() {
         let next = match order {
             Order::Listed => placed % requests.len(),
-            Order::Sampled(_) => rng.below(requests.len()),
+            Order::Sampled(_) => rng.index(requests.len()),
         };
         let milli = requests[next];
         if !state.place(milli) {
@@ -167,25 +170,6 @@ pub fn place_until_failure(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, 
         gpu_pods: requests.len(),
         allocated_milli: allocated as f64,
         capacity_milli: capacity as f64,
-    }
-}
-
-/// A small deterministic generator, so the sampled order is the same on every machine and
-/// with every version of the `rand` crate.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `0..n` (multiply-shift; the bias is below 2^-32 for these sizes).
-    fn below(&mut self, n: usize) -> usize {
-        ((u128::from(self.next()) * n as u128) >> 64) as usize
     }
 }
 
@@ -376,7 +360,7 @@ mod tests {
         assert_eq!(run(7), run(7));
         let mut rng = SplitMix64(3);
         let mut seen = [0; 3];
-        (0..300).for_each(|_| seen[rng.below(3)] += 1);
+        (0..300).for_each(|_| seen[rng.index(3)] += 1);
         assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
     }
 }
