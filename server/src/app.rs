@@ -1,7 +1,7 @@
 //! The running service: shared state, the HTTP application with its layers, and the
 //! `serve` lifecycle (database, bootstrap, listen, graceful shutdown).
 
-use std::{path::Path, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use axum::{
@@ -17,7 +17,12 @@ use utoipa_swagger_ui::SwaggerUi;
 use crate::{
     api::{self, error::ApiError},
     auth::{jwt::JwtKeys, password, policy},
+    backends::{
+        sim::{SimBackend, SimConfig},
+        Backend,
+    },
     config::{decode_signing_key, Config, Secret},
+    control,
     db::{
         self,
         embedded::{Durability, EmbeddedPostgres},
@@ -84,26 +89,34 @@ async fn timeout(State(state): State<AppState>, request: Request, next: Next) ->
 pub struct Database {
     /// Connection pool.
     pub pool: PgPool,
+    /// How to open more connections (leader election holds one of its own).
+    pub options: sqlx::postgres::PgConnectOptions,
+    /// This process's name on its database sessions (`application_name`): unique per
+    /// process, so a scheduler that takes over can end a stalled predecessor's sessions.
+    pub instance: String,
     embedded: Option<EmbeddedPostgres>,
 }
 
 impl Database {
     /// Connects to `DATABASE_URL`, or starts the embedded server under the data directory.
     pub async fn open(config: &Config) -> anyhow::Result<Self> {
+        let instance = format!("fairway-{}-{:08x}", std::process::id(), rand::random::<u32>());
         match &config.database_url {
             Some(url) => {
                 let options: sqlx::postgres::PgConnectOptions =
                     url.expose().parse().context("DATABASE_URL is not a PostgreSQL URL")?;
-                let pool = db::connect(options, 20).await.context("cannot connect to DATABASE_URL")?;
-                Ok(Self { pool, embedded: None })
+                let options = options.application_name(&instance);
+                let pool = db::connect(options.clone(), 20).await.context("cannot connect to DATABASE_URL")?;
+                Ok(Self { pool, options, instance, embedded: None })
             }
             None => {
                 let pgdata = config.data_dir.join("postgres");
                 let server = EmbeddedPostgres::start(&pgdata, Durability { fsync: true }).await?;
                 tracing::info!(pgdata = %server.pgdata().display(), "embedded PostgreSQL running");
                 server.create_database("fairway", None).await?;
-                let pool = db::connect(server.connect_options("fairway"), 20).await?;
-                Ok(Self { pool, embedded: Some(server) })
+                let options = server.connect_options("fairway").application_name(&instance);
+                let pool = db::connect(options.clone(), 20).await?;
+                Ok(Self { pool, options, instance, embedded: Some(server) })
             }
         }
     }
@@ -208,11 +221,37 @@ async fn run(database: &Database, config: Config, key: &[u8]) -> anyhow::Result<
     let listen = config.listen;
     let state = AppState::new(database.pool.clone(), config, key)?;
     tokio::spawn(purge_idempotency_keys(state.db.clone()));
+    if state.config.scheduler {
+        let ctx = control_context(&state)?;
+        control::spawn(ctx, database.options.clone(), database.instance.clone());
+    }
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, "fairway listening");
     axum::serve(listener, app(state)).with_graceful_shutdown(shutdown_signal()).await?;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// The control loop's context: the clusters' backends and the loop's timings. With no
+/// cluster configured, the built-in simulated cluster (`sim`) is the one backend.
+pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
+    let mut sim = match &state.config.sim_inventory {
+        Some(path) => SimConfig::load(path).with_context(|| format!("FAIRWAY_SIM_INVENTORY {}", path.display()))?,
+        None => SimConfig::default(),
+    };
+    if let Some(speedup) = state.config.sim_speedup {
+        sim.speedup = speedup;
+    }
+    let cluster = sim.cluster.clone();
+    let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(state.db.clone(), sim));
+    let backends = BTreeMap::from([(cluster, backend)]);
+    let config = control::ControlConfig {
+        cycle_interval: state.config.cycle_interval,
+        lease: state.config.leader_lease,
+        check_invariants: state.config.check_invariants,
+        ..control::ControlConfig::default()
+    };
+    Ok(control::Ctx { pool: state.db.clone(), backends: Arc::new(backends), metrics: state.metrics.clone(), config })
 }
 
 /// With an external database, migrations are an explicit step (`fairway migrate up`), so

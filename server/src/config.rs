@@ -77,6 +77,21 @@ pub struct Config {
     pub currency: String,
     /// Log as JSON lines instead of compact text (`FAIRWAY_LOG_FORMAT=json`).
     pub log_json: bool,
+    /// Run the scheduler (leader election, cycles, dispatch); off for API-only replicas
+    /// (`FAIRWAY_SCHEDULER=off`).
+    pub scheduler: bool,
+    /// A scheduling cycle runs at least this often (`FAIRWAY_CYCLE_INTERVAL_MS`).
+    pub cycle_interval: Duration,
+    /// A leader silent this long is replaced (`FAIRWAY_LEADER_LEASE_SECONDS`).
+    pub leader_lease: Duration,
+    /// Inventory of the built-in simulated cluster, TOML (`FAIRWAY_SIM_INVENTORY`); the
+    /// embedded default when unset.
+    pub sim_inventory: Option<PathBuf>,
+    /// Speed-up of simulated job time, for demos (`FAIRWAY_SIM_SPEEDUP`).
+    pub sim_speedup: Option<f64>,
+    /// Check the quota invariant after every cycle and log breaches
+    /// (`FAIRWAY_CHECK_INVARIANTS=1`; for tests).
+    pub check_invariants: bool,
 }
 
 impl Default for Config {
@@ -96,6 +111,12 @@ impl Default for Config {
             idempotency_wait: Duration::from_secs(5),
             currency: "USD".into(),
             log_json: false,
+            scheduler: true,
+            cycle_interval: Duration::from_secs(2),
+            leader_lease: Duration::from_secs(10),
+            sim_inventory: None,
+            sim_speedup: None,
+            check_invariants: false,
         }
     }
 }
@@ -119,6 +140,11 @@ struct FileConfig {
     idempotency_wait_ms: Option<u64>,
     currency: Option<String>,
     log_format: Option<String>,
+    scheduler: Option<String>,
+    cycle_interval_ms: Option<u64>,
+    leader_lease_seconds: Option<u64>,
+    sim_inventory: Option<PathBuf>,
+    sim_speedup: Option<f64>,
 }
 
 impl Config {
@@ -209,6 +235,46 @@ impl Config {
                 })
             }
         };
+        config.scheduler = match env("FAIRWAY_SCHEDULER").or(file.scheduler).as_deref() {
+            None | Some("on") => true,
+            Some("off") => false,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_SCHEDULER",
+                    reason: format!("{other:?} is neither \"on\" nor \"off\""),
+                })
+            }
+        };
+        if let Some(ms) = number("FAIRWAY_CYCLE_INTERVAL_MS", file.cycle_interval_ms)? {
+            config.cycle_interval = Duration::from_millis(ms.clamp(10, 600_000));
+        }
+        if let Some(s) = number("FAIRWAY_LEADER_LEASE_SECONDS", file.leader_lease_seconds)? {
+            if !(2..=600).contains(&s) {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_LEADER_LEASE_SECONDS",
+                    reason: "must be between 2 and 600".into(),
+                });
+            }
+            config.leader_lease = Duration::from_secs(s);
+        }
+        config.sim_inventory = env("FAIRWAY_SIM_INVENTORY").map(PathBuf::from).or(file.sim_inventory);
+        let speedup = match env("FAIRWAY_SIM_SPEEDUP") {
+            Some(v) => Some(v.parse::<f64>().map_err(|_| ConfigError::Invalid {
+                name: "FAIRWAY_SIM_SPEEDUP",
+                reason: format!("{v:?} is not a number"),
+            })?),
+            None => file.sim_speedup,
+        };
+        if let Some(x) = speedup {
+            if !(x.is_finite() && x > 0.0 && x <= 100_000.0) {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_SIM_SPEEDUP",
+                    reason: "must be a number above 0 and at most 100000".into(),
+                });
+            }
+        }
+        config.sim_speedup = speedup;
+        config.check_invariants = env("FAIRWAY_CHECK_INVARIANTS").is_some_and(|v| v == "1" || v == "true");
         Ok(config)
     }
 

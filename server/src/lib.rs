@@ -8,8 +8,10 @@
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod backends;
 pub mod bench;
 pub mod config;
+pub mod control;
 pub mod db;
 pub mod domain;
 pub mod rng;

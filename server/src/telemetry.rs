@@ -40,11 +40,63 @@ struct Histogram {
     sum: f64,
 }
 
-/// Request counters and latencies by route.
+/// Request counters and latencies by route, and the control loop's figures.
 #[derive(Default)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), u64>>,
     latency: Mutex<BTreeMap<(String, String), Histogram>>,
+    scheduler: Mutex<SchedulerMetrics>,
+}
+
+/// Upper bounds of the scheduling-cycle histogram, in seconds.
+const CYCLE_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+/// Upper bounds of the admission-latency and queue-wait histograms, in seconds.
+const WAIT_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 43_200.0, 86_400.0];
+
+/// A histogram over fixed bounds.
+#[derive(Default, Clone)]
+struct Buckets {
+    counts: Vec<u64>,
+    count: u64,
+    sum: f64,
+}
+
+impl Buckets {
+    fn observe(&mut self, bounds: &[f64], value: f64) {
+        if self.counts.len() != bounds.len() {
+            self.counts = vec![0; bounds.len()];
+        }
+        for (i, bound) in bounds.iter().enumerate() {
+            if value <= *bound {
+                self.counts[i] += 1;
+            }
+        }
+        self.count += 1;
+        self.sum += value;
+    }
+
+    fn render(&self, out: &mut String, name: &str, bounds: &[f64]) {
+        for (i, bound) in bounds.iter().enumerate() {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", self.counts.get(i).copied().unwrap_or(0));
+        }
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {}", self.count);
+    }
+}
+
+/// What the control loop reports: gauges from the last cycle, counters since start.
+#[derive(Default)]
+struct SchedulerMetrics {
+    leader: bool,
+    pending: Vec<((String, String), u64)>,
+    allocation: Vec<(String, u64, u64)>,
+    cycles: Buckets,
+    admission_latency: Buckets,
+    queue_wait: Buckets,
+    preemptions: BTreeMap<String, u64>,
+    dispatch_errors: BTreeMap<(String, String), u64>,
+    outcomes: BTreeMap<String, u64>,
 }
 
 impl Metrics {
@@ -64,6 +116,103 @@ impl Metrics {
             }
             h.count += 1;
             h.sum += secs;
+        }
+    }
+
+    /// Records whether this process leads the control loop.
+    pub fn leader(&self, leading: bool) {
+        if let Ok(mut m) = self.scheduler.lock() {
+            m.leader = leading;
+        }
+    }
+
+    /// Records one scheduling cycle: its duration, the pending jobs and allocation after it,
+    /// the admitted jobs' waits (since submission, and since they last entered the queue)
+    /// and the preemptions by reason.
+    pub fn cycle(
+        &self,
+        duration: Duration,
+        pending: Vec<((String, String), u64)>,
+        allocation: Vec<(String, u64, u64)>,
+        admission_latencies: &[f64],
+        queue_waits: &[f64],
+        preemptions: &[&str],
+    ) {
+        if let Ok(mut m) = self.scheduler.lock() {
+            m.cycles.observe(&CYCLE_BUCKETS, duration.as_secs_f64());
+            m.pending = pending;
+            m.allocation = allocation;
+            for v in admission_latencies {
+                m.admission_latency.observe(&WAIT_BUCKETS, *v);
+            }
+            for v in queue_waits {
+                m.queue_wait.observe(&WAIT_BUCKETS, *v);
+            }
+            for r in preemptions {
+                *m.preemptions.entry((*r).to_owned()).or_default() += 1;
+            }
+        }
+    }
+
+    /// Counts a failed backend call.
+    pub fn dispatch_error(&self, cluster: &str, kind: &str) {
+        if let Ok(mut m) = self.scheduler.lock() {
+            *m.dispatch_errors.entry((cluster.to_owned(), kind.to_owned())).or_default() += 1;
+        }
+    }
+
+    /// Counts an ended attempt by outcome.
+    pub fn outcome(&self, outcome: &str) {
+        if let Ok(mut m) = self.scheduler.lock() {
+            *m.outcomes.entry(outcome.to_owned()).or_default() += 1;
+        }
+    }
+
+    fn render_scheduler(&self, out: &mut String) {
+        let Ok(m) = self.scheduler.lock() else { return };
+        out.push_str("# HELP fairway_scheduler_leader Whether this process runs the scheduler (1) or stands by (0).\n");
+        out.push_str("# TYPE fairway_scheduler_leader gauge\n");
+        let _ = writeln!(out, "fairway_scheduler_leader {}", u8::from(m.leader));
+        out.push_str("# HELP fairway_pending_jobs Jobs waiting for admission, by team and GPU class.\n");
+        out.push_str("# TYPE fairway_pending_jobs gauge\n");
+        for ((team, class), n) in &m.pending {
+            let _ = writeln!(out, "fairway_pending_jobs{{team=\"{team}\",gpu_class=\"{class}\"}} {n}");
+        }
+        out.push_str("# HELP fairway_gpus_allocated GPUs held by admitted jobs, by GPU class.\n");
+        out.push_str("# TYPE fairway_gpus_allocated gauge\n");
+        for (class, allocated, _) in &m.allocation {
+            let _ = writeln!(out, "fairway_gpus_allocated{{gpu_class=\"{class}\"}} {allocated}");
+        }
+        out.push_str("# HELP fairway_gpus_capacity GPUs the clusters offer, by GPU class.\n");
+        out.push_str("# TYPE fairway_gpus_capacity gauge\n");
+        for (class, _, capacity) in &m.allocation {
+            let _ = writeln!(out, "fairway_gpus_capacity{{gpu_class=\"{class}\"}} {capacity}");
+        }
+        out.push_str("# HELP fairway_scheduling_cycle_duration_seconds Snapshot, engine and commit of one cycle.\n");
+        out.push_str("# TYPE fairway_scheduling_cycle_duration_seconds histogram\n");
+        m.cycles.render(out, "fairway_scheduling_cycle_duration_seconds", &CYCLE_BUCKETS);
+        out.push_str("# HELP fairway_admission_latency_seconds Time from submission to first admission.\n");
+        out.push_str("# TYPE fairway_admission_latency_seconds histogram\n");
+        m.admission_latency.render(out, "fairway_admission_latency_seconds", &WAIT_BUCKETS);
+        out.push_str(
+            "# HELP fairway_queue_wait_seconds Time from entering the queue (or re-entering it) to admission.\n",
+        );
+        out.push_str("# TYPE fairway_queue_wait_seconds histogram\n");
+        m.queue_wait.render(out, "fairway_queue_wait_seconds", &WAIT_BUCKETS);
+        out.push_str("# HELP fairway_preemptions_total Jobs preempted, by reason.\n");
+        out.push_str("# TYPE fairway_preemptions_total counter\n");
+        for (reason, n) in &m.preemptions {
+            let _ = writeln!(out, "fairway_preemptions_total{{reason=\"{reason}\"}} {n}");
+        }
+        out.push_str("# HELP fairway_dispatch_errors_total Failed backend calls, by cluster and kind.\n");
+        out.push_str("# TYPE fairway_dispatch_errors_total counter\n");
+        for ((cluster, kind), n) in &m.dispatch_errors {
+            let _ = writeln!(out, "fairway_dispatch_errors_total{{cluster=\"{cluster}\",kind=\"{kind}\"}} {n}");
+        }
+        out.push_str("# HELP fairway_job_attempts_total Ended job attempts, by outcome.\n");
+        out.push_str("# TYPE fairway_job_attempts_total counter\n");
+        for (outcome, n) in &m.outcomes {
+            let _ = writeln!(out, "fairway_job_attempts_total{{outcome=\"{outcome}\"}} {n}");
         }
     }
 
@@ -100,6 +249,7 @@ impl Metrics {
         out.push_str("# TYPE fairway_db_connections gauge\n");
         let _ = writeln!(out, "fairway_db_connections{{state=\"idle\"}} {idle}");
         let _ = writeln!(out, "fairway_db_connections{{state=\"in_use\"}} {}", (open as usize).saturating_sub(idle));
+        self.render_scheduler(&mut out);
         out
     }
 }

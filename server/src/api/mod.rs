@@ -10,6 +10,7 @@ pub mod extract;
 pub mod gpu_classes;
 pub mod health;
 pub mod idempotency;
+pub mod jobs;
 pub mod priority_classes;
 pub mod quotas;
 pub mod teams;
@@ -32,7 +33,7 @@ const fn route(method: &'static str, path: &'static str, policy: Policy) -> Rout
     RoutePolicy { method, path, policy }
 }
 
-use Policy::{Authenticated, PlatformAdmin, Public, Team};
+use Policy::{Authenticated, Job, PlatformAdmin, Public, Team};
 
 /// Every route's authorization policy. A route missing here is refused at runtime and fails
 /// the test that compares this table with the OpenAPI document.
@@ -65,6 +66,15 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("PUT", "/api/v1/teams/{team}/budgets/{period}", Policy::TeamPlatformAdmin),
     route("DELETE", "/api/v1/teams/{team}/budgets/{period}", Policy::TeamPlatformAdmin),
     route("GET", "/api/v1/teams/{team}/audit-log", Team(TeamRole::Admin)),
+    route("POST", "/api/v1/teams/{team}/jobs", Team(TeamRole::Member)),
+    route("GET", "/api/v1/teams/{team}/jobs", Team(TeamRole::Viewer)),
+    route("POST", "/api/v1/teams/{team}/jobs:batch", Team(TeamRole::Member)),
+    route("POST", "/api/v1/teams/{team}/jobs:dry-run", Team(TeamRole::Member)),
+    route("GET", "/api/v1/teams/{team}/queue", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/jobs/{job}", Job(TeamRole::Viewer)),
+    route("POST", "/api/v1/jobs/{job}/cancel", Job(TeamRole::Member)),
+    route("GET", "/api/v1/jobs/{job}/events", Job(TeamRole::Viewer)),
+    route("POST", "/api/v1/jobs/{job}/checkpoint", Job(TeamRole::Member)),
     route("GET", "/api/v1/gpu-classes", Authenticated),
     route("POST", "/api/v1/gpu-classes", PlatformAdmin),
     route("GET", "/api/v1/gpu-classes/{gpu_class}", Authenticated),
@@ -95,6 +105,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
         (name = "users", description = "Users (platform admins)"),
         (name = "teams", description = "Teams and their members"),
         (name = "tokens", description = "API tokens for CI pipelines"),
+        (name = "jobs", description = "Jobs: submit, watch, cancel, the queue and dry runs"),
         (name = "quotas", description = "Reserved, burst and lendable GPUs per team and class"),
         (name = "budgets", description = "Monthly budgets per team"),
         (name = "gpu-classes", description = "The GPU catalogue and rate card"),
@@ -140,6 +151,14 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(teams::put_member, teams::delete_member))
         .routes(routes!(tokens::create_token, tokens::list_tokens))
         .routes(routes!(tokens::revoke_token))
+        .routes(routes!(jobs::create_job, jobs::list_jobs))
+        .routes(routes!(jobs::create_jobs_batch))
+        .routes(routes!(jobs::dry_run_job))
+        .routes(routes!(jobs::get_queue))
+        .routes(routes!(jobs::get_job))
+        .routes(routes!(jobs::cancel_job))
+        .routes(routes!(jobs::list_job_events))
+        .routes(routes!(jobs::report_checkpoint))
         .routes(routes!(quotas::list_quotas))
         .routes(routes!(quotas::get_quota, quotas::put_quota, quotas::delete_quota))
         .routes(routes!(budgets::list_budgets))

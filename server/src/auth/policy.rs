@@ -31,6 +31,9 @@ pub enum Policy {
     /// Platform admins count as team admins, finance as viewers; a team role in an ancestor
     /// team applies to its descendants. Callers with no role in the team get 404.
     Team(TeamRole),
+    /// Callers holding at least this role in the team owning the job named by the `{job}`
+    /// path segment; others get 404, as for a job that does not exist.
+    Job(TeamRole),
     /// Changes to a team's platform-managed settings (quotas, budgets, deletion): callers
     /// who cannot see the team get 404, those who can but are not platform admins 403.
     TeamPlatformAdmin,
@@ -54,6 +57,13 @@ pub struct TeamAccess {
     pub team: TeamRow,
     /// The caller's effective role in it.
     pub role: TeamRole,
+}
+
+/// The job named in the path, for job-scoped handlers (its team is in [`TeamAccess`]).
+#[derive(Debug, Clone, Copy)]
+pub struct JobAccess {
+    /// The job's id.
+    pub id: uuid::Uuid,
 }
 
 /// The policy of a route, if it declares one.
@@ -91,6 +101,24 @@ pub async fn authorize(State(state): State<AppState>, request: Request, next: Ne
             if p.platform_role().is_none() {
                 return Err(ApiError::Forbidden);
             }
+        }
+        (Policy::Job(min), Some(p)) => {
+            let params = RawPathParams::from_request_parts(&mut parts, &state)
+                .await
+                .map_err(|_| ApiError::Internal(format!("{path} has no path parameters")))?;
+            let id = params
+                .iter()
+                .find(|(k, _)| *k == "job")
+                .and_then(|(_, v)| uuid::Uuid::parse_str(v).ok())
+                .ok_or(ApiError::NotFound("job"))?;
+            let team_id = db::jobs::team_of(&state.db, id).await?.ok_or(ApiError::NotFound("job"))?;
+            let team = db::teams::by_id(&state.db, team_id).await?.ok_or(ApiError::NotFound("job"))?;
+            let role = team_role(&state, p, &team).await?.ok_or(ApiError::NotFound("job"))?;
+            if role < min {
+                return Err(ApiError::Forbidden);
+            }
+            parts.extensions.insert(TeamAccess { team, role });
+            parts.extensions.insert(JobAccess { id });
         }
         (Policy::Team(_) | Policy::TeamPlatformAdmin, Some(p)) => {
             let params = RawPathParams::from_request_parts(&mut parts, &state)

@@ -33,6 +33,20 @@ pub async fn by_name(pool: &PgPool, name: &str) -> Result<Option<TeamRow>, sqlx:
     .await
 }
 
+/// The team with id `id`.
+pub async fn by_id(pool: &PgPool, id: Uuid) -> Result<Option<TeamRow>, sqlx::Error> {
+    sqlx::query_as!(
+        TeamRow,
+        r#"select t.id, t.name, t.parent_id, p.name as "parent?", t.display_name,
+                  t.created_at, t.updated_at, t.version
+           from teams t left join teams p on p.id = t.parent_id
+           where t.id = $1"#,
+        id
+    )
+    .fetch_optional(pool)
+    .await
+}
+
 /// Creates a team; fails on `teams_name_key` when the name is taken.
 pub async fn insert(
     tx: &mut Tx<'_>,

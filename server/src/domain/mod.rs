@@ -2,9 +2,11 @@
 //! rest of the code can trust them ("parse, don't validate").
 
 mod budget;
+pub mod job;
 mod names;
 mod roles;
 
+pub use job::{JobState, TopologyLevel, TopologyMode, TopologyWish};
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
 pub use names::{DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
 pub use roles::{PlatformRole, TeamRole};

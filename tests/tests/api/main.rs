@@ -6,4 +6,5 @@ mod bad_input;
 mod idempotency;
 mod migrations;
 mod openapi;
+mod sim_backend;
 mod tenancy;

@@ -1,0 +1,237 @@
+//! Where admitted jobs run. One trait, [`Backend`], shaped so that Kubernetes, AWS Batch,
+//! Google Cloud Batch and the built-in simulator all fit it: create a gang already placed by
+//! the engine, stop it with a grace period, list our objects with their status, report the
+//! inventory. Outcomes are normalised into [`Outcome`], each with its own retry policy.
+//!
+//! Every call is idempotent, because the dispatcher and the reconciler retry after crashes:
+//! an object's name derives from the job id and attempt ([`object_name`]), so a repeated
+//! `submit` finds the object it created before; `stop` and `delete` of an object that is
+//! already gone succeed.
+
+pub mod sim;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// The backend object name of one attempt of a job: stable across retries, unique per
+/// attempt, a valid DNS label (Kubernetes), job name (AWS Batch) and job id (Cloud Batch).
+pub fn object_name(job: Uuid, attempt: i32) -> String {
+    format!("fw-{}-{attempt}", job.simple())
+}
+
+/// One replica's place, as the engine chose it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ReplicaSlot {
+    /// Node name as the backend reported it in its inventory.
+    pub node: String,
+    /// Unit indices on the node (GPU or MIG slice ordinals).
+    pub gpus: Vec<u8>,
+}
+
+/// A gang placed by the engine, ready to create.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Gang {
+    /// The object name ([`object_name`]).
+    pub object: String,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub team: String,
+    pub job_name: String,
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub image: String,
+    pub command: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub labels: BTreeMap<String, String>,
+    /// The backend stops the job after this long (and reports it failed).
+    pub max_runtime: Duration,
+    /// One entry per replica.
+    pub replicas: Vec<ReplicaSlot>,
+}
+
+/// How an object ended, normalised across backends. Each has its own retry policy
+/// ([`Outcome::retry`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every replica exited 0.
+    Succeeded,
+    /// The application failed: a non-zero exit, out of memory, an image that cannot be
+    /// pulled, the maximum runtime exceeded.
+    AppFailed {
+        /// The first failing replica's exit code, when it had one.
+        exit_code: Option<i32>,
+        /// Short machine reason, e.g. `Error`, `OOMKilled`, `DeadlineExceeded`.
+        reason: String,
+    },
+    /// The provider took the capacity back (a spot interruption); not the job's fault.
+    Preempted,
+    /// The backend could not find capacity for the placement.
+    CapacityUnavailable,
+    /// A node of the gang disappeared or the object vanished.
+    NodeLost,
+    /// Stopped because we asked (cancel, our own preemption).
+    Stopped,
+}
+
+impl Outcome {
+    /// Stable code for events and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Outcome::Succeeded => "succeeded",
+            Outcome::AppFailed { .. } => "app_failed",
+            Outcome::Preempted => "preempted",
+            Outcome::CapacityUnavailable => "capacity_unavailable",
+            Outcome::NodeLost => "node_lost",
+            Outcome::Stopped => "stopped",
+        }
+    }
+
+    /// What happens to the job after this outcome, given how often it already happened.
+    pub fn retry(&self) -> Retry {
+        match self {
+            Outcome::Succeeded | Outcome::Stopped => Retry::Never,
+            // The job's own `max_retries` decides: the platform cannot know if it helps.
+            Outcome::AppFailed { .. } => Retry::JobBudget,
+            // Not the job's fault: requeue, with a generous budget so a job that is
+            // interrupted forever still ends.
+            Outcome::Preempted => Retry::Budget(100),
+            Outcome::CapacityUnavailable => Retry::Budget(10),
+            Outcome::NodeLost => Retry::Budget(3),
+        }
+    }
+}
+
+/// A retry policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The job is finished.
+    Never,
+    /// Requeue up to the job's `max_retries`.
+    JobBudget,
+    /// Requeue up to this many times.
+    Budget(i32),
+}
+
+/// Where an object is in its life.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum Phase {
+    /// Created, not yet running on every replica.
+    Pending,
+    /// Every replica runs.
+    Running { started_at: DateTime<Utc> },
+    /// Over.
+    Finished { started_at: Option<DateTime<Utc>>, ended_at: DateTime<Utc>, outcome: Outcome },
+}
+
+/// One of our objects on a backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectStatus {
+    pub object: String,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub phase: Phase,
+    /// We asked it to stop.
+    pub stop_requested: bool,
+}
+
+/// A node (or an elastic pool) and its GPUs of one class.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InventoryNode {
+    pub name: String,
+    pub gpu_class: String,
+    pub gpus: u8,
+    /// GPUs per NVLink domain; 0 = the node is one domain.
+    pub nvlink_domain_size: u8,
+    pub rack: Option<String>,
+    pub zone: Option<String>,
+    /// A cloud pool without topology; `gpus` is its maximum size.
+    pub elastic: bool,
+}
+
+/// A GPU class a backend knows the shape of (the simulator's inventory declares them, a
+/// Kubernetes cluster's GPU Feature Discovery labels describe them).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassDecl {
+    pub name: String,
+    /// `whole`, `mig` or `time-slice`.
+    pub kind: String,
+    pub memory_mib: i32,
+    pub fraction_milli: i32,
+}
+
+/// A failed backend call.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Worth retrying: the backend is unreachable, throttling or briefly unavailable.
+    #[error("backend unavailable: {0}")]
+    Transient(String),
+    /// The backend has no capacity for this placement now.
+    #[error("no capacity: {0}")]
+    CapacityUnavailable(String),
+    /// The request can never succeed as sent (an invalid spec, a forbidden field).
+    #[error("rejected: {0}")]
+    Rejected(String),
+}
+
+impl From<sqlx::Error> for BackendError {
+    fn from(e: sqlx::Error) -> Self {
+        BackendError::Transient(e.to_string())
+    }
+}
+
+/// A place jobs run.
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync {
+    /// `sim`, `kubernetes`, `aws-batch` or `gcp-batch`.
+    fn kind(&self) -> &'static str;
+
+    /// GPU classes the backend can describe; missing ones are added to the catalogue.
+    fn declared_classes(&self) -> Vec<ClassDecl> {
+        Vec::new()
+    }
+
+    /// The nodes and pools the backend offers now.
+    async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError>;
+
+    /// Creates the gang's object, or does nothing when an object of that name exists.
+    async fn submit(&self, gang: &Gang) -> Result<(), BackendError>;
+
+    /// Asks the object to stop: SIGTERM, then a kill after `grace`. Succeeds when the object
+    /// does not exist or is already stopping.
+    async fn stop(&self, object: &str, grace: Duration) -> Result<(), BackendError>;
+
+    /// Every object of ours the backend holds, finished ones included until deleted.
+    async fn objects(&self) -> Result<Vec<ObjectStatus>, BackendError>;
+
+    /// Removes a finished or unknown object for good. Succeeds when it is already gone.
+    async fn delete(&self, object: &str) -> Result<(), BackendError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_names_are_stable_per_attempt_and_valid_dns_labels() {
+        let id = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        assert_eq!(object_name(id, 2), object_name(id, 2));
+        assert_ne!(object_name(id, 1), object_name(id, 2));
+        let name = object_name(id, 1000);
+        assert!(name.len() <= 63, "{name}");
+        assert!(name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'));
+    }
+
+    #[test]
+    fn only_outcomes_that_are_not_the_jobs_fault_requeue_on_a_platform_budget() {
+        assert_eq!(Outcome::Succeeded.retry(), Retry::Never);
+        assert_eq!(Outcome::Stopped.retry(), Retry::Never);
+        assert_eq!(Outcome::AppFailed { exit_code: Some(1), reason: "Error".into() }.retry(), Retry::JobBudget);
+        assert!(matches!(Outcome::Preempted.retry(), Retry::Budget(n) if n > 10));
+        assert!(matches!(Outcome::NodeLost.retry(), Retry::Budget(n) if n >= 1));
+    }
+}

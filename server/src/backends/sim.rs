@@ -1,0 +1,955 @@
+//! The simulated GPU cluster: the platform's built-in default cluster, and the backend every
+//! test and demo runs against. It behaves like a real cluster seen from outside: objects are
+//! created, start after a short delay, run for a while and end with an outcome; they can be
+//! stopped with a grace period and deleted. Nothing runs: an object's whole timeline is fixed
+//! when it is created and its phase at any moment is computed from it ([`phase_at`]).
+//!
+//! The objects live in table `sim_objects` (see [`crate::db::sim`]) so that the simulation
+//! survives a restart of the service, as a real cluster would.
+//!
+//! # Configuration
+//!
+//! ```toml
+//! cluster = "sim"                # optional: the cluster name objects are filed under
+//! speedup = 1.0                  # optional: run, checkpoint and maximum runtimes are divided by it
+//! default_runtime_seconds = 60   # optional: run time of a job without a hint
+//! start_delay_ms = 200           # optional: real time from creation to start (not scaled)
+//!
+//! [[class]]                      # GPU classes the inventory uses (the control loop creates
+//! name = "h100-80gb"             # missing ones in the catalogue)
+//! kind = "whole"                 # whole | mig | time-slice
+//! memory_mib = 81920
+//! fraction_milli = 1000          # optional for whole GPUs; share of a GPU in thousandths
+//!
+//! [[node]]
+//! name = "rack1-node1"
+//! gpu_class = "h100-80gb"
+//! gpus = 8                       # 1..=64
+//! nvlink_domain_size = 8         # optional, default 0 = the whole node is one domain
+//! rack = "rack-1"                # optional
+//! zone = "zone-a"                # optional
+//!
+//! [[pool]]                       # an elastic cloud pool without topology
+//! name = "cloud-h100"
+//! gpu_class = "h100-80gb"
+//! max_gpus = 32                  # 1..=64
+//! ```
+//!
+//! A MIG-partitioned node is several `[[node]]` entries with the same name, one per MIG
+//! class. The built-in inventory (`sim_default.toml`, [`SimConfig::default`]) has two racks
+//! of four 8×H100 nodes, a whole 8×A100 node, an 8×A100 node split into 16 3g.40gb and 8
+//! 1g.10gb MIG slices, and an elastic pool of up to 32 L4.
+//!
+//! # What a job does
+//!
+//! The job's environment steers the simulation, so tests and demos can ask for any outcome:
+//!
+//! | variable | meaning | default |
+//! | --- | --- | --- |
+//! | `FAIRWAY_SIM_RUNTIME_SECONDS` | run time until the application exits | `default_runtime_seconds` |
+//! | `FAIRWAY_SIM_EXIT_CODE` | its exit code (0 = success) | 0 |
+//! | `FAIRWAY_SIM_LOSE_NODE_AFTER_SECONDS` | a node of the gang disappears after this long | never |
+//! | `FAIRWAY_SIM_CHECKPOINT_SECONDS` | time to checkpoint and exit after SIGTERM | 1 |
+//!
+//! Every duration (these and the job's maximum runtime) is divided by `speedup`; the start
+//! delay and a stop's grace period are real time.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    path::{Path, PathBuf},
+    str::FromStr,
+    time::Duration,
+};
+
+use chrono::{DateTime, TimeDelta, Utc};
+use serde::Deserialize;
+use sqlx::PgPool;
+
+use super::{Backend, BackendError, ClassDecl, Gang, InventoryNode, ObjectStatus, Outcome, Phase};
+use crate::{
+    db::{
+        self,
+        sim::{NewSimObject, SimObjectRow},
+    },
+    domain::{GpuClassName, GpuKind},
+};
+
+/// The built-in inventory, used by [`SimConfig::default`].
+pub const DEFAULT_INVENTORY: &str = include_str!("sim_default.toml");
+
+/// Run time of a job, in (unscaled) seconds.
+pub const RUNTIME_HINT: &str = "FAIRWAY_SIM_RUNTIME_SECONDS";
+/// Exit code of a job at the end of its run time.
+pub const EXIT_CODE_HINT: &str = "FAIRWAY_SIM_EXIT_CODE";
+/// Seconds after the start when a node of the gang is lost.
+pub const LOSE_NODE_HINT: &str = "FAIRWAY_SIM_LOSE_NODE_AFTER_SECONDS";
+/// Seconds a job takes to checkpoint and exit after SIGTERM.
+pub const CHECKPOINT_HINT: &str = "FAIRWAY_SIM_CHECKPOINT_SECONDS";
+
+const DEFAULT_CHECKPOINT_SECONDS: f64 = 1.0;
+const MAX_GPUS_PER_NODE: u32 = 64;
+
+/// A simulated cluster's settings and inventory. Build it with [`SimConfig::from_toml`],
+/// [`SimConfig::load`] or [`SimConfig::default`]; deserializing it validates it the same way.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "SimConfigFile")]
+pub struct SimConfig {
+    /// The cluster name the objects are filed under in `sim_objects`.
+    pub cluster: String,
+    /// Simulated durations are divided by this; must be positive and finite.
+    pub speedup: f64,
+    /// Run time of a job without a runtime hint, before the speed-up.
+    pub default_runtime_seconds: f64,
+    /// Real time from an object's creation to its start.
+    pub start_delay_ms: u64,
+    classes: Vec<SimGpuClass>,
+    inventory: Vec<InventoryNode>,
+}
+
+/// A GPU class the simulated inventory uses.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimGpuClass {
+    pub name: String,
+    pub kind: GpuKind,
+    pub memory_mib: i32,
+    /// Share of one physical GPU in thousandths: 1000 for a whole GPU.
+    #[serde(default = "whole_gpu")]
+    pub fraction_milli: i32,
+}
+
+fn whole_gpu() -> i32 {
+    1000
+}
+
+/// The configuration file as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SimConfigFile {
+    #[serde(default = "default_cluster")]
+    cluster: String,
+    #[serde(default = "default_speedup")]
+    speedup: f64,
+    #[serde(default = "default_runtime_seconds")]
+    default_runtime_seconds: f64,
+    #[serde(default = "default_start_delay_ms")]
+    start_delay_ms: u64,
+    #[serde(default)]
+    class: Vec<SimGpuClass>,
+    #[serde(default)]
+    node: Vec<NodeEntry>,
+    #[serde(default)]
+    pool: Vec<PoolEntry>,
+}
+
+fn default_cluster() -> String {
+    "sim".into()
+}
+fn default_speedup() -> f64 {
+    1.0
+}
+fn default_runtime_seconds() -> f64 {
+    60.0
+}
+fn default_start_delay_ms() -> u64 {
+    200
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeEntry {
+    name: String,
+    gpu_class: String,
+    gpus: u32,
+    #[serde(default)]
+    nvlink_domain_size: u32,
+    rack: Option<String>,
+    zone: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolEntry {
+    name: String,
+    gpu_class: String,
+    max_gpus: u32,
+}
+
+/// A configuration that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SimConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    /// A key has a bad value, is unknown or is missing.
+    #[error("{key}: {message}")]
+    Invalid {
+        /// Where, e.g. `node[3].gpus` (indices count from 0), or `line N` for a syntax error.
+        key: String,
+        message: String,
+    },
+}
+
+fn invalid(key: impl Into<String>, message: impl Into<String>) -> SimConfigError {
+    SimConfigError::Invalid { key: key.into(), message: message.into() }
+}
+
+impl SimConfig {
+    /// Parses and validates a configuration.
+    pub fn from_toml(text: &str) -> Result<Self, SimConfigError> {
+        let file: SimConfigFile = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|err| {
+            let path = err.path().to_string();
+            let inner = err.into_inner();
+            let message = inner.message().trim().to_owned();
+            let line = inner.span().map(|span| line_of(text, span.start));
+            // serde reports a missing key at its parent's path: name the key itself.
+            let missing = message.starts_with("missing field").then(|| message.split('`').nth(1)).flatten();
+            let key = match (missing, path.as_str()) {
+                (Some(key), "." | "") => key.to_owned(),
+                (Some(key), parent) => format!("{parent}.{key}"),
+                (None, "." | "") => line.map_or_else(|| "configuration".to_owned(), |l| format!("line {l}")),
+                (None, path) => path.to_owned(),
+            };
+            let message = match line {
+                Some(line) if !key.starts_with("line ") => format!("{message} (line {line})"),
+                _ => message,
+            };
+            invalid(key, message)
+        })?;
+        Self::try_from(file)
+    }
+
+    /// Reads and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Self, SimConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| SimConfigError::Read { path: path.to_owned(), source })?;
+        Self::from_toml(&text)
+    }
+
+    /// The GPU classes the inventory uses.
+    pub fn classes(&self) -> &[SimGpuClass] {
+        &self.classes
+    }
+
+    /// The nodes and pools, one entry per node and GPU class.
+    pub fn inventory(&self) -> &[InventoryNode] {
+        &self.inventory
+    }
+}
+
+impl Default for SimConfig {
+    /// The built-in cluster.
+    fn default() -> Self {
+        // Cannot fail: the embedded inventory is a constant, and a unit test parses it.
+        Self::from_toml(DEFAULT_INVENTORY).expect("the embedded default inventory is valid")
+    }
+}
+
+impl TryFrom<SimConfigFile> for SimConfig {
+    type Error = SimConfigError;
+
+    fn try_from(file: SimConfigFile) -> Result<Self, SimConfigError> {
+        if file.cluster.trim().is_empty() {
+            return Err(invalid("cluster", "must not be empty"));
+        }
+        if !(file.speedup.is_finite() && file.speedup > 0.0) {
+            return Err(invalid("speedup", "must be a positive number"));
+        }
+        if !(file.default_runtime_seconds.is_finite() && file.default_runtime_seconds >= 0.0) {
+            return Err(invalid("default_runtime_seconds", "must be a non-negative number"));
+        }
+        let classes = check_classes(&file.class)?;
+        let mut inventory = Vec::with_capacity(file.node.len() + file.pool.len());
+        // A node name may repeat (a MIG-partitioned node has an entry per profile), but a
+        // node offers each class once.
+        let mut seen = BTreeSet::new();
+        for (i, node) in file.node.iter().enumerate() {
+            let key = |field: &str| format!("node[{i}].{field}");
+            check_name(&key("name"), &node.name)?;
+            let class = classes.get(node.gpu_class.as_str()).ok_or_else(|| {
+                invalid(key("gpu_class"), format!("class {:?} is not declared in a [[class]]", node.gpu_class))
+            })?;
+            let gpus = check_gpus(&key("gpus"), node.gpus)?;
+            if node.nvlink_domain_size != 0 && u32::from(gpus) % node.nvlink_domain_size != 0 {
+                return Err(invalid(key("nvlink_domain_size"), "must divide gpus (or be 0: the whole node)"));
+            }
+            if !seen.insert((node.name.as_str(), class.name.as_str())) {
+                return Err(invalid(key("name"), format!("node {:?} lists class {:?} twice", node.name, class.name)));
+            }
+            inventory.push(InventoryNode {
+                name: node.name.clone(),
+                gpu_class: class.name.clone(),
+                gpus,
+                // Checked above: it divides gpus, which is at most 64.
+                nvlink_domain_size: node.nvlink_domain_size as u8,
+                rack: node.rack.clone(),
+                zone: node.zone.clone(),
+                elastic: false,
+            });
+        }
+        for (i, pool) in file.pool.iter().enumerate() {
+            let key = |field: &str| format!("pool[{i}].{field}");
+            check_name(&key("name"), &pool.name)?;
+            let class = classes.get(pool.gpu_class.as_str()).ok_or_else(|| {
+                invalid(key("gpu_class"), format!("class {:?} is not declared in a [[class]]", pool.gpu_class))
+            })?;
+            let gpus = check_gpus(&key("max_gpus"), pool.max_gpus)?;
+            if !seen.insert((pool.name.as_str(), class.name.as_str())) {
+                return Err(invalid(key("name"), format!("{:?} offers class {:?} twice", pool.name, class.name)));
+            }
+            inventory.push(InventoryNode {
+                name: pool.name.clone(),
+                gpu_class: class.name.clone(),
+                gpus,
+                nvlink_domain_size: 0,
+                rack: None,
+                zone: None,
+                elastic: true,
+            });
+        }
+        Ok(Self {
+            cluster: file.cluster,
+            speedup: file.speedup,
+            default_runtime_seconds: file.default_runtime_seconds,
+            start_delay_ms: file.start_delay_ms,
+            classes: file.class,
+            inventory,
+        })
+    }
+}
+
+/// Checks the classes; returns them by name.
+fn check_classes(classes: &[SimGpuClass]) -> Result<HashMap<&str, &SimGpuClass>, SimConfigError> {
+    let mut by_name = HashMap::new();
+    for (i, class) in classes.iter().enumerate() {
+        let key = |field: &str| format!("class[{i}].{field}");
+        GpuClassName::parse("name", &class.name).map_err(|e| invalid(key("name"), e.message))?;
+        if class.memory_mib <= 0 {
+            return Err(invalid(key("memory_mib"), "must be positive"));
+        }
+        if !(1..=1000).contains(&class.fraction_milli) {
+            return Err(invalid(key("fraction_milli"), "must be between 1 and 1000"));
+        }
+        // The catalogue's rule: a whole GPU is exactly one GPU, anything else a fraction.
+        if (class.kind == GpuKind::Whole) != (class.fraction_milli == 1000) {
+            return Err(invalid(key("fraction_milli"), "is 1000 for a whole GPU and below 1000 otherwise"));
+        }
+        if by_name.insert(class.name.as_str(), class).is_some() {
+            return Err(invalid(key("name"), format!("class {:?} is declared twice", class.name)));
+        }
+    }
+    Ok(by_name)
+}
+
+fn check_name(key: &str, name: &str) -> Result<(), SimConfigError> {
+    if name.trim().is_empty() || name.chars().any(char::is_control) {
+        return Err(invalid(key, "must be a non-empty name without control characters"));
+    }
+    Ok(())
+}
+
+fn check_gpus(key: &str, gpus: u32) -> Result<u8, SimConfigError> {
+    match u8::try_from(gpus) {
+        Ok(n) if (1..=MAX_GPUS_PER_NODE).contains(&gpus) => Ok(n),
+        _ => Err(invalid(key, format!("must be between 1 and {MAX_GPUS_PER_NODE}"))),
+    }
+}
+
+/// 1-based line number of a byte offset.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.as_bytes()[..offset.min(text.len())].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
+/// The simulated cluster behind the [`Backend`] trait.
+#[derive(Debug, Clone)]
+pub struct SimBackend {
+    pub pool: PgPool,
+    pub config: SimConfig,
+}
+
+impl SimBackend {
+    /// A simulated cluster keeping its objects in `pool`.
+    pub fn new(pool: PgPool, config: SimConfig) -> Self {
+        Self { pool, config }
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for SimBackend {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    fn declared_classes(&self) -> Vec<ClassDecl> {
+        self.config
+            .classes
+            .iter()
+            .map(|c| ClassDecl {
+                name: c.name.clone(),
+                kind: c.kind.as_str().to_owned(),
+                memory_mib: c.memory_mib,
+                fraction_milli: c.fraction_milli,
+            })
+            .collect()
+    }
+
+    async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
+        Ok(self.config.inventory.clone())
+    }
+
+    async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {
+        let object = plan_object(gang, &self.config, Utc::now())?;
+        let created = db::sim::insert(&self.pool, &object).await?;
+        tracing::debug!(
+            object = %gang.object,
+            job.id = %gang.job_id,
+            created,
+            run_ms = object.run_ms,
+            "sim object submitted"
+        );
+        Ok(())
+    }
+
+    async fn stop(&self, object: &str, grace: Duration) -> Result<(), BackendError> {
+        let grace_ms = i64::try_from(grace.as_millis()).unwrap_or(i64::MAX);
+        let found = db::sim::request_stop(&self.pool, &self.config.cluster, object, Utc::now(), grace_ms).await?;
+        tracing::debug!(object, found, grace_ms, "sim object stop requested");
+        Ok(())
+    }
+
+    async fn objects(&self) -> Result<Vec<ObjectStatus>, BackendError> {
+        let now = Utc::now();
+        let rows = db::sim::list(&self.pool, &self.config.cluster).await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| {
+                let (phase, stop_requested) = phase_at(&row, now);
+                ObjectStatus { object: row.name, job_id: row.job_id, attempt: row.attempt, phase, stop_requested }
+            })
+            .collect())
+    }
+
+    async fn delete(&self, object: &str) -> Result<(), BackendError> {
+        let found = db::sim::delete(&self.pool, &self.config.cluster, object).await?;
+        tracing::debug!(object, found, "sim object deleted");
+        Ok(())
+    }
+}
+
+/// The object `gang` becomes when submitted at `now`: its placement checked against the
+/// inventory, its hints read and every duration scaled, so that the stored row alone decides
+/// its future ([`phase_at`]).
+pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Result<NewSimObject, BackendError> {
+    if !(config.speedup.is_finite() && config.speedup > 0.0) {
+        return Err(BackendError::Rejected(format!("the sim speedup {} is not a positive number", config.speedup)));
+    }
+    check_placement(gang, config)?;
+    let runtime = duration_hint(gang, RUNTIME_HINT)?.unwrap_or(config.default_runtime_seconds);
+    let exit_code = hint::<i32>(gang, EXIT_CODE_HINT)?.unwrap_or(0);
+    let lose_node_after = duration_hint(gang, LOSE_NODE_HINT)?;
+    let checkpoint = duration_hint(gang, CHECKPOINT_HINT)?.unwrap_or(DEFAULT_CHECKPOINT_SECONDS);
+    let scale = |seconds: f64| scaled_ms(seconds, config.speedup);
+    let deadline_ms = scale(gang.max_runtime.as_secs_f64());
+    let start_delay_ms = i64::try_from(config.start_delay_ms).unwrap_or(i64::MAX);
+    let gang_json = serde_json::to_value(gang)
+        .map_err(|e| BackendError::Rejected(format!("the gang cannot be stored as JSON: {e}")))?;
+    let spec = serde_json::json!({
+        "gang": gang_json,
+        "speedup": config.speedup,
+        "start_delay_ms": start_delay_ms,
+        "deadline_ms": deadline_ms,
+    });
+    Ok(NewSimObject {
+        name: gang.object.clone(),
+        cluster: config.cluster.clone(),
+        job_id: gang.job_id,
+        attempt: gang.attempt,
+        spec,
+        created_at: now,
+        // Uncapped: `phase_at` ends the run at the deadline when that comes first, and must
+        // be able to tell the two apart.
+        run_ms: scale(runtime),
+        exit_code,
+        lost_after_ms: lose_node_after.map(scale),
+        checkpoint_ms: scale(checkpoint),
+    })
+}
+
+/// Every replica must sit on units the inventory has, of the gang's class.
+fn check_placement(gang: &Gang, config: &SimConfig) -> Result<(), BackendError> {
+    if gang.replicas.is_empty() {
+        return Err(BackendError::Rejected("the gang has no replicas".into()));
+    }
+    let mut taken = BTreeSet::new();
+    for (i, replica) in gang.replicas.iter().enumerate() {
+        let node =
+            config.inventory.iter().find(|n| n.name == replica.node && n.gpu_class == gang.gpu_class).ok_or_else(
+                || {
+                    BackendError::Rejected(format!(
+                        "replica {i}: cluster {} has no node {:?} with {} GPUs",
+                        config.cluster, replica.node, gang.gpu_class
+                    ))
+                },
+            )?;
+        if replica.gpus.is_empty() {
+            return Err(BackendError::Rejected(format!("replica {i}: no GPUs")));
+        }
+        for &unit in &replica.gpus {
+            if unit >= node.gpus {
+                return Err(BackendError::Rejected(format!(
+                    "replica {i}: node {:?} has {} {} units, there is no unit {unit}",
+                    node.name, node.gpus, gang.gpu_class
+                )));
+            }
+            if !taken.insert((node.name.as_str(), unit)) {
+                return Err(BackendError::Rejected(format!(
+                    "replica {i}: unit {unit} of node {:?} is placed twice",
+                    node.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A hint from the gang's environment; a value that does not parse rejects the gang.
+fn hint<T: FromStr>(gang: &Gang, name: &str) -> Result<Option<T>, BackendError> {
+    gang.env
+        .get(name)
+        .map(|value| {
+            value.trim().parse::<T>().map_err(|_| BackendError::Rejected(format!("{name}={value:?} is not valid")))
+        })
+        .transpose()
+}
+
+/// A duration hint in seconds: a non-negative, finite number.
+fn duration_hint(gang: &Gang, name: &str) -> Result<Option<f64>, BackendError> {
+    match hint::<f64>(gang, name)? {
+        Some(seconds) if !(seconds.is_finite() && seconds >= 0.0) => {
+            Err(BackendError::Rejected(format!("{name} must be a non-negative number of seconds")))
+        }
+        other => Ok(other),
+    }
+}
+
+/// Simulated seconds as real milliseconds; huge values saturate (and then never come).
+fn scaled_ms(seconds: f64, speedup: f64) -> i64 {
+    (seconds * 1000.0 / speedup).round() as i64
+}
+
+/// `base` plus `ms`; `None` when that is beyond the representable future (never).
+fn after(base: DateTime<Utc>, ms: i64) -> Option<DateTime<Utc>> {
+    base.checked_add_signed(TimeDelta::try_milliseconds(ms)?)
+}
+
+/// Where the object is at `now`, and whether it was asked to stop.
+///
+/// It starts `start_delay_ms` after creation and then ends at the first of: its natural end
+/// (`run_ms`: success, or the exit code's failure), its deadline (`deadline_ms`: failed with
+/// `DeadlineExceeded`), the loss of a node (`lost_after_ms`), or a stop (the stop request
+/// plus the shorter of the checkpoint time and the grace period: the application exits once
+/// checkpointed and is killed at the end of the grace). A stop requested before the start
+/// ends the object at once: it never starts and has nothing to checkpoint. On equal times
+/// the earlier-listed end wins.
+pub fn phase_at(row: &SimObjectRow, now: DateTime<Utc>) -> (Phase, bool) {
+    let stop_requested = row.stop_requested_at.is_some();
+    let start = after(row.created_at, row.start_delay_ms);
+    if let Some(stop_at) = row.stop_requested_at {
+        if start.is_none_or(|start| stop_at < start) {
+            let phase = if now >= stop_at {
+                Phase::Finished { started_at: None, ended_at: stop_at, outcome: Outcome::Stopped }
+            } else {
+                Phase::Pending
+            };
+            return (phase, stop_requested);
+        }
+    }
+    let Some(start) = start.filter(|start| now >= *start) else {
+        return (Phase::Pending, stop_requested);
+    };
+    let natural = if row.exit_code == 0 {
+        Outcome::Succeeded
+    } else {
+        Outcome::AppFailed { exit_code: Some(row.exit_code), reason: "Error".into() }
+    };
+    let ends = [
+        (after(start, row.run_ms), natural),
+        (
+            row.deadline_ms.and_then(|ms| after(start, ms)),
+            Outcome::AppFailed { exit_code: None, reason: "DeadlineExceeded".into() },
+        ),
+        (row.lost_after_ms.and_then(|ms| after(start, ms)), Outcome::NodeLost),
+        (row.stop_requested_at.and_then(|at| after(at, row.checkpoint_ms.min(row.grace_ms))), Outcome::Stopped),
+    ];
+    let first_end = ends.into_iter().filter_map(|(at, outcome)| Some((at?, outcome))).reduce(|first, next| {
+        if next.0 < first.0 {
+            next
+        } else {
+            first
+        }
+    });
+    match first_end {
+        Some((ended_at, outcome)) if now >= ended_at => {
+            (Phase::Finished { started_at: Some(start), ended_at, outcome }, stop_requested)
+        }
+        _ => (Phase::Running { started_at: start }, stop_requested),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use uuid::Uuid;
+
+    use super::*;
+    use crate::backends::ReplicaSlot;
+
+    fn t0() -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000, 0).unwrap()
+    }
+
+    fn ms(n: i64) -> TimeDelta {
+        TimeDelta::milliseconds(n)
+    }
+
+    /// An object created at `t0` that starts after 200 ms and succeeds after 10 s.
+    fn row() -> SimObjectRow {
+        SimObjectRow {
+            name: "fw-x-1".into(),
+            job_id: Uuid::nil(),
+            attempt: 1,
+            created_at: t0(),
+            start_delay_ms: 200,
+            run_ms: 10_000,
+            exit_code: 0,
+            deadline_ms: Some(3_600_000),
+            lost_after_ms: None,
+            stop_requested_at: None,
+            grace_ms: 0,
+            checkpoint_ms: 1_000,
+        }
+    }
+
+    fn gang(env: &[(&str, &str)]) -> Gang {
+        Gang {
+            object: "fw-x-1".into(),
+            job_id: Uuid::nil(),
+            attempt: 1,
+            team: "research".into(),
+            job_name: "train".into(),
+            gpu_class: "h100-80gb".into(),
+            priority_class: "standard".into(),
+            image: "busybox".into(),
+            command: vec![],
+            env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+            labels: BTreeMap::new(),
+            max_runtime: Duration::from_secs(3600),
+            replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
+        }
+    }
+
+    fn rejected_message(result: Result<NewSimObject, BackendError>) -> String {
+        match result {
+            Err(BackendError::Rejected(message)) => message,
+            other => panic!("expected a rejection, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_default_inventory_has_two_h100_racks_a_whole_and_a_mig_a100_node_and_an_l4_pool() {
+        let config = SimConfig::default();
+        assert_eq!(config.cluster, "sim");
+        assert_eq!(config.speedup, 1.0);
+        let inv = config.inventory();
+        let of = |class: &str| inv.iter().filter(|n| n.gpu_class == class).collect::<Vec<_>>();
+
+        let h100 = of("h100-80gb");
+        assert_eq!(h100.len(), 8);
+        assert_eq!(h100.iter().map(|n| u32::from(n.gpus)).sum::<u32>(), 64);
+        assert!(h100.iter().all(|n| n.nvlink_domain_size == 8 && !n.elastic && n.zone.as_deref() == Some("zone-a")));
+        let racks: BTreeSet<_> = h100.iter().filter_map(|n| n.rack.as_deref()).collect();
+        assert_eq!(racks, BTreeSet::from(["rack-1", "rack-2"]));
+        assert!(h100.iter().any(|n| n.name == "r1-h100-1") && h100.iter().any(|n| n.name == "r2-h100-4"));
+
+        let a100 = of("a100-80gb");
+        assert_eq!(a100.len(), 1);
+        assert_eq!((a100[0].name.as_str(), a100[0].gpus), ("a100-1", 8));
+        let mig3 = of("a100-80gb.mig-3g.40gb");
+        let mig1 = of("a100-80gb.mig-1g.10gb");
+        assert_eq!((mig3.len(), mig3[0].name.as_str(), mig3[0].gpus), (1, "a100-2", 16));
+        assert_eq!((mig1.len(), mig1[0].name.as_str(), mig1[0].gpus), (1, "a100-2", 8));
+
+        let l4 = of("l4-24gb");
+        assert_eq!(l4.len(), 1);
+        assert!(l4[0].elastic && l4[0].gpus == 32 && l4[0].rack.is_none() && l4[0].zone.is_none());
+        assert_eq!(l4[0].name, "cloud-l4");
+
+        let class = |name: &str| config.classes().iter().find(|c| c.name == name).cloned().unwrap();
+        assert_eq!((class("h100-80gb").kind, class("h100-80gb").memory_mib), (GpuKind::Whole, 81920));
+        assert_eq!(class("a100-80gb").memory_mib, 81920);
+        let c = class("a100-80gb.mig-3g.40gb");
+        assert_eq!((c.kind, c.memory_mib, c.fraction_milli), (GpuKind::Mig, 40960, 428));
+        let c = class("a100-80gb.mig-1g.10gb");
+        assert_eq!((c.kind, c.memory_mib, c.fraction_milli), (GpuKind::Mig, 10240, 142));
+        assert_eq!(class("l4-24gb").memory_mib, 24576);
+        // Every class an entry uses is declared, and every declared class is used.
+        let used: BTreeSet<_> = inv.iter().map(|n| n.gpu_class.as_str()).collect();
+        let declared: BTreeSet<_> = config.classes().iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(used, declared);
+    }
+
+    #[test]
+    fn settings_default_when_absent_and_can_be_set() {
+        let config = SimConfig::from_toml(
+            "cluster = \"sim-b\"\nspeedup = 60\ndefault_runtime_seconds = 5\nstart_delay_ms = 0\n\
+             [[class]]\nname = \"h100-80gb\"\nkind = \"whole\"\nmemory_mib = 81920\n",
+        )
+        .unwrap();
+        assert_eq!((config.cluster.as_str(), config.speedup, config.default_runtime_seconds), ("sim-b", 60.0, 5.0));
+        assert_eq!(config.start_delay_ms, 0);
+        assert_eq!(config.classes()[0].fraction_milli, 1000);
+        let empty = SimConfig::from_toml("").unwrap();
+        assert_eq!((empty.cluster.as_str(), empty.speedup, empty.default_runtime_seconds), ("sim", 1.0, 60.0));
+        assert_eq!(empty.start_delay_ms, 200);
+    }
+
+    #[track_caller]
+    fn error_key(text: &str) -> (String, String) {
+        match SimConfig::from_toml(text) {
+            Err(SimConfigError::Invalid { key, message }) => (key, message),
+            other => panic!("expected an invalid configuration, got {other:?}"),
+        }
+    }
+
+    const CLASS: &str = "[[class]]\nname = \"h100-80gb\"\nkind = \"whole\"\nmemory_mib = 81920\n";
+
+    #[test]
+    fn a_bad_configuration_names_the_key_at_fault() {
+        assert_eq!(error_key("speedup = 0").0, "speedup");
+        assert_eq!(error_key("speedup = \"fast\"").0, "speedup");
+        assert_eq!(error_key("speeedup = 2").0, "speeedup");
+        let node = |extra: &str| format!("{CLASS}[[node]]\nname = \"n1\"\ngpu_class = \"h100-80gb\"\n{extra}");
+        assert_eq!(error_key(&node("gpus = 65")).0, "node[0].gpus");
+        assert_eq!(error_key(&node("gpus = 0")).0, "node[0].gpus");
+        assert_eq!(error_key(&node("gpus = -1")).0, "node[0].gpus");
+        assert_eq!(error_key(&node("gpus = 8\ngpuz = 1")).0, "node[0].gpuz");
+        assert_eq!(error_key(&node("")).0, "node[0].gpus", "a missing key is named too");
+        assert_eq!(error_key(&node("gpus = 8\nnvlink_domain_size = 3")).0, "node[0].nvlink_domain_size");
+        let twice = format!("{}[[node]]\nname = \"n1\"\ngpu_class = \"h100-80gb\"\ngpus = 4\n", node("gpus = 8\n"));
+        assert_eq!(error_key(&twice).0, "node[1].name");
+        let undeclared = "[[node]]\nname = \"n1\"\ngpu_class = \"h200\"\ngpus = 8\n";
+        let (key, message) = error_key(undeclared);
+        assert_eq!(key, "node[0].gpu_class");
+        assert!(message.contains("h200"), "{message}");
+        let pool = |max: u32| format!("{CLASS}[[pool]]\nname = \"p\"\ngpu_class = \"h100-80gb\"\nmax_gpus = {max}\n");
+        assert_eq!(error_key(&pool(65)).0, "pool[0].max_gpus");
+        assert_eq!(error_key("[[class]]\nname = \"x\"\nkind = \"mig\"\nmemory_mib = 1\n").0, "class[0].fraction_milli");
+        assert_eq!(error_key("[[class]]\nname = \"x\"\nkind = \"whole-ish\"\nmemory_mib = 1\n").0, "class[0].kind");
+        let (key, _) = error_key("cluster = \"unterminated\n");
+        assert_eq!(key, "line 1");
+    }
+
+    #[test]
+    fn a_node_may_repeat_with_another_class_as_a_mig_partitioned_node_does() {
+        let text = "[[class]]\nname = \"a.mig-3g\"\nkind = \"mig\"\nmemory_mib = 40960\nfraction_milli = 428\n\
+                    [[class]]\nname = \"a.mig-1g\"\nkind = \"mig\"\nmemory_mib = 10240\nfraction_milli = 142\n\
+                    [[node]]\nname = \"a\"\ngpu_class = \"a.mig-3g\"\ngpus = 16\n\
+                    [[node]]\nname = \"a\"\ngpu_class = \"a.mig-1g\"\ngpus = 8\n";
+        let config = SimConfig::from_toml(text).unwrap();
+        assert_eq!(config.inventory().len(), 2);
+    }
+
+    #[test]
+    fn an_object_is_pending_then_running_then_succeeded() {
+        let r = row();
+        let start = t0() + ms(200);
+        assert_eq!(phase_at(&r, t0()), (Phase::Pending, false));
+        assert_eq!(phase_at(&r, start - ms(1)).0, Phase::Pending);
+        assert_eq!(phase_at(&r, start).0, Phase::Running { started_at: start });
+        assert_eq!(phase_at(&r, start + ms(9_999)).0, Phase::Running { started_at: start });
+        let done =
+            Phase::Finished { started_at: Some(start), ended_at: start + ms(10_000), outcome: Outcome::Succeeded };
+        assert_eq!(phase_at(&r, start + ms(10_000)), (done.clone(), false));
+        assert_eq!(phase_at(&r, start + ms(999_999)).0, done);
+    }
+
+    #[test]
+    fn a_non_zero_exit_code_fails_the_application_with_that_code() {
+        let r = SimObjectRow { exit_code: 3, ..row() };
+        let start = t0() + ms(200);
+        assert_eq!(
+            phase_at(&r, start + ms(20_000)).0,
+            Phase::Finished {
+                started_at: Some(start),
+                ended_at: start + ms(10_000),
+                outcome: Outcome::AppFailed { exit_code: Some(3), reason: "Error".into() },
+            }
+        );
+    }
+
+    #[test]
+    fn a_run_longer_than_the_deadline_fails_at_the_deadline() {
+        let r = SimObjectRow { deadline_ms: Some(4_000), ..row() };
+        let start = t0() + ms(200);
+        assert_eq!(phase_at(&r, start + ms(3_999)).0, Phase::Running { started_at: start });
+        assert_eq!(
+            phase_at(&r, start + ms(4_000)).0,
+            Phase::Finished {
+                started_at: Some(start),
+                ended_at: start + ms(4_000),
+                outcome: Outcome::AppFailed { exit_code: None, reason: "DeadlineExceeded".into() },
+            }
+        );
+        // A run that ends exactly at the deadline made it.
+        let r = SimObjectRow { deadline_ms: Some(10_000), ..row() };
+        assert!(matches!(phase_at(&r, start + ms(10_000)).0, Phase::Finished { outcome: Outcome::Succeeded, .. }));
+    }
+
+    #[test]
+    fn a_lost_node_ends_the_object_when_it_comes_before_the_natural_end() {
+        let start = t0() + ms(200);
+        let r = SimObjectRow { lost_after_ms: Some(2_500), ..row() };
+        assert_eq!(
+            phase_at(&r, start + ms(2_500)).0,
+            Phase::Finished { started_at: Some(start), ended_at: start + ms(2_500), outcome: Outcome::NodeLost }
+        );
+        let r = SimObjectRow { lost_after_ms: Some(20_000), ..row() };
+        assert!(matches!(phase_at(&r, start + ms(30_000)).0, Phase::Finished { outcome: Outcome::Succeeded, .. }));
+    }
+
+    #[test]
+    fn a_stop_ends_at_the_checkpoint_when_it_is_shorter_than_the_grace() {
+        let start = t0() + ms(200);
+        let stop_at = start + ms(3_000);
+        let r = SimObjectRow { stop_requested_at: Some(stop_at), grace_ms: 30_000, checkpoint_ms: 1_000, ..row() };
+        assert_eq!(phase_at(&r, stop_at + ms(999)), (Phase::Running { started_at: start }, true));
+        assert_eq!(
+            phase_at(&r, stop_at + ms(1_000)),
+            (
+                Phase::Finished { started_at: Some(start), ended_at: stop_at + ms(1_000), outcome: Outcome::Stopped },
+                true
+            )
+        );
+    }
+
+    #[test]
+    fn a_stop_kills_at_the_grace_when_the_checkpoint_takes_longer() {
+        let start = t0() + ms(200);
+        let stop_at = start + ms(3_000);
+        let r = SimObjectRow { stop_requested_at: Some(stop_at), grace_ms: 500, checkpoint_ms: 5_000, ..row() };
+        assert_eq!(
+            phase_at(&r, stop_at + ms(500)).0,
+            Phase::Finished { started_at: Some(start), ended_at: stop_at + ms(500), outcome: Outcome::Stopped }
+        );
+    }
+
+    #[test]
+    fn a_stop_after_the_natural_end_changes_nothing_but_the_flag() {
+        let start = t0() + ms(200);
+        let r = SimObjectRow { stop_requested_at: Some(start + ms(60_000)), grace_ms: 0, ..row() };
+        assert_eq!(
+            phase_at(&r, start + ms(70_000)),
+            (
+                Phase::Finished { started_at: Some(start), ended_at: start + ms(10_000), outcome: Outcome::Succeeded },
+                true
+            )
+        );
+    }
+
+    #[test]
+    fn a_stop_before_the_start_ends_the_object_at_once_and_it_never_starts() {
+        let stop_at = t0() + ms(100);
+        let r = SimObjectRow { stop_requested_at: Some(stop_at), grace_ms: 30_000, checkpoint_ms: 5_000, ..row() };
+        let done = Phase::Finished { started_at: None, ended_at: stop_at, outcome: Outcome::Stopped };
+        assert_eq!(phase_at(&r, stop_at), (done.clone(), true));
+        // Even long after the start would have been.
+        assert_eq!(phase_at(&r, t0() + ms(60_000)).0, done);
+    }
+
+    #[test]
+    fn speedup_divides_run_checkpoint_node_loss_and_deadline_but_not_the_start_delay() {
+        let config = SimConfig { speedup: 10.0, start_delay_ms: 250, ..SimConfig::default() };
+        let mut g =
+            gang(&[(RUNTIME_HINT, "60"), (CHECKPOINT_HINT, "2.5"), (LOSE_NODE_HINT, "30"), (EXIT_CODE_HINT, "7")]);
+        g.max_runtime = Duration::from_secs(3600);
+        let object = plan_object(&g, &config, t0()).unwrap();
+        assert_eq!((object.run_ms, object.checkpoint_ms, object.lost_after_ms), (6_000, 250, Some(3_000)));
+        assert_eq!(object.exit_code, 7);
+        assert_eq!(object.spec["deadline_ms"], 360_000);
+        assert_eq!(object.spec["start_delay_ms"], 250);
+        assert_eq!(object.spec["gang"]["object"], "fw-x-1");
+        assert_eq!((object.name.as_str(), object.cluster.as_str(), object.created_at), ("fw-x-1", "sim", t0()));
+
+        let plain = plan_object(&gang(&[]), &SimConfig { speedup: 2.0, ..SimConfig::default() }, t0()).unwrap();
+        assert_eq!((plain.run_ms, plain.checkpoint_ms, plain.lost_after_ms, plain.exit_code), (30_000, 500, None, 0));
+    }
+
+    #[test]
+    fn a_run_capped_by_the_maximum_runtime_ends_as_deadline_exceeded() {
+        let mut g = gang(&[(RUNTIME_HINT, "120")]);
+        g.max_runtime = Duration::from_secs(60);
+        let object = plan_object(&g, &SimConfig { start_delay_ms: 0, ..SimConfig::default() }, t0()).unwrap();
+        let r = SimObjectRow {
+            created_at: object.created_at,
+            start_delay_ms: 0,
+            run_ms: object.run_ms,
+            exit_code: object.exit_code,
+            deadline_ms: object.spec["deadline_ms"].as_i64(),
+            lost_after_ms: object.lost_after_ms,
+            checkpoint_ms: object.checkpoint_ms,
+            ..row()
+        };
+        assert_eq!(
+            phase_at(&r, t0() + ms(200_000)).0,
+            Phase::Finished {
+                started_at: Some(t0()),
+                ended_at: t0() + ms(60_000),
+                outcome: Outcome::AppFailed { exit_code: None, reason: "DeadlineExceeded".into() },
+            }
+        );
+    }
+
+    #[test]
+    fn a_malformed_hint_rejects_the_gang_naming_the_variable() {
+        let config = SimConfig::default();
+        for (name, value) in [
+            (RUNTIME_HINT, "soon"),
+            (RUNTIME_HINT, "-1"),
+            (RUNTIME_HINT, "NaN"),
+            (EXIT_CODE_HINT, "1.5"),
+            (LOSE_NODE_HINT, "inf"),
+            (CHECKPOINT_HINT, ""),
+        ] {
+            let message = rejected_message(plan_object(&gang(&[(name, value)]), &config, t0()));
+            assert!(message.contains(name), "{name}={value}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_placement_outside_the_inventory_is_rejected() {
+        let config = SimConfig::default();
+        let with = |class: &str, node: &str, gpus: Vec<u8>| {
+            let mut g = gang(&[]);
+            g.gpu_class = class.into();
+            g.replicas = vec![ReplicaSlot { node: node.into(), gpus }];
+            plan_object(&g, &config, t0())
+        };
+        assert!(with("h100-80gb", "r1-h100-1", vec![7]).is_ok());
+        assert!(with("a100-80gb.mig-3g.40gb", "a100-2", vec![15]).is_ok());
+        assert!(with("l4-24gb", "cloud-l4", vec![31]).is_ok());
+        assert!(rejected_message(with("h100-80gb", "r9-h100-1", vec![0])).contains("r9-h100-1"));
+        assert!(rejected_message(with("a100-80gb", "r1-h100-1", vec![0])).contains("a100-80gb"));
+        assert!(rejected_message(with("h100-80gb", "r1-h100-1", vec![8])).contains("unit 8"));
+        assert!(rejected_message(with("a100-80gb.mig-1g.10gb", "a100-2", vec![8])).contains("unit 8"));
+        assert!(rejected_message(with("h100-80gb", "r1-h100-1", vec![])).contains("no GPUs"));
+        let mut g = gang(&[]);
+        g.replicas = vec![
+            ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1] },
+            ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![1, 2] },
+        ];
+        assert!(rejected_message(plan_object(&g, &config, t0())).contains("placed twice"));
+        g.replicas.clear();
+        assert!(rejected_message(plan_object(&g, &config, t0())).contains("no replicas"));
+    }
+}

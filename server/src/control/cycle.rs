@@ -1,0 +1,235 @@
+//! One scheduling cycle: snapshot → engine → one transaction that records the admissions
+//! (with their outbox rows), the preemptions (with theirs) and every pending job's reason,
+//! position and expected start, guarded by the leader's epoch.
+
+use std::time::{Duration, Instant};
+
+use chrono::{TimeZone, Utc};
+use serde_json::json;
+
+use super::{world::World, ControlError};
+use crate::{
+    db::{
+        self,
+        scheduling::{AdmitRow, PendingRow, PreemptRow},
+    },
+    scheduler::{self, decision::Decisions},
+};
+
+/// What a cycle did.
+#[derive(Debug, Clone, Default)]
+pub struct CycleReport {
+    pub admitted: usize,
+    pub preempted: usize,
+    pub pending: usize,
+    /// Snapshot read, engine and commit.
+    pub duration: Duration,
+    /// Of which the engine alone.
+    pub engine: Duration,
+    /// Submit → first admission of each job admitted for the first time, in seconds.
+    pub admission_latencies: Vec<f64>,
+    /// Time since each admitted job last entered the queue, in seconds.
+    pub queue_waits: Vec<f64>,
+    /// Reason codes of the preemptions.
+    pub preemption_reasons: Vec<&'static str>,
+    /// GPUs allocated and capacity per class name after the cycle.
+    pub allocation: Vec<(String, u64, u64)>,
+    /// Pending jobs per (team, class).
+    pub pending_by_team: Vec<((String, String), u64)>,
+}
+
+/// Reads the world at one instant and builds the engine's snapshot.
+pub async fn world(pool: &sqlx::PgPool, config: &scheduler::snapshot::Config) -> Result<World, ControlError> {
+    let half_life = config.usage_half_life_ms as f64 / 1000.0;
+    let rows = db::scheduling::snapshot_rows(pool, half_life).await?;
+    Ok(World::build(rows, config.clone()))
+}
+
+/// Runs one cycle as the leader of `epoch`.
+pub async fn run(
+    pool: &sqlx::PgPool,
+    epoch: i64,
+    config: &scheduler::snapshot::Config,
+) -> Result<CycleReport, ControlError> {
+    let started = Instant::now();
+    let world = world(pool, config).await?;
+    let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
+        let t = Instant::now();
+        let decisions = scheduler::schedule(&world.snapshot);
+        (world, decisions, t.elapsed())
+    })
+    .await
+    .map_err(|e| ControlError::Internal(e.to_string()))?;
+    let (admit, preempt, pending) = rows(&world, &decisions);
+    let mut tx = pool.begin().await?;
+    if !db::scheduling::check_epoch(&mut tx, epoch).await? {
+        return Err(ControlError::NotLeader);
+    }
+    let admitted = db::scheduling::admit(&mut tx, &admit).await?;
+    let preempted = db::scheduling::preempt(&mut tx, &preempt).await?;
+    db::scheduling::set_pending(&mut tx, &pending).await?;
+    if !admitted.is_empty() || !preempted.is_empty() {
+        db::jobs::notify(&mut tx, db::scheduling::DISPATCH_CHANNEL).await?;
+    }
+    tx.commit().await?;
+    let now = world.snapshot.now_ms;
+    let admitted: std::collections::HashSet<uuid::Uuid> = admitted.into_iter().collect();
+    let admitted_jobs: Vec<_> = world.jobs.values().filter(|j| admitted.contains(&j.id)).collect();
+    let seconds_since = |t: chrono::DateTime<Utc>| (now - t.timestamp_millis()).max(0) as f64 / 1000.0;
+    let admission_latencies =
+        admitted_jobs.iter().filter(|j| j.attempt == 0).map(|j| seconds_since(j.submitted_at)).collect();
+    let queue_waits = admitted_jobs.iter().map(|j| seconds_since(j.queued_at)).collect();
+    let preempted: std::collections::HashSet<uuid::Uuid> = preempted.into_iter().collect();
+    let preemption_reasons = decisions
+        .preemptions
+        .iter()
+        .filter(|p| world.jobs.get(&p.victim).is_some_and(|j| preempted.contains(&j.id)))
+        .map(|p| p.reason.code())
+        .collect();
+    Ok(CycleReport {
+        admitted: admitted.len(),
+        preempted: preempted.len(),
+        pending: pending.len(),
+        duration: started.elapsed(),
+        engine,
+        admission_latencies,
+        queue_waits,
+        preemption_reasons,
+        allocation: allocation(&world, &decisions),
+        pending_by_team: pending_by_team(&world, &decisions),
+    })
+}
+
+fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>, Vec<PendingRow>) {
+    let name = |t| world.team_name(t);
+    let mut admit = Vec::new();
+    for a in &decisions.admissions {
+        let Some(job) = world.jobs.get(&a.job) else { continue };
+        // A gang spanning clusters cannot run; it waits for a placement on one.
+        let Some((cluster_id, slots)) = world.placement_to_json(&a.placement) else { continue };
+        let cluster = world.nodes.iter().find(|n| n.0 == cluster_id).map(|n| n.1.clone()).unwrap_or_default();
+        let nodes: Vec<String> =
+            slots.iter().map(|s| format!("{} (GPUs {})", s.node, join(s.gpus.iter().map(u8::to_string)))).collect();
+        let message = format!(
+            "admitted on cluster {cluster}, {}{}",
+            nodes.join(", "),
+            if a.borrowing { "; borrowing burst capacity, so it may be preempted to give it back" } else { "" }
+        );
+        admit.push(AdmitRow {
+            job_id: job.id,
+            cluster_id,
+            placement: World::slots_json(&slots),
+            borrowing: a.borrowing,
+            message,
+            data: json!({
+                "cluster": cluster,
+                "placement": slots,
+                "borrowing": a.borrowing,
+                "max_cost_micros": a.max_cost_micros,
+                "exceeds_soft_budget": a.exceeds_soft_budget,
+            }),
+        });
+    }
+    let mut preempt = Vec::new();
+    for p in &decisions.preemptions {
+        let (Some(victim), Some(for_job)) = (world.jobs.get(&p.victim), world.jobs.get(&p.for_job)) else { continue };
+        let for_team = world.team_ids.iter().position(|t| *t == for_job.team_id).map(|i| name(i as u32));
+        let for_team = for_team.unwrap_or_default();
+        let why = match p.reason {
+            scheduler::PreemptReason::Priority => "a higher-priority job of the same team needs the GPUs".to_owned(),
+            scheduler::PreemptReason::Reclaim => {
+                format!("team {for_team} reclaims its reserved quota, which this job was borrowing")
+            }
+            scheduler::PreemptReason::FairShare => {
+                format!("team {for_team} is below its fair share of burst capacity and this job's team above it")
+            }
+        };
+        let grace_ms = victim.preemption_grace_seconds.map_or(p.grace_ms, |s| i64::from(s) * 1000);
+        preempt.push(PreemptRow {
+            job_id: victim.id,
+            grace_ms,
+            reason: p.reason.code().to_owned(),
+            message: format!("preempted for job {} of team {for_team}: {why}", for_job.id),
+            data: json!({
+                "by_job": for_job.id,
+                "by_team": for_team,
+                "reason": p.reason.code(),
+                "grace_ms": grace_ms,
+                "lost_gpu_ms": p.lost_work,
+            }),
+        });
+    }
+    let pending = decisions
+        .pending
+        .iter()
+        .filter_map(|p| {
+            let job = world.jobs.get(&p.job)?;
+            let code = p.reason.code(&name);
+            // Engine ids of other jobs mean nothing to users; name them by their job id.
+            let (code, message) = match &p.reason {
+                scheduler::PendingReason::ReservedFor { job: other } => {
+                    let other = world.jobs.get(other).map(|j| j.id.to_string()).unwrap_or_default();
+                    (
+                        "reserved_for_gang".to_owned(),
+                        format!("GPUs are held for job {other}, an earlier gang that would otherwise starve"),
+                    )
+                }
+                scheduler::PendingReason::BehindHeadOfLine { job: other } => {
+                    let other = world.jobs.get(other).map(|j| j.id.to_string()).unwrap_or_default();
+                    ("behind_head_of_line".to_owned(), format!("job {other} at the head of the queue is waiting"))
+                }
+                reason => (code, reason.message(&name)),
+            };
+            Some(PendingRow {
+                job_id: job.id,
+                reason: code,
+                message,
+                position: i32::try_from(p.position).unwrap_or(i32::MAX),
+                expected_start_at: p.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
+            })
+        })
+        .collect();
+    (admit, preempt, pending)
+}
+
+fn join(items: impl Iterator<Item = String>) -> String {
+    items.collect::<Vec<_>>().join(",")
+}
+
+fn allocation(world: &World, decisions: &Decisions) -> Vec<(String, u64, u64)> {
+    let s = &world.snapshot;
+    let mut out: Vec<(String, u64, u64)> = s.classes.iter().map(|c| (c.name.clone(), 0, 0)).collect();
+    for n in &s.nodes {
+        if let Some(row) = out.get_mut(usize::from(n.class)) {
+            row.2 += u64::from(n.units);
+        }
+    }
+    for r in &s.running {
+        if let Some(row) = out.get_mut(usize::from(r.spec.class)) {
+            row.1 += r.spec.total_milli() / 1000;
+        }
+    }
+    let specs: std::collections::HashMap<u64, &scheduler::JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
+    for a in &decisions.admissions {
+        if let (Some(spec), true) = (specs.get(&a.job), true) {
+            if let Some(row) = out.get_mut(usize::from(spec.class)) {
+                row.1 += spec.total_milli() / 1000;
+            }
+        }
+    }
+    out.retain(|r| r.2 > 0 || r.1 > 0);
+    out
+}
+
+fn pending_by_team(world: &World, decisions: &Decisions) -> Vec<((String, String), u64)> {
+    let s = &world.snapshot;
+    let specs: std::collections::HashMap<u64, &scheduler::JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
+    let mut counts: std::collections::BTreeMap<(String, String), u64> = std::collections::BTreeMap::new();
+    for p in &decisions.pending {
+        if let Some(spec) = specs.get(&p.job) {
+            let class = s.classes.get(usize::from(spec.class)).map(|c| c.name.clone()).unwrap_or_default();
+            *counts.entry((world.team_name(spec.team), class)).or_default() += 1;
+        }
+    }
+    counts.into_iter().collect()
+}

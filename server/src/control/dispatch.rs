@@ -1,0 +1,178 @@
+//! The dispatcher: works through the outbox the scheduling cycles write, one row per
+//! transaction, rows claimed with `for update skip locked` so several workers (or replicas)
+//! never take the same one. The row stays locked while the backend is called and is marked
+//! done in the same transaction, so a crash at any point leaves it to be claimed again;
+//! backend calls are idempotent (object names derive from the job id and attempt), so doing
+//! one twice is harmless. Failed calls are retried with exponential backoff, jitter and a cap.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use chrono::Utc;
+use serde_json::json;
+
+use super::{
+    reconcile::{end_attempt, leader_tx},
+    ControlError, Ctx,
+};
+use crate::{
+    backends::{object_name, BackendError, Gang, Outcome, ReplicaSlot},
+    db,
+};
+
+/// First retry delay.
+const BACKOFF_BASE_MS: f64 = 250.0;
+/// Longest retry delay.
+const BACKOFF_CAP_MS: f64 = 60_000.0;
+/// Longest a backend call may take before it counts as failed.
+const CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The delay before retry `tries + 1`: exponential, capped, with "equal jitter" so that
+/// many rows failing together do not retry together.
+pub fn backoff_ms(tries: i32, random: f64) -> i64 {
+    let exp = BACKOFF_BASE_MS * 2f64.powi(tries.clamp(0, 30));
+    let capped = exp.min(BACKOFF_CAP_MS);
+    (capped / 2.0 + capped / 2.0 * random.clamp(0.0, 1.0)) as i64
+}
+
+/// Handles one due outbox row; false when there was none.
+pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
+    let mut tx = leader_tx(ctx, epoch).await?;
+    let Some(row) = db::scheduling::claim(&mut tx).await? else { return Ok(false) };
+    let object = object_name(row.job_id, row.attempt);
+    let backend = row.cluster.as_deref().and_then(|c| ctx.backends.get(c).map(|b| (c.to_owned(), b.clone())));
+    let Some((cluster, backend)) = backend else {
+        let delay = backoff_ms(row.tries, rand::random());
+        db::scheduling::retry_later(&mut tx, row.id, delay, "no backend is configured for the job's cluster").await?;
+        tx.commit().await?;
+        return Ok(true);
+    };
+    let current = row.job_attempt == row.attempt;
+    match row.action.as_str() {
+        // The job was cancelled or preempted before its object existed, or a newer attempt
+        // replaced it: nothing to create. The reconciler releases the GPUs.
+        "submit" if !current || row.job_state != "admitted" => {
+            db::scheduling::complete(&mut tx, row.id, Some("superseded before dispatch")).await?;
+        }
+        "submit" => {
+            let Some(job) = db::jobs::get(&mut *tx, row.job_id).await? else {
+                db::scheduling::complete(&mut tx, row.id, Some("job deleted")).await?;
+                tx.commit().await?;
+                return Ok(true);
+            };
+            let gang = gang(&job, &object);
+            let result = call(backend.submit(&gang)).await;
+            match result {
+                Ok(()) => {
+                    db::scheduling::mark_dispatched(&mut tx, row.job_id, row.attempt).await?;
+                    db::jobs::add_event(
+                        &mut tx,
+                        row.job_id,
+                        row.attempt,
+                        "dispatched",
+                        None,
+                        &format!("created {object} on cluster {cluster}"),
+                        Some(json!({"object": object, "cluster": cluster, "tries": row.tries + 1})),
+                    )
+                    .await?;
+                    db::scheduling::complete(&mut tx, row.id, None).await?;
+                }
+                Err(BackendError::Transient(e)) => {
+                    ctx.metrics.dispatch_error(&cluster, "transient");
+                    let delay = backoff_ms(row.tries, rand::random());
+                    if row.tries == 0 || row.tries % 5 == 4 {
+                        db::jobs::add_event(
+                            &mut tx,
+                            row.job_id,
+                            row.attempt,
+                            "dispatch_error",
+                            Some("transient"),
+                            &format!("cluster {cluster} did not accept the job yet ({e}); retrying in {delay} ms"),
+                            None,
+                        )
+                        .await?;
+                    }
+                    db::scheduling::retry_later(&mut tx, row.id, delay, &e).await?;
+                }
+                Err(e @ (BackendError::CapacityUnavailable(_) | BackendError::Rejected(_))) => {
+                    let (kind, outcome) = match &e {
+                        BackendError::CapacityUnavailable(_) => ("capacity", Outcome::CapacityUnavailable),
+                        _ => ("rejected", Outcome::AppFailed { exit_code: None, reason: "Rejected".into() }),
+                    };
+                    ctx.metrics.dispatch_error(&cluster, kind);
+                    db::jobs::add_event(
+                        &mut tx,
+                        row.job_id,
+                        row.attempt,
+                        "dispatch_error",
+                        Some(kind),
+                        &format!("cluster {cluster} refused the job: {e}"),
+                        None,
+                    )
+                    .await?;
+                    db::scheduling::complete(&mut tx, row.id, Some(&e.to_string())).await?;
+                    end_attempt(&mut tx, row.job_id, row.attempt, &outcome, None, Utc::now(), &object, ctx).await?;
+                }
+            }
+        }
+        _ => {
+            let grace = Duration::from_millis(row.grace_ms.max(0) as u64);
+            match call(backend.stop(&object, grace)).await {
+                Ok(()) => db::scheduling::complete(&mut tx, row.id, None).await?,
+                Err(e) => {
+                    ctx.metrics.dispatch_error(&cluster, "stop");
+                    let delay = backoff_ms(row.tries, rand::random());
+                    db::scheduling::retry_later(&mut tx, row.id, delay, &e.to_string()).await?;
+                }
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+async fn call<T>(f: impl std::future::Future<Output = Result<T, BackendError>>) -> Result<T, BackendError> {
+    tokio::time::timeout(CALL_TIMEOUT, f)
+        .await
+        .unwrap_or_else(|_| Err(BackendError::Transient(format!("no answer within {} s", CALL_TIMEOUT.as_secs()))))
+}
+
+/// The gang to create for a job's current attempt.
+pub fn gang(job: &db::jobs::JobRow, object: &str) -> Gang {
+    let replicas: Vec<ReplicaSlot> =
+        job.placement.as_ref().and_then(|p| serde_json::from_value(p.0.clone()).ok()).unwrap_or_default();
+    let strings = |v: &serde_json::Value| -> BTreeMap<String, String> {
+        v.as_object()
+            .map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_owned())).collect())
+            .unwrap_or_default()
+    };
+    Gang {
+        object: object.to_owned(),
+        job_id: job.id,
+        attempt: job.attempt,
+        team: job.team.clone(),
+        job_name: job.name.clone(),
+        gpu_class: job.gpu_class.clone(),
+        priority_class: job.priority_class.clone(),
+        image: job.image.clone(),
+        command: job.command.0.clone(),
+        env: strings(&job.env.0),
+        labels: strings(&job.labels.0),
+        max_runtime: Duration::from_secs(job.max_runtime_seconds.max(0) as u64),
+        replicas,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_stops_at_the_cap() {
+        assert_eq!(backoff_ms(0, 1.0), 250);
+        assert_eq!(backoff_ms(0, 0.0), 125);
+        assert_eq!(backoff_ms(3, 1.0), 2000);
+        assert_eq!(backoff_ms(20, 1.0), 60_000);
+        assert_eq!(backoff_ms(20, 0.0), 30_000);
+        assert!(backoff_ms(1000, 0.5) <= 60_000);
+    }
+}

@@ -1,0 +1,274 @@
+//! The control loop: leader election, scheduling cycles, dispatch and reconciliation.
+//!
+//! Every replica runs [`leader::run`]; the one that leads runs, until it stops leading:
+//!
+//! - **cycles** ([`cycle`]) on every wake-up (`LISTEN fairway_schedule`: submissions,
+//!   cancellations, finished jobs, quota changes) and on a timer;
+//! - **dispatch workers** ([`dispatch`]) draining the outbox the cycles write, woken by
+//!   `LISTEN fairway_dispatch` and a short timer (retries come due by time);
+//! - the **reconciler** ([`reconcile`]) comparing every backend's objects with the jobs;
+//! - an **inventory sync** writing what each backend offers into `cluster_nodes`.
+//!
+//! Every write checks the leader's epoch, so a process that lost leadership while paused
+//! commits nothing.
+
+pub mod cycle;
+pub mod dispatch;
+pub mod leader;
+pub mod lifecycle;
+pub mod reconcile;
+pub mod world;
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use sqlx::{postgres::PgListener, PgPool};
+use tokio::sync::watch;
+
+use crate::{
+    backends::{Backend, BackendError},
+    db::{self, scheduling::NodeRow},
+    scheduler,
+    telemetry::Metrics,
+};
+
+/// Why a control-loop step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// Another process leads now; this one must stop writing.
+    #[error("no longer the leader")]
+    NotLeader,
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("backend: {0}")]
+    Backend(#[from] BackendError),
+    #[error("{0}")]
+    Internal(String),
+}
+
+/// Timings of the control loop.
+#[derive(Debug, Clone)]
+pub struct ControlConfig {
+    /// A cycle runs at least this often, events or not.
+    pub cycle_interval: Duration,
+    /// The reconciler's period.
+    pub reconcile_interval: Duration,
+    /// How often the inventory is read from the backends.
+    pub inventory_interval: Duration,
+    /// A leader silent for this long is replaced.
+    pub lease: Duration,
+    /// Concurrent dispatch workers.
+    pub dispatch_workers: usize,
+    /// The engine's tunables.
+    pub engine: scheduler::snapshot::Config,
+    /// Check the quota invariant after every cycle and log any breach (tests turn it on).
+    pub check_invariants: bool,
+}
+
+impl Default for ControlConfig {
+    fn default() -> Self {
+        Self {
+            cycle_interval: Duration::from_secs(2),
+            reconcile_interval: Duration::from_millis(500),
+            inventory_interval: Duration::from_secs(30),
+            lease: Duration::from_secs(10),
+            dispatch_workers: 4,
+            engine: scheduler::snapshot::Config::default(),
+            check_invariants: false,
+        }
+    }
+}
+
+/// What the control loop works with.
+#[derive(Clone)]
+pub struct Ctx {
+    pub pool: PgPool,
+    /// Backends by cluster name.
+    pub backends: Arc<BTreeMap<String, Arc<dyn Backend>>>,
+    pub metrics: Arc<Metrics>,
+    pub config: ControlConfig,
+}
+
+/// Starts leader election and, while leading, the loops. `options` must reach the same
+/// database as the pool; `holder` names this process (its sessions carry it as their
+/// application name, so a successor can end them).
+pub fn spawn(ctx: Ctx, options: sqlx::postgres::PgConnectOptions, holder: String) -> tokio::task::JoinHandle<()> {
+    let (tx, mut rx) = watch::channel(None);
+    tokio::spawn(leader::run(options, holder, ctx.config.lease, tx));
+    tokio::spawn(async move {
+        loop {
+            let epoch = *rx.borrow_and_update();
+            match epoch {
+                Some(epoch) => {
+                    ctx.metrics.leader(true);
+                    tokio::select! {
+                        () = lead(&ctx, epoch) => {}
+                        _ = rx.changed() => {}
+                    }
+                    ctx.metrics.leader(false);
+                }
+                None => {
+                    if rx.changed().await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Runs the leader's loops until one finds it no longer leads.
+async fn lead(ctx: &Ctx, epoch: i64) {
+    if let Err(e) = sync_inventory(ctx).await {
+        tracing::warn!(error = %e, "inventory sync failed");
+    }
+    let mut workers = tokio::task::JoinSet::new();
+    workers.spawn(cycles(ctx.clone(), epoch));
+    workers.spawn(reconciler(ctx.clone(), epoch));
+    workers.spawn(inventory(ctx.clone()));
+    for _ in 0..ctx.config.dispatch_workers.max(1) {
+        workers.spawn(dispatcher(ctx.clone(), epoch));
+    }
+    // Any loop returning means leadership is gone; the rest stop with the set.
+    workers.join_next().await;
+    workers.abort_all();
+}
+
+async fn listener(pool: &PgPool, channel: &str) -> Option<PgListener> {
+    let mut l = PgListener::connect_with(pool).await.ok()?;
+    l.listen(channel).await.ok()?;
+    Some(l)
+}
+
+/// Waits for a notification on `listener` or for `timeout`, then drains what else arrived,
+/// so a burst of submissions costs one cycle.
+async fn wake(listener: &mut Option<PgListener>, timeout: Duration) {
+    match listener {
+        Some(l) => {
+            if let Ok(Err(_)) = tokio::time::timeout(timeout, l.recv()).await {
+                // The listener reconnects by itself; avoid a hot loop while it does.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            while l.next_buffered().is_some() {}
+        }
+        None => tokio::time::sleep(timeout).await,
+    }
+}
+
+async fn cycles(ctx: Ctx, epoch: i64) {
+    let mut events = listener(&ctx.pool, db::jobs::SCHEDULE_CHANNEL).await;
+    loop {
+        match cycle::run(&ctx.pool, epoch, &ctx.config.engine).await {
+            Ok(report) => {
+                if report.admitted + report.preempted > 0 {
+                    tracing::info!(
+                        admitted = report.admitted,
+                        preempted = report.preempted,
+                        pending = report.pending,
+                        duration_ms = report.duration.as_millis() as u64,
+                        engine_ms = report.engine.as_millis() as u64,
+                        "scheduling cycle"
+                    );
+                }
+                ctx.metrics.cycle(
+                    report.duration,
+                    report.pending_by_team,
+                    report.allocation,
+                    &report.admission_latencies,
+                    &report.queue_waits,
+                    &report.preemption_reasons,
+                );
+                if ctx.config.check_invariants {
+                    match db::scheduling::quota_violations(&ctx.pool).await {
+                        Ok(v) if v.is_empty() => {}
+                        Ok(v) => tracing::error!(violations = ?v, "quota invariant broken"),
+                        Err(e) => tracing::warn!(error = %e, "cannot check the quota invariant"),
+                    }
+                }
+            }
+            Err(ControlError::NotLeader) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "scheduling cycle failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+        wake(&mut events, ctx.config.cycle_interval).await;
+    }
+}
+
+async fn dispatcher(ctx: Ctx, epoch: i64) {
+    let mut events = listener(&ctx.pool, db::scheduling::DISPATCH_CHANNEL).await;
+    loop {
+        match dispatch::dispatch_one(&ctx, epoch).await {
+            Ok(true) => continue,
+            Ok(false) => wake(&mut events, Duration::from_millis(250)).await,
+            Err(ControlError::NotLeader) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "dispatch failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+async fn reconciler(ctx: Ctx, epoch: i64) {
+    let mut tick = tokio::time::interval(ctx.config.reconcile_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for (cluster, backend) in ctx.backends.iter() {
+            match reconcile::reconcile(&ctx, epoch, cluster, backend.as_ref()).await {
+                Ok(_) => {}
+                Err(ControlError::NotLeader) => return,
+                Err(e) => tracing::warn!(cluster, error = %e, "reconciliation failed"),
+            }
+        }
+    }
+}
+
+async fn inventory(ctx: Ctx) {
+    let mut tick = tokio::time::interval(ctx.config.inventory_interval);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = sync_inventory(&ctx).await {
+            tracing::warn!(error = %e, "inventory sync failed");
+        }
+    }
+}
+
+/// Writes every backend's inventory into `cluster_nodes` (and its capacity), creating the
+/// cluster and any GPU class the backend declares that the catalogue lacks.
+pub async fn sync_inventory(ctx: &Ctx) -> Result<(), ControlError> {
+    for (cluster, backend) in ctx.backends.iter() {
+        let nodes = backend.inventory().await?;
+        let mut tx = ctx.pool.begin().await?;
+        for class in backend.declared_classes() {
+            db::scheduling::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
+                .await?;
+        }
+        let cluster_id = db::scheduling::ensure_cluster(&mut tx, cluster, backend.kind()).await?;
+        let classes: BTreeMap<String, uuid::Uuid> = db::scheduling::class_ids(&mut tx).await?.into_iter().collect();
+        let mut rows = Vec::new();
+        for n in nodes {
+            let Some(&gpu_class_id) = classes.get(&n.gpu_class) else {
+                tracing::warn!(cluster, node = %n.name, class = %n.gpu_class, "node of an unknown GPU class ignored");
+                continue;
+            };
+            rows.push(NodeRow {
+                cluster_id,
+                cluster: cluster.clone(),
+                name: n.name,
+                gpu_class_id,
+                gpus: i32::from(n.gpus),
+                nvlink_domain_size: i32::from(n.nvlink_domain_size),
+                rack: n.rack,
+                zone: n.zone,
+                elastic: n.elastic,
+            });
+        }
+        db::scheduling::replace_nodes(&mut tx, cluster_id, &rows).await?;
+        db::jobs::notify(&mut tx, db::jobs::SCHEDULE_CHANNEL).await?;
+        tx.commit().await?;
+    }
+    Ok(())
+}

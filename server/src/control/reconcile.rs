@@ -1,0 +1,208 @@
+//! The reconciler: brings job states in line with what each backend reports. Level-
+//! triggered: every pass compares the whole picture, so a missed event, a crash between two
+//! writes or a restart is repaired by the next pass.
+//!
+//! - an object running for an admitted job marks it running and opens its usage interval;
+//! - a finished object ends its attempt (usage closed, GPUs released, the job requeued or
+//!   finished by its outcome's retry policy) and is then deleted;
+//! - a job asked to stop whose object has not been told is told again;
+//! - an object no job holds (an old attempt, a job that finished, one we never knew) is an
+//!   orphan: stopped, then deleted;
+//! - a job whose object vanished after it was created is lost (`node_lost`), and one whose
+//!   submit was skipped because it was cancelled or preempted first is released.
+
+use std::{
+    collections::{HashMap, HashSet},
+    time::Duration,
+};
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::{
+    lifecycle::{after_attempt, Counters},
+    ControlError, Ctx,
+};
+use crate::{
+    backends::{Backend, Outcome, Phase},
+    db::{self, Tx},
+};
+
+/// What one pass found and did.
+#[derive(Debug, Default, Clone)]
+pub struct ReconcileReport {
+    pub started: usize,
+    pub ended: usize,
+    pub orphans: usize,
+    pub lost: usize,
+}
+
+/// Slack for the two clocks (ours and the database's) when deciding that an object that
+/// should exist is missing.
+const CLOCK_SLACK: chrono::Duration = chrono::Duration::seconds(5);
+
+/// One pass over one cluster.
+pub async fn reconcile(
+    ctx: &Ctx,
+    epoch: i64,
+    cluster: &str,
+    backend: &dyn Backend,
+) -> Result<ReconcileReport, ControlError> {
+    let mut report = ReconcileReport::default();
+    // Read the backend first: any job whose object was created before this instant must
+    // appear in the list.
+    let listed_at = Utc::now();
+    let objects = backend.objects().await?;
+    let held = db::scheduling::held_jobs(&ctx.pool, cluster).await?;
+    let by_id: HashMap<Uuid, &db::scheduling::HeldJob> = held.iter().map(|j| (j.id, j)).collect();
+    let mut seen = HashSet::new();
+    for obj in &objects {
+        let job = by_id.get(&obj.job_id).filter(|j| j.attempt == obj.attempt);
+        let Some(job) = job else {
+            // Ours by name and labels, but no job holds it.
+            match &obj.phase {
+                Phase::Finished { .. } => {
+                    backend.delete(&obj.object).await?;
+                    report.orphans += 1;
+                    if let Some(known) = db::scheduling::job_attempt(&ctx.pool, obj.job_id).await? {
+                        let mut tx = leader_tx(ctx, epoch).await?;
+                        db::jobs::add_event(
+                            &mut tx,
+                            obj.job_id,
+                            known.attempt,
+                            "orphan_removed",
+                            Some("orphan"),
+                            &format!("removed backend object {} that no attempt of the job holds", obj.object),
+                            Some(json!({"object": obj.object, "object_attempt": obj.attempt})),
+                        )
+                        .await?;
+                        tx.commit().await?;
+                    }
+                    tracing::warn!(cluster, object = %obj.object, "removed an orphaned backend object");
+                }
+                _ if !obj.stop_requested => backend.stop(&obj.object, Duration::ZERO).await?,
+                _ => {}
+            }
+            continue;
+        };
+        seen.insert(job.id);
+        match &obj.phase {
+            Phase::Pending | Phase::Running { .. } => {
+                if let Phase::Running { started_at } = obj.phase {
+                    if job.state == "admitted" {
+                        let mut tx = leader_tx(ctx, epoch).await?;
+                        if db::scheduling::mark_running(&mut tx, job.id, job.attempt, started_at).await? {
+                            db::jobs::add_event(
+                                &mut tx,
+                                job.id,
+                                job.attempt,
+                                "running",
+                                None,
+                                &format!("every replica of {} runs", obj.object),
+                                None,
+                            )
+                            .await?;
+                            report.started += 1;
+                        }
+                        tx.commit().await?;
+                    }
+                }
+                if let (Some(asked), false) = (job.stop_requested_at, obj.stop_requested) {
+                    let spent = (Utc::now() - asked).num_milliseconds().max(0) as u64;
+                    let left = (job.grace_ms.max(0) as u64).saturating_sub(spent);
+                    backend.stop(&obj.object, Duration::from_millis(left)).await?;
+                }
+            }
+            Phase::Finished { started_at, ended_at, outcome } => {
+                let mut tx = leader_tx(ctx, epoch).await?;
+                end_attempt(&mut tx, job.id, job.attempt, outcome, *started_at, *ended_at, &obj.object, ctx).await?;
+                tx.commit().await?;
+                backend.delete(&obj.object).await?;
+                report.ended += 1;
+            }
+        }
+    }
+    for job in held.iter().filter(|j| !seen.contains(&j.id) && !j.submit_pending) {
+        let outcome = match job.dispatched_at {
+            // Created before we listed, yet not listed: it vanished.
+            Some(at) if at < listed_at - CLOCK_SLACK => Outcome::NodeLost,
+            // Created while we listed: the next pass sees it.
+            Some(_) => continue,
+            // Never created: its submit was skipped because it was cancelled or preempted
+            // first. Nothing runs; release the GPUs.
+            None => Outcome::Stopped,
+        };
+        let mut tx = leader_tx(ctx, epoch).await?;
+        end_attempt(&mut tx, job.id, job.attempt, &outcome, None, Utc::now(), "", ctx).await?;
+        tx.commit().await?;
+        if outcome == Outcome::NodeLost {
+            report.lost += 1;
+            tracing::warn!(cluster, job = %job.id, "the job's backend object vanished");
+        }
+    }
+    Ok(report)
+}
+
+/// A transaction of the leader of `epoch`; fails with `NotLeader` once another took over.
+pub async fn leader_tx<'a>(ctx: &Ctx, epoch: i64) -> Result<Tx<'a>, ControlError> {
+    let mut tx = ctx.pool.begin().await?;
+    if !db::scheduling::check_epoch(&mut tx, epoch).await? {
+        return Err(ControlError::NotLeader);
+    }
+    Ok(tx)
+}
+
+/// Ends attempt `attempt` of a job: closes its usage interval, releases its GPUs and moves
+/// it on by the outcome's retry policy, with an event. Does nothing when the attempt is no
+/// longer the job's (a repeat after a crash).
+#[expect(clippy::too_many_arguments, reason = "the attempt, how it ended, and where the record goes")]
+pub async fn end_attempt(
+    tx: &mut Tx<'_>,
+    job_id: Uuid,
+    attempt: i32,
+    outcome: &Outcome,
+    started_at: Option<DateTime<Utc>>,
+    ended_at: DateTime<Utc>,
+    object: &str,
+    ctx: &Ctx,
+) -> Result<(), ControlError> {
+    let Some(job) = db::scheduling::lock_for_end(tx, job_id).await? else { return Ok(()) };
+    if !job.holds_gpus || job.attempt != attempt {
+        return Ok(());
+    }
+    if let Some(started) = started_at {
+        db::scheduling::open_interval(tx, job_id, attempt, started).await?;
+    }
+    db::scheduling::close_interval(tx, job_id, attempt, ended_at).await?;
+    let counters = Counters {
+        max_retries: job.max_retries,
+        preemptions: job.preemptions,
+        capacity_retries: job.capacity_retries,
+        node_lost_retries: job.node_lost_retries,
+        app_retries: job.app_retries,
+    };
+    let next = after_attempt(&job.state, outcome, counters);
+    let exit_code = match outcome {
+        Outcome::AppFailed { exit_code, .. } => *exit_code,
+        Outcome::Succeeded => Some(0),
+        _ => None,
+    };
+    db::scheduling::end_attempt(
+        tx,
+        &db::scheduling::EndUpdate { job_id, attempt, state: next.state, exit_code, bump: next.bump },
+    )
+    .await?;
+    db::jobs::add_event(
+        tx,
+        job_id,
+        attempt,
+        next.event,
+        Some(&next.reason),
+        &next.message,
+        Some(json!({"outcome": outcome, "object": object, "ended_at": ended_at})),
+    )
+    .await?;
+    ctx.metrics.outcome(outcome.code());
+    Ok(())
+}

@@ -1,0 +1,257 @@
+//! The database's rows turned into the engine's [`Snapshot`], with the maps that turn the
+//! engine's indices back into jobs, teams and nodes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::{
+    backends::ReplicaSlot,
+    db::scheduling::{LiveJob, SnapshotRows},
+    scheduler::{
+        self,
+        snapshot::{
+            ClassId, GpuClass, JobSpec, Level, Node, NodeId, PriorityClass, PriorityId, Quota, ReplicaPlacement,
+            RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
+        },
+    },
+};
+
+/// A snapshot and how to read the engine's answers.
+pub struct World {
+    pub snapshot: Snapshot,
+    /// Live jobs by the engine's job id (the job's `seq`).
+    pub jobs: HashMap<u64, LiveJob>,
+    /// Per engine node: (cluster id, cluster name, node name).
+    pub nodes: Vec<(Uuid, String, String)>,
+    pub team_ids: Vec<Uuid>,
+    pub team_names: Vec<String>,
+    class_index: HashMap<Uuid, ClassId>,
+    team_index: HashMap<Uuid, TeamId>,
+    priority_index: HashMap<String, PriorityId>,
+}
+
+fn millis(t: chrono::DateTime<chrono::Utc>) -> i64 {
+    t.timestamp_millis()
+}
+
+/// The engine's topology for a stored mode and level.
+pub fn topology(mode: &str, level: Option<&str>) -> Topology {
+    let level = match level {
+        Some("nvlink-domain") => Level::NvlinkDomain,
+        Some("node") => Level::Node,
+        Some("rack") => Level::Rack,
+        Some("zone") => Level::Zone,
+        _ => return Topology::Any,
+    };
+    match mode {
+        "required" => Topology::Required(level),
+        "preferred" => Topology::Preferred(level),
+        _ => Topology::Any,
+    }
+}
+
+impl World {
+    /// Builds the snapshot from rows read at one instant.
+    pub fn build(rows: SnapshotRows, config: scheduler::snapshot::Config) -> Self {
+        let now_ms = millis(rows.now);
+        let class_index: HashMap<Uuid, ClassId> =
+            rows.classes.iter().enumerate().map(|(i, c)| (c.id, i as ClassId)).collect();
+        let classes =
+            rows.classes.iter().map(|c| GpuClass { name: c.name.clone(), rate_micros_per_hour: c.rate }).collect();
+        // Racks and zones are numbered per cluster: two clusters' "rack-1" are different racks.
+        let mut racks: BTreeMap<(Uuid, String), u32> = BTreeMap::new();
+        let mut zones: BTreeMap<(Uuid, String), u32> = BTreeMap::new();
+        let mut nodes = Vec::new();
+        let mut node_refs = Vec::new();
+        let mut node_index: HashMap<(Uuid, &str, ClassId), NodeId> = HashMap::new();
+        for n in &rows.nodes {
+            let Some(&class) = class_index.get(&n.gpu_class_id) else { continue };
+            let next = racks.len() as u32;
+            let rack = n.rack.as_ref().map(|r| *racks.entry((n.cluster_id, r.clone())).or_insert(next));
+            // Clusters are zones of their own, so a zone-level gang never spans two clusters.
+            let next = zones.len() as u32;
+            let zone_key = n.zone.clone().unwrap_or_default();
+            let zone = Some(*zones.entry((n.cluster_id, zone_key)).or_insert(next));
+            node_index.insert((n.cluster_id, n.name.as_str(), class), nodes.len() as NodeId);
+            nodes.push(Node {
+                name: format!("{}/{}", n.cluster, n.name),
+                class,
+                units: n.gpus.clamp(0, 64) as u8,
+                nvlink_domain_size: n.nvlink_domain_size.clamp(0, 64) as u8,
+                rack,
+                zone,
+                elastic: n.elastic,
+            });
+            node_refs.push((n.cluster_id, n.cluster.clone(), n.name.clone()));
+        }
+        let team_index: HashMap<Uuid, TeamId> =
+            rows.teams.iter().enumerate().map(|(i, t)| (t.id, i as TeamId)).collect();
+        let history: HashMap<Uuid, f64> = rows.history.iter().copied().collect();
+        let mut teams: Vec<Team> = rows
+            .teams
+            .iter()
+            .map(|t| Team {
+                name: t.name.clone(),
+                parent: t.parent_id.and_then(|p| team_index.get(&p).copied()),
+                quotas: BTreeMap::new(),
+                fair_share_weight_milli: t.fair_share_weight_milli.max(1) as u32,
+                usage_history_micros: history.get(&t.id).copied().unwrap_or(0.0),
+                hard_budget_left_micros: None,
+                soft_budget_left_micros: None,
+            })
+            .collect();
+        for q in &rows.quotas {
+            if let (Some(&t), Some(&c)) = (team_index.get(&q.team_id), class_index.get(&q.gpu_class_id)) {
+                let milli = |gpus: i32| u64::from(gpus.max(0) as u32) * u64::from(UNIT);
+                teams[t as usize].quotas.insert(
+                    c,
+                    Quota {
+                        reserved: milli(q.reserved),
+                        burst: milli(q.burst),
+                        lendable: milli(q.lendable.unwrap_or(q.reserved)),
+                    },
+                );
+            }
+        }
+        let priority_index: HashMap<String, PriorityId> =
+            rows.priorities.iter().enumerate().map(|(i, p)| (p.name.clone(), i as PriorityId)).collect();
+        let priorities = rows
+            .priorities
+            .iter()
+            .map(|p| PriorityClass {
+                name: p.name.clone(),
+                priority: p.priority,
+                preemptible: p.preemptible,
+                price_multiplier_milli: p.price_multiplier_milli.max(0) as u32,
+                usage_factor_milli: p.usage_factor_milli.max(0) as u32,
+                preemption_grace_ms: i64::from(p.preemption_grace_seconds) * 1000,
+            })
+            .collect();
+        let mut world = World {
+            snapshot: Snapshot {
+                now_ms,
+                classes,
+                nodes,
+                teams,
+                priorities,
+                running: Vec::new(),
+                pending: Vec::new(),
+                config,
+            },
+            jobs: HashMap::new(),
+            nodes: node_refs,
+            team_ids: rows.teams.iter().map(|t| t.id).collect(),
+            team_names: rows.teams.iter().map(|t| t.name.clone()).collect(),
+            class_index,
+            team_index,
+            priority_index,
+        };
+        for job in rows.jobs {
+            let Some(spec) = world.spec_of(&job) else { continue };
+            if job.holds_gpus {
+                let placement = world.placement_from_json(&job, &node_index);
+                let started = job.started_at.or(job.admitted_at).map_or(now_ms, millis);
+                world.snapshot.running.push(RunningJob {
+                    spec,
+                    started_ms: started,
+                    last_checkpoint_ms: job.last_checkpoint_at.map(millis),
+                    placement,
+                    terminating: !matches!(job.state.as_str(), "admitted" | "running"),
+                });
+            } else if job.state == "pending" {
+                world.snapshot.pending.push(spec);
+            }
+            world.jobs.insert(job.seq as u64, job);
+        }
+        world
+    }
+
+    /// The engine's view of a job; `None` for a job naming something the snapshot lacks.
+    fn spec_of(&self, job: &LiveJob) -> Option<JobSpec> {
+        Some(JobSpec {
+            id: job.seq as u64,
+            team: *self.team_index.get(&job.team_id)?,
+            class: *self.class_index.get(&job.gpu_class_id)?,
+            replicas: u16::try_from(job.replicas).ok()?,
+            milli_per_replica: u32::try_from(job.gpus_per_replica).ok()? * UNIT,
+            priority: *self.priority_index.get(&job.priority_class)?,
+            topology: topology(&job.topology_mode, job.topology_level.as_deref()),
+            submitted_ms: millis(job.submitted_at),
+            max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
+        })
+    }
+
+    /// A job as it would be submitted now, for a dry run.
+    #[expect(clippy::too_many_arguments, reason = "each argument is one field of the job spec")]
+    pub fn proposed(
+        &self,
+        team: Uuid,
+        class: Uuid,
+        priority: &str,
+        replicas: i32,
+        gpus_per_replica: i32,
+        topology: Topology,
+        max_runtime_seconds: i32,
+    ) -> Option<JobSpec> {
+        Some(JobSpec {
+            // Above every real sequence number: never confused with a stored job.
+            id: u64::MAX,
+            team: *self.team_index.get(&team)?,
+            class: *self.class_index.get(&class)?,
+            replicas: u16::try_from(replicas).ok()?,
+            milli_per_replica: u32::try_from(gpus_per_replica).ok()? * UNIT,
+            priority: *self.priority_index.get(priority)?,
+            topology,
+            submitted_ms: self.snapshot.now_ms,
+            max_runtime_ms: i64::from(max_runtime_seconds) * 1000,
+        })
+    }
+
+    fn placement_from_json(
+        &self,
+        job: &LiveJob,
+        index: &HashMap<(Uuid, &str, ClassId), NodeId>,
+    ) -> Vec<ReplicaPlacement> {
+        let (Some(cluster), Some(Value::Array(replicas)), Some(&class)) =
+            (job.cluster_id, job.placement.as_ref(), self.class_index.get(&job.gpu_class_id))
+        else {
+            return Vec::new();
+        };
+        replicas
+            .iter()
+            .filter_map(|r| {
+                let slot: ReplicaSlot = serde_json::from_value(r.clone()).ok()?;
+                // A node that left the inventory no longer counts; its jobs are reconciled.
+                let node = *index.get(&(cluster, slot.node.as_str(), class))?;
+                Some(ReplicaPlacement { node, units: slot.gpus.iter().map(|&u| (u, UNIT)).collect() })
+            })
+            .collect()
+    }
+
+    /// The cluster and stored placement of an engine placement; `None` when the replicas
+    /// span clusters (a gang must run on one).
+    pub fn placement_to_json(&self, placement: &[ReplicaPlacement]) -> Option<(Uuid, Vec<ReplicaSlot>)> {
+        let mut cluster = None;
+        let mut slots = Vec::with_capacity(placement.len());
+        for r in placement {
+            let (cluster_id, _, node) = self.nodes.get(r.node as usize)?;
+            if *cluster.get_or_insert(*cluster_id) != *cluster_id {
+                return None;
+            }
+            slots.push(ReplicaSlot { node: node.clone(), gpus: r.units.iter().map(|(u, _)| *u).collect() });
+        }
+        Some((cluster?, slots))
+    }
+
+    /// A team's name by engine index.
+    pub fn team_name(&self, team: TeamId) -> String {
+        self.team_names.get(team as usize).cloned().unwrap_or_default()
+    }
+
+    /// Placement as JSON for storing.
+    pub fn slots_json(slots: &[ReplicaSlot]) -> Value {
+        json!(slots)
+    }
+}

@@ -1,0 +1,406 @@
+//! Jobs as users see them: submission, reads, the queue, cancellation, checkpoints and the
+//! event timeline. The scheduler's writes are in `db::scheduling`.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::{types::Json, PgPool};
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A stored job with the names of what it refers to.
+#[derive(Debug, Clone)]
+pub struct JobRow {
+    pub id: Uuid,
+    pub seq: i64,
+    pub team_id: Uuid,
+    pub team: String,
+    pub name: String,
+    pub gpu_class_id: Uuid,
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub replicas: i32,
+    pub gpus_per_replica: i32,
+    pub max_runtime_seconds: i32,
+    pub image: String,
+    pub command: Json<Vec<String>>,
+    pub env: Json<Value>,
+    pub labels: Json<Value>,
+    pub topology_mode: String,
+    pub topology_level: Option<String>,
+    pub preemption_grace_seconds: Option<i32>,
+    pub max_retries: i32,
+    pub state: String,
+    pub attempt: i32,
+    pub holds_gpus: bool,
+    pub cluster: Option<String>,
+    pub placement: Option<Json<Value>>,
+    pub borrowing: bool,
+    pub pending_reason: Option<String>,
+    pub pending_message: Option<String>,
+    pub queue_position: Option<i32>,
+    pub expected_start_at: Option<DateTime<Utc>>,
+    pub stop_requested_at: Option<DateTime<Utc>>,
+    pub last_checkpoint_at: Option<DateTime<Utc>>,
+    pub exit_code: Option<i32>,
+    pub preemptions: i32,
+    pub submitted_by: String,
+    pub submitted_at: DateTime<Utc>,
+    pub admitted_at: Option<DateTime<Utc>>,
+    pub dispatched_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
+    pub version: i64,
+}
+
+/// A job to insert; every value already validated.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub id: Uuid,
+    pub name: String,
+    pub gpu_class_id: Uuid,
+    pub priority_class: String,
+    pub replicas: i32,
+    pub gpus_per_replica: i32,
+    pub max_runtime_seconds: i32,
+    pub image: String,
+    pub command: Value,
+    pub env: Value,
+    pub labels: Value,
+    pub topology_mode: String,
+    pub topology_level: Option<String>,
+    pub preemption_grace_seconds: Option<i32>,
+    pub max_retries: i32,
+}
+
+/// The channel the scheduler listens on for work.
+pub const SCHEDULE_CHANNEL: &str = "fairway_schedule";
+
+/// Inserts jobs of one team in one statement, with their `submitted` events, and wakes the
+/// scheduler when the transaction commits.
+pub async fn insert_many(
+    tx: &mut Tx<'_>,
+    team_id: Uuid,
+    submitted_by: &str,
+    jobs: &[NewJob],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let column = |f: fn(&NewJob) -> String| jobs.iter().map(f).collect::<Vec<_>>();
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
+    let classes: Vec<Uuid> = jobs.iter().map(|j| j.gpu_class_id).collect();
+    let ints = |f: fn(&NewJob) -> i32| jobs.iter().map(f).collect::<Vec<_>>();
+    let jsons = |f: fn(&NewJob) -> Value| jobs.iter().map(f).collect::<Vec<_>>();
+    let levels: Vec<Option<String>> = jobs.iter().map(|j| j.topology_level.clone()).collect();
+    let graces: Vec<Option<i32>> = jobs.iter().map(|j| j.preemption_grace_seconds).collect();
+    let inserted = sqlx::query_scalar!(
+        r#"insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
+                             max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
+                             preemption_grace_seconds, max_retries, submitted_by)
+           select u.id, $1, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
+                  u.env, u.labels, u.mode, u.level, u.grace, u.retries, $2
+           from unnest($3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[], $8::int4[], $9::int4[],
+                       $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[], $14::text[], $15::text[],
+                       $16::int4[], $17::int4[])
+                as u(id, name, class, priority, replicas, gpus, runtime, image, command, env, labels, mode, level,
+                     grace, retries)
+           returning id"#,
+        team_id,
+        submitted_by,
+        &ids,
+        &column(|j| j.name.clone()),
+        &classes,
+        &column(|j| j.priority_class.clone()),
+        &ints(|j| j.replicas),
+        &ints(|j| j.gpus_per_replica),
+        &ints(|j| j.max_runtime_seconds),
+        &column(|j| j.image.clone()),
+        &jsons(|j| j.command.clone()),
+        &jsons(|j| j.env.clone()),
+        &jsons(|j| j.labels.clone()),
+        &column(|j| j.topology_mode.clone()),
+        &levels as &[Option<String>],
+        &graces as &[Option<i32>],
+        &ints(|j| j.max_retries),
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    sqlx::query!(
+        "insert into job_events (job_id, kind, attempt, message)
+         select id, 'submitted', 0, 'submitted by ' || $2 from unnest($1::uuid[]) as u(id)",
+        &inserted,
+        submitted_by
+    )
+    .execute(&mut **tx)
+    .await?;
+    notify(tx, SCHEDULE_CHANNEL).await?;
+    Ok(inserted)
+}
+
+/// Sends a notification on `channel` when the transaction commits.
+pub async fn notify(tx: &mut Tx<'_>, channel: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!("select pg_notify($1, '')", channel).execute(&mut **tx).await?;
+    Ok(())
+}
+
+/// The job `id`, whichever team owns it (authorization happens before).
+pub async fn get(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> Result<Option<JobRow>, sqlx::Error> {
+    sqlx::query_as!(
+        JobRow,
+        r#"select j.id, j.seq, j.team_id, t.name as team, j.name, j.gpu_class_id, c.name as gpu_class,
+                  j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
+                  j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
+                  j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
+                  j.preemption_grace_seconds, j.max_retries, j.state, j.attempt, j.holds_gpus,
+                  cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
+                  j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
+                  j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
+                  j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
+                  j.version
+           from jobs j
+           join teams t on t.id = j.team_id
+           join gpu_classes c on c.id = j.gpu_class_id
+           left join clusters cl on cl.id = j.cluster_id
+           where j.id = $1"#,
+        id
+    )
+    .fetch_optional(db)
+    .await
+}
+
+/// The team owning job `id`, for authorization.
+pub async fn team_of(pool: &PgPool, id: Uuid) -> Result<Option<Uuid>, sqlx::Error> {
+    sqlx::query_scalar!("select team_id from jobs where id = $1", id).fetch_optional(pool).await
+}
+
+/// Filters of a job list.
+#[derive(Debug, Clone, Default)]
+pub struct JobFilter {
+    pub state: Option<String>,
+    pub gpu_class: Option<String>,
+    /// Jobs whose labels contain all of these.
+    pub labels: Option<Value>,
+    /// Newest first: only jobs submitted before this sequence number.
+    pub before_seq: Option<i64>,
+}
+
+/// A team's jobs, newest first.
+pub async fn list(pool: &PgPool, team_id: Uuid, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, sqlx::Error> {
+    sqlx::query_as!(
+        JobRow,
+        r#"select j.id, j.seq, j.team_id, t.name as team, j.name, j.gpu_class_id, c.name as gpu_class,
+                  j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
+                  j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
+                  j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
+                  j.preemption_grace_seconds, j.max_retries, j.state, j.attempt, j.holds_gpus,
+                  cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
+                  j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
+                  j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
+                  j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
+                  j.version
+           from jobs j
+           join teams t on t.id = j.team_id
+           join gpu_classes c on c.id = j.gpu_class_id
+           left join clusters cl on cl.id = j.cluster_id
+           where j.team_id = $1
+             and ($2::text is null or j.state = $2)
+             and ($3::text is null or c.name = $3)
+             and ($4::jsonb is null or j.labels @> $4)
+             and ($5::int8 is null or j.seq < $5)
+           order by j.seq desc
+           limit $6"#,
+        team_id,
+        filter.state,
+        filter.gpu_class,
+        filter.labels,
+        filter.before_seq,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// One pending job in its team's queue.
+#[derive(Debug, Clone)]
+pub struct QueueRow {
+    pub id: Uuid,
+    pub name: String,
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub gpus: i32,
+    pub submitted_at: DateTime<Utc>,
+    pub queue_position: Option<i32>,
+    pub pending_reason: Option<String>,
+    pub pending_message: Option<String>,
+    pub expected_start_at: Option<DateTime<Utc>>,
+}
+
+/// A team's pending jobs in the order the scheduler would admit them.
+pub async fn queue(pool: &PgPool, team_id: Uuid, limit: i64) -> Result<Vec<QueueRow>, sqlx::Error> {
+    sqlx::query_as!(
+        QueueRow,
+        r#"select j.id, j.name, c.name as gpu_class, j.priority_class, j.replicas * j.gpus_per_replica as "gpus!",
+                  j.submitted_at, j.queue_position, j.pending_reason, j.pending_message, j.expected_start_at
+           from jobs j join gpu_classes c on c.id = j.gpu_class_id
+           where j.team_id = $1 and j.state = 'pending'
+           order by j.queue_position nulls last, j.seq
+           limit $2"#,
+        team_id,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// One entry of a job's timeline.
+#[derive(Debug, Clone)]
+pub struct EventRow {
+    pub id: i64,
+    pub at: DateTime<Utc>,
+    pub kind: String,
+    pub attempt: i32,
+    pub reason: Option<String>,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+/// A job's events in order, after event `after`.
+pub async fn events(pool: &PgPool, job_id: Uuid, after: i64, limit: i64) -> Result<Vec<EventRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EventRow,
+        "select id, at, kind, attempt, reason, message, data from job_events
+         where job_id = $1 and id > $2 order by id limit $3",
+        job_id,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Appends one event to a job's timeline.
+pub async fn add_event(
+    tx: &mut Tx<'_>,
+    job_id: Uuid,
+    attempt: i32,
+    kind: &str,
+    reason: Option<&str>,
+    message: &str,
+    data: Option<Value>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "insert into job_events (job_id, attempt, kind, reason, message, data) values ($1, $2, $3, $4, $5, $6)",
+        job_id,
+        attempt,
+        kind,
+        reason,
+        message,
+        data
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// The job's state, attempt and whether it holds GPUs, locked for update.
+pub struct LockedJob {
+    pub state: String,
+    pub attempt: i32,
+    pub holds_gpus: bool,
+    pub grace_ms: i64,
+}
+
+/// Locks job `id` for a state change.
+pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<LockedJob>, sqlx::Error> {
+    sqlx::query_as!(
+        LockedJob,
+        r#"select j.state, j.attempt, j.holds_gpus,
+                  coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!"
+           from jobs j join priority_classes p on p.name = j.priority_class
+           where j.id = $1 for update of j"#,
+        id
+    )
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// Marks a job cancelled. A job holding GPUs keeps them until its backend object is gone;
+/// `stop` queues the request to stop it.
+pub async fn mark_cancelled(
+    tx: &mut Tx<'_>,
+    id: Uuid,
+    attempt: i32,
+    stop_grace_ms: Option<i64>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update jobs set state = 'cancelled',
+                stop_requested_at = case when holds_gpus then coalesce(stop_requested_at, now()) end,
+                finished_at = case when holds_gpus then null else now() end,
+                pending_reason = null, pending_message = null, queue_position = null, expected_start_at = null,
+                updated_at = now(), version = version + 1
+         where id = $1",
+        id
+    )
+    .execute(&mut **tx)
+    .await?;
+    if let Some(grace_ms) = stop_grace_ms {
+        sqlx::query!(
+            "insert into dispatch_outbox (job_id, attempt, action, grace_ms) values ($1, $2, 'stop', $3)",
+            id,
+            attempt,
+            grace_ms
+        )
+        .execute(&mut **tx)
+        .await?;
+        notify(tx, super::scheduling::DISPATCH_CHANNEL).await?;
+    }
+    notify(tx, SCHEDULE_CHANNEL).await?;
+    Ok(())
+}
+
+/// Records a checkpoint of a running job; false when the job is not running.
+pub async fn checkpoint(tx: &mut Tx<'_>, id: Uuid, at: DateTime<Utc>) -> Result<bool, sqlx::Error> {
+    let updated = sqlx::query!(
+        "update jobs set last_checkpoint_at = $2, updated_at = now() where id = $1 and state = 'running'",
+        id,
+        at
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(updated.rows_affected() == 1)
+}
+
+/// The longest gang (replicas × GPUs per replica) and largest replica any placement of a
+/// class could give, and whether any cluster reports inventory at all.
+pub struct ClassCapacity {
+    pub inventory_known: bool,
+    pub total_gpus: i64,
+    pub largest_node: i32,
+    pub largest_nvlink_domain: i32,
+    pub largest_rack: i64,
+    pub largest_zone: i64,
+}
+
+/// What the inventory offers of class `class_id`.
+pub async fn class_capacity(pool: &PgPool, class_id: Uuid) -> Result<ClassCapacity, sqlx::Error> {
+    sqlx::query_as!(
+        ClassCapacity,
+        r#"with n as (select * from cluster_nodes where gpu_class_id = $1)
+           select exists (select 1 from cluster_nodes) as "inventory_known!",
+                  coalesce((select sum(gpus) from n), 0)::int8 as "total_gpus!",
+                  coalesce((select max(gpus) from n), 0) as "largest_node!",
+                  coalesce((select max(case when nvlink_domain_size = 0 or elastic then gpus
+                                            else least(gpus, nvlink_domain_size) end) from n), 0) as "largest_nvlink_domain!",
+                  coalesce((select max(s) from (select sum(gpus) as s from n
+                                                group by cluster_id, coalesce(rack, name)) r), 0)::int8 as "largest_rack!",
+                  coalesce((select max(s) from (select sum(gpus) as s from n
+                                                group by cluster_id, coalesce(zone, name)) z), 0)::int8 as "largest_zone!""#,
+        class_id
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// A team's runtime limit.
+pub async fn team_max_runtime(pool: &PgPool, team_id: Uuid) -> Result<i32, sqlx::Error> {
+    sqlx::query_scalar!("select max_runtime_seconds from teams where id = $1", team_id).fetch_one(pool).await
+}

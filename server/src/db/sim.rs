@@ -1,0 +1,125 @@
+//! The simulated cluster's objects (`sim_objects`): what a real cluster keeps in its own
+//! store, kept here so the simulation survives restarts. Only the `sim` backend calls these,
+//! each in its own statement, never inside a scheduler transaction.
+//!
+//! Every timestamp is passed in by the caller rather than taken from `now()` in SQL: the
+//! backend computes phases from these times with its own clock, so both must be one clock.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// An object as the backend reads it back to compute its phase. The timeline fields kept in
+/// `spec` are extracted here so that the phase is a pure function of this row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SimObjectRow {
+    pub name: String,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub created_at: DateTime<Utc>,
+    /// Real time between creation and start (`spec.start_delay_ms`; 0 when absent).
+    pub start_delay_ms: i64,
+    /// Scaled run time until the application exits by itself.
+    pub run_ms: i64,
+    /// The application's exit code at the end of `run_ms`.
+    pub exit_code: i32,
+    /// Scaled maximum runtime after the start (`spec.deadline_ms`); none means no limit.
+    pub deadline_ms: Option<i64>,
+    /// Scaled time after the start when a node of the gang disappears.
+    pub lost_after_ms: Option<i64>,
+    /// When the first stop request arrived.
+    pub stop_requested_at: Option<DateTime<Utc>>,
+    /// The first stop request's grace period (real time).
+    pub grace_ms: i64,
+    /// Scaled time the application needs to checkpoint and exit after SIGTERM.
+    pub checkpoint_ms: i64,
+}
+
+/// A new object, its timeline fixed at creation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSimObject {
+    pub name: String,
+    pub cluster: String,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    /// The whole gang and the timeline fields (`start_delay_ms`, `deadline_ms`).
+    pub spec: serde_json::Value,
+    pub created_at: DateTime<Utc>,
+    pub run_ms: i64,
+    pub exit_code: i32,
+    pub lost_after_ms: Option<i64>,
+    pub checkpoint_ms: i64,
+}
+
+/// Creates the object unless one of that name exists. True when this call created it.
+pub async fn insert(pool: &PgPool, object: &NewSimObject) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query!(
+        "insert into sim_objects (name, cluster, job_id, attempt, spec, created_at, run_ms, exit_code,
+                                  lost_after_ms, checkpoint_ms)
+         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+         on conflict (name) do nothing
+         returning name",
+        object.name,
+        object.cluster,
+        object.job_id,
+        object.attempt,
+        object.spec,
+        object.created_at,
+        object.run_ms,
+        object.exit_code,
+        object.lost_after_ms,
+        object.checkpoint_ms
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.is_some())
+}
+
+/// Records a stop request at `at` with `grace_ms`; a later request changes nothing, as a
+/// cluster keeps the first termination it started. True when the object exists.
+pub async fn request_stop(
+    pool: &PgPool,
+    cluster: &str,
+    name: &str,
+    at: DateTime<Utc>,
+    grace_ms: i64,
+) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query!(
+        "update sim_objects
+         set grace_ms = case when stop_requested_at is null then $4 else grace_ms end,
+             stop_requested_at = coalesce(stop_requested_at, $3)
+         where cluster = $1 and name = $2
+         returning name",
+        cluster,
+        name,
+        at,
+        grace_ms
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.is_some())
+}
+
+/// Every object of `cluster`, oldest first.
+pub async fn list(pool: &PgPool, cluster: &str) -> Result<Vec<SimObjectRow>, sqlx::Error> {
+    sqlx::query_as!(
+        SimObjectRow,
+        r#"select name, job_id, attempt, created_at,
+                  coalesce((spec->>'start_delay_ms')::bigint, 0) as "start_delay_ms!",
+                  run_ms, exit_code,
+                  (spec->>'deadline_ms')::bigint as deadline_ms,
+                  lost_after_ms, stop_requested_at, grace_ms, checkpoint_ms
+           from sim_objects where cluster = $1
+           order by created_at, name"#,
+        cluster
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Removes the object. True when it existed.
+pub async fn delete(pool: &PgPool, cluster: &str, name: &str) -> Result<bool, sqlx::Error> {
+    let done =
+        sqlx::query!("delete from sim_objects where cluster = $1 and name = $2", cluster, name).execute(pool).await?;
+    Ok(done.rows_affected() > 0)
+}

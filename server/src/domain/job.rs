@@ -1,0 +1,296 @@
+//! What a job is: its states, its topology wish, and the checks on the parts of a job spec
+//! that need no catalogue (names, image, command, environment, labels). Checks against the
+//! catalogue (classes, priority classes, capacity, team limits) live with the handler.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{check_range, FieldError};
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting for admission.
+    Pending,
+    /// Admitted with a placement; being created on its cluster.
+    Admitted,
+    /// Every replica runs.
+    Running,
+    /// Every replica exited 0.
+    Succeeded,
+    /// Failed and out of retries.
+    Failed,
+    /// Cancelled by a user.
+    Cancelled,
+    /// Preempted: stopping to give its GPUs to another job (it then requeues), or out of
+    /// preemption retries.
+    Preempted,
+}
+
+impl JobState {
+    /// Every state, for validation messages.
+    pub const ALL: [JobState; 7] = [
+        JobState::Pending,
+        JobState::Admitted,
+        JobState::Running,
+        JobState::Succeeded,
+        JobState::Failed,
+        JobState::Cancelled,
+        JobState::Preempted,
+    ];
+
+    /// The value stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Pending => "pending",
+            JobState::Admitted => "admitted",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+            JobState::Cancelled => "cancelled",
+            JobState::Preempted => "preempted",
+        }
+    }
+
+    /// Parses the stored value.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+}
+
+/// A topology level a gang can ask to be kept within.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum TopologyLevel {
+    NvlinkDomain,
+    Node,
+    Rack,
+    Zone,
+}
+
+impl TopologyLevel {
+    /// The value stored in the database.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TopologyLevel::NvlinkDomain => "nvlink-domain",
+            TopologyLevel::Node => "node",
+            TopologyLevel::Rack => "rack",
+            TopologyLevel::Zone => "zone",
+        }
+    }
+
+    /// Parses the stored value.
+    pub fn parse(s: &str) -> Option<Self> {
+        [TopologyLevel::NvlinkDomain, TopologyLevel::Node, TopologyLevel::Rack, TopologyLevel::Zone]
+            .into_iter()
+            .find(|l| l.as_str() == s)
+    }
+}
+
+/// Whether the level is a must or a wish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TopologyMode {
+    /// The whole gang within one domain of the level, or it waits.
+    Required,
+    /// Within one domain if possible, anywhere otherwise.
+    Preferred,
+}
+
+/// A gang's topology wish.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TopologyWish {
+    pub level: TopologyLevel,
+    pub mode: TopologyMode,
+}
+
+/// Longest job name.
+pub const MAX_JOB_NAME: usize = 200;
+const MAX_IMAGE: usize = 512;
+const MAX_COMMAND_ARGS: usize = 256;
+const MAX_ARG_BYTES: usize = 4096;
+const MAX_ENV: usize = 256;
+const MAX_ENV_VALUE_BYTES: usize = 32 * 1024;
+const MAX_LABELS: usize = 64;
+
+/// Environment variables the platform sets itself (rank, world size, rendezvous): a job may
+/// not set them, except the simulator's hints.
+const RESERVED_ENV_PREFIX: &str = "FAIRWAY_";
+const SIM_HINT_PREFIX: &str = "FAIRWAY_SIM_";
+
+/// Checks a job's name: free text shown to people, 1 to 200 characters, no control
+/// characters. Markup is allowed and always escaped where shown.
+pub fn check_name(field: &str, name: &str) -> Result<(), FieldError> {
+    if name.trim().is_empty() {
+        return Err(FieldError::new(field, "empty", "must not be empty"));
+    }
+    if name.chars().count() > MAX_JOB_NAME {
+        return Err(FieldError::new(field, "too_long", format!("must be at most {MAX_JOB_NAME} characters")));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(FieldError::new(field, "control_character", "must not contain control characters"));
+    }
+    Ok(())
+}
+
+/// Checks a container image reference: non-empty, no whitespace or control characters.
+pub fn check_image(field: &str, image: &str) -> Result<(), FieldError> {
+    if image.is_empty() {
+        return Err(FieldError::new(field, "empty", "must not be empty"));
+    }
+    if image.len() > MAX_IMAGE {
+        return Err(FieldError::new(field, "too_long", format!("must be at most {MAX_IMAGE} bytes")));
+    }
+    if image.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(FieldError::new(field, "invalid_characters", "must not contain whitespace or control characters"));
+    }
+    Ok(())
+}
+
+/// Checks the command's arguments.
+pub fn check_command(field: &str, command: &[String]) -> Result<(), FieldError> {
+    if command.len() > MAX_COMMAND_ARGS {
+        return Err(FieldError::new(field, "too_many", format!("must have at most {MAX_COMMAND_ARGS} arguments")));
+    }
+    for (i, arg) in command.iter().enumerate() {
+        if arg.len() > MAX_ARG_BYTES {
+            return Err(FieldError::new(
+                format!("{field}[{i}]"),
+                "too_long",
+                format!("must be at most {MAX_ARG_BYTES} bytes"),
+            ));
+        }
+        if arg.contains('\0') {
+            return Err(FieldError::new(format!("{field}[{i}]"), "control_character", "must not contain NUL"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks environment variables: POSIX names, bounded values, nothing the platform sets.
+pub fn check_env(field: &str, env: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    if env.len() > MAX_ENV {
+        return Err(FieldError::new(field, "too_many", format!("must have at most {MAX_ENV} variables")));
+    }
+    for (key, value) in env {
+        let at = format!("{field}.{key}");
+        let mut chars = key.chars();
+        let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid || key.len() > 128 {
+            return Err(FieldError::new(
+                at,
+                "invalid_name",
+                "must be a letter or underscore followed by letters, digits or underscores (at most 128)",
+            ));
+        }
+        if key.starts_with(RESERVED_ENV_PREFIX) && !key.starts_with(SIM_HINT_PREFIX) {
+            return Err(FieldError::new(at, "reserved", "names starting with FAIRWAY_ are set by the platform"));
+        }
+        if value.len() > MAX_ENV_VALUE_BYTES {
+            return Err(FieldError::new(at, "too_long", format!("must be at most {MAX_ENV_VALUE_BYTES} bytes")));
+        }
+        if value.contains('\0') {
+            return Err(FieldError::new(at, "control_character", "must not contain NUL"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks labels the way Kubernetes does, since they travel to backend objects: keys of
+/// 1 to 63 characters (an optional DNS prefix and `/` before), values of at most 63, both
+/// of letters, digits, `-`, `_` and `.`, starting and ending alphanumeric.
+pub fn check_labels(field: &str, labels: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    if labels.len() > MAX_LABELS {
+        return Err(FieldError::new(field, "too_many", format!("must have at most {MAX_LABELS} labels")));
+    }
+    let segment = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && s.as_bytes()[0].is_ascii_alphanumeric()
+            && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
+    };
+    for (key, value) in labels {
+        let at = format!("{field}.{key}");
+        let name = key.rsplit_once('/').map_or(key.as_str(), |(prefix, name)| {
+            if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(segment) {
+                ""
+            } else {
+                name
+            }
+        });
+        if !segment(name) {
+            return Err(FieldError::new(
+                at,
+                "invalid_name",
+                "must be at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            ));
+        }
+        if !value.is_empty() && !segment(value) {
+            return Err(FieldError::new(
+                at,
+                "invalid_value",
+                "must be empty or at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a preemption grace period in seconds.
+pub fn check_grace(field: &str, seconds: i64) -> Result<(), FieldError> {
+    check_range(field, seconds, 0, 86_400)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn states_round_trip_through_their_stored_names() {
+        for s in JobState::ALL {
+            assert_eq!(JobState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(JobState::parse("queued"), None);
+    }
+
+    #[test]
+    fn job_names_may_hold_markup_but_not_control_characters() {
+        assert!(check_name("name", "<script>alert(1)</script>").is_ok());
+        assert_eq!(check_name("name", "a\nb").unwrap_err().code, "control_character");
+        assert_eq!(check_name("name", "  ").unwrap_err().code, "empty");
+        assert_eq!(check_name("name", &"x".repeat(201)).unwrap_err().code, "too_long");
+    }
+
+    #[test]
+    fn platform_environment_variables_cannot_be_set_but_simulator_hints_can() {
+        assert!(check_env("env", &map(&[("LR", "0.1"), ("FAIRWAY_SIM_RUNTIME_SECONDS", "3")])).is_ok());
+        let err = check_env("env", &map(&[("FAIRWAY_JOB_ID", "x")])).unwrap_err();
+        assert_eq!((err.field.as_str(), err.code.as_str()), ("env.FAIRWAY_JOB_ID", "reserved"));
+        assert_eq!(check_env("env", &map(&[("1BAD", "x")])).unwrap_err().code, "invalid_name");
+    }
+
+    #[test]
+    fn labels_follow_kubernetes_rules_and_name_the_bad_key() {
+        assert!(check_labels("labels", &map(&[("team.example.com/project", "llm-7b"), ("run", "")])).is_ok());
+        let err = check_labels("labels", &map(&[("bad key", "x")])).unwrap_err();
+        assert_eq!(err.field, "labels.bad key");
+        assert_eq!(check_labels("labels", &map(&[("ok", "-no")])).unwrap_err().code, "invalid_value");
+    }
+
+    #[test]
+    fn images_with_whitespace_are_refused() {
+        assert!(check_image("image", "nvcr.io/nvidia/pytorch:24.05-py3").is_ok());
+        assert_eq!(check_image("image", "a b").unwrap_err().code, "invalid_characters");
+        assert_eq!(check_image("image", "").unwrap_err().code, "empty");
+    }
+}

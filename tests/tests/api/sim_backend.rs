@@ -1,0 +1,161 @@
+//! The simulated cluster backend against a real PostgreSQL: its objects live in
+//! `sim_objects`, and every call is idempotent as the dispatcher and reconciler need.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use fairway::backends::{
+    object_name,
+    sim::{SimBackend, SimConfig, CHECKPOINT_HINT, RUNTIME_HINT},
+    Backend, BackendError, Gang, ObjectStatus, Outcome, Phase, ReplicaSlot,
+};
+use uuid::Uuid;
+
+/// A one-replica H100 gang on the default inventory's first node, with these hints.
+fn gang(env: &[(&str, &str)]) -> Gang {
+    let job_id = Uuid::new_v4();
+    Gang {
+        object: object_name(job_id, 1),
+        job_id,
+        attempt: 1,
+        team: "research".into(),
+        job_name: "train".into(),
+        gpu_class: "h100-80gb".into(),
+        priority_class: "standard".into(),
+        image: "registry.example/train:1".into(),
+        command: vec!["python".into(), "train.py".into()],
+        env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
+        labels: BTreeMap::new(),
+        max_runtime: Duration::from_secs(3600),
+        replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
+    }
+}
+
+async fn backend(config: SimConfig) -> SimBackend {
+    SimBackend::new(fairway_tests::fresh_database().await, config)
+}
+
+/// Polls `objects()` until `done` holds for the object, or fails after ten seconds.
+async fn wait_for(backend: &SimBackend, object: &str, done: impl Fn(&ObjectStatus) -> bool) -> ObjectStatus {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let objects = backend.objects().await.unwrap();
+        let status = objects.iter().find(|o| o.object == object).expect("the object is listed").clone();
+        if done(&status) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "gave up waiting; last status {status:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn submitting_the_same_gang_twice_leaves_one_object() {
+    let sim = backend(SimConfig::default()).await;
+    let g = gang(&[]);
+    sim.submit(&g).await.unwrap();
+    sim.submit(&g).await.unwrap();
+    let objects = sim.objects().await.unwrap();
+    assert_eq!(objects.len(), 1, "{objects:?}");
+    assert_eq!((objects[0].object.as_str(), objects[0].job_id, objects[0].attempt), (g.object.as_str(), g.job_id, 1));
+    assert!(!objects[0].stop_requested);
+    // The object is in the database, not in the backend value: a restarted service sees it.
+    let restarted = SimBackend::new(sim.pool.clone(), SimConfig::default());
+    assert_eq!(restarted.objects().await.unwrap(), objects);
+}
+
+#[tokio::test]
+async fn a_submitted_object_starts_after_the_delay_and_succeeds_at_the_end_of_its_run() {
+    let sim = backend(SimConfig { start_delay_ms: 50, ..SimConfig::default() }).await;
+    let g = gang(&[(RUNTIME_HINT, "0.3")]);
+    sim.submit(&g).await.unwrap();
+    let running = wait_for(&sim, &g.object, |s| !matches!(s.phase, Phase::Pending)).await;
+    let Phase::Running { started_at } = running.phase else { panic!("expected running, got {running:?}") };
+    let done = wait_for(&sim, &g.object, |s| matches!(s.phase, Phase::Finished { .. })).await;
+    assert_eq!(
+        done.phase,
+        Phase::Finished {
+            started_at: Some(started_at),
+            ended_at: started_at + chrono::TimeDelta::milliseconds(300),
+            outcome: Outcome::Succeeded
+        }
+    );
+}
+
+#[tokio::test]
+async fn a_stopped_object_reports_the_request_and_finishes_stopped_after_its_checkpoint() {
+    let sim = backend(SimConfig { start_delay_ms: 0, ..SimConfig::default() }).await;
+    let g = gang(&[(RUNTIME_HINT, "3600"), (CHECKPOINT_HINT, "0.05")]);
+    sim.submit(&g).await.unwrap();
+    let running = wait_for(&sim, &g.object, |s| matches!(s.phase, Phase::Running { .. })).await;
+    assert!(!running.stop_requested);
+
+    sim.stop(&g.object, Duration::from_secs(30)).await.unwrap();
+    // A repeated request (a retried outbox entry) is harmless.
+    sim.stop(&g.object, Duration::from_secs(30)).await.unwrap();
+    let stopping = sim.objects().await.unwrap().into_iter().find(|o| o.object == g.object).unwrap();
+    assert!(stopping.stop_requested, "{stopping:?}");
+
+    let done = wait_for(&sim, &g.object, |s| matches!(s.phase, Phase::Finished { .. })).await;
+    assert!(done.stop_requested);
+    match done.phase {
+        Phase::Finished { started_at: Some(started_at), ended_at, outcome: Outcome::Stopped } => {
+            assert!(ended_at > started_at, "{started_at} .. {ended_at}");
+        }
+        other => panic!("expected a stop after the start, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_stop_keeps_the_first_requests_grace() {
+    // The application would need an hour to checkpoint: the grace decides when it ends.
+    let sim = backend(SimConfig { start_delay_ms: 0, ..SimConfig::default() }).await;
+    let g = gang(&[(RUNTIME_HINT, "3600"), (CHECKPOINT_HINT, "3600")]);
+    sim.submit(&g).await.unwrap();
+    sim.stop(&g.object, Duration::from_millis(100)).await.unwrap();
+    sim.stop(&g.object, Duration::from_secs(3600)).await.unwrap();
+    let done = wait_for(&sim, &g.object, |s| matches!(s.phase, Phase::Finished { .. })).await;
+    assert!(matches!(done.phase, Phase::Finished { outcome: Outcome::Stopped, .. }), "{done:?}");
+}
+
+#[tokio::test]
+async fn delete_removes_the_object_and_deleting_again_is_ok() {
+    let sim = backend(SimConfig::default()).await;
+    let g = gang(&[]);
+    sim.submit(&g).await.unwrap();
+    assert_eq!(sim.objects().await.unwrap().len(), 1);
+    sim.delete(&g.object).await.unwrap();
+    assert!(sim.objects().await.unwrap().is_empty());
+    sim.delete(&g.object).await.unwrap();
+    // Stopping an object that is gone succeeds too.
+    sim.stop(&g.object, Duration::from_secs(1)).await.unwrap();
+    assert!(sim.objects().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_gang_placed_on_an_unknown_node_is_rejected_and_nothing_is_created() {
+    let sim = backend(SimConfig::default()).await;
+    let mut g = gang(&[]);
+    g.replicas = vec![ReplicaSlot { node: "r9-h100-9".into(), gpus: vec![0] }];
+    match sim.submit(&g).await {
+        Err(BackendError::Rejected(message)) => assert!(message.contains("r9-h100-9"), "{message}"),
+        other => panic!("expected a rejection, got {other:?}"),
+    }
+    assert!(sim.objects().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn two_simulated_clusters_on_one_database_see_only_their_own_objects() {
+    let a = backend(SimConfig::default()).await;
+    let b = SimBackend::new(a.pool.clone(), SimConfig { cluster: "sim-b".into(), ..SimConfig::default() });
+    let g = gang(&[]);
+    a.submit(&g).await.unwrap();
+    assert!(b.objects().await.unwrap().is_empty());
+    b.delete(&g.object).await.unwrap();
+    b.stop(&g.object, Duration::ZERO).await.unwrap();
+    let objects = a.objects().await.unwrap();
+    assert_eq!(objects.len(), 1);
+    assert!(!objects[0].stop_requested, "another cluster's stop does not reach it");
+}
