@@ -33,6 +33,13 @@ fn gang(env: &[(&str, &str)]) -> Gang {
     }
 }
 
+/// The default simulated cluster with some settings changed.
+fn config(change: impl FnOnce(&mut SimConfig)) -> SimConfig {
+    let mut config = SimConfig::default();
+    change(&mut config);
+    config
+}
+
 async fn backend(config: SimConfig) -> SimBackend {
     SimBackend::new(fairway_tests::fresh_database().await, config)
 }
@@ -53,40 +60,39 @@ async fn wait_for(backend: &SimBackend, object: &str, done: impl Fn(&ObjectStatu
 
 #[tokio::test]
 async fn submitting_the_same_gang_twice_leaves_one_object() {
-    let sim = backend(SimConfig::default()).await;
+    // A start delay long enough that the phase cannot change while the test looks.
+    let sim = backend(config(|c| c.start_delay_ms = 600_000)).await;
     let g = gang(&[]);
     sim.submit(&g).await.unwrap();
     sim.submit(&g).await.unwrap();
     let objects = sim.objects().await.unwrap();
     assert_eq!(objects.len(), 1, "{objects:?}");
     assert_eq!((objects[0].object.as_str(), objects[0].job_id, objects[0].attempt), (g.object.as_str(), g.job_id, 1));
+    assert_eq!(objects[0].phase, Phase::Pending);
     assert!(!objects[0].stop_requested);
     // The object is in the database, not in the backend value: a restarted service sees it.
-    let restarted = SimBackend::new(sim.pool.clone(), SimConfig::default());
+    let restarted = SimBackend::new(sim.pool.clone(), sim.config.clone());
     assert_eq!(restarted.objects().await.unwrap(), objects);
 }
 
 #[tokio::test]
 async fn a_submitted_object_starts_after_the_delay_and_succeeds_at_the_end_of_its_run() {
-    let sim = backend(SimConfig { start_delay_ms: 50, ..SimConfig::default() }).await;
+    let sim = backend(config(|c| c.start_delay_ms = 50)).await;
     let g = gang(&[(RUNTIME_HINT, "0.3")]);
+    let submitted = chrono::Utc::now();
     sim.submit(&g).await.unwrap();
-    let running = wait_for(&sim, &g.object, |s| !matches!(s.phase, Phase::Pending)).await;
-    let Phase::Running { started_at } = running.phase else { panic!("expected running, got {running:?}") };
     let done = wait_for(&sim, &g.object, |s| matches!(s.phase, Phase::Finished { .. })).await;
-    assert_eq!(
-        done.phase,
-        Phase::Finished {
-            started_at: Some(started_at),
-            ended_at: started_at + chrono::TimeDelta::milliseconds(300),
-            outcome: Outcome::Succeeded
-        }
-    );
+    let Phase::Finished { started_at: Some(started_at), ended_at, outcome } = done.phase else {
+        panic!("expected a finished run, got {done:?}")
+    };
+    assert_eq!(outcome, Outcome::Succeeded);
+    assert!(started_at >= submitted + chrono::TimeDelta::milliseconds(49), "{submitted} .. {started_at}");
+    assert_eq!(ended_at - started_at, chrono::TimeDelta::milliseconds(300));
 }
 
 #[tokio::test]
 async fn a_stopped_object_reports_the_request_and_finishes_stopped_after_its_checkpoint() {
-    let sim = backend(SimConfig { start_delay_ms: 0, ..SimConfig::default() }).await;
+    let sim = backend(config(|c| c.start_delay_ms = 0)).await;
     let g = gang(&[(RUNTIME_HINT, "3600"), (CHECKPOINT_HINT, "0.05")]);
     sim.submit(&g).await.unwrap();
     let running = wait_for(&sim, &g.object, |s| matches!(s.phase, Phase::Running { .. })).await;
@@ -111,7 +117,7 @@ async fn a_stopped_object_reports_the_request_and_finishes_stopped_after_its_che
 #[tokio::test]
 async fn a_stop_keeps_the_first_requests_grace() {
     // The application would need an hour to checkpoint: the grace decides when it ends.
-    let sim = backend(SimConfig { start_delay_ms: 0, ..SimConfig::default() }).await;
+    let sim = backend(config(|c| c.start_delay_ms = 0)).await;
     let g = gang(&[(RUNTIME_HINT, "3600"), (CHECKPOINT_HINT, "3600")]);
     sim.submit(&g).await.unwrap();
     sim.stop(&g.object, Duration::from_millis(100)).await.unwrap();
@@ -149,7 +155,7 @@ async fn a_gang_placed_on_an_unknown_node_is_rejected_and_nothing_is_created() {
 #[tokio::test]
 async fn two_simulated_clusters_on_one_database_see_only_their_own_objects() {
     let a = backend(SimConfig::default()).await;
-    let b = SimBackend::new(a.pool.clone(), SimConfig { cluster: "sim-b".into(), ..SimConfig::default() });
+    let b = SimBackend::new(a.pool.clone(), config(|c| c.cluster = "sim-b".into()));
     let g = gang(&[]);
     a.submit(&g).await.unwrap();
     assert!(b.objects().await.unwrap().is_empty());

@@ -1,0 +1,214 @@
+//! Jobs end to end through the real control loop: leader election, cycles, the outbox, the
+//! dispatcher and the reconciler, on the built-in simulated cluster (its default inventory:
+//! 64 H100 in two racks, 8 A100, a MIG-partitioned A100, an elastic L4 pool), against a
+//! real PostgreSQL.
+
+use std::time::Duration;
+
+use fairway::{app, control, db};
+use fairway_tests::{call, TestApp};
+use serde_json::{json, Value};
+
+/// Starts the control loop of `app` with fast timings: 50 ms cycles, preemption allowed at
+/// once, a simulated cluster running at 10× speed.
+fn start_control(app: &TestApp) {
+    let mut state = app.state.clone();
+    let mut config = (*state.config).clone();
+    config.sim_speedup = Some(10.0);
+    config.cycle_interval = Duration::from_millis(50);
+    state.config = std::sync::Arc::new(config);
+    let mut ctx = app::control_context(&state).expect("control context");
+    ctx.config.engine.min_runtime_before_preemption_ms = 0;
+    ctx.config.reconcile_interval = Duration::from_millis(50);
+    let options = (*app.pool.connect_options()).clone();
+    control::spawn(ctx, options, format!("test-{}", uuid::Uuid::new_v4().simple()));
+}
+
+async fn job(app: &TestApp, token: &str, id: &str) -> Value {
+    let r = app.send(call("GET", &format!("/api/v1/jobs/{id}")).token(token)).await;
+    r.assert_status(200);
+    r.json()
+}
+
+/// Polls the job until `done` holds, failing with the job's last state after `within`.
+async fn wait_for(app: &TestApp, token: &str, id: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let j = job(app, token, id).await;
+        if done(&j) {
+            return j;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "job {id} did not get there in time: {j:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn events(app: &TestApp, token: &str, id: &str) -> Vec<Value> {
+    let r = app.send(call("GET", &format!("/api/v1/jobs/{id}/events")).token(token)).await;
+    r.assert_status(200);
+    r.json().as_array().cloned().unwrap_or_default()
+}
+
+fn kinds(events: &[Value]) -> Vec<String> {
+    events.iter().map(|e| e["kind"].as_str().unwrap_or_default().to_owned()).collect()
+}
+
+async fn submit(app: &TestApp, token: &str, team: &str, body: Value) -> String {
+    let r = app.send(call("POST", &format!("/api/v1/teams/{team}/jobs")).token(token).json(&body)).await;
+    r.assert_status(201);
+    r.json()["id"].as_str().expect("id").to_owned()
+}
+
+async fn quota(app: &TestApp, admin: &str, team: &str, class: &str, reserved: i64, burst: i64) {
+    app.send(
+        call("PUT", &format!("/api/v1/teams/{team}/quotas/{class}"))
+            .token(admin)
+            .json(&json!({"reserved": reserved, "burst": burst})),
+    )
+    .await
+    .assert_status(200);
+}
+
+/// Waits until the control loop has written the simulated cluster's inventory (which
+/// also creates its GPU classes).
+async fn wait_for_inventory(app: &TestApp) {
+    for _ in 0..200 {
+        let n: i64 = sqlx::query_scalar("select count(*) from cluster_nodes").fetch_one(&app.pool).await.unwrap();
+        if n > 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the simulated cluster's inventory never arrived");
+}
+
+#[tokio::test]
+async fn a_gang_job_goes_from_pending_to_succeeded_with_its_timeline_and_one_usage_interval() {
+    let app = TestApp::spawn().await;
+    start_control(&app);
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    quota(&app, &admin, "ml", "h100-80gb", 16, 0).await;
+    let (_, ci) = app.api_token(&admin, "ml", "member").await;
+    let id = submit(
+        &app,
+        &ci,
+        "ml",
+        json!({"name": "train-llama", "gpu_class": "h100-80gb", "replicas": 2, "gpus_per_replica": 8,
+               "image": "nvcr.io/nvidia/pytorch:24.05-py3", "topology": {"level": "rack", "mode": "required"},
+               "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "5"}}),
+    )
+    .await;
+    let done = wait_for(&app, &ci, &id, Duration::from_secs(30), |j| j["state"] == "succeeded").await;
+    assert_eq!(done["exit_code"], 0);
+    assert_eq!(done["attempt"], 1);
+    assert_eq!(done["cluster"], "sim");
+    let placement = done["placement"].as_array().expect("placement");
+    assert_eq!(placement.len(), 2, "{done:#}");
+    for replica in placement {
+        assert_eq!(replica["gpus"].as_array().map(Vec::len), Some(8));
+    }
+    // Both replicas in one rack, as required: node names carry their rack.
+    let racks: Vec<&str> = placement.iter().map(|r| &r["node"].as_str().unwrap()[..2]).collect();
+    assert_eq!(racks[0], racks[1], "{placement:?}");
+    let timeline = events(&app, &ci, &id).await;
+    assert_eq!(kinds(&timeline), ["submitted", "admitted", "dispatched", "running", "succeeded"], "{timeline:#?}");
+    assert_eq!(timeline[1]["reason"], "reserved");
+    assert!(timeline[1]["message"].as_str().unwrap().contains("admitted on cluster sim"), "{:#}", timeline[1]);
+    let intervals: Vec<(i32, bool)> =
+        sqlx::query_as("select gpus, ended_at >= started_at from usage_intervals where job_id = $1::uuid")
+            .bind(&id)
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(intervals, [(16, true)]);
+    let objects: i64 = sqlx::query_scalar("select count(*) from sim_objects").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(objects, 0, "finished objects are collected");
+}
+
+#[tokio::test]
+async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_and_requeues() {
+    let app = TestApp::spawn().await;
+    start_control(&app);
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "research", None).await;
+    app.team(&admin, "prod", None).await;
+    quota(&app, &admin, "research", "h100-80gb", 0, 64).await;
+    quota(&app, &admin, "prod", "h100-80gb", 64, 0).await;
+    let (_, research) = app.api_token(&admin, "research", "member").await;
+    let (_, prod) = app.api_token(&admin, "prod", "member").await;
+    let mut borrowers = Vec::new();
+    for i in 0..8 {
+        let body = json!({"name": format!("sweep-{i}"), "gpu_class": "h100-80gb", "gpus_per_replica": 8,
+                          "image": "research:latest", "priority_class": "experiment", "preemption_grace_seconds": 1,
+                          "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000", "FAIRWAY_SIM_CHECKPOINT_SECONDS": "1"}});
+        borrowers.push(submit(&app, &research, "research", body).await);
+    }
+    for id in &borrowers {
+        let j = wait_for(&app, &research, id, Duration::from_secs(30), |j| j["state"] == "running").await;
+        assert_eq!(j["borrowing"], true, "{j:#}");
+    }
+    let claim = submit(
+        &app,
+        &prod,
+        "prod",
+        json!({"name": "serve-model", "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "prod:1",
+               "priority_class": "production", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"}}),
+    )
+    .await;
+    let admitted = wait_for(&app, &prod, &claim, Duration::from_secs(30), |j| j["state"] == "running").await;
+    assert_eq!(admitted["borrowing"], false);
+    // Exactly one borrower gave way, with the reason and the preemptor in its timeline, and
+    // went back to the queue.
+    let mut preempted = Vec::new();
+    for id in &borrowers {
+        let timeline = events(&app, &research, id).await;
+        if let Some(e) = timeline.iter().find(|e| e["kind"] == "preempted") {
+            assert_eq!(e["reason"], "reclaim");
+            assert_eq!(e["data"]["by_job"], claim.as_str());
+            assert_eq!(e["data"]["by_team"], "prod");
+            assert!(e["message"].as_str().unwrap().contains("reclaims its reserved quota"), "{e:#}");
+            assert!(kinds(&timeline).contains(&"requeued".to_owned()), "{timeline:#?}");
+            preempted.push(id.clone());
+        }
+    }
+    assert_eq!(preempted.len(), 1, "one 8-GPU borrower frees enough");
+    let victim = job(&app, &research, &preempted[0]).await;
+    assert_eq!(victim["state"], "pending", "{victim:#}");
+    assert_eq!(victim["preemptions"], 1);
+    assert!(victim["pending"]["reason"].as_str().is_some(), "{victim:#}");
+    assert!(db::scheduling::quota_violations(&app.pool).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
+    let app = TestApp::spawn().await;
+    start_control(&app);
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    quota(&app, &admin, "ml", "a100-80gb", 8, 0).await;
+    let (_, ci) = app.api_token(&admin, "ml", "member").await;
+    let body = |name: &str| {
+        json!({"name": name, "gpu_class": "a100-80gb", "gpus_per_replica": 8, "image": "x",
+               "preemption_grace_seconds": 1, "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"}})
+    };
+    let first = submit(&app, &ci, "ml", body("first")).await;
+    wait_for(&app, &ci, &first, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let second = submit(&app, &ci, "ml", body("second")).await;
+    let waiting = wait_for(&app, &ci, &second, Duration::from_secs(10), |j| j["pending"]["reason"].is_string()).await;
+    assert_eq!(waiting["state"], "pending");
+    let r = app.send(call("POST", &format!("/api/v1/jobs/{first}/cancel")).token(&ci)).await;
+    r.assert_status(200);
+    assert_eq!(r.json()["state"], "cancelled");
+    assert!(r.json()["stop_requested_at"].is_string());
+    wait_for(&app, &ci, &second, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let cancelled = job(&app, &ci, &first).await;
+    assert_eq!(cancelled["state"], "cancelled");
+    assert!(cancelled["finished_at"].is_string(), "{cancelled:#}");
+    assert_eq!(kinds(&events(&app, &ci, &first).await).last().map(String::as_str), Some("cancelled"));
+    let r = app.send(call("POST", &format!("/api/v1/jobs/{first}/cancel")).token(&ci)).await;
+    r.assert_status(200);
+}
