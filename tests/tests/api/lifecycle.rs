@@ -212,3 +212,26 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     let r = app.send(call("POST", &format!("/api/v1/jobs/{first}/cancel")).token(&ci)).await;
     r.assert_status(200);
 }
+
+#[tokio::test]
+async fn a_cycle_of_a_deposed_leader_commits_nothing() {
+    let app = TestApp::spawn().await;
+    let ctx = app::control_context(&app.state).expect("control context");
+    control::sync_inventory(&ctx).await.expect("inventory");
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    quota(&app, &admin, "ml", "h100-80gb", 8, 0).await;
+    let id = submit(&app, &admin, "ml", json!({"name": "x", "gpu_class": "h100-80gb", "image": "x"})).await;
+    let mut conn = app.pool.acquire().await.unwrap();
+    let old = db::scheduling::take_leadership(&mut conn, "old").await.unwrap();
+    let new = db::scheduling::take_leadership(&mut conn, "new").await.unwrap();
+    assert!(new > old);
+    let stale = control::cycle::run(&app.pool, old, &ctx.config.engine).await;
+    assert!(matches!(stale, Err(control::ControlError::NotLeader)), "{stale:?}");
+    assert_eq!(job(&app, &admin, &id).await["state"], "pending");
+    let outbox: i64 = sqlx::query_scalar("select count(*) from dispatch_outbox").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(outbox, 0, "nothing was queued for dispatch");
+    let report = control::cycle::run(&app.pool, new, &ctx.config.engine).await.expect("cycle of the leader");
+    assert_eq!(report.admitted, 1);
+    assert_eq!(job(&app, &admin, &id).await["state"], "admitted");
+}
