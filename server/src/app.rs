@@ -243,7 +243,18 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         sim.speedup = speedup;
     }
     let cluster = sim.cluster.clone();
-    let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(state.db.clone(), sim));
+    // The control loop and the simulated cluster get pools of their own: a burst of API
+    // traffic must not starve the scheduler of connections, and a dispatcher holding its
+    // transaction while it calls the simulator must not wait on its own pool.
+    let options = (*state.db.connect_options()).clone();
+    let pool_of = |size: u32| {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(size)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options.clone())
+    };
+    let control_pool = pool_of(8);
+    let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(pool_of(4), sim));
     let backends = BTreeMap::from([(cluster, backend)]);
     let config = control::ControlConfig {
         cycle_interval: state.config.cycle_interval,
@@ -251,7 +262,7 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         check_invariants: state.config.check_invariants,
         ..control::ControlConfig::default()
     };
-    Ok(control::Ctx { pool: state.db.clone(), backends: Arc::new(backends), metrics: state.metrics.clone(), config })
+    Ok(control::Ctx { pool: control_pool, backends: Arc::new(backends), metrics: state.metrics.clone(), config })
 }
 
 /// With an external database, migrations are an explicit step (`fairway migrate up`), so

@@ -12,13 +12,18 @@ use serde_json::{json, Value};
 /// Starts the control loop of `app` with fast timings: 50 ms cycles, preemption allowed at
 /// once, a simulated cluster running at 10× speed.
 fn start_control(app: &TestApp) {
+    start_control_with(app, 0);
+}
+
+/// The same, with the engine's minimum runtime before a job may be preempted.
+fn start_control_with(app: &TestApp, min_runtime_before_preemption_ms: i64) {
     let mut state = app.state.clone();
     let mut config = (*state.config).clone();
     config.sim_speedup = Some(10.0);
     config.cycle_interval = Duration::from_millis(50);
     state.config = std::sync::Arc::new(config);
     let mut ctx = app::control_context(&state).expect("control context");
-    ctx.config.engine.min_runtime_before_preemption_ms = 0;
+    ctx.config.engine.min_runtime_before_preemption_ms = min_runtime_before_preemption_ms;
     ctx.config.reconcile_interval = Duration::from_millis(50);
     let options = (*app.pool.connect_options()).clone();
     control::spawn(ctx, options, format!("test-{}", uuid::Uuid::new_v4().simple()));
@@ -234,4 +239,81 @@ async fn a_cycle_of_a_deposed_leader_commits_nothing() {
     let report = control::cycle::run(&app.pool, new, &ctx.config.engine).await.expect("cycle of the leader");
     assert_eq!(report.admitted, 1);
     assert_eq!(job(&app, &admin, &id).await["state"], "admitted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_nor_admit_twice() {
+    let app = std::sync::Arc::new(TestApp::spawn().await);
+    // The default minimum runtime: 50 teams competing for burst capacity must not churn.
+    start_control_with(&app, fairway::scheduler::Config::default().min_runtime_before_preemption_ms);
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    let mut tokens = Vec::new();
+    for t in 0..50 {
+        let team = format!("team-{t:02}");
+        app.team(&admin, &team, None).await;
+        quota(&app, &admin, &team, "h100-80gb", 1, 2).await;
+        tokens.push((team.clone(), app.api_token(&admin, &team, "member").await.1));
+    }
+    // Watches the invariant while the load runs: every team within reserved + burst.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (pool, stop) = (app.pool.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut checks = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let violations = db::scheduling::quota_violations(&pool).await.expect("invariant query");
+                assert!(violations.is_empty(), "quota exceeded: {violations:?}");
+                checks += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            checks
+        })
+    };
+    let mut submitters = tokio::task::JoinSet::new();
+    for (team, token) in tokens {
+        let app = app.clone();
+        submitters.spawn(async move {
+            for i in 0..20 {
+                let body = json!({"name": format!("{team}-{i}"), "gpu_class": "h100-80gb", "image": "x",
+                                  "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "2"}});
+                let r = app.send(call("POST", &format!("/api/v1/teams/{team}/jobs")).token(&token).json(&body)).await;
+                r.assert_status(201);
+            }
+        });
+    }
+    while let Some(r) = submitters.join_next().await {
+        r.expect("submitter");
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let done: i64 = sqlx::query_scalar("select count(*) from jobs where state = 'succeeded'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+        if done == 1000 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "only {done} of 1000 jobs finished");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let checks = watcher.await.expect("watcher");
+    assert!(checks > 10, "the invariant was checked {checks} times");
+    let twice: i64 = sqlx::query_scalar(
+        "select count(*) from (select job_id, attempt from job_events where kind = 'admitted'
+                               group by job_id, attempt having count(*) > 1) d",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(twice, 0, "no attempt is admitted twice");
+    let attempts: i64 =
+        sqlx::query_scalar("select count(*) from jobs where attempt <> 1").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(attempts, 0, "every job ran exactly once");
+    let intervals: i64 = sqlx::query_scalar("select count(*) from usage_intervals where ended_at is not null")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(intervals, 1000, "one closed usage interval per job");
 }
