@@ -203,15 +203,18 @@ pub async fn bootstrap_admin(pool: &PgPool, config: &Config) -> anyhow::Result<(
 }
 
 /// Runs the service until SIGTERM or SIGINT.
-pub async fn serve(config: Config) -> anyhow::Result<()> {
+pub async fn serve(mut config: Config, demo: bool) -> anyhow::Result<()> {
+    if demo && config.sim_speedup.is_none() {
+        config.sim_speedup = Some(10.0);
+    }
     let key = signing_key(&config)?;
     let database = Database::open(&config).await?;
-    let result = run(&database, config, &key).await;
+    let result = run(&database, config, &key, demo).await;
     database.close().await;
     result
 }
 
-async fn run(database: &Database, config: Config, key: &[u8]) -> anyhow::Result<()> {
+async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> anyhow::Result<()> {
     if database.embedded().is_some() {
         db::MIGRATOR.run(&database.pool).await.context("applying migrations")?;
     } else {
@@ -223,7 +226,13 @@ async fn run(database: &Database, config: Config, key: &[u8]) -> anyhow::Result<
     tokio::spawn(purge_idempotency_keys(state.db.clone()));
     if state.config.scheduler {
         let ctx = control_context(&state)?;
+        if demo {
+            crate::demo::seed(&ctx).await?;
+            tokio::spawn(crate::demo::generate(state.db.clone(), Duration::from_secs(3)));
+        }
         control::spawn(ctx, database.options.clone(), database.instance.clone());
+    } else if demo {
+        anyhow::bail!("--demo needs the scheduler: unset FAIRWAY_SCHEDULER=off");
     }
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, "fairway listening");

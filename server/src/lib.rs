@@ -12,6 +12,7 @@ pub mod backends;
 pub mod bench;
 pub mod config;
 pub mod control;
+pub mod demo;
 pub mod db;
 pub mod domain;
 pub mod rng;

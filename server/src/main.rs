@@ -19,7 +19,12 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Runs the service. With no DATABASE_URL it starts an embedded PostgreSQL.
-    Serve,
+    Serve {
+        /// Seed demo teams, quotas, a rate card and users, run the simulated cluster at 10×
+        /// speed and keep submitting jobs, so the platform is busy at once.
+        #[arg(long)]
+        demo: bool,
+    },
     /// Applies or reverts schema migrations.
     Migrate {
         #[command(subcommand)]
@@ -107,7 +112,7 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
-        Command::Serve => app::serve(config).await,
+        Command::Serve { demo } => app::serve(config, demo).await,
         Command::Openapi => {
             print!("{}", fairway::api::openapi_json());
             Ok(())
