@@ -207,6 +207,10 @@ pub async fn serve(mut config: Config, demo: bool) -> anyhow::Result<()> {
     if demo && config.sim_speedup.is_none() {
         config.sim_speedup = Some(10.0);
     }
+    if demo && std::env::var_os("FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS").is_none() {
+        // At 10× speed, 30 s is the default five minutes of simulated work.
+        config.min_runtime_before_preemption = Duration::from_secs(30);
+    }
     let key = signing_key(&config)?;
     let database = Database::open(&config).await?;
     let result = run(&database, config, &key, demo).await;
@@ -265,12 +269,13 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
     let control_pool = pool_of(8);
     let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(pool_of(4), sim));
     let backends = BTreeMap::from([(cluster, backend)]);
-    let config = control::ControlConfig {
+    let mut config = control::ControlConfig {
         cycle_interval: state.config.cycle_interval,
         lease: state.config.leader_lease,
         check_invariants: state.config.check_invariants,
         ..control::ControlConfig::default()
     };
+    config.engine.min_runtime_before_preemption_ms = state.config.min_runtime_before_preemption.as_millis() as i64;
     Ok(control::Ctx { pool: control_pool, backends: Arc::new(backends), metrics: state.metrics.clone(), config })
 }
 

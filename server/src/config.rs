@@ -89,6 +89,9 @@ pub struct Config {
     pub sim_inventory: Option<PathBuf>,
     /// Speed-up of simulated job time, for demos (`FAIRWAY_SIM_SPEEDUP`).
     pub sim_speedup: Option<f64>,
+    /// A job runs at least this long before it may be preempted
+    /// (`FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS`).
+    pub min_runtime_before_preemption: Duration,
     /// Check the quota invariant after every cycle and log breaches
     /// (`FAIRWAY_CHECK_INVARIANTS=1`; for tests).
     pub check_invariants: bool,
@@ -116,6 +119,7 @@ impl Default for Config {
             leader_lease: Duration::from_secs(10),
             sim_inventory: None,
             sim_speedup: None,
+            min_runtime_before_preemption: Duration::from_secs(300),
             check_invariants: false,
         }
     }
@@ -145,6 +149,7 @@ struct FileConfig {
     leader_lease_seconds: Option<u64>,
     sim_inventory: Option<PathBuf>,
     sim_speedup: Option<f64>,
+    min_runtime_before_preemption_seconds: Option<u64>,
 }
 
 impl Config {
@@ -274,6 +279,11 @@ impl Config {
             }
         }
         config.sim_speedup = speedup;
+        if let Some(s) =
+            number("FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS", file.min_runtime_before_preemption_seconds)?
+        {
+            config.min_runtime_before_preemption = Duration::from_secs(s.min(7 * 86_400));
+        }
         config.check_invariants = env("FAIRWAY_CHECK_INVARIANTS").is_some_and(|v| v == "1" || v == "true");
         Ok(config)
     }
