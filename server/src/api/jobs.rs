@@ -277,13 +277,13 @@ impl Catalogue {
                         "never_fits",
                         format!("a replica must fit on one node, and the largest has {} GPUs", cap.largest_node),
                     )));
-                } else if spec.replicas * spec.gpus_per_replica > cap.total_gpus {
+                } else if spec.replicas.saturating_mul(spec.gpus_per_replica) > cap.total_gpus {
                     check(Err(FieldError::new(
                         at("replicas"),
                         "never_fits",
                         format!(
                             "the gang needs {} GPUs and all clusters together have {}",
-                            spec.replicas * spec.gpus_per_replica,
+                            spec.replicas.saturating_mul(spec.gpus_per_replica),
                             cap.total_gpus
                         ),
                     )));
@@ -294,13 +294,13 @@ impl Catalogue {
                         TopologyLevel::Rack => cap.largest_rack,
                         TopologyLevel::Zone => cap.largest_zone,
                     };
-                    if spec.replicas * spec.gpus_per_replica > largest {
+                    if spec.replicas.saturating_mul(spec.gpus_per_replica) > largest {
                         check(Err(FieldError::new(
                             at("topology"),
                             "never_fits",
                             format!(
                                 "the gang needs {} GPUs within one {}, and the largest has {largest}",
-                                spec.replicas * spec.gpus_per_replica,
+                                spec.replicas.saturating_mul(spec.gpus_per_replica),
                                 level.as_str()
                             ),
                         )));

@@ -6,8 +6,8 @@ pub mod job;
 mod names;
 mod roles;
 
-pub use job::{JobState, TopologyLevel, TopologyMode, TopologyWish};
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
+pub use job::{JobState, TopologyLevel, TopologyMode, TopologyWish};
 pub use names::{DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
 pub use roles::{PlatformRole, TeamRole};
 

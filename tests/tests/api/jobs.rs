@@ -1,0 +1,574 @@
+//! The jobs API as a team sees it: submitting one job or a batch, validation that names the
+//! field, reading and listing jobs, the queue, cancelling, checkpoints and dry runs. No
+//! control loop runs here, so every job stays where the API alone puts it.
+
+use fairway_tests::{call, TestApp, TestResponse};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// Team `ml` with a member (`alice`) and a CI token; team `cv` with a member (`bob`) and a
+/// CI token; GPU classes `h100` and `a100`. No cluster reports inventory.
+struct Setup {
+    app: TestApp,
+    admin: String,
+    alice: String,
+    ml_ci: String,
+    ml_ci_id: String,
+    bob: String,
+    cv_ci: String,
+}
+
+async fn setup() -> Setup {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.gpu_class(&admin, "h100").await;
+    app.gpu_class(&admin, "a100").await;
+    app.team(&admin, "ml", None).await;
+    app.team(&admin, "cv", None).await;
+    let alice = app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "member").await;
+    let bob = app.user(&admin, "bob", None).await;
+    app.member(&admin, "cv", "bob", "member").await;
+    let (ml_ci_id, ml_ci) = app.api_token(&admin, "ml", "member").await;
+    let (_, cv_ci) = app.api_token(&admin, "cv", "member").await;
+    Setup { app, admin, alice, ml_ci, ml_ci_id, bob, cv_ci }
+}
+
+/// The smallest valid job: one GPU of `h100`.
+fn spec(name: &str) -> Value {
+    json!({"name": name, "gpu_class": "h100", "image": "registry.example/train:1"})
+}
+
+/// `spec(name)` with some fields replaced or added.
+fn spec_with(name: &str, changes: Value) -> Value {
+    let mut body = spec(name);
+    for (key, value) in changes.as_object().expect("changes are an object") {
+        body[key] = value.clone();
+    }
+    body
+}
+
+impl Setup {
+    async fn submit(&self, token: &str, team: &str, body: &Value) -> TestResponse {
+        self.app.send(call("POST", &format!("/api/v1/teams/{team}/jobs")).token(token).json(body)).await
+    }
+
+    /// Submits a valid job to `ml` as alice; returns its id.
+    async fn submit_ok(&self, body: &Value) -> String {
+        let r = self.submit(&self.alice, "ml", body).await;
+        r.assert_status(201);
+        r.json()["id"].as_str().expect("id").to_owned()
+    }
+
+    async fn get(&self, token: &str, path: &str) -> TestResponse {
+        self.app.send(call("GET", path).token(token)).await
+    }
+
+    async fn post(&self, token: &str, path: &str) -> TestResponse {
+        self.app.send(call("POST", path).token(token)).await
+    }
+
+    /// Ids of `ml`'s jobs listed with `query`, as one page of up to 200.
+    async fn list_ids(&self, query: &str) -> Vec<String> {
+        let r = self.get(&self.alice, &format!("/api/v1/teams/ml/jobs?limit=200&{query}")).await;
+        r.assert_status(200);
+        let page = r.json();
+        assert!(page.get("next_cursor").is_none(), "{page}");
+        ids(&page["items"])
+    }
+
+    async fn job_count(&self) -> i64 {
+        sqlx::query_scalar("select count(*) from jobs").fetch_one(&self.app.pool).await.expect("count jobs")
+    }
+}
+
+fn ids(items: &Value) -> Vec<String> {
+    items.as_array().expect("array").iter().map(|j| j["id"].as_str().expect("id").to_owned()).collect()
+}
+
+/// Asserts a 422 whose first failing field and code are these.
+#[track_caller]
+fn assert_field(r: &TestResponse, field: &str, code: &str) {
+    let doc = r.assert_problem(422, "validation_failed");
+    assert_eq!((doc["field"].as_str(), doc["errors"][0]["code"].as_str()), (Some(field), Some(code)), "{doc}");
+}
+
+/// Reports one cluster with two 8-GPU `h100` nodes in different racks, as an inventory
+/// sync would.
+async fn two_nodes_of_eight(app: &TestApp) {
+    let cluster = Uuid::new_v4();
+    sqlx::query("insert into clusters (id, name, backend) values ($1, 'sim-1', 'sim')")
+        .bind(cluster)
+        .execute(&app.pool)
+        .await
+        .expect("insert cluster");
+    for (node, rack) in [("node-1", "rack-1"), ("node-2", "rack-2")] {
+        sqlx::query(
+            "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, rack, zone)
+             select $1, $2, id, 8, $3, 'zone-1' from gpu_classes where name = 'h100'",
+        )
+        .bind(cluster)
+        .bind(node)
+        .bind(rack)
+        .execute(&app.pool)
+        .await
+        .expect("insert node");
+    }
+}
+
+#[tokio::test]
+async fn a_ci_token_submits_a_job_and_reads_it_back_pending_with_its_fields() {
+    let s = setup().await;
+    let body = json!({
+        "name": "llama fine-tune",
+        "gpu_class": "h100",
+        "replicas": 2,
+        "gpus_per_replica": 4,
+        "priority_class": "production",
+        "max_runtime_seconds": 3600,
+        "image": "registry.example/train:1",
+        "command": ["python", "train.py", "--epochs", "3"],
+        "env": {"EPOCHS": "3"},
+        "labels": {"project": "llm"},
+        "topology": {"level": "node", "mode": "preferred"},
+        "preemption_grace_seconds": 60,
+        "max_retries": 2
+    });
+    let created = s.submit(&s.ml_ci, "ml", &body).await;
+    created.assert_status(201);
+    assert_eq!(created.header("etag").as_deref(), Some("\"1\""));
+    let job = created.json();
+    let id = job["id"].as_str().unwrap().to_owned();
+    let read = s.get(&s.ml_ci, &format!("/api/v1/jobs/{id}")).await;
+    read.assert_status(200);
+    assert_eq!(read.json(), job, "reading the job shows what the submission answered");
+    for (field, value) in [
+        ("team", json!("ml")),
+        ("name", json!("llama fine-tune")),
+        ("gpu_class", json!("h100")),
+        ("priority_class", json!("production")),
+        ("replicas", json!(2)),
+        ("gpus_per_replica", json!(4)),
+        ("max_runtime_seconds", json!(3600)),
+        ("image", json!("registry.example/train:1")),
+        ("command", json!(["python", "train.py", "--epochs", "3"])),
+        ("env", json!({"EPOCHS": "3"})),
+        ("labels", json!({"project": "llm"})),
+        ("topology", json!({"level": "node", "mode": "preferred"})),
+        ("preemption_grace_seconds", json!(60)),
+        ("max_retries", json!(2)),
+        ("state", json!("pending")),
+        ("attempt", json!(0)),
+        ("cluster", Value::Null),
+        ("placement", Value::Null),
+        ("borrowing", json!(false)),
+        // No scheduling cycle has looked at it yet.
+        ("pending", json!({"reason": null, "message": null, "position": null, "expected_start_at": null})),
+        ("exit_code", Value::Null),
+        ("preemptions", json!(0)),
+        ("submitted_by", json!(format!("token:ml/ci ({})", s.ml_ci_id))),
+        ("admitted_at", Value::Null),
+        ("started_at", Value::Null),
+        ("finished_at", Value::Null),
+        ("version", json!(1)),
+    ] {
+        assert_eq!(job[field], value, "{field} in {job}");
+    }
+}
+
+#[tokio::test]
+async fn a_job_that_names_only_what_it_must_gets_the_defaults() {
+    let s = setup().await;
+    let r = s.submit(&s.alice, "ml", &spec("minimal")).await;
+    r.assert_status(201);
+    let job = r.json();
+    for (field, value) in [
+        ("replicas", json!(1)),
+        ("gpus_per_replica", json!(1)),
+        ("priority_class", json!("experiment")),
+        ("max_runtime_seconds", json!(86_400)),
+        ("command", json!([])),
+        ("env", json!({})),
+        ("labels", json!({})),
+        ("topology", Value::Null),
+        ("preemption_grace_seconds", Value::Null),
+        ("max_retries", json!(0)),
+        ("submitted_by", json!("user:alice")),
+    ] {
+        assert_eq!(job[field], value, "{field} in {job}");
+    }
+}
+
+#[tokio::test]
+async fn repeating_a_submission_with_the_same_idempotency_key_returns_the_same_job_and_creates_one() {
+    let s = setup().await;
+    let send = |key: &'static str| {
+        s.app.send(
+            call("POST", "/api/v1/teams/ml/jobs").token(&s.ml_ci).header("idempotency-key", key).json(&spec("once")),
+        )
+    };
+    let first = send("submit-1").await;
+    first.assert_status(201);
+    let again = send("submit-1").await;
+    again.assert_status(201);
+    assert_eq!(again.header("idempotent-replayed").as_deref(), Some("true"));
+    assert_eq!(again.json()["id"], first.json()["id"]);
+    assert_eq!(s.job_count().await, 1);
+    // Another key is another submission.
+    let other = send("submit-2").await;
+    other.assert_status(201);
+    assert_ne!(other.json()["id"], first.json()["id"]);
+    assert_eq!(s.job_count().await, 2);
+}
+
+#[tokio::test]
+async fn an_invalid_job_is_refused_naming_the_field_and_nothing_is_queued() {
+    let s = setup().await;
+    for (changes, field, code) in [
+        (json!({"gpu_class": "b200"}), "gpu_class", "not_found"),
+        (json!({"priority_class": "urgent"}), "priority_class", "not_found"),
+        // Teams may run jobs for at most a week unless a platform admin allows more.
+        (json!({"max_runtime_seconds": 604_801}), "max_runtime_seconds", "exceeds_team_limit"),
+        (json!({"max_runtime_seconds": 0}), "max_runtime_seconds", "too_small"),
+        (json!({"env": {"FAIRWAY_JOB_ID": "mine"}}), "env.FAIRWAY_JOB_ID", "reserved"),
+        (json!({"colour": "red"}), "colour", "unknown_field"),
+        (json!({"replicas": 0}), "replicas", "too_small"),
+        (json!({"gpus_per_replica": 65}), "gpus_per_replica", "too_large"),
+        (json!({"name": "  "}), "name", "empty"),
+        (json!({"image": "train 1"}), "image", "invalid_characters"),
+    ] {
+        let r = s.submit(&s.alice, "ml", &spec_with("bad", changes.clone())).await;
+        let doc = r.assert_problem(422, "validation_failed");
+        assert_eq!((doc["field"].as_str(), doc["errors"][0]["code"].as_str()), (Some(field), Some(code)), "{changes}");
+    }
+    assert_eq!(s.job_count().await, 0);
+    // The limit itself is allowed.
+    s.submit(&s.alice, "ml", &spec_with("a week", json!({"max_runtime_seconds": 604_800}))).await.assert_status(201);
+}
+
+#[tokio::test]
+async fn a_job_more_than_any_placement_could_ever_give_is_refused_at_submission() {
+    let s = setup().await;
+    two_nodes_of_eight(&s.app).await;
+    for (changes, field) in [
+        // A replica must fit on one node.
+        (json!({"gpus_per_replica": 16}), "gpus_per_replica"),
+        // 24 GPUs, and all clusters together have 16.
+        (json!({"replicas": 3, "gpus_per_replica": 8}), "replicas"),
+        // 16 GPUs fit in the fleet, but not within one node.
+        (json!({"replicas": 2, "gpus_per_replica": 8, "topology": {"level": "node", "mode": "required"}}), "topology"),
+        (json!({"replicas": 2, "gpus_per_replica": 8, "topology": {"level": "rack", "mode": "required"}}), "topology"),
+    ] {
+        let r = s.submit(&s.alice, "ml", &spec_with("huge", changes.clone())).await;
+        let doc = r.assert_problem(422, "validation_failed");
+        assert_eq!(
+            (doc["field"].as_str(), doc["errors"][0]["code"].as_str()),
+            (Some(field), Some("never_fits")),
+            "{changes}"
+        );
+    }
+    // A class no cluster offers, once clusters report what they have.
+    let r = s.submit(&s.alice, "ml", &spec_with("elsewhere", json!({"gpu_class": "a100"}))).await;
+    assert_field(&r, "gpu_class", "no_capacity");
+    assert_eq!(s.job_count().await, 0);
+    // What the fleet can give is accepted: the whole fleet, or a whole node kept within it.
+    for changes in [
+        json!({"replicas": 2, "gpus_per_replica": 8}),
+        json!({"replicas": 2, "gpus_per_replica": 8, "topology": {"level": "zone", "mode": "required"}}),
+        json!({"replicas": 2, "gpus_per_replica": 8, "topology": {"level": "node", "mode": "preferred"}}),
+        json!({"replicas": 1, "gpus_per_replica": 8, "topology": {"level": "node", "mode": "required"}}),
+    ] {
+        s.submit(&s.alice, "ml", &spec_with("fits", changes)).await.assert_status(201);
+    }
+    assert_eq!(s.job_count().await, 4);
+}
+
+#[tokio::test]
+async fn a_batch_of_three_jobs_is_submitted_together() {
+    let s = setup().await;
+    let batch = json!({"jobs": [spec("sweep-1"), spec("sweep-2"), spec("sweep-3")]});
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.ml_ci).json(&batch)).await;
+    r.assert_status(201);
+    let result = r.json();
+    assert_eq!(result["count"], 3);
+    let names: Vec<&str> = result["jobs"].as_array().unwrap().iter().map(|j| j["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["sweep-1", "sweep-2", "sweep-3"], "in request order");
+    assert!(result["jobs"].as_array().unwrap().iter().all(|j| j["state"] == "pending"), "{result}");
+    let mut submitted = ids(&result["jobs"]);
+    let mut listed = s.list_ids("").await;
+    submitted.sort();
+    listed.sort();
+    assert_eq!(listed, submitted);
+}
+
+#[tokio::test]
+async fn a_batch_with_one_invalid_job_names_it_and_submits_none() {
+    let s = setup().await;
+    let batch =
+        json!({"jobs": [spec("ok-0"), spec("ok-1"), spec_with("bad-2", json!({"gpu_class": "b200"})), spec("ok-3")]});
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.alice).json(&batch)).await;
+    assert_field(&r, "jobs[2].gpu_class", "not_found");
+    assert_eq!(r.json()["errors"].as_array().unwrap().len(), 1, "only job 2 is wrong");
+    assert_eq!(s.list_ids("").await, Vec::<String>::new());
+    assert_eq!(s.job_count().await, 0);
+    // Every invalid field of every job is reported.
+    let batch = json!({"jobs": [spec_with("bad-0", json!({"replicas": 0})), spec("ok-1"), spec_with("bad-2", json!({"priority_class": "urgent"}))]});
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.alice).json(&batch)).await;
+    let doc = r.assert_problem(422, "validation_failed");
+    let fields: Vec<&str> = doc["errors"].as_array().unwrap().iter().map(|e| e["field"].as_str().unwrap()).collect();
+    assert_eq!(fields, ["jobs[0].replicas", "jobs[2].priority_class"]);
+    assert_eq!(s.job_count().await, 0);
+}
+
+#[tokio::test]
+async fn a_batch_holds_1_to_1000_jobs() {
+    let s = setup().await;
+    let send = |n: usize| {
+        let batch = json!({"jobs": (0..n).map(|i| spec(&format!("job-{i}"))).collect::<Vec<_>>()});
+        s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.alice).json(&batch))
+    };
+    assert_field(&send(1001).await, "jobs", "too_many");
+    assert_field(&send(0).await, "jobs", "too_few");
+    assert_eq!(s.job_count().await, 0);
+    let r = send(1000).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["count"], 1000);
+    assert_eq!(s.job_count().await, 1000);
+}
+
+#[tokio::test]
+async fn the_job_list_filters_by_state_gpu_class_and_labels() {
+    let s = setup().await;
+    let a = s.submit_ok(&spec_with("a", json!({"labels": {"project": "llm"}}))).await;
+    let b = s.submit_ok(&spec_with("b", json!({"gpu_class": "a100", "labels": {"project": "vision"}}))).await;
+    let c = s.submit_ok(&spec_with("c", json!({"labels": {"project": "llm", "owner": "alice"}}))).await;
+    s.post(&s.alice, &format!("/api/v1/jobs/{b}/cancel")).await.assert_status(200);
+    // Another team's job never shows.
+    s.submit(&s.bob, "cv", &spec_with("theirs", json!({"labels": {"project": "llm"}}))).await.assert_status(201);
+
+    assert_eq!(s.list_ids("").await, [c.as_str(), b.as_str(), a.as_str()]);
+    assert_eq!(s.list_ids("state=pending").await, [c.as_str(), a.as_str()]);
+    assert_eq!(s.list_ids("state=cancelled").await, [b.as_str()]);
+    assert_eq!(s.list_ids("state=running").await, Vec::<String>::new());
+    assert_eq!(s.list_ids("gpu_class=a100").await, [b.as_str()]);
+    assert_eq!(s.list_ids("gpu_class=h100").await, [c.as_str(), a.as_str()]);
+    assert_eq!(s.list_ids("label=project=llm").await, [c.as_str(), a.as_str()]);
+    assert_eq!(s.list_ids("label=project=llm,owner=alice").await, [c.as_str()]);
+    assert_eq!(s.list_ids("label=project=audio").await, Vec::<String>::new());
+    assert_eq!(s.list_ids("state=pending&gpu_class=a100").await, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn paging_through_the_job_list_returns_every_job_exactly_once_newest_first() {
+    let s = setup().await;
+    let mut submitted = Vec::new();
+    for i in 0..7 {
+        submitted.push(s.submit_ok(&spec(&format!("job-{i}"))).await);
+    }
+    let mut seen = Vec::new();
+    let mut pages = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            None => "/api/v1/teams/ml/jobs?limit=3".to_owned(),
+            Some(c) => format!("/api/v1/teams/ml/jobs?limit=3&cursor={c}"),
+        };
+        let r = s.get(&s.alice, &path).await;
+        r.assert_status(200);
+        let page = r.json();
+        let items = ids(&page["items"]);
+        pages.push(items.len());
+        seen.extend(items);
+        match page.get("next_cursor") {
+            Some(c) => cursor = Some(c.as_str().unwrap().to_owned()),
+            None => break,
+        }
+        assert!(pages.len() < 10, "paging does not end");
+    }
+    assert_eq!(pages, [3, 3, 1]);
+    submitted.reverse();
+    assert_eq!(seen, submitted);
+}
+
+#[tokio::test]
+async fn listing_jobs_by_an_unknown_state_is_422_naming_state() {
+    let s = setup().await;
+    let r = s.get(&s.alice, "/api/v1/teams/ml/jobs?state=bogus").await;
+    assert_field(&r, "state", "invalid_value");
+    let r = s.get(&s.alice, "/api/v1/teams/ml/jobs?label=project").await;
+    assert_field(&r, "label", "invalid_value");
+}
+
+#[tokio::test]
+async fn another_teams_callers_get_404_for_a_job_its_events_cancel_and_checkpoint() {
+    let s = setup().await;
+    let id = s.submit_ok(&spec("private")).await;
+    for token in [&s.bob, &s.cv_ci] {
+        s.get(token, &format!("/api/v1/jobs/{id}")).await.assert_problem(404, "not_found");
+        s.get(token, &format!("/api/v1/jobs/{id}/events")).await.assert_problem(404, "not_found");
+        s.post(token, &format!("/api/v1/jobs/{id}/cancel")).await.assert_problem(404, "not_found");
+        let r = s.app.send(call("POST", &format!("/api/v1/jobs/{id}/checkpoint")).token(token).json(&json!({}))).await;
+        r.assert_problem(404, "not_found");
+        s.get(token, "/api/v1/teams/ml/jobs").await.assert_problem(404, "not_found");
+        s.get(token, "/api/v1/teams/ml/queue").await.assert_problem(404, "not_found");
+        s.submit(token, "ml", &spec("intruder")).await.assert_problem(404, "not_found");
+    }
+    // The attempts changed nothing.
+    let job = s.get(&s.alice, &format!("/api/v1/jobs/{id}")).await.json();
+    assert_eq!((job["state"].as_str(), job["version"].as_i64()), (Some("pending"), Some(1)));
+    assert_eq!(s.job_count().await, 1);
+}
+
+#[tokio::test]
+async fn a_job_that_does_not_exist_or_a_malformed_id_is_404() {
+    let s = setup().await;
+    for id in [Uuid::new_v4().to_string(), "not-a-uuid".to_owned()] {
+        s.get(&s.admin, &format!("/api/v1/jobs/{id}")).await.assert_problem(404, "not_found");
+        s.get(&s.admin, &format!("/api/v1/jobs/{id}/events")).await.assert_problem(404, "not_found");
+        s.post(&s.admin, &format!("/api/v1/jobs/{id}/cancel")).await.assert_problem(404, "not_found");
+        s.get(&s.alice, &format!("/api/v1/jobs/{id}")).await.assert_problem(404, "not_found");
+    }
+}
+
+#[tokio::test]
+async fn cancelling_a_pending_job_cancels_it_at_once_and_again_is_harmless() {
+    let s = setup().await;
+    let id = s.submit_ok(&spec("doomed")).await;
+    let other = s.submit_ok(&spec("survivor")).await;
+    let r = s.post(&s.ml_ci, &format!("/api/v1/jobs/{id}/cancel")).await;
+    r.assert_status(200);
+    assert_eq!(r.header("etag").as_deref(), Some("\"2\""));
+    let job = r.json();
+    assert_eq!(job["state"], "cancelled");
+    assert_eq!(job["pending"], Value::Null);
+    assert_eq!(job["version"], 2);
+    assert!(job["finished_at"].is_string(), "{job}");
+    assert_eq!(job["stop_requested_at"], Value::Null, "nothing ran, so nothing is asked to stop");
+
+    let events = s.get(&s.alice, &format!("/api/v1/jobs/{id}/events")).await;
+    events.assert_status(200);
+    let timeline: Vec<(String, i64)> = events
+        .json()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["kind"].as_str().unwrap().to_owned(), e["attempt"].as_i64().unwrap()))
+        .collect();
+    assert_eq!(timeline, [("submitted".to_owned(), 0), ("cancelled".to_owned(), 0)]);
+
+    // Again: the same answer, and nothing new happens.
+    let again = s.post(&s.alice, &format!("/api/v1/jobs/{id}/cancel")).await;
+    again.assert_status(200);
+    assert_eq!(again.json(), job);
+    let events = s.get(&s.alice, &format!("/api/v1/jobs/{id}/events")).await.json();
+    assert_eq!(events.as_array().unwrap().len(), 2, "{events}");
+
+    let queue = s.get(&s.alice, "/api/v1/teams/ml/queue").await;
+    queue.assert_status(200);
+    assert_eq!(ids(&queue.json()), [other]);
+}
+
+#[tokio::test]
+async fn reporting_a_checkpoint_of_a_job_that_is_not_running_is_409() {
+    let s = setup().await;
+    let id = s.submit_ok(&spec("waiting")).await;
+    let r = s
+        .app
+        .send(call("POST", &format!("/api/v1/jobs/{id}/checkpoint")).token(&s.ml_ci).json(&json!({"step": 1200})))
+        .await;
+    let doc = r.assert_problem(409, "job_not_running");
+    assert_eq!(doc["detail"], "the job is pending");
+    let job = s.get(&s.alice, &format!("/api/v1/jobs/{id}")).await.json();
+    assert_eq!((job["last_checkpoint_at"].clone(), job["version"].clone()), (Value::Null, json!(1)));
+    let events = s.get(&s.alice, &format!("/api/v1/jobs/{id}/events")).await.json();
+    assert_eq!(events.as_array().unwrap().len(), 1, "only the submission: {events}");
+}
+
+#[tokio::test]
+async fn the_queue_lists_the_teams_pending_jobs_only() {
+    let s = setup().await;
+    let first = s.submit_ok(&spec_with("first", json!({"replicas": 2, "gpus_per_replica": 4}))).await;
+    let cancelled = s.submit_ok(&spec("cancelled")).await;
+    let third = s.submit_ok(&spec_with("third", json!({"gpu_class": "a100", "priority_class": "production"}))).await;
+    s.post(&s.alice, &format!("/api/v1/jobs/{cancelled}/cancel")).await.assert_status(200);
+    let theirs = s.submit(&s.bob, "cv", &spec("theirs")).await.json()["id"].as_str().unwrap().to_owned();
+
+    let r = s.get(&s.ml_ci, "/api/v1/teams/ml/queue").await;
+    r.assert_status(200);
+    let queue = r.json();
+    assert_eq!(ids(&queue), [first.as_str(), third.as_str()], "submission order while no cycle has ranked them");
+    let entry = &queue[0];
+    for (field, value) in [
+        ("name", json!("first")),
+        ("gpu_class", json!("h100")),
+        ("priority_class", json!("experiment")),
+        ("gpus", json!(8)),
+        ("position", Value::Null),
+        ("reason", Value::Null),
+    ] {
+        assert_eq!(entry[field], value, "{field} in {entry}");
+    }
+    assert_eq!((queue[1]["gpu_class"].as_str(), queue[1]["gpus"].as_i64()), (Some("a100"), Some(1)));
+
+    let r = s.get(&s.bob, "/api/v1/teams/cv/queue").await;
+    r.assert_status(200);
+    assert_eq!(ids(&r.json()), [theirs]);
+}
+
+#[tokio::test]
+async fn a_dry_run_with_no_inventory_says_the_job_would_not_fit_and_writes_nothing() {
+    let s = setup().await;
+    s.submit_ok(&spec("already queued")).await;
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:dry-run").token(&s.ml_ci).json(&spec("what if"))).await;
+    r.assert_status(200);
+    let answer = r.json();
+    assert_eq!(answer["fits_now"], false);
+    assert_eq!(answer["reason"], "never_fits");
+    assert!(answer["message"].is_string(), "{answer}");
+    assert_eq!((answer["placement"].clone(), answer["cluster"].clone()), (Value::Null, Value::Null));
+    assert_eq!(answer["would_preempt"], json!([]));
+    // One GPU at 2.50 an hour for the default day, at the experiment class's 0.8 multiplier.
+    assert_eq!((answer["max_cost_micros"].as_i64(), answer["currency"].as_str()), (Some(48_000_000), Some("USD")));
+    assert_eq!(s.job_count().await, 1);
+    let events: i64 =
+        sqlx::query_scalar("select count(*) from job_events").fetch_one(&s.app.pool).await.expect("count events");
+    assert_eq!(events, 1);
+    // It validates like a submission.
+    let r = s
+        .app
+        .send(
+            call("POST", "/api/v1/teams/ml/jobs:dry-run")
+                .token(&s.ml_ci)
+                .json(&spec_with("what if", json!({"gpu_class": "b200"}))),
+        )
+        .await;
+    assert_field(&r, "gpu_class", "not_found");
+}
+
+#[tokio::test]
+async fn a_job_without_a_runtime_gets_the_teams_limit_when_that_is_under_a_day() {
+    let s = setup().await;
+    // The team's limit has no API yet; a platform admin sets it in the database.
+    sqlx::query("update teams set max_runtime_seconds = 3600 where name = 'ml'")
+        .execute(&s.app.pool)
+        .await
+        .expect("set the limit");
+    let r = s.submit(&s.alice, "ml", &spec("short")).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["max_runtime_seconds"], 3600);
+    let r = s.submit(&s.alice, "ml", &spec_with("long", json!({"max_runtime_seconds": 3601}))).await;
+    assert_field(&r, "max_runtime_seconds", "exceeds_team_limit");
+    // Another team keeps the default.
+    let r = s.submit(&s.bob, "cv", &spec("theirs")).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["max_runtime_seconds"], 86_400);
+}
+
+#[tokio::test]
+async fn an_absurd_replica_count_is_422_not_a_crash_when_clusters_report_inventory() {
+    let s = setup().await;
+    two_nodes_of_eight(&s.app).await;
+    let r = s.submit(&s.alice, "ml", &spec_with("absurd", json!({"replicas": i64::MAX, "gpus_per_replica": 2}))).await;
+    assert_field(&r, "replicas", "too_large");
+    assert_eq!(s.job_count().await, 0);
+}
