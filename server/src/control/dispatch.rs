@@ -50,7 +50,9 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
     match row.action.as_str() {
         // The job was cancelled or preempted before its object existed, or a newer attempt
         // replaced it: nothing to create. The reconciler releases the GPUs.
-        "submit" if !current || row.job_state != "admitted" => {
+        // (A running job's object exists already: the reconciler saw it after a crash cut
+        // this row short, and a repeated create is a harmless no-op that records it.)
+        "submit" if !current || !matches!(row.job_state.as_str(), "admitted" | "running") => {
             db::scheduling::complete(&mut tx, row.id, Some("superseded before dispatch")).await?;
         }
         "submit" => {

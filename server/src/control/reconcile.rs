@@ -60,12 +60,23 @@ pub async fn reconcile(
     for obj in &objects {
         let job = by_id.get(&obj.job_id).filter(|j| j.attempt == obj.attempt);
         let Some(job) = job else {
-            // Ours by name and labels, but no job holds it.
-            match &obj.phase {
-                Phase::Finished { .. } => {
+            // No job holds it. A finished object of an attempt already ended (the reconciler
+            // was cut short before deleting it) is only collected; anything else is an orphan:
+            // an object of a job we do not know, or one still running for an attempt that is
+            // over. Orphans are stopped, then deleted, and reported.
+            let known = db::scheduling::job_attempt(&ctx.pool, obj.job_id).await?;
+            match (&obj.phase, &known) {
+                (Phase::Finished { .. }, Some(_)) => backend.delete(&obj.object).await?,
+                (Phase::Finished { .. }, None) => {
                     backend.delete(&obj.object).await?;
                     report.orphans += 1;
-                    if let Some(known) = db::scheduling::job_attempt(&ctx.pool, obj.job_id).await? {
+                    tracing::warn!(cluster, object = %obj.object, "removed a backend object of an unknown job");
+                }
+                (_, known) if !obj.stop_requested => {
+                    backend.stop(&obj.object, Duration::ZERO).await?;
+                    report.orphans += 1;
+                    tracing::warn!(cluster, object = %obj.object, "stopping an orphaned backend object");
+                    if let Some(known) = known {
                         let mut tx = leader_tx(ctx, epoch).await?;
                         db::jobs::add_event(
                             &mut tx,
@@ -73,15 +84,13 @@ pub async fn reconcile(
                             known.attempt,
                             "orphan_removed",
                             Some("orphan"),
-                            &format!("removed backend object {} that no attempt of the job holds", obj.object),
+                            &format!("stopped backend object {} that no attempt of the job holds", obj.object),
                             Some(json!({"object": obj.object, "object_attempt": obj.attempt})),
                         )
                         .await?;
                         tx.commit().await?;
                     }
-                    tracing::warn!(cluster, object = %obj.object, "removed an orphaned backend object");
                 }
-                _ if !obj.stop_requested => backend.stop(&obj.object, Duration::ZERO).await?,
                 _ => {}
             }
             continue;
