@@ -317,3 +317,41 @@ async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_n
         .unwrap();
     assert_eq!(intervals, 1000, "one closed usage interval per job");
 }
+
+#[tokio::test]
+async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
+    let app = TestApp::spawn().await;
+    let ctx = app::control_context(&app.state).expect("control context");
+    control::sync_inventory(&ctx).await.expect("inventory");
+    let backend = ctx.backends.get("sim").expect("sim backend").clone();
+    let stranger = uuid::Uuid::new_v4();
+    let gang = fairway::backends::Gang {
+        object: fairway::backends::object_name(stranger, 1),
+        job_id: stranger,
+        attempt: 1,
+        team: "nobody".into(),
+        job_name: "left behind".into(),
+        gpu_class: "h100-80gb".into(),
+        priority_class: "experiment".into(),
+        image: "x".into(),
+        command: Vec::new(),
+        env: [("FAIRWAY_SIM_CHECKPOINT_SECONDS".to_owned(), "0".to_owned())].into(),
+        labels: Default::default(),
+        max_runtime: Duration::from_secs(3600),
+        replicas: vec![fairway::backends::ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0] }],
+    };
+    backend.submit(&gang).await.expect("submit");
+    let mut conn = app.pool.acquire().await.unwrap();
+    let epoch = db::scheduling::take_leadership(&mut conn, "test").await.unwrap();
+    let first = control::reconcile::reconcile(&ctx, epoch, "sim", backend.as_ref()).await.expect("reconcile");
+    assert_eq!(first.orphans, 1, "the live orphan is stopped");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        control::reconcile::reconcile(&ctx, epoch, "sim", backend.as_ref()).await.expect("reconcile");
+        if backend.objects().await.expect("objects").is_empty() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the orphan was never removed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
