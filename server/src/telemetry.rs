@@ -30,21 +30,14 @@ pub fn init(json: bool) {
     let _ = if json { builder.json().flatten_event(true).try_init() } else { builder.compact().try_init() };
 }
 
-/// Upper bounds of the latency histogram, in seconds.
+/// Upper bounds of the HTTP latency histogram, in seconds.
 const BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-
-#[derive(Default)]
-struct Histogram {
-    counts: [u64; BUCKETS.len()],
-    count: u64,
-    sum: f64,
-}
 
 /// Request counters and latencies by route, and the control loop's figures.
 #[derive(Default)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), u64>>,
-    latency: Mutex<BTreeMap<(String, String), Histogram>>,
+    latency: Mutex<BTreeMap<(String, String), Buckets>>,
     scheduler: Mutex<SchedulerMetrics>,
 }
 
@@ -75,13 +68,17 @@ impl Buckets {
         self.sum += value;
     }
 
-    fn render(&self, out: &mut String, name: &str, bounds: &[f64]) {
+    /// Writes the series of `name`; `labels` (e.g. `method="GET",`) go before `le`.
+    fn render(&self, out: &mut String, name: &str, labels: &str, bounds: &[f64]) {
         for (i, bound) in bounds.iter().enumerate() {
-            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {}", self.counts.get(i).copied().unwrap_or(0));
+            let n = self.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {n}");
         }
-        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {}", self.count);
-        let _ = writeln!(out, "{name}_sum {}", self.sum);
-        let _ = writeln!(out, "{name}_count {}", self.count);
+        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {}", self.count);
+        let labels = labels.trim_end_matches(',');
+        let labels = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        let _ = writeln!(out, "{name}_sum{labels} {}", self.sum);
+        let _ = writeln!(out, "{name}_count{labels} {}", self.count);
     }
 }
 
@@ -107,15 +104,7 @@ impl Metrics {
             *requests.entry((key.0.clone(), key.1.clone(), status)).or_default() += 1;
         }
         if let Ok(mut latency) = self.latency.lock() {
-            let h = latency.entry(key).or_default();
-            let secs = elapsed.as_secs_f64();
-            for (i, bound) in BUCKETS.iter().enumerate() {
-                if secs <= *bound {
-                    h.counts[i] += 1;
-                }
-            }
-            h.count += 1;
-            h.sum += secs;
+            latency.entry(key).or_default().observe(&BUCKETS, elapsed.as_secs_f64());
         }
     }
 
@@ -190,15 +179,15 @@ impl Metrics {
         }
         out.push_str("# HELP fairway_scheduling_cycle_duration_seconds Snapshot, engine and commit of one cycle.\n");
         out.push_str("# TYPE fairway_scheduling_cycle_duration_seconds histogram\n");
-        m.cycles.render(out, "fairway_scheduling_cycle_duration_seconds", &CYCLE_BUCKETS);
+        m.cycles.render(out, "fairway_scheduling_cycle_duration_seconds", "", &CYCLE_BUCKETS);
         out.push_str("# HELP fairway_admission_latency_seconds Time from submission to first admission.\n");
         out.push_str("# TYPE fairway_admission_latency_seconds histogram\n");
-        m.admission_latency.render(out, "fairway_admission_latency_seconds", &WAIT_BUCKETS);
+        m.admission_latency.render(out, "fairway_admission_latency_seconds", "", &WAIT_BUCKETS);
         out.push_str(
             "# HELP fairway_queue_wait_seconds Time from entering the queue (or re-entering it) to admission.\n",
         );
         out.push_str("# TYPE fairway_queue_wait_seconds histogram\n");
-        m.queue_wait.render(out, "fairway_queue_wait_seconds", &WAIT_BUCKETS);
+        m.queue_wait.render(out, "fairway_queue_wait_seconds", "", &WAIT_BUCKETS);
         out.push_str("# HELP fairway_preemptions_total Jobs preempted, by reason.\n");
         out.push_str("# TYPE fairway_preemptions_total counter\n");
         for (reason, n) in &m.preemptions {
@@ -233,15 +222,8 @@ impl Metrics {
         out.push_str("# TYPE fairway_http_request_duration_seconds histogram\n");
         if let Ok(latency) = self.latency.lock() {
             for ((method, route), h) in latency.iter() {
-                let labels = format!("method=\"{method}\",route=\"{route}\"");
-                for (bound, n) in BUCKETS.iter().zip(h.counts) {
-                    let _ =
-                        writeln!(out, "fairway_http_request_duration_seconds_bucket{{{labels},le=\"{bound}\"}} {n}");
-                }
-                let _ =
-                    writeln!(out, "fairway_http_request_duration_seconds_bucket{{{labels},le=\"+Inf\"}} {}", h.count);
-                let _ = writeln!(out, "fairway_http_request_duration_seconds_sum{{{labels}}} {}", h.sum);
-                let _ = writeln!(out, "fairway_http_request_duration_seconds_count{{{labels}}} {}", h.count);
+                let labels = format!("method=\"{method}\",route=\"{route}\",");
+                h.render(&mut out, "fairway_http_request_duration_seconds", &labels, &BUCKETS);
             }
         }
         let (open, idle) = pool;
@@ -277,4 +259,25 @@ pub async fn observe(State(state): State<AppState>, request: Request, next: Next
         "request"
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histograms_render_cumulative_buckets_with_their_labels() {
+        let metrics = Metrics::default();
+        metrics.observe("GET", "/api/v1/teams", 200, Duration::from_millis(30));
+        metrics.observe("GET", "/api/v1/teams", 200, Duration::from_millis(3));
+        metrics.cycle(Duration::from_millis(20), Vec::new(), Vec::new(), &[2.0], &[], &[]);
+        let text = metrics.render((1, 1));
+        let route = "method=\"GET\",route=\"/api/v1/teams\"";
+        assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{{route},le=\"0.005\"}} 1")));
+        assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{{route},le=\"0.05\"}} 2")));
+        assert!(text.contains(&format!("fairway_http_request_duration_seconds_count{{{route}}} 2")));
+        assert!(text.contains("fairway_admission_latency_seconds_bucket{le=\"1\"} 0"), "{text}");
+        assert!(text.contains("fairway_admission_latency_seconds_bucket{le=\"5\"} 1"), "{text}");
+        assert!(text.contains("fairway_scheduling_cycle_duration_seconds_count 1"), "{text}");
+    }
 }
