@@ -269,13 +269,13 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
     let control_pool = pool_of(8);
     let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(pool_of(4), sim));
     let backends = BTreeMap::from([(cluster, backend)]);
-    let mut config = control::ControlConfig {
+    let config = control::ControlConfig {
         cycle_interval: state.config.cycle_interval,
         lease: state.config.leader_lease,
         check_invariants: state.config.check_invariants,
+        engine: control::engine_config(&state.config),
         ..control::ControlConfig::default()
     };
-    config.engine.min_runtime_before_preemption_ms = state.config.min_runtime_before_preemption.as_millis() as i64;
     Ok(control::Ctx { pool: control_pool, backends: Arc::new(backends), metrics: state.metrics.clone(), config })
 }
 

@@ -775,28 +775,18 @@ pub async fn dry_run_job(
 ) -> Result<Json<DryRunResult>, ApiError> {
     let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec)).await?;
     let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
-    let engine = scheduler::snapshot::Config::default();
+    let engine = control::engine_config(&state.config);
     let world = control::cycle::world(&state.db, &engine).await.map_err(|e| ApiError::Internal(e.to_string()))?;
-    let topology = control::world::topology(&job.topology_mode, job.topology_level.as_deref());
-    let Some(proposed) = world.proposed(
-        access.team.id,
-        job.gpu_class_id,
-        &job.priority_class,
-        job.replicas,
-        job.gpus_per_replica,
-        topology,
-        job.max_runtime_seconds,
-    ) else {
-        return Err(ApiError::Internal("the job does not map onto the snapshot".into()));
-    };
+    let proposed = world
+        .proposed(access.team.id, &job)
+        .ok_or_else(|| ApiError::Internal("the job does not map onto the snapshot".into()))?;
     let (world, answer) = super::off_thread(move || {
         let answer = scheduler::dry_run::dry_run(&world.snapshot, &proposed);
         (world, answer)
     })
     .await?;
-    let name = |t| world.team_name(t);
-    let (cluster, placement) = match answer.placement.as_ref().and_then(|p| world.placement_to_json(p)) {
-        Some((cluster_id, slots)) => (world.nodes.iter().find(|n| n.0 == cluster_id).map(|n| n.1.clone()), Some(slots)),
+    let (cluster, placement) = match answer.placement.as_ref().and_then(|p| world.stored_placement(p)) {
+        Some((_, cluster, slots)) => (Some(cluster), Some(slots)),
         None => (None, None),
     };
     let would_preempt = answer
@@ -804,22 +794,22 @@ pub async fn dry_run_job(
         .iter()
         .filter_map(|v| {
             let victim = world.jobs.get(&v.victim)?;
-            let team = world.team_ids.iter().position(|t| *t == victim.team_id).map(|i| name(i as u32))?;
             Some(WouldPreempt {
                 job: (victim.team_id == access.team.id).then_some(victim.id),
-                team,
+                team: world.team_name_of(victim.team_id),
                 reason: v.reason.code().to_owned(),
                 gpus: victim.replicas * victim.gpus_per_replica,
             })
         })
         .collect();
+    let (reason, message) = answer.reason.as_ref().map(|r| world.pending_text(r)).unzip();
     Ok(Json(DryRunResult {
         fits_now: placement.is_some(),
         placement,
         cluster,
         would_preempt,
-        reason: answer.reason.as_ref().map(|r| r.code(&name)),
-        message: answer.reason.as_ref().map(|r| r.message(&name)),
+        reason,
+        message,
         position: answer.position,
         expected_start_at: answer.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
         max_cost_micros: answer.max_cost_micros,

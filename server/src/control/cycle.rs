@@ -101,13 +101,11 @@ pub async fn run(
 }
 
 fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>, Vec<PendingRow>) {
-    let name = |t| world.team_name(t);
     let mut admit = Vec::new();
     for a in &decisions.admissions {
         let Some(job) = world.jobs.get(&a.job) else { continue };
         // A gang spanning clusters cannot run; it waits for a placement on one.
-        let Some((cluster_id, slots)) = world.placement_to_json(&a.placement) else { continue };
-        let cluster = world.nodes.iter().find(|n| n.0 == cluster_id).map(|n| n.1.clone()).unwrap_or_default();
+        let Some((cluster_id, cluster, slots)) = world.stored_placement(&a.placement) else { continue };
         let nodes: Vec<String> =
             slots.iter().map(|s| format!("{} (GPUs {})", s.node, join(s.gpus.iter().map(u8::to_string)))).collect();
         let message = format!(
@@ -118,7 +116,7 @@ fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>
         admit.push(AdmitRow {
             job_id: job.id,
             cluster_id,
-            placement: World::slots_json(&slots),
+            placement: json!(slots),
             borrowing: a.borrowing,
             message,
             data: json!({
@@ -133,8 +131,7 @@ fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>
     let mut preempt = Vec::new();
     for p in &decisions.preemptions {
         let (Some(victim), Some(for_job)) = (world.jobs.get(&p.victim), world.jobs.get(&p.for_job)) else { continue };
-        let for_team = world.team_ids.iter().position(|t| *t == for_job.team_id).map(|i| name(i as u32));
-        let for_team = for_team.unwrap_or_default();
+        let for_team = world.team_name_of(for_job.team_id);
         let why = match p.reason {
             scheduler::PreemptReason::Priority => "a higher-priority job of the same team needs the GPUs".to_owned(),
             scheduler::PreemptReason::Reclaim => {
@@ -164,22 +161,7 @@ fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>
         .iter()
         .filter_map(|p| {
             let job = world.jobs.get(&p.job)?;
-            let code = p.reason.code(&name);
-            // Engine ids of other jobs mean nothing to users; name them by their job id.
-            let (code, message) = match &p.reason {
-                scheduler::PendingReason::ReservedFor { job: other } => {
-                    let other = world.jobs.get(other).map(|j| j.id.to_string()).unwrap_or_default();
-                    (
-                        "reserved_for_gang".to_owned(),
-                        format!("GPUs are held for job {other}, an earlier gang that would otherwise starve"),
-                    )
-                }
-                scheduler::PendingReason::BehindHeadOfLine { job: other } => {
-                    let other = world.jobs.get(other).map(|j| j.id.to_string()).unwrap_or_default();
-                    ("behind_head_of_line".to_owned(), format!("job {other} at the head of the queue is waiting"))
-                }
-                reason => (code, reason.message(&name)),
-            };
+            let (code, message) = world.pending_text(&p.reason);
             Some(PendingRow {
                 job_id: job.id,
                 reason: code,
@@ -211,7 +193,7 @@ fn allocation(world: &World, decisions: &Decisions) -> Vec<(String, u64, u64)> {
     }
     let specs: std::collections::HashMap<u64, &scheduler::JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
     for a in &decisions.admissions {
-        if let (Some(spec), true) = (specs.get(&a.job), true) {
+        if let Some(spec) = specs.get(&a.job) {
             if let Some(row) = out.get_mut(usize::from(spec.class)) {
                 row.1 += spec.total_milli() / 1000;
             }

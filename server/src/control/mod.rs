@@ -78,6 +78,15 @@ impl Default for ControlConfig {
     }
 }
 
+/// The engine's tunables from the service configuration: what the control loop decides
+/// with, and what a dry run must answer with so the two agree.
+pub fn engine_config(config: &crate::config::Config) -> scheduler::snapshot::Config {
+    scheduler::snapshot::Config {
+        min_runtime_before_preemption_ms: config.min_runtime_before_preemption.as_millis() as i64,
+        ..scheduler::snapshot::Config::default()
+    }
+}
+
 /// What the control loop works with.
 #[derive(Clone)]
 pub struct Ctx {

@@ -3,14 +3,18 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
 use crate::{
     backends::ReplicaSlot,
-    db::scheduling::{LiveJob, SnapshotRows},
+    db::{
+        jobs::NewJob,
+        scheduling::{LiveJob, SnapshotRows},
+    },
     scheduler::{
         self,
+        decision::PendingReason,
         snapshot::{
             ClassId, GpuClass, JobSpec, Level, Node, NodeId, PriorityClass, PriorityId, Quota, ReplicaPlacement,
             RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
@@ -25,7 +29,6 @@ pub struct World {
     pub jobs: HashMap<u64, LiveJob>,
     /// Per engine node: (cluster id, cluster name, node name).
     pub nodes: Vec<(Uuid, String, String)>,
-    pub team_ids: Vec<Uuid>,
     pub team_names: Vec<String>,
     class_index: HashMap<Uuid, ClassId>,
     team_index: HashMap<Uuid, TeamId>,
@@ -142,7 +145,6 @@ impl World {
             },
             jobs: HashMap::new(),
             nodes: node_refs,
-            team_ids: rows.teams.iter().map(|t| t.id).collect(),
             team_names: rows.teams.iter().map(|t| t.name.clone()).collect(),
             class_index,
             team_index,
@@ -183,29 +185,19 @@ impl World {
         })
     }
 
-    /// A job as it would be submitted now, for a dry run.
-    #[expect(clippy::too_many_arguments, reason = "each argument is one field of the job spec")]
-    pub fn proposed(
-        &self,
-        team: Uuid,
-        class: Uuid,
-        priority: &str,
-        replicas: i32,
-        gpus_per_replica: i32,
-        topology: Topology,
-        max_runtime_seconds: i32,
-    ) -> Option<JobSpec> {
+    /// A job as it would be submitted now by `team`, for a dry run.
+    pub fn proposed(&self, team: Uuid, job: &NewJob) -> Option<JobSpec> {
         Some(JobSpec {
             // Above every real sequence number: never confused with a stored job.
             id: u64::MAX,
             team: *self.team_index.get(&team)?,
-            class: *self.class_index.get(&class)?,
-            replicas: u16::try_from(replicas).ok()?,
-            milli_per_replica: u32::try_from(gpus_per_replica).ok()? * UNIT,
-            priority: *self.priority_index.get(priority)?,
-            topology,
+            class: *self.class_index.get(&job.gpu_class_id)?,
+            replicas: u16::try_from(job.replicas).ok()?,
+            milli_per_replica: u32::try_from(job.gpus_per_replica).ok()? * UNIT,
+            priority: *self.priority_index.get(&job.priority_class)?,
+            topology: topology(&job.topology_mode, job.topology_level.as_deref()),
             submitted_ms: self.snapshot.now_ms,
-            max_runtime_ms: i64::from(max_runtime_seconds) * 1000,
+            max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
         })
     }
 
@@ -230,19 +222,20 @@ impl World {
             .collect()
     }
 
-    /// The cluster and stored placement of an engine placement; `None` when the replicas
-    /// span clusters (a gang must run on one).
-    pub fn placement_to_json(&self, placement: &[ReplicaPlacement]) -> Option<(Uuid, Vec<ReplicaSlot>)> {
-        let mut cluster = None;
+    /// The cluster (id and name) and the stored placement of an engine placement; `None`
+    /// when the replicas span clusters (a gang must run on one).
+    pub fn stored_placement(&self, placement: &[ReplicaPlacement]) -> Option<(Uuid, String, Vec<ReplicaSlot>)> {
+        let mut cluster: Option<(Uuid, &str)> = None;
         let mut slots = Vec::with_capacity(placement.len());
         for r in placement {
-            let (cluster_id, _, node) = self.nodes.get(r.node as usize)?;
-            if *cluster.get_or_insert(*cluster_id) != *cluster_id {
+            let (cluster_id, cluster_name, node) = self.nodes.get(r.node as usize)?;
+            if cluster.get_or_insert((*cluster_id, cluster_name)).0 != *cluster_id {
                 return None;
             }
             slots.push(ReplicaSlot { node: node.clone(), gpus: r.units.iter().map(|(u, _)| *u).collect() });
         }
-        Some((cluster?, slots))
+        let (id, name) = cluster?;
+        Some((id, name.to_owned(), slots))
     }
 
     /// A team's name by engine index.
@@ -250,8 +243,25 @@ impl World {
         self.team_names.get(team as usize).cloned().unwrap_or_default()
     }
 
-    /// Placement as JSON for storing.
-    pub fn slots_json(slots: &[ReplicaSlot]) -> Value {
-        json!(slots)
+    /// A team's name by id.
+    pub fn team_name_of(&self, team: Uuid) -> String {
+        self.team_index.get(&team).map(|&t| self.team_name(t)).unwrap_or_default()
+    }
+
+    /// A pending reason's stable code and sentence, with teams named and other jobs named
+    /// by their ids (the engine's job numbers mean nothing to users).
+    pub fn pending_text(&self, reason: &PendingReason) -> (String, String) {
+        let name = |t| self.team_name(t);
+        let job_id = |j: &u64| self.jobs.get(j).map(|j| j.id.to_string()).unwrap_or_default();
+        match reason {
+            PendingReason::ReservedFor { job } => (
+                "reserved_for_gang".to_owned(),
+                format!("GPUs are held for job {}, an earlier gang that would otherwise starve", job_id(job)),
+            ),
+            PendingReason::BehindHeadOfLine { job } => {
+                ("behind_head_of_line".to_owned(), format!("job {} at the head of the queue is waiting", job_id(job)))
+            }
+            reason => (reason.code(&name), reason.message(&name)),
+        }
     }
 }
