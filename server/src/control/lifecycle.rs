@@ -28,90 +28,81 @@ pub struct Next {
     pub message: String,
 }
 
-/// Decides what follows an attempt that ended with `outcome` while the job was in `state`.
-pub fn after_attempt(state: &str, outcome: &Outcome, c: Counters) -> Next {
-    let requeue_or = |bump: &'static str, used: i32, budget: i32, final_state: &'static str, what: &str| {
-        if used < budget {
-            Next {
-                state: "pending",
-                bump: Some(bump),
-                event: "requeued",
-                reason: outcome.code().to_owned(),
-                message: format!("{what}; back in the queue (retry {} of {budget})", used + 1),
-            }
-        } else {
-            Next {
-                state: final_state,
-                bump: None,
-                event: final_state,
-                reason: outcome.code().to_owned(),
-                message: format!("{what}; no retries left ({budget} used)"),
-            }
-        }
-    };
-    match state {
-        // Cancelled by a user: stays cancelled whatever the object did.
-        "cancelled" => Next {
-            state: "cancelled",
-            bump: None,
-            event: "cancelled",
-            reason: "cancelled".into(),
-            message: "stopped at the user's request".into(),
-        },
-        // Preempted by us: requeues (the GPUs went to someone who needed them more).
-        "preempted" => match Outcome::Preempted.retry() {
-            Retry::Budget(b) => requeue_or("preemptions", c.preemptions, b, "preempted", "stopped after preemption"),
-            _ => unreachable_next(),
-        },
-        _ => match (outcome, outcome.retry()) {
-            (Outcome::Succeeded, _) => Next {
-                state: "succeeded",
-                bump: None,
-                event: "succeeded",
-                reason: "succeeded".into(),
-                message: "every replica exited 0".into(),
-            },
-            (Outcome::AppFailed { exit_code, reason }, _) => {
-                let what = match exit_code {
-                    Some(code) => format!("the application failed ({reason}, exit code {code})"),
-                    None => format!("the application failed ({reason})"),
-                };
-                let mut next = requeue_or("app_retries", c.app_retries, c.max_retries, "failed", &what);
-                next.reason = format!("app_failed:{reason}");
-                next
-            }
-            (Outcome::Preempted, Retry::Budget(b)) => {
-                requeue_or("preemptions", c.preemptions, b, "preempted", "the provider took the capacity back")
-            }
-            (Outcome::CapacityUnavailable, Retry::Budget(b)) => requeue_or(
-                "capacity_retries",
-                c.capacity_retries,
-                b,
-                "failed",
-                "the cluster had no capacity for the placement",
-            ),
-            (Outcome::NodeLost | Outcome::Stopped, _) => requeue_or(
-                "node_lost_retries",
-                c.node_lost_retries,
-                match Outcome::NodeLost.retry() {
-                    Retry::Budget(b) => b,
-                    _ => 0,
-                },
-                "failed",
-                "a node of the job was lost",
-            ),
-            _ => unreachable_next(),
-        },
+/// How many requeues `outcome` allows this job.
+fn budget(outcome: &Outcome, c: Counters) -> i32 {
+    match outcome.retry() {
+        Retry::Never => 0,
+        Retry::JobBudget => c.max_retries,
+        Retry::Budget(b) => b,
     }
 }
 
-fn unreachable_next() -> Next {
-    Next {
-        state: "failed",
+/// Decides what follows an attempt that ended with `outcome` while the job was in `state`.
+pub fn after_attempt(state: &str, outcome: &Outcome, c: Counters) -> Next {
+    let done = |state: &'static str, reason: &str, message: &str| Next {
+        state,
         bump: None,
-        event: "failed",
-        reason: "internal".into(),
-        message: "no retry policy for this outcome".into(),
+        event: state,
+        reason: reason.into(),
+        message: message.into(),
+    };
+    // (counter, its value, the outcome whose budget applies, state when out of retries, what happened)
+    let (bump, used, charged, final_state, what) = match (state, outcome) {
+        // Cancelled by a user: stays cancelled whatever the object did.
+        ("cancelled", _) => return done("cancelled", "cancelled", "stopped at the user's request"),
+        // Preempted by us: requeues on the preemption budget (the GPUs went to a job that
+        // needed them more).
+        ("preempted", _) => {
+            ("preemptions", c.preemptions, &Outcome::Preempted, "preempted", "stopped after preemption".to_owned())
+        }
+        (_, Outcome::Succeeded) => return done("succeeded", "succeeded", "every replica exited 0"),
+        (_, Outcome::AppFailed { exit_code, reason }) => {
+            let what = match exit_code {
+                Some(code) => format!("the application failed ({reason}, exit code {code})"),
+                None => format!("the application failed ({reason})"),
+            };
+            ("app_retries", c.app_retries, outcome, "failed", what)
+        }
+        (_, Outcome::Preempted) => {
+            ("preemptions", c.preemptions, outcome, "preempted", "the provider took the capacity back".to_owned())
+        }
+        (_, Outcome::CapacityUnavailable) => (
+            "capacity_retries",
+            c.capacity_retries,
+            outcome,
+            "failed",
+            "the cluster had no capacity for the placement".to_owned(),
+        ),
+        // An object that stopped without being asked to is as good as lost.
+        (_, Outcome::NodeLost | Outcome::Stopped) => (
+            "node_lost_retries",
+            c.node_lost_retries,
+            &Outcome::NodeLost,
+            "failed",
+            "a node of the job was lost".to_owned(),
+        ),
+    };
+    let budget = budget(charged, c);
+    let reason = match outcome {
+        Outcome::AppFailed { reason, .. } if state != "preempted" => format!("app_failed:{reason}"),
+        _ => outcome.code().to_owned(),
+    };
+    if used < budget {
+        Next {
+            state: "pending",
+            bump: Some(bump),
+            event: "requeued",
+            reason,
+            message: format!("{what}; back in the queue (retry {} of {budget})", used + 1),
+        }
+    } else {
+        Next {
+            state: final_state,
+            bump: None,
+            event: final_state,
+            reason,
+            message: format!("{what}; no retries left ({budget} used)"),
+        }
     }
 }
 
