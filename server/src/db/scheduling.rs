@@ -579,11 +579,6 @@ pub async fn mark_dispatched(tx: &mut Tx<'_>, job_id: Uuid, attempt: i32) -> Res
     Ok(())
 }
 
-/// Outbox rows not yet done (for status and tests).
-pub async fn outbox_backlog(pool: &PgPool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar!(r#"select count(*) as "n!" from dispatch_outbox where done_at is null"#).fetch_one(pool).await
-}
-
 // ---------------------------------------------------------------------------------------
 // Reconciliation
 
