@@ -41,6 +41,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// Request metrics.
     pub metrics: Arc<Metrics>,
+    /// Wakes the scheduler after submissions.
+    pub wake: control::wake::SchedulerWake,
 }
 
 impl AppState {
@@ -53,7 +55,18 @@ impl AppState {
             .collect::<Result<Vec<_>, _>>()?;
         let keys =
             JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
-        Ok(Self { db, keys: Arc::new(keys), config: Arc::new(config), metrics: Arc::default() })
+        Ok(Self {
+            db,
+            keys: Arc::new(keys),
+            config: Arc::new(config),
+            metrics: Arc::default(),
+            wake: control::wake::SchedulerWake::default(),
+        })
+    }
+
+    /// Asks for a scheduling cycle soon, without waiting for it.
+    pub fn wake_scheduler(&self) {
+        self.wake.poke(&self.db);
     }
 }
 
@@ -276,7 +289,13 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         engine: control::engine_config(&state.config),
         ..control::ControlConfig::default()
     };
-    Ok(control::Ctx { pool: control_pool, backends: Arc::new(backends), metrics: state.metrics.clone(), config })
+    Ok(control::Ctx {
+        pool: control_pool,
+        backends: Arc::new(backends),
+        metrics: state.metrics.clone(),
+        config,
+        reconcile_soon: Arc::default(),
+    })
 }
 
 /// With an external database, migrations are an explicit step (`fairway migrate up`), so

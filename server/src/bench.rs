@@ -1,5 +1,8 @@
 //! Benchmarks behind `fairway bench`.
 //!
+//! `fairway bench submit` and `fairway bench kueue` run the whole platform (see [`submit`],
+//! [`kueue`]); the rest of this module is the engine's benchmark.
+//!
 //! `fairway bench scheduler` times one full admission cycle ([`crate::scheduler::schedule`]) on
 //! a synthetic cluster of the size the engine is specified for: 1,250 nodes × 8 GPUs in racks
 //! and zones, 1,000 teams, a cluster about 70% busy, and 1k, 10k or 50k pending jobs. Each
@@ -20,17 +23,28 @@ use crate::scheduler::{
     Quota, ReplicaPlacement, RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
 };
 
+pub mod kueue;
+pub mod platform;
+pub mod submit;
+
 /// What `fairway bench` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
     /// One full admission cycle for 1k, 10k and 50k pending jobs.
     Scheduler,
+    /// Durable job submissions over HTTP at rising concurrency, beside raw PostgreSQL inserts.
+    Submit,
+    /// Kueue's baseline performance test replayed through the whole platform in real time.
+    Kueue,
 }
 
 /// Runs the benchmark `target` and writes its report to `out`.
-pub fn run(target: Target, out: &mut dyn Write) -> io::Result<()> {
+pub async fn run(target: Target, out: &mut dyn Write) -> anyhow::Result<()> {
     match target {
-        Target::Scheduler => scheduler_report(DEFAULT_SEED, &[1_000, 10_000, 50_000], out),
+        // Measured on this thread on purpose: the numbers are for one core.
+        Target::Scheduler => Ok(scheduler_report(DEFAULT_SEED, &[1_000, 10_000, 50_000], out)?),
+        Target::Submit => submit::report(out).await,
+        Target::Kueue => kueue::report(out).await,
     }
 }
 

@@ -154,8 +154,7 @@ async fn submit(
         preemption_grace_seconds: None,
         max_retries: 0,
     };
-    let mut tx = pool.begin().await?;
-    db::jobs::insert_many(&mut tx, team_row.id, "demo", &[job]).await?;
-    tx.commit().await?;
+    db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;
+    db::jobs::wake_scheduler(pool).await?;
     Ok(())
 }

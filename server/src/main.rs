@@ -100,7 +100,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    telemetry::init(config.log_json);
+    // A benchmark logs only trouble: a line per request would be measured too.
+    let quiet = matches!(cli.command, Command::Bench { .. });
+    telemetry::init(config.log_json, if quiet { "warn,sqlx=error" } else { "info,sqlx=warn" });
     match run(cli.command, config).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -126,10 +128,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             let traces_dir = traces_dir.unwrap_or_else(fairway::simulate::traces::default_traces_dir);
             fairway::simulate::fragmentation_command(&traces_dir, &mut std::io::stdout().lock())
         }
-        Command::Bench { what } => {
-            // Measured on this thread on purpose: the numbers are for one core.
-            fairway::bench::run(what, &mut std::io::stdout().lock()).context("writing the benchmark report")
-        }
+        Command::Bench { what } => fairway::bench::run(what, &mut std::io::stdout()).await,
         Command::Migrate { direction } => {
             let database = app::Database::open(&config).await?;
             let result = migrate(&database.pool, direction).await;

@@ -19,10 +19,11 @@ use axum::{
 
 use crate::app::AppState;
 
-/// Installs the global tracing subscriber once; later calls are no-ops.
-pub fn init(json: bool) {
+/// Installs the global tracing subscriber once (levels from `RUST_LOG`, else `default_filter`);
+/// later calls are no-ops.
+pub fn init(json: bool, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     use std::io::IsTerminal as _;
     // Colour only for a person at a terminal, never into files or log pipelines.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();

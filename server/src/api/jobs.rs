@@ -201,19 +201,16 @@ struct Catalogue {
 
 impl Catalogue {
     async fn load(state: &AppState, team_id: Uuid, specs: &[JobSpec]) -> Result<Self, ApiError> {
-        let mut classes = HashMap::new();
-        for spec in specs {
-            if classes.contains_key(&spec.gpu_class) {
-                continue;
-            }
-            if let Some(class) = db::gpu_classes::by_name(&state.db, &spec.gpu_class).await? {
-                let capacity = db::jobs::class_capacity(&state.db, class.id).await?;
-                classes.insert(spec.gpu_class.clone(), (class.id, capacity));
-            }
-        }
-        let priorities = db::priority_classes::list(&state.db).await?.into_iter().map(|p| p.name).collect();
-        let max_runtime = db::jobs::team_max_runtime(&state.db, team_id).await?;
-        Ok(Self { classes, priorities, max_runtime })
+        let mut names: Vec<String> = specs.iter().map(|s| s.gpu_class.clone()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let catalogue =
+            db::jobs::submit_catalogue(&state.db, team_id, &names).await?.ok_or(ApiError::NotFound("team"))?;
+        Ok(Self {
+            classes: catalogue.classes.into_iter().map(|(name, id, capacity)| (name, (id, capacity))).collect(),
+            priorities: catalogue.priorities,
+            max_runtime: catalogue.max_runtime,
+        })
     }
 
     /// Validates one spec, naming failing fields under `prefix`.
@@ -366,11 +363,13 @@ pub async fn create_job(
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
     let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec)).await?;
     let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
-    let mut tx = state.db.begin().await?;
-    let ids = db::jobs::insert_many(&mut tx, access.team.id, &principal.actor(), std::slice::from_ref(&job)).await?;
-    tx.commit().await?;
-    let id = ids.first().copied().ok_or_else(|| ApiError::Internal("insert returned no id".into()))?;
-    let (headers, body) = with_etag(view(&state, id).await?);
+    let by = principal.actor();
+    let stored = db::jobs::insert_many(&state.db, access.team.id, &by, std::slice::from_ref(&job)).await?;
+    state.wake_scheduler();
+    let stored = stored.first().copied().ok_or_else(|| ApiError::Internal("insert returned no row".into()))?;
+    let class = spec.gpu_class;
+    let row = db::jobs::JobRow::submitted(job, stored, access.team.id, &access.team.name, &class, &by);
+    let (headers, body) = with_etag(row.into());
     Ok((StatusCode::CREATED, headers, body))
 }
 
@@ -430,9 +429,8 @@ pub async fn create_jobs_batch(
     if !errors.is_empty() {
         return Err(ApiError::Validation(errors));
     }
-    let mut tx = state.db.begin().await?;
-    db::jobs::insert_many(&mut tx, access.team.id, &principal.actor(), &jobs).await?;
-    tx.commit().await?;
+    db::jobs::insert_many(&state.db, access.team.id, &principal.actor(), &jobs).await?;
+    state.wake_scheduler();
     let jobs: Vec<SubmittedJob> =
         jobs.into_iter().map(|j| SubmittedJob { id: j.id, name: j.name, state: JobState::Pending }).collect();
     Ok((StatusCode::CREATED, Json(BatchResult { count: jobs.len(), jobs })))

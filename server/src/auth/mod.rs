@@ -56,9 +56,17 @@ impl Principal {
     }
 }
 
+/// Who a request comes from.
+#[derive(Debug, Clone)]
+pub struct Authenticated {
+    pub principal: Principal,
+    /// An API token's team, read together with the token.
+    pub token_team: Option<db::teams::TeamRow>,
+}
+
 /// Authenticates the request's bearer credential. `Ok(None)` when there is none; 401 when
 /// one is present but not valid (expired, revoked, forged, unknown).
-pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Option<Principal>, ApiError> {
+pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Option<Authenticated>, ApiError> {
     let Some(value) = headers.get(header::AUTHORIZATION) else { return Ok(None) };
     let value = value.to_str().map_err(|_| ApiError::Unauthenticated)?;
     let (scheme, credential) = value.split_once(' ').ok_or(ApiError::Unauthenticated)?;
@@ -71,13 +79,14 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Optio
         let auth = db::tokens::authenticate(&state.db, &hash).await?.ok_or(ApiError::Unauthenticated)?;
         let role =
             TeamRole::parse(&auth.role).ok_or_else(|| ApiError::Internal(format!("bad token role {}", auth.role)))?;
-        return Ok(Some(Principal::Token {
+        let principal = Principal::Token {
             id: auth.id,
             name: auth.name,
-            team_id: auth.team_id,
-            team: auth.team_name,
+            team_id: auth.team.id,
+            team: auth.team.name.clone(),
             role,
-        }));
+        };
+        return Ok(Some(Authenticated { principal, token_team: Some(auth.team) }));
     }
     let claims = state.keys.verify(credential).ok_or(ApiError::Unauthenticated)?;
     let user_id: Uuid = claims.sub.parse().map_err(|_| ApiError::Unauthenticated)?;
@@ -87,9 +96,10 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Optio
     if user.disabled {
         return Err(ApiError::Unauthenticated);
     }
-    Ok(Some(Principal::User {
+    let principal = Principal::User {
         id: user.id,
         username: user.username,
         platform_role: user.platform_role.as_deref().and_then(PlatformRole::parse),
-    }))
+    };
+    Ok(Some(Authenticated { principal, token_team: None }))
 }

@@ -81,11 +81,12 @@ pub async fn authorize(State(state): State<AppState>, request: Request, next: Ne
         // Deny by default: a route without a declared policy is a bug, caught by tests.
         return Err(ApiError::Internal(format!("route {} {path} has no policy", parts.method)));
     };
-    let principal = match authenticate(&state, &parts.headers).await {
-        Ok(p) => p,
+    let (principal, token_team) = match authenticate(&state, &parts.headers).await {
+        Ok(Some(a)) => (Some(a.principal), a.token_team),
+        Ok(None) => (None, None),
         // A bad credential on a public route (e.g. signing in with an expired token still
         // attached) is ignored, not an error.
-        Err(ApiError::Unauthenticated) if policy == Policy::Public => None,
+        Err(ApiError::Unauthenticated) if policy == Policy::Public => (None, None),
         Err(e) => return Err(e),
     };
     match (policy, &principal) {
@@ -129,7 +130,10 @@ pub async fn authorize(State(state): State<AppState>, request: Request, next: Ne
                 .find(|(k, _)| *k == "team")
                 .map(|(_, v)| v.to_owned())
                 .ok_or_else(|| ApiError::Internal(format!("{path} has no {{team}}")))?;
-            let team = db::teams::by_name(&state.db, &name).await?.ok_or(ApiError::NotFound("team"))?;
+            let team = match token_team.filter(|t| t.name == name) {
+                Some(team) => team,
+                None => db::teams::by_name(&state.db, &name).await?.ok_or(ApiError::NotFound("team"))?,
+            };
             let role = team_role(&state, p, &team).await?.ok_or(ApiError::NotFound("team"))?;
             let allowed = match policy {
                 Policy::Team(min) => role >= min,

@@ -137,6 +137,10 @@ pub struct ObjectStatus {
     pub phase: Phase,
     /// We asked it to stop.
     pub stop_requested: bool,
+    /// When its phase changes next, where the backend knows ahead (the simulator does; a
+    /// real cluster reports changes through its watch instead): the reconciler looks again
+    /// then rather than at its next period.
+    pub next_change: Option<DateTime<Utc>>,
 }
 
 /// A node (or an elastic pool) and its GPUs of one class.
@@ -210,6 +214,15 @@ pub trait Backend: Send + Sync {
 
     /// Removes a finished or unknown object for good. Succeeds when it is already gone.
     async fn delete(&self, object: &str) -> Result<(), BackendError>;
+
+    /// Removes several objects, as [`Backend::delete`] does each; backends that can remove
+    /// many in one call do.
+    async fn delete_all(&self, objects: &[String]) -> Result<(), BackendError> {
+        for object in objects {
+            self.delete(object).await?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

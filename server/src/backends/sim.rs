@@ -424,7 +424,18 @@ impl Backend for SimBackend {
             .into_iter()
             .map(|row| {
                 let (phase, stop_requested) = phase_at(&row, now);
-                ObjectStatus { object: row.name, job_id: row.job_id, attempt: row.attempt, phase, stop_requested }
+                let next_change = match phase {
+                    Phase::Finished { .. } => None,
+                    _ => next_change(&row, now),
+                };
+                ObjectStatus {
+                    object: row.name,
+                    job_id: row.job_id,
+                    attempt: row.attempt,
+                    phase,
+                    stop_requested,
+                    next_change,
+                }
             })
             .collect())
     }
@@ -432,6 +443,12 @@ impl Backend for SimBackend {
     async fn delete(&self, object: &str) -> Result<(), BackendError> {
         let found = db::sim::delete(&self.pool, &self.config.cluster, object).await?;
         tracing::debug!(object, found, "sim object deleted");
+        Ok(())
+    }
+
+    async fn delete_all(&self, objects: &[String]) -> Result<(), BackendError> {
+        let deleted = db::sim::delete_all(&self.pool, &self.config.cluster, objects).await?;
+        tracing::debug!(asked = objects.len(), deleted, "sim objects deleted");
         Ok(())
     }
 }
@@ -596,6 +613,27 @@ pub fn phase_at(row: &SimObjectRow, now: DateTime<Utc>) -> (Phase, bool) {
     }
 }
 
+/// The first instant after `now` at which [`phase_at`] may answer differently: the start,
+/// a stop request, or the first of the possible ends; none once the object is over.
+pub fn next_change(row: &SimObjectRow, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+    let start = after(row.created_at, row.start_delay_ms);
+    let stopped_before_start = row.stop_requested_at.filter(|at| start.is_none_or(|start| *at < start));
+    let ends = start.into_iter().flat_map(|start| {
+        [
+            after(start, row.run_ms),
+            row.deadline_ms.and_then(|ms| after(start, ms)),
+            row.lost_after_ms.and_then(|ms| after(start, ms)),
+            row.stop_requested_at.and_then(|at| after(at, row.checkpoint_ms.min(row.grace_ms))),
+        ]
+    });
+    let first_end = ends.flatten().chain(stopped_before_start).min();
+    [start, row.stop_requested_at, first_end]
+        .into_iter()
+        .flatten()
+        .filter(|at| *at > now && first_end.is_none_or(|end| *at <= end))
+        .min()
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -758,6 +796,19 @@ mod tests {
                     [[node]]\nname = \"a\"\ngpu_class = \"a.mig-1g\"\ngpus = 8\n";
         let config = SimConfig::from_toml(text).unwrap();
         assert_eq!(config.inventory().len(), 2);
+    }
+
+    #[test]
+    fn the_next_change_is_the_start_then_the_end_then_none() {
+        let row = row();
+        let start = t0() + ms(row.start_delay_ms);
+        let end = start + ms(row.run_ms);
+        assert_eq!(next_change(&row, t0()), Some(start));
+        assert_eq!(next_change(&row, start), Some(end));
+        assert_eq!(next_change(&row, end), None);
+        let stopped = SimObjectRow { stop_requested_at: Some(start + ms(10)), grace_ms: 5, ..row };
+        assert_eq!(next_change(&stopped, start), Some(start + ms(10)));
+        assert_eq!(next_change(&stopped, start + ms(10)), Some(start + ms(15)));
     }
 
     #[test]

@@ -77,6 +77,7 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
                     )
                     .await?;
                     db::scheduling::complete(&mut tx, row.id, None).await?;
+                    ctx.reconcile_soon.notify_one();
                 }
                 Err(BackendError::Transient(e)) => {
                     ctx.metrics.dispatch_error(&cluster, "transient");

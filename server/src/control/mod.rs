@@ -17,6 +17,7 @@ pub mod dispatch;
 pub mod leader;
 pub mod lifecycle;
 pub mod reconcile;
+pub mod wake;
 pub mod world;
 
 use std::{collections::BTreeMap, sync::Arc, time::Duration};
@@ -95,6 +96,8 @@ pub struct Ctx {
     pub backends: Arc<BTreeMap<String, Arc<dyn Backend>>>,
     pub metrics: Arc<Metrics>,
     pub config: ControlConfig,
+    /// Asks the reconciler for a pass soon (the dispatcher does after creating objects).
+    pub reconcile_soon: Arc<tokio::sync::Notify>,
 }
 
 /// Starts leader election and, while leading, the loops. `options` must reach the same
@@ -219,18 +222,32 @@ async fn dispatcher(ctx: Ctx, epoch: i64) {
     }
 }
 
+/// Shortest time between two reconciler passes: changes that come close together are
+/// handled in one pass, one transaction.
+const RECONCILE_GAP: Duration = Duration::from_millis(20);
+
+/// Runs reconciler passes: on its period, at the earliest change a backend announced, and
+/// soon after the dispatcher created objects.
 async fn reconciler(ctx: Ctx, epoch: i64) {
-    let mut tick = tokio::time::interval(ctx.config.reconcile_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        let mut next = tokio::time::Instant::now() + ctx.config.reconcile_interval;
         for (cluster, backend) in ctx.backends.iter() {
             match reconcile::reconcile(&ctx, epoch, cluster, backend.as_ref()).await {
-                Ok(_) => {}
+                Ok(report) => {
+                    if let Some(at) = report.next_change {
+                        let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+                        next = next.min(tokio::time::Instant::now() + wait);
+                    }
+                }
                 Err(ControlError::NotLeader) => return,
                 Err(e) => tracing::warn!(cluster, error = %e, "reconciliation failed"),
             }
         }
+        tokio::select! {
+            () = tokio::time::sleep_until(next) => {}
+            () = ctx.reconcile_soon.notified() => {}
+        }
+        tokio::time::sleep(RECONCILE_GAP).await;
     }
 }
 

@@ -25,7 +25,7 @@ use super::{
     ControlError, Ctx,
 };
 use crate::{
-    backends::{Backend, Outcome, Phase},
+    backends::{Backend, ObjectStatus, Outcome, Phase},
     db::{self, Tx},
 };
 
@@ -36,13 +36,26 @@ pub struct ReconcileReport {
     pub ended: usize,
     pub orphans: usize,
     pub lost: usize,
+    /// The earliest announced change of a live object ([`ObjectStatus::next_change`]).
+    pub next_change: Option<DateTime<Utc>>,
 }
 
 /// Slack for the two clocks (ours and the database's) when deciding that an object that
 /// should exist is missing.
 const CLOCK_SLACK: chrono::Duration = chrono::Duration::seconds(5);
 
-/// One pass over one cluster.
+/// An attempt that ended, as seen on the backend (or by the object's absence).
+struct Ended {
+    job_id: Uuid,
+    attempt: i32,
+    outcome: Outcome,
+    started_at: Option<DateTime<Utc>>,
+    ended_at: DateTime<Utc>,
+    object: String,
+}
+
+/// One pass over one cluster. Every start and end it finds is written in one transaction,
+/// so a busy cluster costs one commit per pass, not one per job.
 pub async fn reconcile(
     ctx: &Ctx,
     epoch: i64,
@@ -57,81 +70,40 @@ pub async fn reconcile(
     let held = db::scheduling::held_jobs(&ctx.pool, cluster).await?;
     let by_id: HashMap<Uuid, &db::scheduling::HeldJob> = held.iter().map(|j| (j.id, j)).collect();
     let mut seen = HashSet::new();
+    let mut started = Vec::new();
+    let mut ended = Vec::new();
+    let mut stops = Vec::new();
     for obj in &objects {
         let job = by_id.get(&obj.job_id).filter(|j| j.attempt == obj.attempt);
         let Some(job) = job else {
-            // No job holds it. A finished object of an attempt already ended (the reconciler
-            // was cut short before deleting it) is only collected; anything else is an orphan:
-            // an object of a job we do not know, or one still running for an attempt that is
-            // over. Orphans are stopped, then deleted, and reported.
-            let known = db::scheduling::job_attempt(&ctx.pool, obj.job_id).await?;
-            match (&obj.phase, &known) {
-                (Phase::Finished { .. }, Some(_)) => backend.delete(&obj.object).await?,
-                (Phase::Finished { .. }, None) => {
-                    backend.delete(&obj.object).await?;
-                    report.orphans += 1;
-                    tracing::warn!(cluster, object = %obj.object, "removed a backend object of an unknown job");
-                }
-                (_, known) if !obj.stop_requested => {
-                    backend.stop(&obj.object, Duration::ZERO).await?;
-                    report.orphans += 1;
-                    tracing::warn!(cluster, object = %obj.object, "stopping an orphaned backend object");
-                    if let Some(known) = known {
-                        let mut tx = leader_tx(ctx, epoch).await?;
-                        db::jobs::add_event(
-                            &mut tx,
-                            obj.job_id,
-                            known.attempt,
-                            "orphan_removed",
-                            Some("orphan"),
-                            &format!("stopped backend object {} that no attempt of the job holds", obj.object),
-                            Some(json!({"object": obj.object, "object_attempt": obj.attempt})),
-                        )
-                        .await?;
-                        tx.commit().await?;
-                    }
-                }
-                _ => {}
-            }
+            collect_orphan(ctx, epoch, cluster, backend, obj, &mut report).await?;
             continue;
         };
         seen.insert(job.id);
+        report.next_change = report.next_change.into_iter().chain(obj.next_change).min();
         match &obj.phase {
             Phase::Pending | Phase::Running { .. } => {
-                if let Phase::Running { started_at } = obj.phase {
-                    if job.state == "admitted" {
-                        let mut tx = leader_tx(ctx, epoch).await?;
-                        if db::scheduling::mark_running(&mut tx, job.id, job.attempt, started_at).await? {
-                            db::jobs::add_event(
-                                &mut tx,
-                                job.id,
-                                job.attempt,
-                                "running",
-                                None,
-                                &format!("every replica of {} runs", obj.object),
-                                None,
-                            )
-                            .await?;
-                            report.started += 1;
-                        }
-                        tx.commit().await?;
-                    }
+                if let (Phase::Running { started_at }, "admitted") = (&obj.phase, job.state.as_str()) {
+                    started.push((job.id, job.attempt, *started_at, obj.object.as_str()));
                 }
                 if let (Some(asked), false) = (job.stop_requested_at, obj.stop_requested) {
                     let spent = (Utc::now() - asked).num_milliseconds().max(0) as u64;
                     let left = (job.grace_ms.max(0) as u64).saturating_sub(spent);
-                    backend.stop(&obj.object, Duration::from_millis(left)).await?;
+                    stops.push((obj.object.as_str(), Duration::from_millis(left)));
                 }
             }
-            Phase::Finished { started_at, ended_at, outcome } => {
-                let mut tx = leader_tx(ctx, epoch).await?;
-                end_attempt(&mut tx, job.id, job.attempt, outcome, *started_at, *ended_at, &obj.object, ctx).await?;
-                tx.commit().await?;
-                backend.delete(&obj.object).await?;
-                report.ended += 1;
-            }
+            Phase::Finished { started_at, ended_at, outcome } => ended.push(Ended {
+                job_id: job.id,
+                attempt: job.attempt,
+                outcome: outcome.clone(),
+                started_at: *started_at,
+                ended_at: *ended_at,
+                object: obj.object.clone(),
+            }),
         }
     }
+    let finished_objects: Vec<String> = ended.iter().map(|e| e.object.clone()).collect();
+    report.ended = finished_objects.len();
     for job in held.iter().filter(|j| !seen.contains(&j.id) && !j.submit_pending) {
         let outcome = match job.dispatched_at {
             // Created before we listed, yet not listed: it vanished.
@@ -142,15 +114,78 @@ pub async fn reconcile(
             // first. Nothing runs; release the GPUs.
             None => Outcome::Stopped,
         };
-        let mut tx = leader_tx(ctx, epoch).await?;
-        end_attempt(&mut tx, job.id, job.attempt, &outcome, None, Utc::now(), "", ctx).await?;
-        tx.commit().await?;
         if outcome == Outcome::NodeLost {
             report.lost += 1;
             tracing::warn!(cluster, job = %job.id, "the job's backend object vanished");
         }
+        let (job_id, attempt) = (job.id, job.attempt);
+        ended.push(Ended { job_id, attempt, outcome, started_at: None, ended_at: Utc::now(), object: String::new() });
+    }
+    if !started.is_empty() || !ended.is_empty() {
+        let mut tx = leader_tx(ctx, epoch).await?;
+        for (job_id, attempt, started_at, object) in started {
+            if db::scheduling::mark_running(&mut tx, job_id, attempt, started_at).await? {
+                let message = format!("every replica of {object} runs");
+                db::jobs::add_event(&mut tx, job_id, attempt, "running", None, &message, None).await?;
+                report.started += 1;
+            }
+        }
+        for e in &ended {
+            end_attempt(&mut tx, e.job_id, e.attempt, &e.outcome, e.started_at, e.ended_at, &e.object, ctx).await?;
+        }
+        tx.commit().await?;
+    }
+    if !finished_objects.is_empty() {
+        backend.delete_all(&finished_objects).await?;
+    }
+    for (object, grace) in stops {
+        backend.stop(object, grace).await?;
     }
     Ok(report)
+}
+
+/// An object no job holds. A finished object of an attempt already ended (the reconciler
+/// was cut short before deleting it) is only collected; anything else is an orphan: an
+/// object of a job we do not know, or one still running for an attempt that is over.
+/// Orphans are stopped, then deleted, and reported.
+async fn collect_orphan(
+    ctx: &Ctx,
+    epoch: i64,
+    cluster: &str,
+    backend: &dyn Backend,
+    obj: &ObjectStatus,
+    report: &mut ReconcileReport,
+) -> Result<(), ControlError> {
+    let known = db::scheduling::job_attempt(&ctx.pool, obj.job_id).await?;
+    match (&obj.phase, &known) {
+        (Phase::Finished { .. }, Some(_)) => backend.delete(&obj.object).await?,
+        (Phase::Finished { .. }, None) => {
+            backend.delete(&obj.object).await?;
+            report.orphans += 1;
+            tracing::warn!(cluster, object = %obj.object, "removed a backend object of an unknown job");
+        }
+        (_, known) if !obj.stop_requested => {
+            backend.stop(&obj.object, Duration::ZERO).await?;
+            report.orphans += 1;
+            tracing::warn!(cluster, object = %obj.object, "stopping an orphaned backend object");
+            if let Some(known) = known {
+                let mut tx = leader_tx(ctx, epoch).await?;
+                db::jobs::add_event(
+                    &mut tx,
+                    obj.job_id,
+                    known.attempt,
+                    "orphan_removed",
+                    Some("orphan"),
+                    &format!("stopped backend object {} that no attempt of the job holds", obj.object),
+                    Some(json!({"object": obj.object, "object_attempt": obj.attempt})),
+                )
+                .await?;
+                tx.commit().await?;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 /// A transaction of the leader of `epoch`; fails with `NotLeader` once another took over.

@@ -77,14 +77,23 @@ pub struct NewJob {
 /// The channel the scheduler listens on for work.
 pub const SCHEDULE_CHANNEL: &str = "fairway_schedule";
 
-/// Inserts jobs of one team in one statement, with their `submitted` events, and wakes the
-/// scheduler when the transaction commits.
+/// What the database assigned to a job it stored.
+#[derive(Debug, Clone, Copy)]
+pub struct Stored {
+    pub id: Uuid,
+    pub seq: i64,
+    pub submitted_at: DateTime<Utc>,
+}
+
+/// Inserts jobs of one team with their `submitted` events in one statement, so it is atomic
+/// without a transaction around it. It does not wake the scheduler: see
+/// [`wake_scheduler`].
 pub async fn insert_many(
-    tx: &mut Tx<'_>,
+    db: impl sqlx::PgExecutor<'_>,
     team_id: Uuid,
     submitted_by: &str,
     jobs: &[NewJob],
-) -> Result<Vec<Uuid>, sqlx::Error> {
+) -> Result<Vec<Stored>, sqlx::Error> {
     let column = |f: fn(&NewJob) -> String| jobs.iter().map(f).collect::<Vec<_>>();
     let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
     let classes: Vec<Uuid> = jobs.iter().map(|j| j.gpu_class_id).collect();
@@ -92,18 +101,26 @@ pub async fn insert_many(
     let jsons = |f: fn(&NewJob) -> Value| jobs.iter().map(f).collect::<Vec<_>>();
     let levels: Vec<Option<String>> = jobs.iter().map(|j| j.topology_level.clone()).collect();
     let graces: Vec<Option<i32>> = jobs.iter().map(|j| j.preemption_grace_seconds).collect();
-    let inserted = sqlx::query_scalar!(
-        r#"insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
-                             max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
-                             preemption_grace_seconds, max_retries, submitted_by)
-           select u.id, $1, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
-                  u.env, u.labels, u.mode, u.level, u.grace, u.retries, $2
-           from unnest($3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[], $8::int4[], $9::int4[],
-                       $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[], $14::text[], $15::text[],
-                       $16::int4[], $17::int4[])
-                as u(id, name, class, priority, replicas, gpus, runtime, image, command, env, labels, mode, level,
-                     grace, retries)
-           returning id"#,
+    sqlx::query_as!(
+        Stored,
+        r#"with j as (
+               insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
+                                 max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
+                                 preemption_grace_seconds, max_retries, submitted_by)
+               select u.id, $1, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
+                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, $2
+               from unnest($3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[], $8::int4[], $9::int4[],
+                           $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[], $14::text[], $15::text[],
+                           $16::int4[], $17::int4[])
+                    as u(id, name, class, priority, replicas, gpus, runtime, image, command, env, labels, mode, level,
+                         grace, retries)
+               returning id, seq, submitted_at
+           ),
+           e as (
+               insert into job_events (job_id, kind, attempt, message)
+               select id, 'submitted', 0, 'submitted by ' || $2 from j
+           )
+           select id, seq, submitted_at from j order by seq"#,
         team_id,
         submitted_by,
         &ids,
@@ -122,18 +139,67 @@ pub async fn insert_many(
         &graces as &[Option<i32>],
         &ints(|j| j.max_retries),
     )
-    .fetch_all(&mut **tx)
-    .await?;
-    sqlx::query!(
-        "insert into job_events (job_id, kind, attempt, message)
-         select id, 'submitted', 0, 'submitted by ' || $2 from unnest($1::uuid[]) as u(id)",
-        &inserted,
-        submitted_by
-    )
-    .execute(&mut **tx)
-    .await?;
-    notify(tx, SCHEDULE_CHANNEL).await?;
-    Ok(inserted)
+    .fetch_all(db)
+    .await
+}
+
+impl JobRow {
+    /// The row of `job` as [`insert_many`] stored it: pending, never admitted. Saves reading
+    /// back what was just written.
+    pub fn submitted(job: NewJob, stored: Stored, team_id: Uuid, team: &str, gpu_class: &str, by: &str) -> Self {
+        Self {
+            id: stored.id,
+            seq: stored.seq,
+            team_id,
+            team: team.to_owned(),
+            name: job.name,
+            gpu_class_id: job.gpu_class_id,
+            gpu_class: gpu_class.to_owned(),
+            priority_class: job.priority_class,
+            replicas: job.replicas,
+            gpus_per_replica: job.gpus_per_replica,
+            max_runtime_seconds: job.max_runtime_seconds,
+            image: job.image,
+            command: Json(serde_json::from_value(job.command).unwrap_or_default()),
+            env: Json(job.env),
+            labels: Json(job.labels),
+            topology_mode: job.topology_mode,
+            topology_level: job.topology_level,
+            preemption_grace_seconds: job.preemption_grace_seconds,
+            max_retries: job.max_retries,
+            state: "pending".into(),
+            attempt: 0,
+            holds_gpus: false,
+            cluster: None,
+            placement: None,
+            borrowing: false,
+            pending_reason: None,
+            pending_message: None,
+            queue_position: None,
+            expected_start_at: None,
+            stop_requested_at: None,
+            last_checkpoint_at: None,
+            exit_code: None,
+            preemptions: 0,
+            submitted_by: by.to_owned(),
+            submitted_at: stored.submitted_at,
+            admitted_at: None,
+            dispatched_at: None,
+            started_at: None,
+            finished_at: None,
+            updated_at: stored.submitted_at,
+            version: 1,
+        }
+    }
+}
+
+/// Wakes the scheduler now, outside any transaction. Submissions call this after their
+/// commit instead of notifying inside it: PostgreSQL serialises the commits of notifying
+/// transactions (a database-wide lock held through the commit's WAL flush), which would let
+/// only one submission commit at a time.
+pub async fn wake_scheduler(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query!("select pg_notify($1, '')", SCHEDULE_CHANNEL).execute(pool).await?;
+    Ok(())
 }
 
 /// Sends a notification on `channel` when the transaction commits.
@@ -371,6 +437,7 @@ pub async fn checkpoint(tx: &mut Tx<'_>, id: Uuid, at: DateTime<Utc>) -> Result<
 
 /// The longest gang (replicas × GPUs per replica) and largest replica any placement of a
 /// class could give, and whether any cluster reports inventory at all.
+#[derive(Debug, Clone, Copy)]
 pub struct ClassCapacity {
     pub inventory_known: bool,
     pub total_gpus: i64,
@@ -380,27 +447,61 @@ pub struct ClassCapacity {
     pub largest_zone: i64,
 }
 
-/// What the inventory offers of class `class_id`.
-pub async fn class_capacity(pool: &PgPool, class_id: Uuid) -> Result<ClassCapacity, sqlx::Error> {
-    sqlx::query_as!(
-        ClassCapacity,
-        r#"with n as (select * from cluster_nodes where gpu_class_id = $1)
-           select exists (select 1 from cluster_nodes) as "inventory_known!",
-                  coalesce((select sum(gpus) from n), 0)::int8 as "total_gpus!",
-                  coalesce((select max(gpus) from n), 0) as "largest_node!",
-                  coalesce((select max(case when nvlink_domain_size = 0 or elastic then gpus
-                                            else least(gpus, nvlink_domain_size) end) from n), 0) as "largest_nvlink_domain!",
-                  coalesce((select max(s) from (select sum(gpus) as s from n
-                                                group by cluster_id, coalesce(rack, name)) r), 0)::int8 as "largest_rack!",
-                  coalesce((select max(s) from (select sum(gpus) as s from n
-                                                group by cluster_id, coalesce(zone, name)) z), 0)::int8 as "largest_zone!""#,
-        class_id
-    )
-    .fetch_one(pool)
-    .await
+/// What submissions of one team are validated against, read in one round trip.
+#[derive(Debug, Clone)]
+pub struct SubmitCatalogue {
+    /// The team's runtime limit.
+    pub max_runtime: i32,
+    /// Every priority class, by name.
+    pub priorities: Vec<String>,
+    /// The asked-for classes that exist, with what the inventory offers of each.
+    pub classes: Vec<(String, Uuid, ClassCapacity)>,
 }
 
-/// A team's runtime limit.
-pub async fn team_max_runtime(pool: &PgPool, team_id: Uuid) -> Result<i32, sqlx::Error> {
-    sqlx::query_scalar!("select max_runtime_seconds from teams where id = $1", team_id).fetch_one(pool).await
+/// The catalogue for submissions of team `team_id` asking for `classes`; `None` when the
+/// team does not exist. Only capacity a backend reported with its nodes counts (its
+/// `largest_node` is set); capacity declared through `PUT /clusters/{name}` has no shape
+/// to validate a gang against.
+pub async fn submit_catalogue(
+    pool: &PgPool,
+    team_id: Uuid,
+    classes: &[String],
+) -> Result<Option<SubmitCatalogue>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"select t.max_runtime_seconds,
+                  (select coalesce(array_agg(name order by name), '{}') from priority_classes) as "priorities!",
+                  exists (select 1 from cluster_nodes) as "inventory_known!",
+                  c.id as "class_id?", c.name as "class_name?",
+                  coalesce(sum(cc.gpus), 0)::int8 as "total_gpus!",
+                  coalesce(max(cc.largest_node), 0) as "largest_node!",
+                  coalesce(max(cc.largest_nvlink_domain), 0) as "largest_nvlink_domain!",
+                  coalesce(max(cc.largest_rack), 0)::int8 as "largest_rack!",
+                  coalesce(max(cc.largest_zone), 0)::int8 as "largest_zone!"
+           from teams t
+           left join gpu_classes c on c.name = any($2::text[])
+           left join cluster_capacity cc on cc.gpu_class_id = c.id and cc.largest_node > 0
+           where t.id = $1
+           group by t.id, c.id"#,
+        team_id,
+        classes
+    )
+    .fetch_all(pool)
+    .await?;
+    let Some(first) = rows.first() else { return Ok(None) };
+    let (max_runtime, priorities) = (first.max_runtime_seconds, first.priorities.clone());
+    let classes = rows
+        .into_iter()
+        .filter_map(|r| {
+            let capacity = ClassCapacity {
+                inventory_known: r.inventory_known,
+                total_gpus: r.total_gpus,
+                largest_node: r.largest_node,
+                largest_nvlink_domain: r.largest_nvlink_domain,
+                largest_rack: r.largest_rack,
+                largest_zone: r.largest_zone,
+            };
+            Some((r.class_name?, r.class_id?, capacity))
+        })
+        .collect();
+    Ok(Some(SubmitCatalogue { max_runtime, priorities, classes }))
 }

@@ -170,10 +170,21 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow])
     .execute(&mut **tx)
     .await?;
     sqlx::query!("delete from cluster_capacity where cluster_id = $1", cluster_id).execute(&mut **tx).await?;
+    // Per class, what submissions are validated against (see `db::jobs::submit_catalogue`).
     sqlx::query!(
-        "insert into cluster_capacity (cluster_id, gpu_class_id, gpus)
-         select cluster_id, gpu_class_id, sum(gpus)::int4 from cluster_nodes where cluster_id = $1
-         group by cluster_id, gpu_class_id",
+        "insert into cluster_capacity (cluster_id, gpu_class_id, gpus, largest_node, largest_nvlink_domain,
+                                       largest_rack, largest_zone)
+         select n.cluster_id, n.gpu_class_id, sum(n.gpus)::int4, max(n.gpus),
+                max(case when n.nvlink_domain_size = 0 or n.elastic then n.gpus
+                         else least(n.gpus, n.nvlink_domain_size) end),
+                (select max(s) from (select sum(r.gpus) as s from cluster_nodes r
+                                     where r.cluster_id = n.cluster_id and r.gpu_class_id = n.gpu_class_id
+                                     group by coalesce(r.rack, r.name)) x)::int4,
+                (select max(s) from (select sum(z.gpus) as s from cluster_nodes z
+                                     where z.cluster_id = n.cluster_id and z.gpu_class_id = n.gpu_class_id
+                                     group by coalesce(z.zone, z.name)) x)::int4
+         from cluster_nodes n where n.cluster_id = $1
+         group by n.cluster_id, n.gpu_class_id",
         cluster_id
     )
     .execute(&mut **tx)

@@ -123,3 +123,11 @@ pub async fn delete(pool: &PgPool, cluster: &str, name: &str) -> Result<bool, sq
         sqlx::query!("delete from sim_objects where cluster = $1 and name = $2", cluster, name).execute(pool).await?;
     Ok(done.rows_affected() > 0)
 }
+
+/// Removes the named objects; how many existed.
+pub async fn delete_all(pool: &PgPool, cluster: &str, names: &[String]) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query!("delete from sim_objects where cluster = $1 and name = any($2)", cluster, names)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}

@@ -26,9 +26,9 @@ pub struct TokenRow {
 pub struct TokenAuth {
     pub id: Uuid,
     pub name: String,
-    pub team_id: Uuid,
-    pub team_name: String,
     pub role: String,
+    /// The token's team, read with it: its own team's routes need not read it again.
+    pub team: super::teams::TeamRow,
 }
 
 /// A token to store.
@@ -116,23 +116,40 @@ pub async fn revoke(tx: &mut Tx<'_>, team_id: Uuid, id: Uuid) -> Result<(), sqlx
 /// The live (unrevoked, unexpired) token with this hash, recording its use. The use is
 /// written at most once a minute per token so busy pipelines do not turn reads into writes.
 pub async fn authenticate(pool: &PgPool, token_hash: &[u8]) -> Result<Option<TokenAuth>, sqlx::Error> {
-    let auth = sqlx::query_as!(
-        TokenAuth,
-        "select t.id, t.name, t.team_id, tm.name as team_name, t.role
-         from api_tokens t join teams tm on tm.id = t.team_id
-         where t.token_hash = $1 and t.revoked_at is null and t.expires_at > now()",
+    let Some(row) = sqlx::query!(
+        r#"select t.id, t.name, t.role,
+                  (t.last_used_at is null or t.last_used_at < now() - interval '1 minute') as "stale!",
+                  tm.id as team_id, tm.name as team_name, tm.parent_id, p.name as "parent?", tm.display_name,
+                  tm.created_at, tm.updated_at, tm.version
+           from api_tokens t
+           join teams tm on tm.id = t.team_id
+           left join teams p on p.id = tm.parent_id
+           where t.token_hash = $1 and t.revoked_at is null and t.expires_at > now()"#,
         token_hash
     )
     .fetch_optional(pool)
-    .await?;
-    if let Some(auth) = &auth {
+    .await?
+    else {
+        return Ok(None);
+    };
+    if row.stale {
         sqlx::query!(
             "update api_tokens set last_used_at = now()
              where id = $1 and (last_used_at is null or last_used_at < now() - interval '1 minute')",
-            auth.id
+            row.id
         )
         .execute(pool)
         .await?;
     }
-    Ok(auth)
+    let team = super::teams::TeamRow {
+        id: row.team_id,
+        name: row.team_name,
+        parent_id: row.parent_id,
+        parent: row.parent,
+        display_name: row.display_name,
+        created_at: row.created_at,
+        updated_at: row.updated_at,
+        version: row.version,
+    };
+    Ok(Some(TokenAuth { id: row.id, name: row.name, role: row.role, team }))
 }

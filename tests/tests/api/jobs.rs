@@ -96,24 +96,27 @@ fn assert_field(r: &TestResponse, field: &str, code: &str) {
 /// Reports one cluster with two 8-GPU `h100` nodes in different racks, as an inventory
 /// sync would.
 async fn two_nodes_of_eight(app: &TestApp) {
-    let cluster = Uuid::new_v4();
-    sqlx::query("insert into clusters (id, name, backend) values ($1, 'sim-1', 'sim')")
-        .bind(cluster)
-        .execute(&app.pool)
-        .await
-        .expect("insert cluster");
-    for (node, rack) in [("node-1", "rack-1"), ("node-2", "rack-2")] {
-        sqlx::query(
-            "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, rack, zone)
-             select $1, $2, id, 8, $3, 'zone-1' from gpu_classes where name = 'h100'",
-        )
-        .bind(cluster)
-        .bind(node)
-        .bind(rack)
-        .execute(&app.pool)
-        .await
-        .expect("insert node");
-    }
+    // As an inventory sync writes them: the nodes and, from them, the per-class capacity
+    // that submissions are validated against.
+    let mut tx = app.pool.begin().await.expect("begin");
+    let cluster = fairway::db::scheduling::ensure_cluster(&mut tx, "sim-1", "sim").await.expect("cluster");
+    let class = fairway::db::gpu_classes::by_name(&mut *tx, "h100").await.expect("read class").expect("h100");
+    let nodes: Vec<_> = [("node-1", "rack-1"), ("node-2", "rack-2")]
+        .into_iter()
+        .map(|(node, rack)| fairway::db::scheduling::NodeRow {
+            cluster_id: cluster,
+            cluster: "sim-1".into(),
+            name: node.into(),
+            gpu_class_id: class.id,
+            gpus: 8,
+            nvlink_domain_size: 0,
+            rack: Some(rack.into()),
+            zone: Some("zone-1".into()),
+            elastic: false,
+        })
+        .collect();
+    fairway::db::scheduling::replace_nodes(&mut tx, cluster, &nodes).await.expect("nodes");
+    tx.commit().await.expect("commit");
 }
 
 #[tokio::test]
