@@ -287,6 +287,7 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         lease: state.config.leader_lease,
         check_invariants: state.config.check_invariants,
         engine: control::engine_config(&state.config),
+        currency: state.config.currency.clone(),
         ..control::ControlConfig::default()
     };
     Ok(control::Ctx {

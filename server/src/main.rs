@@ -70,6 +70,18 @@ enum Command {
         #[arg(long, default_value = "fairway")]
         database: String,
     },
+    /// Exports one billing period of the ledger, as `GET /api/v1/billing/exports` does.
+    Export {
+        /// The billing period, YYYY-MM.
+        #[arg(long)]
+        period: String,
+        /// Output format.
+        #[arg(long, value_enum, default_value = "focus")]
+        format: fairway::billing::export::Format,
+        /// Write here instead of to standard output.
+        #[arg(long)]
+        output: Option<PathBuf>,
+    },
     /// Runs a benchmark and prints its table (build with --release for real numbers).
     Bench {
         /// What to measure.
@@ -129,6 +141,15 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             fairway::simulate::fragmentation_command(&traces_dir, &mut std::io::stdout().lock())
         }
         Command::Bench { what } => fairway::bench::run(what, &mut std::io::stdout()).await,
+        Command::Export { period, format, output } => {
+            let period = fairway::domain::BudgetPeriod::parse("--period", &period)
+                .map_err(|e| anyhow::anyhow!("{}: {}", e.field, e.message))?
+                .first_day();
+            let database = app::Database::open(&config).await?;
+            let result = export(&database.pool, period, format, &config.currency, output).await;
+            database.close().await;
+            result
+        }
         Command::Migrate { direction } => {
             let database = app::Database::open(&config).await?;
             let result = migrate(&database.pool, direction).await;
@@ -153,6 +174,40 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             outcome
         }
     }
+}
+
+async fn export(
+    pool: &sqlx::PgPool,
+    period: chrono::NaiveDate,
+    format: fairway::billing::export::Format,
+    currency: &str,
+    output: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let mut out: Box<dyn std::io::Write + Send> = match &output {
+        Some(path) => Box::new(std::io::BufWriter::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        )),
+        None => Box::new(std::io::BufWriter::new(std::io::stdout())),
+    };
+    let mut failed = None;
+    let sink = |chunk: Vec<u8>| {
+        let ok = match out.write_all(&chunk) {
+            Ok(()) => true,
+            Err(e) => {
+                failed = Some(e);
+                false
+            }
+        };
+        std::future::ready(ok)
+    };
+    let result = fairway::billing::export::write(pool, period, format, currency, sink).await;
+    if let Some(e) = failed {
+        return Err(e).context("writing the export");
+    }
+    result?;
+    out.flush().context("writing the export")?;
+    Ok(())
 }
 
 async fn migrate(pool: &sqlx::PgPool, direction: Direction) -> anyhow::Result<()> {

@@ -40,6 +40,16 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), u64>>,
     latency: Mutex<BTreeMap<(String, String), Buckets>>,
     scheduler: Mutex<SchedulerMetrics>,
+    budgets: Mutex<BudgetMetrics>,
+}
+
+/// What the metering pass reports of budgets.
+#[derive(Default)]
+struct BudgetMetrics {
+    /// Per team: spent ÷ budget of the current period, in the budget's unit.
+    spent_ratio: BTreeMap<String, f64>,
+    /// Alerts raised since start, by team and threshold (percent).
+    alerts: BTreeMap<(String, i32), u64>,
 }
 
 /// Upper bounds of the scheduling-cycle histogram, in seconds.
@@ -144,6 +154,34 @@ impl Metrics {
         }
     }
 
+    /// Records every budgeted team's spent ratio for the current period (replacing the last).
+    pub fn budgets(&self, spent_ratio: BTreeMap<String, f64>) {
+        if let Ok(mut m) = self.budgets.lock() {
+            m.spent_ratio = spent_ratio;
+        }
+    }
+
+    /// Counts a budget alert.
+    pub fn budget_alert(&self, team: &str, threshold: i32) {
+        if let Ok(mut m) = self.budgets.lock() {
+            *m.alerts.entry((team.to_owned(), threshold)).or_default() += 1;
+        }
+    }
+
+    fn render_budgets(&self, out: &mut String) {
+        let Ok(m) = self.budgets.lock() else { return };
+        out.push_str("# HELP fairway_budget_spent_ratio Spend of the current period over its budget, per team.\n");
+        out.push_str("# TYPE fairway_budget_spent_ratio gauge\n");
+        for (team, ratio) in &m.spent_ratio {
+            let _ = writeln!(out, "fairway_budget_spent_ratio{{team=\"{team}\"}} {ratio}");
+        }
+        out.push_str("# HELP fairway_budget_alerts_total Budget alerts raised, per team and threshold (percent).\n");
+        out.push_str("# TYPE fairway_budget_alerts_total counter\n");
+        for ((team, threshold), n) in &m.alerts {
+            let _ = writeln!(out, "fairway_budget_alerts_total{{team=\"{team}\",threshold=\"{threshold}\"}} {n}");
+        }
+    }
+
     /// Counts a failed backend call.
     pub fn dispatch_error(&self, cluster: &str, kind: &str) {
         if let Ok(mut m) = self.scheduler.lock() {
@@ -233,6 +271,7 @@ impl Metrics {
         let _ = writeln!(out, "fairway_db_connections{{state=\"idle\"}} {idle}");
         let _ = writeln!(out, "fairway_db_connections{{state=\"in_use\"}} {}", (open as usize).saturating_sub(idle));
         self.render_scheduler(&mut out);
+        self.render_budgets(&mut out);
         out
     }
 }

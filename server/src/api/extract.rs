@@ -3,7 +3,7 @@
 
 use axum::{
     body::Bytes,
-    extract::{FromRequest, FromRequestParts, Query, Request},
+    extract::{FromRequest, FromRequestParts, Request},
     http::{header, request::Parts, HeaderMap, HeaderValue},
 };
 use base64::Engine as _;
@@ -192,10 +192,17 @@ pub struct Page<T> {
 
 /// Query helper for extractors that reject unknown parameters with the field named.
 pub fn query<T: DeserializeOwned>(uri: &axum::http::Uri) -> Result<T, ApiError> {
-    Query::<T>::try_from_uri(uri).map(|q| q.0).map_err(|rejection| {
-        let text = rejection.body_text();
-        let field = text.split('`').nth(1).unwrap_or("query").to_owned();
-        ApiError::field(FieldError::new(field, "invalid_query", text))
+    let query = uri.query().unwrap_or_default();
+    let deserializer = serde_urlencoded::Deserializer::new(form_urlencoded::parse(query.as_bytes()));
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
+        let text = e.inner().to_string();
+        // The path names the parameter whose value is wrong; an unknown or missing
+        // parameter is named in the message instead.
+        let field = match e.path().to_string() {
+            path if path != "." && !path.is_empty() => path,
+            _ => text.split('`').nth(1).unwrap_or("query").to_owned(),
+        };
+        ApiError::field(FieldError::new(field, "invalid_query", format!("Failed to deserialize query string: {text}")))
     })
 }
 

@@ -3,6 +3,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod billing;
 pub mod budgets;
 pub mod clusters;
 pub mod error;
@@ -88,6 +89,12 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/clusters", Authenticated),
     route("PUT", "/api/v1/clusters/{cluster}", PlatformAdmin),
     route("GET", "/api/v1/audit-log", PlatformAdmin),
+    route("GET", "/api/v1/teams/{team}/usage", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/statements/{period}", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/budget-status", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/billing/exports", Policy::Finance),
+    route("GET", "/api/v1/billing/periods", Policy::Finance),
+    route("POST", "/api/v1/billing/periods/{period}/close", Policy::Finance),
 ];
 
 #[derive(OpenApi)]
@@ -108,6 +115,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
         (name = "jobs", description = "Jobs: submit, watch, cancel, the queue and dry runs"),
         (name = "quotas", description = "Reserved, burst and lendable GPUs per team and class"),
         (name = "budgets", description = "Monthly budgets per team"),
+        (name = "billing", description = "Usage, statements, budget status and finance exports"),
         (name = "gpu-classes", description = "The GPU catalogue and rate card"),
         (name = "priority-classes", description = "Priority classes"),
         (name = "clusters", description = "Clusters and their capacity"),
@@ -172,6 +180,12 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(priority_classes::get_priority_class, priority_classes::put_priority_class))
         .routes(routes!(clusters::list_clusters))
         .routes(routes!(clusters::put_cluster))
+        .routes(routes!(billing::get_team_usage))
+        .routes(routes!(billing::get_team_statement))
+        .routes(routes!(billing::get_team_budget_status))
+        .routes(routes!(billing::export_billing))
+        .routes(routes!(billing::list_billing_periods))
+        .routes(routes!(billing::close_billing_period))
 }
 
 /// Runs CPU-heavy work (argon2 takes tens of milliseconds) on the blocking pool so it

@@ -42,14 +42,32 @@ pub struct CycleReport {
 pub async fn world(pool: &sqlx::PgPool, config: &scheduler::snapshot::Config) -> Result<World, ControlError> {
     let half_life = config.usage_half_life_ms as f64 / 1000.0;
     let rows = db::scheduling::snapshot_rows(pool, half_life).await?;
-    Ok(World::build(rows, config.clone()))
+    let now = rows.now;
+    let mut world = World::build(rows, config.clone());
+    world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now).await?);
+    Ok(world)
 }
 
-/// Runs one cycle as the leader of `epoch`.
+/// Runs one cycle as the leader of `epoch`, recording every pending job's reason, position
+/// and expected start.
 pub async fn run(
     pool: &sqlx::PgPool,
     epoch: i64,
     config: &scheduler::snapshot::Config,
+) -> Result<CycleReport, ControlError> {
+    run_with(pool, epoch, config, true).await
+}
+
+/// Runs one cycle; with `record_pending` false it commits only admissions and preemptions.
+/// Under load cycles follow each other closely and nearly every queued job's position and
+/// expected start move in each, so the loop records them at most every
+/// [`super::PENDING_REFRESH`]: rewriting ten thousand rows per cycle would cost the database
+/// more than the decisions themselves.
+pub async fn run_with(
+    pool: &sqlx::PgPool,
+    epoch: i64,
+    config: &scheduler::snapshot::Config,
+    record_pending: bool,
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
     let world = world(pool, config).await?;
@@ -61,13 +79,28 @@ pub async fn run(
     .await
     .map_err(|e| ControlError::Internal(e.to_string()))?;
     let (admit, preempt, pending) = rows(&world, &decisions);
+    let reason_changed: Vec<PendingRow> =
+        pending.iter().filter(|(_, changed)| *changed).map(|(row, _)| row.clone()).collect();
+    let pending: Vec<PendingRow> = pending.into_iter().map(|(row, _)| row).collect();
     let mut tx = pool.begin().await?;
     if !db::scheduling::check_epoch(&mut tx, epoch).await? {
         return Err(ControlError::NotLeader);
     }
+    // Pending rows first: the reconciler never touches pending jobs, so waiting for them
+    // cannot close a cycle with it. Then the admitted and preempted jobs, locked in id order
+    // as the reconciler locks the jobs it changes.
+    if record_pending {
+        db::scheduling::set_pending(&mut tx, &pending).await?;
+    } else {
+        // Between full refreshes, still record a reason for every job whose reason is new
+        // (just submitted or requeued) or changed: few rows, and what a user looks for first.
+        db::scheduling::set_pending(&mut tx, &reason_changed).await?;
+    }
+    let mut changed: Vec<uuid::Uuid> = admit.iter().map(|a| a.job_id).chain(preempt.iter().map(|p| p.job_id)).collect();
+    changed.sort_unstable();
+    db::scheduling::lock_jobs(&mut tx, &changed).await?;
     let admitted = db::scheduling::admit(&mut tx, &admit).await?;
     let preempted = db::scheduling::preempt(&mut tx, &preempt).await?;
-    db::scheduling::set_pending(&mut tx, &pending).await?;
     if !admitted.is_empty() || !preempted.is_empty() {
         db::jobs::notify(&mut tx, db::scheduling::DISPATCH_CHANNEL).await?;
     }
@@ -100,7 +133,9 @@ pub async fn run(
     })
 }
 
-fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>, Vec<PendingRow>) {
+/// The decisions as rows to write; each pending row says whether its reason differs from
+/// the one recorded.
+fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>, Vec<(PendingRow, bool)>) {
     let mut admit = Vec::new();
     for a in &decisions.admissions {
         let Some(job) = world.jobs.get(&a.job) else { continue };
@@ -162,13 +197,15 @@ fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>
         .filter_map(|p| {
             let job = world.jobs.get(&p.job)?;
             let (code, message) = world.pending_text(&p.reason);
-            Some(PendingRow {
+            let changed = job.pending_reason.as_deref() != Some(code.as_str());
+            let row = PendingRow {
                 job_id: job.id,
                 reason: code,
                 message,
                 position: i32::try_from(p.position).unwrap_or(i32::MAX),
                 expected_start_at: p.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
-            })
+            };
+            Some((row, changed))
         })
         .collect();
     (admit, preempt, pending)

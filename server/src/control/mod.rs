@@ -16,6 +16,7 @@ pub mod cycle;
 pub mod dispatch;
 pub mod leader;
 pub mod lifecycle;
+pub mod meter;
 pub mod reconcile;
 pub mod wake;
 pub mod world;
@@ -63,6 +64,10 @@ pub struct ControlConfig {
     pub engine: scheduler::snapshot::Config,
     /// Check the quota invariant after every cycle and log any breach (tests turn it on).
     pub check_invariants: bool,
+    /// How often running jobs' completed hours are booked and the rollups refreshed.
+    pub metering_interval: Duration,
+    /// The platform currency ledger rows are priced in.
+    pub currency: String,
 }
 
 impl Default for ControlConfig {
@@ -75,6 +80,8 @@ impl Default for ControlConfig {
             dispatch_workers: 4,
             engine: scheduler::snapshot::Config::default(),
             check_invariants: false,
+            metering_interval: Duration::from_secs(60),
+            currency: "USD".into(),
         }
     }
 }
@@ -137,6 +144,7 @@ async fn lead(ctx: &Ctx, epoch: i64) {
     workers.spawn(cycles(ctx.clone(), epoch));
     workers.spawn(reconciler(ctx.clone(), epoch));
     workers.spawn(inventory(ctx.clone()));
+    workers.spawn(meter::run(ctx.clone()));
     for _ in 0..ctx.config.dispatch_workers.max(1) {
         workers.spawn(dispatcher(ctx.clone(), epoch));
     }
@@ -166,11 +174,20 @@ async fn wake(listener: &mut Option<PgListener>, timeout: Duration) {
     }
 }
 
+/// Longest a pending job's recorded reason, position and expected start lag behind the
+/// scheduler's view (see [`cycle::run_with`]).
+pub const PENDING_REFRESH: Duration = Duration::from_secs(1);
+
 async fn cycles(ctx: Ctx, epoch: i64) {
     let mut events = listener(&ctx.pool, db::jobs::SCHEDULE_CHANNEL).await;
+    let mut recorded_pending: Option<tokio::time::Instant> = None;
     loop {
-        match cycle::run(&ctx.pool, epoch, &ctx.config.engine).await {
+        let record_pending = recorded_pending.is_none_or(|at| at.elapsed() >= PENDING_REFRESH);
+        match cycle::run_with(&ctx.pool, epoch, &ctx.config.engine, record_pending).await {
             Ok(report) => {
+                if record_pending {
+                    recorded_pending = Some(tokio::time::Instant::now());
+                }
                 if report.admitted + report.preempted > 0 {
                     tracing::info!(
                         admitted = report.admitted,
@@ -293,6 +310,7 @@ pub async fn sync_inventory(ctx: &Ctx) -> Result<(), ControlError> {
             });
         }
         db::scheduling::replace_nodes(&mut tx, cluster_id, &rows).await?;
+        db::metering::record_capacity(&mut tx).await?;
         db::jobs::notify(&mut tx, db::jobs::SCHEDULE_CHANNEL).await?;
         tx.commit().await?;
     }

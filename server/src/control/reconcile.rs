@@ -123,6 +123,9 @@ pub async fn reconcile(
     }
     if !started.is_empty() || !ended.is_empty() {
         let mut tx = leader_tx(ctx, epoch).await?;
+        let mut ids: Vec<Uuid> = started.iter().map(|s| s.0).chain(ended.iter().map(|e| e.job_id)).collect();
+        ids.sort_unstable();
+        db::scheduling::lock_jobs(&mut tx, &ids).await?;
         for (job_id, attempt, started_at, object) in started {
             if db::scheduling::mark_running(&mut tx, job_id, attempt, started_at).await? {
                 let message = format!("every replica of {object} runs");
@@ -219,6 +222,8 @@ pub async fn end_attempt(
         db::scheduling::open_interval(tx, job_id, attempt, started).await?;
     }
     db::scheduling::close_interval(tx, job_id, attempt, ended_at).await?;
+    // Booked in the transaction that closes the interval: a crash leaves both or neither.
+    crate::metering::ledger::book(tx, job_id, attempt, None, &ctx.config.currency).await?;
     let counters = Counters {
         max_retries: job.max_retries,
         preemptions: job.preemptions,

@@ -57,6 +57,15 @@ pub fn topology(mode: &str, level: Option<&str>) -> Topology {
 
 impl World {
     /// Builds the snapshot from rows read at one instant.
+    /// Sets what each team's hard budget leaves this period (teams absent have none).
+    pub fn set_hard_budgets(&mut self, left: &HashMap<Uuid, i64>) {
+        for (id, &index) in &self.team_index {
+            if let Some(team) = self.snapshot.teams.get_mut(index as usize) {
+                team.hard_budget_left_micros = left.get(id).copied();
+            }
+        }
+    }
+
     pub fn build(rows: SnapshotRows, config: scheduler::snapshot::Config) -> Self {
         let now_ms = millis(rows.now);
         let class_index: HashMap<Uuid, ClassId> =

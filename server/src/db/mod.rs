@@ -4,6 +4,7 @@
 
 pub mod audit;
 pub mod bench;
+pub mod billing;
 pub mod budgets;
 pub mod clusters;
 pub mod embedded;
@@ -11,6 +12,7 @@ pub mod gpu_classes;
 pub mod idempotency;
 pub mod jobs;
 pub mod members;
+pub mod metering;
 pub mod priority_classes;
 pub mod quotas;
 pub mod scheduling;

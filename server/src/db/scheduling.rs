@@ -253,6 +253,8 @@ pub struct LiveJob {
     pub admitted_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
+    /// The reason last recorded while it waits.
+    pub pending_reason: Option<String>,
 }
 
 /// Everything a snapshot is built from, read in one repeatable-read transaction.
@@ -333,7 +335,8 @@ pub async fn snapshot_rows(pool: &PgPool, half_life_seconds: f64) -> Result<Snap
         LiveJob,
         r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
                   topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
-                  cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at
+                  cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
+                  pending_reason
            from jobs
            where state in ('pending', 'admitted', 'running') or holds_gpus
            order by seq"#
@@ -449,7 +452,19 @@ pub async fn preempt(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<Uuid>, 
     .await
 }
 
+/// Locks the rows of `ids` in id order. The scheduling cycle and the reconciler both
+/// change several jobs in one transaction; taking every lock up front in one order is what
+/// keeps the two from deadlocking on jobs they both touch.
+pub async fn lock_jobs(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<(), sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(());
+    }
+    sqlx::query!("select id from jobs where id = any($1) order by id for update", ids).fetch_all(&mut **tx).await?;
+    Ok(())
+}
+
 /// Why each pending job waits.
+#[derive(Debug, Clone)]
 pub struct PendingRow {
     pub job_id: Uuid,
     pub reason: String,

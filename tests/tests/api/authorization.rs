@@ -33,6 +33,8 @@ const TEAM_READ: [Cell; 7] = [U, A, A, N, N, A, A];
 const TEAM_ADMIN: [Cell; 7] = [U, F, F, N, N, F, A];
 /// Members of team A and platform admins; its viewers and finance get 403, strangers 404.
 const TEAM_MEMBER: [Cell; 7] = [U, F, A, N, N, F, A];
+/// Finance and platform admins, for billing across all teams.
+const FINANCE: [Cell; 7] = [U, F, F, F, F, A, A];
 
 struct Row {
     method: &'static str,
@@ -113,6 +115,20 @@ fn matrix() -> Vec<Row> {
         Row {
             allowed_problem: Some((409, "job_not_running")),
             ..row("POST", "/api/v1/jobs/{job}/checkpoint", TEAM_MEMBER, Some(json!({"step": 100})))
+        },
+        row("GET", "/api/v1/teams/{team}/usage", TEAM_READ, None),
+        row("GET", "/api/v1/teams/{team}/statements/{period}", TEAM_READ, None),
+        row("GET", "/api/v1/teams/{team}/budget-status", TEAM_READ, None),
+        // Without `?period=` an allowed caller is told which parameter is missing.
+        Row {
+            allowed_problem: Some((422, "validation_failed")),
+            ..row("GET", "/api/v1/billing/exports", FINANCE, None)
+        },
+        row("GET", "/api/v1/billing/periods", FINANCE, None),
+        // December is not over yet: an allowed caller learns that it cannot be closed.
+        Row {
+            allowed_problem: Some((422, "validation_failed")),
+            ..row("POST", "/api/v1/billing/periods/{period}/close", FINANCE, None)
         },
         row("GET", "/api/v1/gpu-classes", SIGNED_IN, None),
         row(

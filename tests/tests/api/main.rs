@@ -3,6 +3,7 @@
 mod auth;
 mod authorization;
 mod bad_input;
+mod billing;
 mod idempotency;
 mod jobs;
 mod lifecycle;

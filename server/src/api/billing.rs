@@ -1,0 +1,414 @@
+//! Billing for finance (exports, periods) and for teams (usage over time, statements,
+//! budget status).
+
+use axum::{
+    body::Body,
+    extract::{Path, State},
+    http::{header, HeaderValue},
+    response::{IntoResponse, Response},
+    Extension, Json,
+};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::{audit::record, error::ApiError, extract::ListQuery};
+use crate::{
+    app::AppState,
+    auth::{policy::TeamAccess, Principal},
+    billing::{
+        self,
+        budgets::{period_bounds, period_of},
+        export::Format,
+    },
+    db,
+    domain::{BudgetPeriod, FieldError},
+    metering::{gpu_hours_decimal, micros_decimal},
+};
+
+/// What to export.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ExportParams {
+    /// The billing period, `YYYY-MM`.
+    pub period: String,
+    /// `csv` (Fairway's columns), `json` (JSON lines) or `focus` (FinOps FOCUS 1.1 as CSV).
+    pub format: Format,
+}
+
+/// Exports one billing period of the ledger. The body streams; its last line is a control
+/// record with the row count, the totals and the SHA-256 of everything before it. A closed
+/// period exports to the same bytes every time.
+#[utoipa::path(
+    get, path = "/api/v1/billing/exports", tag = "billing", operation_id = "export_billing",
+    params(ExportParams),
+    responses((status = 200, description = "The export", content_type = "text/csv"),
+              (status = 422, body = super::error::Problem))
+)]
+pub async fn export_billing(
+    State(state): State<AppState>,
+    ListQuery(params): ListQuery<ExportParams>,
+) -> Result<Response, ApiError> {
+    let period = BudgetPeriod::parse("period", &params.period)?.first_day();
+    let closed = db::metering::period_closed(&state.db, period).await?;
+    let name =
+        format!("fairway-{}-{}.{}", billing::period_name(period), params.format.as_str(), params.format.extension());
+    let body = Body::from_stream(billing::export::stream(
+        state.db.clone(),
+        period,
+        params.format,
+        state.config.currency.clone(),
+    ));
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(params.format.content_type()));
+    if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+        headers.insert(header::CONTENT_DISPOSITION, v);
+    }
+    headers.insert("x-billing-period-closed", HeaderValue::from_static(if closed { "true" } else { "false" }));
+    Ok(response)
+}
+
+/// A billing period and whether it is closed.
+#[derive(Serialize, ToSchema)]
+pub struct PeriodView {
+    /// `YYYY-MM`.
+    pub period: String,
+    pub closed: bool,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub closed_by: Option<String>,
+    /// Ledger rows billed in the period so far.
+    pub rows: i64,
+    /// GPU time billed, in GPU-hours (exact in `gpu_milli_ms`).
+    pub gpu_hours: String,
+    pub gpu_milli_ms: i64,
+    /// Money billed, decimal in the platform currency.
+    pub billed_cost: String,
+    pub currency: String,
+}
+
+async fn period_view(state: &AppState, period: chrono::NaiveDate) -> Result<PeriodView, ApiError> {
+    let closed = db::metering::closed_periods(&state.db).await?.into_iter().find(|(p, _, _)| *p == period);
+    let (rows, gpu, cost) = db::billing::period_totals(&state.db, period).await?;
+    Ok(PeriodView {
+        period: billing::period_name(period),
+        closed: closed.is_some(),
+        closed_at: closed.as_ref().map(|c| c.1),
+        closed_by: closed.map(|c| c.2),
+        rows,
+        gpu_hours: gpu_hours_decimal(gpu),
+        gpu_milli_ms: gpu,
+        billed_cost: micros_decimal(cost),
+        currency: state.config.currency.clone(),
+    })
+}
+
+/// Lists the closed billing periods, newest first, and the current one.
+#[utoipa::path(
+    get, path = "/api/v1/billing/periods", tag = "billing", operation_id = "list_billing_periods",
+    responses((status = 200, body = Vec<PeriodView>))
+)]
+pub async fn list_billing_periods(State(state): State<AppState>) -> Result<Json<Vec<PeriodView>>, ApiError> {
+    let mut periods: Vec<chrono::NaiveDate> =
+        db::metering::closed_periods(&state.db).await?.into_iter().map(|(p, _, _)| p).collect();
+    let current = period_of(Utc::now());
+    if !periods.contains(&current) {
+        periods.insert(0, current);
+    }
+    let mut out = Vec::with_capacity(periods.len());
+    for p in periods {
+        out.push(period_view(&state, p).await?);
+    }
+    Ok(Json(out))
+}
+
+/// Closes a billing period: from then on its export never changes, and usage booked late
+/// for it lands in the next open period as a correction. Periods close in order, once
+/// they are over.
+#[utoipa::path(
+    post, path = "/api/v1/billing/periods/{period}/close", tag = "billing", operation_id = "close_billing_period",
+    params(("period" = String, Path, description = "Month, YYYY-MM")),
+    responses((status = 200, body = PeriodView), (status = 409, body = super::error::Problem),
+              (status = 422, body = super::error::Problem))
+)]
+pub async fn close_billing_period(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path(period): Path<String>,
+) -> Result<Json<PeriodView>, ApiError> {
+    let period = BudgetPeriod::parse("period", &period)?.first_day();
+    if period_bounds(period).1 > Utc::now() {
+        return Err(ApiError::field(FieldError::new("period", "not_over", "a period closes only after it ends")));
+    }
+    let mut tx = state.db.begin().await?;
+    if let Some(latest) = db::metering::latest_closed(&mut *tx).await? {
+        if period < latest {
+            return Err(ApiError::conflict("period_closed", Some("period"), "the period is already closed"));
+        }
+    }
+    if !db::metering::close_period(&mut tx, period, &principal.actor()).await? {
+        return Err(ApiError::conflict("period_closed", Some("period"), "the period is already closed"));
+    }
+    let name = billing::period_name(period);
+    record(&mut tx, &principal, "billing_period.close", "billing_period", &name, None, None::<&()>, Some(&name))
+        .await?;
+    tx.commit().await?;
+    Ok(Json(period_view(&state, period).await?))
+}
+
+/// What usage to show.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UsageParams {
+    /// Start (RFC 3339), inclusive; default: the start of the current month.
+    pub from: Option<DateTime<Utc>>,
+    /// End (RFC 3339), exclusive; default: now. At most 366 days after `from`.
+    pub to: Option<DateTime<Utc>>,
+    /// Bucket size: `hour`, `day` (default) or `month`, in UTC.
+    pub step: Option<String>,
+    /// `gpu_class`, `priority_class`, `label:<key>`, or none for totals.
+    pub group_by: Option<String>,
+}
+
+/// One bucket of a team's usage.
+#[derive(Serialize, ToSchema)]
+pub struct UsagePoint {
+    pub at: DateTime<Utc>,
+    /// The group's value (class, priority class or label value); empty without grouping.
+    pub group: String,
+    pub gpu_hours: String,
+    pub gpu_milli_ms: i64,
+    pub cost: String,
+    pub cost_micros: i64,
+}
+
+/// A team's usage and cost over time, from the ledger.
+#[derive(Serialize, ToSchema)]
+pub struct UsageView {
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub step: String,
+    pub group_by: Option<String>,
+    pub currency: String,
+    pub points: Vec<UsagePoint>,
+}
+
+/// A team's booked usage and cost over time, by class, priority class or label.
+#[utoipa::path(
+    get, path = "/api/v1/teams/{team}/usage", tag = "billing", operation_id = "get_team_usage",
+    params(("team" = String, Path, description = "Team name"), UsageParams),
+    responses((status = 200, body = UsageView), (status = 422, body = super::error::Problem))
+)]
+pub async fn get_team_usage(
+    State(state): State<AppState>,
+    Extension(access): Extension<TeamAccess>,
+    ListQuery(params): ListQuery<UsageParams>,
+) -> Result<Json<UsageView>, ApiError> {
+    let now = Utc::now();
+    let from = params.from.unwrap_or_else(|| period_bounds(period_of(now)).0);
+    let to = params.to.unwrap_or(now);
+    let mut errors = Vec::new();
+    if to <= from {
+        errors.push(FieldError::new("to", "before_from", "must be after `from`"));
+    } else if to - from > chrono::Duration::days(366) {
+        errors.push(FieldError::new("to", "too_far", "at most 366 days after `from`"));
+    }
+    let step = params.step.clone().unwrap_or_else(|| "day".into());
+    if !matches!(step.as_str(), "hour" | "day" | "month") {
+        errors.push(FieldError::new("step", "invalid_value", "one of hour, day, month"));
+    }
+    let (group, label) = match params.group_by.as_deref() {
+        None => ("none", ""),
+        Some(g @ ("gpu_class" | "priority_class")) => (g, ""),
+        Some(g) => match g.strip_prefix("label:") {
+            Some(key) if !key.is_empty() => ("label", key),
+            _ => {
+                errors.push(FieldError::new(
+                    "group_by",
+                    "invalid_value",
+                    "one of gpu_class, priority_class, label:<key>",
+                ));
+                ("none", "")
+            }
+        },
+    };
+    if !errors.is_empty() {
+        return Err(ApiError::Validation(errors));
+    }
+    let rows = db::billing::usage(&state.db, access.team.id, from, to, &step, group, label).await?;
+    Ok(Json(UsageView {
+        from,
+        to,
+        step,
+        group_by: params.group_by,
+        currency: state.config.currency.clone(),
+        points: rows
+            .into_iter()
+            .map(|r| UsagePoint {
+                at: r.bucket,
+                group: r.group,
+                gpu_hours: gpu_hours_decimal(r.gpu_milli_ms),
+                gpu_milli_ms: r.gpu_milli_ms,
+                cost: micros_decimal(r.billed_cost_micros),
+                cost_micros: r.billed_cost_micros,
+            })
+            .collect(),
+    }))
+}
+
+/// A line of a statement.
+#[derive(Serialize, ToSchema)]
+pub struct StatementLineView {
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub gpu_hours: String,
+    pub gpu_milli_ms: i64,
+    pub list_cost: String,
+    pub billed_cost: String,
+}
+
+/// A costly job on a statement.
+#[derive(Serialize, ToSchema)]
+pub struct TopJobView {
+    pub job_id: uuid::Uuid,
+    pub name: String,
+    pub gpu_hours: String,
+    pub billed_cost: String,
+}
+
+/// A team's statement for one month.
+#[derive(Serialize, ToSchema)]
+pub struct StatementView {
+    pub team: String,
+    pub period: String,
+    /// Closed periods no longer change.
+    pub closed: bool,
+    pub currency: String,
+    pub lines: Vec<StatementLineView>,
+    pub gpu_hours: String,
+    pub list_cost: String,
+    pub billed_cost: String,
+    /// The month's budget: unit, amount, enforcement.
+    pub budget: Option<BudgetSummary>,
+    /// The current month only: spend so far (running jobs included) and the forecast at the
+    /// month's end, in the budget's unit (micro-units of money without a budget).
+    pub spent_to_date: Option<i64>,
+    pub forecast: Option<i64>,
+    pub top_jobs: Vec<TopJobView>,
+}
+
+/// A budget as a statement shows it.
+#[derive(Serialize, ToSchema)]
+pub struct BudgetSummary {
+    pub unit: String,
+    pub amount: i64,
+    pub enforcement: String,
+}
+
+/// A team's monthly statement: usage by class and priority class, cost, budget, top jobs.
+#[utoipa::path(
+    get, path = "/api/v1/teams/{team}/statements/{period}", tag = "billing", operation_id = "get_team_statement",
+    params(("team" = String, Path, description = "Team name"), ("period" = String, Path, description = "Month, YYYY-MM")),
+    responses((status = 200, body = StatementView), (status = 422, body = super::error::Problem))
+)]
+pub async fn get_team_statement(
+    State(state): State<AppState>,
+    Extension(access): Extension<TeamAccess>,
+    Path(path): Path<(String, String)>,
+) -> Result<Json<StatementView>, ApiError> {
+    let (_, period) = path;
+    let period = BudgetPeriod::parse("period", &period)?.first_day();
+    let s = billing::statement::statement(&state.db, access.team.id, period, Utc::now()).await?;
+    Ok(Json(StatementView {
+        team: access.team.name.clone(),
+        period: billing::period_name(period),
+        closed: s.closed,
+        currency: state.config.currency.clone(),
+        gpu_hours: gpu_hours_decimal(s.gpu_milli_ms),
+        list_cost: micros_decimal(s.list_cost_micros),
+        billed_cost: micros_decimal(s.billed_cost_micros),
+        lines: s
+            .lines
+            .into_iter()
+            .map(|l| StatementLineView {
+                gpu_class: l.gpu_class,
+                priority_class: l.priority_class,
+                gpu_hours: gpu_hours_decimal(l.gpu_milli_ms),
+                gpu_milli_ms: l.gpu_milli_ms,
+                list_cost: micros_decimal(l.list_cost_micros),
+                billed_cost: micros_decimal(l.billed_cost_micros),
+            })
+            .collect(),
+        budget: s.budget.map(|(unit, amount, enforcement)| BudgetSummary { unit, amount, enforcement }),
+        spent_to_date: s.spent_to_date,
+        forecast: s.forecast,
+        top_jobs: s
+            .top_jobs
+            .into_iter()
+            .map(|j| TopJobView {
+                job_id: j.job_id,
+                name: j.job_name,
+                gpu_hours: gpu_hours_decimal(j.gpu_milli_ms),
+                billed_cost: micros_decimal(j.billed_cost_micros),
+            })
+            .collect(),
+    }))
+}
+
+/// A raised budget alert.
+#[derive(Serialize, ToSchema)]
+pub struct AlertView {
+    /// 50, 80 or 100 (percent of the budget).
+    pub threshold: i32,
+    pub spent: i64,
+    pub amount: i64,
+    pub unit: String,
+    pub raised_at: DateTime<Utc>,
+}
+
+/// Where a team stands against this month's budget.
+#[derive(Serialize, ToSchema)]
+pub struct BudgetStatusView {
+    pub period: String,
+    pub budget: Option<BudgetSummary>,
+    /// Spend so far, running jobs included, in the budget's unit (micro-units of money
+    /// without a budget).
+    pub spent_to_date: i64,
+    /// At the current burn, at the month's end.
+    pub forecast: i64,
+    pub alerts: Vec<AlertView>,
+}
+
+/// A team's spend to date against this month's budget, the forecast and raised alerts.
+#[utoipa::path(
+    get, path = "/api/v1/teams/{team}/budget-status", tag = "billing", operation_id = "get_team_budget_status",
+    params(("team" = String, Path, description = "Team name")),
+    responses((status = 200, body = BudgetStatusView))
+)]
+pub async fn get_team_budget_status(
+    State(state): State<AppState>,
+    Extension(access): Extension<TeamAccess>,
+) -> Result<Json<BudgetStatusView>, ApiError> {
+    let now = Utc::now();
+    let period = period_of(now);
+    let s = billing::statement::statement(&state.db, access.team.id, period, now).await?;
+    let alerts = db::billing::alerts(&state.db, access.team.id, period).await?;
+    Ok(Json(BudgetStatusView {
+        period: billing::period_name(period),
+        budget: s.budget.map(|(unit, amount, enforcement)| BudgetSummary { unit, amount, enforcement }),
+        spent_to_date: s.spent_to_date.unwrap_or(0),
+        forecast: s.forecast.unwrap_or(0),
+        alerts: alerts
+            .into_iter()
+            .map(|a| AlertView {
+                threshold: a.threshold,
+                spent: a.spent,
+                amount: a.amount,
+                unit: a.unit,
+                raised_at: a.raised_at,
+            })
+            .collect(),
+    }))
+}

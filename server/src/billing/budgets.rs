@@ -1,0 +1,244 @@
+//! Budgets against spend: spend to date, a forecast to the period's end, alerts at 50, 80
+//! and 100%, and what hard budgets leave for admission.
+//!
+//! Spend to date is what the ledger booked for charges in the period plus what running
+//! attempts used since their last booked piece, priced at today's rate. A budget covers its
+//! team's whole subtree (a department's budget counts every child team's jobs). The forecast
+//! assumes the jobs running now keep running until the period ends: spend to date plus the
+//! current burn rate times the time left.
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
+use uuid::Uuid;
+
+use crate::{
+    db::{self, billing::PeriodBudget},
+    metering::{cost_micros, gpu_milli_ms, HOUR_MS},
+    telemetry::Metrics,
+};
+
+/// The thresholds, in percent, at which a budget raises an alert.
+pub const THRESHOLDS: [i32; 3] = [50, 80, 100];
+
+/// Spend of one team's subtree in one period.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Spend {
+    pub cost_micros: i64,
+    pub gpu_milli_ms: i64,
+    /// What the attempts running now cost per hour.
+    pub burn_micros_per_hour: i64,
+    /// The GPU time they take per hour.
+    pub burn_gpu_milli_ms_per_hour: i64,
+}
+
+impl Spend {
+    fn add(&mut self, other: &Spend) {
+        self.cost_micros += other.cost_micros;
+        self.gpu_milli_ms += other.gpu_milli_ms;
+        self.burn_micros_per_hour += other.burn_micros_per_hour;
+        self.burn_gpu_milli_ms_per_hour += other.burn_gpu_milli_ms_per_hour;
+    }
+
+    /// Spent so far in the budget's unit: micro-units, or whole GPU-hours rounded down.
+    pub fn in_unit(&self, unit: &str) -> i64 {
+        match unit {
+            "gpu-hours" => self.gpu_milli_ms / (1000 * HOUR_MS),
+            _ => self.cost_micros,
+        }
+    }
+
+    /// The forecast at the period's end, in the budget's unit, at the current burn.
+    pub fn forecast_in_unit(&self, unit: &str, now: DateTime<Utc>, period_end: DateTime<Utc>) -> i64 {
+        let left_ms = (period_end - now).num_milliseconds().max(0);
+        let ahead = |per_hour: i64| (i128::from(per_hour) * i128::from(left_ms) / i128::from(HOUR_MS)) as i64;
+        match unit {
+            "gpu-hours" => (self.gpu_milli_ms + ahead(self.burn_gpu_milli_ms_per_hour)) / (1000 * HOUR_MS),
+            _ => self.cost_micros + ahead(self.burn_micros_per_hour),
+        }
+    }
+}
+
+/// The first instant of `period` and of the period after it.
+pub fn period_bounds(period: NaiveDate) -> (DateTime<Utc>, DateTime<Utc>) {
+    let start = period.and_hms_opt(0, 0, 0).unwrap_or_default().and_utc();
+    let next = if period.month() == 12 {
+        NaiveDate::from_ymd_opt(period.year() + 1, 1, 1)
+    } else {
+        NaiveDate::from_ymd_opt(period.year(), period.month() + 1, 1)
+    };
+    (start, next.unwrap_or(period).and_hms_opt(0, 0, 0).unwrap_or_default().and_utc())
+}
+
+/// The period (first day of the UTC month) holding `at`.
+pub fn period_of(at: DateTime<Utc>) -> NaiveDate {
+    NaiveDate::from_ymd_opt(at.year(), at.month(), 1).unwrap_or_default()
+}
+
+/// The spend of `teams` (each with its whole subtree) in the period holding `now`.
+pub async fn spend(
+    pool: &sqlx::PgPool,
+    teams: &[Uuid],
+    now: DateTime<Utc>,
+) -> Result<HashMap<Uuid, Spend>, sqlx::Error> {
+    if teams.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let parents: HashMap<Uuid, Option<Uuid>> = db::billing::team_parents(pool).await?.into_iter().collect();
+    // Every team under one of `teams`, with the budgeted ancestors it counts towards.
+    let mut counts_towards: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+    for &team in parents.keys() {
+        let mut at = Some(team);
+        let mut hops = 0;
+        while let Some(t) = at {
+            if teams.contains(&t) {
+                counts_towards.entry(team).or_default().push(t);
+            }
+            at = parents.get(&t).copied().flatten();
+            hops += 1;
+            if hops > 64 {
+                break;
+            }
+        }
+    }
+    let members: Vec<Uuid> = counts_towards.keys().copied().collect();
+    let (from, to) = period_bounds(period_of(now));
+    let mut own: HashMap<Uuid, Spend> = HashMap::new();
+    for (team, booked) in db::billing::booked_by_team(pool, &members, from, to).await? {
+        let s = own.entry(team).or_default();
+        s.cost_micros += booked.cost_micros;
+        s.gpu_milli_ms += booked.gpu_milli_ms;
+    }
+    for u in db::billing::unbooked(pool, &members, now).await? {
+        let since = u.booked_to.max(from);
+        let ms = (now - since).num_milliseconds().max(0);
+        let s = own.entry(u.team_id).or_default();
+        s.cost_micros += cost_micros(u.gpus, ms, u.rate_micros_per_gpu_hour, u.price_multiplier_milli);
+        s.gpu_milli_ms += gpu_milli_ms(u.gpus, u.fraction_milli, ms);
+        s.burn_micros_per_hour += cost_micros(u.gpus, HOUR_MS, u.rate_micros_per_gpu_hour, u.price_multiplier_milli);
+        s.burn_gpu_milli_ms_per_hour += gpu_milli_ms(u.gpus, u.fraction_milli, HOUR_MS);
+    }
+    let mut out: HashMap<Uuid, Spend> = teams.iter().map(|t| (*t, Spend::default())).collect();
+    for (team, s) in &own {
+        for budgeted in counts_towards.get(team).into_iter().flatten() {
+            if let Some(total) = out.get_mut(budgeted) {
+                total.add(s);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Money left under each team's hard money budget this period, for admission: a leaf team
+/// is held to the tightest of its own and its ancestors' budgets. Teams without a hard
+/// money budget anywhere above them are absent.
+pub async fn hard_left(pool: &sqlx::PgPool, now: DateTime<Utc>) -> Result<HashMap<Uuid, i64>, sqlx::Error> {
+    let budgets: Vec<PeriodBudget> = db::billing::budgets_of(pool, period_of(now))
+        .await?
+        .into_iter()
+        .filter(|b| b.enforcement == "hard" && b.unit == "money")
+        .collect();
+    if budgets.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
+    let spent = spend(pool, &teams, now).await?;
+    let left: HashMap<Uuid, i64> =
+        budgets.iter().map(|b| (b.team_id, b.amount - spent.get(&b.team_id).map_or(0, |s| s.cost_micros))).collect();
+    let parents: HashMap<Uuid, Option<Uuid>> = db::billing::team_parents(pool).await?.into_iter().collect();
+    let mut out = HashMap::new();
+    for &team in parents.keys() {
+        let mut tightest: Option<i64> = None;
+        let (mut at, mut hops) = (Some(team), 0);
+        while let (Some(t), true) = (at, hops < 64) {
+            if let Some(l) = left.get(&t) {
+                tightest = Some(tightest.map_or(*l, |x| x.min(*l)));
+            }
+            at = parents.get(&t).copied().flatten();
+            hops += 1;
+        }
+        if let Some(l) = tightest {
+            out.insert(team, l.max(0));
+        }
+    }
+    Ok(out)
+}
+
+/// Raises the alerts that this period's spend has crossed, once each: recorded, written to
+/// the audit log, counted on `/metrics`. Also refreshes the spent-ratio gauges. How many
+/// alerts were new.
+pub async fn raise_alerts(pool: &sqlx::PgPool, now: DateTime<Utc>, metrics: &Metrics) -> Result<usize, sqlx::Error> {
+    let period = period_of(now);
+    let budgets = db::billing::budgets_of(pool, period).await?;
+    let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
+    let spent = spend(pool, &teams, now).await?;
+    let mut ratios = BTreeMap::new();
+    let mut raised = 0;
+    for b in &budgets {
+        let used = spent.get(&b.team_id).map_or(0, |s| s.in_unit(&b.unit));
+        ratios.insert(b.team.clone(), if b.amount > 0 { used as f64 / b.amount as f64 } else { 0.0 });
+        let crossed: Vec<i32> = THRESHOLDS
+            .into_iter()
+            .filter(|t| i128::from(used) * 100 >= i128::from(*t) * i128::from(b.amount))
+            .collect();
+        if crossed.is_empty() {
+            continue;
+        }
+        let mut tx = pool.begin().await?;
+        for threshold in crossed {
+            if db::billing::record_alert(&mut tx, b.team_id, period, threshold, used, b.amount, &b.unit).await? {
+                let object = format!("{}/{}", b.team, crate::domain::BudgetPeriod::from_date(period));
+                db::audit::record(
+                    &mut tx,
+                    db::audit::Change {
+                        actor: "system:metering",
+                        action: "budget.alert",
+                        object_type: "budget",
+                        object_id: &object,
+                        team_id: Some(b.team_id),
+                        before: None,
+                        after: Some(serde_json::json!({
+                            "threshold_percent": threshold, "spent": used, "amount": b.amount,
+                            "unit": b.unit, "enforcement": b.enforcement,
+                        })),
+                    },
+                )
+                .await?;
+                metrics.budget_alert(&b.team, threshold);
+                tracing::warn!(team = %b.team, threshold, spent = used, amount = b.amount, unit = %b.unit, "budget alert");
+                raised += 1;
+            }
+        }
+        tx.commit().await?;
+    }
+    metrics.budgets(ratios);
+    Ok(raised)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_period_runs_from_the_first_of_its_month_to_the_first_of_the_next() {
+        let (from, to) = period_bounds(NaiveDate::from_ymd_opt(2026, 12, 1).unwrap());
+        assert_eq!(from.to_rfc3339(), "2026-12-01T00:00:00+00:00");
+        assert_eq!(to.to_rfc3339(), "2027-01-01T00:00:00+00:00");
+    }
+
+    #[test]
+    fn the_forecast_adds_the_current_burn_until_the_period_ends() {
+        let spend = Spend {
+            cost_micros: 10_000_000,
+            gpu_milli_ms: 2 * 1000 * HOUR_MS,
+            burn_micros_per_hour: 1_000_000,
+            burn_gpu_milli_ms_per_hour: 1000 * HOUR_MS,
+        };
+        let now = "2026-11-30T14:00:00Z".parse::<DateTime<Utc>>().unwrap();
+        let end = period_bounds(period_of(now)).1;
+        // Ten hours left.
+        assert_eq!(spend.forecast_in_unit("money", now, end), 20_000_000);
+        assert_eq!(spend.forecast_in_unit("gpu-hours", now, end), 12);
+        assert_eq!(spend.in_unit("gpu-hours"), 2);
+    }
+}

@@ -1,0 +1,309 @@
+//! What billing reads: ledger rows for exports, spend for budgets, usage over time.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde_json::Value;
+use sqlx::{PgConnection, PgPool};
+use uuid::Uuid;
+
+/// A ledger row as exported.
+#[derive(Debug, Clone)]
+pub struct ExportRow {
+    pub id: i64,
+    pub kind: String,
+    pub corrects: Option<i64>,
+    pub reason: Option<String>,
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub job_name: String,
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub gpus: i32,
+    pub fraction_milli: i32,
+    pub borrowing: bool,
+    pub charge_start: DateTime<Utc>,
+    pub charge_end: DateTime<Utc>,
+    pub duration_ms: i64,
+    pub gpu_milli_ms: i64,
+    pub rate_micros_per_gpu_hour: i64,
+    pub price_multiplier_milli: i32,
+    pub list_cost_micros: i64,
+    pub billed_cost_micros: i64,
+    pub currency: String,
+    pub billing_period: NaiveDate,
+    pub labels: Value,
+}
+
+/// Up to `limit` ledger rows of billing period `period` after row `after_id`, in id order:
+/// keyset pages, so an export of millions of rows holds one page at a time.
+pub async fn export_page(
+    conn: &mut PgConnection,
+    period: NaiveDate,
+    after_id: i64,
+    limit: i64,
+) -> Result<Vec<ExportRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ExportRow,
+        "select id, kind, corrects, reason, job_id, attempt, job_name, team_id, team_name, gpu_class, priority_class,
+                gpus, fraction_milli, borrowing, charge_start, charge_end, duration_ms, gpu_milli_ms,
+                rate_micros_per_gpu_hour, price_multiplier_milli, list_cost_micros, billed_cost_micros, currency,
+                billing_period, labels
+         from usage_ledger where billing_period = $1 and id > $2 order by id limit $3",
+        period,
+        after_id,
+        limit
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Ledger totals of a billing period: (rows, GPU time, billed cost).
+pub async fn period_totals(pool: &PgPool, period: NaiveDate) -> Result<(i64, i64, i64), sqlx::Error> {
+    let r = sqlx::query!(
+        r#"select count(*) as "rows!", coalesce(sum(gpu_milli_ms), 0)::int8 as "gpu!",
+                  coalesce(sum(billed_cost_micros), 0)::int8 as "cost!"
+           from usage_ledger where billing_period = $1"#,
+        period
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((r.rows, r.gpu, r.cost))
+}
+
+/// Booked spend of one team: its ledger over a span of charge time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Booked {
+    pub cost_micros: i64,
+    pub gpu_milli_ms: i64,
+}
+
+/// Booked spend per team of charges in `[from, to)`, for the teams in `teams`.
+pub async fn booked_by_team(
+    pool: &PgPool,
+    teams: &[Uuid],
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<(Uuid, Booked)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"select team_id, coalesce(sum(billed_cost_micros), 0)::int8 as "cost!",
+                  coalesce(sum(gpu_milli_ms), 0)::int8 as "gpu!"
+           from usage_ledger
+           where team_id = any($1) and charge_start >= $2 and charge_start < $3
+           group by team_id"#,
+        teams,
+        from,
+        to
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.team_id, Booked { cost_micros: r.cost, gpu_milli_ms: r.gpu })).collect())
+}
+
+/// A running attempt's usage not yet booked: from `booked_to` on, at today's rate.
+#[derive(Debug, Clone)]
+pub struct Unbooked {
+    pub team_id: Uuid,
+    pub gpus: i32,
+    pub fraction_milli: i32,
+    pub booked_to: DateTime<Utc>,
+    pub rate_micros_per_gpu_hour: i64,
+    pub price_multiplier_milli: i32,
+}
+
+/// Running attempts of the teams in `teams` and how far each is booked.
+pub async fn unbooked(pool: &PgPool, teams: &[Uuid], now: DateTime<Utc>) -> Result<Vec<Unbooked>, sqlx::Error> {
+    sqlx::query_as!(
+        Unbooked,
+        r#"select u.team_id, u.gpus, u.fraction_milli,
+                  greatest(u.started_at, coalesce(b.booked_to, u.started_at)) as "booked_to!",
+                  coalesce(r.rate, 0) as "rate_micros_per_gpu_hour!",
+                  coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!"
+           from usage_intervals u
+           left join lateral (select max(l.charge_end) as booked_to from usage_ledger l
+                              where l.job_id = u.job_id and l.attempt = u.attempt and l.kind = 'usage') b on true
+           left join lateral (select g.rate_micros_per_gpu_hour as rate from gpu_class_rates g
+                              where g.gpu_class_id = u.gpu_class_id and g.effective_from <= $2
+                              order by g.effective_from desc limit 1) r on true
+           left join priority_classes p on p.name = u.priority_class
+           where u.ended_at is null and u.team_id = any($1)"#,
+        teams,
+        now
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// A budget of one period, with its team's name.
+#[derive(Debug, Clone)]
+pub struct PeriodBudget {
+    pub team_id: Uuid,
+    pub team: String,
+    pub unit: String,
+    pub amount: i64,
+    pub enforcement: String,
+}
+
+/// Every team's budget for `period`.
+pub async fn budgets_of(pool: &PgPool, period: NaiveDate) -> Result<Vec<PeriodBudget>, sqlx::Error> {
+    sqlx::query_as!(
+        PeriodBudget,
+        "select b.team_id, t.name as team, b.unit, b.amount, b.enforcement
+         from budgets b join teams t on t.id = b.team_id where b.period = $1 order by t.name",
+        period
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// (team, parent) for every team: budgets of a department cover its whole subtree.
+pub async fn team_parents(pool: &PgPool) -> Result<Vec<(Uuid, Option<Uuid>)>, sqlx::Error> {
+    let rows = sqlx::query!("select id, parent_id from teams").fetch_all(pool).await?;
+    Ok(rows.into_iter().map(|r| (r.id, r.parent_id)).collect())
+}
+
+/// Records a budget alert once; true when it is new.
+pub async fn record_alert(
+    tx: &mut super::Tx<'_>,
+    team_id: Uuid,
+    period: NaiveDate,
+    threshold: i32,
+    spent: i64,
+    amount: i64,
+    unit: &str,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query!(
+        "insert into budget_alerts (team_id, period, threshold, spent, amount, unit)
+         values ($1, $2, $3, $4, $5, $6) on conflict do nothing",
+        team_id,
+        period,
+        threshold,
+        spent,
+        amount,
+        unit
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// A raised budget alert.
+#[derive(Debug, Clone)]
+pub struct AlertRow {
+    pub period: NaiveDate,
+    pub threshold: i32,
+    pub spent: i64,
+    pub amount: i64,
+    pub unit: String,
+    pub raised_at: DateTime<Utc>,
+}
+
+/// A team's alerts of `period`, lowest threshold first.
+pub async fn alerts(pool: &PgPool, team_id: Uuid, period: NaiveDate) -> Result<Vec<AlertRow>, sqlx::Error> {
+    sqlx::query_as!(
+        AlertRow,
+        "select period, threshold, spent, amount, unit, raised_at from budget_alerts
+         where team_id = $1 and period = $2 order by threshold",
+        team_id,
+        period
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Usage of one team over time: one bucket per step and group.
+#[derive(Debug, Clone)]
+pub struct UsageBucket {
+    pub bucket: DateTime<Utc>,
+    pub group: String,
+    pub gpu_milli_ms: i64,
+    pub billed_cost_micros: i64,
+}
+
+/// A team's booked usage in `[from, to)` by `step` (`hour`, `day` or `month`, UTC) and by
+/// `group_by` (`gpu_class`, `priority_class`, `label`, or anything else for no grouping);
+/// `label` groups by the value of label `label_key` (`""` when a job lacks it).
+pub async fn usage(
+    pool: &PgPool,
+    team_id: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    step: &str,
+    group_by: &str,
+    label_key: &str,
+) -> Result<Vec<UsageBucket>, sqlx::Error> {
+    sqlx::query_as!(
+        UsageBucket,
+        r#"select date_trunc($4, charge_start, 'UTC') as "bucket!",
+                  case $5 when 'gpu_class' then gpu_class
+                          when 'priority_class' then priority_class
+                          when 'label' then coalesce(labels ->> $6, '')
+                          else '' end as "group!",
+                  sum(gpu_milli_ms)::int8 as "gpu_milli_ms!", sum(billed_cost_micros)::int8 as "billed_cost_micros!"
+           from usage_ledger
+           where team_id = $1 and charge_start >= $2 and charge_start < $3
+           group by 1, 2 order by 1, 2"#,
+        team_id,
+        from,
+        to,
+        step,
+        group_by,
+        label_key
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// One line of a statement: usage of one class and priority class.
+#[derive(Debug, Clone)]
+pub struct StatementLine {
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub gpu_milli_ms: i64,
+    pub list_cost_micros: i64,
+    pub billed_cost_micros: i64,
+}
+
+/// A team's billed usage of billing period `period`, by class and priority class.
+pub async fn statement_lines(
+    pool: &PgPool,
+    team_id: Uuid,
+    period: NaiveDate,
+) -> Result<Vec<StatementLine>, sqlx::Error> {
+    sqlx::query_as!(
+        StatementLine,
+        r#"select gpu_class, priority_class, sum(gpu_milli_ms)::int8 as "gpu_milli_ms!",
+                  sum(list_cost_micros)::int8 as "list_cost_micros!", sum(billed_cost_micros)::int8 as "billed_cost_micros!"
+           from usage_ledger where team_id = $1 and billing_period = $2
+           group by 1, 2 order by 1, 2"#,
+        team_id,
+        period
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// A job on a statement.
+#[derive(Debug, Clone)]
+pub struct TopJob {
+    pub job_id: Uuid,
+    pub job_name: String,
+    pub gpu_milli_ms: i64,
+    pub billed_cost_micros: i64,
+}
+
+/// The team's `limit` costliest jobs of billing period `period`.
+pub async fn top_jobs(pool: &PgPool, team_id: Uuid, period: NaiveDate, limit: i64) -> Result<Vec<TopJob>, sqlx::Error> {
+    sqlx::query_as!(
+        TopJob,
+        r#"select job_id, min(job_name) as "job_name!", sum(gpu_milli_ms)::int8 as "gpu_milli_ms!",
+                  sum(billed_cost_micros)::int8 as "billed_cost_micros!"
+           from usage_ledger where team_id = $1 and billing_period = $2
+           group by job_id order by 4 desc, 1 limit $3"#,
+        team_id,
+        period,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -1,0 +1,349 @@
+//! The usage ledger, its rollups, capacity history and billing periods.
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A closed or open usage interval with everything a ledger row copies from its job.
+#[derive(Debug, Clone)]
+pub struct IntervalToMeter {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub job_name: String,
+    pub team_id: Uuid,
+    pub team_name: String,
+    pub gpu_class_id: Uuid,
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub gpus: i32,
+    pub fraction_milli: i32,
+    pub borrowing: bool,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub price_multiplier_milli: i32,
+    pub labels: Value,
+}
+
+/// The interval of `job_id`'s attempt `attempt`, locked so that two meterings of it are
+/// serialised; `None` when it was never opened.
+pub async fn interval_for_update(
+    tx: &mut Tx<'_>,
+    job_id: Uuid,
+    attempt: i32,
+) -> Result<Option<IntervalToMeter>, sqlx::Error> {
+    sqlx::query_as!(
+        IntervalToMeter,
+        r#"select u.job_id, u.attempt, j.name as job_name, u.team_id, t.name as team_name,
+                  u.gpu_class_id, c.name as gpu_class, u.priority_class, u.gpus, u.fraction_milli, u.borrowing,
+                  u.started_at, u.ended_at,
+                  coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!", j.labels
+           from usage_intervals u
+           join jobs j on j.id = u.job_id
+           join teams t on t.id = u.team_id
+           join gpu_classes c on c.id = u.gpu_class_id
+           left join priority_classes p on p.name = u.priority_class
+           where u.job_id = $1 and u.attempt = $2
+           for update of u"#,
+        job_id,
+        attempt
+    )
+    .fetch_optional(&mut **tx)
+    .await
+}
+
+/// A class's rate card: (effective from, micro-units per GPU-hour), oldest first.
+pub async fn rates(tx: &mut Tx<'_>, gpu_class_id: Uuid) -> Result<Vec<(DateTime<Utc>, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select effective_from, rate_micros_per_gpu_hour from gpu_class_rates
+         where gpu_class_id = $1 order by effective_from",
+        gpu_class_id
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.effective_from, r.rate_micros_per_gpu_hour)).collect())
+}
+
+/// A usage piece already in the ledger, with whether a correction already refers to it.
+#[derive(Debug, Clone)]
+pub struct MeteredPiece {
+    pub id: i64,
+    pub charge_start: DateTime<Utc>,
+    pub charge_end: DateTime<Utc>,
+    pub duration_ms: i64,
+    pub rate_micros_per_gpu_hour: i64,
+    pub price_multiplier_milli: i32,
+    pub corrected: bool,
+}
+
+/// The usage pieces of an attempt, in time order.
+pub async fn metered_pieces(tx: &mut Tx<'_>, job_id: Uuid, attempt: i32) -> Result<Vec<MeteredPiece>, sqlx::Error> {
+    sqlx::query_as!(
+        MeteredPiece,
+        r#"select l.id, l.charge_start, l.charge_end, l.duration_ms, l.rate_micros_per_gpu_hour,
+                  l.price_multiplier_milli,
+                  exists (select 1 from usage_ledger c where c.corrects = l.id) as "corrected!"
+           from usage_ledger l
+           where l.job_id = $1 and l.attempt = $2 and l.kind = 'usage'
+           order by l.charge_start"#,
+        job_id,
+        attempt
+    )
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// A ledger row to append.
+#[derive(Debug, Clone)]
+pub struct NewLedgerRow {
+    pub kind: &'static str,
+    pub corrects: Option<i64>,
+    pub reason: Option<String>,
+    pub charge_start: DateTime<Utc>,
+    pub charge_end: DateTime<Utc>,
+    pub duration_ms: i64,
+    pub gpu_milli_ms: i64,
+    pub rate_micros_per_gpu_hour: i64,
+    pub price_multiplier_milli: i32,
+    pub list_cost_micros: i64,
+    pub billed_cost_micros: i64,
+}
+
+/// Appends rows for one interval (its job, team and class copied into each), each in the
+/// first open billing period of its charge, and marks their hours for the rollups. A row
+/// whose key is already there (the same piece, or a second correction of one piece) is
+/// skipped: how many were written.
+pub async fn append(
+    tx: &mut Tx<'_>,
+    interval: &IntervalToMeter,
+    currency: &str,
+    rows: &[NewLedgerRow],
+) -> Result<u64, sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let kinds: Vec<String> = rows.iter().map(|r| r.kind.to_owned()).collect();
+    let corrects: Vec<Option<i64>> = rows.iter().map(|r| r.corrects).collect();
+    let reasons: Vec<Option<String>> = rows.iter().map(|r| r.reason.clone()).collect();
+    let starts: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_start).collect();
+    let ends: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_end).collect();
+    let durations: Vec<i64> = rows.iter().map(|r| r.duration_ms).collect();
+    let gpu_time: Vec<i64> = rows.iter().map(|r| r.gpu_milli_ms).collect();
+    let rates: Vec<i64> = rows.iter().map(|r| r.rate_micros_per_gpu_hour).collect();
+    let multipliers: Vec<i32> = rows.iter().map(|r| r.price_multiplier_milli).collect();
+    let list: Vec<i64> = rows.iter().map(|r| r.list_cost_micros).collect();
+    let billed: Vec<i64> = rows.iter().map(|r| r.billed_cost_micros).collect();
+    let written = sqlx::query!(
+        r#"insert into usage_ledger (kind, corrects, reason, job_id, attempt, job_name, team_id, team_name,
+                                    gpu_class_id, gpu_class, priority_class, gpus, fraction_milli, borrowing,
+                                    charge_start, charge_end, duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour,
+                                    price_multiplier_milli, list_cost_micros, billed_cost_micros, currency,
+                                    billing_period, labels)
+           select r.kind, r.corrects, r.reason, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
+                  r.start, r.finish, r.duration, r.gpu_time, r.rate, r.multiplier, r.list, r.billed, $12,
+                  billing_period_for(r.start), $13
+           from unnest($14::text[], $15::int8[], $16::text[], $17::timestamptz[], $18::timestamptz[], $19::int8[],
+                       $20::int8[], $21::int8[], $22::int4[], $23::int8[], $24::int8[])
+                as r(kind, corrects, reason, start, finish, duration, gpu_time, rate, multiplier, list, billed)
+           on conflict do nothing"#,
+        interval.job_id,
+        interval.attempt,
+        interval.job_name,
+        interval.team_id,
+        interval.team_name,
+        interval.gpu_class_id,
+        interval.gpu_class,
+        interval.priority_class,
+        interval.gpus,
+        interval.fraction_milli,
+        interval.borrowing,
+        currency,
+        interval.labels,
+        &kinds,
+        &corrects as &[Option<i64>],
+        &reasons as &[Option<String>],
+        &starts,
+        &ends,
+        &durations,
+        &gpu_time,
+        &rates,
+        &multipliers,
+        &list,
+        &billed,
+    )
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query!(
+        "insert into rollup_dirty_hours (hour)
+         select distinct date_trunc('hour', s, 'UTC') from unnest($1::timestamptz[]) as s",
+        &starts
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(written)
+}
+
+/// Open intervals that started before `before`: the metering pass books their completed hours.
+pub async fn open_intervals(pool: &PgPool, before: DateTime<Utc>) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select job_id, attempt from usage_intervals where ended_at is null and started_at < $1 order by started_at",
+        before
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
+}
+
+/// Closed intervals with no ledger row at all: left behind by a crash between closing and
+/// metering (which share a transaction, so only by an older version) or closed before the
+/// ledger existed. The metering pass books them.
+pub async fn unmetered_closed_intervals(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select u.job_id, u.attempt from usage_intervals u
+         where u.ended_at is not null and u.ended_at > u.started_at
+           and not exists (select 1 from usage_ledger l where l.job_id = u.job_id and l.attempt = u.attempt)
+         order by u.ended_at limit $1",
+        limit
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.job_id, r.attempt)).collect())
+}
+
+/// Records the schedulable units of every class across all clusters when they changed,
+/// effective now. Called after every inventory sync.
+pub async fn record_capacity(tx: &mut Tx<'_>) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query!(
+        "with now as (select date_trunc('milliseconds', now()) as at),
+              current as (
+                  select c.id as gpu_class_id,
+                         coalesce((select sum(cc.gpus) from cluster_capacity cc
+                                   where cc.gpu_class_id = c.id and cc.largest_node > 0), 0)::int4 as gpus
+                  from gpu_classes c),
+              latest as (
+                  select distinct on (gpu_class_id) gpu_class_id, gpus from capacity_history
+                  order by gpu_class_id, effective_from desc)
+         insert into capacity_history (gpu_class_id, effective_from, gpus)
+         select cur.gpu_class_id, now.at, cur.gpus
+         from current cur cross join now left join latest l on l.gpu_class_id = cur.gpu_class_id
+         where l.gpus is distinct from cur.gpus and (l.gpus is not null or cur.gpus > 0)
+         on conflict (gpu_class_id, effective_from) do update set gpus = excluded.gpus"
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Recomputes the rollups of every stale hour, and the capacity rows of every completed hour
+/// up to `complete_before` that has none yet (at most a month back), in one transaction;
+/// the hours recomputed.
+pub async fn roll_up(pool: &PgPool, complete_before: DateTime<Utc>) -> Result<Vec<DateTime<Utc>>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let dirty: Vec<DateTime<Utc>> =
+        sqlx::query_scalar!("delete from rollup_dirty_hours returning hour as \"hour!\"").fetch_all(&mut *tx).await?;
+    let mut hours = dirty;
+    let missing: Vec<DateTime<Utc>> = sqlx::query_scalar!(
+        r#"with bounds as (
+               select greatest(coalesce(max(hour) + interval '1 hour', $1::timestamptz - interval '31 days'),
+                               $1::timestamptz - interval '31 days') as first
+               from class_hours)
+           select h as "hour!" from bounds,
+                generate_series(date_trunc('hour', bounds.first, 'UTC'), $1::timestamptz - interval '1 hour',
+                                interval '1 hour') as h
+           where exists (select 1 from capacity_history) or exists (select 1 from usage_ledger)"#,
+        complete_before
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    hours.extend(missing);
+    hours.sort_unstable();
+    hours.dedup();
+    if hours.is_empty() {
+        tx.commit().await?;
+        return Ok(hours);
+    }
+    sqlx::query!("delete from usage_rollups where hour = any($1)", &hours).execute(&mut *tx).await?;
+    sqlx::query!(
+        "insert into usage_rollups (hour, team_id, gpu_class_id, priority_class, gpu_milli_ms, billed_cost_micros)
+         select date_trunc('hour', charge_start, 'UTC'), team_id, gpu_class_id, priority_class,
+                sum(gpu_milli_ms)::int8, sum(billed_cost_micros)::int8
+         from usage_ledger
+         where date_trunc('hour', charge_start, 'UTC') = any($1)
+         group by 1, 2, 3, 4",
+        &hours
+    )
+    .execute(&mut *tx)
+    .await?;
+    // Capacity and idle only for completed hours: an hour in progress has no idle time yet.
+    let complete: Vec<DateTime<Utc>> =
+        hours.iter().copied().filter(|h| *h + chrono::Duration::hours(1) <= complete_before).collect();
+    sqlx::query!("delete from class_hours where hour = any($1)", &complete).execute(&mut *tx).await?;
+    sqlx::query!(
+        r#"with h as (select unnest($1::timestamptz[]) as hour),
+                c as (select gpu_class_id, effective_from, gpus,
+                             coalesce(lead(effective_from) over (partition by gpu_class_id order by effective_from),
+                                      'infinity') as until
+                      from capacity_history),
+                cap as (select h.hour, c.gpu_class_id,
+                               sum(c.gpus::int8 * g.fraction_milli
+                                   * (extract(epoch from least(c.until, h.hour + interval '1 hour')
+                                                       - greatest(c.effective_from, h.hour)) * 1000)::int8)::int8 as milli_ms
+                        from h
+                        join c on c.effective_from < h.hour + interval '1 hour' and c.until > h.hour
+                        join gpu_classes g on g.id = c.gpu_class_id
+                        group by 1, 2),
+                alloc as (select date_trunc('hour', charge_start, 'UTC') as hour, gpu_class_id,
+                                 sum(gpu_milli_ms)::int8 as milli_ms
+                          from usage_ledger
+                          where date_trunc('hour', charge_start, 'UTC') = any($1)
+                          group by 1, 2)
+           insert into class_hours (hour, gpu_class_id, capacity_milli_ms, allocated_milli_ms, idle_milli_ms)
+           select coalesce(cap.hour, alloc.hour), coalesce(cap.gpu_class_id, alloc.gpu_class_id),
+                  coalesce(cap.milli_ms, 0), coalesce(alloc.milli_ms, 0),
+                  coalesce(cap.milli_ms, 0) - coalesce(alloc.milli_ms, 0)
+           from cap full join alloc on alloc.hour = cap.hour and alloc.gpu_class_id = cap.gpu_class_id"#,
+        &complete
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(hours)
+}
+
+/// Whether `period` is closed.
+pub async fn period_closed(db: impl sqlx::PgExecutor<'_>, period: NaiveDate) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(r#"select exists (select 1 from billing_periods where period = $1) as "closed!""#, period)
+        .fetch_one(db)
+        .await
+}
+
+/// The closed periods, newest first.
+pub async fn closed_periods(pool: &PgPool) -> Result<Vec<(NaiveDate, DateTime<Utc>, String)>, sqlx::Error> {
+    let rows = sqlx::query!("select period, closed_at, closed_by from billing_periods order by period desc")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|r| (r.period, r.closed_at, r.closed_by)).collect())
+}
+
+/// Closes `period`. Takes the ledger's write lock first, so that no row is appended to the
+/// period after it closes: a metering transaction either committed before (its rows are in
+/// the period) or appends after (its rows go to the next open period).
+pub async fn close_period(tx: &mut Tx<'_>, period: NaiveDate, by: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query!("lock table usage_ledger in exclusive mode").execute(&mut **tx).await?;
+    let done = sqlx::query!(
+        "insert into billing_periods (period, closed_by) values ($1, $2) on conflict do nothing",
+        period,
+        by
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The latest closed period, if any.
+pub async fn latest_closed(db: impl sqlx::PgExecutor<'_>) -> Result<Option<NaiveDate>, sqlx::Error> {
+    sqlx::query_scalar!("select max(period) from billing_periods").fetch_one(db).await
+}

@@ -1,0 +1,439 @@
+//! Metering and billing against a real PostgreSQL: the ledger matches ground truth to the
+//! unit, is append-only, prices by the rate in force, and exports reconcile and repeat.
+//!
+//! Usage intervals are written here the way the reconciler writes them (open at the real
+//! start, close at the real stop, book in the closing transaction), with start and end times
+//! chosen by the test, so the truth is known exactly.
+
+use chrono::{DateTime, Duration, TimeZone, Utc};
+use fairway::{db, metering, rng::SplitMix64};
+use fairway_tests::{call, TestApp};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+const H100_RATE: i64 = 2_500_000;
+const MIG_RATE: i64 = 900_000;
+const MIG_CLASSES: [(&str, i64); 3] = [("a100.mig-1g.10gb", 142), ("a100.mig-3g.40gb", 428), ("a100.mig-4g.40gb", 571)];
+
+fn t(s: &str) -> DateTime<Utc> {
+    s.parse().expect("a valid instant")
+}
+
+struct Setup {
+    app: TestApp,
+    admin: String,
+    finance: String,
+    teams: Vec<(String, Uuid)>,
+    /// (name, id, fraction_milli)
+    classes: Vec<(String, Uuid, i32)>,
+}
+
+/// Teams `ml` and `vision`, a finance user, an H100 class at $2.50 and three MIG classes
+/// at $0.90 per slice-hour, with rates in force since 2026-01-01.
+async fn setup() -> Setup {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    let finance = app.user(&admin, "finn", Some("finance")).await;
+    let mut teams = Vec::new();
+    for name in ["ml", "vision"] {
+        let team = app.team(&admin, name, None).await;
+        teams.push((name.to_owned(), team["id"].as_str().expect("id").parse().expect("uuid")));
+    }
+    let since = "2026-01-01T00:00:00Z";
+    let mut classes = Vec::new();
+    for (name, kind, fraction, rate) in std::iter::once(("h100", "whole", 1000, H100_RATE))
+        .chain(MIG_CLASSES.iter().map(|(n, f)| (*n, "mig", *f, MIG_RATE)))
+    {
+        let r = app
+            .send(call("POST", "/api/v1/gpu-classes").token(&admin).json(&json!({
+                "name": name, "kind": kind, "memory_mib": 10240, "fraction_milli": fraction,
+                "rate_micros_per_gpu_hour": rate, "rate_effective_from": since,
+            })))
+            .await;
+        r.assert_status(201);
+        classes.push((name.to_owned(), r.json()["id"].as_str().expect("id").parse().expect("uuid"), fraction as i32));
+    }
+    Setup { app, admin, finance, teams, classes }
+}
+
+/// A job of `gpus` units of `class` in `team`, whose first attempt is admitted (as a cycle
+/// would leave it), ready for its usage interval.
+async fn admitted_job(s: &Setup, team: Uuid, class: Uuid, gpus: i32, name: &str) -> Uuid {
+    let job = db::jobs::NewJob {
+        id: Uuid::new_v4(),
+        name: name.into(),
+        gpu_class_id: class,
+        priority_class: "production".into(),
+        replicas: 1,
+        gpus_per_replica: gpus,
+        max_runtime_seconds: 2_592_000,
+        image: "registry.example/train:1".into(),
+        command: json!([]),
+        env: json!({}),
+        labels: json!({"project": "truth"}),
+        topology_mode: "any".into(),
+        topology_level: None,
+        preemption_grace_seconds: None,
+        max_retries: 0,
+    };
+    let id = job.id;
+    db::jobs::insert_many(&s.app.pool, team, "test", &[job]).await.expect("insert job");
+    sqlx::query("update jobs set attempt = 1, state = 'running' where id = $1")
+        .bind(id)
+        .execute(&s.app.pool)
+        .await
+        .expect("admit");
+    id
+}
+
+/// Opens and closes the attempt's interval and books it, in one transaction, as the
+/// reconciler's `end_attempt` does.
+async fn run_and_close(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>, end: DateTime<Utc>) {
+    let mut tx = pool.begin().await.expect("begin");
+    db::scheduling::open_interval(&mut tx, job, 1, start).await.expect("open");
+    db::scheduling::close_interval(&mut tx, job, 1, end).await.expect("close");
+    metering::ledger::book(&mut tx, job, 1, None, "USD").await.expect("book");
+    tx.commit().await.expect("commit");
+}
+
+async fn open(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>) {
+    let mut tx = pool.begin().await.expect("begin");
+    db::scheduling::open_interval(&mut tx, job, 1, start).await.expect("open");
+    tx.commit().await.expect("commit");
+}
+
+/// Books a running attempt up to `until`, as the metering pass does each hour.
+async fn book_until(pool: &sqlx::PgPool, job: Uuid, until: DateTime<Utc>) -> u64 {
+    let mut tx = pool.begin().await.expect("begin");
+    let n = metering::ledger::book(&mut tx, job, 1, Some(until), "USD").await.expect("book");
+    tx.commit().await.expect("commit");
+    n
+}
+
+async fn scalar(pool: &sqlx::PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar::<_, Option<i64>>(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+        .unwrap_or(0)
+}
+
+/// Milliseconds of `[start, end)` that fall in October 2026.
+fn in_october(start: DateTime<Utc>, end: DateTime<Utc>) -> i64 {
+    let (from, to) = (t("2026-10-01T00:00:00Z"), t("2026-11-01T00:00:00Z"));
+    (end.min(to) - start.max(from)).num_milliseconds().max(0)
+}
+
+async fn export(s: &Setup, period: &str, format: &str) -> String {
+    let r = s
+        .app
+        .send(call("GET", &format!("/api/v1/billing/exports?period={period}&format={format}")).token(&s.finance))
+        .await;
+    r.assert_status(200);
+    String::from_utf8(r.body.clone()).expect("UTF-8")
+}
+
+/// The control record of a CSV export (its last line) as JSON.
+fn control(csv: &str) -> Value {
+    let last = csv.trim_end().lines().last().expect("a control line");
+    serde_json::from_str(last.strip_prefix("# control ").expect("a control record")).expect("control JSON")
+}
+
+#[tokio::test]
+async fn two_thousand_jobs_book_exactly_their_gpu_time_and_ledger_rollups_and_export_agree_to_the_unit() {
+    let s = setup().await;
+    let mut rng = SplitMix64(0x0b11_1e55);
+    let mut truth_by_job: Vec<(Uuid, i64)> = Vec::new();
+    let mut truth_by_team = std::collections::HashMap::<Uuid, i64>::new();
+    let mut october_truth = 0i64;
+    let base = t("2026-10-01T00:00:00Z");
+    for i in 0..2000 {
+        let (_, team) = s.teams[i % s.teams.len()];
+        let (_, class, fraction) = s.classes[(rng.next_u64() % s.classes.len() as u64) as usize].clone();
+        let gpus = 1 + (rng.next_u64() % 8) as i32;
+        // Starts anywhere in October (to the millisecond), runs up to 30 hours: across hours,
+        // days, and for some across the month's end.
+        let start = base + Duration::milliseconds((rng.next_u64() % (31 * 24 * 3_600_000)) as i64);
+        let end = start + Duration::milliseconds(1 + (rng.next_u64() % (30 * 3_600_000)) as i64);
+        let job = admitted_job(&s, team, class, gpus, &format!("job-{i}")).await;
+        let gpu_time = i64::from(gpus) * i64::from(fraction) * (end - start).num_milliseconds();
+        if i % 5 == 0 {
+            // A long runner: booked hour by hour while it runs, then closed.
+            open(&s.app.pool, job, start).await;
+            let mut hour = t("2026-10-01T00:00:00Z") + Duration::hours(((start - base).num_hours()) + 1);
+            while hour <= end {
+                book_until(&s.app.pool, job, hour).await;
+                hour += Duration::hours(7);
+            }
+            let mut tx = s.app.pool.begin().await.expect("begin");
+            db::scheduling::close_interval(&mut tx, job, 1, end).await.expect("close");
+            metering::ledger::book(&mut tx, job, 1, None, "USD").await.expect("book");
+            tx.commit().await.expect("commit");
+        } else {
+            run_and_close(&s.app.pool, job, start, end).await;
+        }
+        truth_by_job.push((job, gpu_time));
+        *truth_by_team.entry(team).or_default() += gpu_time;
+        october_truth += i64::from(gpus) * i64::from(fraction) * in_october(start, end);
+    }
+    let pool = &s.app.pool;
+    let booked: std::collections::HashMap<Uuid, i64> =
+        sqlx::query_as("select job_id, sum(gpu_milli_ms)::int8 from usage_ledger group by job_id")
+            .fetch_all(pool)
+            .await
+            .expect("booked per job")
+            .into_iter()
+            .collect();
+    for (job, truth) in &truth_by_job {
+        assert_eq!(booked.get(job), Some(truth), "job {job}");
+    }
+    for (team, truth) in &truth_by_team {
+        let booked =
+            scalar(pool, &format!("select sum(gpu_milli_ms)::int8 from usage_ledger where team_id = '{team}'")).await;
+        assert_eq!(booked, *truth, "team {team}");
+    }
+    let ledger_total = scalar(pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await;
+    assert_eq!(ledger_total, truth_by_team.values().sum::<i64>());
+    assert_eq!(
+        scalar(pool, "select count(*) from usage_ledger where charge_end - charge_start > interval '1 hour'").await,
+        0
+    );
+
+    // Booking every attempt again writes nothing.
+    for (job, _) in &truth_by_job {
+        let mut tx = pool.begin().await.expect("begin");
+        assert_eq!(metering::ledger::book(&mut tx, *job, 1, None, "USD").await.expect("book"), 0);
+        tx.commit().await.expect("commit");
+    }
+    assert_eq!(scalar(pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await, ledger_total);
+
+    // Rollups, twice (the second must change nothing), equal the ledger; allocated + idle
+    // is capacity for every class-hour.
+    db::metering::roll_up(pool, t("2026-11-03T00:00:00Z")).await.expect("roll up");
+    let rolled = scalar(pool, "select sum(gpu_milli_ms)::int8 from usage_rollups").await;
+    let rollup_rows = scalar(pool, "select count(*) from usage_rollups").await;
+    sqlx::query("insert into rollup_dirty_hours select distinct hour from usage_rollups").execute(pool).await.unwrap();
+    db::metering::roll_up(pool, t("2026-11-03T00:00:00Z")).await.expect("roll up again");
+    assert_eq!(scalar(pool, "select sum(gpu_milli_ms)::int8 from usage_rollups").await, rolled);
+    assert_eq!(scalar(pool, "select count(*) from usage_rollups").await, rollup_rows);
+    assert_eq!(rolled, ledger_total);
+    let class_hours_allocated = scalar(pool, "select sum(allocated_milli_ms)::int8 from class_hours").await;
+    assert_eq!(class_hours_allocated, ledger_total, "every booked millisecond is in a completed hour");
+    assert_eq!(
+        scalar(pool, "select count(*) from class_hours where allocated_milli_ms + idle_milli_ms <> capacity_milli_ms")
+            .await,
+        0
+    );
+
+    // The October export holds exactly October's GPU time, and its control record says so.
+    let csv = export(&s, "2026-10", "csv").await;
+    let lines: Vec<&str> = csv.lines().collect();
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let column = header.iter().position(|c| *c == "gpu_milli_ms").expect("gpu_milli_ms column");
+    let exported: i64 = lines[1..lines.len() - 1]
+        .iter()
+        .map(|l| l.split(',').nth(column).expect("field").parse::<i64>().expect("an integer"))
+        .sum();
+    assert_eq!(exported, october_truth);
+    let c = control(&csv);
+    assert_eq!(c["rows"].as_u64(), Some((lines.len() - 2) as u64));
+    assert_eq!(c["gpu_milli_ms"], october_truth.to_string());
+    let billed =
+        scalar(pool, "select sum(billed_cost_micros)::int8 from usage_ledger where billing_period = '2026-10-01'")
+            .await;
+    assert_eq!(c["billed_cost"], metering::micros_decimal(billed));
+    let rolled_october = scalar(
+        pool,
+        "select sum(gpu_milli_ms)::int8 from usage_rollups where hour >= '2026-10-01' and hour < '2026-11-01'",
+    )
+    .await;
+    assert_eq!(rolled_october, october_truth);
+}
+
+#[tokio::test]
+async fn a_rate_change_mid_month_bills_each_side_of_it_at_its_own_price() {
+    let s = setup().await;
+    let (_, h100, _) = s.classes[0].clone();
+    // $4.00 from 2026-10-15 12:00: written directly, as the API refuses retroactive rates.
+    sqlx::query(
+        "insert into gpu_class_rates (gpu_class_id, effective_from, rate_micros_per_gpu_hour) values ($1, $2, 4000000)",
+    )
+    .bind(h100)
+    .bind(t("2026-10-15T12:00:00Z"))
+    .execute(&s.app.pool)
+    .await
+    .expect("rate");
+    let job = admitted_job(&s, s.teams[0].1, h100, 2, "across-the-change").await;
+    run_and_close(&s.app.pool, job, t("2026-10-15T10:30:00Z"), t("2026-10-15T14:00:00Z")).await;
+    let before = scalar(
+        &s.app.pool,
+        &format!("select sum(billed_cost_micros)::int8 from usage_ledger where job_id = '{job}' and charge_start < '2026-10-15T12:00:00Z'"),
+    )
+    .await;
+    let after = scalar(
+        &s.app.pool,
+        &format!("select sum(billed_cost_micros)::int8 from usage_ledger where job_id = '{job}' and charge_start >= '2026-10-15T12:00:00Z'"),
+    )
+    .await;
+    // 2 GPUs × 1.5 h × $2.50 and 2 GPUs × 2 h × $4.00.
+    assert_eq!((before, after), (7_500_000, 16_000_000));
+    let statement = s.app.send(call("GET", "/api/v1/teams/ml/statements/2026-10").token(&s.admin)).await;
+    statement.assert_status(200);
+    assert_eq!(statement.json()["billed_cost"], "23.500000");
+    assert_eq!(statement.json()["gpu_hours"], "7.000000000");
+}
+
+#[tokio::test]
+async fn the_ledger_refuses_updates_deletes_and_truncation_even_from_its_owner() {
+    let s = setup().await;
+    let job = admitted_job(&s, s.teams[0].1, s.classes[0].1, 1, "kept").await;
+    run_and_close(&s.app.pool, job, t("2026-10-02T00:00:00Z"), t("2026-10-02T00:30:00Z")).await;
+    for sql in ["update usage_ledger set billed_cost_micros = 0", "delete from usage_ledger", "truncate usage_ledger"] {
+        let e = sqlx::query(sql).execute(&s.app.pool).await.expect_err(sql);
+        let code = e.as_database_error().and_then(|d| d.code()).map(|c| c.into_owned());
+        assert_eq!(code.as_deref(), Some("42501"), "{sql}: {e}");
+    }
+    assert_eq!(scalar(&s.app.pool, "select sum(duration_ms)::int8 from usage_ledger").await, 1_800_000);
+}
+
+#[tokio::test]
+async fn an_end_reported_after_its_hour_was_booked_is_taken_back_by_a_correction() {
+    let s = setup().await;
+    let job = admitted_job(&s, s.teams[0].1, s.classes[0].1, 4, "late-news").await;
+    open(&s.app.pool, job, t("2026-10-03T09:00:00Z")).await;
+    // The metering pass booked 09:00–11:00 while it seemed to run...
+    assert_eq!(book_until(&s.app.pool, job, t("2026-10-03T11:00:00Z")).await, 2);
+    // ...but it had stopped at 10:15.
+    let mut tx = s.app.pool.begin().await.unwrap();
+    db::scheduling::close_interval(&mut tx, job, 1, t("2026-10-03T10:15:00Z")).await.unwrap();
+    metering::ledger::book(&mut tx, job, 1, None, "USD").await.unwrap();
+    tx.commit().await.unwrap();
+    let pool = &s.app.pool;
+    assert_eq!(scalar(pool, "select sum(duration_ms)::int8 from usage_ledger").await, 75 * 60_000);
+    assert_eq!(
+        scalar(pool, "select count(*) from usage_ledger where kind = 'correction' and corrects is not null").await,
+        1
+    );
+    // 4 GPUs × 1.25 h × $2.50.
+    assert_eq!(scalar(pool, "select sum(billed_cost_micros)::int8 from usage_ledger").await, 12_500_000);
+}
+
+#[tokio::test]
+async fn a_closed_period_re_exports_byte_for_byte_and_late_usage_lands_in_the_next_as_a_correction() {
+    let s = setup().await;
+    let (ml, h100) = (s.teams[0].1, s.classes[0].1);
+    let early = admitted_job(&s, ml, h100, 2, "=cmd|' /C calc'!A0").await;
+    run_and_close(&s.app.pool, early, t("2026-10-10T08:00:00Z"), t("2026-10-10T10:00:00Z")).await;
+    let r = s.app.send(call("POST", "/api/v1/billing/periods/2026-10/close").token(&s.finance)).await;
+    r.assert_status(200);
+    assert_eq!(r.json()["closed"], true);
+    s.app
+        .send(call("POST", "/api/v1/billing/periods/2026-10/close").token(&s.finance))
+        .await
+        .assert_problem(409, "period_closed");
+    let first = export(&s, "2026-10", "focus").await;
+    // Usage of October reported only now.
+    let late = admitted_job(&s, ml, h100, 1, "late").await;
+    run_and_close(&s.app.pool, late, t("2026-10-20T00:00:00Z"), t("2026-10-20T01:00:00Z")).await;
+    let again = export(&s, "2026-10", "focus").await;
+    assert_eq!(first, again, "a closed period's export never changes");
+    assert_eq!(control(&first)["rows"], 2);
+
+    let november = export(&s, "2026-11", "focus").await;
+    let lines: Vec<&str> = november.lines().collect();
+    assert_eq!(lines.len(), 3, "{november}");
+    let header: Vec<&str> = lines[0].split(',').collect();
+    let field = |name: &str| {
+        let i = header.iter().position(|c| *c == name).unwrap_or_else(|| panic!("no column {name}"));
+        lines[1].split(',').nth(i).unwrap_or_default().to_owned()
+    };
+    assert_eq!(field("ChargeClass"), "Correction");
+    assert_eq!(field("ChargePeriodStart"), "2026-10-20T00:00:00.000Z");
+    assert_eq!(field("BillingPeriodStart"), "2026-11-01T00:00:00.000Z");
+    assert_eq!(field("BilledCost"), "2.500000");
+    assert_eq!(field("ConsumedQuantity"), "1.000000000");
+    assert_eq!(field("ConsumedUnit"), "GPU-Hours");
+    assert_eq!(field("SubAccountName"), "ml");
+    // A job name that a spreadsheet would run as a formula is written as text.
+    assert!(first.contains(",'=cmd|' /C calc'!A0,"), "{first}");
+}
+
+#[tokio::test]
+async fn a_team_sees_its_usage_by_class_and_only_its_own() {
+    let s = setup().await;
+    let (ml, vision) = (s.teams[0].1, s.teams[1].1);
+    let a = admitted_job(&s, ml, s.classes[0].1, 2, "ml-h100").await;
+    run_and_close(&s.app.pool, a, t("2026-10-05T00:00:00Z"), t("2026-10-05T03:00:00Z")).await;
+    let b = admitted_job(&s, ml, s.classes[2].1, 3, "ml-mig").await;
+    run_and_close(&s.app.pool, b, t("2026-10-05T00:00:00Z"), t("2026-10-05T01:00:00Z")).await;
+    let c = admitted_job(&s, vision, s.classes[0].1, 8, "vision").await;
+    run_and_close(&s.app.pool, c, t("2026-10-05T00:00:00Z"), t("2026-10-05T10:00:00Z")).await;
+    let r = s
+        .app
+        .send(
+            call("GET", "/api/v1/teams/ml/usage?from=2026-10-01T00:00:00Z&to=2026-11-01T00:00:00Z&group_by=gpu_class")
+                .token(&s.admin),
+        )
+        .await;
+    r.assert_status(200);
+    let points = r.json()["points"].as_array().cloned().unwrap_or_default();
+    let got: Vec<(String, String, String)> = points
+        .iter()
+        .map(|p| {
+            (
+                p["at"].as_str().unwrap_or_default().to_owned(),
+                p["group"].as_str().unwrap_or_default().to_owned(),
+                p["gpu_hours"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("2026-10-05T00:00:00Z".into(), "a100.mig-3g.40gb".into(), "1.284000000".into()),
+            ("2026-10-05T00:00:00Z".into(), "h100".into(), "6.000000000".into()),
+        ]
+    );
+    let bad = s.app.send(call("GET", "/api/v1/teams/ml/usage?step=week").token(&s.admin)).await;
+    assert_eq!(bad.assert_problem(422, "validation_failed")["field"], "step");
+    let bad = s.app.send(call("GET", "/api/v1/billing/exports?period=2026-13&format=csv").token(&s.finance)).await;
+    assert_eq!(bad.assert_problem(422, "validation_failed")["field"], "period");
+    let bad = s.app.send(call("GET", "/api/v1/billing/exports?period=2026-10&format=xml").token(&s.finance)).await;
+    assert_eq!(bad.assert_problem(422, "validation_failed")["field"], "format");
+}
+
+#[tokio::test]
+async fn a_hard_budget_is_what_admission_sees_and_soft_budgets_alert_once_per_threshold() {
+    let s = setup().await;
+    let (ml, h100) = (s.teams[0].1, s.classes[0].1);
+    let now = Utc::now();
+    let period = fairway::billing::budgets::period_of(now);
+    let month = fairway::billing::period_name(period);
+    s.app
+        .send(
+            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
+                .token(&s.admin)
+                .json(&json!({"unit": "money", "amount": 10_000_000, "enforcement": "hard"})),
+        )
+        .await
+        .assert_status(200);
+    // $6.25 spent this month: 50% crossed, 80% not.
+    let start = Utc.from_utc_datetime(&period.and_hms_opt(0, 0, 0).unwrap());
+    let job = admitted_job(&s, ml, h100, 1, "spender").await;
+    run_and_close(&s.app.pool, job, start, start + Duration::minutes(150)).await;
+    let left = fairway::billing::budgets::hard_left(&s.app.pool, now).await.expect("budgets");
+    assert_eq!(left.get(&ml), Some(&3_750_000));
+    assert_eq!(left.get(&s.teams[1].1), None);
+    let metrics = fairway::telemetry::Metrics::default();
+    assert_eq!(fairway::billing::budgets::raise_alerts(&s.app.pool, now, &metrics).await.unwrap(), 1);
+    assert_eq!(fairway::billing::budgets::raise_alerts(&s.app.pool, now, &metrics).await.unwrap(), 0);
+    let status = s.app.send(call("GET", "/api/v1/teams/ml/budget-status").token(&s.admin)).await;
+    status.assert_status(200);
+    let status = status.json();
+    assert_eq!(status["spent_to_date"], 6_250_000);
+    assert_eq!(status["alerts"][0]["threshold"], 50);
+    assert_eq!(status["alerts"].as_array().map(Vec::len), Some(1));
+    assert!(metrics.render((0, 0)).contains("fairway_budget_alerts_total{team=\"ml\",threshold=\"50\"} 1"));
+    let audit = scalar(&s.app.pool, "select count(*) from audit_log where action = 'budget.alert'").await;
+    assert_eq!(audit, 1);
+}
