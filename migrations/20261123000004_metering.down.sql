@@ -3,6 +3,7 @@ drop table rollup_dirty_hours;
 drop table class_hours;
 drop table usage_rollups;
 drop table capacity_history;
+drop table quota_history;
 drop table usage_ledger;
 drop function usage_ledger_append_only();
 drop table billing_periods;

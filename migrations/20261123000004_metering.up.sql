@@ -26,12 +26,15 @@ $$;
 -- always be reproduced; names are copied for the same reason.
 create table usage_ledger (
     id                       bigint generated always as identity primary key,
-    kind                     text not null constraint usage_ledger_kind_check check (kind in ('usage', 'correction')),
+    -- `usage` of a job attempt, a `correction` of a usage row, or, under the
+    -- reserved-plus-burst chargeback model, the hourly charge for a team's `reservation`.
+    kind                     text not null
+                             constraint usage_ledger_kind_check check (kind in ('usage', 'correction', 'reservation')),
     corrects                 bigint constraint usage_ledger_corrects_fkey references usage_ledger (id),
     reason                   text,
-    job_id                   uuid not null,
-    attempt                  integer not null,
-    job_name                 text not null,
+    job_id                   uuid,
+    attempt                  integer,
+    job_name                 text,
     team_id                  uuid not null,
     team_name                text not null,
     gpu_class_id             uuid not null,
@@ -57,6 +60,9 @@ create table usage_ledger (
     labels                   jsonb not null default '{}',
     recorded_at              timestamptz not null default now(),
     constraint usage_ledger_correction_refers check ((kind = 'correction') = (corrects is not null)),
+    constraint usage_ledger_job_unless_reservation check (
+        (kind = 'reservation') = (job_id is null) and (job_id is null) = (attempt is null)
+        and (job_id is null) = (job_name is null)),
     constraint usage_ledger_within_an_hour check (
         charge_end > charge_start and date_trunc('hour', charge_start, 'UTC') = date_trunc('hour', charge_end - interval '1 microsecond', 'UTC'))
 );
@@ -64,6 +70,8 @@ create table usage_ledger (
 -- per corrected piece.
 create unique index usage_ledger_piece_key on usage_ledger (job_id, attempt, charge_start) where kind = 'usage';
 create unique index usage_ledger_correction_key on usage_ledger (corrects) where kind = 'correction';
+create unique index usage_ledger_reservation_key on usage_ledger (team_id, gpu_class_id, charge_start)
+    where kind = 'reservation';
 create index usage_ledger_period_idx on usage_ledger (billing_period, id);
 create index usage_ledger_team_idx on usage_ledger (team_id, charge_start);
 create index usage_ledger_hour_idx on usage_ledger (charge_start);
@@ -82,6 +90,18 @@ create trigger usage_ledger_no_change before update or delete on usage_ledger
 create trigger usage_ledger_no_truncate before truncate on usage_ledger
     for each statement execute function usage_ledger_append_only();
 revoke update, delete, truncate on usage_ledger from public;
+
+-- Each team's reserved quota over time, for the reserved-plus-burst chargeback model:
+-- written with every quota change, in its transaction.
+create table quota_history (
+    team_id        uuid not null constraint quota_history_team_id_fkey references teams (id) on delete cascade,
+    gpu_class_id   uuid not null constraint quota_history_gpu_class_id_fkey references gpu_classes (id) on delete cascade,
+    effective_from timestamptz not null,
+    reserved       integer not null constraint quota_history_reserved_check check (reserved >= 0),
+    constraint quota_history_pkey primary key (team_id, gpu_class_id, effective_from)
+);
+insert into quota_history (team_id, gpu_class_id, effective_from, reserved)
+select team_id, gpu_class_id, date_trunc('milliseconds', updated_at), reserved from quotas;
 
 -- Schedulable units of each class across all clusters, effective-dated: written by inventory
 -- syncs when the total changes, read to report capacity and idle time per hour.

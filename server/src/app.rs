@@ -287,7 +287,10 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         lease: state.config.leader_lease,
         check_invariants: state.config.check_invariants,
         engine: control::engine_config(&state.config),
-        currency: state.config.currency.clone(),
+        pricing: crate::metering::Pricing {
+            currency: state.config.currency.clone(),
+            chargeback: state.config.chargeback,
+        },
         ..control::ControlConfig::default()
     };
     Ok(control::Ctx {

@@ -1,7 +1,8 @@
 //! Benchmarks behind `fairway bench`.
 //!
-//! `fairway bench submit` and `fairway bench kueue` run the whole platform (see [`submit`],
-//! [`kueue`]); the rest of this module is the engine's benchmark.
+//! `fairway bench submit`, `fairway bench kueue` and `fairway bench export` run the whole
+//! platform (see [`submit`], [`kueue`], [`export`]); the rest of this module is the engine's
+//! benchmark.
 //!
 //! `fairway bench scheduler` times one full admission cycle ([`crate::scheduler::schedule`]) on
 //! a synthetic cluster of the size the engine is specified for: 1,250 nodes × 8 GPUs in racks
@@ -23,6 +24,7 @@ use crate::scheduler::{
     Quota, ReplicaPlacement, RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
 };
 
+pub mod export;
 pub mod kueue;
 pub mod platform;
 pub mod submit;
@@ -36,6 +38,8 @@ pub enum Target {
     Submit,
     /// Kueue's baseline performance test replayed through the whole platform in real time.
     Kueue,
+    /// Exporting a billing period of a million ledger rows, beside PostgreSQL's COPY.
+    Export,
 }
 
 /// Runs the benchmark `target` and writes its report to `out`.
@@ -45,6 +49,7 @@ pub async fn run(target: Target, out: &mut dyn Write) -> anyhow::Result<()> {
         Target::Scheduler => Ok(scheduler_report(DEFAULT_SEED, &[1_000, 10_000, 50_000], out)?),
         Target::Submit => submit::report(out).await,
         Target::Kueue => kueue::report(out).await,
+        Target::Export => export::report(out).await,
     }
 }
 

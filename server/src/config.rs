@@ -75,6 +75,8 @@ pub struct Config {
     pub idempotency_wait: Duration,
     /// Currency of every price and budget, ISO 4217 (`FAIRWAY_CURRENCY`).
     pub currency: String,
+    /// How teams are charged: `usage` or `reserved-plus-burst` (`FAIRWAY_CHARGEBACK_MODEL`).
+    pub chargeback: crate::metering::Chargeback,
     /// Log as JSON lines instead of compact text (`FAIRWAY_LOG_FORMAT=json`).
     pub log_json: bool,
     /// Run the scheduler (leader election, cycles, dispatch); off for API-only replicas
@@ -113,6 +115,7 @@ impl Default for Config {
             max_body_bytes: 2 * 1024 * 1024,
             idempotency_wait: Duration::from_secs(5),
             currency: "USD".into(),
+            chargeback: crate::metering::Chargeback::Usage,
             log_json: false,
             scheduler: true,
             cycle_interval: Duration::from_secs(2),
@@ -143,6 +146,7 @@ struct FileConfig {
     max_body_bytes: Option<usize>,
     idempotency_wait_ms: Option<u64>,
     currency: Option<String>,
+    chargeback_model: Option<String>,
     log_format: Option<String>,
     scheduler: Option<String>,
     cycle_interval_ms: Option<u64>,
@@ -229,6 +233,12 @@ impl Config {
                 });
             }
             config.currency = c;
+        }
+        if let Some(model) = env("FAIRWAY_CHARGEBACK_MODEL").or(file.chargeback_model) {
+            config.chargeback = crate::metering::Chargeback::parse(&model).ok_or_else(|| ConfigError::Invalid {
+                name: "FAIRWAY_CHARGEBACK_MODEL",
+                reason: format!("{model:?} is neither \"usage\" nor \"reserved-plus-burst\""),
+            })?;
         }
         config.log_json = match env("FAIRWAY_LOG_FORMAT").or(file.log_format).as_deref() {
             None | Some("text") => false,

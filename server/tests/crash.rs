@@ -1,6 +1,6 @@
 //! Killing the server with SIGKILL at random points while it dispatches, 100 times: after a
 //! last restart every admitted job ends with exactly one backend object per attempt, none
-//! orphaned, and every job runs exactly once.
+//! orphaned, every job runs exactly once, and the ledger books exactly each run.
 
 mod common;
 
@@ -119,6 +119,35 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
     );
     assert_eq!(count(&pool, "select count(*) from job_events where kind = 'orphan_removed'").await, 0);
     assert_eq!(count(&pool, "select count(*) from dispatch_outbox where done_at is null").await, 0);
+    // Metering survived every kill: each job's ledger holds exactly its simulated run (GPUs ×
+    // 1000 × run time, the runtime scaled by the speed-up of 10), as an undisturbed run would.
+    let truth =
+        "j.replicas::int8 * j.gpus_per_replica * 1000 * ((j.env ->> 'FAIRWAY_SIM_RUNTIME_SECONDS')::int8 * 100)";
+    let wrong = count(
+        &pool,
+        &format!(
+            "select count(*) from jobs j
+             left join (select job_id, sum(gpu_milli_ms) as booked from usage_ledger group by job_id) l on l.job_id = j.id
+             where coalesce(l.booked, 0) <> {truth}"
+        ),
+    )
+    .await;
+    assert_eq!(wrong, 0, "jobs whose ledger differs from their run");
+    let booked = count(&pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await;
+    assert_eq!(booked, count(&pool, &format!("select sum({truth})::int8 from jobs j")).await);
+    // Replaying every end books nothing more.
+    let jobs: Vec<Uuid> = sqlx::query_scalar("select id from jobs").fetch_all(&pool).await.unwrap();
+    for id in jobs {
+        let mut tx = pool.begin().await.unwrap();
+        assert_eq!(
+            fairway::metering::ledger::book(&mut tx, id, 1, None, &fairway::metering::Pricing::default())
+                .await
+                .unwrap(),
+            0
+        );
+        tx.commit().await.unwrap();
+    }
+    assert_eq!(count(&pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await, booked);
     drop(last);
     pool.close().await;
     pg.stop().await;

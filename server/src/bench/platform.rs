@@ -42,6 +42,7 @@ pub struct Platform {
     pub options: sqlx::postgres::PgConnectOptions,
     /// The platform admin's id, for what seeding records as its author.
     pub admin: Uuid,
+    keys: std::sync::Arc<crate::auth::jwt::JwtKeys>,
     server: tokio::task::JoinHandle<()>,
     control: Option<tokio::task::JoinHandle<()>>,
     postgres: EmbeddedPostgres,
@@ -78,6 +79,7 @@ impl Platform {
         let admin = db::users::by_username(&pool, "admin").await?.context("the admin was not created")?.id;
         let key: [u8; 32] = rand::random();
         let state = AppState::new(pool.clone(), config, &key)?;
+        let keys = state.keys.clone();
         let ctx = app::control_context(&state)?;
         control::sync_inventory(&ctx).await.context("reading the simulated inventory")?;
         let control =
@@ -90,7 +92,7 @@ impl Platform {
                 tracing::error!(error = %e, "benchmark server stopped");
             }
         });
-        Ok(Self { api, pool, options: connect, admin, server, control, postgres, dir })
+        Ok(Self { api, pool, options: connect, admin, keys, server, control, postgres, dir })
     }
 
     /// A new top-level or child team; its id.
@@ -148,6 +150,11 @@ impl Platform {
         .await?;
         tx.commit().await?;
         Ok(minted.secret)
+    }
+
+    /// An access token of the platform admin.
+    pub fn admin_token(&self) -> String {
+        self.keys.issue(self.admin, chrono::Utc::now().timestamp())
     }
 
     /// Stops the service and PostgreSQL and removes the scratch directory.

@@ -238,9 +238,9 @@ fn native_fields(r: &ExportRow) -> Vec<String> {
         ts(r.charge_end),
         r.team_id.to_string(),
         text(&r.team_name),
-        r.job_id.to_string(),
-        text(&r.job_name),
-        r.attempt.to_string(),
+        r.job_id.map(|id| id.to_string()).unwrap_or_default(),
+        text(r.job_name.as_deref().unwrap_or("")),
+        r.attempt.map(|a| a.to_string()).unwrap_or_default(),
         r.gpu_class.clone(),
         r.priority_class.clone(),
         r.gpus.to_string(),
@@ -304,8 +304,16 @@ fn focus_fields(r: &ExportRow, period: NaiveDate) -> Vec<String> {
     }
     tags.insert("fairway/priority-class".into(), Value::String(r.priority_class.clone()));
     tags.insert("fairway/borrowing".into(), Value::String(r.borrowing.to_string()));
-    let description = format!("{} x {} for job {} (attempt {})", r.gpus, r.gpu_class, r.job_name, r.attempt)
-        + &r.reason.as_ref().map(|why| format!("; correction: {why}")).unwrap_or_default();
+    let reservation = r.kind == "reservation";
+    let description = match (&r.job_name, r.attempt) {
+        (Some(name), Some(attempt)) => format!("{} x {} for job {name} (attempt {attempt})", r.gpus, r.gpu_class),
+        _ => format!("reserved quota of {} x {}", r.gpus, r.gpu_class),
+    } + &r.reason.as_ref().map(|why| format!("; correction: {why}")).unwrap_or_default();
+    let resource_id = match (r.job_id, r.attempt) {
+        (Some(job), Some(attempt)) => format!("fairway:job/{job}/attempt/{attempt}"),
+        _ => format!("fairway:quota/{}/{}", r.team_id, r.gpu_class),
+    };
+    let resource_name = r.job_name.clone().unwrap_or_else(|| format!("{} reserved {}", r.team_name, r.gpu_class));
     vec![
         String::new(),
         micros_decimal(r.billed_cost_micros),
@@ -314,16 +322,18 @@ fn focus_fields(r: &ExportRow, period: NaiveDate) -> Vec<String> {
         r.currency.clone(),
         ts(period_end),
         ts(period_start),
-        "Usage".into(),
+        // A reservation is capacity bought by the hour whether used or not.
+        if reservation { "Purchase".into() } else { "Usage".into() },
         if correction { "Correction".into() } else { String::new() },
         text(&description),
-        "Usage-Based".into(),
+        if reservation { "Recurring".into() } else { "Usage-Based".into() },
         ts(r.charge_end),
         ts(r.charge_start),
         String::new(),
         String::new(),
-        gpu_hours_decimal(r.gpu_milli_ms),
-        "GPU-Hours".into(),
+        // FOCUS: consumption is given for usage only.
+        if reservation { String::new() } else { gpu_hours_decimal(r.gpu_milli_ms) },
+        if reservation { String::new() } else { "GPU-Hours".into() },
         micros_decimal(r.billed_cost_micros),
         micros_decimal(contracted_price),
         micros_decimal(r.billed_cost_micros),
@@ -337,8 +347,8 @@ fn focus_fields(r: &ExportRow, period: NaiveDate) -> Vec<String> {
         "Fairway".into(),
         String::new(),
         String::new(),
-        format!("fairway:job/{}/attempt/{}", r.job_id, r.attempt),
-        text(&r.job_name),
+        resource_id,
+        text(&resource_name),
         "GPU Job".into(),
         "AI and Machine Learning".into(),
         "Fairway GPU Jobs".into(),
@@ -471,9 +481,9 @@ mod tests {
             kind: "usage".into(),
             corrects: None,
             reason: None,
-            job_id: Uuid::nil(),
-            attempt: 1,
-            job_name: job_name.into(),
+            job_id: Some(Uuid::nil()),
+            attempt: Some(1),
+            job_name: Some(job_name.into()),
             team_id: Uuid::nil(),
             team_name: "ml".into(),
             gpu_class: "a100-80gb.mig-3g.40gb".into(),

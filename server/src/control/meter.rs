@@ -1,5 +1,6 @@
 //! The leader's metering pass: books the completed hours of running jobs, books any closed
-//! interval left without ledger rows, refreshes the rollups, and raises budget alerts.
+//! interval left without ledger rows, books reservation charges under the
+//! reserved-plus-burst model, refreshes the rollups, and raises budget alerts.
 //!
 //! Closing an interval books it in the same transaction (see `reconcile::end_attempt`); this
 //! pass exists for jobs that run across hour, day and month boundaries, so that a period's
@@ -44,8 +45,12 @@ pub async fn pass(ctx: &Ctx, now: DateTime<Utc>) -> Result<MeterReport, ControlE
     work.extend(db::metering::unmetered_closed_intervals(&ctx.pool, 10_000).await?);
     for (job_id, attempt) in work {
         let mut tx = ctx.pool.begin().await?;
-        report.booked += metering::ledger::book(&mut tx, job_id, attempt, Some(hour), &ctx.config.currency).await?;
+        report.booked += metering::ledger::book(&mut tx, job_id, attempt, Some(hour), &ctx.config.pricing).await?;
         tx.commit().await?;
+    }
+    if ctx.config.pricing.chargeback == metering::Chargeback::ReservedPlusBurst {
+        let from = metering::reservations::next_from(&ctx.pool, now).await?;
+        report.booked += metering::reservations::book(&ctx.pool, from, hour, &ctx.config.pricing).await?;
     }
     report.hours_rolled_up = db::metering::roll_up(&ctx.pool, hour).await?.len();
     report.alerts = billing::budgets::raise_alerts(&ctx.pool, now, &ctx.metrics).await?;

@@ -66,8 +66,8 @@ pub struct ControlConfig {
     pub check_invariants: bool,
     /// How often running jobs' completed hours are booked and the rollups refreshed.
     pub metering_interval: Duration,
-    /// The platform currency ledger rows are priced in.
-    pub currency: String,
+    /// How bookings are priced: the currency and the chargeback model.
+    pub pricing: crate::metering::Pricing,
 }
 
 impl Default for ControlConfig {
@@ -81,7 +81,7 @@ impl Default for ControlConfig {
             engine: scheduler::snapshot::Config::default(),
             check_invariants: false,
             metering_interval: Duration::from_secs(60),
-            currency: "USD".into(),
+            pricing: crate::metering::Pricing::default(),
         }
     }
 }

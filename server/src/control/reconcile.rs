@@ -223,7 +223,7 @@ pub async fn end_attempt(
     }
     db::scheduling::close_interval(tx, job_id, attempt, ended_at).await?;
     // Booked in the transaction that closes the interval: a crash leaves both or neither.
-    crate::metering::ledger::book(tx, job_id, attempt, None, &ctx.config.currency).await?;
+    crate::metering::ledger::book(tx, job_id, attempt, None, &ctx.config.pricing).await?;
     let counters = Counters {
         max_retries: job.max_retries,
         preemptions: job.preemptions,

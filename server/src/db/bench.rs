@@ -91,3 +91,43 @@ pub async fn workload_span(pool: &PgPool) -> Result<WorkloadSpan, sqlx::Error> {
     .fetch_one(pool)
     .await
 }
+
+/// Appends `rows` synthetic ledger rows to billing period `period` (30-minute pieces of
+/// 1–8 H100s spread over the month's hours, 500 teams), in one statement.
+pub async fn seed_ledger(pool: &PgPool, rows: i64, period: chrono::NaiveDate) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query!(
+        r#"insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
+                                    priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
+                                    duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
+                                    list_cost_micros, billed_cost_micros, currency, billing_period, labels)
+           select 'usage', gen_random_uuid(), 1, 'bench-job-' || i, t.team_id, 'team-' || (i % 500), t.class_id,
+                  'h100-80gb', 'production', g, 1000, false,
+                  $2::date + make_interval(hours => (i % 720)::int), $2::date + make_interval(hours => (i % 720)::int, mins => 30),
+                  1800000, g::int8 * 1000 * 1800000, 2500000, 1000, g::int8 * 1250000, g::int8 * 1250000, 'USD', $2::date,
+                  jsonb_build_object('pipeline', 'bench', 'run', (i % 97)::text)
+           from generate_series(1, $1::int8) as i,
+                lateral (select (1 + i % 8)::int4 as g) gg,
+                (select md5('bench-team')::uuid as team_id, md5('bench-class')::uuid as class_id) t"#,
+        rows,
+        period
+    )
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// PostgreSQL's own ceiling for reading a period out: `COPY ... TO STDOUT (FORMAT csv)` of the
+/// same rows in the same order, read to the end. The bytes read.
+pub async fn copy_out_period(conn: &mut PgConnection, period: chrono::NaiveDate) -> Result<u64, sqlx::Error> {
+    use futures_util::StreamExt as _;
+    // COPY takes no parameters; the date is formatted by chrono, never user text.
+    let statement = format!(
+        "copy (select * from usage_ledger where billing_period = '{period}' order by id) to stdout (format csv, header)"
+    );
+    let mut stream = conn.copy_out_raw(&statement).await?;
+    let mut bytes = 0u64;
+    while let Some(chunk) = stream.next().await {
+        bytes += chunk?.len() as u64;
+    }
+    Ok(bytes)
+}

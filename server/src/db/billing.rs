@@ -12,9 +12,10 @@ pub struct ExportRow {
     pub kind: String,
     pub corrects: Option<i64>,
     pub reason: Option<String>,
-    pub job_id: Uuid,
-    pub attempt: i32,
-    pub job_name: String,
+    /// None for a reservation charge.
+    pub job_id: Option<Uuid>,
+    pub attempt: Option<i32>,
+    pub job_name: Option<String>,
     pub team_id: Uuid,
     pub team_name: String,
     pub gpu_class: String,
@@ -296,9 +297,9 @@ pub struct TopJob {
 pub async fn top_jobs(pool: &PgPool, team_id: Uuid, period: NaiveDate, limit: i64) -> Result<Vec<TopJob>, sqlx::Error> {
     sqlx::query_as!(
         TopJob,
-        r#"select job_id, min(job_name) as "job_name!", sum(gpu_milli_ms)::int8 as "gpu_milli_ms!",
+        r#"select job_id as "job_id!", min(job_name) as "job_name!", sum(gpu_milli_ms)::int8 as "gpu_milli_ms!",
                   sum(billed_cost_micros)::int8 as "billed_cost_micros!"
-           from usage_ledger where team_id = $1 and billing_period = $2
+           from usage_ledger where team_id = $1 and billing_period = $2 and job_id is not null
            group by job_id order by 4 desc, 1 limit $3"#,
         team_id,
         period,

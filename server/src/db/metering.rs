@@ -75,6 +75,8 @@ pub struct MeteredPiece {
     pub duration_ms: i64,
     pub rate_micros_per_gpu_hour: i64,
     pub price_multiplier_milli: i32,
+    pub list_cost_micros: i64,
+    pub billed_cost_micros: i64,
     pub corrected: bool,
 }
 
@@ -83,7 +85,7 @@ pub async fn metered_pieces(tx: &mut Tx<'_>, job_id: Uuid, attempt: i32) -> Resu
     sqlx::query_as!(
         MeteredPiece,
         r#"select l.id, l.charge_start, l.charge_end, l.duration_ms, l.rate_micros_per_gpu_hour,
-                  l.price_multiplier_milli,
+                  l.price_multiplier_milli, l.list_cost_micros, l.billed_cost_micros,
                   exists (select 1 from usage_ledger c where c.corrects = l.id) as "corrected!"
            from usage_ledger l
            where l.job_id = $1 and l.attempt = $2 and l.kind = 'usage'
@@ -346,4 +348,95 @@ pub async fn close_period(tx: &mut Tx<'_>, period: NaiveDate, by: &str) -> Resul
 /// The latest closed period, if any.
 pub async fn latest_closed(db: impl sqlx::PgExecutor<'_>) -> Result<Option<NaiveDate>, sqlx::Error> {
     sqlx::query_scalar!("select max(period) from billing_periods").fetch_one(db).await
+}
+
+/// A change of a team's reserved quota of a class.
+#[derive(Debug, Clone)]
+pub struct QuotaChange {
+    pub team_id: Uuid,
+    pub gpu_class_id: Uuid,
+    pub effective_from: DateTime<Utc>,
+    pub reserved: i32,
+}
+
+/// Every reserved-quota change, by team, class and time.
+pub async fn quota_history(pool: &PgPool) -> Result<Vec<QuotaChange>, sqlx::Error> {
+    sqlx::query_as!(
+        QuotaChange,
+        "select team_id, gpu_class_id, effective_from, reserved from quota_history
+         order by team_id, gpu_class_id, effective_from"
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// An hourly reservation charge to append.
+#[derive(Debug, Clone)]
+pub struct NewReservationRow {
+    pub team_id: Uuid,
+    pub gpu_class_id: Uuid,
+    pub reserved: i32,
+    pub charge_start: DateTime<Utc>,
+    pub charge_end: DateTime<Utc>,
+    pub duration_ms: i64,
+    pub rate_micros_per_gpu_hour: i64,
+    pub cost_micros: i64,
+}
+
+/// Appends reservation charges (no GPU time: a reservation is paid, not used), each in the
+/// first open period of its charge; a piece already booked is skipped. How many were written.
+pub async fn append_reservations(
+    tx: &mut Tx<'_>,
+    currency: &str,
+    rows: &[NewReservationRow],
+) -> Result<u64, sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(0);
+    }
+    let teams: Vec<Uuid> = rows.iter().map(|r| r.team_id).collect();
+    let classes: Vec<Uuid> = rows.iter().map(|r| r.gpu_class_id).collect();
+    let reserved: Vec<i32> = rows.iter().map(|r| r.reserved).collect();
+    let starts: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_start).collect();
+    let ends: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_end).collect();
+    let durations: Vec<i64> = rows.iter().map(|r| r.duration_ms).collect();
+    let rates: Vec<i64> = rows.iter().map(|r| r.rate_micros_per_gpu_hour).collect();
+    let costs: Vec<i64> = rows.iter().map(|r| r.cost_micros).collect();
+    let written = sqlx::query!(
+        "insert into usage_ledger (kind, team_id, team_name, gpu_class_id, gpu_class, priority_class, gpus,
+                                   fraction_milli, borrowing, charge_start, charge_end, duration_ms, gpu_milli_ms,
+                                   rate_micros_per_gpu_hour, price_multiplier_milli, list_cost_micros,
+                                   billed_cost_micros, currency, billing_period)
+         select 'reservation', r.team, t.name, r.class, c.name, 'reserved', r.reserved, c.fraction_milli, false,
+                r.start, r.finish, r.duration, 0, r.rate, 1000, r.cost, r.cost, $1, billing_period_for(r.start)
+         from unnest($2::uuid[], $3::uuid[], $4::int4[], $5::timestamptz[], $6::timestamptz[], $7::int8[],
+                     $8::int8[], $9::int8[]) as r(team, class, reserved, start, finish, duration, rate, cost)
+         join teams t on t.id = r.team
+         join gpu_classes c on c.id = r.class
+         on conflict do nothing",
+        currency,
+        &teams,
+        &classes,
+        &reserved,
+        &starts,
+        &ends,
+        &durations,
+        &rates,
+        &costs
+    )
+    .execute(&mut **tx)
+    .await?
+    .rows_affected();
+    sqlx::query!(
+        "insert into rollup_dirty_hours (hour)
+         select distinct date_trunc('hour', s, 'UTC') from unnest($1::timestamptz[]) as s",
+        &starts
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(written)
+}
+
+/// The end of the latest reservation charge, if any was booked.
+pub async fn last_reservation_end(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
+    sqlx::query_scalar!("select max(charge_end) from usage_ledger where kind = 'reservation'").fetch_one(pool).await
 }

@@ -113,7 +113,7 @@ pub async fn upsert(
     burst: i32,
     lendable: Option<i32>,
 ) -> Result<QuotaRow, sqlx::Error> {
-    sqlx::query_as!(
+    let row = sqlx::query_as!(
         QuotaRow,
         r#"with q as (
                insert into quotas (team_id, gpu_class_id, reserved, burst, lendable) values ($1, $2, $3, $4, $5)
@@ -131,7 +131,9 @@ pub async fn upsert(
         lendable
     )
     .fetch_one(&mut **tx)
-    .await
+    .await?;
+    record_reserved(tx, team_id, class_id, reserved).await?;
+    Ok(row)
 }
 
 /// Removes a quota.
@@ -139,5 +141,21 @@ pub async fn delete(tx: &mut Tx<'_>, team_id: Uuid, class_id: Uuid) -> Result<()
     sqlx::query!("delete from quotas where team_id = $1 and gpu_class_id = $2", team_id, class_id)
         .execute(&mut **tx)
         .await?;
+    record_reserved(tx, team_id, class_id, 0).await
+}
+
+/// Records the team's reserved quota of a class from now on (the history the
+/// reserved-plus-burst chargeback model bills).
+async fn record_reserved(tx: &mut Tx<'_>, team_id: Uuid, class_id: Uuid, reserved: i32) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "insert into quota_history (team_id, gpu_class_id, effective_from, reserved)
+         values ($1, $2, date_trunc('milliseconds', now()), $3)
+         on conflict (team_id, gpu_class_id, effective_from) do update set reserved = excluded.reserved",
+        team_id,
+        class_id,
+        reserved
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }

@@ -11,7 +11,7 @@
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
-use super::{cost_micros, gpu_milli_ms, pieces, RateChange};
+use super::{cost_micros, gpu_milli_ms, pieces, Chargeback, Pricing, RateChange};
 use crate::db::{
     self,
     metering::{IntervalToMeter, MeteredPiece, NewLedgerRow},
@@ -25,24 +25,28 @@ pub async fn book(
     job_id: Uuid,
     attempt: i32,
     until: Option<DateTime<Utc>>,
-    currency: &str,
+    pricing: &Pricing,
 ) -> Result<u64, sqlx::Error> {
     let Some(interval) = db::metering::interval_for_update(tx, job_id, attempt).await? else { return Ok(0) };
     let Some(end) = interval.ended_at.or(until) else { return Ok(0) };
     let booked = db::metering::metered_pieces(tx, job_id, attempt).await?;
     let rates = db::metering::rates(tx, interval.gpu_class_id).await?;
-    let rows = rows_to_book(&interval, &booked, &rates, end);
-    db::metering::append(tx, &interval, currency, &rows).await
+    let rows = rows_to_book(&interval, &booked, &rates, end, pricing.chargeback);
+    db::metering::append(tx, &interval, &pricing.currency, &rows).await
 }
 
 /// The rows that bring the ledger of `interval` to `end`: new pieces after what is booked,
-/// or, for a closed interval that ended before what is booked, corrections. Pure.
+/// or, for a closed interval that ended before what is booked, corrections. Under the
+/// reserved-plus-burst model, use within reserved quota is booked at no charge (its list
+/// price is still recorded): the team pays for its reservation instead. Pure.
 pub fn rows_to_book(
     interval: &IntervalToMeter,
     booked: &[MeteredPiece],
     rates: &[(DateTime<Utc>, i64)],
     end: DateTime<Utc>,
+    chargeback: Chargeback,
 ) -> Vec<NewLedgerRow> {
+    let charged = chargeback == Chargeback::Usage || interval.borrowing;
     let ms = |t: DateTime<Utc>| t.timestamp_millis();
     let start_ms = ms(interval.started_at);
     let end_ms = ms(end).max(start_ms);
@@ -64,7 +68,11 @@ pub fn rows_to_book(
             rate_micros_per_gpu_hour: piece.micros_per_gpu_hour,
             price_multiplier_milli: multiplier,
             list_cost_micros: cost_micros(gpus, duration, piece.micros_per_gpu_hour, 1000),
-            billed_cost_micros: cost_micros(gpus, duration, piece.micros_per_gpu_hour, multiplier),
+            billed_cost_micros: if charged {
+                cost_micros(gpus, duration, piece.micros_per_gpu_hour, multiplier)
+            } else {
+                0
+            },
         });
     }
     if interval.ended_at.is_some() && end_ms < booked_to {
@@ -73,8 +81,11 @@ pub fn rows_to_book(
             let taken = kept - piece.duration_ms;
             let (rate, mult) = (piece.rate_micros_per_gpu_hour, piece.price_multiplier_milli);
             // The difference of the rounded amounts, so that a piece and its correction sum
-            // to exactly what booking the true span would have charged.
-            let delta = |m: i32| cost_micros(gpus, kept, rate, m) - cost_micros(gpus, piece.duration_ms, rate, m);
+            // to exactly what booking the true span would have charged, under the terms the
+            // piece was booked with (a piece booked at no charge stays free).
+            let list = cost_micros(gpus, kept, rate, 1000) - piece.list_cost_micros;
+            let billed = if piece.billed_cost_micros == 0 { 0 } else { cost_micros(gpus, kept, rate, mult) }
+                - piece.billed_cost_micros;
             rows.push(NewLedgerRow {
                 kind: "correction",
                 corrects: Some(piece.id),
@@ -89,8 +100,8 @@ pub fn rows_to_book(
                 gpu_milli_ms: gpu_milli_ms(gpus, fraction, taken),
                 rate_micros_per_gpu_hour: rate,
                 price_multiplier_milli: mult,
-                list_cost_micros: delta(1000),
-                billed_cost_micros: delta(mult),
+                list_cost_micros: list,
+                billed_cost_micros: billed,
             });
         }
     }
@@ -140,6 +151,8 @@ mod tests {
                 duration_ms: r.duration_ms,
                 rate_micros_per_gpu_hour: r.rate_micros_per_gpu_hour,
                 price_multiplier_milli: r.price_multiplier_milli,
+                list_cost_micros: r.list_cost_micros,
+                billed_cost_micros: r.billed_cost_micros,
                 corrected: false,
             })
             .collect()
@@ -155,23 +168,23 @@ mod tests {
     #[test]
     fn booking_hour_by_hour_then_at_the_end_books_each_millisecond_once() {
         let open = interval(H / 2, None);
-        let first = rows_to_book(&open, &[], &rates(), t(2 * H));
+        let first = rows_to_book(&open, &[], &rates(), t(2 * H), Chargeback::Usage);
         assert_eq!(first.iter().map(|r| r.duration_ms).sum::<i64>(), 2 * H - H / 2);
         let closed = interval(H / 2, Some(2 * H + 10));
-        let rest = rows_to_book(&closed, &booked(&first), &rates(), t(2 * H + 10));
+        let rest = rows_to_book(&closed, &booked(&first), &rates(), t(2 * H + 10), Chargeback::Usage);
         assert_eq!(rest.len(), 1);
         assert_eq!((rest[0].charge_start, rest[0].duration_ms), (t(2 * H), 10));
         // Booking again finds nothing to add.
         let all: Vec<NewLedgerRow> = first.into_iter().chain(rest).collect();
-        assert!(rows_to_book(&closed, &booked(&all), &rates(), t(2 * H + 10)).is_empty());
+        assert!(rows_to_book(&closed, &booked(&all), &rates(), t(2 * H + 10), Chargeback::Usage).is_empty());
     }
 
     #[test]
     fn an_end_reported_late_is_taken_back_by_corrections_that_sum_to_the_truth() {
         let open = interval(0, None);
-        let first = rows_to_book(&open, &[], &rates(), t(2 * H));
+        let first = rows_to_book(&open, &[], &rates(), t(2 * H), Chargeback::Usage);
         let closed = interval(0, Some(H + H / 4));
-        let fixes = rows_to_book(&closed, &booked(&first), &rates(), t(H + H / 4));
+        let fixes = rows_to_book(&closed, &booked(&first), &rates(), t(H + H / 4), Chargeback::Usage);
         assert_eq!(fixes.len(), 1);
         assert_eq!((fixes[0].kind, fixes[0].corrects), ("correction", Some(2)));
         let total: i64 = first.iter().chain(&fixes).map(|r| r.duration_ms).sum();
@@ -180,5 +193,15 @@ mod tests {
         assert_eq!(cost, cost_micros(2, H, 1_000_000, 1500) + cost_micros(2, H / 4, 1_000_000, 1500));
         let gpu_time: i64 = first.iter().chain(&fixes).map(|r| r.gpu_milli_ms).sum();
         assert_eq!(gpu_time, 2 * 1000 * (H + H / 4));
+    }
+
+    #[test]
+    fn under_reserved_plus_burst_only_borrowed_time_is_billed_and_its_list_price_kept() {
+        let within = interval(0, Some(H));
+        let rows = rows_to_book(&within, &[], &rates(), t(H), Chargeback::ReservedPlusBurst);
+        assert_eq!((rows[0].billed_cost_micros, rows[0].list_cost_micros), (0, 2_000_000));
+        let borrowed = IntervalToMeter { borrowing: true, ..interval(0, Some(H)) };
+        let rows = rows_to_book(&borrowed, &[], &rates(), t(H), Chargeback::ReservedPlusBurst);
+        assert_eq!(rows[0].billed_cost_micros, 3_000_000);
     }
 }

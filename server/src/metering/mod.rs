@@ -13,6 +13,51 @@
 //! and the rollups, the exports and the ledger agree.
 
 pub mod ledger;
+pub mod reservations;
+
+/// How the platform charges teams for GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Chargeback {
+    /// A team pays for the GPU time its jobs ran.
+    #[default]
+    Usage,
+    /// A team pays for its reserved quota every hour, used or not, plus the GPU time its
+    /// jobs ran on borrowed (burst) capacity; use within its reserved quota costs nothing more.
+    ReservedPlusBurst,
+}
+
+impl Chargeback {
+    /// Parses `usage` or `reserved-plus-burst`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "usage" => Some(Self::Usage),
+            "reserved-plus-burst" => Some(Self::ReservedPlusBurst),
+            _ => None,
+        }
+    }
+
+    /// The setting's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Usage => "usage",
+            Self::ReservedPlusBurst => "reserved-plus-burst",
+        }
+    }
+}
+
+/// What bookings are priced with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pricing {
+    /// ISO 4217 code of every amount.
+    pub currency: String,
+    pub chargeback: Chargeback,
+}
+
+impl Default for Pricing {
+    fn default() -> Self {
+        Self { currency: "USD".into(), chargeback: Chargeback::Usage }
+    }
+}
 
 /// Milliseconds in an hour.
 pub const HOUR_MS: i64 = 3_600_000;

@@ -92,7 +92,7 @@ async fn run_and_close(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>, end
     let mut tx = pool.begin().await.expect("begin");
     db::scheduling::open_interval(&mut tx, job, 1, start).await.expect("open");
     db::scheduling::close_interval(&mut tx, job, 1, end).await.expect("close");
-    metering::ledger::book(&mut tx, job, 1, None, "USD").await.expect("book");
+    metering::ledger::book(&mut tx, job, 1, None, &metering::Pricing::default()).await.expect("book");
     tx.commit().await.expect("commit");
 }
 
@@ -105,7 +105,7 @@ async fn open(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>) {
 /// Books a running attempt up to `until`, as the metering pass does each hour.
 async fn book_until(pool: &sqlx::PgPool, job: Uuid, until: DateTime<Utc>) -> u64 {
     let mut tx = pool.begin().await.expect("begin");
-    let n = metering::ledger::book(&mut tx, job, 1, Some(until), "USD").await.expect("book");
+    let n = metering::ledger::book(&mut tx, job, 1, Some(until), &metering::Pricing::default()).await.expect("book");
     tx.commit().await.expect("commit");
     n
 }
@@ -167,7 +167,7 @@ async fn two_thousand_jobs_book_exactly_their_gpu_time_and_ledger_rollups_and_ex
             }
             let mut tx = s.app.pool.begin().await.expect("begin");
             db::scheduling::close_interval(&mut tx, job, 1, end).await.expect("close");
-            metering::ledger::book(&mut tx, job, 1, None, "USD").await.expect("book");
+            metering::ledger::book(&mut tx, job, 1, None, &metering::Pricing::default()).await.expect("book");
             tx.commit().await.expect("commit");
         } else {
             run_and_close(&s.app.pool, job, start, end).await;
@@ -202,7 +202,10 @@ async fn two_thousand_jobs_book_exactly_their_gpu_time_and_ledger_rollups_and_ex
     // Booking every attempt again writes nothing.
     for (job, _) in &truth_by_job {
         let mut tx = pool.begin().await.expect("begin");
-        assert_eq!(metering::ledger::book(&mut tx, *job, 1, None, "USD").await.expect("book"), 0);
+        assert_eq!(
+            metering::ledger::book(&mut tx, *job, 1, None, &metering::Pricing::default()).await.expect("book"),
+            0
+        );
         tx.commit().await.expect("commit");
     }
     assert_eq!(scalar(pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await, ledger_total);
@@ -306,7 +309,7 @@ async fn an_end_reported_after_its_hour_was_booked_is_taken_back_by_a_correction
     // ...but it had stopped at 10:15.
     let mut tx = s.app.pool.begin().await.unwrap();
     db::scheduling::close_interval(&mut tx, job, 1, t("2026-10-03T10:15:00Z")).await.unwrap();
-    metering::ledger::book(&mut tx, job, 1, None, "USD").await.unwrap();
+    metering::ledger::book(&mut tx, job, 1, None, &metering::Pricing::default()).await.unwrap();
     tx.commit().await.unwrap();
     let pool = &s.app.pool;
     assert_eq!(scalar(pool, "select sum(duration_ms)::int8 from usage_ledger").await, 75 * 60_000);
@@ -436,4 +439,58 @@ async fn a_hard_budget_is_what_admission_sees_and_soft_budgets_alert_once_per_th
     assert!(metrics.render((0, 0)).contains("fairway_budget_alerts_total{team=\"ml\",threshold=\"50\"} 1"));
     let audit = scalar(&s.app.pool, "select count(*) from audit_log where action = 'budget.alert'").await;
     assert_eq!(audit, 1);
+}
+
+#[tokio::test]
+async fn under_reserved_plus_burst_a_team_pays_its_reservation_hourly_and_only_burst_use_on_top() {
+    let s = setup().await;
+    let (ml, h100) = (s.teams[0].1, s.classes[0].1);
+    let pricing = metering::Pricing { currency: "USD".into(), chargeback: metering::Chargeback::ReservedPlusBurst };
+    // 4 H100 reserved from 06:00, 2 from 07:30 (written as the quota API writes its history).
+    for (at, reserved) in [("2026-10-07T06:00:00Z", 4), ("2026-10-07T07:30:00Z", 2)] {
+        sqlx::query(
+            "insert into quota_history (team_id, gpu_class_id, effective_from, reserved) values ($1, $2, $3, $4)",
+        )
+        .bind(ml)
+        .bind(h100)
+        .bind(t(at))
+        .bind(reserved)
+        .execute(&s.app.pool)
+        .await
+        .expect("quota history");
+    }
+    let (from, until) = (t("2026-10-07T00:00:00Z"), t("2026-10-07T09:00:00Z"));
+    assert_eq!(metering::reservations::book(&s.app.pool, from, until, &pricing).await.expect("book"), 4);
+    assert_eq!(metering::reservations::book(&s.app.pool, from, until, &pricing).await.expect("again"), 0);
+    // 4 × 1.5 h + 2 × 1.5 h = 9 reserved GPU-hours at $2.50.
+    let reserved_cost =
+        scalar(&s.app.pool, "select sum(billed_cost_micros)::int8 from usage_ledger where kind = 'reservation'").await;
+    assert_eq!(reserved_cost, 22_500_000);
+    assert_eq!(
+        scalar(&s.app.pool, "select sum(gpu_milli_ms)::int8 from usage_ledger where kind = 'reservation'").await,
+        0
+    );
+
+    // An hour within the reservation costs nothing more; an hour on borrowed GPUs does.
+    let within = admitted_job(&s, ml, h100, 2, "within").await;
+    let borrowed = admitted_job(&s, ml, h100, 2, "borrowed").await;
+    sqlx::query("update jobs set borrowing = true where id = $1").bind(borrowed).execute(&s.app.pool).await.unwrap();
+    for job in [within, borrowed] {
+        let mut tx = s.app.pool.begin().await.unwrap();
+        db::scheduling::open_interval(&mut tx, job, 1, t("2026-10-07T06:00:00Z")).await.unwrap();
+        db::scheduling::close_interval(&mut tx, job, 1, t("2026-10-07T07:00:00Z")).await.unwrap();
+        metering::ledger::book(&mut tx, job, 1, None, &pricing).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    let billed = |job: Uuid| format!("select sum(billed_cost_micros)::int8 from usage_ledger where job_id = '{job}'");
+    assert_eq!(scalar(&s.app.pool, &billed(within)).await, 0);
+    assert_eq!(scalar(&s.app.pool, &billed(borrowed)).await, 5_000_000);
+    let statement = s.app.send(call("GET", "/api/v1/teams/ml/statements/2026-10").token(&s.admin)).await;
+    statement.assert_status(200);
+    assert_eq!(statement.json()["billed_cost"], "27.500000");
+    let focus = export(&s, "2026-10", "focus").await;
+    let header: Vec<&str> = focus.lines().next().unwrap().split(',').collect();
+    let category = header.iter().position(|c| *c == "ChargeCategory").unwrap();
+    let purchases = focus.lines().filter(|l| l.split(',').nth(category) == Some("Purchase")).count();
+    assert_eq!(purchases, 4, "one line per reservation piece");
 }
