@@ -297,6 +297,11 @@ pub struct StatementView {
     pub spent_to_date: Option<i64>,
     pub forecast: Option<i64>,
     pub top_jobs: Vec<TopJobView>,
+    /// The team's pro-rata share of idle capacity in the period (idle time of each completed
+    /// class-hour × the team's share of that hour's use), and its cost at the rate card.
+    /// Reported for showback; not part of `billed_cost`.
+    pub idle_share_gpu_hours: String,
+    pub idle_share_cost: String,
 }
 
 /// A budget as a statement shows it.
@@ -344,6 +349,8 @@ pub async fn get_team_statement(
         budget: s.budget.map(|(unit, amount, enforcement)| BudgetSummary { unit, amount, enforcement }),
         spent_to_date: s.spent_to_date,
         forecast: s.forecast,
+        idle_share_gpu_hours: gpu_hours_decimal(s.idle_share_gpu_milli_ms),
+        idle_share_cost: micros_decimal(s.idle_share_cost_micros),
         top_jobs: s
             .top_jobs
             .into_iter()
@@ -411,4 +418,58 @@ pub async fn get_team_budget_status(
             })
             .collect(),
     }))
+}
+
+/// Which period's utilisation to show.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UtilisationParams {
+    /// The month, `YYYY-MM`.
+    pub period: String,
+}
+
+/// One GPU class's capacity and use over a period.
+#[derive(Serialize, ToSchema)]
+pub struct ClassUtilisationView {
+    pub gpu_class: String,
+    /// GPU-hours the class's capacity offered (physical GPUs; exact values in `*_milli_ms`).
+    pub capacity_gpu_hours: String,
+    pub allocated_gpu_hours: String,
+    pub idle_gpu_hours: String,
+    pub capacity_milli_ms: i64,
+    pub allocated_milli_ms: i64,
+    pub idle_milli_ms: i64,
+    /// Allocated ÷ capacity, percent with one decimal; absent without capacity.
+    pub utilisation_percent: Option<f64>,
+}
+
+/// Capacity, allocated and idle GPU time per class over a period's completed hours.
+#[utoipa::path(
+    get, path = "/api/v1/billing/utilisation", tag = "billing", operation_id = "get_billing_utilisation",
+    params(UtilisationParams),
+    responses((status = 200, body = Vec<ClassUtilisationView>), (status = 422, body = super::error::Problem))
+)]
+pub async fn get_billing_utilisation(
+    State(state): State<AppState>,
+    ListQuery(params): ListQuery<UtilisationParams>,
+) -> Result<Json<Vec<ClassUtilisationView>>, ApiError> {
+    let period = BudgetPeriod::parse("period", &params.period)?.first_day();
+    let (from, to) = period_bounds(period);
+    let rows = db::billing::class_utilisation(&state.db, from, to).await?;
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| ClassUtilisationView {
+                utilisation_percent: (r.capacity_milli_ms > 0)
+                    .then(|| (1000 * i128::from(r.allocated_milli_ms) / i128::from(r.capacity_milli_ms)) as f64 / 10.0),
+                capacity_gpu_hours: gpu_hours_decimal(r.capacity_milli_ms),
+                allocated_gpu_hours: gpu_hours_decimal(r.allocated_milli_ms),
+                idle_gpu_hours: gpu_hours_decimal(r.idle_milli_ms),
+                gpu_class: r.gpu_class,
+                capacity_milli_ms: r.capacity_milli_ms,
+                allocated_milli_ms: r.allocated_milli_ms,
+                idle_milli_ms: r.idle_milli_ms,
+            })
+            .collect(),
+    ))
 }

@@ -28,6 +28,10 @@ pub struct Statement {
     pub spent_to_date: Option<i64>,
     pub forecast: Option<i64>,
     pub top_jobs: Vec<TopJob>,
+    /// The team's pro-rata share of the period's idle capacity (by its share of each
+    /// class-hour's allocation), and its cost at the rate card: reported, not billed.
+    pub idle_share_gpu_milli_ms: i64,
+    pub idle_share_cost_micros: i64,
 }
 
 /// The statement of `team_id` for `period`, as of `now`.
@@ -50,8 +54,12 @@ pub async fn statement(
     } else {
         (None, None)
     };
+    let (from, to) = period_bounds(period);
+    let (idle_share_gpu_milli_ms, idle_share_cost_micros) = db::billing::idle_share(pool, team_id, from, to).await?;
     Ok(Statement {
         period,
+        idle_share_gpu_milli_ms,
+        idle_share_cost_micros,
         closed: db::metering::period_closed(pool, period).await?,
         gpu_milli_ms: lines.iter().map(|l| l.gpu_milli_ms).sum(),
         list_cost_micros: lines.iter().map(|l| l.list_cost_micros).sum(),

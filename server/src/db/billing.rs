@@ -308,3 +308,68 @@ pub async fn top_jobs(pool: &PgPool, team_id: Uuid, period: NaiveDate, limit: i6
     .fetch_all(pool)
     .await
 }
+
+/// A team's pro-rata share of idle capacity over `[from, to)`: in each completed class-hour,
+/// idle time × the team's share of that hour's allocated time; and what that share costs at
+/// the class's rate of the hour. (GPU time, micro-units.)
+pub async fn idle_share(
+    pool: &PgPool,
+    team_id: Uuid,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<(i64, i64), sqlx::Error> {
+    let r = sqlx::query!(
+        r#"with team_hours as (
+               select hour, gpu_class_id, sum(gpu_milli_ms) as allocated
+               from usage_rollups where team_id = $1 and hour >= $2 and hour < $3
+               group by 1, 2),
+           share as (
+               select ch.idle_milli_ms::numeric * th.allocated / ch.allocated_milli_ms as milli_ms,
+                      g.fraction_milli,
+                      coalesce((select r.rate_micros_per_gpu_hour from gpu_class_rates r
+                                where r.gpu_class_id = ch.gpu_class_id and r.effective_from <= ch.hour
+                                order by r.effective_from desc limit 1), 0) as rate
+               from class_hours ch
+               join team_hours th on th.hour = ch.hour and th.gpu_class_id = ch.gpu_class_id
+               join gpu_classes g on g.id = ch.gpu_class_id
+               where ch.idle_milli_ms > 0 and ch.allocated_milli_ms > 0 and th.allocated > 0)
+           select coalesce(sum(floor(milli_ms)), 0)::int8 as "gpu_milli_ms!",
+                  coalesce(sum(round(milli_ms / fraction_milli * rate / 3600000)), 0)::int8 as "cost_micros!"
+           from share"#,
+        team_id,
+        from,
+        to
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((r.gpu_milli_ms, r.cost_micros))
+}
+
+/// Per GPU class over `[from, to)` of completed hours: capacity, allocated and idle time.
+#[derive(Debug, Clone)]
+pub struct ClassUtilisation {
+    pub gpu_class: String,
+    pub capacity_milli_ms: i64,
+    pub allocated_milli_ms: i64,
+    pub idle_milli_ms: i64,
+}
+
+/// Capacity, allocation and idle time per class, from the hourly rollups.
+pub async fn class_utilisation(
+    pool: &PgPool,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+) -> Result<Vec<ClassUtilisation>, sqlx::Error> {
+    sqlx::query_as!(
+        ClassUtilisation,
+        r#"select g.name as gpu_class, sum(ch.capacity_milli_ms)::int8 as "capacity_milli_ms!",
+                  sum(ch.allocated_milli_ms)::int8 as "allocated_milli_ms!", sum(ch.idle_milli_ms)::int8 as "idle_milli_ms!"
+           from class_hours ch join gpu_classes g on g.id = ch.gpu_class_id
+           where ch.hour >= $1 and ch.hour < $2
+           group by g.name order by g.name"#,
+        from,
+        to
+    )
+    .fetch_all(pool)
+    .await
+}

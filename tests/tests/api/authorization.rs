@@ -125,6 +125,11 @@ fn matrix() -> Vec<Row> {
             ..row("GET", "/api/v1/billing/exports", FINANCE, None)
         },
         row("GET", "/api/v1/billing/periods", FINANCE, None),
+        // Without `?period=` an allowed caller is told which parameter is missing.
+        Row {
+            allowed_problem: Some((422, "validation_failed")),
+            ..row("GET", "/api/v1/billing/utilisation", FINANCE, None)
+        },
         // December is not over yet: an allowed caller learns that it cannot be closed.
         Row {
             allowed_problem: Some((422, "validation_failed")),

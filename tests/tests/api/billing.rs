@@ -494,3 +494,35 @@ async fn under_reserved_plus_burst_a_team_pays_its_reservation_hourly_and_only_b
     let purchases = focus.lines().filter(|l| l.split(',').nth(category) == Some("Purchase")).count();
     assert_eq!(purchases, 4, "one line per reservation piece");
 }
+
+#[tokio::test]
+async fn idle_capacity_is_reported_per_class_and_shared_out_to_teams_by_their_use() {
+    let s = setup().await;
+    let (ml, vision, h100) = (s.teams[0].1, s.teams[1].1, s.classes[0].1);
+    // 8 H100 of capacity from before the hour; ml uses 3 for the hour, vision 1.
+    sqlx::query("insert into capacity_history (gpu_class_id, effective_from, gpus) values ($1, $2, 8)")
+        .bind(h100)
+        .bind(t("2026-10-08T00:00:00Z"))
+        .execute(&s.app.pool)
+        .await
+        .expect("capacity");
+    for (team, gpus) in [(ml, 3), (vision, 1)] {
+        let job = admitted_job(&s, team, h100, gpus, "busy").await;
+        run_and_close(&s.app.pool, job, t("2026-10-08T10:00:00Z"), t("2026-10-08T11:00:00Z")).await;
+    }
+    db::metering::roll_up(&s.app.pool, t("2026-10-08T12:00:00Z")).await.expect("roll up");
+    let r = s.app.send(call("GET", "/api/v1/billing/utilisation?period=2026-10").token(&s.finance)).await;
+    r.assert_status(200);
+    let h =
+        r.json().as_array().cloned().unwrap_or_default().into_iter().find(|c| c["gpu_class"] == "h100").expect("h100");
+    // Completed hours 00:00–12:00 of 8 GPUs: 96 GPU-hours, 4 allocated, 92 idle.
+    assert_eq!(
+        (h["capacity_gpu_hours"].as_str(), h["allocated_gpu_hours"].as_str(), h["idle_gpu_hours"].as_str()),
+        (Some("96.000000000"), Some("4.000000000"), Some("92.000000000"))
+    );
+    // In the hour it ran, ml used 3 of the 4 allocated GPUs: 3/4 of that hour's 4 idle GPUs.
+    let statement = s.app.send(call("GET", "/api/v1/teams/ml/statements/2026-10").token(&s.admin)).await.json();
+    assert_eq!(statement["idle_share_gpu_hours"], "3.000000000");
+    assert_eq!(statement["idle_share_cost"], "7.500000");
+    assert_eq!(statement["billed_cost"], "7.500000");
+}
