@@ -1,5 +1,6 @@
 drop table budget_alerts;
 drop table rollup_dirty_hours;
+drop table metering_state;
 drop table class_hours;
 drop table usage_rollups;
 drop table capacity_history;

@@ -146,6 +146,14 @@ create table rollup_dirty_hours (
 );
 create index rollup_dirty_hours_hour_idx on rollup_dirty_hours (hour);
 
+-- Where the metering pass's work starts: `reservations_from` (reservation charges are booked
+-- from the hour the reserved-plus-burst model was first on, never back in time) and
+-- `class_hours_to` (capacity rows exist for every completed hour before it).
+create table metering_state (
+    key text primary key,
+    at  timestamptz not null
+);
+
 -- Soft-budget (and hard-budget) alerts: each threshold of each team's period once.
 create table budget_alerts (
     team_id      uuid not null constraint budget_alerts_team_id_fkey references teams (id) on delete cascade,

@@ -142,13 +142,18 @@ pub async fn close_billing_period(
         return Err(ApiError::field(FieldError::new("period", "not_over", "a period closes only after it ends")));
     }
     let mut tx = state.db.begin().await?;
-    if let Some(latest) = db::metering::latest_closed(&mut *tx).await? {
-        if period < latest {
-            return Err(ApiError::conflict("period_closed", Some("period"), "the period is already closed"));
+    match db::metering::close_period(&mut tx, period, &principal.actor()).await? {
+        db::metering::ClosePeriod::Closed => {}
+        db::metering::ClosePeriod::AlreadyClosed => {
+            return Err(ApiError::conflict("period_closed", Some("period"), "the period is already closed"))
         }
-    }
-    if !db::metering::close_period(&mut tx, period, &principal.actor()).await? {
-        return Err(ApiError::conflict("period_closed", Some("period"), "the period is already closed"));
+        db::metering::ClosePeriod::EarlierOpen(earlier) => {
+            return Err(ApiError::conflict(
+                "earlier_period_open",
+                Some("period"),
+                format!("close {} first: periods close in order", billing::period_name(earlier)),
+            ))
+        }
     }
     let name = billing::period_name(period);
     record(&mut tx, &principal, "billing_period.close", "billing_period", &name, None, None::<&()>, Some(&name))
@@ -325,7 +330,8 @@ pub async fn get_team_statement(
 ) -> Result<Json<StatementView>, ApiError> {
     let (_, period) = path;
     let period = BudgetPeriod::parse("period", &period)?.first_day();
-    let s = billing::statement::statement(&state.db, access.team.id, period, Utc::now()).await?;
+    let s =
+        billing::statement::statement(&state.db, access.team.id, period, Utc::now(), state.config.chargeback).await?;
     Ok(Json(StatementView {
         team: access.team.name.clone(),
         period: billing::period_name(period),
@@ -400,7 +406,7 @@ pub async fn get_team_budget_status(
 ) -> Result<Json<BudgetStatusView>, ApiError> {
     let now = Utc::now();
     let period = period_of(now);
-    let s = billing::statement::statement(&state.db, access.team.id, period, now).await?;
+    let s = billing::statement::statement(&state.db, access.team.id, period, now, state.config.chargeback).await?;
     let alerts = db::billing::alerts(&state.db, access.team.id, period).await?;
     Ok(Json(BudgetStatusView {
         period: billing::period_name(period),

@@ -774,7 +774,9 @@ pub async fn dry_run_job(
     let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec)).await?;
     let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
     let engine = control::engine_config(&state.config);
-    let world = control::cycle::world(&state.db, &engine).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let world = control::cycle::world(&state.db, &engine, state.config.chargeback)
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?;
     let proposed = world
         .proposed(access.team.id, &job)
         .ok_or_else(|| ApiError::Internal("the job does not map onto the snapshot".into()))?;

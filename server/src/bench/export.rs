@@ -68,7 +68,8 @@ async fn measure(platform: &Platform, out: &mut dyn Write) -> anyhow::Result<()>
             bytes += chunk.len() as u64;
             tail = chunk.to_vec();
         }
-        let text = String::from_utf8_lossy(&tail);
+        // The control record, as JSON or as one CSV field (quotes doubled).
+        let text = String::from_utf8_lossy(&tail).replace("\"\"", "\"");
         anyhow::ensure!(
             text.contains(&format!("\"rows\":{rows}")),
             "the export's control record does not count {rows} rows"

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::{
     db::{self, billing::PeriodBudget},
-    metering::{cost_micros, gpu_milli_ms, HOUR_MS},
+    metering::{cost_micros, gpu_milli_ms, Chargeback, HOUR_MS},
     telemetry::Metrics,
 };
 
@@ -75,11 +75,14 @@ pub fn period_of(at: DateTime<Utc>) -> NaiveDate {
     NaiveDate::from_ymd_opt(at.year(), at.month(), 1).unwrap_or_default()
 }
 
-/// The spend of `teams` (each with its whole subtree) in the period holding `now`.
+/// The spend of `teams` (each with its whole subtree) in the period holding `now`, priced as
+/// `chargeback` books it: under reserved-plus-burst, running use within reserved quota
+/// costs nothing and the reservation's not yet booked time is added.
 pub async fn spend(
     pool: &sqlx::PgPool,
     teams: &[Uuid],
     now: DateTime<Utc>,
+    chargeback: Chargeback,
 ) -> Result<HashMap<Uuid, Spend>, sqlx::Error> {
     if teams.is_empty() {
         return Ok(HashMap::new());
@@ -109,14 +112,25 @@ pub async fn spend(
         s.cost_micros += booked.cost_micros;
         s.gpu_milli_ms += booked.gpu_milli_ms;
     }
+    let reserved_plus_burst = chargeback == Chargeback::ReservedPlusBurst;
     for u in db::billing::unbooked(pool, &members, now).await? {
         let since = u.booked_to.max(from);
         let ms = (now - since).num_milliseconds().max(0);
+        let multiplier = if reserved_plus_burst && !u.borrowing { 0 } else { u.price_multiplier_milli };
         let s = own.entry(u.team_id).or_default();
-        s.cost_micros += cost_micros(u.gpus, ms, u.rate_micros_per_gpu_hour, u.price_multiplier_milli);
+        s.cost_micros += cost_micros(u.gpus, ms, u.rate_micros_per_gpu_hour, multiplier);
         s.gpu_milli_ms += gpu_milli_ms(u.gpus, u.fraction_milli, ms);
-        s.burn_micros_per_hour += cost_micros(u.gpus, HOUR_MS, u.rate_micros_per_gpu_hour, u.price_multiplier_milli);
+        s.burn_micros_per_hour += cost_micros(u.gpus, HOUR_MS, u.rate_micros_per_gpu_hour, multiplier);
         s.burn_gpu_milli_ms_per_hour += gpu_milli_ms(u.gpus, u.fraction_milli, HOUR_MS);
+    }
+    if reserved_plus_burst {
+        for r in db::billing::unbooked_reservations(pool, &members, now).await? {
+            let since = r.booked_to.max(from);
+            let s = own.entry(r.team_id).or_default();
+            let ms = (now - since).num_milliseconds().max(0);
+            s.cost_micros += cost_micros(r.reserved, ms, r.rate_micros_per_gpu_hour, 1000);
+            s.burn_micros_per_hour += cost_micros(r.reserved, HOUR_MS, r.rate_micros_per_gpu_hour, 1000);
+        }
     }
     let mut out: HashMap<Uuid, Spend> = teams.iter().map(|t| (*t, Spend::default())).collect();
     for (team, s) in &own {
@@ -129,10 +143,14 @@ pub async fn spend(
     Ok(out)
 }
 
-/// Money left under each team's hard money budget this period, for admission: a leaf team
-/// is held to the tightest of its own and its ancestors' budgets. Teams without a hard
-/// money budget anywhere above them are absent.
-pub async fn hard_left(pool: &sqlx::PgPool, now: DateTime<Utc>) -> Result<HashMap<Uuid, i64>, sqlx::Error> {
+/// Money left under each team's hard money budget this period, for admission: the budget
+/// less what its whole subtree spent. The engine holds a job to its team's budget and every
+/// ancestor's, and spends each as it admits. Teams without a hard money budget are absent.
+pub async fn hard_left(
+    pool: &sqlx::PgPool,
+    now: DateTime<Utc>,
+    chargeback: Chargeback,
+) -> Result<HashMap<Uuid, i64>, sqlx::Error> {
     let budgets: Vec<PeriodBudget> = db::billing::budgets_of(pool, period_of(now))
         .await?
         .into_iter()
@@ -142,36 +160,26 @@ pub async fn hard_left(pool: &sqlx::PgPool, now: DateTime<Utc>) -> Result<HashMa
         return Ok(HashMap::new());
     }
     let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
-    let spent = spend(pool, &teams, now).await?;
-    let left: HashMap<Uuid, i64> =
-        budgets.iter().map(|b| (b.team_id, b.amount - spent.get(&b.team_id).map_or(0, |s| s.cost_micros))).collect();
-    let parents: HashMap<Uuid, Option<Uuid>> = db::billing::team_parents(pool).await?.into_iter().collect();
-    let mut out = HashMap::new();
-    for &team in parents.keys() {
-        let mut tightest: Option<i64> = None;
-        let (mut at, mut hops) = (Some(team), 0);
-        while let (Some(t), true) = (at, hops < 64) {
-            if let Some(l) = left.get(&t) {
-                tightest = Some(tightest.map_or(*l, |x| x.min(*l)));
-            }
-            at = parents.get(&t).copied().flatten();
-            hops += 1;
-        }
-        if let Some(l) = tightest {
-            out.insert(team, l.max(0));
-        }
-    }
-    Ok(out)
+    let spent = spend(pool, &teams, now, chargeback).await?;
+    Ok(budgets
+        .iter()
+        .map(|b| (b.team_id, (b.amount - spent.get(&b.team_id).map_or(0, |s| s.cost_micros)).max(0)))
+        .collect())
 }
 
 /// Raises the alerts that this period's spend has crossed, once each: recorded, written to
 /// the audit log, counted on `/metrics`. Also refreshes the spent-ratio gauges. How many
 /// alerts were new.
-pub async fn raise_alerts(pool: &sqlx::PgPool, now: DateTime<Utc>, metrics: &Metrics) -> Result<usize, sqlx::Error> {
+pub async fn raise_alerts(
+    pool: &sqlx::PgPool,
+    now: DateTime<Utc>,
+    chargeback: Chargeback,
+    metrics: &Metrics,
+) -> Result<usize, sqlx::Error> {
     let period = period_of(now);
     let budgets = db::billing::budgets_of(pool, period).await?;
     let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
-    let spent = spend(pool, &teams, now).await?;
+    let spent = spend(pool, &teams, now, chargeback).await?;
     let mut ratios = BTreeMap::new();
     let mut raised = 0;
     for b in &budgets {

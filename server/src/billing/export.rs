@@ -216,9 +216,13 @@ impl Exporter {
         });
         match self.format {
             Format::Json => format!("{}\n", json!({ "control": control })).into_bytes(),
-            // A comment line after the data: spreadsheets show it as one last cell, CSV
-            // readers that know comments skip it.
-            Format::Csv | Format::Focus => format!("# control {control}\r\n").into_bytes(),
+            // One quoted field after the data, so a spreadsheet or CSV reader shows it as a
+            // single last cell.
+            Format::Csv | Format::Focus => {
+                let mut line = String::new();
+                csv_line(&mut line, &[format!("# control {control}")]);
+                line.into_bytes()
+            }
         }
     }
 }
@@ -523,7 +527,7 @@ mod tests {
         }
         assert!(lines[1].contains("2026-11-01T00:00:00.000Z"), "{}", lines[1]);
         assert!(lines[1].contains(",GPU-Hours,"), "{}", lines[1]);
-        assert!(lines[3].starts_with("# control "), "{}", lines[3]);
+        assert!(lines[3].starts_with("\"# control {\"\"billed_cost\"\":"), "{}", lines[3]);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub async fn statement(
     team_id: Uuid,
     period: NaiveDate,
     now: DateTime<Utc>,
+    chargeback: crate::metering::Chargeback,
 ) -> Result<Statement, sqlx::Error> {
     let lines = db::billing::statement_lines(pool, team_id, period).await?;
     let budget = db::budgets::list(pool, team_id)
@@ -48,7 +49,7 @@ pub async fn statement(
         .find(|b| b.period == period)
         .map(|b| (b.unit, b.amount, b.enforcement));
     let (spent_to_date, forecast) = if period_of(now) == period {
-        let s = spend(pool, &[team_id], now).await?.remove(&team_id).unwrap_or_default();
+        let s = spend(pool, &[team_id], now, chargeback).await?.remove(&team_id).unwrap_or_default();
         let unit = budget.as_ref().map_or("money", |b| b.0.as_str());
         (Some(s.in_unit(unit)), Some(s.forecast_in_unit(unit, now, period_bounds(period).1)))
     } else {

@@ -39,22 +39,22 @@ pub struct CycleReport {
 }
 
 /// Reads the world at one instant and builds the engine's snapshot.
-pub async fn world(pool: &sqlx::PgPool, config: &scheduler::snapshot::Config) -> Result<World, ControlError> {
+pub async fn world(
+    pool: &sqlx::PgPool,
+    config: &scheduler::snapshot::Config,
+    chargeback: crate::metering::Chargeback,
+) -> Result<World, ControlError> {
     let half_life = config.usage_half_life_ms as f64 / 1000.0;
     let rows = db::scheduling::snapshot_rows(pool, half_life).await?;
     let now = rows.now;
     let mut world = World::build(rows, config.clone());
-    world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now).await?);
+    world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now, chargeback).await?);
     Ok(world)
 }
 
 /// Runs one cycle as the leader of `epoch`, recording every pending job's reason, position
 /// and expected start.
-pub async fn run(
-    pool: &sqlx::PgPool,
-    epoch: i64,
-    config: &scheduler::snapshot::Config,
-) -> Result<CycleReport, ControlError> {
+pub async fn run(pool: &sqlx::PgPool, epoch: i64, config: &super::ControlConfig) -> Result<CycleReport, ControlError> {
     run_with(pool, epoch, config, true).await
 }
 
@@ -66,11 +66,11 @@ pub async fn run(
 pub async fn run_with(
     pool: &sqlx::PgPool,
     epoch: i64,
-    config: &scheduler::snapshot::Config,
+    config: &super::ControlConfig,
     record_pending: bool,
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
-    let world = world(pool, config).await?;
+    let world = world(pool, &config.engine, config.pricing.chargeback).await?;
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
         let decisions = scheduler::schedule(&world.snapshot);

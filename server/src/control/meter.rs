@@ -53,6 +53,6 @@ pub async fn pass(ctx: &Ctx, now: DateTime<Utc>) -> Result<MeterReport, ControlE
         report.booked += metering::reservations::book(&ctx.pool, from, hour, &ctx.config.pricing).await?;
     }
     report.hours_rolled_up = db::metering::roll_up(&ctx.pool, hour).await?.len();
-    report.alerts = billing::budgets::raise_alerts(&ctx.pool, now, &ctx.metrics).await?;
+    report.alerts = billing::budgets::raise_alerts(&ctx.pool, now, ctx.config.pricing.chargeback, &ctx.metrics).await?;
     Ok(report)
 }

@@ -183,7 +183,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
     let mut recorded_pending: Option<tokio::time::Instant> = None;
     loop {
         let record_pending = recorded_pending.is_none_or(|at| at.elapsed() >= PENDING_REFRESH);
-        match cycle::run_with(&ctx.pool, epoch, &ctx.config.engine, record_pending).await {
+        match cycle::run_with(&ctx.pool, epoch, &ctx.config, record_pending).await {
             Ok(report) => {
                 if record_pending {
                     recorded_pending = Some(tokio::time::Instant::now());

@@ -105,6 +105,8 @@ pub async fn booked_by_team(
 #[derive(Debug, Clone)]
 pub struct Unbooked {
     pub team_id: Uuid,
+    /// On borrowed capacity (billed under every chargeback model).
+    pub borrowing: bool,
     pub gpus: i32,
     pub fraction_milli: i32,
     pub booked_to: DateTime<Utc>,
@@ -116,7 +118,7 @@ pub struct Unbooked {
 pub async fn unbooked(pool: &PgPool, teams: &[Uuid], now: DateTime<Utc>) -> Result<Vec<Unbooked>, sqlx::Error> {
     sqlx::query_as!(
         Unbooked,
-        r#"select u.team_id, u.gpus, u.fraction_milli,
+        r#"select u.team_id, u.borrowing, u.gpus, u.fraction_milli,
                   greatest(u.started_at, coalesce(b.booked_to, u.started_at)) as "booked_to!",
                   coalesce(r.rate, 0) as "rate_micros_per_gpu_hour!",
                   coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!"
@@ -369,6 +371,40 @@ pub async fn class_utilisation(
            group by g.name order by g.name"#,
         from,
         to
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// A reservation's time not yet booked: since the end of its last booked charge (or the
+/// point reservation charges started from), at today's rate.
+#[derive(Debug, Clone)]
+pub struct UnbookedReservation {
+    pub team_id: Uuid,
+    pub reserved: i32,
+    pub booked_to: DateTime<Utc>,
+    pub rate_micros_per_gpu_hour: i64,
+}
+
+/// The current reservations of the teams in `teams` and how far each is booked.
+pub async fn unbooked_reservations(
+    pool: &PgPool,
+    teams: &[Uuid],
+    now: DateTime<Utc>,
+) -> Result<Vec<UnbookedReservation>, sqlx::Error> {
+    sqlx::query_as!(
+        UnbookedReservation,
+        r#"select q.team_id, q.reserved,
+                  coalesce((select max(l.charge_end) from usage_ledger l
+                            where l.kind = 'reservation' and l.team_id = q.team_id and l.gpu_class_id = q.gpu_class_id),
+                           (select at from metering_state where key = 'reservations_from'),
+                           $2) as "booked_to!",
+                  coalesce((select g.rate_micros_per_gpu_hour from gpu_class_rates g
+                            where g.gpu_class_id = q.gpu_class_id and g.effective_from <= $2
+                            order by g.effective_from desc limit 1), 0) as "rate_micros_per_gpu_hour!"
+           from quotas q where q.team_id = any($1) and q.reserved > 0"#,
+        teams,
+        now
     )
     .fetch_all(pool)
     .await

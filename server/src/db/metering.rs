@@ -205,7 +205,8 @@ pub async fn open_intervals(pool: &PgPool, before: DateTime<Utc>) -> Result<Vec<
 pub async fn unmetered_closed_intervals(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
     let rows = sqlx::query!(
         "select u.job_id, u.attempt from usage_intervals u
-         where u.ended_at is not null and u.ended_at > u.started_at
+         where u.ended_at is not null
+           and date_trunc('milliseconds', u.ended_at) > date_trunc('milliseconds', u.started_at)
            and not exists (select 1 from usage_ledger l where l.job_id = u.job_id and l.attempt = u.attempt)
          order by u.ended_at limit $1",
         limit
@@ -239,23 +240,37 @@ pub async fn record_capacity(tx: &mut Tx<'_>) -> Result<u64, sqlx::Error> {
     Ok(done.rows_affected())
 }
 
+/// The instant stored under `key`, storing `default` first when there is none.
+pub async fn state_or_set(pool: &PgPool, key: &str, default: DateTime<Utc>) -> Result<DateTime<Utc>, sqlx::Error> {
+    sqlx::query!("insert into metering_state (key, at) values ($1, $2) on conflict do nothing", key, default)
+        .execute(pool)
+        .await?;
+    sqlx::query_scalar!("select at from metering_state where key = $1", key).fetch_one(pool).await
+}
+
 /// Recomputes the rollups of every stale hour, and the capacity rows of every completed hour
-/// up to `complete_before` that has none yet (at most a month back), in one transaction;
-/// the hours recomputed.
+/// up to `complete_before` not computed yet (at most a month back), in one transaction; the
+/// hours recomputed.
 pub async fn roll_up(pool: &PgPool, complete_before: DateTime<Utc>) -> Result<Vec<DateTime<Utc>>, sqlx::Error> {
     let mut tx = pool.begin().await?;
-    let dirty: Vec<DateTime<Utc>> =
+    let mut hours: Vec<DateTime<Utc>> =
         sqlx::query_scalar!("delete from rollup_dirty_hours returning hour as \"hour!\"").fetch_all(&mut *tx).await?;
-    let mut hours = dirty;
+    // Completed hours since the last pass computed capacity rows (the state row is locked,
+    // so two passes do not both take them).
+    sqlx::query!(
+        "insert into metering_state (key, at) values ('class_hours_to', $1::timestamptz - interval '31 days')
+         on conflict do nothing",
+        complete_before
+    )
+    .execute(&mut *tx)
+    .await?;
     let missing: Vec<DateTime<Utc>> = sqlx::query_scalar!(
         r#"with bounds as (
-               select greatest(coalesce(max(hour) + interval '1 hour', $1::timestamptz - interval '31 days'),
-                               $1::timestamptz - interval '31 days') as first
-               from class_hours)
+               select greatest(at, $1::timestamptz - interval '31 days') as first
+               from metering_state where key = 'class_hours_to' for update)
            select h as "hour!" from bounds,
                 generate_series(date_trunc('hour', bounds.first, 'UTC'), $1::timestamptz - interval '1 hour',
-                                interval '1 hour') as h
-           where exists (select 1 from capacity_history) or exists (select 1 from usage_ledger)"#,
+                                interval '1 hour') as h"#,
         complete_before
     )
     .fetch_all(&mut *tx)
@@ -263,17 +278,21 @@ pub async fn roll_up(pool: &PgPool, complete_before: DateTime<Utc>) -> Result<Ve
     hours.extend(missing);
     hours.sort_unstable();
     hours.dedup();
+    sqlx::query!("update metering_state set at = greatest(at, $1) where key = 'class_hours_to'", complete_before)
+        .execute(&mut *tx)
+        .await?;
     if hours.is_empty() {
         tx.commit().await?;
         return Ok(hours);
     }
     sqlx::query!("delete from usage_rollups where hour = any($1)", &hours).execute(&mut *tx).await?;
+    // Range predicates per hour, so the ledger's index on `charge_start` serves them.
     sqlx::query!(
         "insert into usage_rollups (hour, team_id, gpu_class_id, priority_class, gpu_milli_ms, billed_cost_micros)
-         select date_trunc('hour', charge_start, 'UTC'), team_id, gpu_class_id, priority_class,
-                sum(gpu_milli_ms)::int8, sum(billed_cost_micros)::int8
-         from usage_ledger
-         where date_trunc('hour', charge_start, 'UTC') = any($1)
+         select h.hour, l.team_id, l.gpu_class_id, l.priority_class,
+                sum(l.gpu_milli_ms)::int8, sum(l.billed_cost_micros)::int8
+         from unnest($1::timestamptz[]) as h(hour)
+         join usage_ledger l on l.charge_start >= h.hour and l.charge_start < h.hour + interval '1 hour'
          group by 1, 2, 3, 4",
         &hours
     )
@@ -297,10 +316,9 @@ pub async fn roll_up(pool: &PgPool, complete_before: DateTime<Utc>) -> Result<Ve
                         join c on c.effective_from < h.hour + interval '1 hour' and c.until > h.hour
                         join gpu_classes g on g.id = c.gpu_class_id
                         group by 1, 2),
-                alloc as (select date_trunc('hour', charge_start, 'UTC') as hour, gpu_class_id,
-                                 sum(gpu_milli_ms)::int8 as milli_ms
-                          from usage_ledger
-                          where date_trunc('hour', charge_start, 'UTC') = any($1)
+                alloc as (select h.hour, l.gpu_class_id, sum(l.gpu_milli_ms)::int8 as milli_ms
+                          from h
+                          join usage_ledger l on l.charge_start >= h.hour and l.charge_start < h.hour + interval '1 hour'
                           group by 1, 2)
            insert into class_hours (hour, gpu_class_id, capacity_milli_ms, allocated_milli_ms, idle_milli_ms)
            select coalesce(cap.hour, alloc.hour), coalesce(cap.gpu_class_id, alloc.gpu_class_id),
@@ -333,8 +351,21 @@ pub async fn closed_periods(pool: &PgPool) -> Result<Vec<(NaiveDate, DateTime<Ut
 /// Closes `period`. Takes the ledger's write lock first, so that no row is appended to the
 /// period after it closes: a metering transaction either committed before (its rows are in
 /// the period) or appends after (its rows go to the next open period).
-pub async fn close_period(tx: &mut Tx<'_>, period: NaiveDate, by: &str) -> Result<bool, sqlx::Error> {
+pub async fn close_period(tx: &mut Tx<'_>, period: NaiveDate, by: &str) -> Result<ClosePeriod, sqlx::Error> {
     sqlx::query!("lock table usage_ledger in exclusive mode").execute(&mut **tx).await?;
+    // Periods close in order: an earlier period with charges must be closed first, or its
+    // late usage would have nowhere to go but a period already closed.
+    let earlier_open = sqlx::query_scalar!(
+        r#"select min(l.billing_period) from usage_ledger l
+           where l.billing_period < $1
+             and not exists (select 1 from billing_periods b where b.period = l.billing_period)"#,
+        period
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    if let Some(earlier) = earlier_open {
+        return Ok(ClosePeriod::EarlierOpen(earlier));
+    }
     let done = sqlx::query!(
         "insert into billing_periods (period, closed_by) values ($1, $2) on conflict do nothing",
         period,
@@ -342,12 +373,16 @@ pub async fn close_period(tx: &mut Tx<'_>, period: NaiveDate, by: &str) -> Resul
     )
     .execute(&mut **tx)
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(if done.rows_affected() == 1 { ClosePeriod::Closed } else { ClosePeriod::AlreadyClosed })
 }
 
-/// The latest closed period, if any.
-pub async fn latest_closed(db: impl sqlx::PgExecutor<'_>) -> Result<Option<NaiveDate>, sqlx::Error> {
-    sqlx::query_scalar!("select max(period) from billing_periods").fetch_one(db).await
+/// What closing a period did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClosePeriod {
+    Closed,
+    AlreadyClosed,
+    /// This earlier period has charges and is still open.
+    EarlierOpen(NaiveDate),
 }
 
 /// A change of a team's reserved quota of a class.

@@ -104,15 +104,18 @@ pub async fn book(
     Ok(written)
 }
 
-/// Where the next pass starts: after the last booked reservation hour, or, the first time,
-/// at the start of the current hour (reservations are not billed back to before the model
-/// was switched on).
+/// Where the next pass starts: after the last booked reservation hour, or else at the hour
+/// reservation charges started from, which the first call under the model records as the
+/// start of the current hour (reservations are never billed back to before the model was on).
 pub async fn next_from(pool: &sqlx::PgPool, now: DateTime<Utc>) -> Result<DateTime<Utc>, sqlx::Error> {
-    let current = DateTime::from_timestamp_millis(super::hour_floor(now.timestamp_millis())).unwrap_or(now);
-    Ok(db::metering::last_reservation_end(pool).await?.map_or(current, |end| {
+    if let Some(end) = db::metering::last_reservation_end(pool).await? {
         // Resume at the hour the last booking reached (it always ends on an hour).
-        DateTime::from_timestamp_millis(super::hour_floor(end.timestamp_millis() - 1) + HOUR_MS).unwrap_or(end)
-    }))
+        return Ok(
+            DateTime::from_timestamp_millis(super::hour_floor(end.timestamp_millis() - 1) + HOUR_MS).unwrap_or(end)
+        );
+    }
+    let current = DateTime::from_timestamp_millis(super::hour_floor(now.timestamp_millis())).unwrap_or(now);
+    db::metering::state_or_set(pool, "reservations_from", current).await
 }
 
 #[cfg(test)]

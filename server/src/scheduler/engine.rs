@@ -23,6 +23,15 @@ pub fn cost_micros(snapshot: &Snapshot, spec: &JobSpec, ms: i64) -> i64 {
     i64::try_from(cost).unwrap_or(i64::MAX)
 }
 
+/// `team` and its ancestors, as indices: the budgets a job of `team` spends from. Bounded
+/// by the number of teams, so a malformed tree cannot loop.
+fn budget_chain(s: &Snapshot, team: TeamId) -> impl Iterator<Item = usize> + '_ {
+    std::iter::successors(Some(team), move |&t| s.teams.get(t as usize).and_then(|x| x.parent))
+        .take(s.teams.len())
+        .map(|t| t as usize)
+        .filter(move |&t| t < s.teams.len())
+}
+
 /// Orders team heads: reserved demand first (by priority, then age), then burst demand by
 /// fair-share score (then priority, then age). Totally ordered, so cycles are deterministic.
 #[derive(Debug, Clone, Copy)]
@@ -168,10 +177,10 @@ impl<'a> Cycle<'a> {
                 // A hard budget must also cover what running jobs may still spend.
                 let remaining = (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0);
                 let committed = if r.terminating { 0 } else { cost_micros(s, &r.spec, remaining) };
-                for l in
-                    [&mut hard_left[r.spec.team as usize], &mut soft_left[r.spec.team as usize]].into_iter().flatten()
-                {
-                    *l = l.saturating_sub(committed);
+                for t in budget_chain(s, r.spec.team) {
+                    for l in [&mut hard_left[t], &mut soft_left[t]].into_iter().flatten() {
+                        *l = l.saturating_sub(committed);
+                    }
                 }
             }
         }
@@ -382,13 +391,19 @@ impl<'a> Cycle<'a> {
         }
     }
 
+    /// Whether every hard budget over `team` (its own and its ancestors': a department's
+    /// budget covers its whole subtree) still covers `cost`.
+    fn hard_budgets_cover(&self, team: TeamId, cost: i64) -> bool {
+        budget_chain(self.s, team).all(|t| self.hard_left[t].is_none_or(|left| left >= cost))
+    }
+
     /// True when the job cannot be admitted now whatever the order: it never fits, its
     /// budget is spent, its quota is exhausted, or a higher-priority job of its team waits.
     fn blocked_by_rules(&self, job: &JobSpec) -> bool {
         let n = job.total_milli();
         (job.team as usize) >= self.s.teams.len()
             || !self.inv.could_ever_fit(job)
-            || self.hard_left[job.team as usize].is_some_and(|left| left < cost_micros(self.s, job, job.max_runtime_ms))
+            || !self.hard_budgets_cover(job.team, cost_micros(self.s, job, job.max_runtime_ms))
             || self.waiting_in_team.get(&(job.team, job.class)).is_some_and(|&(_, p)| self.priority(job) < p)
             || self.ledger.over_limit(job.team, job.class, n).is_some()
             || (!self.preemptible(job) && self.ledger.beyond_reserved(job.team, job.class, n).is_some())
@@ -401,7 +416,7 @@ impl<'a> Cycle<'a> {
             return self.pend(job, PendingReason::NeverFits);
         }
         let cost = cost_micros(s, job, job.max_runtime_ms);
-        if self.hard_left[job.team as usize].is_some_and(|left| left < cost) {
+        if !self.hard_budgets_cover(job.team, cost) {
             return self.pend(job, PendingReason::BudgetExhausted);
         }
         if let Some(&(waiting, priority)) = self.waiting_in_team.get(&(job.team, job.class)) {
@@ -595,12 +610,14 @@ impl<'a> Cycle<'a> {
         self.borrowers.remove(&job.class);
         if (job.team as usize) < s.teams.len() {
             self.ledger.add(job.team, job.class, n, false);
-            if let Some(left) = &mut self.hard_left[job.team as usize] {
-                *left = left.saturating_sub(cost);
-            }
-            if let Some(left) = &mut self.soft_left[job.team as usize] {
-                exceeds_soft_budget = *left < cost;
-                *left = left.saturating_sub(cost);
+            for t in budget_chain(s, job.team) {
+                if let Some(left) = &mut self.hard_left[t] {
+                    *left = left.saturating_sub(cost);
+                }
+                if let Some(left) = &mut self.soft_left[t] {
+                    exceeds_soft_budget |= *left < cost;
+                    *left = left.saturating_sub(cost);
+                }
             }
         }
         self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, job.id, placement.clone()));

@@ -14,7 +14,7 @@
 //!    plus decayed history, per unit of weight). After each decision the team's next head
 //!    is re-ranked with its new usage.
 //! 2. **Checks**, in order, each giving the pending reason when it fails: the gang can
-//!    ever fit (`never_fits`); the team's hard budget covers the job's maximum cost
+//!    ever fit (`never_fits`); the hard budgets of the team and its ancestors cover the job's maximum cost
 //!    (`budget_exhausted`); the team and its ancestors stay within reserved + burst
 //!    (`burst_limit`); a non-preemptible job stays within reserved quota
 //!    (`reserved_quota_exhausted`); the job ends before a starving gang's reservation

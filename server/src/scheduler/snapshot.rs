@@ -101,8 +101,11 @@ pub struct Team {
     /// the priority classes' usage factors and decayed to `Snapshot::now_ms`.
     pub usage_history_micros: f64,
     /// Money left in a hard budget for the period (micro-units); `None` = no hard budget.
+    /// It covers the team's whole subtree: a job must fit every hard budget from its team
+    /// up to the root, and spends from each.
     pub hard_budget_left_micros: Option<i64>,
-    /// Money left in a soft budget; only flags jobs that would exceed it.
+    /// Money left in a soft budget (covering the subtree too); only flags jobs that would
+    /// exceed it.
     pub soft_budget_left_micros: Option<i64>,
 }
 

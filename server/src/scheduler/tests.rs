@@ -197,6 +197,23 @@ fn a_hard_budget_blocks_a_job_it_cannot_pay_for_and_a_soft_one_only_flags() {
 }
 
 #[test]
+fn a_departments_hard_budget_is_shared_by_its_teams_not_given_to_each() {
+    // A department with $40 left and two child teams that may use its pool.
+    let mut department = team("dept", 8, 0);
+    department.hard_budget_left_micros = Some(40_000_000);
+    let mut a = team("a", 4, 0);
+    a.parent = Some(0);
+    let mut b = team("b", 4, 0);
+    b.parent = Some(0);
+    let mut s = cluster(1, vec![department, a, b]);
+    // Each job: 4 GPUs × $2 × 4 h = $32. One fits the department's $40, two do not.
+    s.pending = vec![job(1, 1, 4, 1), job(2, 2, 4, 1)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![1]);
+    assert_eq!(reason_of(&d, 2), PendingReason::BudgetExhausted);
+}
+
+#[test]
 fn a_blocked_gang_gets_a_reservation_and_only_short_jobs_backfill() {
     let mut s = cluster(2, vec![team("a", 32, 0)]);
     start(&mut s, job(1, 0, 8, 0), HOUR); // production, ends in 3 h

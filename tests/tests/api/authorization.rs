@@ -130,7 +130,7 @@ fn matrix() -> Vec<Row> {
             allowed_problem: Some((422, "validation_failed")),
             ..row("GET", "/api/v1/billing/utilisation", FINANCE, None)
         },
-        // December is not over yet: an allowed caller learns that it cannot be closed.
+        // Next month is not over yet: an allowed caller learns that it cannot be closed.
         Row {
             allowed_problem: Some((422, "validation_failed")),
             ..row("POST", "/api/v1/billing/periods/{period}/close", FINANCE, None)
@@ -206,7 +206,7 @@ async fn fixture() -> Fixture {
         .await
         .assert_status(200);
     app.send(
-        call("PUT", "/api/v1/teams/team-a/budgets/2026-12")
+        call("PUT", &format!("/api/v1/teams/team-a/budgets/{}", next_month()))
             .token(&admin)
             .json(&json!({"unit": "gpu-hours", "amount": 100, "enforcement": "hard"})),
     )
@@ -223,13 +223,20 @@ async fn fixture() -> Fixture {
     Fixture { app, callers, token_id: token_a_id, job_id }
 }
 
+/// Next month, `YYYY-MM`: a budget period that exists for every caller, and a billing
+/// period that is never over yet, whenever the test runs.
+fn next_month() -> String {
+    let soon = chrono::Utc::now() + chrono::Duration::days(32);
+    soon.format("%Y-%m").to_string()
+}
+
 fn concrete(path: &str, fixture: &Fixture) -> String {
     path.replace("{team}", "team-a")
         .replace("{job}", &fixture.job_id)
         .replace("{username}", "member")
         .replace("{token_id}", &fixture.token_id)
         .replace("{gpu_class}", "h100")
-        .replace("{period}", "2026-12")
+        .replace("{period}", &next_month())
         .replace("{priority_class}", "experiment")
         .replace("{cluster}", "sim-1")
 }

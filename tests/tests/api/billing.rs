@@ -133,10 +133,12 @@ async fn export(s: &Setup, period: &str, format: &str) -> String {
     String::from_utf8(r.body.clone()).expect("UTF-8")
 }
 
-/// The control record of a CSV export (its last line) as JSON.
+/// The control record of a CSV export (its last line, one quoted field) as JSON.
 fn control(csv: &str) -> Value {
     let last = csv.trim_end().lines().last().expect("a control line");
-    serde_json::from_str(last.strip_prefix("# control ").expect("a control record")).expect("control JSON")
+    let field =
+        last.strip_prefix('"').and_then(|l| l.strip_suffix('"')).expect("one quoted field").replace("\"\"", "\"");
+    serde_json::from_str(field.strip_prefix("# control ").expect("a control record")).expect("control JSON")
 }
 
 #[tokio::test]
@@ -424,12 +426,19 @@ async fn a_hard_budget_is_what_admission_sees_and_soft_budgets_alert_once_per_th
     let start = Utc.from_utc_datetime(&period.and_hms_opt(0, 0, 0).unwrap());
     let job = admitted_job(&s, ml, h100, 1, "spender").await;
     run_and_close(&s.app.pool, job, start, start + Duration::minutes(150)).await;
-    let left = fairway::billing::budgets::hard_left(&s.app.pool, now).await.expect("budgets");
+    let left =
+        fairway::billing::budgets::hard_left(&s.app.pool, now, metering::Chargeback::Usage).await.expect("budgets");
     assert_eq!(left.get(&ml), Some(&3_750_000));
     assert_eq!(left.get(&s.teams[1].1), None);
     let metrics = fairway::telemetry::Metrics::default();
-    assert_eq!(fairway::billing::budgets::raise_alerts(&s.app.pool, now, &metrics).await.unwrap(), 1);
-    assert_eq!(fairway::billing::budgets::raise_alerts(&s.app.pool, now, &metrics).await.unwrap(), 0);
+    assert_eq!(
+        fairway::billing::budgets::raise_alerts(&s.app.pool, now, metering::Chargeback::Usage, &metrics).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        fairway::billing::budgets::raise_alerts(&s.app.pool, now, metering::Chargeback::Usage, &metrics).await.unwrap(),
+        0
+    );
     let status = s.app.send(call("GET", "/api/v1/teams/ml/budget-status").token(&s.admin)).await;
     status.assert_status(200);
     let status = status.json();
@@ -525,4 +534,44 @@ async fn idle_capacity_is_reported_per_class_and_shared_out_to_teams_by_their_us
     assert_eq!(statement["idle_share_gpu_hours"], "3.000000000");
     assert_eq!(statement["idle_share_cost"], "7.500000");
     assert_eq!(statement["billed_cost"], "7.500000");
+}
+
+#[tokio::test]
+async fn reservation_charges_start_at_the_hour_the_model_is_switched_on_and_follow_each_completed_hour() {
+    let s = setup().await;
+    let (ml, h100) = (s.teams[0].1, s.classes[0].1);
+    let pricing = metering::Pricing { currency: "USD".into(), chargeback: metering::Chargeback::ReservedPlusBurst };
+    sqlx::query("insert into quota_history (team_id, gpu_class_id, effective_from, reserved) values ($1, $2, $3, 2)")
+        .bind(ml)
+        .bind(h100)
+        .bind(t("2026-10-01T00:00:00Z"))
+        .execute(&s.app.pool)
+        .await
+        .expect("quota history");
+    // The metering pass as it runs: from `next_from` to the last completed hour.
+    let pass = |now: &'static str| {
+        let pool = s.app.pool.clone();
+        let pricing = pricing.clone();
+        async move {
+            let now = t(now);
+            let from = metering::reservations::next_from(&pool, now).await.expect("from");
+            let hour = DateTime::from_timestamp_millis(metering::hour_floor(now.timestamp_millis())).unwrap();
+            metering::reservations::book(&pool, from, hour, &pricing).await.expect("book")
+        }
+    };
+    // Switched on at 10:20: nothing before 10:00 is ever billed, 10:00–11:00 once it is over.
+    assert_eq!(pass("2026-10-07T10:20:00Z").await, 0);
+    assert_eq!(pass("2026-10-07T10:59:00Z").await, 0);
+    assert_eq!(pass("2026-10-07T11:01:00Z").await, 1);
+    assert_eq!(pass("2026-10-07T11:30:00Z").await, 0);
+    assert_eq!(pass("2026-10-07T13:00:05Z").await, 2);
+    let rows: Vec<(DateTime<Utc>, i64)> = sqlx::query_as(
+        "select charge_start, billed_cost_micros from usage_ledger where kind = 'reservation' order by 1",
+    )
+    .fetch_all(&s.app.pool)
+    .await
+    .unwrap();
+    let hours: Vec<String> = rows.iter().map(|(at, _)| at.format("%H:%M").to_string()).collect();
+    assert_eq!(hours, vec!["10:00", "11:00", "12:00"]);
+    assert!(rows.iter().all(|(_, cost)| *cost == 5_000_000), "2 × $2.50 an hour: {rows:?}");
 }

@@ -231,12 +231,12 @@ async fn a_cycle_of_a_deposed_leader_commits_nothing() {
     let old = db::scheduling::take_leadership(&mut conn, "old").await.unwrap();
     let new = db::scheduling::take_leadership(&mut conn, "new").await.unwrap();
     assert!(new > old);
-    let stale = control::cycle::run(&app.pool, old, &ctx.config.engine).await;
+    let stale = control::cycle::run(&app.pool, old, &ctx.config).await;
     assert!(matches!(stale, Err(control::ControlError::NotLeader)), "{stale:?}");
     assert_eq!(job(&app, &admin, &id).await["state"], "pending");
     let outbox: i64 = sqlx::query_scalar("select count(*) from dispatch_outbox").fetch_one(&app.pool).await.unwrap();
     assert_eq!(outbox, 0, "nothing was queued for dispatch");
-    let report = control::cycle::run(&app.pool, new, &ctx.config.engine).await.expect("cycle of the leader");
+    let report = control::cycle::run(&app.pool, new, &ctx.config).await.expect("cycle of the leader");
     assert_eq!(report.admitted, 1);
     assert_eq!(job(&app, &admin, &id).await["state"], "admitted");
 }
