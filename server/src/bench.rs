@@ -201,9 +201,9 @@ struct Usage {
 pub fn synthetic_snapshot(seed: u64, pending: usize) -> Snapshot {
     let mut rng = SplitMix64(seed);
     let classes = vec![
-        GpuClass { name: "h100-80gb".into(), rate_micros_per_hour: 4_000_000 },
-        GpuClass { name: "a100-80gb".into(), rate_micros_per_hour: 2_500_000 },
-        GpuClass { name: "a100-80gb.mig-1g.10gb".into(), rate_micros_per_hour: 2_500_000 / 7 },
+        GpuClass { name: "h100-80gb".into(), rate_micros_per_hour: 4_000_000, fraction_milli: 1000 },
+        GpuClass { name: "a100-80gb".into(), rate_micros_per_hour: 2_500_000, fraction_milli: 1000 },
+        GpuClass { name: "a100-80gb.mig-1g.10gb".into(), rate_micros_per_hour: 2_500_000 / 7, fraction_milli: 142 },
     ];
     let nodes = synthetic_nodes();
     let mut capacity = [0u64; CLASSES];
@@ -368,6 +368,7 @@ fn team(rng: &mut SplitMix64, name: String, parent: Option<TeamId>) -> Team {
         usage_history_micros: rng.below(5_000_000_000) as f64,
         hard_budget_left_micros: hard_budget,
         soft_budget_left_micros: soft_budget,
+        hard_budget_left_gpu_milli_ms: None,
     }
 }
 

@@ -192,7 +192,7 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
     let classes: Vec<GpuClass> = [("h100", 4_000_000), ("a100", 2_500_000), ("t4", 500_000)]
         .iter()
         .take(usize::from(class_count))
-        .map(|&(name, rate)| GpuClass { name: name.into(), rate_micros_per_hour: rate })
+        .map(|&(name, rate)| GpuClass { name: name.into(), rate_micros_per_hour: rate, fraction_milli: 1000 })
         .collect();
     let nodes: Vec<Node> = raw
         .nodes
@@ -245,6 +245,7 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             usage_history_micros: f64::from(t.history) * 1_000_000.0,
             hard_budget_left_micros: budget(t.hard_budget),
             soft_budget_left_micros: budget(t.soft_budget),
+            hard_budget_left_gpu_milli_ms: None,
         });
     }
     let leaves: Vec<TeamId> =

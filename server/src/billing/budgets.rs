@@ -143,28 +143,41 @@ pub async fn spend(
     Ok(out)
 }
 
-/// Money left under each team's hard money budget this period, for admission: the budget
-/// less what its whole subtree spent. The engine holds a job to its team's budget and every
-/// ancestor's, and spends each as it admits. Teams without a hard money budget are absent.
+/// What hard budgets leave this period, per budgeted team: money in micro-units, GPU time
+/// in the ledger's unit. Teams without a hard budget of that unit are absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HardBudgets {
+    pub money_micros: HashMap<Uuid, i64>,
+    pub gpu_milli_ms: HashMap<Uuid, i64>,
+}
+
+/// What each team's hard budget leaves this period, for admission: the budget less what its
+/// whole subtree spent. The engine holds a job to its team's budget and every ancestor's,
+/// and spends each as it admits.
 pub async fn hard_left(
     pool: &sqlx::PgPool,
     now: DateTime<Utc>,
     chargeback: Chargeback,
-) -> Result<HashMap<Uuid, i64>, sqlx::Error> {
-    let budgets: Vec<PeriodBudget> = db::billing::budgets_of(pool, period_of(now))
-        .await?
-        .into_iter()
-        .filter(|b| b.enforcement == "hard" && b.unit == "money")
-        .collect();
+) -> Result<HardBudgets, sqlx::Error> {
+    let budgets: Vec<PeriodBudget> =
+        db::billing::budgets_of(pool, period_of(now)).await?.into_iter().filter(|b| b.enforcement == "hard").collect();
+    let mut out = HardBudgets::default();
     if budgets.is_empty() {
-        return Ok(HashMap::new());
+        return Ok(out);
     }
     let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
     let spent = spend(pool, &teams, now, chargeback).await?;
-    Ok(budgets
-        .iter()
-        .map(|b| (b.team_id, (b.amount - spent.get(&b.team_id).map_or(0, |s| s.cost_micros)).max(0)))
-        .collect())
+    for b in &budgets {
+        let s = spent.get(&b.team_id).copied().unwrap_or_default();
+        if b.unit == "gpu-hours" {
+            let amount = i128::from(b.amount) * 1000 * i128::from(HOUR_MS);
+            let left = (amount - i128::from(s.gpu_milli_ms)).clamp(0, i128::from(i64::MAX)) as i64;
+            out.gpu_milli_ms.insert(b.team_id, left);
+        } else {
+            out.money_micros.insert(b.team_id, (b.amount - s.cost_micros).max(0));
+        }
+    }
+    Ok(out)
 }
 
 /// Raises the alerts that this period's spend has crossed, once each: recorded, written to

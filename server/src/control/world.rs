@@ -57,11 +57,12 @@ pub fn topology(mode: &str, level: Option<&str>) -> Topology {
 
 impl World {
     /// Builds the snapshot from rows read at one instant.
-    /// Sets what each team's hard budget leaves this period (teams absent have none).
-    pub fn set_hard_budgets(&mut self, left: &HashMap<Uuid, i64>) {
+    /// Sets what each team's hard budgets leave this period (teams absent have none).
+    pub fn set_hard_budgets(&mut self, left: &crate::billing::budgets::HardBudgets) {
         for (id, &index) in &self.team_index {
             if let Some(team) = self.snapshot.teams.get_mut(index as usize) {
-                team.hard_budget_left_micros = left.get(id).copied();
+                team.hard_budget_left_micros = left.money_micros.get(id).copied();
+                team.hard_budget_left_gpu_milli_ms = left.gpu_milli_ms.get(id).copied();
             }
         }
     }
@@ -70,8 +71,15 @@ impl World {
         let now_ms = millis(rows.now);
         let class_index: HashMap<Uuid, ClassId> =
             rows.classes.iter().enumerate().map(|(i, c)| (c.id, i as ClassId)).collect();
-        let classes =
-            rows.classes.iter().map(|c| GpuClass { name: c.name.clone(), rate_micros_per_hour: c.rate }).collect();
+        let classes = rows
+            .classes
+            .iter()
+            .map(|c| GpuClass {
+                name: c.name.clone(),
+                rate_micros_per_hour: c.rate,
+                fraction_milli: c.fraction_milli.clamp(1, 1000) as u32,
+            })
+            .collect();
         // Racks and zones are numbered per cluster: two clusters' "rack-1" are different racks.
         let mut racks: BTreeMap<(Uuid, String), u32> = BTreeMap::new();
         let mut zones: BTreeMap<(Uuid, String), u32> = BTreeMap::new();
@@ -112,6 +120,7 @@ impl World {
                 usage_history_micros: history.get(&t.id).copied().unwrap_or(0.0),
                 hard_budget_left_micros: None,
                 soft_budget_left_micros: None,
+                hard_budget_left_gpu_milli_ms: None,
             })
             .collect();
         for q in &rows.quotas {

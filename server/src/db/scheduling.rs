@@ -200,6 +200,7 @@ pub struct ClassRow {
     pub id: Uuid,
     pub name: String,
     pub rate: i64,
+    pub fraction_milli: i32,
 }
 
 /// A team with its weight.
@@ -277,7 +278,7 @@ pub async fn snapshot_rows(pool: &PgPool, half_life_seconds: f64) -> Result<Snap
     let now = sqlx::query_scalar!(r#"select now() as "now!""#).fetch_one(&mut *tx).await?;
     let classes = sqlx::query_as!(
         ClassRow,
-        r#"select c.id, c.name,
+        r#"select c.id, c.name, c.fraction_milli,
                   coalesce((select r.rate_micros_per_gpu_hour from gpu_class_rates r
                             where r.gpu_class_id = c.id and r.effective_from <= now()
                             order by r.effective_from desc limit 1), 0) as "rate!"

@@ -15,6 +15,14 @@ use super::{
 
 /// Maximum cost of running `spec` for `ms` milliseconds, in micro-units of money:
 /// units × rate per unit-hour × hours × price multiplier. Exact integer arithmetic.
+/// GPU time of `spec` for `ms` milliseconds in the ledger's unit (physical GPUs in
+/// thousandths × milliseconds), for GPU-hour budgets.
+pub fn gpu_time(snapshot: &Snapshot, spec: &JobSpec, ms: i64) -> i64 {
+    let fraction = snapshot.classes.get(usize::from(spec.class)).map_or(1000, |c| i128::from(c.fraction_milli));
+    let time = i128::from(spec.total_milli()) * fraction * i128::from(ms.max(0)) / 1000;
+    i64::try_from(time).unwrap_or(i64::MAX)
+}
+
 pub fn cost_micros(snapshot: &Snapshot, spec: &JobSpec, ms: i64) -> i64 {
     let rate = snapshot.classes.get(usize::from(spec.class)).map_or(0, |c| i128::from(c.rate_micros_per_hour));
     let mult =
@@ -86,6 +94,8 @@ struct Cycle<'a> {
     /// Hard budget left per team after the committed cost of its running jobs.
     hard_left: Vec<Option<i64>>,
     soft_left: Vec<Option<i64>>,
+    /// GPU time left per team under a hard GPU-hour budget, after running jobs' remainder.
+    hard_gpu_left: Vec<Option<i64>>,
     /// Running jobs chosen as victims this cycle.
     victims: BTreeSet<usize>,
     /// The same, by running-job index, for the hot loops (also marks tentative victims).
@@ -168,6 +178,7 @@ impl<'a> Cycle<'a> {
         let mut ledger = Ledger::new(s);
         let mut hard_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.hard_budget_left_micros).collect();
         let mut soft_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.soft_budget_left_micros).collect();
+        let mut hard_gpu_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.hard_budget_left_gpu_milli_ms).collect();
         for r in &s.running {
             inv.allocate(&r.placement);
             // A stopping job keeps its GPUs until it exits, but no longer its quota: like a
@@ -177,9 +188,13 @@ impl<'a> Cycle<'a> {
                 // A hard budget must also cover what running jobs may still spend.
                 let remaining = (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0);
                 let committed = if r.terminating { 0 } else { cost_micros(s, &r.spec, remaining) };
+                let committed_time = if r.terminating { 0 } else { gpu_time(s, &r.spec, remaining) };
                 for t in budget_chain(s, r.spec.team) {
                     for l in [&mut hard_left[t], &mut soft_left[t]].into_iter().flatten() {
                         *l = l.saturating_sub(committed);
+                    }
+                    if let Some(l) = &mut hard_gpu_left[t] {
+                        *l = l.saturating_sub(committed_time);
                     }
                 }
             }
@@ -229,6 +244,7 @@ impl<'a> Cycle<'a> {
             ledger,
             hard_left,
             soft_left,
+            hard_gpu_left,
             victims: BTreeSet::new(),
             victim: vec![false; s.running.len()],
             victim_order,
@@ -391,10 +407,15 @@ impl<'a> Cycle<'a> {
         }
     }
 
-    /// Whether every hard budget over `team` (its own and its ancestors': a department's
-    /// budget covers its whole subtree) still covers `cost`.
-    fn hard_budgets_cover(&self, team: TeamId, cost: i64) -> bool {
-        budget_chain(self.s, team).all(|t| self.hard_left[t].is_none_or(|left| left >= cost))
+    /// Whether every hard budget over the job's team (its own and its ancestors': a
+    /// department's budget covers its whole subtree), in money and in GPU-hours, still covers
+    /// the job's maximum cost and GPU time.
+    fn hard_budgets_cover(&self, job: &JobSpec) -> bool {
+        let cost = cost_micros(self.s, job, job.max_runtime_ms);
+        let time = gpu_time(self.s, job, job.max_runtime_ms);
+        budget_chain(self.s, job.team).all(|t| {
+            self.hard_left[t].is_none_or(|left| left >= cost) && self.hard_gpu_left[t].is_none_or(|left| left >= time)
+        })
     }
 
     /// True when the job cannot be admitted now whatever the order: it never fits, its
@@ -403,7 +424,7 @@ impl<'a> Cycle<'a> {
         let n = job.total_milli();
         (job.team as usize) >= self.s.teams.len()
             || !self.inv.could_ever_fit(job)
-            || !self.hard_budgets_cover(job.team, cost_micros(self.s, job, job.max_runtime_ms))
+            || !self.hard_budgets_cover(job)
             || self.waiting_in_team.get(&(job.team, job.class)).is_some_and(|&(_, p)| self.priority(job) < p)
             || self.ledger.over_limit(job.team, job.class, n).is_some()
             || (!self.preemptible(job) && self.ledger.beyond_reserved(job.team, job.class, n).is_some())
@@ -415,8 +436,7 @@ impl<'a> Cycle<'a> {
         if (job.team as usize) >= s.teams.len() || !self.inv.could_ever_fit(job) {
             return self.pend(job, PendingReason::NeverFits);
         }
-        let cost = cost_micros(s, job, job.max_runtime_ms);
-        if !self.hard_budgets_cover(job.team, cost) {
+        if !self.hard_budgets_cover(job) {
             return self.pend(job, PendingReason::BudgetExhausted);
         }
         if let Some(&(waiting, priority)) = self.waiting_in_team.get(&(job.team, job.class)) {
@@ -610,9 +630,13 @@ impl<'a> Cycle<'a> {
         self.borrowers.remove(&job.class);
         if (job.team as usize) < s.teams.len() {
             self.ledger.add(job.team, job.class, n, false);
+            let time = gpu_time(s, job, job.max_runtime_ms);
             for t in budget_chain(s, job.team) {
                 if let Some(left) = &mut self.hard_left[t] {
                     *left = left.saturating_sub(cost);
+                }
+                if let Some(left) = &mut self.hard_gpu_left[t] {
+                    *left = left.saturating_sub(time);
                 }
                 if let Some(left) = &mut self.soft_left[t] {
                     exceeds_soft_budget |= *left < cost;

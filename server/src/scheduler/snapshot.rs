@@ -29,6 +29,9 @@ pub struct GpuClass {
     pub name: String,
     /// Price of one unit-hour in micro-units of money (the rate card now).
     pub rate_micros_per_hour: i64,
+    /// Share of a physical GPU one unit is, in thousandths (1000 for a whole GPU): what a
+    /// GPU-hour budget counts.
+    pub fraction_milli: u32,
 }
 
 /// A topology level a gang can ask to be kept within.
@@ -107,6 +110,9 @@ pub struct Team {
     /// Money left in a soft budget (covering the subtree too); only flags jobs that would
     /// exceed it.
     pub soft_budget_left_micros: Option<i64>,
+    /// GPU time left in a hard budget counted in GPU-hours, in physical GPU-milliseconds ×
+    /// 1000 (the ledger's unit); covers the subtree like the money budget.
+    pub hard_budget_left_gpu_milli_ms: Option<i64>,
 }
 
 /// A priority class.

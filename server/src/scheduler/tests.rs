@@ -32,6 +32,7 @@ fn team(name: &str, reserved_gpus: u64, burst_gpus: u64) -> Team {
         usage_history_micros: 0.0,
         hard_budget_left_micros: None,
         soft_budget_left_micros: None,
+        hard_budget_left_gpu_milli_ms: None,
     }
 }
 
@@ -39,7 +40,7 @@ fn team(name: &str, reserved_gpus: u64, burst_gpus: u64) -> Team {
 fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
     Snapshot {
         now_ms: NOW,
-        classes: vec![GpuClass { name: "h100".into(), rate_micros_per_hour: 2_000_000 }],
+        classes: vec![GpuClass { name: "h100".into(), rate_micros_per_hour: 2_000_000, fraction_milli: 1000 }],
         nodes: (0..nodes)
             .map(|i| Node {
                 name: format!("n{i}"),
@@ -211,6 +212,17 @@ fn a_departments_hard_budget_is_shared_by_its_teams_not_given_to_each() {
     let d = schedule(&s);
     assert_eq!(admitted(&d), vec![1]);
     assert_eq!(reason_of(&d, 2), PendingReason::BudgetExhausted);
+}
+
+#[test]
+fn a_gpu_hour_budget_blocks_a_job_whose_gpu_time_it_cannot_cover() {
+    let mut s = cluster(1, vec![team("a", 8, 0)]);
+    // 15 GPU-hours left; a 4-GPU job of 4 hours needs 16, a 3-GPU one 12.
+    s.teams[0].hard_budget_left_gpu_milli_ms = Some(15 * 1000 * HOUR);
+    s.pending = vec![job(1, 0, 4, 1), job(2, 0, 3, 1)];
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 1), PendingReason::BudgetExhausted);
+    assert_eq!(admitted(&d), vec![2]);
 }
 
 #[test]

@@ -157,7 +157,7 @@ fn build_classes(entries: &[ClassEntry]) -> Result<Vec<GpuClass>, String> {
             }
             // Money is integer micro-units everywhere else; the rate is converted once here.
             let rate_micros_per_hour = (c.rate_per_gpu_hour * 1e6).round() as i64;
-            Ok(GpuClass { name: c.name.clone(), rate_micros_per_hour })
+            Ok(GpuClass { name: c.name.clone(), rate_micros_per_hour, fraction_milli: 1000 })
         })
         .collect()
 }
@@ -252,6 +252,7 @@ fn build_team(
         usage_history_micros: 0.0,
         hard_budget_left_micros: None,
         soft_budget_left_micros: None,
+        hard_budget_left_gpu_milli_ms: None,
     })
 }
 

@@ -384,9 +384,11 @@ pub fn alibaba_cluster(nodes: &[AlibabaNode], quotas: &[(String, u32)]) -> Clust
             usage_history_micros: 0.0,
             hard_budget_left_micros: None,
             soft_budget_left_micros: None,
+            hard_budget_left_gpu_milli_ms: None,
         })
         .collect();
-    let classes = vec![GpuClass { name: "gpu".into(), rate_micros_per_hour: ALIBABA_RATE_MICROS }];
+    let classes =
+        vec![GpuClass { name: "gpu".into(), rate_micros_per_hour: ALIBABA_RATE_MICROS, fraction_milli: 1000 }];
     Cluster { classes, nodes, teams, priorities: default_priorities() }
 }
 

@@ -428,8 +428,19 @@ async fn a_hard_budget_is_what_admission_sees_and_soft_budgets_alert_once_per_th
     run_and_close(&s.app.pool, job, start, start + Duration::minutes(150)).await;
     let left =
         fairway::billing::budgets::hard_left(&s.app.pool, now, metering::Chargeback::Usage).await.expect("budgets");
-    assert_eq!(left.get(&ml), Some(&3_750_000));
-    assert_eq!(left.get(&s.teams[1].1), None);
+    assert_eq!(left.money_micros.get(&ml), Some(&3_750_000));
+    assert_eq!(left.money_micros.get(&s.teams[1].1), None);
+    // A GPU-hour budget of 3 for vision, which has used none: 3 GPU-hours left, exactly.
+    s.app
+        .send(
+            call("PUT", &format!("/api/v1/teams/vision/budgets/{month}"))
+                .token(&s.admin)
+                .json(&json!({"unit": "gpu-hours", "amount": 3, "enforcement": "hard"})),
+        )
+        .await
+        .assert_status(200);
+    let left = fairway::billing::budgets::hard_left(&s.app.pool, now, metering::Chargeback::Usage).await.unwrap();
+    assert_eq!(left.gpu_milli_ms.get(&s.teams[1].1), Some(&(3 * 1000 * 3_600_000)));
     let metrics = fairway::telemetry::Metrics::default();
     assert_eq!(
         fairway::billing::budgets::raise_alerts(&s.app.pool, now, metering::Chargeback::Usage, &metrics).await.unwrap(),
