@@ -43,6 +43,8 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// Wakes the scheduler after submissions.
     pub wake: control::wake::SchedulerWake,
+    /// Submission catalogues in memory, checked against the version read at authentication.
+    pub catalogues: Arc<api::jobs::CatalogueCache>,
 }
 
 impl AppState {
@@ -61,6 +63,7 @@ impl AppState {
             config: Arc::new(config),
             metrics: Arc::default(),
             wake: control::wake::SchedulerWake::default(),
+            catalogues: Arc::default(),
         })
     }
 

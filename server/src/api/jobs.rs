@@ -22,7 +22,7 @@ use crate::{
     app::AppState,
     auth::{
         policy::{JobAccess, TeamAccess},
-        Principal,
+        CatalogueVersion, Principal,
     },
     backends::ReplicaSlot,
     control,
@@ -199,13 +199,44 @@ struct Catalogue {
     max_runtime: i32,
 }
 
+/// Catalogues read for submissions, by team and asked-for classes, each with the version it
+/// was read at. A request whose authentication saw the same version uses the copy: the
+/// version is bumped in the transaction of every change, so the copy is exactly current.
+#[derive(Default)]
+pub struct CatalogueCache(std::sync::Mutex<HashMap<(Uuid, Vec<String>), db::jobs::SubmitCatalogue>>);
+
+/// Entries kept before the cache starts over (one per team and set of classes in use).
+const CATALOGUE_CACHE_ENTRIES: usize = 4096;
+
 impl Catalogue {
-    async fn load(state: &AppState, team_id: Uuid, specs: &[JobSpec]) -> Result<Self, ApiError> {
+    async fn load(
+        state: &AppState,
+        team_id: Uuid,
+        specs: &[JobSpec],
+        version: CatalogueVersion,
+    ) -> Result<Self, ApiError> {
         let mut names: Vec<String> = specs.iter().map(|s| s.gpu_class.clone()).collect();
         names.sort_unstable();
         names.dedup();
-        let catalogue =
-            db::jobs::submit_catalogue(&state.db, team_id, &names).await?.ok_or(ApiError::NotFound("team"))?;
+        let key = (team_id, names);
+        let cached = version.0.and_then(|v| {
+            let cache = state.catalogues.0.lock().ok()?;
+            cache.get(&key).filter(|c| c.version == v).cloned()
+        });
+        let catalogue = match cached {
+            Some(c) => c,
+            None => {
+                let c =
+                    db::jobs::submit_catalogue(&state.db, team_id, &key.1).await?.ok_or(ApiError::NotFound("team"))?;
+                if let Ok(mut cache) = state.catalogues.0.lock() {
+                    if cache.len() >= CATALOGUE_CACHE_ENTRIES {
+                        cache.clear();
+                    }
+                    cache.insert(key, c.clone());
+                }
+                c
+            }
+        };
         Ok(Self {
             classes: catalogue.classes.into_iter().map(|(name, id, capacity)| (name, (id, capacity))).collect(),
             priorities: catalogue.priorities,
@@ -359,9 +390,10 @@ pub async fn create_job(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Extension(access): Extension<TeamAccess>,
+    Extension(version): Extension<CatalogueVersion>,
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
-    let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec)).await?;
+    let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec), version).await?;
     let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
     let by = principal.actor();
     let stored = db::jobs::insert_many(&state.db, access.team.id, &by, std::slice::from_ref(&job)).await?;
@@ -408,6 +440,7 @@ pub async fn create_jobs_batch(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Extension(access): Extension<TeamAccess>,
+    Extension(version): Extension<CatalogueVersion>,
     ApiJson(batch): ApiJson<JobBatch>,
 ) -> Result<(StatusCode, Json<BatchResult>), ApiError> {
     if batch.jobs.is_empty() || batch.jobs.len() > MAX_BATCH {
@@ -417,7 +450,7 @@ pub async fn create_jobs_batch(
             format!("must hold 1 to {MAX_BATCH} jobs"),
         )));
     }
-    let catalogue = Catalogue::load(&state, access.team.id, &batch.jobs).await?;
+    let catalogue = Catalogue::load(&state, access.team.id, &batch.jobs, version).await?;
     let mut jobs = Vec::with_capacity(batch.jobs.len());
     let mut errors = Vec::new();
     for (i, spec) in batch.jobs.iter().enumerate() {
@@ -769,9 +802,10 @@ pub struct DryRunResult {
 pub async fn dry_run_job(
     State(state): State<AppState>,
     Extension(access): Extension<TeamAccess>,
+    Extension(version): Extension<CatalogueVersion>,
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<Json<DryRunResult>, ApiError> {
-    let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec)).await?;
+    let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec), version).await?;
     let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
     let engine = control::engine_config(&state.config);
     let world = control::cycle::world(&state.db, &engine, state.config.chargeback)

@@ -62,7 +62,15 @@ pub struct Authenticated {
     pub principal: Principal,
     /// An API token's team, read together with the token.
     pub token_team: Option<db::teams::TeamRow>,
+    /// The submission catalogue's version, read together with an API token.
+    pub catalogue_version: Option<i64>,
 }
+
+/// The submission catalogue's version as of this request's authentication, when it was read
+/// then (API tokens); handlers that validate against the catalogue use a cached copy of
+/// that version instead of reading it again.
+#[derive(Debug, Clone, Copy)]
+pub struct CatalogueVersion(pub Option<i64>);
 
 /// Authenticates the request's bearer credential. `Ok(None)` when there is none; 401 when
 /// one is present but not valid (expired, revoked, forged, unknown).
@@ -86,7 +94,8 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Optio
             team: auth.team.name.clone(),
             role,
         };
-        return Ok(Some(Authenticated { principal, token_team: Some(auth.team) }));
+        let catalogue_version = Some(auth.catalogue_version);
+        return Ok(Some(Authenticated { principal, token_team: Some(auth.team), catalogue_version }));
     }
     let claims = state.keys.verify(credential).ok_or(ApiError::Unauthenticated)?;
     let user_id: Uuid = claims.sub.parse().map_err(|_| ApiError::Unauthenticated)?;
@@ -101,5 +110,5 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Optio
         username: user.username,
         platform_role: user.platform_role.as_deref().and_then(PlatformRole::parse),
     };
-    Ok(Some(Authenticated { principal, token_team: None }))
+    Ok(Some(Authenticated { principal, token_team: None, catalogue_version: None }))
 }

@@ -81,12 +81,12 @@ pub async fn authorize(State(state): State<AppState>, request: Request, next: Ne
         // Deny by default: a route without a declared policy is a bug, caught by tests.
         return Err(ApiError::Internal(format!("route {} {path} has no policy", parts.method)));
     };
-    let (principal, token_team) = match authenticate(&state, &parts.headers).await {
-        Ok(Some(a)) => (Some(a.principal), a.token_team),
-        Ok(None) => (None, None),
+    let (principal, token_team, catalogue_version) = match authenticate(&state, &parts.headers).await {
+        Ok(Some(a)) => (Some(a.principal), a.token_team, a.catalogue_version),
+        Ok(None) => (None, None, None),
         // A bad credential on a public route (e.g. signing in with an expired token still
         // attached) is ignored, not an error.
-        Err(ApiError::Unauthenticated) if policy == Policy::Public => (None, None),
+        Err(ApiError::Unauthenticated) if policy == Policy::Public => (None, None, None),
         Err(e) => return Err(e),
     };
     match (policy, &principal) {
@@ -148,6 +148,7 @@ pub async fn authorize(State(state): State<AppState>, request: Request, next: Ne
     if let Some(p) = principal {
         parts.extensions.insert(p);
     }
+    parts.extensions.insert(super::CatalogueVersion(catalogue_version));
     Ok(next.run(Request::from_parts(parts, body)).await)
 }
 

@@ -456,6 +456,8 @@ pub struct SubmitCatalogue {
     pub priorities: Vec<String>,
     /// The asked-for classes that exist, with what the inventory offers of each.
     pub classes: Vec<(String, Uuid, ClassCapacity)>,
+    /// The catalogue's version this was read at (bumped by every change to it).
+    pub version: i64,
 }
 
 /// The catalogue for submissions of team `team_id` asking for `classes`; `None` when the
@@ -469,6 +471,7 @@ pub async fn submit_catalogue(
 ) -> Result<Option<SubmitCatalogue>, sqlx::Error> {
     let rows = sqlx::query!(
         r#"select t.max_runtime_seconds,
+                  (select v.version from catalogue_version v where v.id = 1) as "version!",
                   (select coalesce(array_agg(name order by name), '{}') from priority_classes) as "priorities!",
                   exists (select 1 from cluster_nodes) as "inventory_known!",
                   c.id as "class_id?", c.name as "class_name?",
@@ -488,7 +491,7 @@ pub async fn submit_catalogue(
     .fetch_all(pool)
     .await?;
     let Some(first) = rows.first() else { return Ok(None) };
-    let (max_runtime, priorities) = (first.max_runtime_seconds, first.priorities.clone());
+    let (max_runtime, priorities, version) = (first.max_runtime_seconds, first.priorities.clone(), first.version);
     let classes = rows
         .into_iter()
         .filter_map(|r| {
@@ -503,5 +506,5 @@ pub async fn submit_catalogue(
             Some((r.class_name?, r.class_id?, capacity))
         })
         .collect();
-    Ok(Some(SubmitCatalogue { max_runtime, priorities, classes }))
+    Ok(Some(SubmitCatalogue { max_runtime, priorities, classes, version }))
 }

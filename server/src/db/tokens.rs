@@ -29,6 +29,8 @@ pub struct TokenAuth {
     pub role: String,
     /// The token's team, read with it: its own team's routes need not read it again.
     pub team: super::teams::TeamRow,
+    /// The catalogue's version at this moment (see `db::jobs::submit_catalogue`).
+    pub catalogue_version: i64,
 }
 
 /// A token to store.
@@ -120,7 +122,8 @@ pub async fn authenticate(pool: &PgPool, token_hash: &[u8]) -> Result<Option<Tok
         r#"select t.id, t.name, t.role,
                   (t.last_used_at is null or t.last_used_at < now() - interval '1 minute') as "stale!",
                   tm.id as team_id, tm.name as team_name, tm.parent_id, p.name as "parent?", tm.display_name,
-                  tm.created_at, tm.updated_at, tm.version
+                  tm.created_at, tm.updated_at, tm.version,
+                  (select v.version from catalogue_version v where v.id = 1) as "catalogue_version!"
            from api_tokens t
            join teams tm on tm.id = t.team_id
            left join teams p on p.id = tm.parent_id
@@ -151,5 +154,5 @@ pub async fn authenticate(pool: &PgPool, token_hash: &[u8]) -> Result<Option<Tok
         updated_at: row.updated_at,
         version: row.version,
     };
-    Ok(Some(TokenAuth { id: row.id, name: row.name, role: row.role, team }))
+    Ok(Some(TokenAuth { id: row.id, name: row.name, role: row.role, team, catalogue_version: row.catalogue_version }))
 }

@@ -575,3 +575,29 @@ async fn an_absurd_replica_count_is_422_not_a_crash_when_clusters_report_invento
     assert_field(&r, "replicas", "too_large");
     assert_eq!(s.job_count().await, 0);
 }
+
+#[tokio::test]
+async fn a_ci_pipeline_is_validated_against_the_catalogue_as_it_is_now_never_a_stale_copy() {
+    let s = setup().await;
+    // The first submission reads the catalogue; later ones with the same token reuse it
+    // while nothing changes.
+    s.submit(&s.ml_ci, "ml", &spec_with("a", json!({"max_runtime_seconds": 7200}))).await.assert_status(201);
+    s.submit(&s.ml_ci, "ml", &spec_with("b", json!({"max_runtime_seconds": 7200}))).await.assert_status(201);
+    // The team's limit drops: the very next submission is held to it.
+    sqlx::query("update teams set max_runtime_seconds = 3600 where name = 'ml'")
+        .execute(&s.app.pool)
+        .await
+        .expect("set the limit");
+    let r = s.submit(&s.ml_ci, "ml", &spec_with("c", json!({"max_runtime_seconds": 7200}))).await;
+    assert_field(&r, "max_runtime_seconds", "exceeds_team_limit");
+    // A new priority class can be used at once.
+    let r = s.submit(&s.ml_ci, "ml", &spec_with("d", json!({"priority_class": "batch"}))).await;
+    assert_field(&r, "priority_class", "not_found");
+    s.app
+        .send(call("POST", "/api/v1/priority-classes").token(&s.admin).json(&json!({
+            "name": "batch", "priority": 50, "preemptible": true, "usage_factor_milli": 1000, "price_multiplier_milli": 1000,
+        })))
+        .await
+        .assert_status(201);
+    s.submit(&s.ml_ci, "ml", &spec_with("e", json!({"priority_class": "batch"}))).await.assert_status(201);
+}
