@@ -738,8 +738,9 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-/// Hard budgets are not overrun by this cycle's admissions, and each admission states the
-/// maximum cost the design defines (to the micro-unit, allowing for rounding).
+/// Hard budgets (each covering its team's subtree) are not overrun by this cycle's
+/// admissions, and each admission states the maximum cost the design defines (to the
+/// micro-unit, allowing for rounding).
 fn check_budgets(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
     let pending = pending_by_id(s);
     let mut spent: BTreeMap<TeamId, i128> = BTreeMap::new();
@@ -753,7 +754,13 @@ fn check_budgets(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             a.max_cost_micros,
             expected
         );
-        *spent.entry(job.team).or_default() += i128::from(a.max_cost_micros);
+        // A budget covers its team's whole subtree: the admission spends from the job's team
+        // and from every ancestor.
+        let mut at = Some(job.team);
+        while let Some(t) = at {
+            *spent.entry(t).or_default() += i128::from(a.max_cost_micros);
+            at = s.teams[t as usize].parent;
+        }
     }
     for (&team, &cost) in &spent {
         if let Some(left) = s.teams[team as usize].hard_budget_left_micros {

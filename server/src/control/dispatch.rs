@@ -114,6 +114,8 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
                     .await?;
                     db::scheduling::complete(&mut tx, row.id, Some(&e.to_string())).await?;
                     end_attempt(&mut tx, row.job_id, row.attempt, &outcome, None, Utc::now(), &object, ctx).await?;
+                    let attempt = [(row.job_id, row.attempt)];
+                    crate::metering::ledger::book_many(&mut tx, &attempt, None, &ctx.config.pricing).await?;
                 }
             }
         }

@@ -136,6 +136,9 @@ pub async fn reconcile(
         for e in &ended {
             end_attempt(&mut tx, e.job_id, e.attempt, &e.outcome, e.started_at, e.ended_at, &e.object, ctx).await?;
         }
+        // Booked in the transaction that closes the intervals: a crash leaves both or neither.
+        let closed: Vec<(Uuid, i32)> = ended.iter().map(|e| (e.job_id, e.attempt)).collect();
+        crate::metering::ledger::book_many(&mut tx, &closed, None, &ctx.config.pricing).await?;
         tx.commit().await?;
     }
     if !finished_objects.is_empty() {
@@ -201,7 +204,8 @@ pub async fn leader_tx<'a>(ctx: &Ctx, epoch: i64) -> Result<Tx<'a>, ControlError
 }
 
 /// Ends attempt `attempt` of a job: closes its usage interval, releases its GPUs and moves
-/// it on by the outcome's retry policy, with an event. Does nothing when the attempt is no
+/// it on by the outcome's retry policy, with an event. The caller books the closed interval
+/// in the same transaction (`metering::ledger::book_many`). Does nothing when the attempt is no
 /// longer the job's (a repeat after a crash).
 #[expect(clippy::too_many_arguments, reason = "the attempt, how it ended, and where the record goes")]
 pub async fn end_attempt(
@@ -222,8 +226,6 @@ pub async fn end_attempt(
         db::scheduling::open_interval(tx, job_id, attempt, started).await?;
     }
     db::scheduling::close_interval(tx, job_id, attempt, ended_at).await?;
-    // Booked in the transaction that closes the interval: a crash leaves both or neither.
-    crate::metering::ledger::book(tx, job_id, attempt, None, &ctx.config.pricing).await?;
     let counters = Counters {
         max_retries: job.max_retries,
         preemptions: job.preemptions,

@@ -27,43 +27,49 @@ pub struct IntervalToMeter {
     pub labels: Value,
 }
 
-/// The interval of `job_id`'s attempt `attempt`, locked so that two meterings of it are
-/// serialised; `None` when it was never opened.
-pub async fn interval_for_update(
-    tx: &mut Tx<'_>,
-    job_id: Uuid,
-    attempt: i32,
-) -> Result<Option<IntervalToMeter>, sqlx::Error> {
+/// The intervals of the attempts `keys` (job, attempt) that were opened, locked in job
+/// order so that two meterings of one are serialised and never deadlock.
+pub async fn intervals_for_update(tx: &mut Tx<'_>, keys: &[(Uuid, i32)]) -> Result<Vec<IntervalToMeter>, sqlx::Error> {
+    let jobs: Vec<Uuid> = keys.iter().map(|k| k.0).collect();
+    let attempts: Vec<i32> = keys.iter().map(|k| k.1).collect();
     sqlx::query_as!(
         IntervalToMeter,
         r#"select u.job_id, u.attempt, j.name as job_name, u.team_id, t.name as team_name,
                   u.gpu_class_id, c.name as gpu_class, u.priority_class, u.gpus, u.fraction_milli, u.borrowing,
                   u.started_at, u.ended_at,
                   coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!", j.labels
-           from usage_intervals u
+           from unnest($1::uuid[], $2::int4[]) as k(job_id, attempt)
+           join usage_intervals u on u.job_id = k.job_id and u.attempt = k.attempt
            join jobs j on j.id = u.job_id
            join teams t on t.id = u.team_id
            join gpu_classes c on c.id = u.gpu_class_id
            left join priority_classes p on p.name = u.priority_class
-           where u.job_id = $1 and u.attempt = $2
+           order by u.job_id, u.attempt
            for update of u"#,
-        job_id,
-        attempt
+        &jobs,
+        &attempts
     )
-    .fetch_optional(&mut **tx)
+    .fetch_all(&mut **tx)
     .await
+}
+
+/// The rate cards of `classes`: (class, effective from, micro-units per GPU-hour), each
+/// class's oldest first.
+pub async fn rates_of(tx: &mut Tx<'_>, classes: &[Uuid]) -> Result<Vec<(Uuid, DateTime<Utc>, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        "select gpu_class_id, effective_from, rate_micros_per_gpu_hour from gpu_class_rates
+         where gpu_class_id = any($1) order by gpu_class_id, effective_from",
+        classes
+    )
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.gpu_class_id, r.effective_from, r.rate_micros_per_gpu_hour)).collect())
 }
 
 /// A class's rate card: (effective from, micro-units per GPU-hour), oldest first.
 pub async fn rates(tx: &mut Tx<'_>, gpu_class_id: Uuid) -> Result<Vec<(DateTime<Utc>, i64)>, sqlx::Error> {
-    let rows = sqlx::query!(
-        "select effective_from, rate_micros_per_gpu_hour from gpu_class_rates
-         where gpu_class_id = $1 order by effective_from",
-        gpu_class_id
-    )
-    .fetch_all(&mut **tx)
-    .await?;
-    Ok(rows.into_iter().map(|r| (r.effective_from, r.rate_micros_per_gpu_hour)).collect())
+    let rows = rates_of(tx, &[gpu_class_id]).await?;
+    Ok(rows.into_iter().map(|(_, from, rate)| (from, rate)).collect())
 }
 
 /// A usage piece already in the ledger, with whether a correction already refers to it.
@@ -80,21 +86,42 @@ pub struct MeteredPiece {
     pub corrected: bool,
 }
 
-/// The usage pieces of an attempt, in time order.
-pub async fn metered_pieces(tx: &mut Tx<'_>, job_id: Uuid, attempt: i32) -> Result<Vec<MeteredPiece>, sqlx::Error> {
-    sqlx::query_as!(
-        MeteredPiece,
-        r#"select l.id, l.charge_start, l.charge_end, l.duration_ms, l.rate_micros_per_gpu_hour,
-                  l.price_multiplier_milli, l.list_cost_micros, l.billed_cost_micros,
+/// The usage pieces of the attempts `keys`, each attempt's in time order.
+pub async fn metered_pieces(
+    tx: &mut Tx<'_>,
+    keys: &[(Uuid, i32)],
+) -> Result<Vec<(Uuid, i32, MeteredPiece)>, sqlx::Error> {
+    let jobs: Vec<Uuid> = keys.iter().map(|k| k.0).collect();
+    let attempts: Vec<i32> = keys.iter().map(|k| k.1).collect();
+    let rows = sqlx::query!(
+        r#"select l.job_id as "job_id!", l.attempt as "attempt!", l.id, l.charge_start, l.charge_end, l.duration_ms,
+                  l.rate_micros_per_gpu_hour, l.price_multiplier_milli, l.list_cost_micros, l.billed_cost_micros,
                   exists (select 1 from usage_ledger c where c.corrects = l.id) as "corrected!"
-           from usage_ledger l
-           where l.job_id = $1 and l.attempt = $2 and l.kind = 'usage'
-           order by l.charge_start"#,
-        job_id,
-        attempt
+           from unnest($1::uuid[], $2::int4[]) as k(job_id, attempt)
+           join usage_ledger l on l.job_id = k.job_id and l.attempt = k.attempt and l.kind = 'usage'
+           order by l.job_id, l.attempt, l.charge_start"#,
+        &jobs,
+        &attempts
     )
     .fetch_all(&mut **tx)
-    .await
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let piece = MeteredPiece {
+                id: r.id,
+                charge_start: r.charge_start,
+                charge_end: r.charge_end,
+                duration_ms: r.duration_ms,
+                rate_micros_per_gpu_hour: r.rate_micros_per_gpu_hour,
+                price_multiplier_milli: r.price_multiplier_milli,
+                list_cost_micros: r.list_cost_micros,
+                billed_cost_micros: r.billed_cost_micros,
+                corrected: r.corrected,
+            };
+            (r.job_id, r.attempt, piece)
+        })
+        .collect())
 }
 
 /// A ledger row to append.
@@ -113,59 +140,73 @@ pub struct NewLedgerRow {
     pub billed_cost_micros: i64,
 }
 
-/// Appends rows for one interval (its job, team and class copied into each), each in the
-/// first open billing period of its charge, and marks their hours for the rollups. A row
-/// whose key is already there (the same piece, or a second correction of one piece) is
-/// skipped: how many were written.
+/// Appends rows, each with the interval it books (its job, team and class copied into the
+/// row), each in the first open billing period of its charge, and marks their hours for the
+/// rollups. A row whose key is already there (the same piece, or a second correction of one
+/// piece) is skipped: how many were written.
 pub async fn append(
     tx: &mut Tx<'_>,
-    interval: &IntervalToMeter,
     currency: &str,
-    rows: &[NewLedgerRow],
+    rows: &[(&IntervalToMeter, NewLedgerRow)],
 ) -> Result<u64, sqlx::Error> {
     if rows.is_empty() {
         return Ok(0);
     }
-    let kinds: Vec<String> = rows.iter().map(|r| r.kind.to_owned()).collect();
-    let corrects: Vec<Option<i64>> = rows.iter().map(|r| r.corrects).collect();
-    let reasons: Vec<Option<String>> = rows.iter().map(|r| r.reason.clone()).collect();
-    let starts: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_start).collect();
-    let ends: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_end).collect();
-    let durations: Vec<i64> = rows.iter().map(|r| r.duration_ms).collect();
-    let gpu_time: Vec<i64> = rows.iter().map(|r| r.gpu_milli_ms).collect();
-    let rates: Vec<i64> = rows.iter().map(|r| r.rate_micros_per_gpu_hour).collect();
-    let multipliers: Vec<i32> = rows.iter().map(|r| r.price_multiplier_milli).collect();
-    let list: Vec<i64> = rows.iter().map(|r| r.list_cost_micros).collect();
-    let billed: Vec<i64> = rows.iter().map(|r| r.billed_cost_micros).collect();
+    let jobs: Vec<Uuid> = rows.iter().map(|(i, _)| i.job_id).collect();
+    let attempts: Vec<i32> = rows.iter().map(|(i, _)| i.attempt).collect();
+    let job_names: Vec<String> = rows.iter().map(|(i, _)| i.job_name.clone()).collect();
+    let teams: Vec<Uuid> = rows.iter().map(|(i, _)| i.team_id).collect();
+    let team_names: Vec<String> = rows.iter().map(|(i, _)| i.team_name.clone()).collect();
+    let classes: Vec<Uuid> = rows.iter().map(|(i, _)| i.gpu_class_id).collect();
+    let class_names: Vec<String> = rows.iter().map(|(i, _)| i.gpu_class.clone()).collect();
+    let priorities: Vec<String> = rows.iter().map(|(i, _)| i.priority_class.clone()).collect();
+    let gpus: Vec<i32> = rows.iter().map(|(i, _)| i.gpus).collect();
+    let fractions: Vec<i32> = rows.iter().map(|(i, _)| i.fraction_milli).collect();
+    let borrowing: Vec<bool> = rows.iter().map(|(i, _)| i.borrowing).collect();
+    let labels: Vec<Value> = rows.iter().map(|(i, _)| i.labels.clone()).collect();
+    let kinds: Vec<String> = rows.iter().map(|(_, r)| r.kind.to_owned()).collect();
+    let corrects: Vec<Option<i64>> = rows.iter().map(|(_, r)| r.corrects).collect();
+    let reasons: Vec<Option<String>> = rows.iter().map(|(_, r)| r.reason.clone()).collect();
+    let starts: Vec<DateTime<Utc>> = rows.iter().map(|(_, r)| r.charge_start).collect();
+    let ends: Vec<DateTime<Utc>> = rows.iter().map(|(_, r)| r.charge_end).collect();
+    let durations: Vec<i64> = rows.iter().map(|(_, r)| r.duration_ms).collect();
+    let gpu_time: Vec<i64> = rows.iter().map(|(_, r)| r.gpu_milli_ms).collect();
+    let rates: Vec<i64> = rows.iter().map(|(_, r)| r.rate_micros_per_gpu_hour).collect();
+    let multipliers: Vec<i32> = rows.iter().map(|(_, r)| r.price_multiplier_milli).collect();
+    let list: Vec<i64> = rows.iter().map(|(_, r)| r.list_cost_micros).collect();
+    let billed: Vec<i64> = rows.iter().map(|(_, r)| r.billed_cost_micros).collect();
     let written = sqlx::query!(
         r#"insert into usage_ledger (kind, corrects, reason, job_id, attempt, job_name, team_id, team_name,
                                     gpu_class_id, gpu_class, priority_class, gpus, fraction_milli, borrowing,
                                     charge_start, charge_end, duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour,
                                     price_multiplier_milli, list_cost_micros, billed_cost_micros, currency,
                                     billing_period, labels)
-           select r.kind, r.corrects, r.reason, $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11,
-                  r.start, r.finish, r.duration, r.gpu_time, r.rate, r.multiplier, r.list, r.billed, $12,
-                  billing_period_for(r.start), $13
-           from unnest($14::text[], $15::int8[], $16::text[], $17::timestamptz[], $18::timestamptz[], $19::int8[],
-                       $20::int8[], $21::int8[], $22::int4[], $23::int8[], $24::int8[])
-                as r(kind, corrects, reason, start, finish, duration, gpu_time, rate, multiplier, list, billed)
+           select r.kind, r.corrects, r.reason, r.job, r.attempt, r.job_name, r.team, r.team_name, r.class,
+                  r.class_name, r.priority, r.gpus, r.fraction, r.borrowing, r.start, r.finish, r.duration,
+                  r.gpu_time, r.rate, r.multiplier, r.list, r.billed, $1, billing_period_for(r.start), r.labels
+           from unnest($2::text[], $3::int8[], $4::text[], $5::uuid[], $6::int4[], $7::text[], $8::uuid[],
+                       $9::text[], $10::uuid[], $11::text[], $12::text[], $13::int4[], $14::int4[], $15::bool[],
+                       $16::timestamptz[], $17::timestamptz[], $18::int8[], $19::int8[], $20::int8[], $21::int4[],
+                       $22::int8[], $23::int8[], $24::jsonb[])
+                as r(kind, corrects, reason, job, attempt, job_name, team, team_name, class, class_name, priority,
+                     gpus, fraction, borrowing, start, finish, duration, gpu_time, rate, multiplier, list, billed,
+                     labels)
            on conflict do nothing"#,
-        interval.job_id,
-        interval.attempt,
-        interval.job_name,
-        interval.team_id,
-        interval.team_name,
-        interval.gpu_class_id,
-        interval.gpu_class,
-        interval.priority_class,
-        interval.gpus,
-        interval.fraction_milli,
-        interval.borrowing,
         currency,
-        interval.labels,
         &kinds,
         &corrects as &[Option<i64>],
         &reasons as &[Option<String>],
+        &jobs,
+        &attempts,
+        &job_names,
+        &teams,
+        &team_names,
+        &classes,
+        &class_names,
+        &priorities,
+        &gpus,
+        &fractions,
+        &borrowing,
         &starts,
         &ends,
         &durations,
@@ -174,6 +215,7 @@ pub async fn append(
         &multipliers,
         &list,
         &billed,
+        &labels,
     )
     .execute(&mut **tx)
     .await?

@@ -8,6 +8,8 @@
 //! what was booked for it (its end was reported late), the excess is taken back by correction
 //! rows that reference the pieces they correct.
 
+use std::collections::HashMap;
+
 use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
@@ -27,12 +29,46 @@ pub async fn book(
     until: Option<DateTime<Utc>>,
     pricing: &Pricing,
 ) -> Result<u64, sqlx::Error> {
-    let Some(interval) = db::metering::interval_for_update(tx, job_id, attempt).await? else { return Ok(0) };
-    let Some(end) = interval.ended_at.or(until) else { return Ok(0) };
-    let booked = db::metering::metered_pieces(tx, job_id, attempt).await?;
-    let rates = db::metering::rates(tx, interval.gpu_class_id).await?;
-    let rows = rows_to_book(&interval, &booked, &rates, end, pricing.chargeback);
-    db::metering::append(tx, &interval, &pricing.currency, &rows).await
+    book_many(tx, &[(job_id, attempt)], until, pricing).await
+}
+
+/// Books the attempts `keys` (job, attempt) as [`book`] does each, in four statements
+/// whatever their number: a reconciler pass that ends a thousand attempts books them at once.
+pub async fn book_many(
+    tx: &mut Tx<'_>,
+    keys: &[(Uuid, i32)],
+    until: Option<DateTime<Utc>>,
+    pricing: &Pricing,
+) -> Result<u64, sqlx::Error> {
+    if keys.is_empty() {
+        return Ok(0);
+    }
+    let intervals = db::metering::intervals_for_update(tx, keys).await?;
+    if intervals.is_empty() {
+        return Ok(0);
+    }
+    let keys: Vec<(Uuid, i32)> = intervals.iter().map(|i| (i.job_id, i.attempt)).collect();
+    let mut booked: HashMap<(Uuid, i32), Vec<MeteredPiece>> = HashMap::new();
+    for (job, attempt, piece) in db::metering::metered_pieces(tx, &keys).await? {
+        booked.entry((job, attempt)).or_default().push(piece);
+    }
+    let mut classes: Vec<Uuid> = intervals.iter().map(|i| i.gpu_class_id).collect();
+    classes.sort_unstable();
+    classes.dedup();
+    let mut rates: HashMap<Uuid, Vec<(DateTime<Utc>, i64)>> = HashMap::new();
+    for (class, from, rate) in db::metering::rates_of(tx, &classes).await? {
+        rates.entry(class).or_default().push((from, rate));
+    }
+    let mut rows = Vec::new();
+    for interval in &intervals {
+        let Some(end) = interval.ended_at.or(until) else { continue };
+        let pieces = booked.get(&(interval.job_id, interval.attempt)).map(Vec::as_slice).unwrap_or_default();
+        let card = rates.get(&interval.gpu_class_id).map(Vec::as_slice).unwrap_or_default();
+        for row in rows_to_book(interval, pieces, card, end, pricing.chargeback) {
+            rows.push((interval, row));
+        }
+    }
+    db::metering::append(tx, &pricing.currency, &rows).await
 }
 
 /// The rows that bring the ledger of `interval` to `end`: new pieces after what is booked,
