@@ -20,10 +20,12 @@ use crate::db;
 /// The advisory lock key: "fairway\0" as a big-endian integer.
 const LOCK_KEY: i64 = 0x6661_6972_7761_7900;
 
-/// Runs forever, publishing `Some(epoch)` while this process leads and `None` otherwise.
+/// Publishes `Some(epoch)` while this process leads and `None` otherwise, until the
+/// receiving side is gone.
 pub async fn run(options: PgConnectOptions, holder: String, lease: Duration, leading: watch::Sender<Option<i64>>) {
     let tick = lease / 5;
-    loop {
+    // Contends for as long as the scheduler that receives the answer exists.
+    while !leading.is_closed() {
         match PgConnection::connect_with(&options.clone().application_name(&holder)).await {
             Ok(mut conn) => {
                 if let Err(e) = contend(&mut conn, &holder, lease, &leading).await {
@@ -53,6 +55,10 @@ async fn contend(
             let _ = leading.send(Some(epoch));
             loop {
                 tokio::time::sleep(tick).await;
+                if leading.is_closed() {
+                    // The scheduler stopped: closing the connection gives the lock up.
+                    return Ok(());
+                }
                 if !db::scheduling::heartbeat(conn, epoch).await? {
                     tracing::warn!(epoch, "another scheduler took over; standing by");
                     return Ok(());
@@ -72,5 +78,8 @@ async fn contend(
             }
         }
         tokio::time::sleep(tick).await;
+        if leading.is_closed() {
+            return Ok(());
+        }
     }
 }
