@@ -81,6 +81,7 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), policy::authorize))
         .route_layer(middleware::from_fn_with_state(state.clone(), telemetry::observe));
     api.merge(SwaggerUi::new("/api/docs").url("/api/v1/openapi.json", openapi))
+        .merge(crate::web::router())
         .fallback(|| async { ApiError::NotFound("route") })
         .method_not_allowed_fallback(|| async {
             let mut r = ApiError::NotFound("route").into_response();

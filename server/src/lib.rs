@@ -21,3 +21,4 @@ pub mod rng;
 pub mod scheduler;
 pub mod simulate;
 pub mod telemetry;
+pub mod web;

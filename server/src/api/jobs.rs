@@ -560,8 +560,16 @@ pub async fn cancel_job(
     Extension(principal): Extension<Principal>,
     Extension(job): Extension<JobAccess>,
 ) -> Result<(HeaderMap, Json<JobView>), ApiError> {
+    cancel(&state, &principal.actor(), job.id).await?;
+    Ok(with_etag(view(&state, job.id).await?))
+}
+
+/// Cancels job `id` on behalf of `actor`: a job that holds GPUs is stopped with its grace
+/// period, one that does not is cancelled at once; cancelling a cancelled job is harmless.
+/// The API and the portal both cancel through this.
+pub async fn cancel(state: &AppState, actor: &str, id: Uuid) -> Result<(), ApiError> {
     let mut tx = state.db.begin().await?;
-    let locked = db::jobs::lock(&mut tx, job.id).await?.ok_or(ApiError::NotFound("job"))?;
+    let locked = db::jobs::lock(&mut tx, id).await?.ok_or(ApiError::NotFound("job"))?;
     match locked.state.as_str() {
         "cancelled" => {}
         "succeeded" | "failed" => {
@@ -572,22 +580,18 @@ pub async fn cancel_job(
         }
         _ => {
             let stop = locked.holds_gpus.then_some(locked.grace_ms);
-            db::jobs::mark_cancelled(&mut tx, job.id, locked.attempt, stop).await?;
+            db::jobs::mark_cancelled(&mut tx, id, locked.attempt, stop).await?;
             let message = if locked.holds_gpus {
-                format!(
-                    "cancel requested by {}; stopping with a {} s grace period",
-                    principal.actor(),
-                    locked.grace_ms / 1000
-                )
+                format!("cancel requested by {actor}; stopping with a {} s grace period", locked.grace_ms / 1000)
             } else {
-                format!("cancelled by {} before it ran", principal.actor())
+                format!("cancelled by {actor} before it ran")
             };
             let kind = if locked.holds_gpus { "cancel_requested" } else { "cancelled" };
-            db::jobs::add_event(&mut tx, job.id, locked.attempt, kind, Some("user"), &message, None).await?;
+            db::jobs::add_event(&mut tx, id, locked.attempt, kind, Some("user"), &message, None).await?;
         }
     }
     tx.commit().await?;
-    Ok(with_etag(view(&state, job.id).await?))
+    Ok(())
 }
 
 /// One entry of a job's timeline.

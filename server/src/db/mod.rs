@@ -20,6 +20,7 @@ pub mod sim;
 pub mod teams;
 pub mod tokens;
 pub mod users;
+pub mod web_sessions;
 
 use std::time::Duration;
 

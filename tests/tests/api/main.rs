@@ -9,5 +9,6 @@ mod jobs;
 mod lifecycle;
 mod migrations;
 mod openapi;
+mod portal;
 mod sim_backend;
 mod tenancy;

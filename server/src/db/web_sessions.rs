@@ -1,0 +1,54 @@
+//! Portal sessions.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// A live session with its user.
+#[derive(Debug, Clone)]
+pub struct SessionUser {
+    pub user_id: Uuid,
+    pub username: String,
+    pub platform_role: Option<String>,
+    pub csrf_token: String,
+}
+
+/// Stores a session; expired sessions are purged on the way.
+pub async fn create(
+    pool: &PgPool,
+    secret_hash: &[u8],
+    user_id: Uuid,
+    csrf_token: &str,
+    expires_at: DateTime<Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from web_sessions where expires_at < now()").execute(pool).await?;
+    sqlx::query!(
+        "insert into web_sessions (secret_hash, user_id, csrf_token, expires_at) values ($1, $2, $3, $4)",
+        secret_hash,
+        user_id,
+        csrf_token,
+        expires_at
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// The unexpired session with this secret hash, if its user is still enabled.
+pub async fn find(pool: &PgPool, secret_hash: &[u8]) -> Result<Option<SessionUser>, sqlx::Error> {
+    sqlx::query_as!(
+        SessionUser,
+        "select s.user_id, u.username, u.platform_role, s.csrf_token
+         from web_sessions s join users u on u.id = s.user_id
+         where s.secret_hash = $1 and s.expires_at > now() and not u.disabled",
+        secret_hash
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// Ends a session.
+pub async fn delete(pool: &PgPool, secret_hash: &[u8]) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from web_sessions where secret_hash = $1", secret_hash).execute(pool).await?;
+    Ok(())
+}

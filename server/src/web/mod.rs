@@ -1,0 +1,48 @@
+//! The web portal: server-rendered pages (askama templates in `web/templates`) for teams to
+//! see their quota, what runs, what waits and why, and to follow and cancel their jobs.
+//! Works without JavaScript; no asset comes from elsewhere (`Content-Security-Policy:
+//! default-src 'self'`). Pages read and act through the same `db` and domain functions as
+//! the API, with the same team roles.
+
+pub mod pages;
+pub mod session;
+
+use axum::{
+    extract::Request,
+    http::{header, HeaderValue},
+    middleware::{self, Next},
+    response::Response,
+    routing::{get, post},
+    Router,
+};
+
+use crate::app::AppState;
+
+/// The portal's routes.
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", get(pages::home))
+        .route("/login", get(pages::login_form).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/teams/{team}", get(pages::team))
+        .route("/jobs/{job}", get(pages::job))
+        .route("/jobs/{job}/cancel", post(pages::cancel))
+        .route("/static/portal.css", get(pages::stylesheet))
+        .layer(middleware::from_fn(security_headers))
+}
+
+/// Headers every portal response carries: nothing from elsewhere, no framing, no sniffing,
+/// and pages that may show a team's data are not cached.
+async fn security_headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    headers.entry(header::CACHE_CONTROL).or_insert(HeaderValue::from_static("no-store"));
+    response
+}

@@ -1,0 +1,473 @@
+//! The portal's pages: one askama struct per page, handlers that authorize, read through
+//! `db`, and render. User text is escaped by the templates.
+
+use std::collections::BTreeMap;
+
+use askama::Template;
+use axum::{
+    body::Bytes,
+    extract::{Path, State},
+    http::{header, HeaderMap, StatusCode},
+    response::{Html, IntoResponse, Redirect, Response},
+};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::session::{self, form_allowed, random_token, secret_hash, set_cookie};
+use crate::{
+    api::{self, error::ApiError},
+    app::AppState,
+    auth::{password, policy::team_role, Principal},
+    db::{self, jobs::JobFilter, web_sessions::SessionUser},
+    domain::{PlatformRole, TeamRole},
+};
+
+/// Who is signed in, as the page header shows it.
+pub struct SignedIn {
+    pub username: String,
+    pub csrf: String,
+}
+
+/// A page that failed: a friendly message, never internal detail (that is logged).
+pub struct PageError {
+    status: StatusCode,
+    title: &'static str,
+    message: String,
+}
+
+impl PageError {
+    fn not_found() -> Self {
+        Self { status: StatusCode::NOT_FOUND, title: "Not found", message: "There is nothing here for you.".into() }
+    }
+
+    fn forbidden() -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            title: "Not allowed",
+            message: "This form was not sent from a page of this site, or your session changed. Reload the page and \
+                      try again."
+                .into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for PageError {
+    fn from(e: sqlx::Error) -> Self {
+        ApiError::from(e).into()
+    }
+}
+
+impl From<ApiError> for PageError {
+    fn from(e: ApiError) -> Self {
+        match e {
+            ApiError::NotFound(_) => Self::not_found(),
+            ApiError::Conflict { detail, .. } => {
+                Self { status: StatusCode::CONFLICT, title: "That did not work", message: detail }
+            }
+            ApiError::Forbidden => Self {
+                status: StatusCode::FORBIDDEN,
+                title: "Not allowed",
+                message: "Your role in this team does not allow that.".into(),
+            },
+            other => {
+                tracing::error!(error = %other, "portal page failed");
+                Self {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    title: "Something went wrong",
+                    message: "The page could not be shown. Try again in a moment.".into(),
+                }
+            }
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    signed_in: Option<SignedIn>,
+    title: &'static str,
+    message: String,
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let page = ErrorPage { signed_in: None, title: self.title, message: self.message };
+        (self.status, render(&page)).into_response()
+    }
+}
+
+/// Renders a page; a template that cannot render is a bug, answered with a plain 500.
+fn render(page: &impl Template) -> Response {
+    match page.render() {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "template failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "The page could not be shown.").into_response()
+        }
+    }
+}
+
+fn principal(user: &SessionUser) -> Principal {
+    Principal::User {
+        id: user.user_id,
+        username: user.username.clone(),
+        platform_role: user.platform_role.as_deref().and_then(PlatformRole::parse),
+    }
+}
+
+fn signed_in(user: &SessionUser) -> SignedIn {
+    SignedIn { username: user.username.clone(), csrf: user.csrf_token.clone() }
+}
+
+fn when(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true).replace('T', " ")
+}
+
+/// The signed-in user, or a redirect to the sign-in page.
+async fn require_user(state: &AppState, headers: &HeaderMap) -> Result<SessionUser, Response> {
+    match session::user(state, headers).await {
+        Ok(Some(user)) => Ok(user),
+        Ok(None) => Err(Redirect::to("/login").into_response()),
+        Err(e) => Err(PageError::from(e).into_response()),
+    }
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    signed_in: Option<SignedIn>,
+    error: Option<String>,
+    username: String,
+}
+
+/// The sign-in form.
+pub async fn login_form() -> Response {
+    render(&LoginPage { signed_in: None, error: None, username: String::new() })
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    username: String,
+    password: String,
+}
+
+/// Signs in with a username and password and starts a session.
+pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, PageError> {
+    let Ok(form) = serde_urlencoded::from_bytes::<LoginForm>(&body) else {
+        return Ok((StatusCode::BAD_REQUEST, login_page(None, "Enter a username and a password.")).into_response());
+    };
+    // A sign-in posted from another site is refused: it could sign a victim into an attacker's
+    // account.
+    if !session::same_origin(&headers) {
+        return Err(PageError::forbidden());
+    }
+    let user = db::users::by_username(&state.db, &form.username).await?;
+    let password = form.password.clone();
+    let valid = match &user {
+        Some(u) if !u.disabled => {
+            let stored = u.password_hash.clone();
+            api::off_thread(move || password::verify(&password, &stored)).await?
+        }
+        _ => {
+            api::off_thread(move || password::verify_dummy(&password)).await?;
+            false
+        }
+    };
+    let Some(user) = user.filter(|_| valid) else {
+        let page = login_page(Some(&form.username), "That username and password do not match.");
+        return Ok((StatusCode::UNAUTHORIZED, page).into_response());
+    };
+    let secret = random_token();
+    let expires = Utc::now() + chrono::Duration::hours(session::SESSION_HOURS);
+    db::web_sessions::create(&state.db, &secret_hash(&secret), user.id, &random_token(), expires).await?;
+    let mut response = Redirect::to("/").into_response();
+    response.headers_mut().insert(header::SET_COOKIE, set_cookie(Some(&secret), session::is_secure(&headers)));
+    Ok(response)
+}
+
+fn login_page(username: Option<&str>, error: &str) -> Response {
+    render(&LoginPage { signed_in: None, error: Some(error.into()), username: username.unwrap_or_default().into() })
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: String,
+}
+
+fn csrf_of(body: &Bytes) -> String {
+    serde_urlencoded::from_bytes::<CsrfForm>(body).map(|f| f.csrf).unwrap_or_default()
+}
+
+/// Ends the session.
+pub async fn logout(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    if !form_allowed(&headers, &user.csrf_token, &csrf_of(&body)) {
+        return Err(PageError::forbidden());
+    }
+    if let Some(secret) = session::secret_of(&headers) {
+        db::web_sessions::delete(&state.db, &secret_hash(&secret)).await?;
+    }
+    let mut response = Redirect::to("/login").into_response();
+    response.headers_mut().insert(header::SET_COOKIE, set_cookie(None, session::is_secure(&headers)));
+    Ok(response)
+}
+
+/// A team in the list.
+pub struct TeamLink {
+    pub name: String,
+    pub display_name: String,
+}
+
+#[derive(Template)]
+#[template(path = "home.html")]
+struct HomePage {
+    signed_in: Option<SignedIn>,
+    teams: Vec<TeamLink>,
+}
+
+/// The teams the user can see.
+pub async fn home(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let rows = match principal(&user).platform_role() {
+        Some(_) => db::teams::list_all(&state.db, None, 500).await?,
+        None => db::teams::list_visible_to_user(&state.db, user.user_id, None, 500).await?,
+    };
+    let teams = rows
+        .into_iter()
+        .map(|t| TeamLink {
+            display_name: if t.display_name.is_empty() { t.name.clone() } else { t.display_name },
+            name: t.name,
+        })
+        .collect();
+    Ok(render(&HomePage { signed_in: Some(signed_in(&user)), teams }))
+}
+
+/// A class's quota and use.
+pub struct QuotaLine {
+    pub gpu_class: String,
+    pub reserved: i32,
+    pub burst: i32,
+    pub in_use: i64,
+    pub limit: i64,
+    pub reserved_percent: i64,
+    pub used_percent: i64,
+}
+
+/// A running job.
+pub struct RunningLine {
+    pub id: Uuid,
+    pub name: String,
+    pub gpus: i64,
+    pub gpu_class: String,
+    pub state: String,
+    pub since: String,
+}
+
+/// A waiting job.
+pub struct PendingLine {
+    pub id: Uuid,
+    pub name: String,
+    pub gpus: i64,
+    pub gpu_class: String,
+    pub position: String,
+    pub reason: String,
+    pub expected_start: String,
+}
+
+#[derive(Template)]
+#[template(path = "team.html")]
+struct TeamPage {
+    signed_in: Option<SignedIn>,
+    team: String,
+    quotas: Vec<QuotaLine>,
+    running: Vec<RunningLine>,
+    pending: Vec<PendingLine>,
+}
+
+/// A team's dashboard: quota and use per class, what runs, what waits and why.
+pub async fn team(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
+    team_role(&state, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let quotas = db::quotas::list(&state.db, team.id).await?;
+    let mut jobs = Vec::new();
+    for s in ["running", "admitted", "pending"] {
+        let filter = JobFilter { state: Some(s.into()), ..JobFilter::default() };
+        jobs.extend(db::jobs::list(&state.db, team.id, &filter, 500).await?);
+    }
+    let gpus = |j: &db::jobs::JobRow| i64::from(j.replicas) * i64::from(j.gpus_per_replica);
+    let mut in_use: BTreeMap<&str, i64> = BTreeMap::new();
+    for j in jobs.iter().filter(|j| j.state != "pending") {
+        *in_use.entry(j.gpu_class.as_str()).or_default() += gpus(j);
+    }
+    let quotas = quotas
+        .iter()
+        .map(|q| {
+            let used = in_use.get(q.gpu_class.as_str()).copied().unwrap_or(0);
+            let limit = (i64::from(q.reserved) + i64::from(q.burst)).max(used).max(1);
+            QuotaLine {
+                gpu_class: q.gpu_class.clone(),
+                reserved: q.reserved,
+                burst: q.burst,
+                in_use: used,
+                limit,
+                reserved_percent: 100 * i64::from(q.reserved) / limit,
+                used_percent: 100 * used / limit,
+            }
+        })
+        .collect();
+    let mut running: Vec<RunningLine> = jobs
+        .iter()
+        .filter(|j| j.state != "pending")
+        .map(|j| RunningLine {
+            id: j.id,
+            name: j.name.clone(),
+            gpus: gpus(j),
+            gpu_class: j.gpu_class.clone(),
+            state: j.state.clone(),
+            since: j.started_at.or(j.admitted_at).map(when).unwrap_or_default(),
+        })
+        .collect();
+    running.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut waiting: Vec<&db::jobs::JobRow> = jobs.iter().filter(|j| j.state == "pending").collect();
+    waiting.sort_by_key(|j| (j.queue_position.unwrap_or(i32::MAX), j.seq));
+    let pending = waiting
+        .into_iter()
+        .map(|j| PendingLine {
+            id: j.id,
+            name: j.name.clone(),
+            gpus: gpus(j),
+            gpu_class: j.gpu_class.clone(),
+            position: j.queue_position.map(|p| p.to_string()).unwrap_or_else(|| "–".into()),
+            reason: j.pending_message.clone().unwrap_or_else(|| "waiting for the next scheduling cycle".into()),
+            expected_start: j.expected_start_at.map(when).unwrap_or_else(|| "not foreseeable".into()),
+        })
+        .collect();
+    Ok(render(&TeamPage { signed_in: Some(signed_in(&user)), team: team.name, quotas, running, pending }))
+}
+
+/// A job as its page shows it.
+pub struct JobDetail {
+    pub id: Uuid,
+    pub name: String,
+    pub team: String,
+    pub state: String,
+    pub gpus: i64,
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub submitted: String,
+    pub submitted_by: String,
+    pub waiting: Option<String>,
+    pub placement: Option<String>,
+}
+
+/// One entry of the timeline.
+pub struct EventLine {
+    pub at: String,
+    pub kind: String,
+    pub reason: Option<String>,
+    pub message: String,
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobPage {
+    signed_in: Option<SignedIn>,
+    csrf: String,
+    job: JobDetail,
+    events: Vec<EventLine>,
+    can_cancel: bool,
+}
+
+/// The job and the user's role in its team; not found when the user may not see it.
+async fn job_for(state: &AppState, user: &SessionUser, id: &str) -> Result<(db::jobs::JobRow, TeamRole), PageError> {
+    let id: Uuid = id.parse().map_err(|_| PageError::not_found())?;
+    let job = db::jobs::get(&state.db, id).await?.ok_or_else(PageError::not_found)?;
+    let team = db::teams::by_id(&state.db, job.team_id).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    Ok((job, role))
+}
+
+/// A job: its state, why it waits, where it runs, its timeline; cancel for members.
+pub async fn job(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let (job, role) = job_for(&state, &user, &id).await?;
+    let events = db::jobs::events(&state.db, job.id, 0, 500)
+        .await?
+        .into_iter()
+        .map(|e| EventLine { at: when(e.at), kind: e.kind, reason: e.reason, message: e.message })
+        .collect();
+    let finished = matches!(job.state.as_str(), "succeeded" | "failed" | "cancelled");
+    let placement = job.placement.as_ref().map(|p| p.0.to_string()).filter(|p| p != "null");
+    let detail = JobDetail {
+        id: job.id,
+        gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
+        waiting: (job.state == "pending").then(|| job.pending_message.clone()).flatten(),
+        placement: job.cluster.as_ref().map(|c| format!("{c}: {}", placement.unwrap_or_default())),
+        submitted: when(job.submitted_at),
+        name: job.name,
+        team: job.team,
+        state: job.state,
+        gpu_class: job.gpu_class,
+        priority_class: job.priority_class,
+        submitted_by: job.submitted_by,
+    };
+    let page = JobPage {
+        csrf: user.csrf_token.clone(),
+        signed_in: Some(signed_in(&user)),
+        job: detail,
+        events,
+        can_cancel: role >= TeamRole::Member && !finished,
+    };
+    Ok(render(&page))
+}
+
+/// Cancels a job from its page.
+pub async fn cancel(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    if !form_allowed(&headers, &user.csrf_token, &csrf_of(&body)) {
+        return Err(PageError::forbidden());
+    }
+    let (job, role) = job_for(&state, &user, &id).await?;
+    if role < TeamRole::Member {
+        return Err(ApiError::Forbidden.into());
+    }
+    api::jobs::cancel(&state, &principal(&user).actor(), job.id).await?;
+    Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
+}
+
+/// The portal's stylesheet, from the binary.
+pub async fn stylesheet() -> Response {
+    const CSS: &str = include_str!("../../../web/static/portal.css");
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], CSS).into_response()
+}

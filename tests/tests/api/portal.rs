@@ -1,0 +1,166 @@
+//! The web portal through the router: signing in, a team's dashboard with why jobs wait, a
+//! job's page, cancelling, and what a cross-site form post or a stranger gets.
+//! (Real-browser tests are still to come.)
+
+use fairway_tests::{call, TestApp, TestResponse, USER_PASSWORD};
+use serde_json::json;
+
+const FORM: &str = "application/x-www-form-urlencoded";
+
+struct Portal {
+    app: TestApp,
+    job_id: String,
+}
+
+/// Team `ml` with member alice; a stranger bob; a job with a hostile name waiting for a
+/// reason the scheduler recorded.
+async fn setup() -> Portal {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.gpu_class(&admin, "h100").await;
+    app.team(&admin, "ml", None).await;
+    app.send(call("PUT", "/api/v1/teams/ml/quotas/h100").token(&admin).json(&json!({"reserved": 8, "burst": 4})))
+        .await
+        .assert_status(200);
+    let alice = app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "member").await;
+    app.user(&admin, "bob", None).await;
+    let job = app
+        .send(call("POST", "/api/v1/teams/ml/jobs").token(&alice).json(&json!({
+            "name": "<script>alert(1)</script>", "gpu_class": "h100", "gpus_per_replica": 4, "image": "train:1",
+        })))
+        .await;
+    job.assert_status(201);
+    let job_id = job.json()["id"].as_str().expect("id").to_owned();
+    // What a scheduling cycle records for a waiting job.
+    sqlx::query(
+        "update jobs set pending_reason = 'insufficient_capacity', pending_message = 'not enough free GPUs of this class',
+                         queue_position = 1 where id = $1::uuid",
+    )
+    .bind(&job_id)
+    .execute(&app.pool)
+    .await
+    .expect("record the reason");
+    Portal { app, job_id }
+}
+
+fn body(r: &TestResponse) -> String {
+    String::from_utf8(r.body.clone()).expect("UTF-8 page")
+}
+
+/// Signs in through the form; the session cookie (`name=value`).
+async fn sign_in(app: &TestApp, username: &str) -> String {
+    let form = format!("username={username}&password={USER_PASSWORD}");
+    let r = app.send(call("POST", "/login").raw(FORM, form.into_bytes())).await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let cookie = r.header("set-cookie").expect("a session cookie");
+    cookie.split(';').next().expect("name=value").to_owned()
+}
+
+/// The CSRF token a page's forms carry.
+fn csrf_in(page: &str) -> String {
+    let start = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
+    page[start..].split('"').next().expect("its value").to_owned()
+}
+
+#[tokio::test]
+async fn signing_in_sets_an_http_only_lax_cookie_and_the_dashboard_says_why_a_job_waits() {
+    let p = setup().await;
+    let form = format!("username=alice&password={USER_PASSWORD}");
+    let r = p.app.send(call("POST", "/login").raw(FORM, form.into_bytes())).await;
+    let cookie = r.header("set-cookie").expect("a session cookie");
+    assert!(cookie.starts_with("fairway_session="), "{cookie}");
+    assert!(cookie.contains("; HttpOnly") && cookie.contains("; SameSite=Lax"), "{cookie}");
+
+    let session = sign_in(&p.app, "alice").await;
+    let r = p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await;
+    r.assert_status(200);
+    let csp = r.header("content-security-policy").expect("a CSP");
+    assert!(csp.starts_with("default-src 'self'"), "{csp}");
+    let page = body(&r);
+    assert!(page.contains("not enough free GPUs of this class"), "{page}");
+    assert!(page.contains("0 in use · 8 reserved · 4 burst"), "{page}");
+    // The job's name is text, never markup.
+    assert!(page.contains("&#60;script&#62;alert(1)&#60;/script&#62;") || page.contains("&lt;script&gt;"), "{page}");
+    assert!(!page.contains("<script>alert(1)"), "{page}");
+
+    let r = p.app.send(call("GET", &format!("/jobs/{}", p.job_id)).header("cookie", &session)).await;
+    r.assert_status(200);
+    let page = body(&r);
+    assert!(!page.contains("<script>alert(1)"), "{page}");
+    assert!(page.contains("submitted by user:alice"), "{page}");
+}
+
+#[tokio::test]
+async fn a_wrong_password_gets_a_plain_answer_and_no_session() {
+    let p = setup().await;
+    let r = p.app.send(call("POST", "/login").raw(FORM, b"username=alice&password=wrong-password-1".to_vec())).await;
+    assert_eq!(r.status.as_u16(), 401);
+    assert!(r.header("set-cookie").is_none());
+    assert!(body(&r).contains("That username and password do not match."));
+    // Without a session every page sends the browser to sign in.
+    let r = p.app.send(call("GET", "/teams/ml")).await;
+    assert_eq!((r.status.as_u16(), r.header("location").as_deref()), (303, Some("/login")));
+}
+
+#[tokio::test]
+async fn a_cross_site_cancel_with_a_valid_session_cookie_is_refused() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let cancel = format!("/jobs/{}/cancel", p.job_id);
+    let state = |app: &TestApp| {
+        let id = p.job_id.clone();
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>("select state from jobs where id = $1::uuid")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .expect("state")
+        }
+    };
+    // A forged form: the cookie rides along, the token does not.
+    let r = p.app.send(call("POST", &cancel).header("cookie", &session).raw(FORM, b"csrf=guess".to_vec())).await;
+    assert_eq!(r.status.as_u16(), 403);
+    let page = p.app.send(call("GET", &format!("/jobs/{}", p.job_id)).header("cookie", &session)).await;
+    let token = csrf_in(&body(&page));
+    // The right token from another origin is refused too.
+    let r = p
+        .app
+        .send(
+            call("POST", &cancel)
+                .header("cookie", &session)
+                .header("host", "fairway.example")
+                .header("origin", "https://evil.example")
+                .raw(FORM, format!("csrf={token}").into_bytes()),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 403);
+    assert_eq!(state(&p.app).await, "pending");
+    // From the job's own page it works.
+    let r = p
+        .app
+        .send(
+            call("POST", &cancel)
+                .header("cookie", &session)
+                .header("host", "fairway.example")
+                .header("origin", "https://fairway.example")
+                .raw(FORM, format!("csrf={token}").into_bytes()),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    assert_eq!(state(&p.app).await, "cancelled");
+}
+
+#[tokio::test]
+async fn a_stranger_sees_no_page_of_another_team() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "bob").await;
+    for path in ["/teams/ml".to_owned(), format!("/jobs/{}", p.job_id)] {
+        let r = p.app.send(call("GET", &path).header("cookie", &session)).await;
+        assert_eq!(r.status.as_u16(), 404, "{path}");
+        assert!(!body(&r).contains("alert(1)"), "{path}");
+    }
+    let home = p.app.send(call("GET", "/").header("cookie", &session)).await;
+    assert!(body(&home).contains("You are not a member of any team yet."));
+}
