@@ -393,16 +393,26 @@ pub async fn create_job(
     Extension(version): Extension<CatalogueVersion>,
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
-    let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec), version).await?;
-    let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
-    let by = principal.actor();
-    let stored = db::jobs::insert_many(&state.db, access.team.id, &by, std::slice::from_ref(&job)).await?;
-    state.wake_scheduler();
-    let stored = stored.first().copied().ok_or_else(|| ApiError::Internal("insert returned no row".into()))?;
-    let class = spec.gpu_class;
-    let row = db::jobs::JobRow::submitted(job, stored, access.team.id, &access.team.name, &class, &by);
+    let row = submit(&state, &access.team, &principal.actor(), spec, version).await?;
     let (headers, body) = with_etag(row.into());
     Ok((StatusCode::CREATED, headers, body))
+}
+
+/// Validates `spec` against the catalogue and queues it for `team` on behalf of `by`; the
+/// stored job. The API and the portal both submit through this.
+pub async fn submit(
+    state: &AppState,
+    team: &db::teams::TeamRow,
+    by: &str,
+    spec: JobSpec,
+    version: CatalogueVersion,
+) -> Result<db::jobs::JobRow, ApiError> {
+    let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
+    let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
+    let stored = db::jobs::insert_many(&state.db, team.id, by, std::slice::from_ref(&job)).await?;
+    state.wake_scheduler();
+    let stored = stored.first().copied().ok_or_else(|| ApiError::Internal("insert returned no row".into()))?;
+    Ok(db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by))
 }
 
 /// Up to 1,000 jobs submitted together.
@@ -809,14 +819,25 @@ pub async fn dry_run_job(
     Extension(version): Extension<CatalogueVersion>,
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<Json<DryRunResult>, ApiError> {
-    let catalogue = Catalogue::load(&state, access.team.id, std::slice::from_ref(&spec), version).await?;
-    let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
+    Ok(Json(dry_run(&state, access.team.id, &spec, version).await?))
+}
+
+/// The engine's answer for `spec` submitted by `team_id` now; changes nothing. The API and
+/// the portal's preview both ask through this.
+pub async fn dry_run(
+    state: &AppState,
+    team_id: Uuid,
+    spec: &JobSpec,
+    version: CatalogueVersion,
+) -> Result<DryRunResult, ApiError> {
+    let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
+    let job = catalogue.validate("", spec).map_err(ApiError::Validation)?;
     let engine = control::engine_config(&state.config);
     let world = control::cycle::world(&state.db, &engine, state.config.chargeback)
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let proposed = world
-        .proposed(access.team.id, &job)
+        .proposed(team_id, &job)
         .ok_or_else(|| ApiError::Internal("the job does not map onto the snapshot".into()))?;
     let (world, answer) = super::off_thread(move || {
         let answer = scheduler::dry_run::dry_run(&world.snapshot, &proposed);
@@ -833,7 +854,7 @@ pub async fn dry_run_job(
         .filter_map(|v| {
             let victim = world.jobs.get(&v.victim)?;
             Some(WouldPreempt {
-                job: (victim.team_id == access.team.id).then_some(victim.id),
+                job: (victim.team_id == team_id).then_some(victim.id),
                 team: world.team_name_of(victim.team_id),
                 reason: v.reason.code().to_owned(),
                 gpus: victim.replicas * victim.gpus_per_replica,
@@ -841,7 +862,7 @@ pub async fn dry_run_job(
         })
         .collect();
     let (reason, message) = answer.reason.as_ref().map(|r| world.pending_text(r)).unzip();
-    Ok(Json(DryRunResult {
+    Ok(DryRunResult {
         fits_now: placement.is_some(),
         placement,
         cluster,
@@ -852,5 +873,5 @@ pub async fn dry_run_job(
         expected_start_at: answer.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
         max_cost_micros: answer.max_cost_micros,
         currency: state.config.currency.clone(),
-    }))
+    })
 }

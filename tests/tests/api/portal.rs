@@ -164,3 +164,50 @@ async fn a_stranger_sees_no_page_of_another_team() {
     let home = p.app.send(call("GET", "/").header("cookie", &session)).await;
     assert!(body(&home).contains("You are not a member of any team yet."));
 }
+
+#[tokio::test]
+async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_form() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let r = p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await;
+    r.assert_status(200);
+    let token = csrf_in(&body(&r));
+    let form = |action: &str, replicas: &str| {
+        format!(
+            "csrf={token}&action={action}&name=sweep+%3Cb%3E1%3C%2Fb%3E&gpu_class=h100&replicas={replicas}&gpus_per_replica=2\
+             &priority_class=production&max_runtime_seconds=7200&image=train%3A2&command=python+train.py"
+        )
+    };
+    // A number that is not one is named, and nothing is queued.
+    let r = p
+        .app
+        .send(
+            call("POST", "/teams/ml/jobs/new").header("cookie", &session).raw(FORM, form("submit", "two").into_bytes()),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 422);
+    assert!(body(&r).contains("<code>replicas</code>: must be a whole number"), "{}", body(&r));
+    // The preview is the engine's answer: what it would cost at most (2 × 2 GPUs × 2 h at
+    // $2.50, production at list price) and why it would wait (no cluster reports GPUs here).
+    let r = p
+        .app
+        .send(
+            call("POST", "/teams/ml/jobs/new").header("cookie", &session).raw(FORM, form("preview", "2").into_bytes()),
+        )
+        .await;
+    r.assert_status(200);
+    let page = body(&r);
+    assert!(page.contains("If you submitted it now"), "{page}");
+    assert!(page.contains("It can cost at most 20.000000 USD."), "{page}");
+    let before: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&p.app.pool).await.unwrap();
+    assert_eq!(before, 1, "a preview queues nothing");
+    let r = p
+        .app
+        .send(call("POST", "/teams/ml/jobs/new").header("cookie", &session).raw(FORM, form("submit", "2").into_bytes()))
+        .await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let location = r.header("location").expect("to the job's page");
+    let page = body(&p.app.send(call("GET", &location).header("cookie", &session)).await);
+    assert!(page.contains("sweep &#60;b&#62;1&#60;/b&#62;") || page.contains("sweep &lt;b&gt;1&lt;/b&gt;"), "{page}");
+    assert!(page.contains("4 × h100"), "{page}");
+}
