@@ -5,6 +5,8 @@
 //! code `fairway serve` uses) and stops when the process exits. Every test gets its own
 //! database, copied from a migrated template, so tests run in parallel without sharing rows.
 
+pub mod browser;
+
 use std::{
     sync::{
         atomic::{AtomicU32, Ordering},

@@ -422,7 +422,17 @@ pub async fn job(
         .map(|e| EventLine { at: when(e.at), kind: e.kind, reason: e.reason, message: e.message })
         .collect();
     let finished = matches!(job.state.as_str(), "succeeded" | "failed" | "cancelled");
-    let placement = job.placement.as_ref().map(|p| p.0.to_string()).filter(|p| p != "null");
+    // "node (GPUs 0,1,2)" per replica, from the stored placement.
+    let placement = job.placement.as_ref().and_then(|p| p.0.as_array().cloned()).map(|slots| {
+        slots
+            .iter()
+            .map(|slot| {
+                let gpus: Vec<String> = slot["gpus"].as_array().into_iter().flatten().map(|g| g.to_string()).collect();
+                format!("{} (GPUs {})", slot["node"].as_str().unwrap_or("?"), gpus.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
     let detail = JobDetail {
         id: job.id,
         gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),

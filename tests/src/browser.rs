@@ -1,0 +1,168 @@
+//! A real headless Chromium driven through WebDriver (W3C), for the portal's browser tests.
+//!
+//! `chromedriver` (Debian: `chromium-driver`, with `chromium`) is started on a free port and
+//! spoken to over HTTP with JSON, which is all the WebDriver protocol is: no client crate
+//! needed. Each [`Browser`] is one session; dropping it ends the session and the driver.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    time::Duration,
+};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+/// The W3C element reference key.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A browser session.
+pub struct Browser {
+    http: reqwest::Client,
+    session: String,
+    driver: Child,
+}
+
+/// Where chromedriver is: `CHROMEDRIVER`, or on `PATH`.
+fn chromedriver() -> PathBuf {
+    if let Some(path) = std::env::var_os("CHROMEDRIVER") {
+        return PathBuf::from(path);
+    }
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let candidate = dir.join("chromedriver");
+        if candidate.exists() {
+            return candidate;
+        }
+    }
+    panic!(
+        "the portal's browser tests need chromedriver and Chromium: apt-get install chromium chromium-driver \
+         (or set CHROMEDRIVER); .ci/run installs them"
+    )
+}
+
+impl Browser {
+    /// Starts chromedriver and a headless Chromium window `width` × `height` pixels.
+    pub async fn start(width: u32, height: u32) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("port").port();
+        let driver = Command::new(chromedriver())
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
+        let base = format!("http://127.0.0.1:{port}");
+        let capabilities = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                format!("--window-size={width},{height}"),
+            ]},
+        }}});
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let session = loop {
+            match http.post(format!("{base}/session")).json(&capabilities).send().await {
+                Ok(r) => {
+                    let v: Value = r.json().await.expect("a WebDriver answer");
+                    match v["value"]["sessionId"].as_str() {
+                        Some(id) => break id.to_owned(),
+                        None => panic!("chromedriver refused the session: {v}"),
+                    }
+                }
+                Err(_) if std::time::Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(e) => panic!("chromedriver did not answer: {e}"),
+            }
+        };
+        Self { http, session: format!("{base}/session/{session}"), driver }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let mut request = self.http.request(method, format!("{}{path}", self.session));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let v: Value = request.send().await.expect("WebDriver request").json().await.expect("WebDriver JSON");
+        if v["value"]["error"].is_string() {
+            panic!("WebDriver {path}: {}", v["value"]);
+        }
+        v["value"].clone()
+    }
+
+    /// Opens `url` and waits for the page to load.
+    pub async fn open(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({"url": url}))).await;
+    }
+
+    /// The current URL.
+    pub async fn url(&self) -> String {
+        self.call(reqwest::Method::GET, "/url", None).await.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The page's visible text.
+    pub async fn text(&self) -> String {
+        let body = self.find("body").await;
+        self.call(reqwest::Method::GET, &format!("/element/{body}/text"), None)
+            .await
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// The page's HTML as the browser holds it.
+    pub async fn source(&self) -> String {
+        self.call(reqwest::Method::GET, "/source", None).await.as_str().unwrap_or_default().to_owned()
+    }
+
+    /// The first element matching a CSS selector.
+    pub async fn find(&self, css: &str) -> String {
+        let v =
+            self.call(reqwest::Method::POST, "/element", Some(json!({"using": "css selector", "value": css}))).await;
+        match v[ELEMENT].as_str() {
+            Some(element) => element.to_owned(),
+            None => panic!("no element {css} ({v}) on {}:\n{}", self.url().await, self.source().await),
+        }
+    }
+
+    /// Types `text` into the field matching `css`, replacing what it held.
+    pub async fn fill(&self, css: &str, text: &str) {
+        let element = self.find(css).await;
+        self.call(reqwest::Method::POST, &format!("/element/{element}/clear"), Some(json!({}))).await;
+        self.call(reqwest::Method::POST, &format!("/element/{element}/value"), Some(json!({"text": text}))).await;
+    }
+
+    /// Clicks the element matching `css` (a button submits its form and the next page loads).
+    pub async fn click(&self, css: &str) {
+        let element = self.find(css).await;
+        self.call(reqwest::Method::POST, &format!("/element/{element}/click"), Some(json!({}))).await;
+    }
+
+    /// Saves a screenshot of the window as PNG under `dir`, named `name.png`.
+    pub async fn screenshot(&self, dir: &Path, name: &str) {
+        let png = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(png.as_str().unwrap_or_default()).expect("PNG");
+        std::fs::create_dir_all(dir).expect("screenshot directory");
+        std::fs::write(dir.join(format!("{name}.png")), bytes).expect("write screenshot");
+    }
+
+    /// Reloads until the page's text contains `needle` or `within` passes.
+    pub async fn wait_for_text(&self, needle: &str, within: Duration) -> String {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let text = self.text().await;
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(std::time::Instant::now() < deadline, "page never said {needle:?}; it says:\n{text}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            self.call(reqwest::Method::POST, "/refresh", Some(json!({}))).await;
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // Best effort: ending the driver ends its browser too.
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}

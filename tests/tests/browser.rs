@@ -1,0 +1,115 @@
+//! The portal in a real headless Chromium, against the real service on a loopback socket,
+//! a real PostgreSQL and the control loop on the simulated cluster: sign in, see the team's
+//! dashboard, preview and submit a job through the form, watch it run and finish, cancel
+//! another. Screenshots of each page, at 1280 and 390 pixels wide, are saved under
+//! `target/portal-screenshots/` as test artefacts.
+
+use std::{path::PathBuf, time::Duration};
+
+use fairway::{app, control};
+use fairway_tests::{browser::Browser, call, TestApp, USER_PASSWORD};
+use serde_json::json;
+
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/portal-screenshots")
+}
+
+/// Serves the app on a loopback port with the control loop running at 10× speed; its base URL.
+async fn serve(app: &TestApp) -> String {
+    let mut state = app.state.clone();
+    let mut config = (*state.config).clone();
+    config.sim_speedup = Some(10.0);
+    config.cycle_interval = Duration::from_millis(100);
+    state.config = std::sync::Arc::new(config);
+    let mut ctx = app::control_context(&state).expect("control context");
+    ctx.config.reconcile_interval = Duration::from_millis(100);
+    let options = (*app.pool.connect_options()).clone();
+    control::spawn(ctx, options, format!("browser-{}", uuid::Uuid::new_v4().simple()));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let router = app.router.clone();
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+    for _ in 0..200 {
+        let n: i64 = sqlx::query_scalar("select count(*) from cluster_nodes").fetch_one(&app.pool).await.unwrap();
+        if n > 0 {
+            return base;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the simulated cluster's inventory never arrived");
+}
+
+async fn sign_in(browser: &Browser, base: &str, username: &str) {
+    browser.open(&format!("{base}/login")).await;
+    browser.fill("input[name=username]", username).await;
+    browser.fill("input[name=password]", USER_PASSWORD).await;
+    browser.click("button[type=submit]").await;
+    assert_eq!(browser.url().await, format!("{base}/"), "signed in and sent home");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_signs_in_submits_a_job_watches_it_finish_and_cancels_another_in_a_real_browser() {
+    let app = TestApp::spawn().await;
+    let base = serve(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.send(call("PUT", "/api/v1/teams/ml/quotas/h100-80gb").token(&admin).json(&json!({"reserved": 16, "burst": 8})))
+        .await
+        .assert_status(200);
+    app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "member").await;
+    let dir = screenshots();
+
+    let browser = Browser::start(1280, 900).await;
+    sign_in(&browser, &base, "alice").await;
+    assert!(browser.text().await.contains("ml"));
+    browser.open(&format!("{base}/teams/ml")).await;
+    let text = browser.text().await;
+    assert!(text.contains("0 in use · 16 reserved · 8 burst"), "{text}");
+    browser.screenshot(&dir, "dashboard-1280").await;
+
+    // Preview, then submit, a job whose name is markup.
+    browser.open(&format!("{base}/teams/ml/jobs/new")).await;
+    browser.fill("input[name=name]", "<script>alert(1)</script>").await;
+    browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
+    browser.fill("input[name=gpus_per_replica]", "8").await;
+    browser.fill("input[name=max_runtime_seconds]", "600").await;
+    browser.fill("input[name=image]", "registry.example/train:1").await;
+    browser.click("button[value=preview]").await;
+    let text = browser.text().await;
+    assert!(text.contains("If you submitted it now"), "{text}");
+    assert!(text.contains("It would start at once on sim."), "{text}");
+    browser.screenshot(&dir, "submit-preview-1280").await;
+    browser.click("button[value=submit]").await;
+    let job_url = browser.url().await;
+    assert!(job_url.starts_with(&format!("{base}/jobs/")), "{job_url}");
+    // The name is shown as text: no script ran (a dialog would fail the next command).
+    assert!(browser.text().await.contains("<script>alert(1)</script>"));
+    // A simulated minute at 10× speed: it is admitted, runs and succeeds.
+    let text = browser.wait_for_text("succeeded", Duration::from_secs(60)).await;
+    for step in ["submitted", "admitted", "dispatched", "running"] {
+        assert!(text.contains(step), "timeline lacks {step}:\n{text}");
+    }
+    browser.screenshot(&dir, "job-succeeded-1280").await;
+
+    // Another job, cancelled from its page.
+    browser.open(&format!("{base}/teams/ml/jobs/new")).await;
+    browser.fill("input[name=name]", "to-cancel").await;
+    browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
+    browser.fill("input[name=image]", "registry.example/train:1").await;
+    browser.click("button[value=submit]").await;
+    browser.click("button.danger").await;
+    let text = browser.wait_for_text("cancelled", Duration::from_secs(30)).await;
+    assert!(text.contains("user:alice"), "{text}");
+    browser.screenshot(&dir, "job-cancelled-1280").await;
+    drop(browser);
+
+    // The same pages on a phone-sized window.
+    let phone = Browser::start(390, 844).await;
+    sign_in(&phone, &base, "alice").await;
+    phone.open(&format!("{base}/teams/ml")).await;
+    assert!(phone.text().await.contains("GPUs by class"));
+    phone.screenshot(&dir, "dashboard-390").await;
+    phone.open(&job_url).await;
+    phone.screenshot(&dir, "job-390").await;
+}
