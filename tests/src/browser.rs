@@ -77,15 +77,23 @@ impl Browser {
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        match self.try_call(method, path, body).await {
+            Ok(value) => value,
+            Err(error) => panic!("WebDriver {path}: {error}"),
+        }
+    }
+
+    /// A WebDriver command; its error as the driver reported it.
+    async fn try_call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Result<Value, Value> {
         let mut request = self.http.request(method, format!("{}{path}", self.session));
         if let Some(body) = body {
             request = request.json(&body);
         }
         let v: Value = request.send().await.expect("WebDriver request").json().await.expect("WebDriver JSON");
         if v["value"]["error"].is_string() {
-            panic!("WebDriver {path}: {}", v["value"]);
+            return Err(v["value"].clone());
         }
-        v["value"].clone()
+        Ok(v["value"].clone())
     }
 
     /// Opens `url` and waits for the page to load.
@@ -98,14 +106,13 @@ impl Browser {
         self.call(reqwest::Method::GET, "/url", None).await.as_str().unwrap_or_default().to_owned()
     }
 
-    /// The page's visible text.
+    /// The page's visible text; empty while a page is being replaced by the next.
     pub async fn text(&self) -> String {
-        let body = self.find("body").await;
-        self.call(reqwest::Method::GET, &format!("/element/{body}/text"), None)
-            .await
-            .as_str()
-            .unwrap_or_default()
-            .to_owned()
+        let find = json!({"using": "css selector", "value": "body"});
+        let Ok(body) = self.try_call(reqwest::Method::POST, "/element", Some(find)).await else { return String::new() };
+        let Some(body) = body[ELEMENT].as_str() else { return String::new() };
+        let text = self.try_call(reqwest::Method::GET, &format!("/element/{body}/text"), None).await;
+        text.ok().and_then(|t| t.as_str().map(str::to_owned)).unwrap_or_default()
     }
 
     /// The page's HTML as the browser holds it.
@@ -142,6 +149,34 @@ impl Browser {
         let bytes = base64::engine::general_purpose::STANDARD.decode(png.as_str().unwrap_or_default()).expect("PNG");
         std::fs::create_dir_all(dir).expect("screenshot directory");
         std::fs::write(dir.join(format!("{name}.png")), bytes).expect("write screenshot");
+    }
+
+    /// Waits until the browser is at a URL starting with `prefix` (a click's navigation may
+    /// still be under way when the click returns).
+    pub async fn wait_for_url(&self, prefix: &str, within: Duration) -> String {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let url = self.url().await;
+            if url.starts_with(prefix) {
+                return url;
+            }
+            assert!(std::time::Instant::now() < deadline, "still at {url}, not {prefix}:\n{}", self.text().await);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits, without reloading, until the page's text contains `needle` (a form's answer
+    /// still loading), or `within` passes.
+    pub async fn wait_for_text_now(&self, needle: &str, within: Duration) -> String {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let text = self.text().await;
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(std::time::Instant::now() < deadline, "page never said {needle:?}; it says:\n{text}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Reloads until the page's text contains `needle` or `within` passes.

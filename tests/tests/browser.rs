@@ -44,7 +44,8 @@ async fn sign_in(browser: &Browser, base: &str, username: &str) {
     browser.fill("input[name=username]", username).await;
     browser.fill("input[name=password]", USER_PASSWORD).await;
     browser.click("button[type=submit]").await;
-    assert_eq!(browser.url().await, format!("{base}/"), "signed in and sent home");
+    let home = browser.wait_for_url(&format!("{base}/"), Duration::from_secs(20)).await;
+    assert_eq!(home, format!("{base}/"), "signed in and sent home");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,13 +77,12 @@ async fn a_member_signs_in_submits_a_job_watches_it_finish_and_cancels_another_i
     browser.fill("input[name=max_runtime_seconds]", "600").await;
     browser.fill("input[name=image]", "registry.example/train:1").await;
     browser.click("button[value=preview]").await;
-    let text = browser.text().await;
+    let text = browser.wait_for_text_now("If you submitted it now", Duration::from_secs(20)).await;
     assert!(text.contains("If you submitted it now"), "{text}");
     assert!(text.contains("It would start at once on sim."), "{text}");
     browser.screenshot(&dir, "submit-preview-1280").await;
     browser.click("button[value=submit]").await;
-    let job_url = browser.url().await;
-    assert!(job_url.starts_with(&format!("{base}/jobs/")), "{job_url}");
+    let job_url = browser.wait_for_url(&format!("{base}/jobs/"), Duration::from_secs(20)).await;
     // The name is shown as text: no script ran (a dialog would fail the next command).
     assert!(browser.text().await.contains("<script>alert(1)</script>"));
     // A simulated minute at 10× speed: it is admitted, runs and succeeds.
@@ -98,6 +98,7 @@ async fn a_member_signs_in_submits_a_job_watches_it_finish_and_cancels_another_i
     browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
     browser.fill("input[name=image]", "registry.example/train:1").await;
     browser.click("button[value=submit]").await;
+    browser.wait_for_url(&format!("{base}/jobs/"), Duration::from_secs(20)).await;
     browser.click("button.danger").await;
     let text = browser.wait_for_text("cancelled", Duration::from_secs(30)).await;
     assert!(text.contains("user:alice"), "{text}");
