@@ -41,8 +41,10 @@ fn chromedriver() -> PathBuf {
 }
 
 impl Browser {
-    /// Starts chromedriver and a headless Chromium window `width` × `height` pixels.
-    pub async fn start(width: u32, height: u32) -> Self {
+    /// Starts chromedriver and a headless Chromium window `width` × `height` pixels; files it
+    /// downloads go to `downloads`.
+    pub async fn start(width: u32, height: u32, downloads: &Path) -> Self {
+        std::fs::create_dir_all(downloads).expect("download directory");
         let port = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port").local_addr().expect("port").port();
         let driver = Command::new(chromedriver())
             .arg(format!("--port={port}"))
@@ -57,7 +59,11 @@ impl Browser {
             "goog:chromeOptions": {"args": [
                 "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 format!("--window-size={width},{height}"),
-            ]},
+            ],
+            "prefs": {
+                "download.default_directory": downloads.canonicalize().expect("download directory"),
+                "download.prompt_for_download": false,
+            }},
         }}});
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let session = loop {

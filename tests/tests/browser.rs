@@ -1,8 +1,9 @@
 //! The portal in a real headless Chromium, against the real service on a loopback socket,
 //! a real PostgreSQL and the control loop on the simulated cluster: sign in, see the team's
 //! dashboard, preview and submit a job through the form, watch it run and finish, cancel
-//! another. Screenshots of each page, at 1280 and 390 pixels wide, are saved under
-//! `target/portal-screenshots/` as test artefacts.
+//! another, see a borrower preempted when the team claims its reserved quota, and, as
+//! finance, download the month's FOCUS export. Screenshots of each page, at 1280 and 390
+//! pixels wide, are saved under `target/portal-screenshots/` as test artefacts.
 
 use std::{path::PathBuf, time::Duration};
 
@@ -14,12 +15,18 @@ fn screenshots() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/portal-screenshots")
 }
 
+fn downloads() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("../target/portal-downloads-{}", std::process::id()))
+}
+
 /// Serves the app on a loopback port with the control loop running at 10× speed; its base URL.
 async fn serve(app: &TestApp) -> String {
     let mut state = app.state.clone();
     let mut config = (*state.config).clone();
     config.sim_speedup = Some(10.0);
     config.cycle_interval = Duration::from_millis(100);
+    // Borrowed GPUs are reclaimed at once, so a preemption shows within the test.
+    config.min_runtime_before_preemption = Duration::ZERO;
     state.config = std::sync::Arc::new(config);
     let mut ctx = app::control_context(&state).expect("control context");
     ctx.config.reconcile_interval = Duration::from_millis(100);
@@ -49,7 +56,7 @@ async fn sign_in(browser: &Browser, base: &str, username: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_member_signs_in_submits_a_job_watches_it_finish_and_cancels_another_in_a_real_browser() {
+async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_downloads_an_export_in_a_real_browser() {
     let app = TestApp::spawn().await;
     let base = serve(&app).await;
     let admin = app.admin().await;
@@ -59,9 +66,18 @@ async fn a_member_signs_in_submits_a_job_watches_it_finish_and_cancels_another_i
         .assert_status(200);
     app.user(&admin, "alice", None).await;
     app.member(&admin, "ml", "alice", "member").await;
+    // A team that only borrows, where alice is a member too, to watch its job preempted.
+    app.team(&admin, "research", None).await;
+    app.send(
+        call("PUT", "/api/v1/teams/research/quotas/h100-80gb").token(&admin).json(&json!({"reserved": 0, "burst": 64})),
+    )
+    .await
+    .assert_status(200);
+    app.member(&admin, "research", "alice", "member").await;
+    app.user(&admin, "finn", Some("finance")).await;
     let dir = screenshots();
 
-    let browser = Browser::start(1280, 900).await;
+    let browser = Browser::start(1280, 900, &downloads()).await;
     sign_in(&browser, &base, "alice").await;
     assert!(browser.text().await.contains("ml"));
     browser.open(&format!("{base}/teams/ml")).await;
@@ -103,10 +119,78 @@ async fn a_member_signs_in_submits_a_job_watches_it_finish_and_cancels_another_i
     let text = browser.wait_for_text("cancelled", Duration::from_secs(30)).await;
     assert!(text.contains("user:alice"), "{text}");
     browser.screenshot(&dir, "job-cancelled-1280").await;
+
+    // research borrows every H100; ml then claims its reserved quota, and a borrower gives
+    // way. Its page says who took the GPUs and why.
+    for i in 0..8 {
+        app.send(call("POST", "/api/v1/teams/research/jobs").token(&admin).json(&json!({
+            "name": format!("borrower-{i}"), "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "r:1",
+            "priority_class": "experiment", "preemption_grace_seconds": 1,
+            "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"},
+        })))
+        .await
+        .assert_status(201);
+    }
+    let running = || async {
+        sqlx::query_scalar::<_, i64>("select count(*) from jobs where name like 'borrower-%' and state = 'running'")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while running().await < 8 {
+        assert!(tokio::time::Instant::now() < deadline, "the borrowers never all ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    browser.open(&format!("{base}/teams/ml/jobs/new")).await;
+    browser.fill("input[name=name]", "claim").await;
+    browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
+    browser.click("select[name=priority_class] option[value='production']").await;
+    browser.fill("input[name=gpus_per_replica]", "8").await;
+    browser.fill("input[name=image]", "serve:1").await;
+    browser.click("button[value=submit]").await;
+    browser.wait_for_url(&format!("{base}/jobs/"), Duration::from_secs(20)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let victim = loop {
+        let v: Option<uuid::Uuid> =
+            sqlx::query_scalar("select id from jobs where name like 'borrower-%' and preemptions > 0 limit 1")
+                .fetch_optional(&app.pool)
+                .await
+                .unwrap();
+        if let Some(v) = v {
+            break v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no borrower was preempted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    browser.open(&format!("{base}/jobs/{victim}")).await;
+    let text = browser.wait_for_text("preempted", Duration::from_secs(10)).await;
+    assert!(text.contains("team ml reclaims its reserved quota"), "{text}");
+    browser.screenshot(&dir, "job-preempted-1280").await;
     drop(browser);
 
+    // Finance downloads the month's FOCUS export from the billing page.
+    let finance = Browser::start(1280, 900, &downloads()).await;
+    sign_in(&finance, &base, "finn").await;
+    finance.open(&format!("{base}/billing")).await;
+    finance.screenshot(&dir, "billing-1280").await;
+    finance.click("a[href$='/focus']").await;
+    let month = chrono::Utc::now().format("%Y-%m");
+    let file = downloads().join(format!("fairway-{month}-focus.csv"));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !file.exists() {
+        assert!(tokio::time::Instant::now() < deadline, "the export never arrived in {}", downloads().display());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let export = std::fs::read_to_string(&file).expect("the export");
+    assert!(export.starts_with("AvailabilityZone,BilledCost,"), "{export}");
+    assert!(export.contains(",ml,"), "the succeeded job's charge: {export}");
+    assert!(export.trim_end().ends_with("\"}\""), "ends with its control record: {export}");
+    drop(finance);
+    let _ = std::fs::remove_dir_all(downloads());
+
     // The same pages on a phone-sized window.
-    let phone = Browser::start(390, 844).await;
+    let phone = Browser::start(390, 844, &downloads()).await;
     sign_in(&phone, &base, "alice").await;
     phone.open(&format!("{base}/teams/ml")).await;
     assert!(phone.text().await.contains("GPUs by class"));

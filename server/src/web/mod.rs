@@ -28,6 +28,8 @@ pub fn router() -> Router<AppState> {
         .route("/teams/{team}/jobs/new", get(pages::submit_form).post(pages::submit))
         .route("/jobs/{job}", get(pages::job))
         .route("/jobs/{job}/cancel", post(pages::cancel))
+        .route("/billing", get(pages::billing))
+        .route("/billing/exports/{period}/{format}", get(pages::billing_export))
         .route("/static/portal.css", get(pages::stylesheet))
         .layer(middleware::from_fn(security_headers))
 }

@@ -228,6 +228,8 @@ pub struct TeamLink {
 struct HomePage {
     signed_in: Option<SignedIn>,
     teams: Vec<TeamLink>,
+    /// Finance or a platform admin: the billing page is theirs.
+    finance: bool,
 }
 
 /// The teams the user can see.
@@ -236,9 +238,10 @@ pub async fn home(State(state): State<AppState>, headers: HeaderMap) -> Result<R
         Ok(u) => u,
         Err(redirect) => return Ok(redirect),
     };
-    let rows = match principal(&user).platform_role() {
-        Some(_) => db::teams::list_all(&state.db, None, 500).await?,
-        None => db::teams::list_visible_to_user(&state.db, user.user_id, None, 500).await?,
+    let finance = principal(&user).platform_role().is_some();
+    let rows = match finance {
+        true => db::teams::list_all(&state.db, None, 500).await?,
+        false => db::teams::list_visible_to_user(&state.db, user.user_id, None, 500).await?,
     };
     let teams = rows
         .into_iter()
@@ -247,7 +250,7 @@ pub async fn home(State(state): State<AppState>, headers: HeaderMap) -> Result<R
             name: t.name,
         })
         .collect();
-    Ok(render(&HomePage { signed_in: Some(signed_in(&user)), teams }))
+    Ok(render(&HomePage { signed_in: Some(signed_in(&user)), teams, finance }))
 }
 
 /// A class's quota and use.
@@ -437,7 +440,12 @@ pub async fn job(
         id: job.id,
         gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
         waiting: (job.state == "pending").then(|| job.pending_message.clone()).flatten(),
-        placement: job.cluster.as_ref().map(|c| format!("{c}: {}", placement.unwrap_or_default())),
+        // Where it runs now; a requeued job's last placement is history, in the timeline.
+        placement: job
+            .cluster
+            .as_ref()
+            .filter(|_| job.holds_gpus)
+            .map(|c| format!("{c}: {}", placement.unwrap_or_default())),
         submitted: when(job.submitted_at),
         name: job.name,
         team: job.team,
@@ -671,6 +679,88 @@ fn preview_of(answer: api::jobs::DryRunResult) -> PreviewView {
             .map(|v| format!("{} GPUs of team {} ({})", v.gpus, v.team, v.reason))
             .collect(),
     }
+}
+
+/// A billing period's line.
+pub struct PeriodLine {
+    pub period: String,
+    pub status: String,
+    pub rows: i64,
+    pub gpu_hours: String,
+    pub billed: String,
+}
+
+#[derive(Template)]
+#[template(path = "billing.html")]
+struct BillingPage {
+    signed_in: Option<SignedIn>,
+    periods: Vec<PeriodLine>,
+}
+
+/// The user, when finance or a platform admin; others get "not found".
+async fn require_finance(state: &AppState, headers: &HeaderMap) -> Result<SessionUser, Response> {
+    let user = require_user(state, headers).await?;
+    match principal(&user).platform_role() {
+        Some(_) => Ok(user),
+        None => Err(PageError::not_found().into_response()),
+    }
+}
+
+/// Finance's page: every billing period with its totals and its exports.
+pub async fn billing(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    let user = match require_finance(&state, &headers).await {
+        Ok(u) => u,
+        Err(response) => return Ok(response),
+    };
+    let closed = db::metering::closed_periods(&state.db).await?;
+    let mut periods: Vec<chrono::NaiveDate> = closed.iter().map(|c| c.0).collect();
+    let current = crate::billing::budgets::period_of(Utc::now());
+    if !periods.contains(&current) {
+        periods.insert(0, current);
+    }
+    let mut lines = Vec::new();
+    for period in periods {
+        let (rows, gpu, cost) = db::billing::period_totals(&state.db, period).await?;
+        let status = match closed.iter().find(|c| c.0 == period) {
+            Some((_, at, by)) => format!("closed {} by {by}", when(*at)),
+            None => "open".into(),
+        };
+        lines.push(PeriodLine {
+            period: crate::billing::period_name(period),
+            status,
+            rows,
+            gpu_hours: crate::metering::gpu_hours_decimal(gpu),
+            billed: format!("{} {}", crate::metering::micros_decimal(cost), state.config.currency),
+        });
+    }
+    Ok(render(&BillingPage { signed_in: Some(signed_in(&user)), periods: lines }))
+}
+
+/// A billing export, downloaded from the billing page.
+pub async fn billing_export(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((period, format)): Path<(String, String)>,
+) -> Result<Response, PageError> {
+    if let Err(response) = require_finance(&state, &headers).await {
+        return Ok(response);
+    }
+    let period = crate::domain::BudgetPeriod::parse("period", &period).map_err(|_| PageError::not_found())?;
+    let format = match format.as_str() {
+        "csv" => crate::billing::export::Format::Csv,
+        "json" => crate::billing::export::Format::Json,
+        "focus" => crate::billing::export::Format::Focus,
+        _ => return Err(PageError::not_found()),
+    };
+    let name = format!("fairway-{period}-{}.{}", format.as_str(), format.extension());
+    let stream =
+        crate::billing::export::stream(state.db.clone(), period.first_day(), format, state.config.currency.clone());
+    let disposition = format!("attachment; filename=\"{name}\"");
+    Ok((
+        [(header::CONTENT_TYPE, format.content_type().to_owned()), (header::CONTENT_DISPOSITION, disposition)],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 /// The portal's stylesheet, from the binary.
