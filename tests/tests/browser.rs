@@ -167,6 +167,11 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     let text = browser.wait_for_text("preempted", Duration::from_secs(10)).await;
     assert!(text.contains("team ml reclaims its reserved quota"), "{text}");
     browser.screenshot(&dir, "job-preempted-1280").await;
+    // The cluster view: alice's claim and research's borrowers are hers, both teams being hers.
+    browser.open(&format!("{base}/clusters")).await;
+    assert!(browser.text().await.contains("Free capacity by class"));
+    assert!(browser.source().await.contains("class=\"cell mine\""));
+    browser.screenshot(&dir, "cluster-1280").await;
     drop(browser);
 
     // Finance downloads the month's FOCUS export from the billing page.
@@ -197,4 +202,12 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     phone.screenshot(&dir, "dashboard-390").await;
     phone.open(&job_url).await;
     phone.screenshot(&dir, "job-390").await;
+    phone.open(&format!("{base}/clusters")).await;
+    phone.screenshot(&dir, "cluster-390").await;
+    drop(phone);
+    let phone = Browser::start(390, 844, &downloads()).await;
+    sign_in(&phone, &base, "finn").await;
+    phone.open(&format!("{base}/billing")).await;
+    assert!(phone.text().await.contains("Periods"));
+    phone.screenshot(&dir, "billing-390").await;
 }

@@ -102,3 +102,59 @@ pub async fn known_capacity(tx: &mut Tx<'_>, class_id: Uuid) -> Result<Option<i6
     .await?;
     Ok((row.any > 0).then_some(row.gpus))
 }
+
+/// One node's units of one GPU class, as the cluster view draws them.
+#[derive(Debug, Clone)]
+pub struct NodeUnits {
+    pub cluster: String,
+    pub node: String,
+    pub rack: Option<String>,
+    pub gpu_class: String,
+    pub kind: String,
+    pub fraction_milli: i32,
+    pub units: i32,
+    pub elastic: bool,
+}
+
+/// Every node's units, by cluster, rack and node.
+pub async fn layout(pool: &PgPool) -> Result<Vec<NodeUnits>, sqlx::Error> {
+    sqlx::query_as!(
+        NodeUnits,
+        r#"select c.name as cluster, n.name as node, n.rack, g.name as gpu_class, g.kind, g.fraction_milli,
+                  n.gpus as units, n.elastic
+           from cluster_nodes n
+           join clusters c on c.id = n.cluster_id
+           join gpu_classes g on g.id = n.gpu_class_id
+           order by c.name, n.rack nulls last, n.name, g.fraction_milli desc, g.name"#
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Where a job holding GPUs sits.
+#[derive(Debug, Clone)]
+pub struct HeldPlacement {
+    pub cluster: String,
+    pub team_id: Uuid,
+    pub team: String,
+    pub job_name: String,
+    pub gpu_class: String,
+    /// `[{"node": name, "gpus": [unit, ...]}]` per replica.
+    pub placement: serde_json::Value,
+}
+
+/// The placements of every job holding GPUs.
+pub async fn held_placements(pool: &PgPool) -> Result<Vec<HeldPlacement>, sqlx::Error> {
+    sqlx::query_as!(
+        HeldPlacement,
+        r#"select c.name as cluster, j.team_id, t.name as team, j.name as job_name, g.name as gpu_class,
+                  j.placement as "placement!"
+           from jobs j
+           join clusters c on c.id = j.cluster_id
+           join teams t on t.id = j.team_id
+           join gpu_classes g on g.id = j.gpu_class_id
+           where j.holds_gpus and j.placement is not null"#
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -4,6 +4,7 @@
 //! default-src 'self'`). Pages read and act through the same `db` and domain functions as
 //! the API, with the same team roles.
 
+pub mod cluster;
 pub mod pages;
 pub mod session;
 
@@ -28,6 +29,7 @@ pub fn router() -> Router<AppState> {
         .route("/teams/{team}/jobs/new", get(pages::submit_form).post(pages::submit))
         .route("/jobs/{job}", get(pages::job))
         .route("/jobs/{job}/cancel", post(pages::cancel))
+        .route("/clusters", get(pages::clusters))
         .route("/billing", get(pages::billing))
         .route("/billing/exports/{period}/{format}", get(pages::billing_export))
         .route("/static/portal.css", get(pages::stylesheet))

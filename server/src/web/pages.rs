@@ -763,6 +763,29 @@ pub async fn billing_export(
         .into_response())
 }
 
+#[derive(Template)]
+#[template(path = "cluster.html")]
+struct ClusterPage {
+    signed_in: Option<SignedIn>,
+    clusters: Vec<super::cluster::ClusterView>,
+    classes: Vec<super::cluster::ClassFree>,
+}
+
+/// Every cluster's nodes and GPUs, coloured by whose jobs hold them.
+pub async fn clusters(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let sees_all = principal(&user).platform_role().is_some();
+    let teams = db::teams::list_visible_to_user(&state.db, user.user_id, None, 10_000).await?;
+    let viewer = super::cluster::Viewer { teams: teams.into_iter().map(|t| t.id).collect(), sees_all };
+    let nodes = db::clusters::layout(&state.db).await?;
+    let held = db::clusters::held_placements(&state.db).await?;
+    let (clusters, classes) = super::cluster::layout(&nodes, &held, &viewer);
+    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes }))
+}
+
 /// The portal's stylesheet, from the binary.
 pub async fn stylesheet() -> Response {
     const CSS: &str = include_str!("../../../web/static/portal.css");

@@ -1,0 +1,221 @@
+//! The cluster view: every node's GPUs as cells, grouped by cluster and rack, coloured by
+//! whose job holds them; MIG slices drawn inside the physical GPU they belong to; free
+//! capacity per class. Other teams' jobs are shown as taken, not named, unless the viewer
+//! sees every team (platform admins and finance).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use uuid::Uuid;
+
+use crate::db::clusters::{HeldPlacement, NodeUnits};
+
+/// One schedulable unit: a whole GPU or a MIG slice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cell {
+    /// `free`, `mine` or `taken`.
+    pub state: &'static str,
+    /// What the cell's tooltip says.
+    pub label: String,
+}
+
+/// A physical GPU: one cell for a whole GPU, its slices for a MIG-partitioned one.
+#[derive(Debug, Clone)]
+pub struct Gpu {
+    pub mig: bool,
+    pub cells: Vec<Cell>,
+}
+
+/// A node and its GPUs.
+#[derive(Debug, Clone)]
+pub struct NodeView {
+    pub name: String,
+    pub classes: String,
+    pub gpus: Vec<Gpu>,
+}
+
+/// A rack (or the nodes outside any rack).
+#[derive(Debug, Clone)]
+pub struct RackView {
+    pub name: String,
+    pub nodes: Vec<NodeView>,
+}
+
+/// A cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterView {
+    pub name: String,
+    pub racks: Vec<RackView>,
+}
+
+/// Free capacity of one class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassFree {
+    pub gpu_class: String,
+    pub units: i64,
+    pub used: i64,
+    pub free: i64,
+    /// The most free units on one node: the largest replica that fits now.
+    pub largest_free_block: i64,
+}
+
+/// Who is looking: the teams whose jobs are theirs, and whether every team's names may show.
+pub struct Viewer {
+    pub teams: HashSet<Uuid>,
+    pub sees_all: bool,
+}
+
+/// Lays out `nodes` with `held` placements for `viewer`. Pure.
+pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> (Vec<ClusterView>, Vec<ClassFree>) {
+    // (cluster, node, class, unit) → the cell's owner.
+    let mut owners: HashMap<(&str, String, &str, u64), &HeldPlacement> = HashMap::new();
+    for h in held {
+        for replica in h.placement.as_array().into_iter().flatten() {
+            let node = replica["node"].as_str().unwrap_or_default().to_owned();
+            for unit in replica["gpus"].as_array().into_iter().flatten().filter_map(|u| u.as_u64()) {
+                owners.insert((h.cluster.as_str(), node.clone(), h.gpu_class.as_str(), unit), h);
+            }
+        }
+    }
+    let cell = |n: &NodeUnits, unit: u64| match owners.get(&(
+        n.cluster.as_str(),
+        n.node.clone(),
+        n.gpu_class.as_str(),
+        unit,
+    )) {
+        None => Cell { state: "free", label: format!("{} #{unit}: free", n.gpu_class) },
+        Some(h) if viewer.teams.contains(&h.team_id) => {
+            Cell { state: "mine", label: format!("{} #{unit}: {} ({})", n.gpu_class, h.job_name, h.team) }
+        }
+        Some(h) if viewer.sees_all => Cell { state: "taken", label: format!("{} #{unit}: {}", n.gpu_class, h.team) },
+        Some(_) => Cell { state: "taken", label: format!("{} #{unit}: in use by another team", n.gpu_class) },
+    };
+
+    let mut classes: BTreeMap<String, ClassFree> = BTreeMap::new();
+    let mut clusters: Vec<ClusterView> = Vec::new();
+    // Rows come ordered by cluster, rack, node; a node may have several classes (MIG profiles).
+    let mut i = 0;
+    while i < nodes.len() {
+        let first = &nodes[i];
+        let mut j = i;
+        while j < nodes.len() && nodes[j].cluster == first.cluster && nodes[j].node == first.node {
+            j += 1;
+        }
+        let rows = &nodes[i..j];
+        i = j;
+        let mig: Vec<&NodeUnits> = rows.iter().filter(|r| r.kind == "mig").collect();
+        let mut gpus: Vec<Gpu> = Vec::new();
+        for r in rows.iter().filter(|r| r.kind != "mig") {
+            gpus.extend((0..r.units.max(0) as u64).map(|u| Gpu { mig: false, cells: vec![cell(r, u)] }));
+        }
+        if !mig.is_empty() {
+            // The physical GPUs the slices come from, and each profile's slices spread over
+            // them evenly in unit order.
+            let milli: i64 = mig.iter().map(|r| i64::from(r.units) * i64::from(r.fraction_milli)).sum();
+            let physical = ((milli + 500) / 1000).max(1) as u64;
+            for g in 0..physical {
+                let mut cells = Vec::new();
+                for r in &mig {
+                    let units = r.units.max(0) as u64;
+                    for u in (g * units / physical)..((g + 1) * units / physical) {
+                        cells.push(cell(r, u));
+                    }
+                }
+                gpus.push(Gpu { mig: true, cells });
+            }
+        }
+        for r in rows {
+            let entry = classes.entry(r.gpu_class.clone()).or_insert_with(|| ClassFree {
+                gpu_class: r.gpu_class.clone(),
+                units: 0,
+                used: 0,
+                free: 0,
+                largest_free_block: 0,
+            });
+            let used = (0..r.units.max(0) as u64)
+                .filter(|u| owners.contains_key(&(r.cluster.as_str(), r.node.clone(), r.gpu_class.as_str(), *u)))
+                .count() as i64;
+            let units = i64::from(r.units);
+            entry.units += units;
+            entry.used += used;
+            entry.free += units - used;
+            entry.largest_free_block = entry.largest_free_block.max(units - used);
+        }
+        let node = NodeView {
+            name: first.node.clone(),
+            classes: rows.iter().map(|r| format!("{} × {}", r.units, r.gpu_class)).collect::<Vec<_>>().join(", "),
+            gpus,
+        };
+        let rack =
+            first.rack.clone().unwrap_or_else(|| if first.elastic { "elastic pool".into() } else { "no rack".into() });
+        if clusters.last().is_none_or(|c| c.name != first.cluster) {
+            clusters.push(ClusterView { name: first.cluster.clone(), racks: Vec::new() });
+        }
+        if let Some(cluster) = clusters.last_mut() {
+            match cluster.racks.last_mut() {
+                Some(r) if r.name == rack => r.nodes.push(node),
+                _ => cluster.racks.push(RackView { name: rack, nodes: vec![node] }),
+            }
+        }
+    }
+    (clusters, classes.into_values().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, class: &str, kind: &str, fraction: i32, units: i32) -> NodeUnits {
+        NodeUnits {
+            cluster: "sim".into(),
+            node: name.into(),
+            rack: Some("rack-1".into()),
+            gpu_class: class.into(),
+            kind: kind.into(),
+            fraction_milli: fraction,
+            units,
+            elastic: false,
+        }
+    }
+
+    #[test]
+    fn slices_sit_inside_their_gpu_and_other_teams_stay_anonymous() {
+        let nodes = vec![
+            node("a100-mig", "mig-3g", "mig", 428, 4),
+            node("a100-mig", "mig-1g", "mig", 142, 2),
+            node("h100-1", "h100", "whole", 1000, 2),
+        ];
+        let mine = Uuid::from_u128(1);
+        let other = Uuid::from_u128(2);
+        let held = vec![
+            HeldPlacement {
+                cluster: "sim".into(),
+                team_id: mine,
+                team: "ml".into(),
+                job_name: "train".into(),
+                gpu_class: "mig-3g".into(),
+                placement: serde_json::json!([{"node": "a100-mig", "gpus": [2]}]),
+            },
+            HeldPlacement {
+                cluster: "sim".into(),
+                team_id: other,
+                team: "vision".into(),
+                job_name: "secret".into(),
+                gpu_class: "h100".into(),
+                placement: serde_json::json!([{"node": "h100-1", "gpus": [0]}]),
+            },
+        ];
+        let viewer = Viewer { teams: HashSet::from([mine]), sees_all: false };
+        let (clusters, free) = layout(&nodes, &held, &viewer);
+        let racks = &clusters[0].racks;
+        let mig = &racks[0].nodes[0];
+        // 4 × 428 + 2 × 142 = 1,996 thousandths: two physical GPUs of 2 × 3g + 1 × 1g each.
+        assert_eq!(mig.gpus.len(), 2);
+        assert_eq!(mig.gpus[1].cells.len(), 3);
+        assert_eq!(mig.gpus[1].cells[0].state, "mine");
+        let h100 = &racks[0].nodes[1];
+        assert_eq!(h100.gpus[0].cells[0].label, "h100 #0: in use by another team");
+        assert_eq!(h100.gpus[1].cells[0].state, "free");
+        let h100_free = free.iter().find(|c| c.gpu_class == "h100").unwrap();
+        assert_eq!((h100_free.units, h100_free.used, h100_free.free, h100_free.largest_free_block), (2, 1, 1, 1));
+    }
+}
