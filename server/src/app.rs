@@ -82,7 +82,14 @@ pub fn app(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(state.clone(), telemetry::observe));
     api.merge(SwaggerUi::new("/api/docs").url("/api/v1/openapi.json", openapi))
         .merge(crate::web::router())
-        .fallback(|| async { ApiError::NotFound("route") })
+        // Unknown API paths get a problem document; anything else is a portal page.
+        .fallback(|uri: axum::http::Uri| async move {
+            if uri.path().starts_with("/api/") {
+                ApiError::NotFound("route").into_response()
+            } else {
+                crate::web::pages::not_found_page()
+            }
+        })
         .method_not_allowed_fallback(|| async {
             let mut r = ApiError::NotFound("route").into_response();
             *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;

@@ -160,13 +160,18 @@ impl Browser {
     /// Waits until the browser is at a URL starting with `prefix` (a click's navigation may
     /// still be under way when the click returns).
     pub async fn wait_for_url(&self, prefix: &str, within: Duration) -> String {
+        self.wait_for_url_where(|url| url.starts_with(prefix), prefix, within).await
+    }
+
+    /// Waits until the browser's URL satisfies `done`; `what` says what was awaited.
+    pub async fn wait_for_url_where(&self, done: impl Fn(&str) -> bool, what: &str, within: Duration) -> String {
         let deadline = std::time::Instant::now() + within;
         loop {
             let url = self.url().await;
-            if url.starts_with(prefix) {
+            if done(&url) {
                 return url;
             }
-            assert!(std::time::Instant::now() < deadline, "still at {url}, not {prefix}:\n{}", self.text().await);
+            assert!(std::time::Instant::now() < deadline, "still at {url}, not {what}:\n{}", self.text().await);
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

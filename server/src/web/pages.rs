@@ -786,6 +786,11 @@ pub async fn clusters(State(state): State<AppState>, headers: HeaderMap) -> Resu
     Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes }))
 }
 
+/// The portal's "not found" page, for paths that are no page.
+pub fn not_found_page() -> Response {
+    PageError::not_found().into_response()
+}
+
 /// The portal's stylesheet, from the binary.
 pub async fn stylesheet() -> Response {
     const CSS: &str = include_str!("../../../web/static/portal.css");

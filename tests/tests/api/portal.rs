@@ -211,3 +211,13 @@ async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_for
     assert!(page.contains("sweep &#60;b&#62;1&#60;/b&#62;") || page.contains("sweep &lt;b&gt;1&lt;/b&gt;"), "{page}");
     assert!(page.contains("4 × h100"), "{page}");
 }
+
+#[tokio::test]
+async fn an_unknown_page_is_a_friendly_page_and_an_unknown_api_path_a_problem() {
+    let p = setup().await;
+    let r = p.app.send(call("GET", "/no/such/page")).await;
+    assert_eq!(r.status.as_u16(), 404);
+    assert!(body(&r).contains("There is nothing here for you."), "{}", body(&r));
+    let r = p.app.send(call("GET", "/api/v1/no-such-thing")).await;
+    r.assert_problem(404, "not_found");
+}
