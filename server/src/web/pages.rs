@@ -285,12 +285,23 @@ pub struct PendingLine {
     pub expected_start: String,
 }
 
+/// This month's budget as the dashboard shows it.
+pub struct BudgetLine {
+    pub spent: String,
+    pub amount: String,
+    pub forecast: String,
+    pub enforcement: String,
+    pub spent_percent: i64,
+    pub forecast_percent: i64,
+}
+
 #[derive(Template)]
 #[template(path = "team.html")]
 struct TeamPage {
     signed_in: Option<SignedIn>,
     team: String,
     can_submit: bool,
+    budget: Option<BudgetLine>,
     quotas: Vec<QuotaLine>,
     running: Vec<RunningLine>,
     pending: Vec<PendingLine>,
@@ -363,7 +374,39 @@ pub async fn team(
         })
         .collect();
     let can_submit = role >= TeamRole::Member;
-    Ok(render(&TeamPage { signed_in: Some(signed_in(&user)), team: team.name, can_submit, quotas, running, pending }))
+    let budget = budget_line(&state, team.id).await?;
+    let page =
+        TeamPage { signed_in: Some(signed_in(&user)), team: team.name, can_submit, budget, quotas, running, pending };
+    Ok(render(&page))
+}
+
+/// The team's budget this month: spent so far (running jobs included) and the forecast at
+/// the month's end, in the budget's unit.
+async fn budget_line(state: &AppState, team_id: Uuid) -> Result<Option<BudgetLine>, PageError> {
+    let now = Utc::now();
+    let period = crate::billing::budgets::period_of(now);
+    let Some(budget) = db::budgets::list(&state.db, team_id).await?.into_iter().find(|b| b.period == period) else {
+        return Ok(None);
+    };
+    let spend = crate::billing::budgets::spend(&state.db, &[team_id], now, state.config.chargeback)
+        .await?
+        .remove(&team_id)
+        .unwrap_or_default();
+    let end = crate::billing::budgets::period_bounds(period).1;
+    let (spent, forecast) = (spend.in_unit(&budget.unit), spend.forecast_in_unit(&budget.unit, now, end));
+    let show = |amount: i64| match budget.unit.as_str() {
+        "gpu-hours" => format!("{amount} GPU-hours"),
+        _ => format!("{} {}", crate::metering::micros_decimal(amount), state.config.currency),
+    };
+    let percent = |x: i64| if budget.amount > 0 { (100 * i128::from(x) / i128::from(budget.amount)) as i64 } else { 0 };
+    Ok(Some(BudgetLine {
+        spent: show(spent),
+        amount: show(budget.amount),
+        forecast: show(forecast),
+        enforcement: budget.enforcement,
+        spent_percent: percent(spent).min(100),
+        forecast_percent: percent(forecast).min(100),
+    }))
 }
 
 /// A job as its page shows it.

@@ -80,6 +80,7 @@ async fn signing_in_sets_an_http_only_lax_cookie_and_the_dashboard_says_why_a_jo
     let page = body(&r);
     assert!(page.contains("not enough free GPUs of this class"), "{page}");
     assert!(page.contains("0 in use · 8 reserved · 4 burst"), "{page}");
+    assert!(!page.contains("Budget this month"), "no budget, no budget box");
     // The job's name is text, never markup.
     assert!(page.contains("&#60;script&#62;alert(1)&#60;/script&#62;") || page.contains("&lt;script&gt;"), "{page}");
     assert!(!page.contains("<script>alert(1)"), "{page}");
@@ -220,4 +221,23 @@ async fn an_unknown_page_is_a_friendly_page_and_an_unknown_api_path_a_problem() 
     assert!(body(&r).contains("There is nothing here for you."), "{}", body(&r));
     let r = p.app.send(call("GET", "/api/v1/no-such-thing")).await;
     r.assert_problem(404, "not_found");
+}
+
+#[tokio::test]
+async fn the_dashboard_shows_this_months_budget_spent_and_forecast() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    p.app
+        .send(
+            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
+                .token(&admin)
+                .json(&json!({"unit": "money", "amount": 1_000_000_000, "enforcement": "soft"})),
+        )
+        .await
+        .assert_status(200);
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await);
+    assert!(page.contains("Budget this month"), "{page}");
+    assert!(page.contains("0.000000 USD of 1000.000000 USD spent (soft)"), "{page}");
 }
