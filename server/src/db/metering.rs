@@ -220,13 +220,7 @@ pub async fn append(
     .execute(&mut **tx)
     .await?
     .rows_affected();
-    sqlx::query!(
-        "insert into rollup_dirty_hours (hour)
-         select distinct date_trunc('hour', s, 'UTC') from unnest($1::timestamptz[]) as s",
-        &starts
-    )
-    .execute(&mut **tx)
-    .await?;
+    mark_hours_stale(tx, &starts).await?;
     Ok(written)
 }
 
@@ -503,17 +497,23 @@ pub async fn append_reservations(
     .execute(&mut **tx)
     .await?
     .rows_affected();
-    sqlx::query!(
-        "insert into rollup_dirty_hours (hour)
-         select distinct date_trunc('hour', s, 'UTC') from unnest($1::timestamptz[]) as s",
-        &starts
-    )
-    .execute(&mut **tx)
-    .await?;
+    mark_hours_stale(tx, &starts).await?;
     Ok(written)
 }
 
 /// The end of the latest reservation charge, if any was booked.
 pub async fn last_reservation_end(pool: &PgPool) -> Result<Option<DateTime<Utc>>, sqlx::Error> {
     sqlx::query_scalar!("select max(charge_end) from usage_ledger where kind = 'reservation'").fetch_one(pool).await
+}
+
+/// Marks the hours holding `starts` for the rollups, in the transaction that wrote the rows.
+async fn mark_hours_stale(tx: &mut Tx<'_>, starts: &[DateTime<Utc>]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "insert into rollup_dirty_hours (hour)
+         select distinct date_trunc('hour', s, 'UTC') from unnest($1::timestamptz[]) as s",
+        starts
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
