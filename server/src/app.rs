@@ -18,6 +18,8 @@ use crate::{
     api::{self, error::ApiError},
     auth::{jwt::JwtKeys, password, policy},
     backends::{
+        clusters::ClusterConfig,
+        kubernetes::{KubeBackend, Wake},
         sim::{SimBackend, SimConfig},
         Backend,
     },
@@ -253,7 +255,7 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
     let state = AppState::new(database.pool.clone(), config, key)?;
     tokio::spawn(purge_idempotency_keys(state.db.clone()));
     if state.config.scheduler {
-        let ctx = control_context(&state)?;
+        let ctx = control_context(&state).await?;
         if demo {
             crate::demo::seed(&ctx).await?;
             tokio::spawn(crate::demo::generate(state.db.clone(), Duration::from_secs(3)));
@@ -270,16 +272,9 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
 }
 
 /// The control loop's context: the clusters' backends and the loop's timings. With no
-/// cluster configured, the built-in simulated cluster (`sim`) is the one backend.
-pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
-    let mut sim = match &state.config.sim_inventory {
-        Some(path) => SimConfig::load(path).with_context(|| format!("FAIRWAY_SIM_INVENTORY {}", path.display()))?,
-        None => SimConfig::default(),
-    };
-    if let Some(speedup) = state.config.sim_speedup {
-        sim.speedup = speedup;
-    }
-    let cluster = sim.cluster.clone();
+/// clusters file (`FAIRWAY_CLUSTERS`), the built-in simulated cluster (`sim`) is the one
+/// backend.
+pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
     // The control loop and the simulated cluster get pools of their own: a burst of API
     // traffic must not starve the scheduler of connections, and a dispatcher holding its
     // transaction while it calls the simulator must not wait on its own pool.
@@ -291,8 +286,44 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
             .connect_lazy_with(options.clone())
     };
     let control_pool = pool_of(8);
-    let backend: Arc<dyn Backend> = Arc::new(SimBackend::new(pool_of(4), sim));
-    let backends = BTreeMap::from([(cluster, backend)]);
+    let reconcile_soon = Arc::new(tokio::sync::Notify::new());
+    let inventory_soon = Arc::new(tokio::sync::Notify::new());
+    let sim_config = |inventory: Option<&std::path::Path>, speedup: Option<f64>| -> anyhow::Result<SimConfig> {
+        let mut sim = match inventory {
+            Some(path) => SimConfig::load(path).with_context(|| format!("sim inventory {}", path.display()))?,
+            None => SimConfig::default(),
+        };
+        if let Some(speedup) = speedup.or(state.config.sim_speedup) {
+            sim.speedup = speedup;
+        }
+        Ok(sim)
+    };
+    let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
+    match &state.config.clusters {
+        None => {
+            let sim = sim_config(state.config.sim_inventory.as_deref(), None)?;
+            backends.insert(sim.cluster.clone(), Arc::new(SimBackend::new(pool_of(4), sim)));
+        }
+        Some(path) => {
+            let clusters = crate::backends::clusters::load(path).context("FAIRWAY_CLUSTERS")?;
+            for cluster in clusters {
+                let name = cluster.name().to_owned();
+                let backend: Arc<dyn Backend> = match cluster {
+                    ClusterConfig::Sim(c) => {
+                        let mut sim = sim_config(c.inventory.as_deref(), c.speedup)?;
+                        sim.cluster = c.name.clone();
+                        Arc::new(SimBackend::new(pool_of(4), sim))
+                    }
+                    ClusterConfig::Kubernetes(c) => {
+                        let client = c.client().await?;
+                        let wake = Wake { reconcile: reconcile_soon.clone(), inventory: inventory_soon.clone() };
+                        Arc::new(KubeBackend::start(client, *c, wake))
+                    }
+                };
+                backends.insert(name, backend);
+            }
+        }
+    }
     let config = control::ControlConfig {
         cycle_interval: state.config.cycle_interval,
         lease: state.config.leader_lease,
@@ -309,7 +340,8 @@ pub fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         backends: Arc::new(backends),
         metrics: state.metrics.clone(),
         config,
-        reconcile_soon: Arc::default(),
+        reconcile_soon,
+        inventory_soon,
     })
 }
 

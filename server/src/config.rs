@@ -91,6 +91,9 @@ pub struct Config {
     pub sim_inventory: Option<PathBuf>,
     /// Speed-up of simulated job time, for demos (`FAIRWAY_SIM_SPEEDUP`).
     pub sim_speedup: Option<f64>,
+    /// The clusters jobs run on, TOML (`FAIRWAY_CLUSTERS`; format in `backends::clusters`);
+    /// the built-in simulated cluster alone when unset.
+    pub clusters: Option<PathBuf>,
     /// A job runs at least this long before it may be preempted
     /// (`FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS`).
     pub min_runtime_before_preemption: Duration,
@@ -122,6 +125,7 @@ impl Default for Config {
             leader_lease: Duration::from_secs(10),
             sim_inventory: None,
             sim_speedup: None,
+            clusters: None,
             min_runtime_before_preemption: Duration::from_secs(300),
             check_invariants: false,
         }
@@ -153,6 +157,7 @@ struct FileConfig {
     leader_lease_seconds: Option<u64>,
     sim_inventory: Option<PathBuf>,
     sim_speedup: Option<f64>,
+    clusters: Option<PathBuf>,
     min_runtime_before_preemption_seconds: Option<u64>,
 }
 
@@ -273,6 +278,7 @@ impl Config {
             config.leader_lease = Duration::from_secs(s);
         }
         config.sim_inventory = env("FAIRWAY_SIM_INVENTORY").map(PathBuf::from).or(file.sim_inventory);
+        config.clusters = env("FAIRWAY_CLUSTERS").map(PathBuf::from).or(file.clusters);
         let speedup = match env("FAIRWAY_SIM_SPEEDUP") {
             Some(v) => Some(v.parse::<f64>().map_err(|_| ConfigError::Invalid {
                 name: "FAIRWAY_SIM_SPEEDUP",

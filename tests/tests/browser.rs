@@ -28,7 +28,7 @@ async fn serve(app: &TestApp) -> String {
     // Borrowed GPUs are reclaimed at once, so a preemption shows within the test.
     config.min_runtime_before_preemption = Duration::ZERO;
     state.config = std::sync::Arc::new(config);
-    let mut ctx = app::control_context(&state).expect("control context");
+    let mut ctx = app::control_context(&state).await.expect("control context");
     ctx.config.reconcile_interval = Duration::from_millis(100);
     let options = (*app.pool.connect_options()).clone();
     control::spawn(ctx, options, format!("browser-{}", uuid::Uuid::new_v4().simple()));

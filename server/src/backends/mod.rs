@@ -8,6 +8,8 @@
 //! `submit` finds the object it created before; `stop` and `delete` of an object that is
 //! already gone succeed.
 
+pub mod clusters;
+pub mod kubernetes;
 pub mod sim;
 
 use std::{collections::BTreeMap, time::Duration};
@@ -168,6 +170,15 @@ pub struct ClassDecl {
     pub fraction_milli: i32,
 }
 
+/// A team's GPU limits on the platform (reserved + burst per GPU class), for backends that
+/// fence tenants themselves (a Kubernetes namespace with a quota).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant {
+    pub team: String,
+    /// GPU class → the most GPUs the team may hold.
+    pub gpu_limits: BTreeMap<String, u32>,
+}
+
 /// A failed backend call.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -201,6 +212,12 @@ pub trait Backend: Send + Sync {
 
     /// The nodes and pools the backend offers now.
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError>;
+
+    /// Brings the backend's per-team fences in line with the platform's limits. Called with
+    /// every team that has a quota, at each inventory sync; backends without fences ignore it.
+    async fn sync_tenants(&self, _tenants: &[Tenant]) -> Result<(), BackendError> {
+        Ok(())
+    }
 
     /// Creates the gang's object, or does nothing when an object of that name exists.
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError>;

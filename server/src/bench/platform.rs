@@ -80,7 +80,7 @@ impl Platform {
         let key: [u8; 32] = rand::random();
         let state = AppState::new(pool.clone(), config, &key)?;
         let keys = state.keys.clone();
-        let ctx = app::control_context(&state)?;
+        let ctx = app::control_context(&state).await?;
         control::sync_inventory(&ctx).await.context("reading the simulated inventory")?;
         let control =
             state.config.scheduler.then(|| control::spawn(ctx, connect.clone(), "fairway-bench-scheduler".into()));

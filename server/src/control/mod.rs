@@ -103,8 +103,11 @@ pub struct Ctx {
     pub backends: Arc<BTreeMap<String, Arc<dyn Backend>>>,
     pub metrics: Arc<Metrics>,
     pub config: ControlConfig,
-    /// Asks the reconciler for a pass soon (the dispatcher does after creating objects).
+    /// Asks the reconciler for a pass soon (the dispatcher does after creating objects;
+    /// a cluster's watches do on every change they see).
     pub reconcile_soon: Arc<tokio::sync::Notify>,
+    /// Asks for an inventory sync soon (a cluster's node watch does on every change).
+    pub inventory_soon: Arc<tokio::sync::Notify>,
 }
 
 /// Starts leader election and, while leading, the loops. `options` must reach the same
@@ -268,11 +271,18 @@ async fn reconciler(ctx: Ctx, epoch: i64) {
     }
 }
 
+/// Shortest time between two inventory syncs a watch asked for: a node that changes many
+/// times in a burst (a rolling relabel) costs one sync.
+const INVENTORY_GAP: Duration = Duration::from_millis(200);
+
 async fn inventory(ctx: Ctx) {
     let mut tick = tokio::time::interval(ctx.config.inventory_interval);
     tick.tick().await;
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            () = ctx.inventory_soon.notified() => tokio::time::sleep(INVENTORY_GAP).await,
+        }
         if let Err(e) = sync_inventory(&ctx).await {
             tracing::warn!(error = %e, "inventory sync failed");
         }
@@ -282,37 +292,61 @@ async fn inventory(ctx: Ctx) {
 /// Writes every backend's inventory into `cluster_nodes` (and its capacity), creating the
 /// cluster and any GPU class the backend declares that the catalogue lacks.
 pub async fn sync_inventory(ctx: &Ctx) -> Result<(), ControlError> {
+    // One unreachable cluster must not hold back the others' inventories.
+    let mut first_error = None;
     for (cluster, backend) in ctx.backends.iter() {
-        let nodes = backend.inventory().await?;
-        let mut tx = ctx.pool.begin().await?;
-        for class in backend.declared_classes() {
-            db::scheduling::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
-                .await?;
+        if let Err(e) = sync_cluster(ctx, cluster, backend.as_ref()).await {
+            tracing::warn!(cluster, error = %e, "inventory sync of a cluster failed");
+            first_error.get_or_insert(e);
         }
-        let cluster_id = db::scheduling::ensure_cluster(&mut tx, cluster, backend.kind()).await?;
-        let classes: BTreeMap<String, uuid::Uuid> = db::scheduling::class_ids(&mut tx).await?.into_iter().collect();
-        let mut rows = Vec::new();
-        for n in nodes {
-            let Some(&gpu_class_id) = classes.get(&n.gpu_class) else {
-                tracing::warn!(cluster, node = %n.name, class = %n.gpu_class, "node of an unknown GPU class ignored");
-                continue;
-            };
-            rows.push(NodeRow {
-                cluster_id,
-                cluster: cluster.clone(),
-                name: n.name,
-                gpu_class_id,
-                gpus: i32::from(n.gpus),
-                nvlink_domain_size: i32::from(n.nvlink_domain_size),
-                rack: n.rack,
-                zone: n.zone,
-                elastic: n.elastic,
-            });
-        }
-        db::scheduling::replace_nodes(&mut tx, cluster_id, &rows).await?;
-        db::metering::record_capacity(&mut tx).await?;
-        db::jobs::notify(&mut tx, db::jobs::SCHEDULE_CHANNEL).await?;
-        tx.commit().await?;
     }
+    first_error.map_or(Ok(()), Err)
+}
+
+async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend) -> Result<(), ControlError> {
+    let nodes = backend.inventory().await?;
+    let mut tx = ctx.pool.begin().await?;
+    for class in backend.declared_classes() {
+        db::scheduling::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
+            .await?;
+    }
+    let cluster_id = db::scheduling::ensure_cluster(&mut tx, cluster, backend.kind()).await?;
+    let classes: BTreeMap<String, uuid::Uuid> = db::scheduling::class_ids(&mut tx).await?.into_iter().collect();
+    let mut rows = Vec::new();
+    for n in nodes {
+        let Some(&gpu_class_id) = classes.get(&n.gpu_class) else {
+            tracing::warn!(cluster, node = %n.name, class = %n.gpu_class, "node of an unknown GPU class ignored");
+            continue;
+        };
+        rows.push(NodeRow {
+            cluster_id,
+            cluster: cluster.to_owned(),
+            name: n.name,
+            gpu_class_id,
+            gpus: i32::from(n.gpus),
+            nvlink_domain_size: i32::from(n.nvlink_domain_size),
+            rack: n.rack,
+            zone: n.zone,
+            elastic: n.elastic,
+        });
+    }
+    db::scheduling::replace_nodes(&mut tx, cluster_id, &rows).await?;
+    db::metering::record_capacity(&mut tx).await?;
+    db::jobs::notify(&mut tx, db::jobs::SCHEDULE_CHANNEL).await?;
+    tx.commit().await?;
+    backend.sync_tenants(&tenants(&ctx.pool).await?).await?;
     Ok(())
+}
+
+/// Every team with a quota and its limits, for the backends' own fences.
+async fn tenants(pool: &sqlx::PgPool) -> Result<Vec<crate::backends::Tenant>, ControlError> {
+    let mut tenants: Vec<crate::backends::Tenant> = Vec::new();
+    for row in db::quotas::team_limits(pool).await? {
+        if tenants.last().is_none_or(|t| t.team != row.team) {
+            tenants.push(crate::backends::Tenant { team: row.team.clone(), gpu_limits: BTreeMap::new() });
+        }
+        let tenant = tenants.last_mut().expect("pushed above");
+        tenant.gpu_limits.insert(row.gpu_class, u32::try_from(row.limit).unwrap_or(0));
+    }
+    Ok(tenants)
 }

@@ -159,3 +159,23 @@ async fn record_reserved(tx: &mut Tx<'_>, team_id: Uuid, class_id: Uuid, reserve
     .await?;
     Ok(())
 }
+
+/// One team's platform limit (reserved + burst) for one GPU class.
+#[derive(Debug, Clone)]
+pub struct TeamLimit {
+    pub team: String,
+    pub gpu_class: String,
+    pub limit: i32,
+}
+
+/// Every team's limit per GPU class, by team.
+pub async fn team_limits(pool: &PgPool) -> Result<Vec<TeamLimit>, sqlx::Error> {
+    sqlx::query_as!(
+        TeamLimit,
+        r#"select t.name as team, c.name as gpu_class, (q.reserved + q.burst) as "limit!"
+           from quotas q join teams t on t.id = q.team_id join gpu_classes c on c.id = q.gpu_class_id
+           order by t.name, c.name"#
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -8,7 +8,7 @@ mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
 pub use job::{JobState, TopologyLevel, TopologyMode, TopologyWish};
-pub use names::{DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
+pub use names::{ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
 pub use roles::{PlatformRole, TeamRole};
 
 use serde::{Deserialize, Serialize};

@@ -79,6 +79,10 @@ name_type!(
     GpuClassName, max = 100, separators = b"-."
 );
 name_type!(
+    /// A cluster's name, e.g. `gpu-east`: a DNS label (it becomes a Kubernetes label value).
+    ClusterName, max = 63, separators = b"-"
+);
+name_type!(
     /// A priority class, e.g. `production`.
     PriorityClassName, max = 63, separators = b"-"
 );

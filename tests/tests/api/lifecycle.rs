@@ -11,18 +11,18 @@ use serde_json::{json, Value};
 
 /// Starts the control loop of `app` with fast timings: 50 ms cycles, preemption allowed at
 /// once, a simulated cluster running at 10× speed.
-fn start_control(app: &TestApp) {
-    start_control_with(app, 0);
+async fn start_control(app: &TestApp) {
+    start_control_with(app, 0).await;
 }
 
 /// The same, with the engine's minimum runtime before a job may be preempted.
-fn start_control_with(app: &TestApp, min_runtime_before_preemption_ms: i64) {
+async fn start_control_with(app: &TestApp, min_runtime_before_preemption_ms: i64) {
     let mut state = app.state.clone();
     let mut config = (*state.config).clone();
     config.sim_speedup = Some(10.0);
     config.cycle_interval = Duration::from_millis(50);
     state.config = std::sync::Arc::new(config);
-    let mut ctx = app::control_context(&state).expect("control context");
+    let mut ctx = app::control_context(&state).await.expect("control context");
     ctx.config.engine.min_runtime_before_preemption_ms = min_runtime_before_preemption_ms;
     ctx.config.reconcile_interval = Duration::from_millis(50);
     let options = (*app.pool.connect_options()).clone();
@@ -90,7 +90,7 @@ async fn wait_for_inventory(app: &TestApp) {
 #[tokio::test]
 async fn a_gang_job_goes_from_pending_to_succeeded_with_its_timeline_and_one_usage_interval() {
     let app = TestApp::spawn().await;
-    start_control(&app);
+    start_control(&app).await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
@@ -135,7 +135,7 @@ async fn a_gang_job_goes_from_pending_to_succeeded_with_its_timeline_and_one_usa
 #[tokio::test]
 async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_and_requeues() {
     let app = TestApp::spawn().await;
-    start_control(&app);
+    start_control(&app).await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     app.team(&admin, "research", None).await;
@@ -190,7 +190,7 @@ async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_
 #[tokio::test]
 async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     let app = TestApp::spawn().await;
-    start_control(&app);
+    start_control(&app).await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
@@ -221,7 +221,7 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
 #[tokio::test]
 async fn a_cycle_of_a_deposed_leader_commits_nothing() {
     let app = TestApp::spawn().await;
-    let ctx = app::control_context(&app.state).expect("control context");
+    let ctx = app::control_context(&app.state).await.expect("control context");
     control::sync_inventory(&ctx).await.expect("inventory");
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
@@ -245,7 +245,7 @@ async fn a_cycle_of_a_deposed_leader_commits_nothing() {
 async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_nor_admit_twice() {
     let app = std::sync::Arc::new(TestApp::spawn().await);
     // The default minimum runtime: 50 teams competing for burst capacity must not churn.
-    start_control_with(&app, fairway::scheduler::Config::default().min_runtime_before_preemption_ms);
+    start_control_with(&app, fairway::scheduler::Config::default().min_runtime_before_preemption_ms).await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     let mut tokens = Vec::new();
@@ -321,7 +321,7 @@ async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_n
 #[tokio::test]
 async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
     let app = TestApp::spawn().await;
-    let ctx = app::control_context(&app.state).expect("control context");
+    let ctx = app::control_context(&app.state).await.expect("control context");
     control::sync_inventory(&ctx).await.expect("inventory");
     let backend = ctx.backends.get("sim").expect("sim backend").clone();
     let stranger = uuid::Uuid::new_v4();

@@ -1,0 +1,301 @@
+//! Reads the GPU inventory from Node objects, as NVIDIA's GPU Feature Discovery labels them:
+//! `nvidia.com/gpu.product`, `nvidia.com/gpu.memory` (MiB), `nvidia.com/mig.strategy`,
+//! `nvidia.com/mig-<profile>.memory`, and the device plugin's allocatable `nvidia.com/gpu`
+//! and `nvidia.com/mig-<profile>`. Pure: the node watch cache supplies the nodes.
+//!
+//! A node offers one inventory entry per GPU class it has (whole GPUs, and each MIG profile
+//! under the `mixed` strategy), like the simulator's MIG nodes. Cordoned nodes, nodes that are
+//! not Ready and nodes with a taint we do not tolerate offer nothing.
+
+use std::collections::{BTreeMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Node;
+
+use crate::backends::{ClassDecl, InventoryNode};
+
+/// The resource whole GPUs are requested by.
+pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+const MIG_PREFIX: &str = "nvidia.com/mig-";
+/// The most GPUs of one class one node may offer (the engine's unit indices are `u8`).
+const MAX_UNITS: u32 = 64;
+
+/// How nodes are read.
+#[derive(Debug, Clone)]
+pub struct InventorySettings {
+    /// `nvidia.com/gpu.product` value → GPU class name; products not listed get a class
+    /// named after the product (lowercased, without the `nvidia-` prefix).
+    pub products: BTreeMap<String, String>,
+    pub zone_label: String,
+    pub rack_label: String,
+    /// Label holding the number of GPUs per NVLink domain on the node.
+    pub nvlink_domain_label: String,
+    /// Taint keys that do not take a node out of the inventory (our pods tolerate them).
+    pub tolerated_taints: Vec<String>,
+}
+
+/// One GPU class on one node, and how a pod asks for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeGpus {
+    pub entry: InventoryNode,
+    pub class: ClassDecl,
+    /// The resource a pod requests: `nvidia.com/gpu` or `nvidia.com/mig-<profile>`.
+    pub resource: String,
+    /// The node's `kubernetes.io/hostname` label (its name when it has none).
+    pub hostname: String,
+}
+
+fn quantity(node: &Node, resource: &str) -> u32 {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(resource))
+        .and_then(|q| q.0.parse::<u32>().ok())
+        .unwrap_or(0)
+        .min(MAX_UNITS)
+}
+
+/// The node's Ready condition: true, and since when it was last not.
+fn ready(node: &Node) -> (bool, Option<DateTime<Utc>>) {
+    let condition =
+        node.status.as_ref().and_then(|s| s.conditions.as_ref()).and_then(|c| c.iter().find(|c| c.type_ == "Ready"));
+    match condition {
+        Some(c) => (c.status == "True", c.last_transition_time.as_ref().and_then(super::time)),
+        None => (false, None),
+    }
+}
+
+/// Whether the node may take new gangs.
+pub fn schedulable(node: &Node, settings: &InventorySettings) -> bool {
+    let spec = node.spec.as_ref();
+    let cordoned = spec.and_then(|s| s.unschedulable).unwrap_or(false);
+    let tainted = spec.and_then(|s| s.taints.as_ref()).is_some_and(|taints| {
+        taints.iter().any(|t| {
+            matches!(t.effect.as_str(), "NoSchedule" | "NoExecute") && !settings.tolerated_taints.contains(&t.key)
+        })
+    });
+    !cordoned && !tainted && ready(node).0
+}
+
+/// Nodes whose pods are lost: NotReady for longer than `after` (a short blip is not a loss).
+/// Deleted nodes are lost too; the caller knows them by their absence.
+pub fn lost_nodes<'a>(
+    nodes: impl Iterator<Item = &'a Node>,
+    now: DateTime<Utc>,
+    after: chrono::Duration,
+) -> HashSet<String> {
+    nodes
+        .filter(|n| {
+            let (is_ready, since) = ready(n);
+            !is_ready && since.is_none_or(|since| now - since >= after)
+        })
+        .filter_map(|n| n.metadata.name.clone())
+        .collect()
+}
+
+/// The GPU class name of a product label value.
+pub fn class_of_product(product: &str, settings: &InventorySettings) -> String {
+    if let Some(class) = settings.products.get(product) {
+        return class.clone();
+    }
+    let lower = product.to_ascii_lowercase();
+    let name = lower.strip_prefix("nvidia-").unwrap_or(&lower);
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' }).collect()
+}
+
+/// Thousandths of a GPU in a MIG profile such as `3g.40gb` (7 compute slices per GPU).
+fn mig_fraction(profile: &str) -> i32 {
+    let slices: i32 = profile.split('g').next().and_then(|s| s.parse().ok()).unwrap_or(1);
+    (slices.clamp(1, 7) * 1000) / 7
+}
+
+/// What a node offers, one entry per GPU class; empty when it cannot take gangs.
+pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
+    if !schedulable(node, settings) {
+        return Vec::new();
+    }
+    let Some(name) = node.metadata.name.clone() else { return Vec::new() };
+    let labels = node.metadata.labels.clone().unwrap_or_default();
+    let label = |key: &str| labels.get(key).filter(|v| !v.is_empty()).cloned();
+    let hostname = label("kubernetes.io/hostname").unwrap_or_else(|| name.clone());
+    let Some(product) = label("nvidia.com/gpu.product") else { return Vec::new() };
+    let nvlink = label(&settings.nvlink_domain_label).and_then(|v| v.parse::<u8>().ok()).unwrap_or(0);
+    let entry = |gpu_class: String, gpus: u32| InventoryNode {
+        name: name.clone(),
+        gpu_class,
+        gpus: gpus as u8,
+        nvlink_domain_size: nvlink,
+        rack: label(&settings.rack_label),
+        zone: label(&settings.zone_label),
+        elastic: false,
+    };
+    let mut out = Vec::new();
+    // Under the `single` strategy every GPU is cut alike and the product label names the
+    // profile, e.g. `NVIDIA-A100-SXM4-40GB-MIG-1g.5gb`; the devices are `nvidia.com/gpu`.
+    let (product, single_profile) = match product.split_once("-MIG-") {
+        Some((base, profile)) => (base.to_owned(), Some(profile.to_owned())),
+        None => (product, None),
+    };
+    let base = class_of_product(&product, settings);
+    let whole = quantity(node, GPU_RESOURCE);
+    if whole > 0 {
+        let (class, kind, memory, fraction) = match &single_profile {
+            Some(profile) => (
+                format!("{base}.mig-{profile}"),
+                "mig",
+                label(&format!("nvidia.com/mig-{profile}.memory")),
+                mig_fraction(profile),
+            ),
+            None => (base.clone(), "whole", label("nvidia.com/gpu.memory"), 1000),
+        };
+        out.push(NodeGpus {
+            entry: entry(class.clone(), whole),
+            class: ClassDecl {
+                name: class,
+                kind: kind.into(),
+                memory_mib: memory.and_then(|m| m.parse().ok()).unwrap_or(0),
+                fraction_milli: fraction,
+            },
+            resource: GPU_RESOURCE.into(),
+            hostname: hostname.clone(),
+        });
+    }
+    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let profiles: Vec<String> = allocatable
+        .map(|a| a.keys().filter_map(|k| k.strip_prefix(MIG_PREFIX)).map(str::to_owned).collect())
+        .unwrap_or_default();
+    for profile in profiles {
+        let resource = format!("{MIG_PREFIX}{profile}");
+        let count = quantity(node, &resource);
+        if count == 0 {
+            continue;
+        }
+        let class = format!("{base}.mig-{profile}");
+        out.push(NodeGpus {
+            entry: entry(class.clone(), count),
+            class: ClassDecl {
+                name: class,
+                kind: "mig".into(),
+                memory_mib: label(&format!("nvidia.com/mig-{profile}.memory"))
+                    .and_then(|m| m.parse().ok())
+                    .unwrap_or(0),
+                fraction_milli: mig_fraction(&profile),
+            },
+            resource,
+            hostname: hostname.clone(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn settings() -> InventorySettings {
+        InventorySettings {
+            products: BTreeMap::from([("NVIDIA-H100-80GB-HBM3".into(), "h100-80gb".into())]),
+            zone_label: "topology.kubernetes.io/zone".into(),
+            rack_label: "fairway.dev/rack".into(),
+            nvlink_domain_label: "fairway.dev/nvlink-domain-size".into(),
+            tolerated_taints: vec!["nvidia.com/gpu".into()],
+        }
+    }
+
+    fn node(labels: serde_json::Value, allocatable: serde_json::Value, spec: serde_json::Value, ready: &str) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "gpu-1", "labels": labels},
+            "spec": spec,
+            "status": {"allocatable": allocatable, "conditions": [
+                {"type": "Ready", "status": ready, "lastTransitionTime": "2026-11-23T10:00:00Z"}]},
+        }))
+        .unwrap()
+    }
+
+    fn h100(spec: serde_json::Value, ready: &str) -> Node {
+        node(
+            json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
+                "kubernetes.io/hostname": "gpu-1.example", "fairway.dev/rack": "r1",
+                "topology.kubernetes.io/zone": "z1", "fairway.dev/nvlink-domain-size": "8"}),
+            json!({"nvidia.com/gpu": "8", "cpu": "96"}),
+            spec,
+            ready,
+        )
+    }
+
+    #[test]
+    fn a_gpu_node_offers_its_allocatable_gpus_with_class_and_topology_from_its_labels() {
+        let gpus = node_gpus(&h100(json!({}), "True"), &settings());
+        assert_eq!(gpus.len(), 1);
+        let g = &gpus[0];
+        assert_eq!(g.entry.gpu_class, "h100-80gb");
+        assert_eq!(g.entry.gpus, 8);
+        assert_eq!(g.entry.rack.as_deref(), Some("r1"));
+        assert_eq!(g.entry.zone.as_deref(), Some("z1"));
+        assert_eq!(g.entry.nvlink_domain_size, 8);
+        assert_eq!(g.class.memory_mib, 81559);
+        assert_eq!(g.class.kind, "whole");
+        assert_eq!(g.resource, "nvidia.com/gpu");
+        assert_eq!(g.hostname, "gpu-1.example");
+    }
+
+    #[test]
+    fn cordoned_not_ready_and_foreign_tainted_nodes_offer_nothing() {
+        assert!(node_gpus(&h100(json!({"unschedulable": true}), "True"), &settings()).is_empty());
+        assert!(node_gpus(&h100(json!({}), "False"), &settings()).is_empty());
+        let foreign = json!({"taints": [{"key": "maintenance", "effect": "NoSchedule"}]});
+        assert!(node_gpus(&h100(foreign, "True"), &settings()).is_empty());
+        let gpu_taint = json!({"taints": [{"key": "nvidia.com/gpu", "effect": "NoSchedule"}]});
+        assert_eq!(node_gpus(&h100(gpu_taint, "True"), &settings()).len(), 1);
+    }
+
+    #[test]
+    fn mixed_mig_nodes_offer_one_class_per_profile_requested_by_its_own_resource() {
+        let n = node(
+            json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/mig.strategy": "mixed",
+                "nvidia.com/mig-3g.40gb.memory": "40192", "nvidia.com/mig-1g.10gb.memory": "9728"}),
+            json!({"nvidia.com/gpu": "0", "nvidia.com/mig-3g.40gb": "4", "nvidia.com/mig-1g.10gb": "6"}),
+            json!({}),
+            "True",
+        );
+        let gpus = node_gpus(&n, &settings());
+        let by_class: BTreeMap<_, _> = gpus.iter().map(|g| (g.entry.gpu_class.as_str(), g)).collect();
+        assert_eq!(by_class.len(), 2);
+        let big = by_class["a100-sxm4-80gb.mig-3g.40gb"];
+        assert_eq!(
+            (big.entry.gpus, big.resource.as_str(), big.class.kind.as_str()),
+            (4, "nvidia.com/mig-3g.40gb", "mig")
+        );
+        assert_eq!(big.class.memory_mib, 40192);
+        assert_eq!(big.class.fraction_milli, 428);
+        assert_eq!(by_class["a100-sxm4-80gb.mig-1g.10gb"].entry.gpus, 6);
+    }
+
+    #[test]
+    fn single_strategy_mig_nodes_are_one_mig_class_requested_as_gpus() {
+        let n = node(
+            json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb", "nvidia.com/mig.strategy": "single"}),
+            json!({"nvidia.com/gpu": "56"}),
+            json!({}),
+            "True",
+        );
+        let gpus = node_gpus(&n, &settings());
+        assert_eq!(gpus.len(), 1);
+        assert_eq!(gpus[0].entry.gpu_class, "a100-sxm4-40gb.mig-1g.5gb");
+        assert_eq!(gpus[0].resource, "nvidia.com/gpu");
+        assert_eq!(gpus[0].entry.gpus, 56);
+    }
+
+    #[test]
+    fn a_node_is_lost_only_after_being_not_ready_for_a_while() {
+        let n = h100(json!({}), "False");
+        let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        let after = chrono::Duration::seconds(60);
+        assert!(lost_nodes([&n].into_iter(), at("2026-11-23T10:00:30Z"), after).is_empty());
+        assert!(lost_nodes([&n].into_iter(), at("2026-11-23T10:01:00Z"), after).contains("gpu-1"));
+        let ok = h100(json!({}), "True");
+        assert!(lost_nodes([&ok].into_iter(), at("2026-11-23T11:00:00Z"), after).is_empty());
+    }
+}

@@ -1,0 +1,300 @@
+//! Reads a gang's state from its Service and Pods and normalises it into the backend's
+//! [`Phase`] and [`Outcome`]. Pure: the watch caches supply the objects, the caller the node
+//! liveness and the clock.
+//!
+//! A gang is judged as a whole: the first pod to fail decides its outcome, it runs when every
+//! replica runs, and it succeeds when every replica exited 0. A pod that vanished after the
+//! gang was complete, or one whose node is gone, makes the gang `NodeLost`.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Service};
+
+use super::manifest::{COMPLETE_ANNOTATION, NODE_ANNOTATION, REPLICAS_ANNOTATION, STOP_DEADLINE_ANNOTATION};
+use crate::backends::{Outcome, Phase};
+
+/// Container waiting reasons after which the pod will not start without a change to the job.
+const FATAL_WAITING: &[&str] = &[
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+];
+
+/// Pod failure reasons (`status.reason`) that are the node's fault, not the job's.
+const NODE_REASONS: &[&str] = &["NodeLost", "Shutdown", "NodeShutdown", "Terminated", "Evicted", "NodeAffinity"];
+
+/// A gang's phase and whether we asked it to stop.
+pub fn gang_phase(
+    service: Option<&Service>,
+    pods: &[&Pod],
+    lost_nodes: &HashSet<String>,
+    now: DateTime<Utc>,
+) -> (Phase, bool) {
+    let annotations = service.and_then(|s| s.metadata.annotations.as_ref());
+    let annotation = |key: &str| annotations.and_then(|a| a.get(key));
+    let stop_deadline = annotation(STOP_DEADLINE_ANNOTATION)
+        .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
+        .map(|d| d.with_timezone(&Utc));
+    // Pods being deleted by someone else count as asked to stop too.
+    let stop_requested = stop_deadline.is_some() || pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
+    let replicas = annotation(REPLICAS_ANNOTATION).and_then(|r| r.parse::<usize>().ok()).unwrap_or(pods.len());
+    let complete = annotation(COMPLETE_ANNOTATION).is_some_and(|v| v == "true");
+    let started_at = pods.iter().map(|p| started(p)).collect::<Option<Vec<_>>>().and_then(|s| s.into_iter().max());
+
+    // A replica that failed decides for the gang.
+    let failed = pods.iter().filter_map(|p| failure(p).map(|f| (p, f))).min_by_key(|(_, (_, at))| *at);
+    if let Some((_, (outcome, at))) = failed {
+        let ended_at = at.unwrap_or(now);
+        return (Phase::Finished { started_at, ended_at, outcome }, stop_requested);
+    }
+    let done = pods.len() >= replicas.max(1) && pods.iter().all(|p| pod_phase(p) == "Succeeded");
+    if done {
+        let ended_at = pods.iter().filter_map(|p| finished(p)).max().unwrap_or(now);
+        return (Phase::Finished { started_at, ended_at, outcome: Outcome::Succeeded }, stop_requested);
+    }
+    if let Some(deadline) = stop_deadline {
+        // We asked it to stop: it has when no pod is left running.
+        if pods.iter().all(|p| matches!(pod_phase(p), "Succeeded" | "Failed")) {
+            let ended_at = pods.iter().filter_map(|p| finished(p)).max().unwrap_or_else(|| now.min(deadline));
+            return (Phase::Finished { started_at, ended_at, outcome: Outcome::Stopped }, true);
+        }
+        return (running_or_pending(pods, replicas, started_at), true);
+    }
+    let on_lost_node = pods.iter().any(|p| pod_node(p).is_some_and(|n| lost_nodes.contains(n)));
+    let vanished = complete && pods.len() < replicas;
+    if on_lost_node || vanished || (service.is_none() && !pods.is_empty() && complete) {
+        return (Phase::Finished { started_at, ended_at: now, outcome: Outcome::NodeLost }, stop_requested);
+    }
+    (running_or_pending(pods, replicas, started_at), stop_requested)
+}
+
+fn running_or_pending(pods: &[&Pod], replicas: usize, started_at: Option<DateTime<Utc>>) -> Phase {
+    let all_up = pods.len() >= replicas.max(1) && pods.iter().all(|p| matches!(pod_phase(p), "Running" | "Succeeded"));
+    match (all_up, started_at) {
+        (true, Some(started_at)) => Phase::Running { started_at },
+        _ => Phase::Pending,
+    }
+}
+
+fn pod_phase(pod: &Pod) -> &str {
+    pod.status.as_ref().and_then(|s| s.phase.as_deref()).unwrap_or("Pending")
+}
+
+/// The node a pod runs on, or the one it was placed on while it is not bound yet.
+pub fn pod_node(pod: &Pod) -> Option<&str> {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_deref())
+        .or_else(|| pod.metadata.annotations.as_ref().and_then(|a| a.get(NODE_ANNOTATION)).map(String::as_str))
+}
+
+fn main_container(pod: &Pod) -> Option<&ContainerStatus> {
+    pod.status.as_ref()?.container_statuses.as_ref()?.first()
+}
+
+/// When the replica's container started (or the pod, when the container does not say).
+fn started(pod: &Pod) -> Option<DateTime<Utc>> {
+    let state = main_container(pod).and_then(|c| c.state.as_ref());
+    let container = state.and_then(|s| {
+        s.running
+            .as_ref()
+            .and_then(|r| r.started_at.as_ref())
+            .or_else(|| s.terminated.as_ref().and_then(|t| t.started_at.as_ref()))
+    });
+    match pod_phase(pod) {
+        "Running" | "Succeeded" | "Failed" => {
+            container.and_then(super::time).or_else(|| pod.status.as_ref()?.start_time.as_ref().and_then(super::time))
+        }
+        _ => None,
+    }
+}
+
+fn finished(pod: &Pod) -> Option<DateTime<Utc>> {
+    main_container(pod)?.state.as_ref()?.terminated.as_ref()?.finished_at.as_ref().and_then(super::time)
+}
+
+/// How a replica failed, and when, if it did.
+fn failure(pod: &Pod) -> Option<(Outcome, Option<DateTime<Utc>>)> {
+    let status = pod.status.as_ref()?;
+    let container = main_container(pod);
+    if pod_phase(pod) == "Failed" {
+        let reason = status.reason.as_deref().unwrap_or_default();
+        let at = finished(pod);
+        let outcome = match reason {
+            "DeadlineExceeded" => Outcome::AppFailed { exit_code: None, reason: "DeadlineExceeded".into() },
+            "Preempting" | "Preempted" => Outcome::Preempted,
+            r if NODE_REASONS.contains(&r) => Outcome::NodeLost,
+            r if r.starts_with("OutOf") || r == "UnexpectedAdmissionError" => Outcome::CapacityUnavailable,
+            _ => {
+                let terminated = container.and_then(|c| c.state.as_ref()?.terminated.as_ref());
+                Outcome::AppFailed {
+                    exit_code: terminated.map(|t| t.exit_code),
+                    reason: terminated
+                        .and_then(|t| t.reason.clone())
+                        .or_else(|| status.reason.clone())
+                        .unwrap_or_else(|| "Error".into()),
+                }
+            }
+        };
+        return Some((outcome, at));
+    }
+    let waiting = container.and_then(|c| c.state.as_ref()?.waiting.as_ref())?;
+    let reason = waiting.reason.as_deref()?;
+    FATAL_WAITING.contains(&reason).then(|| (Outcome::AppFailed { exit_code: None, reason: reason.to_owned() }, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn service(annotations: serde_json::Value) -> Service {
+        serde_json::from_value(json!({"metadata": {"name": "fw-x-1", "annotations": annotations}})).unwrap()
+    }
+
+    fn pod(node: &str, status: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {NODE_ANNOTATION: node}},
+            "spec": {"containers": [{"name": "main"}], "nodeName": node},
+            "status": status,
+        }))
+        .unwrap()
+    }
+
+    fn running(node: &str, at: &str) -> Pod {
+        pod(
+            node,
+            json!({"phase": "Running", "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": true,
+                "restartCount": 0, "state": {"running": {"startedAt": at}}}]}),
+        )
+    }
+
+    fn terminated(node: &str, phase: &str, code: i32, reason: &str, end: &str) -> Pod {
+        pod(
+            node,
+            json!({"phase": phase, "containerStatuses": [{"name": "main", "image": "i", "imageID": "", "ready": false,
+                "restartCount": 0, "state": {"terminated": {"exitCode": code, "reason": reason,
+                "startedAt": "2026-11-23T10:00:00Z", "finishedAt": end}}}]}),
+        )
+    }
+
+    fn complete(replicas: usize) -> Service {
+        service(json!({REPLICAS_ANNOTATION: replicas.to_string(), COMPLETE_ANNOTATION: "true"}))
+    }
+
+    fn now() -> DateTime<Utc> {
+        "2026-11-23T12:00:00Z".parse().unwrap()
+    }
+
+    fn t(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn a_gang_runs_only_when_every_replica_runs_and_started_with_the_last_one() {
+        let svc = complete(2);
+        let a = running("n1", "2026-11-23T10:00:00Z");
+        let b = running("n2", "2026-11-23T10:00:05Z");
+        let (phase, stop) = gang_phase(Some(&svc), &[&a, &b], &HashSet::new(), now());
+        assert_eq!(phase, Phase::Running { started_at: t("2026-11-23T10:00:05Z") });
+        assert!(!stop);
+        let waiting = pod("n2", json!({"phase": "Pending"}));
+        assert_eq!(gang_phase(Some(&svc), &[&a, &waiting], &HashSet::new(), now()).0, Phase::Pending);
+        // Still being created: one pod of two, not yet complete.
+        let creating = service(json!({REPLICAS_ANNOTATION: "2"}));
+        assert_eq!(gang_phase(Some(&creating), &[&a], &HashSet::new(), now()).0, Phase::Pending);
+    }
+
+    #[test]
+    fn the_first_failing_replica_decides_with_its_exit_code_and_reason() {
+        let svc = complete(2);
+        let oom = terminated("n1", "Failed", 137, "OOMKilled", "2026-11-23T11:00:00Z");
+        let ok = running("n2", "2026-11-23T10:00:00Z");
+        let (phase, _) = gang_phase(Some(&svc), &[&ok, &oom], &HashSet::new(), now());
+        let Phase::Finished { outcome, ended_at, .. } = phase else { panic!("{phase:?}") };
+        assert_eq!(outcome, Outcome::AppFailed { exit_code: Some(137), reason: "OOMKilled".into() });
+        assert_eq!(ended_at, t("2026-11-23T11:00:00Z"));
+    }
+
+    #[test]
+    fn an_image_that_cannot_be_pulled_fails_the_gang_without_an_exit_code() {
+        let svc = complete(1);
+        let p = pod(
+            "n1",
+            json!({"phase": "Pending", "containerStatuses": [{"name": "main", "image": "i", "imageID": "",
+                "ready": false, "restartCount": 0, "state": {"waiting": {"reason": "ImagePullBackOff"}}}]}),
+        );
+        let (phase, _) = gang_phase(Some(&svc), &[&p], &HashSet::new(), now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::AppFailed { exit_code: None, ref reason }, .. }
+            if reason == "ImagePullBackOff"));
+    }
+
+    #[test]
+    fn a_gang_succeeds_when_every_replica_exits_zero() {
+        let svc = complete(2);
+        let a = terminated("n1", "Succeeded", 0, "Completed", "2026-11-23T11:00:00Z");
+        let b = terminated("n2", "Succeeded", 0, "Completed", "2026-11-23T11:00:09Z");
+        let (phase, _) = gang_phase(Some(&svc), &[&a, &b], &HashSet::new(), now());
+        assert_eq!(
+            phase,
+            Phase::Finished {
+                started_at: Some(t("2026-11-23T10:00:00Z")),
+                ended_at: t("2026-11-23T11:00:09Z"),
+                outcome: Outcome::Succeeded
+            }
+        );
+    }
+
+    #[test]
+    fn a_lost_node_or_a_vanished_pod_loses_the_gang() {
+        let svc = complete(2);
+        let a = running("n1", "2026-11-23T10:00:00Z");
+        let b = running("n2", "2026-11-23T10:00:00Z");
+        let lost = HashSet::from(["n2".to_owned()]);
+        assert!(matches!(
+            gang_phase(Some(&svc), &[&a, &b], &lost, now()).0,
+            Phase::Finished { outcome: Outcome::NodeLost, .. }
+        ));
+        assert!(matches!(
+            gang_phase(Some(&svc), &[&a], &HashSet::new(), now()).0,
+            Phase::Finished { outcome: Outcome::NodeLost, .. }
+        ));
+    }
+
+    #[test]
+    fn evictions_deadlines_and_preemptions_map_to_their_outcomes() {
+        let svc = complete(1);
+        let with_reason = |reason: &str| pod("n1", json!({"phase": "Failed", "reason": reason}));
+        let outcome = |p: &Pod| match gang_phase(Some(&svc), &[p], &HashSet::new(), now()).0 {
+            Phase::Finished { outcome, .. } => outcome,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(outcome(&with_reason("Evicted")), Outcome::NodeLost);
+        assert_eq!(outcome(&with_reason("Preempting")), Outcome::Preempted);
+        assert_eq!(outcome(&with_reason("OutOfnvidia.com/gpu")), Outcome::CapacityUnavailable);
+        assert_eq!(
+            outcome(&with_reason("DeadlineExceeded")),
+            Outcome::AppFailed { exit_code: None, reason: "DeadlineExceeded".into() }
+        );
+    }
+
+    #[test]
+    fn a_gang_asked_to_stop_has_stopped_once_its_pods_are_gone() {
+        let svc = service(json!({REPLICAS_ANNOTATION: "2", COMPLETE_ANNOTATION: "true",
+            STOP_DEADLINE_ANNOTATION: "2026-11-23T11:59:30Z"}));
+        let a = running("n1", "2026-11-23T10:00:00Z");
+        let (phase, stop) = gang_phase(Some(&svc), &[&a], &HashSet::new(), now());
+        assert!(stop);
+        assert!(matches!(phase, Phase::Pending | Phase::Running { .. }), "{phase:?}");
+        let (phase, stop) = gang_phase(Some(&svc), &[], &HashSet::new(), now());
+        assert!(stop);
+        assert_eq!(
+            phase,
+            Phase::Finished { started_at: None, ended_at: t("2026-11-23T11:59:30Z"), outcome: Outcome::Stopped }
+        );
+    }
+}
