@@ -303,8 +303,10 @@ pub async fn sync_inventory(ctx: &Ctx) -> Result<(), ControlError> {
     first_error.map_or(Ok(()), Err)
 }
 
-async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend) -> Result<(), ControlError> {
+/// Syncs one cluster's inventory (see [`sync_inventory`]).
+pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend) -> Result<(), ControlError> {
     let nodes = backend.inventory().await?;
+    tracing::debug!(cluster, nodes = nodes.len(), "inventory read");
     let mut tx = ctx.pool.begin().await?;
     for class in backend.declared_classes() {
         db::scheduling::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)

@@ -121,6 +121,13 @@ pub async fn reconcile(
         let (job_id, attempt) = (job.id, job.attempt);
         ended.push(Ended { job_id, attempt, outcome, started_at: None, ended_at: Utc::now(), object: String::new() });
     }
+    // A lost node must leave the inventory before its jobs requeue, or the next cycle could
+    // place them on it again.
+    if ended.iter().any(|e| e.outcome == Outcome::NodeLost) {
+        if let Err(e) = super::sync_cluster(ctx, cluster, backend).await {
+            tracing::warn!(cluster, error = %e, "inventory sync after a node loss failed");
+        }
+    }
     if !started.is_empty() || !ended.is_empty() {
         let mut tx = leader_tx(ctx, epoch).await?;
         let mut ids: Vec<Uuid> = started.iter().map(|s| s.0).chain(ended.iter().map(|e| e.job_id)).collect();

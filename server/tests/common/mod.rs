@@ -13,6 +13,8 @@ use std::{
 
 use base64::Engine as _;
 
+pub mod kube_peer;
+
 pub const BIN: &str = env!("CARGO_BIN_EXE_fairway");
 
 pub fn fresh_dir(name: &str) -> PathBuf {

@@ -103,6 +103,15 @@ pub fn class_of_product(product: &str, settings: &InventorySettings) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || c == '.' { c } else { '-' }).collect()
 }
 
+/// Memory in MiB from a name that states it in GB, e.g. `3g.40gb` or `A100-SXM4-80GB`.
+fn memory_in_name(name: &str) -> Option<i32> {
+    let lower = name.to_ascii_lowercase();
+    let at = lower.find("gb")?;
+    let digits: String =
+        lower[..at].chars().rev().take_while(char::is_ascii_digit).collect::<Vec<_>>().into_iter().rev().collect();
+    digits.parse::<i32>().ok().filter(|gb| *gb > 0).map(|gb| gb * 1024)
+}
+
 /// Thousandths of a GPU in a MIG profile such as `3g.40gb` (7 compute slices per GPU).
 fn mig_fraction(profile: &str) -> i32 {
     let slices: i32 = profile.split('g').next().and_then(|s| s.parse().ok()).unwrap_or(1);
@@ -143,17 +152,24 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
             Some(profile) => (
                 format!("{base}.mig-{profile}"),
                 "mig",
-                label(&format!("nvidia.com/mig-{profile}.memory")),
+                label(&format!("nvidia.com/mig-{profile}.memory"))
+                    .and_then(|m| m.parse().ok())
+                    .or_else(|| memory_in_name(profile)),
                 mig_fraction(profile),
             ),
-            None => (base.clone(), "whole", label("nvidia.com/gpu.memory"), 1000),
+            None => (
+                base.clone(),
+                "whole",
+                label("nvidia.com/gpu.memory").and_then(|m| m.parse().ok()).or_else(|| memory_in_name(&product)),
+                1000,
+            ),
         };
         out.push(NodeGpus {
             entry: entry(class.clone(), whole),
             class: ClassDecl {
                 name: class,
                 kind: kind.into(),
-                memory_mib: memory.and_then(|m| m.parse().ok()).unwrap_or(0),
+                memory_mib: memory.unwrap_or(0),
                 fraction_milli: fraction,
             },
             resource: GPU_RESOURCE.into(),
@@ -178,6 +194,7 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
                 kind: "mig".into(),
                 memory_mib: label(&format!("nvidia.com/mig-{profile}.memory"))
                     .and_then(|m| m.parse().ok())
+                    .or_else(|| memory_in_name(&profile))
                     .unwrap_or(0),
                 fraction_milli: mig_fraction(&profile),
             },
@@ -185,6 +202,14 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
             hostname: hostname.clone(),
         });
     }
+    // A class whose memory neither the labels nor its name tell cannot enter the catalogue.
+    out.retain(|g| {
+        let known = g.class.memory_mib > 0;
+        if !known {
+            tracing::warn!(node = %name, class = %g.class.name, "GPU memory unknown (no GFD memory label); node skipped");
+        }
+        known
+    });
     out
 }
 
@@ -255,7 +280,7 @@ mod tests {
     fn mixed_mig_nodes_offer_one_class_per_profile_requested_by_its_own_resource() {
         let n = node(
             json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/mig.strategy": "mixed",
-                "nvidia.com/mig-3g.40gb.memory": "40192", "nvidia.com/mig-1g.10gb.memory": "9728"}),
+                "nvidia.com/mig-3g.40gb.memory": "40192"}),
             json!({"nvidia.com/gpu": "0", "nvidia.com/mig-3g.40gb": "4", "nvidia.com/mig-1g.10gb": "6"}),
             json!({}),
             "True",
@@ -271,6 +296,7 @@ mod tests {
         assert_eq!(big.class.memory_mib, 40192);
         assert_eq!(big.class.fraction_milli, 428);
         assert_eq!(by_class["a100-sxm4-80gb.mig-1g.10gb"].entry.gpus, 6);
+        assert_eq!(by_class["a100-sxm4-80gb.mig-1g.10gb"].class.memory_mib, 10240, "from the profile's name");
     }
 
     #[test]

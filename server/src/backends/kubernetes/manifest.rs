@@ -174,7 +174,9 @@ pub fn service(gang: &Gang, namespace: &str, cluster: &str, complete: bool) -> S
             "selector": { OBJECT_LABEL: gang.object },
             // Ranks must find each other before they are ready.
             "publishNotReadyAddresses": true,
-            "ports": [{ "name": "rendezvous", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT }],
+            // `protocol` is part of the list's key for server-side apply, and servers before
+            // 1.22 have no default for it there.
+            "ports": [{ "name": "rendezvous", "protocol": "TCP", "port": RENDEZVOUS_PORT, "targetPort": RENDEZVOUS_PORT }],
         },
     }))
 }
@@ -248,7 +250,8 @@ pub fn pod(
     let tolerations: Vec<Value> = settings
         .tolerated_taints
         .iter()
-        .map(|key| json!({ "key": key, "operator": "Exists", "effect": "NoSchedule" }))
+        // Every effect: the inventory keeps nodes with these taints, whatever their effect.
+        .map(|key| json!({ "key": key, "operator": "Exists" }))
         .collect();
     from_json(json!({
         "apiVersion": "v1",

@@ -1,0 +1,633 @@
+//! The `kubernetes` backend against a real API server (see `common::kube_peer`): a real
+//! `fairway serve` process dispatches through the `dispatcher` account, which holds exactly
+//! the ClusterRole of `deploy/kubernetes/rbac.yaml`, and the test plays the kubelet.
+//!
+//! Each test has its own database, Fairway cluster name, namespace prefix and nodes (selected
+//! by a label of their own), so the tests share one control plane without seeing each other.
+
+mod common;
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use common::{fresh_dir, kube_peer, Replica};
+use fairway::{
+    backends::kubernetes::rbac::RULES,
+    db::{self, embedded::EmbeddedPostgres},
+};
+use k8s_openapi::api::{
+    core::v1::{Namespace, Pod, ResourceQuota, Service},
+    networking::v1::NetworkPolicy,
+};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{json, Value};
+
+const ADMIN_PASSWORD: &str = "failover-admin-password";
+
+/// One test's Fairway: its database, its `fairway serve` and an admin session.
+struct Fairway {
+    test: String,
+    dir: std::path::PathBuf,
+    url: String,
+    env: Vec<(String, String)>,
+    server: Option<Replica>,
+    http: reqwest::Client,
+    token: String,
+    pool: sqlx::PgPool,
+    pg: EmbeddedPostgres,
+    kube: kube::Client,
+}
+
+impl Fairway {
+    /// Starts Fairway on a fresh database with one `kubernetes` cluster over the nodes
+    /// labelled for this test, once `nodes` exist.
+    async fn start(test: &str, nodes: &[(&str, Value, Value)]) -> Self {
+        let peer = kube_peer::peer();
+        peer.grant_dispatcher().await;
+        for (name, labels, allocatable) in nodes {
+            let mut labels = labels.clone();
+            labels["fairway-test"] = json!(test);
+            peer.gpu_node(name, labels, allocatable.clone()).await;
+        }
+        let dir = fresh_dir(&format!("kube-{test}"));
+        let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Durability { fsync: false }).await.unwrap();
+        pg.create_database("fairway", None).await.unwrap();
+        let url = pg.url("fairway");
+        let pool = db::connect(pg.connect_options("fairway"), 4).await.unwrap();
+        db::MIGRATOR.run(&pool).await.unwrap();
+        let clusters = dir.join("clusters.toml");
+        std::fs::write(
+            &clusters,
+            format!(
+                r#"[[cluster]]
+name = "{test}"
+kind = "kubernetes"
+server = "{}"
+token_file = "{}"
+insecure_skip_tls_verify = true
+namespace_prefix = "{test}-"
+node_selector = "fairway-test={test}"
+rack_label = "fairway.dev/rack"
+node_lost_after_seconds = 5
+
+[cluster.gpu_products]
+"NVIDIA-H100-80GB-HBM3" = "h100-80gb"
+"NVIDIA-A100-SXM4-80GB" = "a100-80gb"
+"#,
+                peer.url,
+                peer.dispatcher_token_file.display()
+            ),
+        )
+        .unwrap();
+        let env = vec![
+            ("FAIRWAY_CLUSTERS".to_owned(), clusters.display().to_string()),
+            ("FAIRWAY_CYCLE_INTERVAL_MS".to_owned(), "100".to_owned()),
+            ("FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS".to_owned(), "0".to_owned()),
+        ];
+        let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
+        let mut fairway = Fairway {
+            test: test.to_owned(),
+            dir,
+            url,
+            env,
+            server: None,
+            http,
+            token: String::new(),
+            pool,
+            pg,
+            kube: peer.admin().await,
+        };
+        fairway.restart();
+        fairway.login().await;
+        fairway
+    }
+
+    fn restart(&mut self) {
+        self.server = None;
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        self.server = Some(Replica::start_with(&self.dir, "server", &self.url, &env));
+    }
+
+    fn log(&self) -> String {
+        self.server.as_ref().map(Replica::log).unwrap_or_default()
+    }
+
+    fn base(&self) -> String {
+        self.server.as_ref().expect("running").base.clone()
+    }
+
+    async fn login(&mut self) {
+        let started = Instant::now();
+        loop {
+            let r = self
+                .http
+                .post(format!("{}/api/v1/auth/token", self.base()))
+                .json(&json!({"username": "admin", "password": ADMIN_PASSWORD}))
+                .send()
+                .await;
+            if let Ok(r) = r.and_then(|r| r.error_for_status()) {
+                self.token = r.json::<Value>().await.unwrap()["access_token"].as_str().unwrap().to_owned();
+                return;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "fairway did not start:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base())).bearer_auth(&self.token);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let r = request.send().await.unwrap_or_else(|e| panic!("{path}: {e}\n{}", self.log()));
+        let status = r.status().as_u16();
+        (status, r.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn ok(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let (status, body) = self.send(method, path, body).await;
+        assert!((200..300).contains(&status), "{path}: {status} {body:#}");
+        body
+    }
+
+    /// Waits for the cluster's inventory to bring `class`, then gives `team` a quota of it.
+    async fn team(&self, team: &str, class: &str, reserved: i64, burst: i64) {
+        self.wait("the inventory", Duration::from_secs(30), || async move {
+            let classes = self.ok(reqwest::Method::GET, "/api/v1/gpu-classes", None).await;
+            classes.to_string().contains(&format!("\"{class}\"")).then_some(())
+        })
+        .await;
+        let (status, _) = self.send(reqwest::Method::POST, "/api/v1/teams", Some(json!({"name": team}))).await;
+        assert!(status == 201 || status == 409, "create team {team}: {status}");
+        self.ok(
+            reqwest::Method::PUT,
+            &format!("/api/v1/teams/{team}/quotas/{class}"),
+            Some(json!({"reserved": reserved, "burst": burst})),
+        )
+        .await;
+    }
+
+    async fn submit(&self, team: &str, body: Value) -> String {
+        let r = self.ok(reqwest::Method::POST, &format!("/api/v1/teams/{team}/jobs"), Some(body)).await;
+        r["id"].as_str().unwrap().to_owned()
+    }
+
+    async fn job(&self, id: &str) -> Value {
+        self.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}"), None).await
+    }
+
+    async fn event_kinds(&self, id: &str) -> Vec<String> {
+        let events = self.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/events"), None).await;
+        events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
+    }
+
+    /// The job's timeline as (kind, reason).
+    async fn events(&self, id: &str) -> Vec<(String, String)> {
+        let events = self.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/events"), None).await;
+        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+        events.as_array().unwrap().iter().map(|e| (text(&e["kind"]), text(&e["reason"]))).collect()
+    }
+
+    async fn wait_state(&self, id: &str, state: &str, within: Duration) -> Value {
+        self.wait(&format!("job {id} to be {state}"), within, || async move {
+            let job = self.job(id).await;
+            (job["state"] == state).then_some(job)
+        })
+        .await
+    }
+
+    /// Polls `check` until it gives a value, failing after `within` with the server's log.
+    async fn wait<T, F: std::future::Future<Output = Option<T>>>(
+        &self,
+        what: &str,
+        within: Duration,
+        check: impl Fn() -> F,
+    ) -> T {
+        let started = Instant::now();
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            assert!(started.elapsed() < within, "waited {within:?} for {what}\n--- fairway log ---\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The pods of one job, or of every job of this test, as the API server has them.
+    async fn pods(&self, job: Option<&str>) -> Vec<Pod> {
+        let mut selector = format!("fairway.dev/cluster={}", self.test);
+        if let Some(job) = job {
+            selector.push_str(&format!(",fairway.dev/job-id={job}"));
+        }
+        let pods: Api<Pod> = Api::all(self.kube.clone());
+        let mut items = pods.list(&ListParams::default().labels(&selector)).await.unwrap().items;
+        items.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        items
+    }
+
+    async fn services(&self) -> Vec<Service> {
+        let services: Api<Service> = Api::all(self.kube.clone());
+        let selector = format!("fairway.dev/cluster={}", self.test);
+        services.list(&ListParams::default().labels(&selector)).await.unwrap().items
+    }
+
+    async fn wait_pods(&self, job: &str, n: usize) -> Vec<Pod> {
+        let started = Instant::now();
+        loop {
+            let pods = self.pods(Some(job)).await;
+            if pods.len() == n && pods.iter().all(|p| p.metadata.deletion_timestamp.is_none()) {
+                return pods;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let timeline = self.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{job}/events"), None).await;
+                panic!("waited 30 s for {n} pods of job {job}: {timeline:#}\n--- fairway log ---\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    fn kubelet(&self) -> kube_peer::Kubelet {
+        kube_peer::Kubelet { client: self.kube.clone() }
+    }
+
+    async fn stop(mut self) {
+        self.server = None;
+        self.pool.close().await;
+        self.pg.stop().await;
+    }
+}
+
+fn h100(rack: &str) -> (Value, Value) {
+    (
+        json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
+               "nvidia.com/gpu.count": "8", "fairway.dev/rack": rack, "topology.kubernetes.io/zone": "zone-a",
+               "fairway.dev/nvlink-domain-size": "8"}),
+        json!({"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti", "pods": "110"}),
+    )
+}
+
+fn node_of(pod: &Pod) -> String {
+    pod.metadata.annotations.as_ref().unwrap()["fairway.dev/node"].clone()
+}
+
+fn gpus_requested(pod: &Pod) -> BTreeMap<String, String> {
+    let container = &pod.spec.as_ref().unwrap().containers[0];
+    let requests = container.resources.as_ref().unwrap().requests.as_ref().unwrap();
+    requests.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect()
+}
+
+fn affinity_host(pod: &Pod) -> String {
+    let v = serde_json::to_value(pod).unwrap();
+    v["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
+        ["matchExpressions"][0]["values"][0]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_four_by_eight_gang_lands_as_four_pinned_pods_on_four_nodes_of_one_rack_and_runs_to_success() {
+    let t = "gang";
+    // Rack r1 has four nodes, rack r2 three: only r1 can hold the gang.
+    let mut nodes = Vec::new();
+    for (rack, n) in [("r1", 4), ("r2", 3)] {
+        for i in 0..n {
+            let (labels, alloc) = h100(rack);
+            nodes.push((format!("{t}-{rack}-n{i}"), labels, alloc));
+        }
+    }
+    let nodes: Vec<(&str, Value, Value)> = nodes.iter().map(|(n, l, a)| (n.as_str(), l.clone(), a.clone())).collect();
+    let owned = Fairway::start(t, &nodes).await;
+    let fw = &owned;
+    fw.team("vision", "h100-80gb", 32, 0).await;
+    let id = fw
+        .submit(
+            "vision",
+            json!({"name": "llama", "gpu_class": "h100-80gb", "replicas": 4, "gpus_per_replica": 8,
+                   "image": "nvcr.io/nvidia/pytorch:24.05-py3", "command": ["torchrun", "train.py"],
+                   "topology": {"level": "rack", "mode": "required"}, "max_runtime_seconds": 7200}),
+        )
+        .await;
+    let pods = fw.wait_pods(&id, 4).await;
+    let placed: BTreeSet<String> = pods.iter().map(node_of).collect();
+    assert_eq!(placed.len(), 4, "four distinct nodes: {placed:?}");
+    assert!(placed.iter().all(|n| n.starts_with(&format!("{t}-r1-"))), "all in rack r1: {placed:?}");
+    for pod in &pods {
+        assert_eq!(gpus_requested(pod), BTreeMap::from([("nvidia.com/gpu".to_owned(), "8".to_owned())]));
+        assert_eq!(affinity_host(pod), format!("{}-host", node_of(pod)), "pinned by hostname");
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.active_deadline_seconds, Some(7200));
+        assert_eq!(spec.automount_service_account_token, Some(false));
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("gang-vision"));
+        let owner = &pod.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(owner.kind, "Service");
+    }
+    // The team's namespace is fenced: restricted pods, a GPU quota equal to its limit, and
+    // isolation from other teams.
+    let ns: Namespace = Api::all(fw.kube.clone()).get("gang-vision").await.unwrap();
+    assert_eq!(ns.metadata.labels.unwrap()["pod-security.kubernetes.io/enforce"], "restricted");
+    let quota: ResourceQuota = fw
+        .wait("the team's quota", Duration::from_secs(30), || async move {
+            Api::<ResourceQuota>::namespaced(fw.kube.clone(), "gang-vision").get_opt("fairway-gpus").await.unwrap()
+        })
+        .await;
+    assert_eq!(quota.spec.unwrap().hard.unwrap()["requests.nvidia.com/gpu"].0, "32");
+    let policy = Api::<NetworkPolicy>::namespaced(fw.kube.clone(), "gang-vision").get("fairway-team-isolation").await;
+    assert!(policy.is_ok(), "{policy:?}");
+    let services = fw.services().await;
+    assert_eq!(services.len(), 1);
+    assert_eq!(services[0].spec.as_ref().unwrap().cluster_ip.as_deref(), Some("None"));
+
+    // The kubelet starts every replica: the job runs; every replica exits 0: it succeeded.
+    let kubelet = fw.kubelet();
+    for pod in &pods {
+        kubelet.run(pod).await;
+    }
+    fw.wait_state(&id, "running", Duration::from_secs(30)).await;
+    for pod in &fw.pods(Some(&id)).await {
+        kubelet.exit(pod, 0, "Completed").await;
+    }
+    let done = fw.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(done["exit_code"], 0);
+    assert_eq!(fw.event_kinds(&id).await, ["submitted", "admitted", "dispatched", "running", "succeeded"]);
+    // Finished gangs are collected.
+    fw.wait("the gang's objects to be deleted", Duration::from_secs(30), || async move {
+        (fw.pods(None).await.is_empty() && fw.services().await.is_empty()).then_some(())
+    })
+    .await;
+    owned.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mig_job_requests_its_mig_profile_and_an_application_failure_reports_the_exit_code() {
+    let t = "mig";
+    let labels = json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/mig.strategy": "mixed",
+                        "nvidia.com/mig-3g.40gb.memory": "40192", "fairway.dev/rack": "r1"});
+    let alloc = json!({"nvidia.com/gpu": "0", "nvidia.com/mig-3g.40gb": "4", "nvidia.com/mig-1g.10gb": "6"});
+    let owned = Fairway::start(t, &[("mig-a100-0", labels, alloc)]).await;
+    let fw = &owned;
+    fw.team("nlp", "a100-80gb.mig-3g.40gb", 4, 0).await;
+    let id = fw
+        .submit(
+            "nlp",
+            json!({"name": "infer", "gpu_class": "a100-80gb.mig-3g.40gb", "replicas": 1, "gpus_per_replica": 1,
+                   "image": "nvcr.io/nvidia/tritonserver:24.05-py3"}),
+        )
+        .await;
+    let pods = fw.wait_pods(&id, 1).await;
+    assert_eq!(gpus_requested(&pods[0]), BTreeMap::from([("nvidia.com/mig-3g.40gb".to_owned(), "1".to_owned())]));
+    let quota: ResourceQuota = fw
+        .wait("the team's quota", Duration::from_secs(30), || async move {
+            Api::<ResourceQuota>::namespaced(fw.kube.clone(), "mig-nlp").get_opt("fairway-gpus").await.unwrap()
+        })
+        .await;
+    assert_eq!(quota.spec.unwrap().hard.unwrap()["requests.nvidia.com/mig-3g.40gb"].0, "4");
+    let kubelet = fw.kubelet();
+    kubelet.run(&pods[0]).await;
+    fw.wait_state(&id, "running", Duration::from_secs(30)).await;
+    kubelet.exit(&pods[0], 137, "OOMKilled").await;
+    let failed = fw.wait_state(&id, "failed", Duration::from_secs(30)).await;
+    assert_eq!(failed["exit_code"], 137);
+    let events = fw.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/events"), None).await;
+    let last = events.as_array().unwrap().last().unwrap().clone();
+    assert!(last.to_string().contains("OOMKilled"), "{last:#}");
+    owned.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_job_is_preempted_with_its_grace_period_when_its_gpus_are_reclaimed() {
+    let t = "preempt";
+    let (l0, a0) = h100("r1");
+    let (l1, a1) = h100("r1");
+    let owned = Fairway::start(t, &[("preempt-n0", l0, a0), ("preempt-n1", l1, a1)]).await;
+    let fw = &owned;
+    fw.team("alpha", "h100-80gb", 8, 8).await;
+    fw.team("beta", "h100-80gb", 8, 0).await;
+    let body = |name: &str| {
+        json!({"name": name, "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8,
+               "image": "nvcr.io/nvidia/pytorch:24.05-py3", "priority_class": "experiment"})
+    };
+    let first = fw.submit("alpha", body("a1")).await;
+    let second = fw.submit("alpha", body("a2")).await;
+    let kubelet = fw.kubelet();
+    for id in [&first, &second] {
+        let pods = fw.wait_pods(id, 1).await;
+        kubelet.run(&pods[0]).await;
+        fw.wait_state(id, "running", Duration::from_secs(30)).await;
+    }
+    // Beta claims its reserved GPUs, which alpha borrowed: one of alpha's jobs must go.
+    let claim = fw
+        .submit(
+            "beta",
+            json!({"name": "b", "gpu_class": "h100-80gb", "replicas": 1,
+        "gpus_per_replica": 8, "image": "nvcr.io/nvidia/pytorch:24.05-py3"}),
+        )
+        .await;
+    let stopping = fw
+        .wait("a pod deleted with its grace period", Duration::from_secs(30), || async move {
+            fw.pods(None).await.into_iter().find(|p| p.metadata.deletion_timestamp.is_some())
+        })
+        .await;
+    // The priority class's grace period (30 s): SIGTERM now, SIGKILL later.
+    assert_eq!(stopping.metadata.deletion_grace_period_seconds, Some(30));
+    let victim = stopping.metadata.labels.as_ref().unwrap()["fairway.dev/job-id"].clone();
+    let victim: &str = &victim;
+    assert!(victim == first || victim == second);
+    assert_eq!(fw.job(&claim).await["state"], "pending", "the claim waits while the victim checkpoints");
+    // The application checkpoints and exits: the victim is requeued, the claim dispatched.
+    kubelet.terminated(&stopping).await;
+    fw.wait("the victim to be requeued", Duration::from_secs(30), || async move {
+        let job = fw.job(victim).await;
+        (job["state"] == "pending" || job["state"] == "queued").then_some(job)
+    })
+    .await;
+    let events = fw.events(victim).await;
+    let said = |kind: &str, reason: &str| events.contains(&(kind.to_owned(), reason.to_owned()));
+    assert!(said("preempted", "reclaim") && said("requeued", "stopped"), "{events:?}");
+    let claim_pods = fw.wait_pods(&claim, 1).await;
+    assert_eq!(node_of(&claim_pods[0]), node_of(&stopping), "the claim runs where the victim ran");
+    owned.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_requeues_its_gang_and_unknown_objects_with_our_labels_are_removed() {
+    let t = "lost";
+    let (l0, a0) = h100("r1");
+    let (l1, a1) = h100("r1");
+    let owned = Fairway::start(t, &[("lost-n0", l0, a0), ("lost-n1", l1, a1)]).await;
+    let fw = &owned;
+    fw.team("speech", "h100-80gb", 16, 0).await;
+    let id = fw
+        .submit(
+            "speech",
+            json!({"name": "asr", "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8,
+                   "image": "nvcr.io/nvidia/pytorch:24.05-py3"}),
+        )
+        .await;
+    let id: &str = &id;
+    let pods = fw.wait_pods(id, 1).await;
+    fw.kubelet().run(&pods[0]).await;
+    fw.wait_state(id, "running", Duration::from_secs(30)).await;
+    let node = node_of(&pods[0]);
+    kube_peer::peer().node_ready(&node, false).await;
+    fw.wait("the job to be requeued after losing its node", Duration::from_secs(30), || async move {
+        fw.events(id).await.contains(&("requeued".to_owned(), "node_lost".to_owned())).then_some(())
+    })
+    .await;
+    // It comes back on the node that is left.
+    let again = fw
+        .wait("the job's second attempt", Duration::from_secs(30), || async move {
+            let pods = fw.pods(Some(id)).await;
+            pods.into_iter().find(|p| p.metadata.labels.as_ref().unwrap()["fairway.dev/attempt"] == "2")
+        })
+        .await;
+    assert_ne!(node_of(&again), node);
+
+    // Someone left a pod with our labels for a job Fairway never had: it is removed.
+    let stray: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "stray", "namespace": "lost-speech", "labels": {
+            "app.kubernetes.io/managed-by": "fairway", "fairway.dev/cluster": t,
+            "fairway.dev/object": "fw-00000000000000000000000000000001-1",
+            "fairway.dev/job-id": "00000000-0000-0000-0000-000000000001", "fairway.dev/attempt": "1"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}], "securityContext": {"runAsNonRoot": true, "runAsUser": 1000}},
+    }))
+    .unwrap();
+    Api::<Pod>::namespaced(fw.kube.clone(), "lost-speech").create(&PostParams::default(), &stray).await.unwrap();
+    fw.wait("the stray pod to be removed", Duration::from_secs(30), || async move {
+        Api::<Pod>::namespaced(fw.kube.clone(), "lost-speech").get_opt("stray").await.unwrap().is_none().then_some(())
+    })
+    .await;
+    kube_peer::peer().node_ready(&node, true).await;
+    owned.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_fairway_during_dispatch_twenty_times_never_leaves_a_duplicate_or_orphan_pod() {
+    const KILLS: u64 = 20;
+    let t = "crash";
+    let mut nodes = Vec::new();
+    for i in 0..4 {
+        let (labels, alloc) = h100("r1");
+        nodes.push((format!("crash-n{i}"), labels, alloc));
+    }
+    let nodes: Vec<(&str, Value, Value)> = nodes.iter().map(|(n, l, a)| (n.as_str(), l.clone(), a.clone())).collect();
+    let mut fw = Fairway::start(t, &nodes).await;
+    fw.team("ml", "h100-80gb", 32, 0).await;
+    let mut rng = fairway::rng::SplitMix64(0x6b75_6265);
+    let mut submitted = Vec::new();
+    for round in 0..KILLS {
+        for i in 0..3 {
+            let body = json!({"name": format!("r{round}-{i}"), "gpu_class": "h100-80gb", "replicas": 2,
+                              "gpus_per_replica": 1 + (i % 2), "image": "nvcr.io/nvidia/pytorch:24.05-py3"});
+            submitted.push(fw.submit("ml", body).await);
+        }
+        // The kill lands anywhere from before the first cycle to well into dispatch.
+        tokio::time::sleep(Duration::from_millis(100 + rng.next_u64() % 900)).await;
+        fw.server.as_ref().unwrap().signal(libc::SIGKILL);
+        fw.restart();
+        fw.login().await;
+        // Let every pod that exists run to completion, as a kubelet would, so the GPUs free up.
+        let kubelet = fw.kubelet();
+        let pods = fw.pods(None).await;
+        one_gang_per_job(&pods);
+        for pod in pods {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            match phase.as_str() {
+                "Pending" if pod.metadata.deletion_timestamp.is_none() => kubelet.run(&pod).await,
+                "Running" => kubelet.exit(&pod, 0, "Completed").await,
+                _ => {}
+            }
+        }
+    }
+    // After the last restart every job runs to success with exactly one gang per attempt.
+    let owned = fw;
+    let fw = &owned;
+    let kubelet = &fw.kubelet();
+    let submitted = &submitted;
+    fw.wait("every job to succeed", Duration::from_secs(90), || async move {
+        let pods = fw.pods(None).await;
+        one_gang_per_job(&pods);
+        for pod in pods {
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            match phase.as_str() {
+                "Pending" if pod.metadata.deletion_timestamp.is_none() => kubelet.run(&pod).await,
+                "Running" => kubelet.exit(&pod, 0, "Completed").await,
+                _ => {}
+            }
+        }
+        let done: i64 = sqlx::query_scalar("select count(*) from jobs where state = 'succeeded'")
+            .fetch_one(&fw.pool)
+            .await
+            .unwrap();
+        (done == submitted.len() as i64 && fw.pods(None).await.is_empty() && fw.services().await.is_empty())
+            .then_some(())
+    })
+    .await;
+    let count = |sql: &'static str| {
+        let pool = fw.pool.clone();
+        async move { sqlx::query_scalar::<_, i64>(sql).fetch_one(&pool).await.unwrap() }
+    };
+    assert_eq!(count("select count(*) from jobs where attempt <> 1").await, 0, "no job was admitted twice");
+    assert_eq!(
+        count(
+            "select count(*) from (select job_id, attempt from job_events where kind = 'dispatched'
+             group by 1, 2 having count(*) > 1) d"
+        )
+        .await,
+        0,
+        "no attempt was dispatched twice"
+    );
+    assert_eq!(count("select count(*) from job_events where kind = 'orphan_removed'").await, 0, "no orphans");
+    assert_eq!(count("select count(*) from dispatch_outbox where done_at is null").await, 0);
+    println!("{} jobs across {KILLS} kills all succeeded once", submitted.len());
+    owned.stop().await;
+}
+
+/// Never two gangs of one job at once (a duplicate): pod names derive from the job and its
+/// attempt, so a duplicate shows as pods of two attempts.
+fn one_gang_per_job(pods: &[Pod]) {
+    let mut attempts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for pod in pods {
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        attempts.entry(labels["fairway.dev/job-id"].clone()).or_default().insert(labels["fairway.dev/attempt"].clone());
+    }
+    assert!(attempts.values().all(|a| a.len() == 1), "one gang per job at a time: {attempts:?}");
+}
+
+/// The manifests grant the dispatcher exactly what the backend uses: the ClusterRole in
+/// `deploy/kubernetes/rbac.yaml` equals [`RULES`], rule by rule.
+#[test]
+fn the_deployed_cluster_role_grants_exactly_the_rules_the_backend_uses() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/rbac.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut roles = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let object: Value = serde::Deserialize::deserialize(doc).unwrap();
+        if object["kind"] == "ClusterRole" {
+            roles.push(object);
+        }
+    }
+    assert_eq!(roles.len(), 1, "one ClusterRole in {}", path.display());
+    let granted: Vec<(String, String, Vec<String>)> = roles[0]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let one = |k: &str| {
+                let list = r[k].as_array().unwrap();
+                assert_eq!(list.len(), 1, "one {k} per rule: {r}");
+                list[0].as_str().unwrap().to_owned()
+            };
+            let verbs = r["verbs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+            (one("apiGroups"), one("resources"), verbs)
+        })
+        .collect();
+    let used: Vec<(String, String, Vec<String>)> = RULES
+        .iter()
+        .map(|(g, r, v)| ((*g).to_owned(), (*r).to_owned(), v.iter().map(|v| (*v).to_owned()).collect()))
+        .collect();
+    assert_eq!(granted, used);
+}
