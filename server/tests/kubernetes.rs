@@ -631,3 +631,55 @@ fn the_deployed_cluster_role_grants_exactly_the_rules_the_backend_uses() {
         .collect();
     assert_eq!(granted, used);
 }
+
+/// Opt-in proof on a real cluster: with `KUBECONFIG` naming a cluster that has the NVIDIA GPU
+/// Operator, dispatches one 1-GPU replica of `nvidia-smi` (image `FAIRWAY_E2E_IMAGE`, default
+/// a CUDA base image) to the first GPU node the backend finds, and waits for it to succeed.
+/// Creates the namespace `fw-e2e` and removes its gang afterwards. Run with
+/// `KUBECONFIG=... cargo test -p fairway --test kubernetes -- --ignored on_a_real_cluster`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs a real GPU cluster: set KUBECONFIG and run with --ignored"]
+async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
+    use fairway::backends::{
+        kubernetes::{KubeBackend, KubeClusterConfig, Wake},
+        Backend, Gang, Outcome, Phase, ReplicaSlot,
+    };
+    let path = std::env::var("KUBECONFIG").expect("KUBECONFIG names the cluster to test");
+    let config: KubeClusterConfig = toml::from_str(&format!("name = \"e2e\"\nkubeconfig = {path:?}")).unwrap();
+    let wake = Wake { reconcile: Default::default(), inventory: Default::default() };
+    let backend = KubeBackend::start(config.client().await.expect("client"), config, wake);
+    let inventory = backend.inventory().await.expect("inventory");
+    println!("inventory: {inventory:#?}");
+    let node = inventory.iter().find(|n| n.gpus > 0).expect("a schedulable GPU node");
+    let job = uuid::Uuid::new_v4();
+    let gang = Gang {
+        object: fairway::backends::object_name(job, 1),
+        job_id: job,
+        attempt: 1,
+        team: "e2e".into(),
+        job_name: "nvidia-smi".into(),
+        gpu_class: node.gpu_class.clone(),
+        priority_class: "production".into(),
+        image: std::env::var("FAIRWAY_E2E_IMAGE")
+            .unwrap_or_else(|_| "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04".into()),
+        command: vec!["nvidia-smi".into()],
+        env: Default::default(),
+        labels: Default::default(),
+        max_runtime: Duration::from_secs(600),
+        replicas: vec![ReplicaSlot { node: node.name.clone(), gpus: vec![0] }],
+    };
+    backend.submit(&gang).await.expect("submit");
+    let started = Instant::now();
+    let outcome = loop {
+        let objects = backend.objects().await.expect("objects");
+        if let Some(Phase::Finished { outcome, .. }) =
+            objects.iter().find(|o| o.object == gang.object).map(|o| &o.phase)
+        {
+            break outcome.clone();
+        }
+        assert!(started.elapsed() < Duration::from_secs(600), "not finished in 10 minutes: {objects:?}");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    };
+    backend.delete(&gang.object).await.expect("delete");
+    assert_eq!(outcome, Outcome::Succeeded);
+}

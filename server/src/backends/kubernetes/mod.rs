@@ -18,6 +18,8 @@
 
 pub mod inventory;
 pub mod manifest;
+#[cfg(test)]
+mod mock_tests;
 pub mod rbac;
 pub mod status;
 
@@ -69,8 +71,9 @@ pub struct KubeClusterConfig {
     /// Only nodes matching this label selector belong to the cluster (e.g.
     /// `nvidia.com/gpu.present=true`); all nodes when unset.
     pub node_selector: Option<String>,
-    /// A kubeconfig file; when neither it nor `server` is set, the in-cluster service
-    /// account or `$KUBECONFIG` is used.
+    /// A kubeconfig file (with `context`). When neither it nor `server` is set, credentials
+    /// are inferred: `$KUBECONFIG` or `~/.kube/config` first, then the in-cluster service
+    /// account. `kubeconfig` and `context` are ignored when `server` is set.
     pub kubeconfig: Option<PathBuf>,
     /// The kubeconfig context; its current one when unset.
     pub context: Option<String>,
