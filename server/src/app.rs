@@ -18,6 +18,7 @@ use crate::{
     api::{self, error::ApiError},
     auth::{jwt::JwtKeys, password, policy},
     backends::{
+        aws_batch::AwsBatchBackend,
         clusters::ClusterConfig,
         kubernetes::{KubeBackend, Wake},
         sim::{SimBackend, SimConfig},
@@ -313,6 +314,10 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
                         let mut sim = sim_config(c.inventory.as_deref(), c.speedup)?;
                         sim.cluster = c.name.clone();
                         Arc::new(SimBackend::new(pool_of(4), sim))
+                    }
+                    ClusterConfig::AwsBatch(c) => {
+                        let client = c.client().await;
+                        Arc::new(AwsBatchBackend::new(client, *c))
                     }
                     ClusterConfig::Kubernetes(c) => {
                         let client = c.client().await?;

@@ -285,6 +285,7 @@ fn synthetic_nodes() -> Vec<Node> {
                 rack: Some(rack),
                 zone: Some(rack / RACKS_PER_ZONE),
                 elastic: false,
+                spot: false,
             }
         })
         .collect()
@@ -393,6 +394,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         topology,
         submitted_ms: NOW_MS,
         max_runtime_ms: 0,
+        allow_spot: false,
     }
 }
 

@@ -153,6 +153,7 @@ async fn submit(
         topology_level: (replicas > 1).then(|| "rack".to_owned()),
         preemption_grace_seconds: None,
         max_retries: 0,
+        allow_spot: false,
     };
     db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;
     db::jobs::wake_scheduler(pool).await?;

@@ -13,11 +13,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{fresh_dir, kube_peer, Replica};
-use fairway::{
-    backends::kubernetes::rbac::RULES,
-    db::{self, embedded::EmbeddedPostgres},
-};
+use common::{kube_peer, platform::Platform};
+use fairway::backends::kubernetes::rbac::RULES;
 use k8s_openapi::api::{
     core::v1::{Namespace, Pod, ResourceQuota, Service},
     networking::v1::NetworkPolicy,
@@ -25,20 +22,23 @@ use k8s_openapi::api::{
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{json, Value};
 
-const ADMIN_PASSWORD: &str = "failover-admin-password";
-
-/// One test's Fairway: its database, its `fairway serve` and an admin session.
+/// One test's platform with a `kubernetes` cluster over the nodes labelled for the test.
 struct Fairway {
-    test: String,
-    dir: std::path::PathBuf,
-    url: String,
-    env: Vec<(String, String)>,
-    server: Option<Replica>,
-    http: reqwest::Client,
-    token: String,
-    pool: sqlx::PgPool,
-    pg: EmbeddedPostgres,
+    platform: Platform,
     kube: kube::Client,
+}
+
+impl std::ops::Deref for Fairway {
+    type Target = Platform;
+    fn deref(&self) -> &Platform {
+        &self.platform
+    }
+}
+
+impl std::ops::DerefMut for Fairway {
+    fn deref_mut(&mut self) -> &mut Platform {
+        &mut self.platform
+    }
 }
 
 impl Fairway {
@@ -52,17 +52,8 @@ impl Fairway {
             labels["fairway-test"] = json!(test);
             peer.gpu_node(name, labels, allocatable.clone()).await;
         }
-        let dir = fresh_dir(&format!("kube-{test}"));
-        let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Durability { fsync: false }).await.unwrap();
-        pg.create_database("fairway", None).await.unwrap();
-        let url = pg.url("fairway");
-        let pool = db::connect(pg.connect_options("fairway"), 4).await.unwrap();
-        db::MIGRATOR.run(&pool).await.unwrap();
-        let clusters = dir.join("clusters.toml");
-        std::fs::write(
-            &clusters,
-            format!(
-                r#"[[cluster]]
+        let clusters = format!(
+            r#"[[cluster]]
 name = "{test}"
 kind = "kubernetes"
 server = "{}"
@@ -77,143 +68,11 @@ node_lost_after_seconds = 5
 "NVIDIA-H100-80GB-HBM3" = "h100-80gb"
 "NVIDIA-A100-SXM4-80GB" = "a100-80gb"
 "#,
-                peer.url,
-                peer.dispatcher_token_file.display()
-            ),
-        )
-        .unwrap();
-        let env = vec![
-            ("FAIRWAY_CLUSTERS".to_owned(), clusters.display().to_string()),
-            ("FAIRWAY_CYCLE_INTERVAL_MS".to_owned(), "100".to_owned()),
-            ("FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS".to_owned(), "0".to_owned()),
-        ];
-        let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
-        let mut fairway = Fairway {
-            test: test.to_owned(),
-            dir,
-            url,
-            env,
-            server: None,
-            http,
-            token: String::new(),
-            pool,
-            pg,
-            kube: peer.admin().await,
-        };
-        fairway.restart();
-        fairway.login().await;
-        fairway
-    }
-
-    fn restart(&mut self) {
-        self.server = None;
-        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-        self.server = Some(Replica::start_with(&self.dir, "server", &self.url, &env));
-    }
-
-    fn log(&self) -> String {
-        self.server.as_ref().map(Replica::log).unwrap_or_default()
-    }
-
-    fn base(&self) -> String {
-        self.server.as_ref().expect("running").base.clone()
-    }
-
-    async fn login(&mut self) {
-        let started = Instant::now();
-        loop {
-            let r = self
-                .http
-                .post(format!("{}/api/v1/auth/token", self.base()))
-                .json(&json!({"username": "admin", "password": ADMIN_PASSWORD}))
-                .send()
-                .await;
-            if let Ok(r) = r.and_then(|r| r.error_for_status()) {
-                self.token = r.json::<Value>().await.unwrap()["access_token"].as_str().unwrap().to_owned();
-                return;
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "fairway did not start:\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    async fn send(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let mut request = self.http.request(method, format!("{}{path}", self.base())).bearer_auth(&self.token);
-        if let Some(body) = body {
-            request = request.json(&body);
-        }
-        let r = request.send().await.unwrap_or_else(|e| panic!("{path}: {e}\n{}", self.log()));
-        let status = r.status().as_u16();
-        (status, r.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn ok(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
-        let (status, body) = self.send(method, path, body).await;
-        assert!((200..300).contains(&status), "{path}: {status} {body:#}");
-        body
-    }
-
-    /// Waits for the cluster's inventory to bring `class`, then gives `team` a quota of it.
-    async fn team(&self, team: &str, class: &str, reserved: i64, burst: i64) {
-        self.wait("the inventory", Duration::from_secs(30), || async move {
-            let classes = self.ok(reqwest::Method::GET, "/api/v1/gpu-classes", None).await;
-            classes.to_string().contains(&format!("\"{class}\"")).then_some(())
-        })
-        .await;
-        let (status, _) = self.send(reqwest::Method::POST, "/api/v1/teams", Some(json!({"name": team}))).await;
-        assert!(status == 201 || status == 409, "create team {team}: {status}");
-        self.ok(
-            reqwest::Method::PUT,
-            &format!("/api/v1/teams/{team}/quotas/{class}"),
-            Some(json!({"reserved": reserved, "burst": burst})),
-        )
-        .await;
-    }
-
-    async fn submit(&self, team: &str, body: Value) -> String {
-        let r = self.ok(reqwest::Method::POST, &format!("/api/v1/teams/{team}/jobs"), Some(body)).await;
-        r["id"].as_str().unwrap().to_owned()
-    }
-
-    async fn job(&self, id: &str) -> Value {
-        self.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}"), None).await
-    }
-
-    async fn event_kinds(&self, id: &str) -> Vec<String> {
-        let events = self.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/events"), None).await;
-        events.as_array().unwrap().iter().map(|e| e["kind"].as_str().unwrap().to_owned()).collect()
-    }
-
-    /// The job's timeline as (kind, reason).
-    async fn events(&self, id: &str) -> Vec<(String, String)> {
-        let events = self.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/events"), None).await;
-        let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
-        events.as_array().unwrap().iter().map(|e| (text(&e["kind"]), text(&e["reason"]))).collect()
-    }
-
-    async fn wait_state(&self, id: &str, state: &str, within: Duration) -> Value {
-        self.wait(&format!("job {id} to be {state}"), within, || async move {
-            let job = self.job(id).await;
-            (job["state"] == state).then_some(job)
-        })
-        .await
-    }
-
-    /// Polls `check` until it gives a value, failing after `within` with the server's log.
-    async fn wait<T, F: std::future::Future<Output = Option<T>>>(
-        &self,
-        what: &str,
-        within: Duration,
-        check: impl Fn() -> F,
-    ) -> T {
-        let started = Instant::now();
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            assert!(started.elapsed() < within, "waited {within:?} for {what}\n--- fairway log ---\n{}", self.log());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            peer.url,
+            peer.dispatcher_token_file.display()
+        );
+        let platform = Platform::start(test, &clusters, &[]).await;
+        Fairway { platform, kube: peer.admin().await }
     }
 
     /// The pods of one job, or of every job of this test, as the API server has them.
@@ -253,10 +112,8 @@ node_lost_after_seconds = 5
         kube_peer::Kubelet { client: self.kube.clone() }
     }
 
-    async fn stop(mut self) {
-        self.server = None;
-        self.pool.close().await;
-        self.pg.stop().await;
+    async fn stop(self) {
+        self.platform.stop().await;
     }
 }
 
@@ -682,4 +539,41 @@ async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
     };
     backend.delete(&gang.object).await.expect("delete");
     assert_eq!(outcome, Outcome::Succeeded);
+}
+
+/// The manifests deploy what the README says: every file kustomize lists parses, two server
+/// replicas run under the `fairway` ServiceAccount, the binding gives that account the
+/// dispatcher role, and the clusters file they mount is one Fairway accepts.
+#[test]
+fn the_deploy_manifests_run_two_replicas_under_the_service_account_bound_to_the_dispatcher_role() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes");
+    let kustomization: Value =
+        serde_yaml::from_str(&std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap()).unwrap();
+    let mut objects: Vec<Value> = Vec::new();
+    for file in kustomization["resources"].as_array().unwrap() {
+        let text = std::fs::read_to_string(dir.join(file.as_str().unwrap())).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let object: Value = serde::Deserialize::deserialize(doc).unwrap();
+            if !object.is_null() {
+                objects.push(object);
+            }
+        }
+    }
+    let find = |kind: &str| objects.iter().find(|o| o["kind"] == kind).unwrap_or_else(|| panic!("no {kind}"));
+    let deployment = find("Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "fairway");
+    let account = find("ServiceAccount");
+    assert_eq!(account["metadata"]["name"], "fairway");
+    let binding = find("ClusterRoleBinding");
+    assert_eq!(binding["roleRef"]["name"], find("ClusterRole")["metadata"]["name"]);
+    assert_eq!(binding["subjects"][0]["kind"], "ServiceAccount");
+    assert_eq!(binding["subjects"][0]["name"], "fairway");
+    assert_eq!(binding["subjects"][0]["namespace"], account["metadata"]["namespace"]);
+    let clusters = find("ConfigMap")["data"]["clusters.toml"].as_str().expect("clusters.toml");
+    let parsed = fairway::backends::clusters::parse(clusters).expect("the mounted clusters file is valid");
+    assert!(matches!(parsed[0], fairway::backends::clusters::ClusterConfig::Kubernetes(_)));
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    assert!(env.iter().any(|e| e["name"] == "FAIRWAY_CLUSTERS"), "{env:?}");
 }

@@ -206,6 +206,8 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             rack: if n.elastic { None } else { n.rack },
             zone: if n.elastic { None } else { Some(n.zone) },
             elastic: n.elastic,
+            // Every other elastic pool is spot capacity.
+            spot: n.elastic && i % 2 == 1,
         })
         .collect();
     let mut capacity = vec![0u64; classes.len()];
@@ -338,6 +340,7 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         topology,
         submitted_ms: NOW_MS - r.age_s * 1_000,
         max_runtime_ms: r.runtime_min * 60_000,
+        allow_spot: r.age_s % 2 == 0,
     }
 }
 
@@ -435,12 +438,25 @@ type Domain = Vec<(usize, Range<usize>)>;
 /// The domains a job of `class` with `topology` may use. A required level confines the gang
 /// to one domain of that level; an elastic pool has no topology, so it serves only jobs that
 /// require none (a conservative reading: no property below depends on pools serving more).
-fn domains(s: &Snapshot, class: ClassId, topology: Topology) -> Vec<Domain> {
+fn domains(s: &Snapshot, class: ClassId, topology: Topology, allow_spot: bool) -> Vec<Domain> {
     let of_class = || s.nodes.iter().enumerate().filter(move |(_, n)| n.class == class);
     let fixed = || of_class().filter(|(_, n)| !n.elastic);
     let whole = |(i, n): (usize, &Node)| (i, 0..usize::from(n.units));
     match topology {
-        Topology::Any | Topology::Preferred(_) => vec![of_class().map(whole).collect()],
+        // A gang goes to one tier if it can: the fixed nodes, the spot pools (for jobs that
+        // allow spot), the on-demand pools; else across them.
+        Topology::Any | Topology::Preferred(_) => {
+            let spot: Domain = of_class().filter(|(_, n)| n.elastic && n.spot).map(whole).collect();
+            let on_demand: Domain = of_class().filter(|(_, n)| n.elastic && !n.spot).map(whole).collect();
+            let mixed: Domain = of_class().filter(|(_, n)| allow_spot || !n.spot).map(whole).collect();
+            let mut tiers = vec![fixed().map(whole).collect::<Domain>()];
+            if allow_spot {
+                tiers.push(spot);
+            }
+            tiers.push(on_demand);
+            tiers.push(mixed);
+            tiers
+        }
         Topology::Required(Level::NvlinkDomain) => fixed()
             .flat_map(|(i, n)| {
                 let units = usize::from(n.units);
@@ -467,7 +483,7 @@ fn domains(s: &Snapshot, class: ClassId, topology: Topology) -> Vec<Domain> {
 /// the lowest free units of a node, shares best fit on distinct units. Where this finds one,
 /// a correct engine finds one too (it may find more: shares of one gang on one unit, say).
 fn plan(s: &Snapshot, used: &Occupancy, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
-    domains(s, job.class, job.topology).into_iter().find_map(|domain| plan_in(used, job, &domain))
+    domains(s, job.class, job.topology, job.allow_spot).into_iter().find_map(|domain| plan_in(used, job, &domain))
 }
 
 fn plan_in(used: &Occupancy, job: &JobSpec, domain: &Domain) -> Option<Vec<ReplicaPlacement>> {
@@ -568,6 +584,8 @@ fn check_placements(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             prop_assert!(node.is_some(), "job {} placed on a node that does not exist: {:?}", job.id, replica);
             let node = node.unwrap();
             prop_assert_eq!(node.class, job.class, "job {} placed on a node of another class: {:?}", job.id, replica);
+            prop_assert!(job.allow_spot || !node.spot, "job {} does not allow spot but runs on {}", job.id, node.name);
+
             let units: BTreeSet<u8> = replica.units.iter().map(|&(u, _)| u).collect();
             prop_assert_eq!(units.len(), replica.units.len(), "job {} uses a unit twice: {:?}", job.id, replica);
             prop_assert!(
@@ -963,7 +981,10 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         return None;
     }
     let id = 10_000;
+    // Spot-tolerant: every GPU of the class may serve it (a job that refuses spot is owed its
+    // reserved quota on the capacity outside spot pools only).
     s.pending.push(JobSpec {
+        allow_spot: true,
         id,
         team,
         class,

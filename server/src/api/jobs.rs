@@ -81,6 +81,10 @@ pub struct JobSpec {
     /// Times to rerun the job after the application fails. Default 0.
     #[serde(default)]
     pub max_retries: Option<i64>,
+    /// The job tolerates spot capacity: it may run on spot cloud pools (cheaper), and a spot
+    /// interruption requeues it without counting as a failure. Default false.
+    #[serde(default)]
+    pub allow_spot: bool,
 }
 
 fn one() -> i64 {
@@ -118,6 +122,8 @@ pub struct JobView {
     pub topology: Option<TopologyWish>,
     pub preemption_grace_seconds: Option<i32>,
     pub max_retries: i32,
+    /// May run on spot capacity.
+    pub allow_spot: bool,
     pub state: JobState,
     /// Admissions so far; each runs as its own backend object.
     pub attempt: i32,
@@ -166,6 +172,7 @@ impl From<db::jobs::JobRow> for JobView {
             topology,
             preemption_grace_seconds: r.preemption_grace_seconds,
             max_retries: r.max_retries,
+            allow_spot: r.allow_spot,
             pending: (state == JobState::Pending).then_some(PendingInfo {
                 reason: r.pending_reason,
                 message: r.pending_message,
@@ -363,6 +370,7 @@ impl Catalogue {
             topology_level: level,
             preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
             max_retries: spec.max_retries.unwrap_or(0) as i32,
+            allow_spot: spec.allow_spot,
         })
     }
 }

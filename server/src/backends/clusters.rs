@@ -20,13 +20,31 @@
 //! "NVIDIA-H100-80GB-HBM3" = "h100-80gb"
 //! ```
 //!
-//! The Kubernetes settings are documented on [`KubeClusterConfig`].
+//! An AWS Batch cluster offers elastic pools, one per job queue and GPU class:
+//!
+//! ```toml
+//! [[cluster]]
+//! name = "aws"
+//! kind = "aws-batch"
+//! region = "us-east-1"
+//! [[cluster.pool]]
+//! name = "aws-h100-spot"
+//! job_queue = "fairway-p5-spot"
+//! instance_type = "p5.48xlarge"
+//! gpu_class = "h100-80gb"
+//! gpus_per_instance = 8
+//! max_instances = 4
+//! price_per_gpu_hour = 3.10
+//! spot = true
+//! ```
+//!
+//! The settings are documented on [`KubeClusterConfig`] and [`AwsBatchConfig`].
 
 use std::{collections::HashSet, path::PathBuf};
 
 use serde::Deserialize;
 
-use super::kubernetes::KubeClusterConfig;
+use super::{aws_batch::AwsBatchConfig, kubernetes::KubeClusterConfig};
 use crate::domain::ClusterName;
 
 /// One cluster, by backend kind.
@@ -35,6 +53,7 @@ use crate::domain::ClusterName;
 pub enum ClusterConfig {
     Sim(SimClusterConfig),
     Kubernetes(Box<KubeClusterConfig>),
+    AwsBatch(Box<AwsBatchConfig>),
 }
 
 impl ClusterConfig {
@@ -43,6 +62,7 @@ impl ClusterConfig {
         match self {
             ClusterConfig::Sim(c) => &c.name,
             ClusterConfig::Kubernetes(c) => &c.name,
+            ClusterConfig::AwsBatch(c) => &c.name,
         }
     }
 }
@@ -81,6 +101,9 @@ pub fn parse(text: &str) -> Result<Vec<ClusterConfig>, ClustersError> {
             .map_err(|e| ClustersError(format!("cluster name {:?}: {}", cluster.name(), e.message)))?;
         if !names.insert(cluster.name().to_owned()) {
             return Err(ClustersError(format!("cluster {:?} is declared twice", cluster.name())));
+        }
+        if let ClusterConfig::AwsBatch(c) = cluster {
+            c.validate().map_err(ClustersError)?;
         }
     }
     Ok(file.clusters)

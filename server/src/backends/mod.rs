@@ -8,6 +8,7 @@
 //! `submit` finds the object it created before; `stop` and `delete` of an object that is
 //! already gone succeed.
 
+pub mod aws_batch;
 pub mod clusters;
 pub mod kubernetes;
 pub mod sim;
@@ -157,6 +158,11 @@ pub struct InventoryNode {
     pub zone: Option<String>,
     /// A cloud pool without topology; `gpus` is its maximum size.
     pub elastic: bool,
+    /// Spot capacity: only jobs that allow spot are placed on it.
+    pub spot: bool,
+    /// The pool's own price per GPU-hour in micro-units, which jobs on it are metered at
+    /// instead of the rate card; `None` for the rate card.
+    pub price_micros_per_gpu_hour: Option<i64>,
 }
 
 /// A GPU class a backend knows the shape of (the simulator's inventory declares them, a

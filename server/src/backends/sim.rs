@@ -33,6 +33,8 @@
 //! name = "cloud-h100"
 //! gpu_class = "h100-80gb"
 //! max_gpus = 32                  # 1..=64
+//! spot = false                   # optional: spot capacity, only for jobs that allow spot
+//! price_per_gpu_hour = 6.5       # optional: metered at this price instead of the rate card
 //! ```
 //!
 //! A MIG-partitioned node is several `[[node]]` entries with the same name, one per MIG
@@ -173,6 +175,9 @@ struct PoolEntry {
     name: String,
     gpu_class: String,
     max_gpus: u32,
+    #[serde(default)]
+    spot: bool,
+    price_per_gpu_hour: Option<f64>,
 }
 
 /// A configuration that cannot be used.
@@ -285,6 +290,8 @@ impl TryFrom<SimConfigFile> for SimConfig {
                 rack: node.rack.clone(),
                 zone: node.zone.clone(),
                 elastic: false,
+                spot: false,
+                price_micros_per_gpu_hour: None,
             });
         }
         for (i, pool) in file.pool.iter().enumerate() {
@@ -297,6 +304,11 @@ impl TryFrom<SimConfigFile> for SimConfig {
             if !seen.insert((pool.name.as_str(), class.name.as_str())) {
                 return Err(invalid(key("name"), format!("{:?} offers class {:?} twice", pool.name, class.name)));
             }
+            let price = match pool.price_per_gpu_hour {
+                Some(p) if p.is_finite() && (0.0..1e6).contains(&p) => Some((p * 1_000_000.0).round() as i64),
+                Some(_) => return Err(invalid(key("price_per_gpu_hour"), "must be a price from 0 to 1000000")),
+                None => None,
+            };
             inventory.push(InventoryNode {
                 name: pool.name.clone(),
                 gpu_class: class.name.clone(),
@@ -305,6 +317,8 @@ impl TryFrom<SimConfigFile> for SimConfig {
                 rack: None,
                 zone: None,
                 elastic: true,
+                spot: pool.spot,
+                price_micros_per_gpu_hour: price,
             });
         }
         Ok(Self {

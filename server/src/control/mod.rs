@@ -330,6 +330,8 @@ pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend
             rack: n.rack,
             zone: n.zone,
             elastic: n.elastic,
+            spot: n.spot,
+            price_micros_per_gpu_hour: n.price_micros_per_gpu_hour,
         });
     }
     db::scheduling::replace_nodes(&mut tx, cluster_id, &rows).await?;

@@ -103,6 +103,7 @@ impl World {
                 rack,
                 zone,
                 elastic: n.elastic,
+                spot: n.spot,
             });
             node_refs.push((n.cluster_id, n.cluster.clone(), n.name.clone()));
         }
@@ -200,6 +201,7 @@ impl World {
             topology: topology(&job.topology_mode, job.topology_level.as_deref()),
             submitted_ms: millis(job.submitted_at),
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
+            allow_spot: job.allow_spot,
         })
     }
 
@@ -216,6 +218,7 @@ impl World {
             topology: topology(&job.topology_mode, job.topology_level.as_deref()),
             submitted_ms: self.snapshot.now_ms,
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
+            allow_spot: job.allow_spot,
         })
     }
 

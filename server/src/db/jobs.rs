@@ -30,6 +30,7 @@ pub struct JobRow {
     pub topology_level: Option<String>,
     pub preemption_grace_seconds: Option<i32>,
     pub max_retries: i32,
+    pub allow_spot: bool,
     pub state: String,
     pub attempt: i32,
     pub holds_gpus: bool,
@@ -72,6 +73,8 @@ pub struct NewJob {
     pub topology_level: Option<String>,
     pub preemption_grace_seconds: Option<i32>,
     pub max_retries: i32,
+    /// Tolerates spot capacity.
+    pub allow_spot: bool,
 }
 
 /// The channel the scheduler listens on for work.
@@ -106,14 +109,14 @@ pub async fn insert_many(
         r#"with j as (
                insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
                                  max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
-                                 preemption_grace_seconds, max_retries, submitted_by)
+                                 preemption_grace_seconds, max_retries, allow_spot, submitted_by)
                select u.id, $1, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
-                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, $2
+                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, $2
                from unnest($3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[], $8::int4[], $9::int4[],
                            $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[], $14::text[], $15::text[],
-                           $16::int4[], $17::int4[])
+                           $16::int4[], $17::int4[], $18::bool[])
                     as u(id, name, class, priority, replicas, gpus, runtime, image, command, env, labels, mode, level,
-                         grace, retries)
+                         grace, retries, spot)
                returning id, seq, submitted_at
            ),
            e as (
@@ -138,6 +141,7 @@ pub async fn insert_many(
         &levels as &[Option<String>],
         &graces as &[Option<i32>],
         &ints(|j| j.max_retries),
+        &jobs.iter().map(|j| j.allow_spot).collect::<Vec<_>>(),
     )
     .fetch_all(db)
     .await
@@ -167,6 +171,7 @@ impl JobRow {
             topology_level: job.topology_level,
             preemption_grace_seconds: job.preemption_grace_seconds,
             max_retries: job.max_retries,
+            allow_spot: job.allow_spot,
             state: "pending".into(),
             attempt: 0,
             holds_gpus: false,
@@ -216,7 +221,7 @@ pub async fn get(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> Result<Option<JobRo
                   j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
-                  j.preemption_grace_seconds, j.max_retries, j.state, j.attempt, j.holds_gpus,
+                  j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state, j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
                   j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
                   j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
@@ -257,7 +262,7 @@ pub async fn list(pool: &PgPool, team_id: Uuid, filter: &JobFilter, limit: i64) 
                   j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
-                  j.preemption_grace_seconds, j.max_retries, j.state, j.attempt, j.holds_gpus,
+                  j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state, j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
                   j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
                   j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,

@@ -25,6 +25,8 @@ pub struct IntervalToMeter {
     pub ended_at: Option<DateTime<Utc>>,
     pub price_multiplier_milli: i32,
     pub labels: Value,
+    /// The price of the pool it ran on, which replaces the rate card; `None` for the card.
+    pub rate_micros_per_gpu_hour: Option<i64>,
 }
 
 /// The intervals of the attempts `keys` (job, attempt) that were opened, locked in job
@@ -37,7 +39,8 @@ pub async fn intervals_for_update(tx: &mut Tx<'_>, keys: &[(Uuid, i32)]) -> Resu
         r#"select u.job_id, u.attempt, j.name as job_name, u.team_id, t.name as team_name,
                   u.gpu_class_id, c.name as gpu_class, u.priority_class, u.gpus, u.fraction_milli, u.borrowing,
                   u.started_at, u.ended_at,
-                  coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!", j.labels
+                  coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!", j.labels,
+                  u.rate_micros_per_gpu_hour
            from unnest($1::uuid[], $2::int4[]) as k(job_id, attempt)
            join usage_intervals u on u.job_id = k.job_id and u.attempt = k.attempt
            join jobs j on j.id = u.job_id

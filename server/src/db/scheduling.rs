@@ -100,6 +100,8 @@ pub struct NodeRow {
     pub rack: Option<String>,
     pub zone: Option<String>,
     pub elastic: bool,
+    pub spot: bool,
+    pub price_micros_per_gpu_hour: Option<i64>,
 }
 
 /// Ensures a cluster row exists and returns its id.
@@ -155,9 +157,13 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow])
     let racks: Vec<Option<String>> = nodes.iter().map(|n| n.rack.clone()).collect();
     let zones: Vec<Option<String>> = nodes.iter().map(|n| n.zone.clone()).collect();
     let elastic: Vec<bool> = nodes.iter().map(|n| n.elastic).collect();
+    let spot: Vec<bool> = nodes.iter().map(|n| n.spot).collect();
+    let prices: Vec<Option<i64>> = nodes.iter().map(|n| n.price_micros_per_gpu_hour).collect();
     sqlx::query!(
-        "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic)
-         select $1, * from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[])",
+        "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic,
+                                    spot, price_micros_per_gpu_hour)
+         select $1, * from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[],
+                                  $9::bool[], $10::int8[])",
         cluster_id,
         &names,
         &classes,
@@ -165,7 +171,9 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow])
         &domains,
         &racks as &[Option<String>],
         &zones as &[Option<String>],
-        &elastic
+        &elastic,
+        &spot,
+        &prices as &[Option<i64>]
     )
     .execute(&mut **tx)
     .await?;
@@ -256,6 +264,7 @@ pub struct LiveJob {
     pub last_checkpoint_at: Option<DateTime<Utc>>,
     /// The reason last recorded while it waits.
     pub pending_reason: Option<String>,
+    pub allow_spot: bool,
 }
 
 /// Everything a snapshot is built from, read in one repeatable-read transaction.
@@ -289,7 +298,7 @@ pub async fn snapshot_rows(pool: &PgPool, half_life_seconds: f64) -> Result<Snap
     let nodes = sqlx::query_as!(
         NodeRow,
         "select n.cluster_id, cl.name as cluster, n.name, n.gpu_class_id, n.gpus, n.nvlink_domain_size, n.rack, n.zone,
-                n.elastic
+                n.elastic, n.spot, n.price_micros_per_gpu_hour
          from cluster_nodes n join clusters cl on cl.id = n.cluster_id
          order by cl.name, n.name, n.gpu_class_id"
     )
@@ -337,7 +346,7 @@ pub async fn snapshot_rows(pool: &PgPool, half_life_seconds: f64) -> Result<Snap
         r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
                   topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
                   cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
-                  pending_reason
+                  pending_reason, allow_spot
            from jobs
            where state in ('pending', 'admitted', 'running') or holds_gpus
            order by seq"#
@@ -682,9 +691,13 @@ pub async fn open_interval(
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "insert into usage_intervals (job_id, attempt, team_id, gpu_class_id, priority_class, gpus, fraction_milli,
-                                      borrowing, started_at)
+                                      borrowing, started_at, rate_micros_per_gpu_hour)
          select j.id, $2, j.team_id, j.gpu_class_id, j.priority_class, j.replicas * j.gpus_per_replica,
-                c.fraction_milli, j.borrowing, $3
+                c.fraction_milli, j.borrowing, $3,
+                -- A pool with a price of its own (a cloud pool) meters the attempt at it.
+                (select n.price_micros_per_gpu_hour from cluster_nodes n
+                 where n.cluster_id = j.cluster_id and n.gpu_class_id = j.gpu_class_id
+                   and n.name = j.placement -> 0 ->> 'node')
          from jobs j join gpu_classes c on c.id = j.gpu_class_id
          where j.id = $1 and j.attempt = $2
          on conflict (job_id, attempt) do nothing",

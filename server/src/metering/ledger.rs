@@ -63,7 +63,12 @@ pub async fn book_many(
     for interval in &intervals {
         let Some(end) = interval.ended_at.or(until) else { continue };
         let pieces = booked.get(&(interval.job_id, interval.attempt)).map(Vec::as_slice).unwrap_or_default();
-        let card = rates.get(&interval.gpu_class_id).map(Vec::as_slice).unwrap_or_default();
+        // A pool's own price holds for the whole attempt; otherwise the rate card's changes.
+        let pool_price = interval.rate_micros_per_gpu_hour.map(|rate| [(DateTime::<Utc>::UNIX_EPOCH, rate)]);
+        let card = match &pool_price {
+            Some(price) => price.as_slice(),
+            None => rates.get(&interval.gpu_class_id).map(Vec::as_slice).unwrap_or_default(),
+        };
         for row in rows_to_book(interval, pieces, card, end, pricing.chargeback) {
             rows.push((interval, row));
         }
@@ -174,6 +179,7 @@ mod tests {
             ended_at: end.map(t),
             price_multiplier_milli: 1500,
             labels: serde_json::json!({}),
+            rate_micros_per_gpu_hour: None,
         }
     }
 

@@ -9,6 +9,12 @@
 //!
 //! Per class, nodes are bucketed by their free whole units, so finding the best-fit node is
 //! a walk over at most 65 buckets, not over every node.
+//!
+//! A gang is placed in one tier of capacity, tried in order: the organisation's own nodes
+//! (already paid for), then elastic cloud pools, spot ones first for jobs that allow spot
+//! (cheaper, and interruptions requeue them), then on-demand ones, and only as a last resort
+//! across tiers. Jobs that do not allow spot never land on spot pools, so for them reserved
+//! quota is guaranteed on the capacity outside spot pools.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -16,9 +22,35 @@ use super::snapshot::{ClassId, JobSpec, Level, Node, NodeId, ReplicaPlacement, T
 
 const UNIT_U16: u16 = UNIT as u16;
 
+/// A tier of capacity a gang is placed within (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    OnPrem,
+    Spot,
+    OnDemand,
+    /// Every node the job may use, tiers mixed: the last resort, so that a gang whose room
+    /// is split across tiers (reserved quota it is owed, say) still runs.
+    Mixed {
+        spot: bool,
+    },
+}
+
+impl Tier {
+    fn admits(self, node: &NodeState) -> bool {
+        match self {
+            Tier::OnPrem => !node.elastic,
+            Tier::Spot => node.elastic && node.spot,
+            Tier::OnDemand => node.elastic && !node.spot,
+            Tier::Mixed { spot } => spot || !node.spot,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct NodeState {
     class: ClassId,
+    elastic: bool,
+    spot: bool,
     /// Free milli per unit.
     free: Vec<u16>,
     free_whole: u8,
@@ -49,6 +81,8 @@ struct ClassIndex {
     capacity_milli: u64,
     /// Most units on one node.
     max_node_units: u8,
+    /// Whether any node of the class is an elastic pool (else one tier holds everything).
+    has_elastic: bool,
     /// Free whole units per rack and per zone.
     rack_free: BTreeMap<u64, u32>,
     zone_free: BTreeMap<u64, u32>,
@@ -76,6 +110,8 @@ impl Inventory {
             let zone = n.zone.map_or(u64::from(u32::MAX) + 1 + i as u64, u64::from);
             let state = NodeState {
                 class: n.class,
+                elastic: n.elastic,
+                spot: n.spot,
                 free: vec![UNIT_U16; usize::from(units)],
                 free_whole: units,
                 domain_size: if n.elastic { 0 } else { n.nvlink_domain_size },
@@ -87,6 +123,7 @@ impl Inventory {
                 c.free_milli += u64::from(units) * u64::from(UNIT);
                 c.capacity_milli += u64::from(units) * u64::from(UNIT);
                 c.max_node_units = c.max_node_units.max(units);
+                c.has_elastic |= n.elastic;
                 *c.rack_free.entry(rack).or_default() += u32::from(units);
                 *c.zone_free.entry(zone).or_default() += u32::from(units);
             }
@@ -204,23 +241,35 @@ impl Inventory {
         if self.free_milli(job.class) < job.total_milli() {
             return None;
         }
-        match job.topology {
-            Topology::Any => self.find_anywhere(job),
-            Topology::Required(level) => self.find_within(job, level),
-            Topology::Preferred(level) => self.find_within(job, level).or_else(|| self.find_anywhere(job)),
-        }
+        let has_elastic = self.classes.get(usize::from(job.class)).is_some_and(|c| c.has_elastic);
+        let tiers: &[Option<Tier>] = match (has_elastic, job.allow_spot) {
+            // One tier holds everything: no filter to pay for.
+            (false, _) => &[None],
+            (true, true) => {
+                &[Some(Tier::OnPrem), Some(Tier::Spot), Some(Tier::OnDemand), Some(Tier::Mixed { spot: true })]
+            }
+            (true, false) => &[Some(Tier::OnPrem), Some(Tier::OnDemand), Some(Tier::Mixed { spot: false })],
+        };
+        tiers.iter().find_map(|&tier| match job.topology {
+            Topology::Any => self.place_replicas(job, None, tier),
+            Topology::Required(level) => self.find_within(job, level, tier),
+            Topology::Preferred(level) => {
+                self.find_within(job, level, tier).or_else(|| self.place_replicas(job, None, tier))
+            }
+        })
     }
 
-    /// Places replicas one by one, best-fit, optionally within one rack or zone, taking each
-    /// tentatively so the next sees it; everything is given back before returning.
-    fn find_anywhere(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
-        self.place_replicas(job, None)
-    }
-
-    fn place_replicas(&mut self, job: &JobSpec, within: Option<DomainFilter>) -> Option<Vec<ReplicaPlacement>> {
+    /// Places replicas one by one, best-fit, optionally within one rack or zone and one tier,
+    /// taking each tentatively so the next sees it; everything is given back before returning.
+    fn place_replicas(
+        &mut self,
+        job: &JobSpec,
+        within: Option<DomainFilter>,
+        tier: Option<Tier>,
+    ) -> Option<Vec<ReplicaPlacement>> {
         let mut placed: Vec<ReplicaPlacement> = Vec::with_capacity(usize::from(job.replicas));
         for _ in 0..job.replicas {
-            match self.best_replica(job.class, job.milli_per_replica, within) {
+            match self.best_replica(job.class, job.milli_per_replica, within, tier) {
                 Some(r) => {
                     self.allocate(std::slice::from_ref(&r));
                     placed.push(r);
@@ -236,14 +285,19 @@ impl Inventory {
     }
 
     /// Places the gang inside one domain of `level`, choosing the fullest domain that holds it.
-    fn find_within(&mut self, job: &JobSpec, level: Level) -> Option<Vec<ReplicaPlacement>> {
+    fn find_within(&mut self, job: &JobSpec, level: Level, tier: Option<Tier>) -> Option<Vec<ReplicaPlacement>> {
         // Shares may all fit on partly used units: no whole unit is required of a domain.
         let whole_needed = if job.milli_per_replica >= UNIT { (job.total_milli() / u64::from(UNIT)) as u32 } else { 0 };
         match level {
             Level::Node | Level::NvlinkDomain => {
                 let class = self.classes.get(usize::from(job.class))?;
-                let candidates: Vec<NodeId> =
-                    class.buckets.iter().skip(whole_needed.min(64) as usize).flat_map(|b| b.iter().copied()).collect();
+                let candidates: Vec<NodeId> = class
+                    .buckets
+                    .iter()
+                    .skip(whole_needed.min(64) as usize)
+                    .flat_map(|b| b.iter().copied())
+                    .filter(|&n| tier.is_none_or(|t| t.admits(&self.nodes[n as usize])))
+                    .collect();
                 for node in candidates {
                     if let Some(p) = self.place_on_node(job, node, level == Level::NvlinkDomain) {
                         return Some(p);
@@ -259,7 +313,7 @@ impl Inventory {
                 domains.sort_unstable();
                 for (_, key) in domains {
                     let filter = DomainFilter { level, key };
-                    if let Some(p) = self.place_replicas(job, Some(filter)) {
+                    if let Some(p) = self.place_replicas(job, Some(filter), tier) {
                         return Some(p);
                     }
                 }
@@ -313,9 +367,18 @@ impl Inventory {
     }
 
     /// The best place for one replica of the class, optionally within a rack or zone.
-    fn best_replica(&self, class: ClassId, milli: u32, within: Option<DomainFilter>) -> Option<ReplicaPlacement> {
+    fn best_replica(
+        &self,
+        class: ClassId,
+        milli: u32,
+        within: Option<DomainFilter>,
+        tier: Option<Tier>,
+    ) -> Option<ReplicaPlacement> {
         let index = self.classes.get(usize::from(class))?;
-        let allowed = |node: NodeId| within.is_none_or(|f| f.contains(&self.nodes[node as usize]));
+        let allowed = |node: NodeId| {
+            let state = &self.nodes[node as usize];
+            within.is_none_or(|f| f.contains(state)) && tier.is_none_or(|t| t.admits(state))
+        };
         if milli < UNIT {
             // A share: the partially used unit with the least room that fits, so whole
             // units stay whole for whole-GPU jobs.
@@ -425,6 +488,7 @@ mod tests {
             rack: Some(rack),
             zone: Some(0),
             elastic: false,
+            spot: false,
         }
     }
 
@@ -439,7 +503,40 @@ mod tests {
             topology,
             submitted_ms: 0,
             max_runtime_ms: 1,
+            allow_spot: false,
         }
+    }
+
+    fn pool(name: &str, units: u8, spot: bool) -> Node {
+        Node { elastic: true, spot, rack: None, zone: None, nvlink_domain_size: 0, ..node(name, units, 0) }
+    }
+
+    #[test]
+    fn gangs_use_own_nodes_first_then_spot_pools_only_if_they_allow_spot_then_on_demand_pools() {
+        // An on-demand pool (0), a spot pool (1) and one own node (2), 8 GPUs each.
+        let nodes = [pool("on-demand", 8, false), pool("spot", 8, true), node("own", 8, 0)];
+        let mut inv = Inventory::new(&nodes, 1);
+        let tolerant = JobSpec { allow_spot: true, ..job(1, 8000, Topology::Any) };
+        assert_eq!(inv.find(&job(1, 8000, Topology::Any)).unwrap()[0].node, 2, "own node first");
+        assert_eq!(inv.find(&tolerant).unwrap()[0].node, 2, "own node first, spot or not");
+        inv.allocate(&inv.clone().find(&job(1, 8000, Topology::Any)).unwrap());
+        assert_eq!(inv.find(&tolerant).unwrap()[0].node, 1, "then the spot pool for a spot-tolerant job");
+        assert_eq!(inv.find(&job(1, 8000, Topology::Any)).unwrap()[0].node, 0, "never spot for the others");
+        // With the on-demand pool full too, a job that refuses spot waits.
+        inv.allocate(&[ReplicaPlacement { node: 0, units: (0..8).map(|u| (u, 1000)).collect() }]);
+        assert!(inv.find(&job(1, 8000, Topology::Any)).is_none());
+        assert_eq!(inv.find(&tolerant).unwrap()[0].node, 1);
+    }
+
+    #[test]
+    fn a_gang_whose_room_is_split_across_tiers_still_fits_as_a_last_resort() {
+        let nodes = [pool("on-demand", 8, false), node("own", 8, 0)];
+        let mut inv = Inventory::new(&nodes, 1);
+        inv.allocate(&[ReplicaPlacement { node: 0, units: (0..4).map(|u| (u, 1000)).collect() }]);
+        inv.allocate(&[ReplicaPlacement { node: 1, units: (0..4).map(|u| (u, 1000)).collect() }]);
+        let p = inv.find(&job(2, 4000, Topology::Any)).unwrap();
+        let used: BTreeSet<NodeId> = p.iter().map(|r| r.node).collect();
+        assert_eq!(used, BTreeSet::from([0, 1]));
     }
 
     #[test]

@@ -76,6 +76,8 @@ pub struct Node {
     pub zone: Option<u32>,
     /// A cloud-batch pool without topology.
     pub elastic: bool,
+    /// Spot capacity (a pool): only jobs that allow spot are placed on it.
+    pub spot: bool,
 }
 
 /// A team's quota for one class, in milli-units.
@@ -148,6 +150,8 @@ pub struct JobSpec {
     pub submitted_ms: i64,
     /// Longest it may run; it is stopped then.
     pub max_runtime_ms: i64,
+    /// The job tolerates spot capacity (interruptions requeue it).
+    pub allow_spot: bool,
 }
 
 impl JobSpec {

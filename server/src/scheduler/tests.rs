@@ -50,6 +50,7 @@ fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
                 rack: Some(0),
                 zone: Some(0),
                 elastic: false,
+                spot: false,
             })
             .collect(),
         teams,
@@ -71,6 +72,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         topology: Topology::Any,
         submitted_ms: NOW - HOUR + id as i64,
         max_runtime_ms: 4 * HOUR,
+        allow_spot: false,
     }
 }
 

@@ -189,6 +189,7 @@ fn build_nodes(groups: &[NodeGroup], class_ids: &HashMap<&str, ClassId>) -> Resu
                 rack,
                 zone: Some(0),
                 elastic: false,
+                spot: false,
             });
         }
         if let Some(per_rack) = group.nodes_per_rack {

@@ -202,6 +202,7 @@ impl Place for FairwayPlacer {
             topology: Topology::Any,
             submitted_ms: 0,
             max_runtime_ms: 1,
+            allow_spot: false,
         };
         match self.inventory.find(&job) {
             Some(placement) => {
@@ -302,6 +303,7 @@ mod tests {
                 rack: Some(0),
                 zone: Some(0),
                 elastic: false,
+                spot: false,
             })
             .collect()
     }

@@ -415,6 +415,7 @@ impl<'a> Replay<'a> {
             topology: Topology::Any,
             submitted_ms: j.submit_ms,
             max_runtime_ms: j.max_runtime_ms,
+            allow_spot: false,
         }
     }
 

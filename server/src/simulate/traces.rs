@@ -367,6 +367,7 @@ pub fn alibaba_cluster(nodes: &[AlibabaNode], quotas: &[(String, u32)]) -> Clust
             rack: Some(i as u32 / ALIBABA_NODES_PER_RACK),
             zone: Some(0),
             elastic: false,
+            spot: false,
         })
         .collect();
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();

@@ -14,6 +14,8 @@ use std::{
 use base64::Engine as _;
 
 pub mod kube_peer;
+pub mod moto;
+pub mod platform;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_fairway");
 

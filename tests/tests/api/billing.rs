@@ -75,6 +75,7 @@ async fn admitted_job(s: &Setup, team: Uuid, class: Uuid, gpus: i32, name: &str)
         topology_level: None,
         preemption_grace_seconds: None,
         max_retries: 0,
+        allow_spot: false,
     };
     let id = job.id;
     db::jobs::insert_many(&s.app.pool, team, "test", &[job]).await.expect("insert job");

@@ -113,6 +113,8 @@ async fn two_nodes_of_eight(app: &TestApp) {
             rack: Some(rack.into()),
             zone: Some("zone-1".into()),
             elastic: false,
+            spot: false,
+            price_micros_per_gpu_hour: None,
         })
         .collect();
     fairway::db::scheduling::replace_nodes(&mut tx, cluster, &nodes).await.expect("nodes");

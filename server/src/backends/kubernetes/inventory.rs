@@ -137,6 +137,8 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
         rack: label(&settings.rack_label),
         zone: label(&settings.zone_label),
         elastic: false,
+        spot: false,
+        price_micros_per_gpu_hour: None,
     };
     let mut out = Vec::new();
     // Under the `single` strategy every GPU is cut alike and the product label names the

@@ -1,0 +1,227 @@
+//! The `aws-batch` backend against moto's server (a faithful fake of AWS Batch, see
+//! `common::moto`), beside the simulated on-premises cluster, through a real `fairway serve`
+//! and real HTTP: bursts overflow into the cloud pool at its price, spot-tolerant jobs take
+//! the spot pool and no other job does, failures map to outcomes, and killing Fairway during
+//! dispatch never submits a job twice.
+
+mod common;
+
+use std::{collections::BTreeMap, time::Duration};
+
+use common::{fresh_dir, moto::Moto, platform::Platform};
+use serde_json::{json, Value};
+
+const ON_DEMAND_QUEUE: &str = "fairway-p5-on-demand";
+const SPOT_QUEUE: &str = "fairway-p5-spot";
+
+/// One 8×H100 node on premises (the simulator) and an AWS account with an on-demand pool at
+/// 6.50 per GPU-hour and a spot pool at 2.10, both of up to 16 H100.
+async fn platform(test: &str, moto: &Moto) -> Platform {
+    moto.queue(ON_DEMAND_QUEUE).await;
+    moto.queue(SPOT_QUEUE).await;
+    let dir = fresh_dir(&format!("cloud-{test}-sim"));
+    let inventory = dir.join("sim.toml");
+    std::fs::write(
+        &inventory,
+        r#"[[class]]
+name = "h100-80gb"
+kind = "whole"
+memory_mib = 81920
+
+[[node]]
+name = "onprem-1"
+gpu_class = "h100-80gb"
+gpus = 8
+rack = "r1"
+"#,
+    )
+    .unwrap();
+    let clusters = format!(
+        r#"[[cluster]]
+name = "onprem"
+kind = "sim"
+inventory = "{}"
+
+[[cluster]]
+name = "aws"
+kind = "aws-batch"
+region = "us-east-1"
+endpoint_url = "{}"
+poll_interval_seconds = 1
+
+[[cluster.pool]]
+name = "aws-h100"
+job_queue = "{ON_DEMAND_QUEUE}"
+instance_type = "p5.48xlarge"
+gpu_class = "h100-80gb"
+gpus_per_instance = 8
+max_instances = 2
+price_per_gpu_hour = 6.50
+
+[[cluster.pool]]
+name = "aws-h100-spot"
+job_queue = "{SPOT_QUEUE}"
+instance_type = "p5.48xlarge"
+gpu_class = "h100-80gb"
+gpus_per_instance = 8
+max_instances = 2
+price_per_gpu_hour = 2.10
+spot = true
+"#,
+        inventory.display(),
+        moto.url
+    );
+    let env =
+        [("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"), ("AWS_EC2_METADATA_DISABLED", "true")];
+    let p = Platform::start(test, &clusters, &env).await;
+    p.team("ml", "h100-80gb", 8, 24).await;
+    p
+}
+
+fn job(name: &str, allow_spot: bool, sim_seconds: u32) -> Value {
+    json!({"name": name, "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8,
+           "image": "nvcr.io/nvidia/pytorch:24.05-py3", "command": ["python", "train.py"],
+           "priority_class": "experiment", "allow_spot": allow_spot,
+           "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": sim_seconds.to_string()}})
+}
+
+fn placed_on(job: &Value) -> (String, String) {
+    (
+        job["cluster"].as_str().unwrap_or_default().to_owned(),
+        job["placement"][0]["node"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_runs_in_the_cloud_pool_when_on_premises_is_full_and_spot_only_takes_spot_tolerant_jobs() {
+    let dir = fresh_dir("cloud-burst");
+    let moto = Moto::start(&dir, None).await;
+    let p = platform("burst", &moto).await;
+    // The team's reserved quota fills the only on-premises node.
+    let onprem = p.submit("ml", job("onprem", false, 600)).await;
+    let onprem = p.wait_state(&onprem, "running", Duration::from_secs(30)).await;
+    assert_eq!(placed_on(&onprem), ("onprem".to_owned(), "onprem-1".to_owned()));
+    // A burst that does not tolerate spot goes to the on-demand pool, and runs to success.
+    let burst = p.submit("ml", job("burst", false, 600)).await;
+    let burst = p.wait_state(&burst, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(placed_on(&burst), ("aws".to_owned(), "aws-h100".to_owned()));
+    // A spot-tolerant one goes to the spot pool.
+    let spot = p.submit("ml", job("spot", true, 600)).await;
+    let spot = p.wait_state(&spot, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(placed_on(&spot), ("aws".to_owned(), "aws-h100-spot".to_owned()));
+    // Each was submitted once, to its pool's queue, tagged for cost allocation.
+    let on_demand = moto.jobs_by_name(ON_DEMAND_QUEUE).await;
+    let spot_jobs = moto.jobs_by_name(SPOT_QUEUE).await;
+    assert_eq!(on_demand.len(), 1, "{on_demand:?}");
+    assert_eq!(spot_jobs.len(), 1, "{spot_jobs:?}");
+    let client = moto.client().await;
+    let id = client
+        .list_jobs()
+        .job_queue(SPOT_QUEUE)
+        .filters(aws_sdk_batch::types::KeyValuesPair::builder().name("JOB_NAME").values("fw-*").build())
+        .send()
+        .await
+        .unwrap()
+        .job_summary_list()[0]
+        .job_id()
+        .unwrap()
+        .to_owned();
+    let described = client.describe_jobs().jobs(id).send().await.unwrap();
+    let tags = described.jobs()[0].tags().cloned().unwrap_or_default();
+    assert_eq!(tags.get("fairway:team").map(String::as_str), Some("ml"));
+    assert_eq!(tags.get("fairway:job-id").map(String::as_str), spot["id"].as_str());
+    assert_eq!(tags.get("fairway:priority-class").map(String::as_str), Some("experiment"));
+    // The intervals of the cloud attempts carry their pool's price.
+    let rates: BTreeMap<String, Option<i64>> = sqlx::query_as::<_, (String, Option<i64>)>(
+        "select j.name, u.rate_micros_per_gpu_hour from usage_intervals u join jobs j on j.id = u.job_id",
+    )
+    .fetch_all(&p.pool)
+    .await
+    .unwrap()
+    .into_iter()
+    .collect();
+    assert_eq!(rates["burst"], Some(6_500_000));
+    assert_eq!(rates["spot"], Some(2_100_000));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_cloud_job_reports_an_application_failure_and_its_gpu_time_is_billed_at_the_pool_price() {
+    let dir = fresh_dir("cloud-fail");
+    // Every job fails two seconds after it is submitted: two seconds of eight GPUs ran.
+    let moto = Moto::start(&dir, Some(2)).await;
+    let p = platform("fail", &moto).await;
+    let onprem = p.submit("ml", job("onprem", false, 600)).await;
+    p.wait_state(&onprem, "running", Duration::from_secs(30)).await;
+    let burst = p.submit("ml", job("burst", false, 600)).await;
+    let failed = p.wait_state(&burst, "failed", Duration::from_secs(60)).await;
+    assert_eq!(placed_on(&failed), ("aws".to_owned(), "aws-h100".to_owned()));
+    let events = p.events(&burst).await;
+    assert!(events.iter().any(|(kind, reason)| kind == "failed" && reason.starts_with("app_failed")), "{events:?}");
+    let (rate, gpu_milli_ms): (i64, i64) = sqlx::query_as(
+        "select min(l.rate_micros_per_gpu_hour), sum(l.gpu_milli_ms)::int8 from usage_ledger l
+         join jobs j on j.id = l.job_id where j.name = 'burst'",
+    )
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(rate, 6_500_000, "metered at the pool's price, not the rate card");
+    // The service's own start and stop times: about two seconds of 8 GPUs.
+    assert!((8 * 1000 * 1_500..=8 * 1000 * 4_000).contains(&gpu_milli_ms), "{gpu_milli_ms}");
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_fairway_during_cloud_dispatch_twenty_times_never_submits_a_job_twice() {
+    const KILLS: u64 = 20;
+    let dir = fresh_dir("cloud-crash");
+    let moto = Moto::start(&dir, None).await;
+    let mut p = platform("crash", &moto).await;
+    let mut rng = fairway::rng::SplitMix64(0x0a75_ba7c);
+    let mut submitted = Vec::new();
+    for round in 0..KILLS {
+        // On premises stays busy, so every job of the round bursts into the cloud pools.
+        for i in 0..3 {
+            let id = p.submit("ml", job(&format!("r{round}-{i}"), i == 2, 600)).await;
+            submitted.push(id);
+        }
+        tokio::time::sleep(Duration::from_millis(100 + rng.next_u64() % 900)).await;
+        p.server.as_ref().unwrap().signal(libc::SIGKILL);
+        p.restart();
+        p.login().await;
+    }
+    // Every cloud job ends; none was submitted twice.
+    p.wait("every cloud job to finish", Duration::from_secs(120), || {
+        let p = &p;
+        async move {
+            let open: i64 = sqlx::query_scalar(
+                "select count(*) from jobs where state not in ('succeeded', 'running') or
+                 (state = 'running' and cluster_id <> (select id from clusters where name = 'onprem'))",
+            )
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+            (open == 0).then_some(())
+        }
+    })
+    .await;
+    let mut names = moto.jobs_by_name(ON_DEMAND_QUEUE).await;
+    names.extend(moto.jobs_by_name(SPOT_QUEUE).await);
+    assert!(names.values().all(|&n| n == 1), "a job submitted twice: {names:?}");
+    let cloud: i64 =
+        sqlx::query_scalar("select count(*) from jobs j join clusters c on c.id = j.cluster_id where c.name = 'aws'")
+            .fetch_one(&p.pool)
+            .await
+            .unwrap();
+    assert_eq!(names.len() as i64, cloud, "one AWS job per cloud attempt");
+    let twice: i64 = sqlx::query_scalar(
+        "select count(*) from (select job_id, attempt from job_events where kind = 'dispatched'
+         group by 1, 2 having count(*) > 1) d",
+    )
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(twice, 0, "no attempt dispatched twice");
+    println!("{} jobs, {} of them in the cloud, across {KILLS} kills", submitted.len(), names.len());
+    p.stop().await;
+}
