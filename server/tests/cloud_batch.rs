@@ -225,3 +225,45 @@ async fn killing_fairway_during_cloud_dispatch_twenty_times_never_submits_a_job_
     println!("{} jobs, {} of them in the cloud, across {KILLS} kills", submitted.len(), names.len());
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_interruption_requeues_the_job_without_counting_as_a_failure() {
+    let dir = fresh_dir("cloud-spot");
+    // Jobs end three seconds after submission (as failures, unless interrupted first).
+    let moto = Moto::start(&dir, Some(3)).await;
+    let p = platform("spot", &moto).await;
+    let onprem = p.submit("ml", job("onprem", false, 600)).await;
+    p.wait_state(&onprem, "running", Duration::from_secs(30)).await;
+    // No application retries: only an interruption that is not the job's fault may rerun it.
+    let mut body = job("tolerant", true, 600);
+    body["max_retries"] = json!(0);
+    let id = p.submit("ml", body).await;
+    // While its first attempt runs, the spot instance is reclaimed under it.
+    let client = moto.client().await;
+    let batch_job = p
+        .wait("the first attempt in the spot queue", Duration::from_secs(30), || {
+            let client = &client;
+            async move {
+                let filter = aws_sdk_batch::types::KeyValuesPair::builder().name("JOB_NAME").values("fw-*").build();
+                let listed = client.list_jobs().job_queue(SPOT_QUEUE).filters(filter).send().await.ok()?;
+                listed.job_summary_list().first().and_then(|j| j.job_id()).map(str::to_owned)
+            }
+        })
+        .await;
+    client
+        .terminate_job()
+        .job_id(batch_job)
+        .reason("Host EC2 (instance i-0abc123def) terminated.")
+        .send()
+        .await
+        .unwrap();
+    // The second attempt runs and fails on its own: that is the job's one failure.
+    let done = p.wait_state(&id, "failed", Duration::from_secs(60)).await;
+    assert_eq!(done["attempt"], 2, "{done:#}");
+    assert_eq!(done["preemptions"], 1, "{done:#}");
+    let events = p.events(&id).await;
+    assert!(events.contains(&("requeued".to_owned(), "preempted".to_owned())), "{events:?}");
+    assert_eq!(events.iter().filter(|(kind, _)| kind == "failed").count(), 1, "{events:?}");
+    assert_eq!(moto.jobs_by_name(SPOT_QUEUE).await.len(), 2, "one AWS job per attempt");
+    p.stop().await;
+}
