@@ -20,6 +20,7 @@ use crate::{
     backends::{
         aws_batch::AwsBatchBackend,
         clusters::ClusterConfig,
+        gcp_batch::GcpBatchBackend,
         kubernetes::{KubeBackend, Wake},
         sim::{SimBackend, SimConfig},
         Backend,
@@ -315,6 +316,7 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
                         sim.cluster = c.name.clone();
                         Arc::new(SimBackend::new(pool_of(4), sim))
                     }
+                    ClusterConfig::GcpBatch(c) => Arc::new(GcpBatchBackend::new(*c)),
                     ClusterConfig::AwsBatch(c) => {
                         let client = c.client().await;
                         Arc::new(AwsBatchBackend::new(client, *c))

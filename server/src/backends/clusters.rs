@@ -38,13 +38,19 @@
 //! spot = true
 //! ```
 //!
-//! The settings are documented on [`KubeClusterConfig`] and [`AwsBatchConfig`].
+//! A Google Cloud Batch cluster is alike, with a machine type and accelerator per pool
+//! (`kind = "gcp-batch"`, `project`, `location`, `[[cluster.pool]]` with `machine_type`,
+//! `accelerator_type`, `gpu_class`, `gpus_per_instance`, `max_instances`,
+//! `price_per_gpu_hour`, `spot`).
+//!
+//! The settings are documented on [`KubeClusterConfig`], [`AwsBatchConfig`] and
+//! [`GcpBatchConfig`].
 
 use std::{collections::HashSet, path::PathBuf};
 
 use serde::Deserialize;
 
-use super::{aws_batch::AwsBatchConfig, kubernetes::KubeClusterConfig};
+use super::{aws_batch::AwsBatchConfig, gcp_batch::GcpBatchConfig, kubernetes::KubeClusterConfig};
 use crate::domain::ClusterName;
 
 /// One cluster, by backend kind.
@@ -54,6 +60,7 @@ pub enum ClusterConfig {
     Sim(SimClusterConfig),
     Kubernetes(Box<KubeClusterConfig>),
     AwsBatch(Box<AwsBatchConfig>),
+    GcpBatch(Box<GcpBatchConfig>),
 }
 
 impl ClusterConfig {
@@ -63,6 +70,7 @@ impl ClusterConfig {
             ClusterConfig::Sim(c) => &c.name,
             ClusterConfig::Kubernetes(c) => &c.name,
             ClusterConfig::AwsBatch(c) => &c.name,
+            ClusterConfig::GcpBatch(c) => &c.name,
         }
     }
 }
@@ -102,8 +110,10 @@ pub fn parse(text: &str) -> Result<Vec<ClusterConfig>, ClustersError> {
         if !names.insert(cluster.name().to_owned()) {
             return Err(ClustersError(format!("cluster {:?} is declared twice", cluster.name())));
         }
-        if let ClusterConfig::AwsBatch(c) = cluster {
-            c.validate().map_err(ClustersError)?;
+        match cluster {
+            ClusterConfig::AwsBatch(c) => c.validate().map_err(ClustersError)?,
+            ClusterConfig::GcpBatch(c) => c.validate().map_err(ClustersError)?,
+            _ => {}
         }
     }
     Ok(file.clusters)

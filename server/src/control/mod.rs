@@ -292,6 +292,16 @@ async fn inventory(ctx: Ctx) {
 /// Writes every backend's inventory into `cluster_nodes` (and its capacity), creating the
 /// cluster and any GPU class the backend declares that the catalogue lacks.
 pub async fn sync_inventory(ctx: &Ctx) -> Result<(), ControlError> {
+    // Every backend's GPU classes first: a cloud pool may offer a class only another cluster
+    // declares, and its nodes must not be dropped for being of an unknown class.
+    let mut tx = ctx.pool.begin().await?;
+    for backend in ctx.backends.values() {
+        for class in backend.declared_classes() {
+            db::scheduling::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
+                .await?;
+        }
+    }
+    tx.commit().await?;
     // One unreachable cluster must not hold back the others' inventories.
     let mut first_error = None;
     for (cluster, backend) in ctx.backends.iter() {

@@ -13,6 +13,7 @@ use std::{
 
 use base64::Engine as _;
 
+pub mod gcp_fake;
 pub mod kube_peer;
 pub mod moto;
 pub mod platform;

@@ -1,0 +1,410 @@
+//! The `gcp-batch` backend: elastic GPU pools on Google Cloud Batch, over its REST API (the
+//! v1 `jobs` resource). Each pool is a machine type with attached accelerators, standard or
+//! spot, offering one GPU class as capacity without topology at its own price. An admitted
+//! gang becomes one Batch job whose task group has one task per replica, one per VM.
+//!
+//! - The job id is the object name (derived from the job id and attempt) and the request id
+//!   a UUID derived from it, so a retried create is answered `ALREADY_EXISTS` (or deduplicated)
+//!   instead of running twice.
+//! - Labels carry the cluster, team, job id, attempt and priority class for cost allocation.
+//! - Status comes from listing the cluster's jobs by label, at most once per poll interval.
+//!
+//! Its tests are contract tests: a fake server that keeps state, validating every request
+//! against the schemas of Google's discovery document (`server/tests/gcp_batch.rs`).
+
+pub mod status;
+
+use std::{
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use chrono::Utc;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::Mutex;
+use uuid::Uuid;
+
+use super::{Backend, BackendError, Gang, InventoryNode, ObjectStatus, Phase};
+
+/// A `gcp-batch` cluster's settings, from the clusters file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcpBatchConfig {
+    /// The Fairway cluster name.
+    pub name: String,
+    pub project: String,
+    /// The region jobs run in, e.g. `us-central1`.
+    pub location: String,
+    /// The API's root URL.
+    #[serde(default = "default_endpoint")]
+    pub endpoint: String,
+    /// A file holding an OAuth access token, re-read on every call (kept fresh by a
+    /// sidecar); without it, tokens come from the metadata server of the VM or pod
+    /// (workload identity).
+    pub access_token_file: Option<PathBuf>,
+    /// Status is read at most this often.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval_seconds: u64,
+    #[serde(rename = "pool")]
+    pub pools: Vec<GcpPoolConfig>,
+}
+
+fn default_endpoint() -> String {
+    "https://batch.googleapis.com".into()
+}
+fn default_poll_interval() -> u64 {
+    5
+}
+
+/// One elastic pool: a machine type with accelerators, standard or spot.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcpPoolConfig {
+    pub name: String,
+    /// e.g. `a3-highgpu-8g`.
+    pub machine_type: String,
+    /// e.g. `nvidia-h100-80gb`.
+    pub accelerator_type: String,
+    pub gpu_class: String,
+    pub gpus_per_instance: u32,
+    pub max_instances: u32,
+    /// Price per GPU-hour in the platform currency.
+    pub price_per_gpu_hour: f64,
+    /// Spot VMs (`provisioningModel: SPOT`).
+    #[serde(default)]
+    pub spot: bool,
+}
+
+impl GcpBatchConfig {
+    /// Checks what the engine and the service would refuse later.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.pools.is_empty() {
+            return Err(format!("cluster {}: no [[cluster.pool]]", self.name));
+        }
+        let mut names = std::collections::HashSet::new();
+        for p in &self.pools {
+            let bad = |why: &str| Err(format!("cluster {} pool {:?}: {why}", self.name, p.name));
+            if !names.insert(&p.name) {
+                return bad("declared twice");
+            }
+            if p.gpus_per_instance == 0 || p.max_instances == 0 || p.gpus_per_instance * p.max_instances > 64 {
+                return bad("gpus_per_instance × max_instances must be from 1 to 64");
+            }
+            if !(p.price_per_gpu_hour.is_finite() && (0.0..1e6).contains(&p.price_per_gpu_hour)) {
+                return bad("price_per_gpu_hour must be a price");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The backend of one Google Cloud project and region.
+pub struct GcpBatchBackend {
+    http: reqwest::Client,
+    config: GcpBatchConfig,
+    token: Mutex<Option<(String, Instant)>>,
+    cache: Mutex<Option<(Instant, Vec<Value>)>>,
+}
+
+const LABEL_CLUSTER: &str = "fairway-cluster";
+const LABEL_TEAM: &str = "fairway-team";
+const LABEL_JOB: &str = "fairway-job-id";
+const LABEL_ATTEMPT: &str = "fairway-attempt";
+const LABEL_PRIORITY: &str = "fairway-priority-class";
+const METADATA_TOKEN_URL: &str =
+    "http://metadata.google.internal/computeMetadata/v1/instance/service-accounts/default/token";
+
+/// Google's label values: lowercase letters, digits, `-` and `_`, at most 63 characters.
+fn label_value(v: &str) -> String {
+    v.chars()
+        .map(|c| c.to_ascii_lowercase())
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+        .take(63)
+        .collect()
+}
+
+/// The request id of an object's create: the same for every retry of it.
+pub fn request_id(object: &str) -> Uuid {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(object.as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Builder::from_random_bytes(bytes).into_uuid()
+}
+
+impl GcpBatchBackend {
+    /// A backend over the REST API.
+    pub fn new(config: GcpBatchConfig) -> Self {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("an HTTP client with the default TLS settings");
+        Self { http, config, token: Mutex::default(), cache: Mutex::default() }
+    }
+
+    fn jobs_url(&self) -> String {
+        format!(
+            "{}/v1/projects/{}/locations/{}/jobs",
+            self.config.endpoint.trim_end_matches('/'),
+            self.config.project,
+            self.config.location
+        )
+    }
+
+    fn transient(&self, what: &str, e: impl std::fmt::Display) -> BackendError {
+        BackendError::Transient(format!("cluster {}: {what}: {e}", self.config.name))
+    }
+
+    /// An access token: from the token file, or the metadata server (cached until shortly
+    /// before it expires).
+    async fn token(&self) -> Result<String, BackendError> {
+        if let Some(path) = &self.config.access_token_file {
+            let token = tokio::fs::read_to_string(path).await.map_err(|e| self.transient("read access token", e))?;
+            return Ok(token.trim().to_owned());
+        }
+        let mut cached = self.token.lock().await;
+        if let Some((token, until)) = cached.as_ref() {
+            if Instant::now() < *until {
+                return Ok(token.clone());
+            }
+        }
+        let answer: Value = self
+            .http
+            .get(METADATA_TOKEN_URL)
+            .header("Metadata-Flavor", "Google")
+            .send()
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .map_err(|e| self.transient("metadata server token", e))?
+            .json()
+            .await
+            .map_err(|e| self.transient("metadata server token", e))?;
+        let token = answer["access_token"].as_str().unwrap_or_default().to_owned();
+        let lifetime = answer["expires_in"].as_u64().unwrap_or(300).saturating_sub(60);
+        *cached = Some((token.clone(), Instant::now() + Duration::from_secs(lifetime)));
+        Ok(token)
+    }
+
+    /// Sends a request; maps the answer to the retry classes.
+    async fn call(&self, what: &str, request: reqwest::RequestBuilder) -> Result<(u16, Value), BackendError> {
+        let token = self.token().await?;
+        let response = request.bearer_auth(token).send().await.map_err(|e| self.transient(what, e))?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let message = || {
+            format!(
+                "cluster {}: {what}: {status} {} {}",
+                self.config.name,
+                body["error"]["status"].as_str().unwrap_or_default(),
+                body["error"]["message"].as_str().unwrap_or_default()
+            )
+        };
+        match status {
+            200..=299 | 404 | 409 => Ok((status, body)),
+            400 if body["error"]["status"] == "FAILED_PRECONDITION" => Ok((status, body)),
+            400 | 403 if body["error"]["status"] == "RESOURCE_EXHAUSTED" => {
+                Err(BackendError::CapacityUnavailable(message()))
+            }
+            400 | 401 | 403 => Err(BackendError::Rejected(message())),
+            _ => Err(BackendError::Transient(message())),
+        }
+    }
+
+    /// The create body of a gang on a pool.
+    pub fn job_body(&self, gang: &Gang, pool: &GcpPoolConfig, gpus: u32) -> Value {
+        let replicas = gang.replicas.len();
+        let mut env = gang.env.clone();
+        for (k, v) in [
+            ("FAIRWAY_JOB_ID", gang.job_id.to_string()),
+            ("FAIRWAY_JOB_NAME", gang.job_name.clone()),
+            ("FAIRWAY_TEAM", gang.team.clone()),
+            ("FAIRWAY_ATTEMPT", gang.attempt.to_string()),
+            ("FAIRWAY_WORLD_SIZE", replicas.to_string()),
+        ] {
+            env.insert(k.into(), v);
+        }
+        let mut container = json!({ "imageUri": gang.image });
+        if let Some((entrypoint, args)) = gang.command.split_first() {
+            container["entrypoint"] = json!(entrypoint);
+            container["commands"] = json!(args);
+        }
+        json!({
+            "taskGroups": [{
+                // int64 fields travel as strings in Google's JSON mapping.
+                "taskCount": replicas.to_string(),
+                "parallelism": replicas.to_string(),
+                "taskCountPerNode": "1",
+                // Ranks find each other through /etc/hosts (BATCH_TASK_INDEX is the rank).
+                "requireHostsFile": replicas > 1,
+                "taskSpec": {
+                    "runnables": [{ "container": container }],
+                    "environment": { "variables": env },
+                    "maxRunDuration": format!("{}s", gang.max_runtime.as_secs().max(1)),
+                    "maxRetryCount": 0,
+                },
+            }],
+            "allocationPolicy": {
+                "instances": [{
+                    "policy": {
+                        "machineType": pool.machine_type,
+                        "provisioningModel": if pool.spot { "SPOT" } else { "STANDARD" },
+                        "accelerators": [{ "type": pool.accelerator_type, "count": gpus.to_string() }],
+                    },
+                    "installGpuDrivers": true,
+                }],
+            },
+            "labels": {
+                LABEL_CLUSTER: label_value(&self.config.name),
+                LABEL_TEAM: label_value(&gang.team),
+                LABEL_JOB: gang.job_id.to_string(),
+                LABEL_ATTEMPT: gang.attempt.to_string(),
+                LABEL_PRIORITY: label_value(&gang.priority_class),
+            },
+            "logsPolicy": { "destination": "CLOUD_LOGGING" },
+        })
+    }
+
+    async fn list(&self) -> Result<Vec<Value>, BackendError> {
+        let filter = format!("labels.{LABEL_CLUSTER}=\"{}\"", label_value(&self.config.name));
+        let mut jobs = Vec::new();
+        let mut page: Option<String> = None;
+        loop {
+            let mut query = vec![("filter", filter.clone()), ("pageSize", "100".to_owned())];
+            if let Some(token) = &page {
+                query.push(("pageToken", token.clone()));
+            }
+            let (_, body) = self.call("list jobs", self.http.get(self.jobs_url()).query(&query)).await?;
+            jobs.extend(body["jobs"].as_array().cloned().unwrap_or_default());
+            page = body["nextPageToken"].as_str().filter(|t| !t.is_empty()).map(str::to_owned);
+            if page.is_none() {
+                return Ok(jobs);
+            }
+        }
+    }
+
+    async fn forget_cache(&self) {
+        *self.cache.lock().await = None;
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for GcpBatchBackend {
+    fn kind(&self) -> &'static str {
+        "gcp-batch"
+    }
+
+    async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
+        Ok(self
+            .config
+            .pools
+            .iter()
+            .map(|p| InventoryNode {
+                name: p.name.clone(),
+                gpu_class: p.gpu_class.clone(),
+                gpus: (p.gpus_per_instance * p.max_instances).min(64) as u8,
+                nvlink_domain_size: 0,
+                rack: None,
+                zone: None,
+                elastic: true,
+                spot: p.spot,
+                price_micros_per_gpu_hour: Some((p.price_per_gpu_hour * 1_000_000.0).round() as i64),
+            })
+            .collect())
+    }
+
+    async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {
+        let pool_name = gang.replicas.first().map(|r| r.node.as_str()).unwrap_or_default();
+        let pool = self
+            .config
+            .pools
+            .iter()
+            .find(|p| p.name == pool_name)
+            .ok_or_else(|| BackendError::Rejected(format!("cluster {}: no pool {pool_name}", self.config.name)))?;
+        let gpus = gang.replicas.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0);
+        if gpus == 0 || gpus > pool.gpus_per_instance {
+            return Err(BackendError::Rejected(format!(
+                "cluster {}: a replica of {gpus} GPUs does not fit one {} VM ({} GPUs)",
+                self.config.name, pool.machine_type, pool.gpus_per_instance
+            )));
+        }
+        let body = self.job_body(gang, pool, gpus);
+        let request = self
+            .http
+            .post(self.jobs_url())
+            .query(&[("jobId", gang.object.as_str()), ("requestId", &request_id(&gang.object).to_string())])
+            .json(&body);
+        // 409: a retried create of a job that exists; it is the one we created before.
+        let (status, answer) = self.call("create job", request).await?;
+        if status == 404 || (status == 400 && answer["error"]["status"] == "FAILED_PRECONDITION") {
+            return Err(BackendError::Rejected(format!(
+                "cluster {}: create job: {}",
+                self.config.name,
+                answer["error"]["message"].as_str().unwrap_or("refused")
+            )));
+        }
+        self.forget_cache().await;
+        Ok(())
+    }
+
+    async fn stop(&self, object: &str, _grace: Duration) -> Result<(), BackendError> {
+        // Batch stops the VMs; the grace period cannot be chosen per call.
+        let url = format!("{}/{object}:cancel", self.jobs_url());
+        let body = json!({ "requestId": request_id(&format!("{object}:cancel")).to_string() });
+        // 404: gone already; 400 FAILED_PRECONDITION: already finished or cancelling.
+        self.call("cancel job", self.http.post(url).json(&body)).await?;
+        self.forget_cache().await;
+        Ok(())
+    }
+
+    async fn objects(&self) -> Result<Vec<ObjectStatus>, BackendError> {
+        let jobs = {
+            let mut cache = self.cache.lock().await;
+            match cache.as_ref() {
+                Some((at, jobs)) if at.elapsed() < Duration::from_secs(self.config.poll_interval_seconds) => {
+                    jobs.clone()
+                }
+                _ => {
+                    let jobs = self.list().await?;
+                    *cache = Some((Instant::now(), jobs.clone()));
+                    jobs
+                }
+            }
+        };
+        let now = Utc::now();
+        Ok(jobs
+            .iter()
+            .filter(|job| job["status"]["state"] != "DELETION_IN_PROGRESS")
+            .filter_map(|job| {
+                let object = job["name"].as_str()?.rsplit('/').next()?.to_owned();
+                let job_id = job["labels"][LABEL_JOB].as_str().and_then(|v| Uuid::parse_str(v).ok())?;
+                let attempt = job["labels"][LABEL_ATTEMPT].as_str().and_then(|v| v.parse::<i32>().ok())?;
+                let (phase, stop_requested) = status::phase(job, now);
+                let next_change = matches!(phase, Phase::Pending | Phase::Running { .. })
+                    .then(|| now + chrono::Duration::seconds(self.config.poll_interval_seconds as i64));
+                Some(ObjectStatus { object, job_id, attempt, phase, stop_requested, next_change })
+            })
+            .collect())
+    }
+
+    async fn delete(&self, object: &str) -> Result<(), BackendError> {
+        let url = format!("{}/{object}", self.jobs_url());
+        let request_id = request_id(&format!("{object}:delete")).to_string();
+        self.call("delete job", self.http.delete(url).query(&[("requestId", request_id)])).await?;
+        self.forget_cache().await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_follow_googles_rules_and_request_ids_are_stable_per_object() {
+        assert_eq!(label_value("Vision.Team"), "vision_team");
+        assert_eq!(label_value(&"x".repeat(80)).len(), 63);
+        assert_eq!(request_id("fw-1-1"), request_id("fw-1-1"));
+        assert_ne!(request_id("fw-1-1"), request_id("fw-1-2"));
+    }
+}

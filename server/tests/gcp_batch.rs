@@ -1,0 +1,231 @@
+//! Contract tests of the `gcp-batch` backend: Google Cloud Batch has no emulator, so a fake
+//! server (`common::gcp_fake`) keeps jobs and drives their states, and every request Fairway
+//! sends and every answer the fake gives is validated against the schemas of Google's
+//! official discovery document. A real `fairway serve` runs beside the simulated on-premises
+//! cluster, over real HTTP.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{
+    fresh_dir,
+    gcp_fake::{self, Direction, GcpFake},
+    platform::Platform,
+};
+use serde_json::{json, Value};
+
+/// One 8×H100 node on premises (the simulator); in Google Cloud a standard pool at 7.20 and
+/// a spot pool at 2.40 per GPU-hour, two 8-GPU VMs each.
+async fn platform(test: &str, fake: &GcpFake) -> Platform {
+    let dir = fresh_dir(&format!("gcp-{test}-files"));
+    let inventory = dir.join("sim.toml");
+    std::fs::write(
+        &inventory,
+        "[[class]]\nname = \"h100-80gb\"\nkind = \"whole\"\nmemory_mib = 81920\n\n\
+         [[node]]\nname = \"onprem-1\"\ngpu_class = \"h100-80gb\"\ngpus = 8\nrack = \"r1\"\n",
+    )
+    .unwrap();
+    let token = dir.join("token");
+    std::fs::write(&token, &fake.token).unwrap();
+    let clusters = format!(
+        r#"[[cluster]]
+name = "onprem"
+kind = "sim"
+inventory = "{}"
+
+[[cluster]]
+name = "gcp"
+kind = "gcp-batch"
+project = "ml-platform"
+location = "us-central1"
+endpoint = "{}"
+access_token_file = "{}"
+poll_interval_seconds = 1
+
+[[cluster.pool]]
+name = "gcp-h100"
+machine_type = "a3-highgpu-8g"
+accelerator_type = "nvidia-h100-80gb"
+gpu_class = "h100-80gb"
+gpus_per_instance = 8
+max_instances = 2
+price_per_gpu_hour = 7.20
+
+[[cluster.pool]]
+name = "gcp-h100-spot"
+machine_type = "a3-highgpu-8g"
+accelerator_type = "nvidia-h100-80gb"
+gpu_class = "h100-80gb"
+gpus_per_instance = 8
+max_instances = 2
+price_per_gpu_hour = 2.40
+spot = true
+"#,
+        inventory.display(),
+        fake.url,
+        token.display()
+    );
+    let p = Platform::start(test, &clusters, &[]).await;
+    p.team("ml", "h100-80gb", 8, 32).await;
+    // Fill the on-premises node, so what follows bursts into the cloud.
+    let onprem = p.submit("ml", job("onprem", 1, false)).await;
+    p.wait_state(&onprem, "running", Duration::from_secs(30)).await;
+    p
+}
+
+fn job(name: &str, replicas: u32, allow_spot: bool) -> Value {
+    json!({"name": name, "gpu_class": "h100-80gb", "replicas": replicas, "gpus_per_replica": 8,
+           "image": "nvcr.io/nvidia/pytorch:24.05-py3", "command": ["torchrun", "--nnodes=2", "train.py"],
+           "priority_class": "experiment", "allow_spot": allow_spot, "max_runtime_seconds": 7200,
+           "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "600", "LR": "0.1"}})
+}
+
+/// The fake's id of a Fairway job's current attempt.
+async fn cloud_job(p: &Platform, fake: &GcpFake, id: &str, attempt: i64) -> String {
+    p.wait(&format!("attempt {attempt} of {id} in Google Cloud"), Duration::from_secs(30), || async move {
+        fake.jobs()
+            .into_iter()
+            .find(|(_, j)| {
+                j["labels"]["fairway-job-id"] == id
+                    && j["labels"]["fairway-attempt"].as_str().and_then(|a| a.parse::<i64>().ok()) == Some(attempt)
+            })
+            .map(|(k, _)| k)
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_bursting_to_google_cloud_is_one_job_with_a_task_per_replica_billed_at_the_pool_price() {
+    let fake = GcpFake::start("ml-platform", "us-central1").await;
+    let p = platform("burst", &fake).await;
+    let id = p.submit("ml", job("llama", 2, false)).await;
+    let cloud = cloud_job(&p, &fake, &id, 1).await;
+    let sent = &fake.jobs()[&cloud];
+    let group = &sent["taskGroups"][0];
+    assert_eq!(group["taskCount"], "2");
+    assert_eq!(group["parallelism"], "2");
+    assert_eq!(group["taskCountPerNode"], "1");
+    assert_eq!(group["requireHostsFile"], true);
+    let container = &group["taskSpec"]["runnables"][0]["container"];
+    assert_eq!(container["imageUri"], "nvcr.io/nvidia/pytorch:24.05-py3");
+    assert_eq!(container["entrypoint"], "torchrun");
+    assert_eq!(group["taskSpec"]["maxRunDuration"], "7200s");
+    assert_eq!(group["taskSpec"]["environment"]["variables"]["FAIRWAY_JOB_ID"], id.as_str());
+    assert_eq!(group["taskSpec"]["environment"]["variables"]["LR"], "0.1");
+    let policy = &sent["allocationPolicy"]["instances"][0]["policy"];
+    assert_eq!(policy["machineType"], "a3-highgpu-8g");
+    assert_eq!(policy["provisioningModel"], "STANDARD");
+    assert_eq!(policy["accelerators"][0], json!({"type": "nvidia-h100-80gb", "count": "8"}));
+    assert_eq!(sent["labels"]["fairway-team"], "ml");
+    assert_eq!(sent["labels"]["fairway-priority-class"], "experiment");
+    // The service runs it, then it succeeds: Fairway follows, from the service's own times.
+    fake.drive(&cloud, "SCHEDULED", None);
+    fake.drive(&cloud, "RUNNING", None);
+    p.wait_state(&id, "running", Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    fake.drive(&cloud, "SUCCEEDED", Some(0));
+    let done = p.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(done["cluster"], "gcp");
+    assert_eq!(done["placement"][0]["node"], "gcp-h100");
+    // Finished jobs are deleted from the service.
+    p.wait("the finished job to be deleted", Duration::from_secs(30), || async {
+        (!fake.jobs().contains_key(&cloud)).then_some(())
+    })
+    .await;
+    let (rate, gpu_milli_ms): (i64, i64) = sqlx::query_as(
+        "select min(l.rate_micros_per_gpu_hour), sum(l.gpu_milli_ms)::int8 from usage_ledger l
+         join jobs j on j.id = l.job_id where j.name = 'llama'",
+    )
+    .fetch_one(&p.pool)
+    .await
+    .unwrap();
+    assert_eq!(rate, 7_200_000, "metered at the pool's price");
+    assert!(gpu_milli_ms >= 16 * 1000 * 1000, "at least a second of 16 GPUs: {gpu_milli_ms}");
+    assert_eq!(fake.violations(), Vec::<String>::new());
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spot_preemption_in_google_cloud_requeues_the_job_without_counting_as_a_failure() {
+    let fake = GcpFake::start("ml-platform", "us-central1").await;
+    let p = platform("spot", &fake).await;
+    let mut body = job("tolerant", 1, true);
+    body["max_retries"] = json!(0);
+    let id = p.submit("ml", body).await;
+    let first = cloud_job(&p, &fake, &id, 1).await;
+    assert_eq!(fake.jobs()[&first]["allocationPolicy"]["instances"][0]["policy"]["provisioningModel"], "SPOT");
+    fake.drive(&first, "RUNNING", None);
+    p.wait_state(&id, "running", Duration::from_secs(30)).await;
+    // Google takes the spot VM back: exit code 50001.
+    fake.drive(&first, "FAILED", Some(50001));
+    let second = cloud_job(&p, &fake, &id, 2).await;
+    fake.drive(&second, "RUNNING", None);
+    fake.drive(&second, "SUCCEEDED", Some(0));
+    let done = p.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(done["attempt"], 2);
+    assert_eq!(done["preemptions"], 1);
+    let events = p.events(&id).await;
+    assert!(events.contains(&("requeued".to_owned(), "preempted".to_owned())), "{events:?}");
+    assert_eq!(fake.violations(), Vec::<String>::new());
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_cloud_job_cancels_it_in_google_cloud_and_killing_fairway_never_creates_one_twice() {
+    let fake = GcpFake::start("ml-platform", "us-central1").await;
+    let mut p = platform("cancel", &fake).await;
+    let id = p.submit("ml", job("to-cancel", 1, false)).await;
+    let cloud = cloud_job(&p, &fake, &id, 1).await;
+    fake.drive(&cloud, "RUNNING", None);
+    p.wait_state(&id, "running", Duration::from_secs(30)).await;
+    p.ok(reqwest::Method::POST, &format!("/api/v1/jobs/{id}/cancel"), Some(json!({}))).await;
+    p.wait_state(&id, "cancelled", Duration::from_secs(30)).await;
+    // Killed while creating jobs, restarted: each attempt is created once.
+    let mut submitted = Vec::new();
+    for round in 0..5 {
+        submitted.push(p.submit("ml", job(&format!("k{round}"), 1, round % 2 == 0)).await);
+        tokio::time::sleep(Duration::from_millis(150 * (round + 1))).await;
+        p.server.as_ref().unwrap().signal(libc::SIGKILL);
+        p.restart();
+        p.login().await;
+    }
+    for id in &submitted {
+        let cloud = cloud_job(&p, &fake, id, 1).await;
+        fake.drive(&cloud, "RUNNING", None);
+        fake.drive(&cloud, "SUCCEEDED", Some(0));
+    }
+    for id in &submitted {
+        p.wait_state(id, "succeeded", Duration::from_secs(30)).await;
+    }
+    let creates = fake.creates();
+    let mut ids: Vec<&String> = creates.iter().map(|(job, _)| job).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), creates.len(), "a job id created twice: {creates:?}");
+    assert_eq!(creates.len(), submitted.len() + 1);
+    assert_eq!(fake.violations(), Vec::<String>::new());
+    p.stop().await;
+}
+
+/// The contract checks can fail: wrong types, unknown fields, values outside an enum and
+/// output-only fields in a request are each caught.
+#[test]
+fn the_contract_check_catches_bodies_that_break_googles_schema() {
+    let doc = gcp_fake::discovery();
+    let ok = json!({"taskGroups": [{"taskCount": "2", "taskSpec": {"maxRunDuration": "60s",
+        "runnables": [{"container": {"imageUri": "x"}}]}}]});
+    assert_eq!(gcp_fake::validate(&doc, "Job", &ok, Direction::Request), Vec::<String>::new());
+    let bad = json!({
+        "taskGroups": [{"taskCount": 2, "taskSpec": {"maxRunDuration": "an hour", "runnabels": []}}],
+        "allocationPolicy": {"instances": [{"policy": {"provisioningModel": "CHEAP"}}]},
+        "status": {"state": "RUNNING"},
+    });
+    let errors = gcp_fake::validate(&doc, "Job", &bad, Direction::Request);
+    let has = |needle: &str| errors.iter().any(|e| e.contains(needle));
+    assert!(has("Job.taskGroups[0].taskCount: expected a string"), "{errors:#?}");
+    assert!(has("maxRunDuration: \"an hour\" is not a duration"), "{errors:#?}");
+    assert!(has("taskSpec.runnabels: no such field"), "{errors:#?}");
+    assert!(has("provisioningModel: \"CHEAP\" is not one of"), "{errors:#?}");
+    assert!(has("Job.status: output-only field sent in a request"), "{errors:#?}");
+}
