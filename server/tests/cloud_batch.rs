@@ -267,3 +267,31 @@ async fn a_spot_interruption_requeues_the_job_without_counting_as_a_failure() {
     assert_eq!(moto.jobs_by_name(SPOT_QUEUE).await.len(), 2, "one AWS job per attempt");
     p.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_queue_or_compute_environment_is_not_as_configured_is_not_offered() {
+    use fairway::backends::{
+        aws_batch::{AwsBatchBackend, AwsBatchConfig},
+        Backend,
+    };
+    let dir = fresh_dir("cloud-config");
+    let moto = Moto::start(&dir, None).await;
+    moto.queue(ON_DEMAND_QUEUE).await;
+    let config = |queue: &str, environment: &str| -> AwsBatchConfig {
+        toml::from_str(&format!(
+            "name = \"aws\"\nregion = \"us-east-1\"\nendpoint_url = \"{}\"\n\
+             [[pool]]\nname = \"p\"\njob_queue = \"{queue}\"\ncompute_environment = \"{environment}\"\n\
+             instance_type = \"p5.48xlarge\"\ngpu_class = \"h100-80gb\"\ngpus_per_instance = 8\n\
+             max_instances = 2\nprice_per_gpu_hour = 6.5\n",
+            moto.url
+        ))
+        .unwrap()
+    };
+    let backend = |c: AwsBatchConfig| async { AwsBatchBackend::new(moto.client().await, c) };
+    let good = backend(config(ON_DEMAND_QUEUE, &format!("{ON_DEMAND_QUEUE}-env"))).await;
+    assert_eq!(good.inventory().await.unwrap()[0].gpus, 16);
+    let missing = backend(config("no-such-queue", "x")).await.inventory().await.unwrap_err().to_string();
+    assert!(missing.contains("job queue no-such-queue does not exist"), "{missing}");
+    let elsewhere = backend(config(ON_DEMAND_QUEUE, "other-env")).await.inventory().await.unwrap_err().to_string();
+    assert!(elsewhere.contains("does not draw from compute environment other-env"), "{elsewhere}");
+}

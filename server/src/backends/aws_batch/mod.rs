@@ -68,6 +68,9 @@ pub struct PoolConfig {
     /// The pool's name; the engine sees it as a node of the cluster.
     pub name: String,
     pub job_queue: String,
+    /// The compute environment the queue must draw from (checked when the pool is first
+    /// offered); any when unset.
+    pub compute_environment: Option<String>,
     /// The instance type the queue's compute environments launch, e.g. `p5.48xlarge`.
     pub instance_type: String,
     pub gpu_class: String,
@@ -158,6 +161,8 @@ pub struct AwsBatchBackend {
     cache: Mutex<Option<(Instant, Vec<BatchJob>)>>,
     /// Jobs known to be collected, so they are not described again.
     collected: Mutex<HashSet<String>>,
+    /// The queues were found as configured.
+    verified: Mutex<bool>,
 }
 
 /// Tags every job carries.
@@ -172,7 +177,58 @@ const TAG_COLLECTED: &str = "fairway:collected";
 impl AwsBatchBackend {
     /// A backend over `client`.
     pub fn new(client: Client, config: AwsBatchConfig) -> Self {
-        Self { client, config, definitions: Mutex::default(), cache: Mutex::default(), collected: Mutex::default() }
+        Self {
+            client,
+            config,
+            definitions: Mutex::default(),
+            cache: Mutex::default(),
+            collected: Mutex::default(),
+            verified: Mutex::default(),
+        }
+    }
+
+    /// Checks once that every pool's queue exists, is enabled and valid, and draws from the
+    /// configured compute environment: a pool that cannot run jobs is not offered.
+    async fn verify(&self) -> Result<(), BackendError> {
+        let mut verified = self.verified.lock().await;
+        if *verified {
+            return Ok(());
+        }
+        let queues = self
+            .client
+            .describe_job_queues()
+            .set_job_queues(Some(self.queues().into_iter().map(str::to_owned).collect()))
+            .send()
+            .await
+            .map_err(|e| sdk_error(&self.config.name, "describe job queues", e))?;
+        for pool in &self.config.pools {
+            let bad =
+                |why: String| BackendError::Rejected(format!("cluster {} pool {}: {why}", self.config.name, pool.name));
+            let queue = queues
+                .job_queues()
+                .iter()
+                .find(|q| q.job_queue_name() == Some(pool.job_queue.as_str()))
+                .ok_or_else(|| bad(format!("job queue {} does not exist", pool.job_queue)))?;
+            let state = queue.state().map(|s| s.as_str().to_owned()).unwrap_or_default();
+            let status = queue.status().map(|s| s.as_str().to_owned()).unwrap_or_default();
+            if state != "ENABLED" || !matches!(status.as_str(), "VALID" | "UPDATING" | "CREATING" | "") {
+                return Err(bad(format!("job queue {} is {state} and {status}", pool.job_queue)));
+            }
+            if let Some(wanted) = &pool.compute_environment {
+                let attached = queue.compute_environment_order().iter().any(|o| {
+                    let ce = o.compute_environment().unwrap_or_default();
+                    ce == wanted || ce.ends_with(&format!("/{wanted}"))
+                });
+                if !attached {
+                    return Err(bad(format!(
+                        "job queue {} does not draw from compute environment {wanted}",
+                        pool.job_queue
+                    )));
+                }
+            }
+        }
+        *verified = true;
+        Ok(())
     }
 
     fn pool(&self, name: &str) -> Result<&PoolConfig, BackendError> {
@@ -424,6 +480,7 @@ impl Backend for AwsBatchBackend {
     }
 
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
+        self.verify().await?;
         Ok(self
             .config
             .pools
