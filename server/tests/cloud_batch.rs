@@ -109,10 +109,23 @@ async fn a_burst_runs_in_the_cloud_pool_when_on_premises_is_full_and_spot_only_t
     let spot = p.submit("ml", job("spot", true, 600)).await;
     let spot = p.wait_state(&spot, "succeeded", Duration::from_secs(30)).await;
     assert_eq!(placed_on(&spot), ("aws".to_owned(), "aws-h100-spot".to_owned()));
+    // A gang of two 8-GPU replicas runs as one multi-node parallel job of two nodes.
+    let mut gang = job("gang", false, 600);
+    gang["replicas"] = json!(2);
+    let gang = p.submit("ml", gang).await;
+    let gang = p.wait_state(&gang, "succeeded", Duration::from_secs(30)).await;
+    assert_eq!(placed_on(&gang), ("aws".to_owned(), "aws-h100".to_owned()));
+    let definitions = moto.client().await.describe_job_definitions().status("ACTIVE").send().await.unwrap();
+    // (moto keeps a definition's type but does not echo its node properties back.)
+    let shapes: Vec<String> =
+        definitions.job_definitions().iter().map(|d| d.r#type().unwrap_or_default().to_owned()).collect();
+    assert!(shapes.contains(&"multinode".to_owned()), "{shapes:?}");
+    // One definition per shape, reused: the two single-replica jobs share theirs.
+    assert_eq!(shapes.len(), 2, "{shapes:?}");
     // Each was submitted once, to its pool's queue, tagged for cost allocation.
     let on_demand = moto.jobs_by_name(ON_DEMAND_QUEUE).await;
     let spot_jobs = moto.jobs_by_name(SPOT_QUEUE).await;
-    assert_eq!(on_demand.len(), 1, "{on_demand:?}");
+    assert_eq!(on_demand.len(), 2, "{on_demand:?}");
     assert_eq!(spot_jobs.len(), 1, "{spot_jobs:?}");
     let client = moto.client().await;
     let id = client
