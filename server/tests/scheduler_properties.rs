@@ -443,18 +443,16 @@ fn domains(s: &Snapshot, class: ClassId, topology: Topology, allow_spot: bool) -
     let fixed = || of_class().filter(|(_, n)| !n.elastic);
     let whole = |(i, n): (usize, &Node)| (i, 0..usize::from(n.units));
     match topology {
-        // A gang goes to one tier if it can: the fixed nodes, the spot pools (for jobs that
-        // allow spot), the on-demand pools; else across them.
+        // A gang goes to the fixed nodes, else into one spot pool (for jobs that allow spot),
+        // else into one on-demand pool.
         Topology::Any | Topology::Preferred(_) => {
-            let spot: Domain = of_class().filter(|(_, n)| n.elastic && n.spot).map(whole).collect();
-            let on_demand: Domain = of_class().filter(|(_, n)| n.elastic && !n.spot).map(whole).collect();
-            let mixed: Domain = of_class().filter(|(_, n)| allow_spot || !n.spot).map(whole).collect();
+            let pools =
+                |spot: bool| of_class().filter(move |(_, n)| n.elastic && n.spot == spot).map(|n| vec![whole(n)]);
             let mut tiers = vec![fixed().map(whole).collect::<Domain>()];
             if allow_spot {
-                tiers.push(spot);
+                tiers.extend(pools(true));
             }
-            tiers.push(on_demand);
-            tiers.push(mixed);
+            tiers.extend(pools(false));
             tiers
         }
         Topology::Required(Level::NvlinkDomain) => fixed()
@@ -585,6 +583,12 @@ fn check_placements(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             let node = node.unwrap();
             prop_assert_eq!(node.class, job.class, "job {} placed on a node of another class: {:?}", job.id, replica);
             prop_assert!(job.allow_spot || !node.spot, "job {} does not allow spot but runs on {}", job.id, node.name);
+            prop_assert!(
+                !node.elastic || a.placement.iter().all(|r| r.node == replica.node),
+                "job {} is split across a cloud pool and other nodes: {:?}",
+                job.id,
+                a
+            );
 
             let units: BTreeSet<u8> = replica.units.iter().map(|&(u, _)| u).collect();
             prop_assert_eq!(units.len(), replica.units.len(), "job {} uses a unit twice: {:?}", job.id, replica);
@@ -946,6 +950,11 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         return None;
     }
     let (team, class) = leaves[asker % leaves.len()];
+    // Reserved quota is guaranteed on the organisation's own nodes; cloud pools are burst
+    // capacity, where a gang must fit one pool.
+    if s.nodes.iter().any(|n| n.class == class && n.elastic) {
+        return None;
+    }
     let reserved = quota(&s, team, class).reserved;
     // Make room within the team's own reservation by dropping its jobs of the class, newest
     // first, until at least one GPU of it is unused.
@@ -981,10 +990,8 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         return None;
     }
     let id = 10_000;
-    // Spot-tolerant: every GPU of the class may serve it (a job that refuses spot is owed its
-    // reserved quota on the capacity outside spot pools only).
     s.pending.push(JobSpec {
-        allow_spot: true,
+        allow_spot: false,
         id,
         team,
         class,

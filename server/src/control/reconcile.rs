@@ -76,7 +76,12 @@ pub async fn reconcile(
     for obj in &objects {
         let job = by_id.get(&obj.job_id).filter(|j| j.attempt == obj.attempt);
         let Some(job) = job else {
-            collect_orphan(ctx, epoch, cluster, backend, obj, &mut report).await?;
+            // One object the backend will not stop must not hold up every job of the cluster.
+            match collect_orphan(ctx, epoch, cluster, backend, obj, &mut report).await {
+                Err(ControlError::NotLeader) => return Err(ControlError::NotLeader),
+                Err(e) => tracing::warn!(cluster, object = %obj.object, error = %e, "collecting an orphan failed"),
+                Ok(()) => {}
+            }
             continue;
         };
         seen.insert(job.id);
@@ -148,11 +153,17 @@ pub async fn reconcile(
         crate::metering::ledger::book_many(&mut tx, &closed, None, &ctx.config.pricing).await?;
         tx.commit().await?;
     }
-    if !finished_objects.is_empty() {
-        backend.delete_all(&finished_objects).await?;
-    }
+    // Stops first: a delete that fails must not hold back a stop. Each failure is retried by
+    // the next pass, which finds the object as it is.
     for (object, grace) in stops {
-        backend.stop(object, grace).await?;
+        if let Err(e) = backend.stop(object, grace).await {
+            tracing::warn!(cluster, object, error = %e, "stopping an object failed; the next pass retries");
+        }
+    }
+    if !finished_objects.is_empty() {
+        if let Err(e) = backend.delete_all(&finished_objects).await {
+            tracing::warn!(cluster, error = %e, "deleting finished objects failed; the next pass retries");
+        }
     }
     Ok(report)
 }

@@ -121,6 +121,8 @@ const MAX_LABELS: usize = 64;
 /// not set them, except the simulator's hints.
 const RESERVED_ENV_PREFIX: &str = "FAIRWAY_";
 const SIM_HINT_PREFIX: &str = "FAIRWAY_SIM_";
+/// Variables the NVIDIA container runtime and device plugin act on.
+pub const DEVICE_ENV_PREFIX: &str = "NVIDIA_";
 
 /// Checks a job's name: free text shown to people, 1 to 200 characters, no control
 /// characters. Markup is allowed and always escaped where shown.
@@ -190,6 +192,15 @@ pub fn check_env(field: &str, env: &BTreeMap<String, String>) -> Result<(), Fiel
         }
         if key.starts_with(RESERVED_ENV_PREFIX) && !key.starts_with(SIM_HINT_PREFIX) {
             return Err(FieldError::new(at, "reserved", "names starting with FAIRWAY_ are set by the platform"));
+        }
+        // The NVIDIA container runtime reads these to pick the devices a container sees:
+        // `NVIDIA_VISIBLE_DEVICES=all` would expose every GPU of the node, unmetered.
+        if key.starts_with(DEVICE_ENV_PREFIX) {
+            return Err(FieldError::new(
+                at,
+                "reserved",
+                "names starting with NVIDIA_ select GPU devices and are set by the platform",
+            ));
         }
         if value.len() > MAX_ENV_VALUE_BYTES {
             return Err(FieldError::new(at, "too_long", format!("must be at most {MAX_ENV_VALUE_BYTES} bytes")));
@@ -276,6 +287,8 @@ mod tests {
         assert!(check_env("env", &map(&[("LR", "0.1"), ("FAIRWAY_SIM_RUNTIME_SECONDS", "3")])).is_ok());
         let err = check_env("env", &map(&[("FAIRWAY_JOB_ID", "x")])).unwrap_err();
         assert_eq!((err.field.as_str(), err.code.as_str()), ("env.FAIRWAY_JOB_ID", "reserved"));
+        let err = check_env("env", &map(&[("NVIDIA_VISIBLE_DEVICES", "all")])).unwrap_err();
+        assert_eq!((err.field.as_str(), err.code.as_str()), ("env.NVIDIA_VISIBLE_DEVICES", "reserved"));
         assert_eq!(check_env("env", &map(&[("1BAD", "x")])).unwrap_err().code, "invalid_name");
     }
 

@@ -131,7 +131,8 @@ struct Cycle<'a> {
     admitted_ends: Vec<(i64, ClassId, JobId, Vec<ReplicaPlacement>)>,
     reservations: BTreeMap<ClassId, Reservation>,
     /// Shapes that found no placement this cycle; free space only shrinks within a cycle.
-    unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey)>,
+    /// Whether the job allows spot is part of the shape: it widens where the job may go.
+    unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey, bool)>,
     /// (team, class, priority, within reserved) → smallest demand whose preemption failed.
     unpreemptable: BTreeMap<(TeamId, ClassId, u8, bool, bool), u64>,
     decisions: Decisions,
@@ -609,7 +610,7 @@ impl<'a> Cycle<'a> {
     }
 
     fn place(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
-        let shape = (job.class, job.replicas, job.milli_per_replica, topology_key(job.topology));
+        let shape = (job.class, job.replicas, job.milli_per_replica, topology_key(job.topology), job.allow_spot);
         if self.unplaceable.contains(&shape) {
             return None;
         }

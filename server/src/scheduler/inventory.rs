@@ -12,9 +12,10 @@
 //!
 //! A gang is placed in one tier of capacity, tried in order: the organisation's own nodes
 //! (already paid for), then elastic cloud pools, spot ones first for jobs that allow spot
-//! (cheaper, and interruptions requeue them), then on-demand ones, and only as a last resort
-//! across tiers. Jobs that do not allow spot never land on spot pools, so for them reserved
-//! quota is guaranteed on the capacity outside spot pools.
+//! (cheaper, and interruptions requeue them), then on-demand ones. A cloud gang lies within
+//! one pool: it is one job of one queue at one price. Jobs that do not allow spot never land
+//! on spot pools. Reserved quota is guaranteed on the organisation's own nodes; cloud pools
+//! are burst capacity.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -28,11 +29,6 @@ enum Tier {
     OnPrem,
     Spot,
     OnDemand,
-    /// Every node the job may use, tiers mixed: the last resort, so that a gang whose room
-    /// is split across tiers (reserved quota it is owed, say) still runs.
-    Mixed {
-        spot: bool,
-    },
 }
 
 impl Tier {
@@ -41,7 +37,6 @@ impl Tier {
             Tier::OnPrem => !node.elastic,
             Tier::Spot => node.elastic && node.spot,
             Tier::OnDemand => node.elastic && !node.spot,
-            Tier::Mixed { spot } => spot || !node.spot,
         }
     }
 }
@@ -242,21 +237,34 @@ impl Inventory {
             return None;
         }
         let has_elastic = self.classes.get(usize::from(job.class)).is_some_and(|c| c.has_elastic);
-        let tiers: &[Option<Tier>] = match (has_elastic, job.allow_spot) {
-            // One tier holds everything: no filter to pay for.
-            (false, _) => &[None],
-            (true, true) => {
-                &[Some(Tier::OnPrem), Some(Tier::Spot), Some(Tier::OnDemand), Some(Tier::Mixed { spot: true })]
-            }
-            (true, false) => &[Some(Tier::OnPrem), Some(Tier::OnDemand), Some(Tier::Mixed { spot: false })],
-        };
-        tiers.iter().find_map(|&tier| match job.topology {
-            Topology::Any => self.place_replicas(job, None, tier),
-            Topology::Required(level) => self.find_within(job, level, tier),
+        let own = if has_elastic { Some(Tier::OnPrem) } else { None };
+        let found = match job.topology {
+            Topology::Any => self.place_replicas(job, None, own),
+            Topology::Required(level) => self.find_within(job, level, own),
             Topology::Preferred(level) => {
-                self.find_within(job, level, tier).or_else(|| self.place_replicas(job, None, tier))
+                self.find_within(job, level, own).or_else(|| self.place_replicas(job, None, own))
             }
-        })
+        };
+        if found.is_some() || !has_elastic {
+            return found;
+        }
+        // A cloud gang is one job of one pool (one queue, one price): never split across pools.
+        let pools: &[Tier] = if job.allow_spot { &[Tier::Spot, Tier::OnDemand] } else { &[Tier::OnDemand] };
+        pools.iter().find_map(|&tier| self.find_in_one_pool(job, tier))
+    }
+
+    /// The whole gang in the fullest pool of `tier` that holds it.
+    fn find_in_one_pool(&mut self, job: &JobSpec, tier: Tier) -> Option<Vec<ReplicaPlacement>> {
+        let class = self.classes.get(usize::from(job.class))?;
+        let whole_needed = (job.total_milli() / u64::from(UNIT)).min(64) as usize;
+        let candidates: Vec<NodeId> = class
+            .buckets
+            .iter()
+            .skip(whole_needed)
+            .flat_map(|b| b.iter().copied())
+            .filter(|&n| tier.admits(&self.nodes[n as usize]))
+            .collect();
+        candidates.into_iter().find_map(|node| self.place_on_node(job, node, false))
     }
 
     /// Places replicas one by one, best-fit, optionally within one rack or zone and one tier,
@@ -529,14 +537,17 @@ mod tests {
     }
 
     #[test]
-    fn a_gang_whose_room_is_split_across_tiers_still_fits_as_a_last_resort() {
-        let nodes = [pool("on-demand", 8, false), node("own", 8, 0)];
+    fn a_cloud_gang_lies_within_one_pool() {
+        // Two on-demand pools with 8 free GPUs each: a gang of 2 × 8 fits neither alone.
+        let nodes = [pool("a", 8, false), pool("b", 8, false), node("own", 8, 0)];
         let mut inv = Inventory::new(&nodes, 1);
-        inv.allocate(&[ReplicaPlacement { node: 0, units: (0..4).map(|u| (u, 1000)).collect() }]);
-        inv.allocate(&[ReplicaPlacement { node: 1, units: (0..4).map(|u| (u, 1000)).collect() }]);
-        let p = inv.find(&job(2, 4000, Topology::Any)).unwrap();
-        let used: BTreeSet<NodeId> = p.iter().map(|r| r.node).collect();
-        assert_eq!(used, BTreeSet::from([0, 1]));
+        inv.allocate(&[ReplicaPlacement { node: 2, units: (0..8).map(|u| (u, 1000)).collect() }]);
+        assert!(inv.find(&job(2, 8000, Topology::Any)).is_none(), "never split across pools");
+        let one = inv.find(&job(1, 8000, Topology::Any)).unwrap();
+        assert!(one[0].node < 2);
+        let big = [pool("big", 16, false)];
+        let p = Inventory::new(&big, 1).find(&job(2, 8000, Topology::Any)).unwrap();
+        assert!(p.iter().all(|r| r.node == 0));
     }
 
     #[test]

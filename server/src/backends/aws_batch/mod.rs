@@ -515,7 +515,12 @@ impl Backend for AwsBatchBackend {
         }
         let definition = self.definition(gang, pool, gpus).await?;
         let replicas = gang.replicas.len();
-        let mut env: BTreeMap<String, String> = gang.env.clone();
+        let mut env: std::collections::BTreeMap<String, String> = gang
+            .env
+            .iter()
+            .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         for (k, v) in [
             ("FAIRWAY_JOB_ID", gang.job_id.to_string()),
             ("FAIRWAY_JOB_NAME", gang.job_name.clone()),

@@ -214,7 +214,12 @@ impl GcpBatchBackend {
     /// The create body of a gang on a pool.
     pub fn job_body(&self, gang: &Gang, pool: &GcpPoolConfig, gpus: u32) -> Value {
         let replicas = gang.replicas.len();
-        let mut env = gang.env.clone();
+        let mut env: std::collections::BTreeMap<String, String> = gang
+            .env
+            .iter()
+            .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
         for (k, v) in [
             ("FAIRWAY_JOB_ID", gang.job_id.to_string()),
             ("FAIRWAY_JOB_NAME", gang.job_name.clone()),

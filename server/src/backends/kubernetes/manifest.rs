@@ -209,8 +209,14 @@ pub fn pod(
     labels.insert(RANK_LABEL.into(), rank.to_string());
     let world = gang.replicas.len().to_string();
     let master = format!("{}.{}", pod_name(&gang.object, 0), gang.object);
-    // The user's variables first, so ours win where names clash.
-    let mut env: BTreeMap<String, String> = gang.env.clone();
+    // The user's variables first, so ours win where names clash. Device-selecting variables
+    // are refused at submission; a row from before that rule is still not obeyed.
+    let mut env: BTreeMap<String, String> = gang
+        .env
+        .iter()
+        .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     for (k, v) in [
         ("FAIRWAY_JOB_ID", gang.job_id.to_string()),
         ("FAIRWAY_JOB_NAME", gang.job_name.clone()),
@@ -351,7 +357,11 @@ mod tests {
             priority_class: "batch".into(),
             image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
             command: vec!["torchrun".into(), "train.py".into()],
-            env: BTreeMap::from([("MASTER_ADDR".into(), "evil".into()), ("LR".into(), "0.1".into())]),
+            env: BTreeMap::from([
+                ("MASTER_ADDR".into(), "evil".into()),
+                ("LR".into(), "0.1".into()),
+                ("NVIDIA_VISIBLE_DEVICES".into(), "all".into()),
+            ]),
             labels: BTreeMap::from([
                 ("experiment".into(), "e1".into()),
                 ("fairway.dev/team".into(), "other".into()),
@@ -424,6 +434,7 @@ mod tests {
         assert_eq!(env["FAIRWAY_WORLD_SIZE"], "4");
         assert_eq!(env["FAIRWAY_JOB_ID"], g.job_id.to_string());
         assert_eq!(env["LR"], "0.1");
+        assert!(!env.contains_key("NVIDIA_VISIBLE_DEVICES"), "never chooses its own devices");
         assert_eq!(v["spec"]["hostname"], format!("{}-3", g.object));
         assert_eq!(v["spec"]["subdomain"], g.object);
     }
