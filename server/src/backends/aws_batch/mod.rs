@@ -249,10 +249,11 @@ impl AwsBatchBackend {
     /// The job definition for the gang's image and shape: found by name, else registered.
     async fn definition(&self, gang: &Gang, pool: &PoolConfig, gpus: u32) -> Result<String, BackendError> {
         let replicas = gang.replicas.len() as i32;
+        // The command travels as an override at submission, so jobs of one image and shape
+        // share a definition however their command lines differ.
         let shape = format!(
-            "{}\u{0}{:?}\u{0}{gpus}\u{0}{}\u{0}{}\u{0}{replicas}",
+            "{}\u{0}{gpus}\u{0}{}\u{0}{}\u{0}{replicas}",
             gang.image,
-            gang.command,
             gpus * pool.vcpus_per_gpu,
             gpus * pool.memory_mib_per_gpu
         );
@@ -287,7 +288,6 @@ impl AwsBatchBackend {
                 ];
                 let container = ContainerProperties::builder()
                     .image(&gang.image)
-                    .set_command((!gang.command.is_empty()).then(|| gang.command.clone()))
                     .set_resource_requirements(Some(resources))
                     .build();
                 let request = self.client.register_job_definition().job_definition_name(&name);
@@ -352,8 +352,12 @@ impl AwsBatchBackend {
                 }
             }
         }
-        let collected = self.collected.lock().await.clone();
+        let mut collected = self.collected.lock().await;
+        // Forget collected jobs the service no longer lists, so the set stays bounded.
+        let listed: HashSet<&String> = ids.iter().collect();
+        collected.retain(|id| listed.contains(id));
         ids.retain(|id| !collected.contains(id));
+        drop(collected);
         let mut jobs = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(100) {
             let described = self
@@ -515,7 +519,7 @@ impl Backend for AwsBatchBackend {
         }
         let definition = self.definition(gang, pool, gpus).await?;
         let replicas = gang.replicas.len();
-        let mut env: std::collections::BTreeMap<String, String> = gang
+        let mut env: BTreeMap<String, String> = gang
             .env
             .iter()
             .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
@@ -532,7 +536,10 @@ impl Backend for AwsBatchBackend {
         }
         let env: Vec<KeyValuePair> =
             env.into_iter().map(|(k, v)| KeyValuePair::builder().name(k).value(v).build()).collect();
-        let overrides = ContainerOverrides::builder().set_environment(Some(env)).build();
+        let overrides = ContainerOverrides::builder()
+            .set_environment(Some(env))
+            .set_command((!gang.command.is_empty()).then(|| gang.command.clone()))
+            .build();
         let timeout = JobTimeout::builder()
             .attempt_duration_seconds(gang.max_runtime.as_secs().clamp(60, i32::MAX as u64) as i32)
             .build();
@@ -557,7 +564,14 @@ impl Backend for AwsBatchBackend {
         } else {
             request.container_overrides(overrides)
         };
-        request.send().await.map_err(|e| sdk_error(&self.config.name, "submit job", e))?;
+        if let Err(e) = request.send().await {
+            let error = sdk_error(&self.config.name, "submit job", e);
+            if matches!(error, BackendError::Rejected(_)) {
+                // The definition may have been deregistered: look it up again next time.
+                self.definitions.lock().await.clear();
+            }
+            return Err(error);
+        }
         self.forget_cache().await;
         Ok(())
     }
@@ -566,7 +580,6 @@ impl Backend for AwsBatchBackend {
         // AWS Batch sends SIGTERM and kills after the task's stop timeout (30 s by default);
         // the grace period cannot be chosen per call.
         for id in self.find(object).await? {
-            self.tag(&id, TAG_STOP, &Utc::now().to_rfc3339()).await?;
             self.client
                 .terminate_job()
                 .job_id(&id)
@@ -574,6 +587,9 @@ impl Backend for AwsBatchBackend {
                 .send()
                 .await
                 .map_err(|e| sdk_error(&self.config.name, "terminate job", e))?;
+            // Marked only once asked: a marker without the ask would keep the stop from being
+            // sent again.
+            self.tag(&id, TAG_STOP, &Utc::now().to_rfc3339()).await?;
         }
         self.forget_cache().await;
         Ok(())

@@ -46,6 +46,15 @@ pub fn phase(job: &BatchJob, now: DateTime<Utc>) -> Phase {
         "RUNNABLE" if job.status_reason.as_deref().is_some_and(|r| r.starts_with("CAPACITY:")) => {
             Phase::Finished { started_at: None, ended_at: now, outcome: Outcome::CapacityUnavailable }
         }
+        // The queue's compute environments can never run it as defined (e.g. it asks for more
+        // GPUs than the instance type has): it would wait forever.
+        "RUNNABLE" if job.status_reason.as_deref().is_some_and(|r| r.starts_with("MISCONFIGURATION:")) => {
+            Phase::Finished {
+                started_at: None,
+                ended_at: now,
+                outcome: Outcome::AppFailed { exit_code: None, reason: "Misconfiguration".into() },
+            }
+        }
         _ => Phase::Pending,
     }
 }
@@ -150,5 +159,7 @@ mod tests {
         assert_eq!(outcome(&job("FAILED", Some("fairway: preempted"))), Outcome::Stopped);
         let stuck = job("RUNNABLE", Some("CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY - no p5 capacity in us-east-1a"));
         assert_eq!(outcome(&stuck), Outcome::CapacityUnavailable);
+        let never = job("RUNNABLE", Some("MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT - needs 16 GPUs"));
+        assert_eq!(outcome(&never), Outcome::AppFailed { exit_code: None, reason: "Misconfiguration".into() });
     }
 }

@@ -186,28 +186,40 @@ impl GcpBatchBackend {
         Ok(token)
     }
 
-    /// Sends a request; maps the answer to the retry classes.
-    async fn call(&self, what: &str, request: reqwest::RequestBuilder) -> Result<(u16, Value), BackendError> {
+    /// Sends a request and maps the answer to the retry classes. `accepted` lists the
+    /// non-2xx answers that mean success for this call (a 404 on a delete, a 409 on a
+    /// create); any other answer is an error, so an error body is never read as a result.
+    async fn call(
+        &self,
+        what: &str,
+        request: reqwest::RequestBuilder,
+        accepted: &[u16],
+    ) -> Result<(u16, Value), BackendError> {
         let token = self.token().await?;
         let response = request.bearer_auth(token).send().await.map_err(|e| self.transient(what, e))?;
         let status = response.status().as_u16();
         let body: Value = response.json().await.unwrap_or(Value::Null);
-        let message = || {
-            format!(
-                "cluster {}: {what}: {status} {} {}",
-                self.config.name,
-                body["error"]["status"].as_str().unwrap_or_default(),
-                body["error"]["message"].as_str().unwrap_or_default()
-            )
-        };
+        let google = body["error"]["status"].as_str().unwrap_or_default();
+        let message = format!(
+            "cluster {}: {what}: {status} {google} {}",
+            self.config.name,
+            body["error"]["message"].as_str().unwrap_or_default()
+        );
+        if (200..300).contains(&status) || accepted.contains(&status) {
+            return Ok((status, body));
+        }
         match status {
-            200..=299 | 404 | 409 => Ok((status, body)),
-            400 if body["error"]["status"] == "FAILED_PRECONDITION" => Ok((status, body)),
-            400 | 403 if body["error"]["status"] == "RESOURCE_EXHAUSTED" => {
-                Err(BackendError::CapacityUnavailable(message()))
+            // The token expired or was revoked: fetch a new one and try again.
+            401 => {
+                *self.token.lock().await = None;
+                Err(BackendError::Transient(message))
             }
-            400 | 401 | 403 => Err(BackendError::Rejected(message())),
-            _ => Err(BackendError::Transient(message())),
+            // Quota exhausted for the region: no capacity there now.
+            403 | 429 if google == "RESOURCE_EXHAUSTED" && message.contains("quota") => {
+                Err(BackendError::CapacityUnavailable(message))
+            }
+            400 | 403 | 404 => Err(BackendError::Rejected(message)),
+            _ => Err(BackendError::Transient(message)),
         }
     }
 
@@ -279,7 +291,7 @@ impl GcpBatchBackend {
             if let Some(token) = &page {
                 query.push(("pageToken", token.clone()));
             }
-            let (_, body) = self.call("list jobs", self.http.get(self.jobs_url()).query(&query)).await?;
+            let (_, body) = self.call("list jobs", self.http.get(self.jobs_url()).query(&query), &[]).await?;
             jobs.extend(body["jobs"].as_array().cloned().unwrap_or_default());
             page = body["nextPageToken"].as_str().filter(|t| !t.is_empty()).map(str::to_owned);
             if page.is_none() {
@@ -340,14 +352,7 @@ impl Backend for GcpBatchBackend {
             .query(&[("jobId", gang.object.as_str()), ("requestId", &request_id(&gang.object).to_string())])
             .json(&body);
         // 409: a retried create of a job that exists; it is the one we created before.
-        let (status, answer) = self.call("create job", request).await?;
-        if status == 404 || (status == 400 && answer["error"]["status"] == "FAILED_PRECONDITION") {
-            return Err(BackendError::Rejected(format!(
-                "cluster {}: create job: {}",
-                self.config.name,
-                answer["error"]["message"].as_str().unwrap_or("refused")
-            )));
-        }
+        self.call("create job", request, &[409]).await?;
         self.forget_cache().await;
         Ok(())
     }
@@ -356,8 +361,13 @@ impl Backend for GcpBatchBackend {
         // Batch stops the VMs; the grace period cannot be chosen per call.
         let url = format!("{}/{object}:cancel", self.jobs_url());
         let body = json!({ "requestId": request_id(&format!("{object}:cancel")).to_string() });
-        // 404: gone already; 400 FAILED_PRECONDITION: already finished or cancelling.
-        self.call("cancel job", self.http.post(url).json(&body)).await?;
+        // 404: gone already; 400: already finished or cancelling (FAILED_PRECONDITION).
+        match self.call("cancel job", self.http.post(url).json(&body), &[404]).await {
+            Err(BackendError::Rejected(m)) if m.contains("FAILED_PRECONDITION") => {}
+            other => {
+                other?;
+            }
+        }
         self.forget_cache().await;
         Ok(())
     }
@@ -395,7 +405,7 @@ impl Backend for GcpBatchBackend {
     async fn delete(&self, object: &str) -> Result<(), BackendError> {
         let url = format!("{}/{object}", self.jobs_url());
         let request_id = request_id(&format!("{object}:delete")).to_string();
-        self.call("delete job", self.http.delete(url).query(&[("requestId", request_id)])).await?;
+        self.call("delete job", self.http.delete(url).query(&[("requestId", request_id)]), &[404]).await?;
         self.forget_cache().await;
         Ok(())
     }

@@ -93,6 +93,22 @@ pub fn lost_nodes<'a>(
         .collect()
 }
 
+/// Whether `labels` match an equality-based label selector: `key=value` (or `==`),
+/// `key!=value`, `key` (present) and `!key` (absent), comma-separated, all of which must hold.
+pub fn selector_matches(selector: &str, labels: &BTreeMap<String, String>) -> bool {
+    selector.split(',').map(str::trim).filter(|t| !t.is_empty()).all(|term| {
+        if let Some((key, value)) = term.split_once("!=") {
+            labels.get(key.trim()).is_none_or(|v| v != value.trim())
+        } else if let Some((key, value)) = term.split_once("==").or_else(|| term.split_once('=')) {
+            labels.get(key.trim()).is_some_and(|v| v == value.trim())
+        } else if let Some(key) = term.strip_prefix('!') {
+            !labels.contains_key(key.trim())
+        } else {
+            labels.contains_key(term)
+        }
+    })
+}
+
 /// The GPU class name of a product label value.
 pub fn class_of_product(product: &str, settings: &InventorySettings) -> String {
     if let Some(class) = settings.products.get(product) {
@@ -314,6 +330,17 @@ mod tests {
         assert_eq!(gpus[0].entry.gpu_class, "a100-sxm4-40gb.mig-1g.5gb");
         assert_eq!(gpus[0].resource, "nvidia.com/gpu");
         assert_eq!(gpus[0].entry.gpus, 56);
+    }
+
+    #[test]
+    fn node_selectors_match_equality_existence_and_absence() {
+        let labels = BTreeMap::from([("gpu".to_owned(), "true".to_owned()), ("pool".to_owned(), "a".to_owned())]);
+        assert!(selector_matches("gpu=true", &labels));
+        assert!(selector_matches("gpu==true, pool", &labels));
+        assert!(selector_matches("pool!=b,!spot", &labels));
+        assert!(!selector_matches("gpu=true,pool=b", &labels));
+        assert!(!selector_matches("spot", &labels));
+        assert!(!selector_matches("!pool", &labels));
     }
 
     #[test]

@@ -53,7 +53,7 @@ use self::{
     inventory::{InventorySettings, NodeGpus},
     manifest::{PodSettings, ReplicaTarget},
 };
-use super::{Backend, BackendError, ClassDecl, Gang, InventoryNode, ObjectStatus, Tenant};
+use super::{Backend, BackendError, ClassDecl, Gang, InventoryNode, ObjectStatus, Outcome, Phase, Tenant};
 
 /// A `kubernetes` cluster's settings, from the clusters file (`FAIRWAY_CLUSTERS`).
 #[derive(Debug, Clone, Deserialize)]
@@ -205,13 +205,11 @@ impl KubeBackend {
         let health = Arc::new(WatchHealth::default());
         let selector = manifest::managed_selector(&config.name);
         let ours = watcher::Config::default().labels(&selector);
-        let nodes_config = match &config.node_selector {
-            Some(selector) => watcher::Config::default().labels(selector),
-            None => watcher::Config::default(),
-        };
+        // Every node is watched, so a pod's node that merely stops matching `node_selector`
+        // is not taken for lost; the selector picks the inventory from them.
         let (nodes, w1) = watch(
             Api::all(client.clone()),
-            nodes_config,
+            watcher::Config::default(),
             &config.name,
             "nodes",
             vec![wake.reconcile.clone(), wake.inventory.clone()],
@@ -244,8 +242,10 @@ impl KubeBackend {
         }
     }
 
-    /// Waits until every watch has listed its objects and is connected.
-    async fn ready(&self) -> Result<(), BackendError> {
+    /// Waits until every watch has listed its objects once; then whether all of them are
+    /// connected now. A watch that resumes after a broken connection says nothing until the
+    /// next change, so callers read the API directly while this is false.
+    async fn ready(&self) -> Result<bool, BackendError> {
         let wait = async {
             let _ = self.nodes.wait_until_ready().await;
             let _ = self.services.wait_until_ready().await;
@@ -255,10 +255,28 @@ impl KubeBackend {
             .await
             .map_err(|_| self.transient("the watches have not listed the cluster yet"))?;
         let h = &self.health;
-        if !(h.nodes.load(Ordering::Relaxed) && h.services.load(Ordering::Relaxed) && h.pods.load(Ordering::Relaxed)) {
-            return Err(self.transient("a watch of the cluster is reconnecting"));
+        Ok(h.nodes.load(Ordering::Relaxed) && h.services.load(Ordering::Relaxed) && h.pods.load(Ordering::Relaxed))
+    }
+
+    /// Nodes, our Services and our Pods: from the watch caches while they are connected,
+    /// else listed from the API server (one call each).
+    async fn state(&self) -> Result<(Vec<Arc<Node>>, Vec<Arc<Service>>, Vec<Arc<Pod>>), BackendError> {
+        if self.ready().await? {
+            return Ok((self.nodes.state(), self.services.state(), self.pods.state()));
         }
-        Ok(())
+        let cluster = &self.config.name;
+        let ours = ListParams::default().labels(&manifest::managed_selector(cluster));
+        let nodes = Api::<Node>::all(self.client.clone())
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| api_error(cluster, "list nodes", e))?;
+        let services = Api::<Service>::all(self.client.clone())
+            .list(&ours)
+            .await
+            .map_err(|e| api_error(cluster, "list services", e))?;
+        let pods =
+            Api::<Pod>::all(self.client.clone()).list(&ours).await.map_err(|e| api_error(cluster, "list pods", e))?;
+        Ok((arcs(nodes.items), arcs(services.items), arcs(pods.items)))
     }
 
     fn transient(&self, why: &str) -> BackendError {
@@ -266,9 +284,17 @@ impl KubeBackend {
     }
 
     fn gpus(&self) -> Vec<NodeGpus> {
-        let mut nodes = self.nodes.state();
+        self.gpus_of(self.nodes.state())
+    }
+
+    /// What the nodes matching `node_selector` offer.
+    fn gpus_of(&self, mut nodes: Vec<Arc<Node>>) -> Vec<NodeGpus> {
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        nodes.iter().flat_map(|n| inventory::node_gpus(n, &self.inventory)).collect()
+        let selected = |n: &Node| {
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            self.config.node_selector.as_deref().is_none_or(|s| inventory::selector_matches(s, &labels))
+        };
+        nodes.iter().filter(|n| selected(n)).flat_map(|n| inventory::node_gpus(n, &self.inventory)).collect()
     }
 
     /// The resource a class is requested by: as a node offering it says, else by its name.
@@ -384,6 +410,10 @@ where
     (store, task)
 }
 
+fn arcs<K>(items: Vec<K>) -> Vec<Arc<K>> {
+    items.into_iter().map(Arc::new).collect()
+}
+
 /// A Kubernetes timestamp as the rest of Fairway keeps time.
 fn time(t: &k8s_openapi::apimachinery::pkg::apis::meta::v1::Time) -> Option<chrono::DateTime<Utc>> {
     chrono::DateTime::from_timestamp(t.0.as_second(), u32::try_from(t.0.subsec_nanosecond()).unwrap_or(0))
@@ -407,8 +437,12 @@ pub fn api_error(cluster: &str, what: &str, e: kube::Error) -> BackendError {
     match &e {
         kube::Error::Api(status) => {
             let message = format!("cluster {cluster}: {what}: {} ({})", status.message, status.reason);
+            // An admission webhook or Pod Security refusing the pod will refuse it again.
+            let refused_by_policy =
+                status.message.contains("admission webhook") || status.message.contains("violates PodSecurity");
             match status.code {
                 403 if status.message.contains("exceeded quota") => BackendError::CapacityUnavailable(message),
+                403 if refused_by_policy => BackendError::Rejected(message),
                 400 | 422 => BackendError::Rejected(message),
                 _ => BackendError::Transient(message),
             }
@@ -429,8 +463,8 @@ impl Backend for KubeBackend {
     }
 
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
-        self.ready().await?;
-        Ok(self.gpus().into_iter().map(|g| g.entry).collect())
+        let (nodes, _, _) = self.state().await?;
+        Ok(self.gpus_of(nodes).into_iter().map(|g| g.entry).collect())
     }
 
     async fn sync_tenants(&self, tenants: &[Tenant]) -> Result<(), BackendError> {
@@ -455,8 +489,35 @@ impl Backend for KubeBackend {
     }
 
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {
-        let cluster = &self.config.name;
         let namespace = self.ensure_namespace(&gang.team).await?;
+        let result = self.create_gang(gang, &namespace).await;
+        if let Err(BackendError::Transient(message)) = &result {
+            // The namespace was deleted behind our back: make it again on the retry.
+            if message.contains("NotFound") {
+                self.namespaces.lock().expect("namespace cache").remove(&namespace);
+            }
+        }
+        result
+    }
+
+    async fn stop(&self, object: &str, grace: Duration) -> Result<(), BackendError> {
+        self.stop_gang(object, grace).await
+    }
+
+    async fn objects(&self) -> Result<Vec<ObjectStatus>, BackendError> {
+        self.gang_statuses().await
+    }
+
+    async fn delete(&self, object: &str) -> Result<(), BackendError> {
+        self.delete_gang(object).await
+    }
+}
+
+impl KubeBackend {
+    /// The gang's Service, then its pods, then the Service marked complete.
+    async fn create_gang(&self, gang: &Gang, namespace: &str) -> Result<(), BackendError> {
+        let cluster = &self.config.name;
+        let namespace = namespace.to_owned();
         let services = Api::<Service>::namespaced(self.client.clone(), &namespace);
         // A gang already complete, or already asked to stop, is left alone: re-applying it
         // would resurrect pods that were stopped.
@@ -498,7 +559,8 @@ impl Backend for KubeBackend {
         Ok(())
     }
 
-    async fn stop(&self, object: &str, grace: Duration) -> Result<(), BackendError> {
+    /// Records the stop deadline, then deletes the gang's pods with the grace period.
+    async fn stop_gang(&self, object: &str, grace: Duration) -> Result<(), BackendError> {
         let Some(namespace) = self.namespace_of(object).await? else { return Ok(()) };
         let services = Api::<Service>::namespaced(self.client.clone(), &namespace);
         // The deadline is recorded by a field manager of its own, so a re-applied Service
@@ -520,19 +582,20 @@ impl Backend for KubeBackend {
                 .or_else(not_found_is_ok)
                 .map_err(|e| api_error(&self.config.name, "mark gang stopping", e))?;
         }
-        // SIGTERM now, SIGKILL after the grace period: the kubelet's deletion contract.
-        self.delete_pods(&namespace, object, Some(grace)).await
+        // SIGTERM now, SIGKILL after the grace period: the kubelet's deletion contract. At
+        // least a second: zero would remove the pod before its container is killed, and its
+        // GPUs could be handed out while the old process still holds them.
+        self.delete_pods(&namespace, object, Some(grace.max(Duration::from_secs(1)))).await
     }
 
-    async fn objects(&self) -> Result<Vec<ObjectStatus>, BackendError> {
-        self.ready().await?;
+    /// Every gang of ours with its phase, from the watch caches (or the API while a watch
+    /// is down).
+    async fn gang_statuses(&self) -> Result<Vec<ObjectStatus>, BackendError> {
+        let (nodes, services, pods) = self.state().await?;
         let now = Utc::now();
-        let nodes = self.nodes.state();
         let after = chrono::Duration::seconds(self.config.node_lost_after_seconds as i64);
         let mut lost = inventory::lost_nodes(nodes.iter().map(|n| n.as_ref()), now, after);
         let known: HashSet<String> = nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
-        let services = self.services.state();
-        let pods = self.pods.state();
         let mut gangs: BTreeMap<String, (Option<&Service>, Vec<&Pod>)> = BTreeMap::new();
         for service in &services {
             if let Some(object) = label(service.as_ref(), manifest::OBJECT_LABEL) {
@@ -558,13 +621,27 @@ impl Backend for KubeBackend {
                 tracing::warn!(cluster = %self.config.name, object, "object with our labels but no job id; ignored");
                 continue;
             };
-            let (phase, stop_requested) = status::gang_phase(service, &gang_pods, &lost, now);
+            let (mut phase, mut stop_requested) = status::gang_phase(service, &gang_pods, &lost, now);
+            // The Service and Pod caches are separate watches: a pod the service says exists
+            // may not have reached its cache yet. A loss is confirmed from the API first.
+            if matches!(phase, Phase::Finished { outcome: Outcome::NodeLost, .. }) {
+                if let Some(namespace) = service.and_then(|s| s.metadata.namespace.clone()) {
+                    let selector = format!("{}={object}", manifest::OBJECT_LABEL);
+                    let live = Api::<Pod>::namespaced(self.client.clone(), &namespace)
+                        .list(&ListParams::default().labels(&selector))
+                        .await
+                        .map_err(|e| api_error(&self.config.name, "list a gang's pods", e))?;
+                    let live: Vec<&Pod> = live.items.iter().collect();
+                    (phase, stop_requested) = status::gang_phase(service, &live, &lost, now);
+                }
+            }
             out.push(ObjectStatus { object, job_id, attempt, phase, stop_requested, next_change: None });
         }
         Ok(out)
     }
 
-    async fn delete(&self, object: &str) -> Result<(), BackendError> {
+    /// Removes a finished or unknown gang: its pods, then its Service.
+    async fn delete_gang(&self, object: &str) -> Result<(), BackendError> {
         let Some(namespace) = self.namespace_of(object).await? else { return Ok(()) };
         self.delete_pods(&namespace, object, Some(Duration::ZERO)).await?;
         Api::<Service>::namespaced(self.client.clone(), &namespace)

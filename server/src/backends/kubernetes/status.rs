@@ -38,38 +38,54 @@ pub fn gang_phase(
     let stop_deadline = annotation(STOP_DEADLINE_ANNOTATION)
         .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
         .map(|d| d.with_timezone(&Utc));
-    // Pods being deleted by someone else count as asked to stop too.
-    let stop_requested = stop_deadline.is_some() || pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
     let replicas = annotation(REPLICAS_ANNOTATION).and_then(|r| r.parse::<usize>().ok()).unwrap_or(pods.len());
     let complete = annotation(COMPLETE_ANNOTATION).is_some_and(|v| v == "true");
     let started_at = pods.iter().map(|p| started(p)).collect::<Option<Vec<_>>>().and_then(|s| s.into_iter().max());
-
-    // A replica that failed decides for the gang.
-    let failed = pods.iter().filter_map(|p| failure(p).map(|f| (p, f))).min_by_key(|(_, (_, at))| *at);
-    if let Some((_, (outcome, at))) = failed {
-        let ended_at = at.unwrap_or(now);
-        return (Phase::Finished { started_at, ended_at, outcome }, stop_requested);
-    }
+    let terminal = |p: &Pod| matches!(pod_phase(p), "Succeeded" | "Failed");
+    let on_lost_node = pods.iter().any(|p| pod_node(p).is_some_and(|n| lost_nodes.contains(n)));
     let done = pods.len() >= replicas.max(1) && pods.iter().all(|p| pod_phase(p) == "Succeeded");
     if done {
         let ended_at = pods.iter().filter_map(|p| finished(p)).max().unwrap_or(now);
-        return (Phase::Finished { started_at, ended_at, outcome: Outcome::Succeeded }, stop_requested);
+        return (Phase::Finished { started_at, ended_at, outcome: Outcome::Succeeded }, stop_deadline.is_some());
     }
+
     if let Some(deadline) = stop_deadline {
-        // We asked it to stop: it has when no pod is left running.
-        if pods.iter().all(|p| matches!(pod_phase(p), "Succeeded" | "Failed")) {
+        // We asked it to stop. The ask took effect once every pod left is being deleted; if
+        // one is not (the delete failed), the reconciler asks again.
+        let asked = pods.iter().all(|p| p.metadata.deletion_timestamp.is_some() || terminal(p));
+        // It has stopped when no pod is left running, however its pods ended (SIGTERM's exit
+        // code is not a failure), or when the kubelet will never confirm: the node is gone,
+        // or the grace period passed long ago.
+        let gone = pods.iter().all(|p| terminal(p));
+        if gone || on_lost_node || now > deadline + STOP_SLACK {
             let ended_at = pods.iter().filter_map(|p| finished(p)).max().unwrap_or_else(|| now.min(deadline));
-            return (Phase::Finished { started_at, ended_at, outcome: Outcome::Stopped }, true);
+            return (Phase::Finished { started_at, ended_at, outcome: Outcome::Stopped }, asked);
         }
-        return (running_or_pending(pods, replicas, started_at), true);
+        return (running_or_pending(pods, replicas, started_at), asked);
     }
-    let on_lost_node = pods.iter().any(|p| pod_node(p).is_some_and(|n| lost_nodes.contains(n)));
+
+    // A replica that failed decides for the gang.
+    let failed = pods.iter().filter_map(|p| failure(p, now).map(|f| (p, f))).min_by_key(|(_, (_, at))| *at);
+    if let Some((_, (outcome, at))) = failed {
+        let ended_at = at.unwrap_or(now);
+        return (Phase::Finished { started_at, ended_at, outcome }, false);
+    }
+    // Pods someone else is deleting (a drain, an eviction) are on their way out.
+    let disrupted = pods.iter().any(|p| p.metadata.deletion_timestamp.is_some());
     let vanished = complete && pods.len() < replicas;
-    if on_lost_node || vanished || (service.is_none() && !pods.is_empty() && complete) {
-        return (Phase::Finished { started_at, ended_at: now, outcome: Outcome::NodeLost }, stop_requested);
+    if on_lost_node || vanished {
+        return (Phase::Finished { started_at, ended_at: now, outcome: Outcome::NodeLost }, disrupted);
     }
-    (running_or_pending(pods, replicas, started_at), stop_requested)
+    (running_or_pending(pods, replicas, started_at), disrupted)
 }
+
+/// After its stop deadline, a gang whose pods the kubelet has not confirmed gone is taken for
+/// stopped (its node is unreachable, or its kubelet stuck).
+const STOP_SLACK: chrono::Duration = chrono::Duration::seconds(60);
+
+/// A pod the scheduler cannot place this long (its pinned node was cordoned or filled behind
+/// the engine's back) gives its GPUs back to be placed again.
+const UNSCHEDULABLE_AFTER: chrono::Duration = chrono::Duration::minutes(5);
 
 fn running_or_pending(pods: &[&Pod], replicas: usize, started_at: Option<DateTime<Utc>>) -> Phase {
     let all_up = pods.len() >= replicas.max(1) && pods.iter().all(|p| matches!(pod_phase(p), "Running" | "Succeeded"));
@@ -117,12 +133,22 @@ fn finished(pod: &Pod) -> Option<DateTime<Utc>> {
 }
 
 /// How a replica failed, and when, if it did.
-fn failure(pod: &Pod) -> Option<(Outcome, Option<DateTime<Utc>>)> {
+fn failure(pod: &Pod, now: DateTime<Utc>) -> Option<(Outcome, Option<DateTime<Utc>>)> {
     let status = pod.status.as_ref()?;
     let container = main_container(pod);
+    let condition = |kind: &str| status.conditions.as_ref()?.iter().find(|c| c.type_ == kind);
     if pod_phase(pod) == "Failed" {
         let reason = status.reason.as_deref().unwrap_or_default();
         let at = finished(pod);
+        // Ended by the cluster, not by the application: the scheduler made room for a pod
+        // of higher priority, or a drain, eviction or node shutdown took it.
+        if let Some(disruption) = condition("DisruptionTarget").filter(|c| c.status == "True") {
+            let by_scheduler = disruption.reason.as_deref().is_some_and(|r| r.starts_with("PreemptionBy"));
+            return Some((if by_scheduler { Outcome::Preempted } else { Outcome::NodeLost }, at));
+        }
+        if pod.metadata.deletion_timestamp.is_some() {
+            return Some((Outcome::NodeLost, at));
+        }
         let outcome = match reason {
             "DeadlineExceeded" => Outcome::AppFailed { exit_code: None, reason: "DeadlineExceeded".into() },
             "Preempting" | "Preempted" => Outcome::Preempted,
@@ -140,6 +166,14 @@ fn failure(pod: &Pod) -> Option<(Outcome, Option<DateTime<Utc>>)> {
             }
         };
         return Some((outcome, at));
+    }
+    if let Some(unschedulable) =
+        condition("PodScheduled").filter(|c| c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+    {
+        let since = unschedulable.last_transition_time.as_ref().and_then(super::time);
+        if since.is_some_and(|since| now - since >= UNSCHEDULABLE_AFTER) {
+            return Some((Outcome::CapacityUnavailable, Some(now)));
+        }
     }
     let waiting = container.and_then(|c| c.state.as_ref()?.waiting.as_ref())?;
     let reason = waiting.reason.as_deref()?;
@@ -283,13 +317,64 @@ mod tests {
     }
 
     #[test]
+    fn a_drained_or_evicted_replica_is_the_nodes_fault_and_a_scheduler_preemption_a_preemption() {
+        let svc = complete(1);
+        let with_condition = |reason: &str| {
+            let mut p = terminated("n1", "Failed", 143, "Error", "2026-11-23T11:00:00Z");
+            p.status.as_mut().unwrap().conditions = Some(vec![serde_json::from_value(
+                json!({"type": "DisruptionTarget", "status": "True", "reason": reason}),
+            )
+            .unwrap()]);
+            p
+        };
+        let outcome = |p: &Pod| match gang_phase(Some(&svc), &[p], &HashSet::new(), now()).0 {
+            Phase::Finished { outcome, .. } => outcome,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(outcome(&with_condition("EvictionByEvictionAPI")), Outcome::NodeLost);
+        assert_eq!(outcome(&with_condition("PreemptionByScheduler")), Outcome::Preempted);
+    }
+
+    #[test]
+    fn a_replica_the_scheduler_cannot_place_for_minutes_gives_its_gpus_back() {
+        let svc = complete(1);
+        let unschedulable = |since: &str| {
+            pod(
+                "n1",
+                json!({"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "lastTransitionTime": since}]}),
+            )
+        };
+        let fresh = unschedulable("2026-11-23T11:59:00Z");
+        assert_eq!(gang_phase(Some(&svc), &[&fresh], &HashSet::new(), now()).0, Phase::Pending);
+        let stuck = unschedulable("2026-11-23T11:50:00Z");
+        assert!(matches!(
+            gang_phase(Some(&svc), &[&stuck], &HashSet::new(), now()).0,
+            Phase::Finished { outcome: Outcome::CapacityUnavailable, .. }
+        ));
+    }
+
+    #[test]
     fn a_gang_asked_to_stop_has_stopped_once_its_pods_are_gone() {
         let svc = service(json!({REPLICAS_ANNOTATION: "2", COMPLETE_ANNOTATION: "true",
             STOP_DEADLINE_ANNOTATION: "2026-11-23T11:59:30Z"}));
-        let a = running("n1", "2026-11-23T10:00:00Z");
+        let mut a = running("n1", "2026-11-23T10:00:00Z");
+        // The delete did not reach the pod: the stop is asked again.
+        let (phase, stop) = gang_phase(Some(&svc), &[&a], &HashSet::new(), now());
+        assert!(!stop);
+        assert!(matches!(phase, Phase::Pending | Phase::Running { .. }), "{phase:?}");
+        a.metadata.deletion_timestamp = Some(serde_json::from_value(json!("2026-11-23T11:59:30Z")).unwrap());
         let (phase, stop) = gang_phase(Some(&svc), &[&a], &HashSet::new(), now());
         assert!(stop);
         assert!(matches!(phase, Phase::Pending | Phase::Running { .. }), "{phase:?}");
+        // SIGTERM's exit code is how a stop ends, not a failure.
+        let sigterm = terminated("n1", "Failed", 143, "Error", "2026-11-23T11:59:40Z");
+        let (phase, _) = gang_phase(Some(&svc), &[&sigterm], &HashSet::new(), now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::Stopped, .. }), "{phase:?}");
+        // A pod on a dead node never confirms: stopped all the same.
+        let lost = HashSet::from(["n1".to_owned()]);
+        let (phase, _) = gang_phase(Some(&svc), &[&a], &lost, now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::Stopped, .. }), "{phase:?}");
         let (phase, stop) = gang_phase(Some(&svc), &[], &HashSet::new(), now());
         assert!(stop);
         assert_eq!(
