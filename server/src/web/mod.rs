@@ -26,6 +26,7 @@ pub fn router() -> Router<AppState> {
         .route("/login", get(pages::login_form).post(pages::login))
         .route("/logout", post(pages::logout))
         .route("/teams/{team}", get(pages::team))
+        .route("/teams/{team}/jobs", get(pages::team_jobs))
         .route("/teams/{team}/jobs/new", get(pages::submit_form).post(pages::submit))
         .route("/jobs/{job}", get(pages::job))
         .route("/jobs/{job}/cancel", post(pages::cancel))

@@ -380,6 +380,130 @@ pub async fn team(
     Ok(render(&page))
 }
 
+/// One row of the job list.
+pub struct JobListLine {
+    pub id: Uuid,
+    pub name: String,
+    pub state: String,
+    pub gpus: i64,
+    pub gpu_class: String,
+    pub submitted: String,
+    pub submitted_by: String,
+    pub exit_code: String,
+}
+
+#[derive(Template)]
+#[template(path = "jobs.html")]
+struct JobsPage {
+    signed_in: Option<SignedIn>,
+    team: String,
+    states: Vec<&'static str>,
+    classes: Vec<String>,
+    state: String,
+    gpu_class: String,
+    notice: Option<String>,
+    jobs: Vec<JobListLine>,
+    newest_link: Option<String>,
+    older_link: Option<String>,
+}
+
+/// The job list's filters and page, from the query string.
+#[derive(Debug, Default, Deserialize)]
+pub struct JobsQuery {
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    gpu_class: String,
+    /// Jobs submitted before this one (its sequence number): the next page.
+    before: Option<i64>,
+}
+
+/// Jobs per page of the list.
+const JOBS_PER_PAGE: i64 = 50;
+
+/// A team's jobs, newest first, filtered by state and GPU class, fifty to a page.
+pub async fn team_jobs(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
+    team_role(&state, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let mut notice = None;
+    let mut q: JobsQuery = match serde_urlencoded::from_str(query.as_deref().unwrap_or_default()) {
+        Ok(q) => q,
+        Err(_) => {
+            notice = Some("The filters in the address were not understood; showing every job.".to_owned());
+            JobsQuery::default()
+        }
+    };
+    if !q.state.is_empty() && crate::domain::JobState::parse(&q.state).is_none() {
+        notice = Some(format!("There is no state \"{}\"; showing every state.", q.state));
+        q.state.clear();
+    }
+    let classes: Vec<String> = db::quotas::list(&state.db, team.id).await?.into_iter().map(|q| q.gpu_class).collect();
+    let filter = JobFilter {
+        state: (!q.state.is_empty()).then(|| q.state.clone()),
+        gpu_class: (!q.gpu_class.is_empty()).then(|| q.gpu_class.clone()),
+        labels: None,
+        before_seq: q.before,
+    };
+    let mut rows = db::jobs::list(&state.db, team.id, &filter, JOBS_PER_PAGE + 1).await?;
+    let more = rows.len() as i64 > JOBS_PER_PAGE;
+    rows.truncate(JOBS_PER_PAGE as usize);
+    let link = |before: Option<i64>| {
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        if !q.state.is_empty() {
+            params.append_pair("state", &q.state);
+        }
+        if !q.gpu_class.is_empty() {
+            params.append_pair("gpu_class", &q.gpu_class);
+        }
+        if let Some(b) = before {
+            params.append_pair("before", &b.to_string());
+        }
+        let query = params.finish();
+        if query.is_empty() {
+            format!("/teams/{}/jobs", team.name)
+        } else {
+            format!("/teams/{}/jobs?{query}", team.name)
+        }
+    };
+    let older_link = rows.last().filter(|_| more).map(|last| link(Some(last.seq)));
+    let newest_link = q.before.map(|_| link(None));
+    let jobs = rows
+        .into_iter()
+        .map(|j| JobListLine {
+            id: j.id,
+            gpus: i64::from(j.replicas) * i64::from(j.gpus_per_replica),
+            name: j.name,
+            state: j.state,
+            gpu_class: j.gpu_class,
+            submitted: when(j.submitted_at),
+            submitted_by: j.submitted_by,
+            exit_code: j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+        })
+        .collect();
+    let page = JobsPage {
+        signed_in: Some(signed_in(&user)),
+        team: team.name.clone(),
+        states: crate::domain::JobState::ALL.iter().map(|s| s.as_str()).collect(),
+        classes,
+        state: q.state,
+        gpu_class: q.gpu_class,
+        notice,
+        jobs,
+        newest_link,
+        older_link,
+    };
+    Ok(render(&page))
+}
+
 /// The team's budget this month: spent so far (running jobs included) and the forecast at
 /// the month's end, in the budget's unit.
 async fn budget_line(state: &AppState, team_id: Uuid) -> Result<Option<BudgetLine>, PageError> {

@@ -1,6 +1,6 @@
-//! The web portal through the router: signing in, a team's dashboard with why jobs wait, a
-//! job's page, cancelling, and what a cross-site form post or a stranger gets.
-//! (Real-browser tests are still to come.)
+//! The web portal through the router: signing in, a team's dashboard with why jobs wait, the
+//! job list, a job's page, cancelling, and what a cross-site form post or a stranger gets.
+//! (The real-browser test is `tests/browser.rs`.)
 
 use fairway_tests::{call, TestApp, TestResponse, USER_PASSWORD};
 use serde_json::json;
@@ -240,4 +240,42 @@ async fn the_dashboard_shows_this_months_budget_spent_and_forecast() {
     let page = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await);
     assert!(page.contains("Budget this month"), "{page}");
     assert!(page.contains("0.000000 USD of 1000.000000 USD spent (soft)"), "{page}");
+}
+
+#[tokio::test]
+async fn the_job_list_pages_fifty_at_a_time_filters_by_state_and_escapes_names() {
+    let p = setup().await;
+    let alice = p.app.login("alice", USER_PASSWORD).await;
+    // 60 more jobs: 61 in all, the hostile one first.
+    let jobs: Vec<serde_json::Value> = (0..60)
+        .map(|i| json!({"name": format!("sweep-{i:02}"), "gpu_class": "h100", "gpus_per_replica": 1, "image": "train:1"}))
+        .collect();
+    p.app
+        .send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&alice).json(&json!({"jobs": jobs})))
+        .await
+        .assert_status(201);
+    sqlx::query("update jobs set state = 'failed', exit_code = 3 where name = 'sweep-07'")
+        .execute(&p.app.pool)
+        .await
+        .unwrap();
+    let session = sign_in(&p.app, "alice").await;
+    let first = body(&p.app.send(call("GET", "/teams/ml/jobs").header("cookie", &session)).await);
+    assert_eq!(first.matches("<tr><td><a href=\"/jobs/").count(), 50, "{first}");
+    assert!(first.contains("sweep-59"), "newest first");
+    assert!(!first.contains("sweep-09"), "the eleventh newest is not on the first page");
+    let older = first.split("rel=\"next\" href=\"").nth(1).expect("an older page").split('"').next().unwrap();
+    let older = older.replace("&amp;", "&");
+    let second = body(&p.app.send(call("GET", &older).header("cookie", &session)).await);
+    assert_eq!(second.matches("<tr><td><a href=\"/jobs/").count(), 11, "{second}");
+    assert!(second.contains("&#60;script&#62;alert(1)&#60;/script&#62;"), "the name is text: {second}");
+    assert!(!second.contains("<script>alert(1)"));
+    assert!(!second.contains("rel=\"next\""), "nothing older");
+    let failed = body(&p.app.send(call("GET", "/teams/ml/jobs?state=failed").header("cookie", &session)).await);
+    assert_eq!(failed.matches("<tr><td><a href=\"/jobs/").count(), 1, "{failed}");
+    assert!(failed.contains("sweep-07") && failed.contains("<td>3</td>"), "{failed}");
+    let unknown = body(&p.app.send(call("GET", "/teams/ml/jobs?state=lost&before=x").header("cookie", &session)).await);
+    assert!(unknown.contains("were not understood"), "{unknown}");
+    // A stranger gets no list.
+    let bob = sign_in(&p.app, "bob").await;
+    p.app.send(call("GET", "/teams/ml/jobs").header("cookie", &bob)).await.assert_status(404);
 }
