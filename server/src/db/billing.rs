@@ -409,3 +409,32 @@ pub async fn unbooked_reservations(
     .fetch_all(pool)
     .await
 }
+
+/// GPU time and billed cost of one day, team and GPU class, from the hourly rollups.
+#[derive(Debug, Clone)]
+pub struct DailyUsage {
+    pub day: NaiveDate,
+    pub team: String,
+    pub gpu_class: String,
+    pub gpu_milli_ms: i64,
+    pub billed_cost_micros: i64,
+}
+
+/// Usage per UTC day, team and GPU class for the days `[from, to)`.
+pub async fn daily_usage(pool: &PgPool, from: NaiveDate, to: NaiveDate) -> Result<Vec<DailyUsage>, sqlx::Error> {
+    sqlx::query_as!(
+        DailyUsage,
+        r#"select (r.hour at time zone 'UTC')::date as "day!", t.name as team, c.name as gpu_class,
+                  sum(r.gpu_milli_ms)::int8 as "gpu_milli_ms!", sum(r.billed_cost_micros)::int8 as "billed_cost_micros!"
+           from usage_rollups r
+           join teams t on t.id = r.team_id
+           join gpu_classes c on c.id = r.gpu_class_id
+           where r.hour >= ($1::date)::timestamp at time zone 'UTC' and r.hour < ($2::date)::timestamp at time zone 'UTC'
+           group by 1, 2, 3
+           order by 1, 2, 3"#,
+        from,
+        to
+    )
+    .fetch_all(pool)
+    .await
+}

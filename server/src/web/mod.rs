@@ -4,6 +4,7 @@
 //! default-src 'self'`). Pages read and act through the same `db` and domain functions as
 //! the API, with the same team roles.
 
+pub mod charts;
 pub mod cluster;
 pub mod pages;
 pub mod session;
@@ -32,6 +33,7 @@ pub fn router() -> Router<AppState> {
         .route("/jobs/{job}/cancel", post(pages::cancel))
         .route("/clusters", get(pages::clusters))
         .route("/billing", get(pages::billing))
+        .route("/billing/usage.csv", get(pages::billing_usage_csv))
         .route("/billing/exports/{period}/{format}", get(pages::billing_export))
         .route("/static/portal.css", get(pages::stylesheet))
         .layer(middleware::from_fn(security_headers))

@@ -857,11 +857,25 @@ pub struct PeriodLine {
     pub billed: String,
 }
 
+/// A team's cost over the charted days.
+pub struct CostLine {
+    pub team: String,
+    pub gpu_hours: String,
+    pub billed: String,
+    /// Of the costliest team's.
+    pub percent: i64,
+}
+
 #[derive(Template)]
 #[template(path = "billing.html")]
 struct BillingPage {
     signed_in: Option<SignedIn>,
     periods: Vec<PeriodLine>,
+    /// The charted days, in words.
+    window: String,
+    by_team: super::charts::StackedBars,
+    by_class: super::charts::StackedBars,
+    costs: Vec<CostLine>,
 }
 
 /// The user, when finance or a platform admin; others get "not found".
@@ -900,7 +914,80 @@ pub async fn billing(State(state): State<AppState>, headers: HeaderMap) -> Resul
             billed: format!("{} {}", crate::metering::micros_decimal(cost), state.config.currency),
         });
     }
-    Ok(render(&BillingPage { signed_in: Some(signed_in(&user)), periods: lines }))
+    let (from, to) = usage_window();
+    let usage = db::billing::daily_usage(&state.db, from, to).await?;
+    let currency = state.config.currency.clone();
+    let hours = |v: f64| format!("{v:.1} GPU-hours");
+    let mut by_team: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut by_class: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
+    let mut cost: BTreeMap<String, (f64, i64)> = BTreeMap::new();
+    // Every day of the window gets its bar, busy or not.
+    let mut day = from;
+    while day < to {
+        by_team.entry(day.to_string()).or_default();
+        by_class.entry(day.to_string()).or_default();
+        day = day.succ_opt().unwrap_or(to);
+    }
+    for u in &usage {
+        let gpu_hours = u.gpu_milli_ms as f64 / 3_600_000_000.0;
+        *by_team.entry(u.day.to_string()).or_default().entry(u.team.clone()).or_default() += gpu_hours;
+        *by_class.entry(u.day.to_string()).or_default().entry(u.gpu_class.clone()).or_default() += gpu_hours;
+        let team = cost.entry(u.team.clone()).or_default();
+        team.0 += gpu_hours;
+        team.1 += u.billed_cost_micros;
+    }
+    let top = cost.values().map(|c| c.1).max().unwrap_or(0).max(1);
+    let costs = cost
+        .into_iter()
+        .map(|(team, (gpu_hours, micros))| CostLine {
+            team,
+            gpu_hours: format!("{gpu_hours:.1}"),
+            billed: format!("{} {currency}", crate::metering::micros_decimal(micros)),
+            percent: (100 * i128::from(micros) / i128::from(top)) as i64,
+        })
+        .collect();
+    Ok(render(&BillingPage {
+        signed_in: Some(signed_in(&user)),
+        periods: lines,
+        window: format!("{from} to {}", to.pred_opt().unwrap_or(to)),
+        by_team: super::charts::stacked(&by_team, hours),
+        by_class: super::charts::stacked(&by_class, hours),
+        costs,
+    }))
+}
+
+/// Days the billing page charts: the last 30, today included.
+fn usage_window() -> (chrono::NaiveDate, chrono::NaiveDate) {
+    let today = Utc::now().date_naive();
+    (today - chrono::Days::new(29), today + chrono::Days::new(1))
+}
+
+/// What the billing page's charts show, as CSV: one row per day, team and GPU class.
+pub async fn billing_usage_csv(State(state): State<AppState>, headers: HeaderMap) -> Result<Response, PageError> {
+    if let Err(response) = require_finance(&state, &headers).await {
+        return Ok(response);
+    }
+    let (from, to) = usage_window();
+    let usage = db::billing::daily_usage(&state.db, from, to).await?;
+    let mut csv = String::from("day,team,gpu_class,gpu_hours,billed_cost,currency\r\n");
+    for u in usage {
+        // Team and class names are DNS-style labels: nothing in them needs quoting.
+        csv.push_str(&format!(
+            "{},{},{},{},{},{}\r\n",
+            u.day,
+            u.team,
+            u.gpu_class,
+            crate::metering::gpu_hours_decimal(u.gpu_milli_ms),
+            crate::metering::micros_decimal(u.billed_cost_micros),
+            state.config.currency
+        ));
+    }
+    let disposition = format!("attachment; filename=\"fairway-usage-{from}-{}.csv\"", to.pred_opt().unwrap_or(to));
+    Ok((
+        [(header::CONTENT_TYPE, "text/csv; charset=utf-8".to_owned()), (header::CONTENT_DISPOSITION, disposition)],
+        csv,
+    )
+        .into_response())
 }
 
 /// A billing export, downloaded from the billing page.

@@ -279,3 +279,39 @@ async fn the_job_list_pages_fifty_at_a_time_filters_by_state_and_escapes_names()
     let bob = sign_in(&p.app, "bob").await;
     p.app.send(call("GET", "/teams/ml/jobs").header("cookie", &bob)).await.assert_status(404);
 }
+
+#[tokio::test]
+async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_same_as_csv() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "fin", Some("finance")).await;
+    // Two GPU-hours of ml on h100 this morning, billed 5 USD.
+    let today = chrono::Utc::now().date_naive();
+    sqlx::query(
+        "insert into usage_rollups (hour, team_id, gpu_class_id, priority_class, gpu_milli_ms, billed_cost_micros)
+         select $1::date::timestamp at time zone 'UTC', t.id, c.id, 'production', 7200000000, 5000000
+         from teams t, gpu_classes c where t.name = 'ml' and c.name = 'h100'",
+    )
+    .bind(today)
+    .execute(&p.app.pool)
+    .await
+    .unwrap();
+    let session = sign_in(&p.app, "fin").await;
+    let page = body(&p.app.send(call("GET", "/billing").header("cookie", &session)).await);
+    assert!(page.contains(&format!("<title>ml: 2.0 GPU-hours on {today}</title>")), "{page}");
+    assert!(page.contains(&format!("<title>h100: 2.0 GPU-hours on {today}</title>")), "{page}");
+    assert_eq!(page.matches("<rect class=\"series-").count(), 2, "one bar in each chart");
+    assert!(page.contains("<td>ml</td><td>2.0</td><td>5.000000 USD</td>"), "{page}");
+    let csv = p.app.send(call("GET", "/billing/usage.csv").header("cookie", &session)).await;
+    csv.assert_status(200);
+    assert!(csv.header("content-type").unwrap().starts_with("text/csv"));
+    let text = body(&csv);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "day,team,gpu_class,gpu_hours,billed_cost,currency");
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[1].starts_with(&format!("{today},ml,h100,2.")), "{text}");
+    assert!(lines[1].ends_with(",5.000000,USD"), "{text}");
+    // A team member is not finance.
+    let alice = sign_in(&p.app, "alice").await;
+    p.app.send(call("GET", "/billing/usage.csv").header("cookie", &alice)).await.assert_status(404);
+}
