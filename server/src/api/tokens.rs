@@ -91,7 +91,19 @@ pub async fn create_token(
     Extension(access): Extension<TeamAccess>,
     ApiJson(body): ApiJson<NewToken>,
 ) -> Result<(StatusCode, Json<MintedTokenView>), ApiError> {
-    let Principal::User { id: user_id, .. } = &principal else {
+    let minted = mint(&state, &principal, &access.team, &body).await?;
+    Ok((StatusCode::CREATED, Json(minted)))
+}
+
+/// Mints a token for `team` on behalf of a signed-in user, with its audit record: the API and
+/// the portal both call this.
+pub async fn mint(
+    state: &AppState,
+    principal: &Principal,
+    team: &db::teams::TeamRow,
+    body: &NewToken,
+) -> Result<MintedTokenView, ApiError> {
+    let Principal::User { id: user_id, .. } = principal else {
         return Err(ApiError::Forbidden);
     };
     let name = DisplayText::parse("name", &body.name, 100)?;
@@ -111,7 +123,6 @@ pub async fn create_token(
         );
     }
     let minted = api_token::mint();
-    let team = access.team;
     let mut tx = state.db.begin().await?;
     let row = db::tokens::insert(
         &mut tx,
@@ -129,7 +140,7 @@ pub async fn create_token(
     let object = format!("{}/{}", team.name, row.id);
     record(
         &mut tx,
-        &principal,
+        principal,
         "token.create",
         "api_token",
         &object,
@@ -139,7 +150,7 @@ pub async fn create_token(
     )
     .await?;
     tx.commit().await?;
-    Ok((StatusCode::CREATED, Json(MintedTokenView { token: TokenView::from(row), secret: minted.secret })))
+    Ok(MintedTokenView { token: TokenView::from(row), secret: minted.secret })
 }
 
 /// Lists the team's tokens, revoked and expired ones included.
@@ -179,7 +190,17 @@ pub async fn revoke_token(
 ) -> Result<StatusCode, ApiError> {
     let (_, token_id) = path;
     let token_id: Uuid = token_id.parse().map_err(|_| ApiError::NotFound("token"))?;
-    let team = access.team;
+    revoke(&state, &principal, &access.team, token_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Revokes a token of `team`, with its audit record; revoking twice changes nothing.
+pub async fn revoke(
+    state: &AppState,
+    principal: &Principal,
+    team: &db::teams::TeamRow,
+    token_id: Uuid,
+) -> Result<(), ApiError> {
     let mut tx = state.db.begin().await?;
     let before = db::tokens::get_for_update(&mut tx, team.id, token_id).await?.ok_or(ApiError::NotFound("token"))?;
     if before.revoked_at.is_none() {
@@ -188,7 +209,7 @@ pub async fn revoke_token(
         let object = format!("{}/{}", team.name, token_id);
         record(
             &mut tx,
-            &principal,
+            principal,
             "token.revoke",
             "api_token",
             &object,
@@ -199,5 +220,5 @@ pub async fn revoke_token(
         .await?;
     }
     tx.commit().await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }

@@ -301,6 +301,8 @@ struct TeamPage {
     signed_in: Option<SignedIn>,
     team: String,
     can_submit: bool,
+    /// Team admins manage its API tokens.
+    can_admin: bool,
     budget: Option<BudgetLine>,
     quotas: Vec<QuotaLine>,
     running: Vec<RunningLine>,
@@ -374,9 +376,18 @@ pub async fn team(
         })
         .collect();
     let can_submit = role >= TeamRole::Member;
+    let can_admin = role >= TeamRole::Admin;
     let budget = budget_line(&state, team.id).await?;
-    let page =
-        TeamPage { signed_in: Some(signed_in(&user)), team: team.name, can_submit, budget, quotas, running, pending };
+    let page = TeamPage {
+        signed_in: Some(signed_in(&user)),
+        team: team.name,
+        can_submit,
+        can_admin,
+        budget,
+        quotas,
+        running,
+        pending,
+    };
     Ok(render(&page))
 }
 
@@ -502,6 +513,165 @@ pub async fn team_jobs(
         older_link,
     };
     Ok(render(&page))
+}
+
+/// A token as the tokens page lists it.
+pub struct TokenLine {
+    pub id: Uuid,
+    pub name: String,
+    pub role: String,
+    pub prefix: String,
+    pub created: String,
+    pub expires: String,
+    pub last_used: String,
+    pub revoked: bool,
+}
+
+/// A token just created: its secret, shown this once.
+pub struct MintedLine {
+    pub name: String,
+    pub secret: String,
+}
+
+#[derive(Template)]
+#[template(path = "tokens.html")]
+struct TokensPage {
+    signed_in: Option<SignedIn>,
+    csrf: String,
+    team: String,
+    tokens: Vec<TokenLine>,
+    minted: Option<MintedLine>,
+    error: Option<String>,
+    form_name: String,
+}
+
+/// The team, when the user administers it (team admins and platform admins).
+async fn administered_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
+    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    if role < TeamRole::Admin {
+        return Err(PageError::not_found());
+    }
+    Ok(team)
+}
+
+async fn tokens_page(
+    state: &AppState,
+    user: &SessionUser,
+    team: &db::teams::TeamRow,
+    minted: Option<MintedLine>,
+    error: Option<String>,
+    form_name: String,
+) -> Result<Response, PageError> {
+    let rows = db::tokens::list(&state.db, team.id, None, 200).await?;
+    let tokens = rows
+        .into_iter()
+        .map(|t| TokenLine {
+            id: t.id,
+            name: t.name,
+            role: t.role,
+            prefix: t.display_prefix,
+            created: when(t.created_at),
+            expires: when(t.expires_at),
+            last_used: t.last_used_at.map(when).unwrap_or_else(|| "never".into()),
+            revoked: t.revoked_at.is_some(),
+        })
+        .collect();
+    Ok(render(&TokensPage {
+        signed_in: Some(signed_in(user)),
+        csrf: user.csrf_token.clone(),
+        team: team.name.clone(),
+        tokens,
+        minted,
+        error,
+        form_name,
+    }))
+}
+
+/// A team's API tokens, for its admins.
+pub async fn team_tokens(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let team = administered_team(&state, &user, &name).await?;
+    tokens_page(&state, &user, &team, None, None, String::new()).await
+}
+
+#[derive(Deserialize)]
+struct NewTokenForm {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    days: String,
+}
+
+/// Creates a token from the form; the page that answers shows its secret once.
+pub async fn create_token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    if !form_allowed(&headers, &user.csrf_token, &csrf_of(&body)) {
+        return Err(PageError::forbidden());
+    }
+    let team = administered_team(&state, &user, &name).await?;
+    let form: NewTokenForm = serde_urlencoded::from_bytes(&body).map_err(|_| PageError::forbidden())?;
+    let days = match form.days.trim().parse::<i64>() {
+        Ok(d) if (1..=366).contains(&d) => d,
+        _ => {
+            let error = Some("Valid for: a number of days from 1 to 366.".to_owned());
+            return tokens_page(&state, &user, &team, None, error, form.name).await;
+        }
+    };
+    let Some(role) = TeamRole::parse(&form.role) else {
+        let error = Some("Role: member or viewer.".to_owned());
+        return tokens_page(&state, &user, &team, None, error, form.name).await;
+    };
+    let request =
+        api::tokens::NewToken { name: form.name.clone(), role, expires_at: Utc::now() + chrono::Duration::days(days) };
+    match api::tokens::mint(&state, &principal(&user), &team, &request).await {
+        Ok(minted) => {
+            let line = MintedLine { name: minted.token.name, secret: minted.secret };
+            tokens_page(&state, &user, &team, Some(line), None, String::new()).await
+        }
+        Err(ApiError::Validation(errors)) => {
+            let error = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ");
+            tokens_page(&state, &user, &team, None, Some(error), form.name).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Revokes a token from its row's button.
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((name, token)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    if !form_allowed(&headers, &user.csrf_token, &csrf_of(&body)) {
+        return Err(PageError::forbidden());
+    }
+    let team = administered_team(&state, &user, &name).await?;
+    let token: Uuid = token.parse().map_err(|_| PageError::not_found())?;
+    api::tokens::revoke(&state, &principal(&user), &team, token).await?;
+    Ok(Redirect::to(&format!("/teams/{}/tokens", team.name)).into_response())
 }
 
 /// The team's budget this month: spent so far (running jobs included) and the forecast at

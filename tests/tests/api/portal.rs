@@ -315,3 +315,58 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     let alice = sign_in(&p.app, "alice").await;
     p.app.send(call("GET", "/billing/usage.csv").header("cookie", &alice)).await.assert_status(404);
 }
+
+#[tokio::test]
+async fn a_team_admin_creates_a_token_whose_secret_shows_once_and_works_then_revokes_it() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "carol", None).await;
+    p.app.member(&admin, "ml", "carol", "admin").await;
+    let session = sign_in(&p.app, "carol").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/tokens").header("cookie", &session)).await);
+    let csrf = csrf_in(&page);
+    let form = format!("csrf={csrf}&name=github-actions&role=member&days=30");
+    let created =
+        p.app.send(call("POST", "/teams/ml/tokens").header("cookie", &session).raw(FORM, form.into_bytes())).await;
+    created.assert_status(200);
+    let created = body(&created);
+    let secret =
+        created.split("<code id=\"secret\">").nth(1).expect("the secret").split('<').next().unwrap().to_owned();
+    assert!(created.contains("shown only this once"), "{created}");
+    // The secret works on the API, for this team.
+    p.app.send(call("GET", "/api/v1/teams/ml/jobs").token(&secret)).await.assert_status(200);
+    // It is never shown again.
+    let later = body(&p.app.send(call("GET", "/teams/ml/tokens").header("cookie", &session)).await);
+    assert!(!later.contains(&secret));
+    assert!(later.contains("github-actions"));
+    // Bad input gets a plain sentence, not a token.
+    let form = format!("csrf={csrf}&name=x&role=member&days=1000");
+    let refused = body(
+        &p.app.send(call("POST", "/teams/ml/tokens").header("cookie", &session).raw(FORM, form.into_bytes())).await,
+    );
+    assert!(refused.contains("Valid for: a number of days from 1 to 366."), "{refused}");
+    // Revoked from its row: the API refuses it at once.
+    let id = later.split("/teams/ml/tokens/").nth(1).expect("a revoke form").split('/').next().unwrap().to_owned();
+    let revoke = p
+        .app
+        .send(
+            call("POST", &format!("/teams/ml/tokens/{id}/revoke"))
+                .header("cookie", &session)
+                .raw(FORM, format!("csrf={csrf}").into_bytes()),
+        )
+        .await;
+    assert_eq!(revoke.status.as_u16(), 303);
+    p.app.send(call("GET", "/api/v1/teams/ml/jobs").token(&secret)).await.assert_status(401);
+    // Without the form's token, nothing happens; a member who is not an admin sees no page.
+    let forged = p
+        .app
+        .send(
+            call("POST", "/teams/ml/tokens")
+                .header("cookie", &session)
+                .raw(FORM, b"name=evil&role=member&days=3".to_vec()),
+        )
+        .await;
+    assert_eq!(forged.status.as_u16(), 403);
+    let alice = sign_in(&p.app, "alice").await;
+    p.app.send(call("GET", "/teams/ml/tokens").header("cookie", &alice)).await.assert_status(404);
+}
