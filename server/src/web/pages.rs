@@ -674,6 +674,112 @@ pub async fn revoke_token(
     Ok(Redirect::to(&format!("/teams/{}/tokens", team.name)).into_response())
 }
 
+/// One audit entry as the page shows it.
+pub struct AuditLine {
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub object: String,
+    pub changes: Vec<String>,
+}
+
+#[derive(Template)]
+#[template(path = "audit.html")]
+struct AuditPage {
+    signed_in: Option<SignedIn>,
+    team: Option<String>,
+    entries: Vec<AuditLine>,
+    older_link: Option<String>,
+}
+
+/// What a change changed, field by field: `reserved: 8 → 12`, `+ name: ci`, `- burst: 4`.
+/// Secrets never reach the audit log, so every value may be shown.
+pub fn audit_changes(before: Option<&serde_json::Value>, after: Option<&serde_json::Value>) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let fields = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_object()).unwrap_or(&empty).clone();
+    let (before, after) = (fields(before), fields(after));
+    let show = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|k| match (before.get(k), after.get(k)) {
+            (Some(b), Some(a)) if a != b => Some(format!("{k}: {} → {}", show(b), show(a))),
+            (None, Some(a)) => Some(format!("+ {k}: {}", show(a))),
+            (Some(b), None) => Some(format!("- {k}: {}", show(b))),
+            _ => None,
+        })
+        .collect()
+}
+
+#[derive(Deserialize, Default)]
+struct AuditQuery {
+    before: Option<i64>,
+}
+
+async fn audit_page(
+    state: &AppState,
+    user: &SessionUser,
+    team: Option<&db::teams::TeamRow>,
+    raw_query: Option<String>,
+) -> Result<Response, PageError> {
+    const PER_PAGE: i64 = 100;
+    let q: AuditQuery = serde_urlencoded::from_str(raw_query.as_deref().unwrap_or_default()).unwrap_or_default();
+    let mut rows = db::audit::list(&state.db, team.map(|t| t.id), q.before, PER_PAGE + 1).await?;
+    let more = rows.len() as i64 > PER_PAGE;
+    rows.truncate(PER_PAGE as usize);
+    let base = match team {
+        Some(t) => format!("/teams/{}/audit", t.name),
+        None => "/audit".to_owned(),
+    };
+    let older_link = rows.last().filter(|_| more).map(|last| format!("{base}?before={}", last.id));
+    let entries = rows
+        .into_iter()
+        .map(|r| AuditLine {
+            at: when(r.at),
+            changes: audit_changes(r.before.as_ref(), r.after.as_ref()),
+            actor: r.actor,
+            action: r.action,
+            object: format!("{} {}", r.object_type, r.object_id),
+        })
+        .collect();
+    Ok(render(&AuditPage { signed_in: Some(signed_in(user)), team: team.map(|t| t.name.clone()), entries, older_link }))
+}
+
+/// A team's audit log, for its admins.
+pub async fn team_audit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let team = administered_team(&state, &user, &name).await?;
+    audit_page(&state, &user, Some(&team), query).await
+}
+
+/// The whole platform's audit log, for platform admins.
+pub async fn audit(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    if principal(&user).platform_role() != Some(PlatformRole::PlatformAdmin) {
+        return Err(PageError::not_found());
+    }
+    audit_page(&state, &user, None, query).await
+}
+
 /// The team's budget this month: spent so far (running jobs included) and the forecast at
 /// the month's end, in the budget's unit.
 async fn budget_line(state: &AppState, team_id: Uuid) -> Result<Option<BudgetLine>, PageError> {
@@ -1219,4 +1325,23 @@ pub fn not_found_page() -> Response {
 pub async fn stylesheet() -> Response {
     const CSS: &str = include_str!("../../../web/static/portal.css");
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], CSS).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::audit_changes;
+
+    #[test]
+    fn an_audit_entry_says_field_by_field_what_changed() {
+        let before = json!({"reserved": 8, "burst": 4, "lendable": null});
+        let after = json!({"reserved": 12, "burst": 4, "name": "ci"});
+        assert_eq!(
+            audit_changes(Some(&before), Some(&after)),
+            ["- lendable: null", "+ name: ci", "reserved: 8 → 12"].map(String::from)
+        );
+        assert_eq!(audit_changes(None, Some(&json!({"role": "member"}))), ["+ role: member"]);
+        assert!(audit_changes(Some(&after), Some(&after)).is_empty());
+    }
 }

@@ -370,3 +370,23 @@ async fn a_team_admin_creates_a_token_whose_secret_shows_once_and_works_then_rev
     let alice = sign_in(&p.app, "alice").await;
     p.app.send(call("GET", "/teams/ml/tokens").header("cookie", &alice)).await.assert_status(404);
 }
+
+#[tokio::test]
+async fn admins_read_the_audit_log_with_what_each_change_changed_and_others_do_not() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app
+        .send(call("PUT", "/api/v1/teams/ml/quotas/h100").token(&admin).json(&json!({"reserved": 12, "burst": 4})))
+        .await
+        .assert_status(200);
+    p.app.user(&admin, "carol", None).await;
+    p.app.member(&admin, "ml", "carol", "admin").await;
+    let carol = sign_in(&p.app, "carol").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/audit").header("cookie", &carol)).await);
+    assert!(page.contains("<td>quota.put</td>"), "{page}");
+    assert!(page.contains("reserved: 8 → 12"), "{page}");
+    // Team admins see their team's log; the platform log is for platform admins only.
+    p.app.send(call("GET", "/audit").header("cookie", &carol)).await.assert_status(404);
+    let alice = sign_in(&p.app, "alice").await;
+    p.app.send(call("GET", "/teams/ml/audit").header("cookie", &alice)).await.assert_status(404);
+}
