@@ -97,6 +97,12 @@ pub fn etag(version: i64) -> HeaderValue {
 pub struct IfMatch(Option<Vec<String>>);
 
 impl IfMatch {
+    /// The precondition that the object is still at `version` (0: it does not exist yet),
+    /// as a form carries it from the page that showed the object.
+    pub fn version(version: i64) -> Self {
+        Self(Some(vec![format!("\"{version}\"")]))
+    }
+
     /// Fails with 412 unless the precondition holds for `version`.
     pub fn check(&self, version: i64) -> Result<(), ApiError> {
         match &self.0 {

@@ -124,16 +124,32 @@ pub async fn put_quota(
     ApiJson(spec): ApiJson<QuotaSpec>,
 ) -> Result<(HeaderMap, Json<QuotaResult>), ApiError> {
     let (_, class_name) = path;
+    let result = set(&state, &principal, access.team, &class_name, &spec, &if_match).await?;
+    let mut headers = HeaderMap::new();
+    headers.insert(header::ETAG, etag(result.quota.version));
+    Ok((headers, Json(result)))
+}
+
+/// Sets `team`'s quota for `class_name`, with its audit record: the API and the portal both
+/// call this. Children's reserved quota never exceeds their parent's; reserving more than
+/// the platform's known capacity is allowed and answered with a warning.
+pub async fn set(
+    state: &AppState,
+    principal: &Principal,
+    team: crate::db::teams::TeamRow,
+    class_name: &str,
+    spec: &QuotaSpec,
+    if_match: &IfMatch,
+) -> Result<QuotaResult, ApiError> {
     check_range("reserved", spec.reserved, 0, MAX_GPUS)?;
     check_range("burst", spec.burst, 0, MAX_GPUS)?;
     if let Some(lendable) = spec.lendable {
         check_range("lendable", lendable, 0, spec.reserved)
             .map_err(|e| FieldError::new("lendable", &e.code, format!("{} (it is part of reserved)", e.message)))?;
     }
-    let class = gpu_classes::find(&state, &class_name).await.map_err(|_| {
+    let class = gpu_classes::find(state, class_name).await.map_err(|_| {
         ApiError::field(FieldError::new("gpu_class", "not_found", format!("GPU class {class_name} does not exist")))
     })?;
-    let team = access.team;
     // Ranges are checked above, so the values fit in i32.
     let (reserved, burst, lendable) = (spec.reserved as i32, spec.burst as i32, spec.lendable.map(|l| l as i32));
 
@@ -181,7 +197,7 @@ pub async fn put_quota(
     let object = format!("{}/{}", team.name, class_name);
     record(
         &mut tx,
-        &principal,
+        principal,
         "quota.put",
         "quota",
         &object,
@@ -191,9 +207,7 @@ pub async fn put_quota(
     )
     .await?;
     tx.commit().await?;
-    let mut headers = HeaderMap::new();
-    headers.insert(header::ETAG, etag(row.version));
-    Ok((headers, Json(QuotaResult { quota: QuotaView::from(row), warnings })))
+    Ok(QuotaResult { quota: QuotaView::from(row), warnings })
 }
 
 /// Removes a team's quota for one GPU class; refused while child teams reserve some.

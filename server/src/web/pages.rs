@@ -303,6 +303,8 @@ struct TeamPage {
     can_submit: bool,
     /// Team admins manage its API tokens.
     can_admin: bool,
+    /// Platform admins set its quotas.
+    can_set_quotas: bool,
     budget: Option<BudgetLine>,
     quotas: Vec<QuotaLine>,
     running: Vec<RunningLine>,
@@ -377,12 +379,14 @@ pub async fn team(
         .collect();
     let can_submit = role >= TeamRole::Member;
     let can_admin = role >= TeamRole::Admin;
+    let can_set_quotas = principal(&user).platform_role() == Some(PlatformRole::PlatformAdmin);
     let budget = budget_line(&state, team.id).await?;
     let page = TeamPage {
         signed_in: Some(signed_in(&user)),
         team: team.name,
         can_submit,
         can_admin,
+        can_set_quotas,
         budget,
         quotas,
         running,
@@ -778,6 +782,146 @@ pub async fn audit(
         return Err(PageError::not_found());
     }
     audit_page(&state, &user, None, query).await
+}
+
+/// A quota row of the quotas page.
+pub struct QuotaRowLine {
+    pub gpu_class: String,
+    pub reserved: i32,
+    pub burst: i32,
+    pub lendable: String,
+    pub version: i64,
+}
+
+#[derive(Template)]
+#[template(path = "quotas.html")]
+struct QuotasPage {
+    signed_in: Option<SignedIn>,
+    csrf: String,
+    team: String,
+    quotas: Vec<QuotaRowLine>,
+    /// Classes the team has no quota of yet.
+    unset: Vec<String>,
+    warnings: Vec<String>,
+    error: Option<String>,
+}
+
+/// The team, when the user is a platform admin (quotas are theirs to set).
+async fn quota_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
+    if principal(user).platform_role() != Some(PlatformRole::PlatformAdmin) {
+        return Err(PageError::not_found());
+    }
+    db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)
+}
+
+async fn quotas_page(
+    state: &AppState,
+    user: &SessionUser,
+    team: &db::teams::TeamRow,
+    warnings: Vec<String>,
+    error: Option<String>,
+) -> Result<Response, PageError> {
+    let rows = db::quotas::list(&state.db, team.id).await?;
+    let all = db::gpu_classes::list(&state.db, None, 1000).await?;
+    let unset = all.into_iter().map(|c| c.name).filter(|c| !rows.iter().any(|q| &q.gpu_class == c)).collect();
+    let quotas = rows
+        .into_iter()
+        .map(|q| QuotaRowLine {
+            gpu_class: q.gpu_class,
+            reserved: q.reserved,
+            burst: q.burst,
+            lendable: q.lendable.map(|l| l.to_string()).unwrap_or_default(),
+            version: q.version,
+        })
+        .collect();
+    Ok(render(&QuotasPage {
+        signed_in: Some(signed_in(user)),
+        csrf: user.csrf_token.clone(),
+        team: team.name.clone(),
+        quotas,
+        unset,
+        warnings,
+        error,
+    }))
+}
+
+/// A team's quotas, for platform admins to set.
+pub async fn team_quotas(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let team = quota_team(&state, &user, &name).await?;
+    quotas_page(&state, &user, &team, Vec::new(), None).await
+}
+
+#[derive(Deserialize)]
+struct QuotaForm {
+    #[serde(default)]
+    gpu_class: String,
+    #[serde(default)]
+    reserved: String,
+    #[serde(default)]
+    burst: String,
+    #[serde(default)]
+    lendable: String,
+    #[serde(default)]
+    version: String,
+}
+
+/// Sets one quota from its row's form; the page that answers shows any warning, such as
+/// reserving more than the platform's capacity.
+pub async fn set_quota(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    if !form_allowed(&headers, &user.csrf_token, &csrf_of(&body)) {
+        return Err(PageError::forbidden());
+    }
+    let team = quota_team(&state, &user, &name).await?;
+    let form: QuotaForm = serde_urlencoded::from_bytes(&body).map_err(|_| PageError::forbidden())?;
+    let number = |field: &str, text: &str| -> Result<i64, String> {
+        text.trim().parse::<i64>().map_err(|_| format!("{field}: a whole number of GPUs"))
+    };
+    let parsed = (|| -> Result<(api::quotas::QuotaSpec, i64), String> {
+        let lendable = match form.lendable.trim() {
+            "" => None,
+            text => Some(number("lendable", text)?),
+        };
+        let spec = api::quotas::QuotaSpec {
+            reserved: number("reserved", &form.reserved)?,
+            burst: number("burst", &form.burst)?,
+            lendable,
+        };
+        Ok((spec, number("version", &form.version).unwrap_or(0)))
+    })();
+    let (spec, version) = match parsed {
+        Ok(p) => p,
+        Err(error) => return quotas_page(&state, &user, &team, Vec::new(), Some(error)).await,
+    };
+    let if_match = api::extract::IfMatch::version(version);
+    match api::quotas::set(&state, &principal(&user), team.clone(), &form.gpu_class, &spec, &if_match).await {
+        Ok(result) => quotas_page(&state, &user, &team, result.warnings, None).await,
+        Err(ApiError::Validation(errors)) => {
+            let error = errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ");
+            quotas_page(&state, &user, &team, Vec::new(), Some(error)).await
+        }
+        Err(ApiError::PreconditionFailed) => {
+            let error = "Someone changed this quota since the page was shown; here it is as it is now.".to_owned();
+            quotas_page(&state, &user, &team, Vec::new(), Some(error)).await
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The team's budget this month: spent so far (running jobs included) and the forecast at

@@ -390,3 +390,47 @@ async fn admins_read_the_audit_log_with_what_each_change_changed_and_others_do_n
     let alice = sign_in(&p.app, "alice").await;
     p.app.send(call("GET", "/teams/ml/audit").header("cookie", &alice)).await.assert_status(404);
 }
+
+#[tokio::test]
+async fn a_platform_admin_sets_a_quota_from_the_portal_and_is_warned_when_reserved_exceeds_capacity() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "ops", Some("platform-admin")).await;
+    // The platform knows of 64 H100.
+    p.app
+        .send(
+            call("PUT", "/api/v1/clusters/sim-1")
+                .token(&admin)
+                .json(&json!({"backend": "sim", "capacity": {"h100": 64}})),
+        )
+        .await
+        .assert_status(201);
+    let session = sign_in(&p.app, "ops").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/quotas").header("cookie", &session)).await);
+    let csrf = csrf_in(&page);
+    assert!(page.contains("value=\"8\""), "the current reserved quota: {page}");
+    // Reserve far more than any cluster offers: saved, with the warning.
+    let form = format!("csrf={csrf}&gpu_class=h100&reserved=5000&burst=4&lendable=&version=1");
+    let saved = body(
+        &p.app.send(call("POST", "/teams/ml/quotas").header("cookie", &session).raw(FORM, form.into_bytes())).await,
+    );
+    assert!(saved.contains("teams reserve 5000 h100 GPUs in total but the platform knows of only 64"), "{saved}");
+    let quota = p.app.send(call("GET", "/api/v1/teams/ml/quotas/h100").token(&admin)).await.json();
+    assert_eq!(quota["reserved"], 5000);
+    // A stale form (version 1 again) changes nothing and says why.
+    let form = format!("csrf={csrf}&gpu_class=h100&reserved=1&burst=0&lendable=&version=1");
+    let stale = body(
+        &p.app.send(call("POST", "/teams/ml/quotas").header("cookie", &session).raw(FORM, form.into_bytes())).await,
+    );
+    assert!(stale.contains("Someone changed this quota"), "{stale}");
+    // Bad input names the field.
+    let form = format!("csrf={csrf}&gpu_class=h100&reserved=lots&burst=0&lendable=&version=2");
+    let bad = body(
+        &p.app.send(call("POST", "/teams/ml/quotas").header("cookie", &session).raw(FORM, form.into_bytes())).await,
+    );
+    assert!(bad.contains("reserved: a whole number of GPUs"), "{bad}");
+    assert_eq!(p.app.send(call("GET", "/api/v1/teams/ml/quotas/h100").token(&admin)).await.json()["reserved"], 5000);
+    // Team members, even admins of the team, do not set quotas.
+    let alice = sign_in(&p.app, "alice").await;
+    p.app.send(call("GET", "/teams/ml/quotas").header("cookie", &alice)).await.assert_status(404);
+}
