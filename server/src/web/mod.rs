@@ -31,6 +31,7 @@ pub fn router() -> Router<AppState> {
         .route("/teams/{team}/tokens", get(pages::team_tokens).post(pages::create_token))
         .route("/teams/{team}/audit", get(pages::team_audit))
         .route("/teams/{team}/quotas", get(pages::team_quotas).post(pages::set_quota))
+        .route("/teams/{team}/statements/{period}", get(pages::statement))
         .route("/audit", get(pages::audit))
         .route("/teams/{team}/tokens/{token}/revoke", post(pages::revoke_token))
         .route("/teams/{team}/jobs/new", get(pages::submit_form).post(pages::submit))

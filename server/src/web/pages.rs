@@ -305,6 +305,8 @@ struct TeamPage {
     can_admin: bool,
     /// Platform admins set its quotas.
     can_set_quotas: bool,
+    /// This month, as its statement's address names it.
+    statement_period: String,
     budget: Option<BudgetLine>,
     quotas: Vec<QuotaLine>,
     running: Vec<RunningLine>,
@@ -387,6 +389,7 @@ pub async fn team(
         can_submit,
         can_admin,
         can_set_quotas,
+        statement_period: crate::billing::period_name(crate::billing::budgets::period_of(Utc::now())),
         budget,
         quotas,
         running,
@@ -922,6 +925,110 @@ pub async fn set_quota(
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// A statement line as the page shows it.
+pub struct StatementRow {
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub gpu_hours: String,
+    pub list: String,
+    pub billed: String,
+}
+
+/// One of the costliest jobs.
+pub struct TopJobLine {
+    pub id: Uuid,
+    pub name: String,
+    pub gpu_hours: String,
+    pub billed: String,
+}
+
+#[derive(Template)]
+#[template(path = "statement.html")]
+struct StatementPage {
+    signed_in: Option<SignedIn>,
+    team: String,
+    period: String,
+    previous: Option<String>,
+    closed: bool,
+    lines: Vec<StatementRow>,
+    total_gpu_hours: String,
+    total_list: String,
+    total_billed: String,
+    budget: Option<String>,
+    spent: Option<String>,
+    forecast: String,
+    idle_gpu_hours: String,
+    idle_cost: String,
+    top_jobs: Vec<TopJobLine>,
+}
+
+/// A team's monthly statement: usage and cost by class and priority class, its budget, its
+/// costliest jobs and its share of idle capacity.
+pub async fn statement(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path((name, period)): Path<(String, String)>,
+) -> Result<Response, PageError> {
+    let user = match require_user(&state, &headers).await {
+        Ok(u) => u,
+        Err(redirect) => return Ok(redirect),
+    };
+    let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
+    team_role(&state, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let period = crate::domain::BudgetPeriod::parse("period", &period).map_err(|_| PageError::not_found())?;
+    let first_day = period.first_day();
+    let s = crate::billing::statement::statement(&state.db, team.id, first_day, Utc::now(), state.config.chargeback)
+        .await?;
+    let currency = &state.config.currency;
+    let money = |micros: i64| format!("{} {currency}", crate::metering::micros_decimal(micros));
+    let hours = crate::metering::gpu_hours_decimal;
+    let in_unit = |unit: &str, amount: i64| match unit {
+        "gpu-hours" => format!("{amount} GPU-hours"),
+        _ => money(amount),
+    };
+    let unit = s.budget.as_ref().map_or("money".to_owned(), |b| b.0.clone());
+    let page = StatementPage {
+        signed_in: Some(signed_in(&user)),
+        team: team.name.clone(),
+        period: crate::billing::period_name(first_day),
+        previous: first_day.pred_opt().map(crate::billing::period_name),
+        closed: s.closed,
+        lines: s
+            .lines
+            .iter()
+            .map(|l| StatementRow {
+                gpu_class: l.gpu_class.clone(),
+                priority_class: l.priority_class.clone(),
+                gpu_hours: hours(l.gpu_milli_ms),
+                list: money(l.list_cost_micros),
+                billed: money(l.billed_cost_micros),
+            })
+            .collect(),
+        total_gpu_hours: hours(s.gpu_milli_ms),
+        total_list: money(s.list_cost_micros),
+        total_billed: money(s.billed_cost_micros),
+        budget: s
+            .budget
+            .as_ref()
+            .map(|(unit, amount, enforcement)| format!("{} ({enforcement})", in_unit(unit, *amount))),
+        spent: s.spent_to_date.map(|v| in_unit(&unit, v)),
+        forecast: s.forecast.map(|v| in_unit(&unit, v)).unwrap_or_default(),
+        idle_gpu_hours: hours(s.idle_share_gpu_milli_ms),
+        idle_cost: money(s.idle_share_cost_micros),
+        top_jobs: s
+            .top_jobs
+            .iter()
+            .map(|j| TopJobLine {
+                id: j.job_id,
+                name: j.job_name.clone(),
+                gpu_hours: hours(j.gpu_milli_ms),
+                billed: money(j.billed_cost_micros),
+            })
+            .collect(),
+    };
+    Ok(render(&page))
 }
 
 /// The team's budget this month: spent so far (running jobs included) and the forecast at

@@ -434,3 +434,31 @@ async fn a_platform_admin_sets_a_quota_from_the_portal_and_is_warned_when_reserv
     let alice = sign_in(&p.app, "alice").await;
     p.app.send(call("GET", "/teams/ml/quotas").header("cookie", &alice)).await.assert_status(404);
 }
+
+#[tokio::test]
+async fn a_member_reads_the_teams_statement_with_its_budget_and_a_stranger_does_not() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    p.app
+        .send(
+            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
+                .token(&admin)
+                .json(&json!({"unit": "money", "amount": 2_000_000_000, "enforcement": "hard"})),
+        )
+        .await
+        .assert_status(200);
+    let session = sign_in(&p.app, "alice").await;
+    let dashboard = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await);
+    assert!(dashboard.contains(&format!("/teams/ml/statements/{month}")), "the dashboard links it");
+    let page =
+        body(&p.app.send(call("GET", &format!("/teams/ml/statements/{month}")).header("cookie", &session)).await);
+    assert!(page.contains(&format!("statement for {month}")), "{page}");
+    assert!(page.contains("The period is open"), "{page}");
+    assert!(page.contains("Budget: 2000.000000 USD (hard)."), "{page}");
+    assert!(page.contains("Spent to date, running jobs included: 0.000000 USD"), "{page}");
+    assert!(page.contains("No usage in this period."), "{page}");
+    p.app.send(call("GET", "/teams/ml/statements/2026-13").header("cookie", &session)).await.assert_status(404);
+    let bob = sign_in(&p.app, "bob").await;
+    p.app.send(call("GET", &format!("/teams/ml/statements/{month}")).header("cookie", &bob)).await.assert_status(404);
+}
