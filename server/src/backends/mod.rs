@@ -166,6 +166,65 @@ pub struct InventoryNode {
     pub price_micros_per_gpu_hour: Option<i64>,
 }
 
+impl Gang {
+    /// The environment every replica gets: the user's variables without the device-selecting
+    /// ones (refused at submission; a row from before that rule is still not obeyed), then
+    /// the platform's, which win where names clash. Backends add their rendezvous variables.
+    pub fn env(&self) -> BTreeMap<String, String> {
+        let mut env: BTreeMap<String, String> = self
+            .env
+            .iter()
+            .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (k, v) in [
+            ("FAIRWAY_JOB_ID", self.job_id.to_string()),
+            ("FAIRWAY_JOB_NAME", self.job_name.clone()),
+            ("FAIRWAY_TEAM", self.team.clone()),
+            ("FAIRWAY_ATTEMPT", self.attempt.to_string()),
+            ("FAIRWAY_WORLD_SIZE", self.replicas.len().to_string()),
+        ] {
+            env.insert(k.into(), v);
+        }
+        env
+    }
+
+    /// For a cloud pool: the pool the gang was placed in and the GPUs each replica takes,
+    /// refused when a replica would not fit one instance of `gpus_per_instance` GPUs.
+    pub fn pool_shape(&self, cluster: &str, gpus_per_instance: u32, instance: &str) -> Result<u32, BackendError> {
+        let gpus = self.replicas.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0);
+        if gpus == 0 || gpus > gpus_per_instance {
+            return Err(BackendError::Rejected(format!(
+                "cluster {cluster}: a replica of {gpus} GPUs does not fit one {instance} ({gpus_per_instance} GPUs)"
+            )));
+        }
+        Ok(gpus)
+    }
+
+    /// The node (for a cloud backend, the pool) the first replica was placed on.
+    pub fn first_node(&self) -> &str {
+        self.replicas.first().map(|r| r.node.as_str()).unwrap_or_default()
+    }
+}
+
+impl InventoryNode {
+    /// An elastic cloud pool: `gpus` at most (the engine's limit is 64), no topology, its own
+    /// price per GPU-hour.
+    pub fn pool(name: &str, gpu_class: &str, gpus: u32, spot: bool, price_per_gpu_hour: f64) -> Self {
+        Self {
+            name: name.to_owned(),
+            gpu_class: gpu_class.to_owned(),
+            gpus: gpus.min(64) as u8,
+            nvlink_domain_size: 0,
+            rack: None,
+            zone: None,
+            elastic: true,
+            spot,
+            price_micros_per_gpu_hour: Some((price_per_gpu_hour * 1_000_000.0).round() as i64),
+        }
+    }
+}
+
 /// A GPU class a backend knows the shape of (the simulator's inventory declares them, a
 /// Kubernetes cluster's GPU Feature Discovery labels describe them).
 #[derive(Debug, Clone, PartialEq, Eq)]

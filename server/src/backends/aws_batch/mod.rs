@@ -18,7 +18,7 @@
 pub mod status;
 
 use std::{
-    collections::{BTreeMap, HashMap, HashSet},
+    collections::{HashMap, HashSet},
     time::{Duration, Instant},
 };
 
@@ -96,12 +96,7 @@ fn default_memory_per_gpu() -> u32 {
     16_384
 }
 
-impl PoolConfig {
-    /// The price in micro-units per GPU-hour.
-    pub fn price_micros(&self) -> i64 {
-        (self.price_per_gpu_hour * 1_000_000.0).round() as i64
-    }
-}
+impl PoolConfig {}
 
 impl AwsBatchConfig {
     /// Checks what the engine and the service would refuse later.
@@ -489,53 +484,30 @@ impl Backend for AwsBatchBackend {
             .config
             .pools
             .iter()
-            .map(|p| InventoryNode {
-                name: p.name.clone(),
-                gpu_class: p.gpu_class.clone(),
-                gpus: (p.gpus_per_instance * p.max_instances).min(64) as u8,
-                nvlink_domain_size: 0,
-                rack: None,
-                zone: None,
-                elastic: true,
-                spot: p.spot,
-                price_micros_per_gpu_hour: Some(p.price_micros()),
+            .map(|p| {
+                InventoryNode::pool(
+                    &p.name,
+                    &p.gpu_class,
+                    p.gpus_per_instance * p.max_instances,
+                    p.spot,
+                    p.price_per_gpu_hour,
+                )
             })
             .collect())
     }
 
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {
-        let pool_name = gang.replicas.first().map(|r| r.node.clone()).unwrap_or_default();
-        let pool = self.pool(&pool_name)?;
-        let gpus = gang.replicas.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0);
-        if gpus == 0 || gpus > pool.gpus_per_instance {
-            return Err(BackendError::Rejected(format!(
-                "cluster {}: a replica of {gpus} GPUs does not fit one {} instance ({} GPUs)",
-                self.config.name, pool.instance_type, pool.gpus_per_instance
-            )));
-        }
+        let pool = self.pool(gang.first_node())?;
+        let instance = format!("{} instance", pool.instance_type);
+        let gpus = gang.pool_shape(&self.config.name, pool.gpus_per_instance, &instance)?;
         // A retried dispatch finds the job it submitted before.
         if !self.named(&pool.job_queue, &gang.object).await?.is_empty() {
             return Ok(());
         }
         let definition = self.definition(gang, pool, gpus).await?;
         let replicas = gang.replicas.len();
-        let mut env: BTreeMap<String, String> = gang
-            .env
-            .iter()
-            .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (k, v) in [
-            ("FAIRWAY_JOB_ID", gang.job_id.to_string()),
-            ("FAIRWAY_JOB_NAME", gang.job_name.clone()),
-            ("FAIRWAY_TEAM", gang.team.clone()),
-            ("FAIRWAY_ATTEMPT", gang.attempt.to_string()),
-            ("FAIRWAY_WORLD_SIZE", replicas.to_string()),
-        ] {
-            env.insert(k.into(), v);
-        }
         let env: Vec<KeyValuePair> =
-            env.into_iter().map(|(k, v)| KeyValuePair::builder().name(k).value(v).build()).collect();
+            gang.env().into_iter().map(|(k, v)| KeyValuePair::builder().name(k).value(v).build()).collect();
         let overrides = ContainerOverrides::builder()
             .set_environment(Some(env))
             .set_command((!gang.command.is_empty()).then(|| gang.command.clone()))

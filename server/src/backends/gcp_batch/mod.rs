@@ -226,21 +226,7 @@ impl GcpBatchBackend {
     /// The create body of a gang on a pool.
     pub fn job_body(&self, gang: &Gang, pool: &GcpPoolConfig, gpus: u32) -> Value {
         let replicas = gang.replicas.len();
-        let mut env: std::collections::BTreeMap<String, String> = gang
-            .env
-            .iter()
-            .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        for (k, v) in [
-            ("FAIRWAY_JOB_ID", gang.job_id.to_string()),
-            ("FAIRWAY_JOB_NAME", gang.job_name.clone()),
-            ("FAIRWAY_TEAM", gang.team.clone()),
-            ("FAIRWAY_ATTEMPT", gang.attempt.to_string()),
-            ("FAIRWAY_WORLD_SIZE", replicas.to_string()),
-        ] {
-            env.insert(k.into(), v);
-        }
+        let env = gang.env();
         let mut container = json!({ "imageUri": gang.image });
         if let Some((entrypoint, args)) = gang.command.split_first() {
             container["entrypoint"] = json!(entrypoint);
@@ -316,35 +302,27 @@ impl Backend for GcpBatchBackend {
             .config
             .pools
             .iter()
-            .map(|p| InventoryNode {
-                name: p.name.clone(),
-                gpu_class: p.gpu_class.clone(),
-                gpus: (p.gpus_per_instance * p.max_instances).min(64) as u8,
-                nvlink_domain_size: 0,
-                rack: None,
-                zone: None,
-                elastic: true,
-                spot: p.spot,
-                price_micros_per_gpu_hour: Some((p.price_per_gpu_hour * 1_000_000.0).round() as i64),
+            .map(|p| {
+                InventoryNode::pool(
+                    &p.name,
+                    &p.gpu_class,
+                    p.gpus_per_instance * p.max_instances,
+                    p.spot,
+                    p.price_per_gpu_hour,
+                )
             })
             .collect())
     }
 
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {
-        let pool_name = gang.replicas.first().map(|r| r.node.as_str()).unwrap_or_default();
+        let pool_name = gang.first_node();
         let pool = self
             .config
             .pools
             .iter()
             .find(|p| p.name == pool_name)
             .ok_or_else(|| BackendError::Rejected(format!("cluster {}: no pool {pool_name}", self.config.name)))?;
-        let gpus = gang.replicas.iter().map(|r| r.gpus.len() as u32).max().unwrap_or(0);
-        if gpus == 0 || gpus > pool.gpus_per_instance {
-            return Err(BackendError::Rejected(format!(
-                "cluster {}: a replica of {gpus} GPUs does not fit one {} VM ({} GPUs)",
-                self.config.name, pool.machine_type, pool.gpus_per_instance
-            )));
-        }
+        let gpus = gang.pool_shape(&self.config.name, pool.gpus_per_instance, &format!("{} VM", pool.machine_type))?;
         let body = self.job_body(gang, pool, gpus);
         let request = self
             .http

@@ -209,21 +209,10 @@ pub fn pod(
     labels.insert(RANK_LABEL.into(), rank.to_string());
     let world = gang.replicas.len().to_string();
     let master = format!("{}.{}", pod_name(&gang.object, 0), gang.object);
-    // The user's variables first, so ours win where names clash. Device-selecting variables
-    // are refused at submission; a row from before that rule is still not obeyed.
-    let mut env: BTreeMap<String, String> = gang
-        .env
-        .iter()
-        .filter(|(k, _)| !k.starts_with(crate::domain::job::DEVICE_ENV_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    // The platform's variables (`Gang::env`) and the rendezvous ones win over the user's.
+    let mut env = gang.env();
     for (k, v) in [
-        ("FAIRWAY_JOB_ID", gang.job_id.to_string()),
-        ("FAIRWAY_JOB_NAME", gang.job_name.clone()),
-        ("FAIRWAY_TEAM", gang.team.clone()),
-        ("FAIRWAY_ATTEMPT", gang.attempt.to_string()),
         ("FAIRWAY_RANK", rank.to_string()),
-        ("FAIRWAY_WORLD_SIZE", world.clone()),
         ("RANK", rank.to_string()),
         ("WORLD_SIZE", world.clone()),
         ("NODE_RANK", rank.to_string()),
