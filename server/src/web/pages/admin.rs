@@ -1,0 +1,402 @@
+//! A team's API tokens, audit logs and quotas.
+
+use askama::Template;
+use axum::{
+    extract::{Path, RawQuery, State},
+    response::{IntoResponse, Redirect, Response},
+};
+use chrono::Utc;
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::{in_words, principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm, SignedIn};
+use crate::{
+    api::{self, error::ApiError},
+    app::AppState,
+    auth::policy::team_role,
+    db::{self, web_sessions::SessionUser},
+    domain::{PlatformRole, TeamRole},
+};
+
+/// A token as the tokens page lists it.
+pub struct TokenLine {
+    pub id: Uuid,
+    pub name: String,
+    pub role: String,
+    pub prefix: String,
+    pub created: String,
+    pub expires: String,
+    pub last_used: String,
+    pub revoked: bool,
+}
+
+/// A token just created: its secret, shown this once.
+pub struct MintedLine {
+    pub name: String,
+    pub secret: String,
+}
+
+#[derive(Template)]
+#[template(path = "tokens.html")]
+struct TokensPage {
+    signed_in: Option<SignedIn>,
+    csrf: String,
+    team: String,
+    tokens: Vec<TokenLine>,
+    minted: Option<MintedLine>,
+    error: Option<String>,
+    form_name: String,
+}
+
+/// The team, when the user administers it (team admins and platform admins).
+async fn administered_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
+    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    if role < TeamRole::Admin {
+        return Err(PageError::not_found());
+    }
+    Ok(team)
+}
+
+async fn tokens_page(
+    state: &AppState,
+    user: &SessionUser,
+    team: &db::teams::TeamRow,
+    minted: Option<MintedLine>,
+    error: Option<String>,
+    form_name: String,
+) -> Result<Response, PageError> {
+    let rows = db::tokens::list(&state.db, team.id, None, 200).await?;
+    let tokens = rows
+        .into_iter()
+        .map(|t| TokenLine {
+            id: t.id,
+            name: t.name,
+            role: t.role,
+            prefix: t.display_prefix,
+            created: when(t.created_at),
+            expires: when(t.expires_at),
+            last_used: t.last_used_at.map(when).unwrap_or_else(|| "never".into()),
+            revoked: t.revoked_at.is_some(),
+        })
+        .collect();
+    Ok(render(&TokensPage {
+        signed_in: Some(signed_in(user)),
+        csrf: user.csrf_token.clone(),
+        team: team.name.clone(),
+        tokens,
+        minted,
+        error,
+        form_name,
+    }))
+}
+
+/// A team's API tokens, for its admins.
+pub async fn team_tokens(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
+    let team = administered_team(&state, &user, &name).await?;
+    tokens_page(&state, &user, &team, None, None, String::new()).await
+}
+
+/// The new-token form, as typed.
+#[derive(Deserialize)]
+pub struct NewTokenForm {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    role: String,
+    #[serde(default)]
+    days: String,
+}
+
+/// Creates a token from the form; the page that answers shows its secret once.
+pub async fn create_token(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    PortalForm { user, form }: PortalForm<NewTokenForm>,
+) -> Result<Response, PageError> {
+    let team = administered_team(&state, &user, &name).await?;
+    let days = match form.days.trim().parse::<i64>() {
+        Ok(d) if (1..=366).contains(&d) => d,
+        _ => {
+            let error = Some("Valid for: a number of days from 1 to 366.".to_owned());
+            return tokens_page(&state, &user, &team, None, error, form.name).await;
+        }
+    };
+    let Some(role) = TeamRole::parse(&form.role) else {
+        let error = Some("Role: member or viewer.".to_owned());
+        return tokens_page(&state, &user, &team, None, error, form.name).await;
+    };
+    let request =
+        api::tokens::NewToken { name: form.name.clone(), role, expires_at: Utc::now() + chrono::Duration::days(days) };
+    match api::tokens::mint(&state, &principal(&user), &team, &request).await {
+        Ok(minted) => {
+            let line = MintedLine { name: minted.token.name, secret: minted.secret };
+            tokens_page(&state, &user, &team, Some(line), None, String::new()).await
+        }
+        Err(ApiError::Validation(errors)) => {
+            let error = in_words(&errors);
+            tokens_page(&state, &user, &team, None, Some(error), form.name).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Revokes a token from its row's button.
+pub async fn revoke_token(
+    State(state): State<AppState>,
+    Path((name, token)): Path<(String, String)>,
+    PortalForm { user, .. }: PortalForm<NoFields>,
+) -> Result<Response, PageError> {
+    let team = administered_team(&state, &user, &name).await?;
+    let token: Uuid = token.parse().map_err(|_| PageError::not_found())?;
+    api::tokens::revoke(&state, &principal(&user), &team, token).await?;
+    Ok(Redirect::to(&format!("/teams/{}/tokens", team.name)).into_response())
+}
+
+/// One audit entry as the page shows it.
+pub struct AuditLine {
+    pub at: String,
+    pub actor: String,
+    pub action: String,
+    pub object: String,
+    pub changes: Vec<String>,
+}
+
+#[derive(Template)]
+#[template(path = "audit.html")]
+struct AuditPage {
+    signed_in: Option<SignedIn>,
+    team: Option<String>,
+    entries: Vec<AuditLine>,
+    older_link: Option<String>,
+}
+
+/// What a change changed, field by field: `reserved: 8 → 12`, `+ name: ci`, `- burst: 4`.
+/// Secrets never reach the audit log, so every value may be shown.
+pub fn audit_changes(before: Option<&serde_json::Value>, after: Option<&serde_json::Value>) -> Vec<String> {
+    let empty = serde_json::Map::new();
+    let fields = |v: Option<&serde_json::Value>| v.and_then(|v| v.as_object()).unwrap_or(&empty).clone();
+    let (before, after) = (fields(before), fields(after));
+    let show = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let mut keys: Vec<&String> = before.keys().chain(after.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.into_iter()
+        .filter_map(|k| match (before.get(k), after.get(k)) {
+            (Some(b), Some(a)) if a != b => Some(format!("{k}: {} → {}", show(b), show(a))),
+            (None, Some(a)) => Some(format!("+ {k}: {}", show(a))),
+            (Some(b), None) => Some(format!("- {k}: {}", show(b))),
+            _ => None,
+        })
+        .collect()
+}
+
+#[derive(Deserialize, Default)]
+struct AuditQuery {
+    before: Option<i64>,
+}
+
+async fn audit_page(
+    state: &AppState,
+    user: &SessionUser,
+    team: Option<&db::teams::TeamRow>,
+    raw_query: Option<String>,
+) -> Result<Response, PageError> {
+    const PER_PAGE: i64 = 100;
+    let q: AuditQuery = serde_urlencoded::from_str(raw_query.as_deref().unwrap_or_default()).unwrap_or_default();
+    let mut rows = db::audit::list(&state.db, team.map(|t| t.id), q.before, PER_PAGE + 1).await?;
+    let more = rows.len() as i64 > PER_PAGE;
+    rows.truncate(PER_PAGE as usize);
+    let base = match team {
+        Some(t) => format!("/teams/{}/audit", t.name),
+        None => "/audit".to_owned(),
+    };
+    let older_link = rows.last().filter(|_| more).map(|last| format!("{base}?before={}", last.id));
+    let entries = rows
+        .into_iter()
+        .map(|r| AuditLine {
+            at: when(r.at),
+            changes: audit_changes(r.before.as_ref(), r.after.as_ref()),
+            actor: r.actor,
+            action: r.action,
+            object: format!("{} {}", r.object_type, r.object_id),
+        })
+        .collect();
+    Ok(render(&AuditPage { signed_in: Some(signed_in(user)), team: team.map(|t| t.name.clone()), entries, older_link }))
+}
+
+/// A team's audit log, for its admins.
+pub async fn team_audit(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, PageError> {
+    let team = administered_team(&state, &user, &name).await?;
+    audit_page(&state, &user, Some(&team), query).await
+}
+
+/// The whole platform's audit log, for platform admins.
+pub async fn audit(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    RawQuery(query): RawQuery,
+) -> Result<Response, PageError> {
+    if principal(&user).platform_role() != Some(PlatformRole::PlatformAdmin) {
+        return Err(PageError::not_found());
+    }
+    audit_page(&state, &user, None, query).await
+}
+
+/// A quota row of the quotas page.
+pub struct QuotaRowLine {
+    pub gpu_class: String,
+    pub reserved: i32,
+    pub burst: i32,
+    pub lendable: String,
+    pub version: i64,
+}
+
+#[derive(Template)]
+#[template(path = "quotas.html")]
+struct QuotasPage {
+    signed_in: Option<SignedIn>,
+    csrf: String,
+    team: String,
+    quotas: Vec<QuotaRowLine>,
+    /// Classes the team has no quota of yet.
+    unset: Vec<String>,
+    warnings: Vec<String>,
+    error: Option<String>,
+}
+
+/// The team, when the user is a platform admin (quotas are theirs to set).
+async fn quota_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
+    if principal(user).platform_role() != Some(PlatformRole::PlatformAdmin) {
+        return Err(PageError::not_found());
+    }
+    db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)
+}
+
+async fn quotas_page(
+    state: &AppState,
+    user: &SessionUser,
+    team: &db::teams::TeamRow,
+    warnings: Vec<String>,
+    error: Option<String>,
+) -> Result<Response, PageError> {
+    let rows = db::quotas::list(&state.db, team.id).await?;
+    let all = db::gpu_classes::list(&state.db, None, 1000).await?;
+    let unset = all.into_iter().map(|c| c.name).filter(|c| !rows.iter().any(|q| &q.gpu_class == c)).collect();
+    let quotas = rows
+        .into_iter()
+        .map(|q| QuotaRowLine {
+            gpu_class: q.gpu_class,
+            reserved: q.reserved,
+            burst: q.burst,
+            lendable: q.lendable.map(|l| l.to_string()).unwrap_or_default(),
+            version: q.version,
+        })
+        .collect();
+    Ok(render(&QuotasPage {
+        signed_in: Some(signed_in(user)),
+        csrf: user.csrf_token.clone(),
+        team: team.name.clone(),
+        quotas,
+        unset,
+        warnings,
+        error,
+    }))
+}
+
+/// A team's quotas, for platform admins to set.
+pub async fn team_quotas(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(name): Path<String>,
+) -> Result<Response, PageError> {
+    let team = quota_team(&state, &user, &name).await?;
+    quotas_page(&state, &user, &team, Vec::new(), None).await
+}
+
+/// A quota row's form, as typed.
+#[derive(Deserialize)]
+pub struct QuotaForm {
+    #[serde(default)]
+    gpu_class: String,
+    #[serde(default)]
+    reserved: String,
+    #[serde(default)]
+    burst: String,
+    #[serde(default)]
+    lendable: String,
+    #[serde(default)]
+    version: String,
+}
+
+/// Sets one quota from its row's form; the page that answers shows any warning, such as
+/// reserving more than the platform's capacity.
+pub async fn set_quota(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    PortalForm { user, form }: PortalForm<QuotaForm>,
+) -> Result<Response, PageError> {
+    let team = quota_team(&state, &user, &name).await?;
+    let number = |field: &str, text: &str| -> Result<i64, String> {
+        text.trim().parse::<i64>().map_err(|_| format!("{field}: a whole number of GPUs"))
+    };
+    let parsed = (|| -> Result<(api::quotas::QuotaSpec, i64), String> {
+        let lendable = match form.lendable.trim() {
+            "" => None,
+            text => Some(number("lendable", text)?),
+        };
+        let spec = api::quotas::QuotaSpec {
+            reserved: number("reserved", &form.reserved)?,
+            burst: number("burst", &form.burst)?,
+            lendable,
+        };
+        Ok((spec, number("version", &form.version).unwrap_or(0)))
+    })();
+    let (spec, version) = match parsed {
+        Ok(p) => p,
+        Err(error) => return quotas_page(&state, &user, &team, Vec::new(), Some(error)).await,
+    };
+    let if_match = api::extract::IfMatch::version(version);
+    match api::quotas::set(&state, &principal(&user), team.clone(), &form.gpu_class, &spec, &if_match).await {
+        Ok(result) => quotas_page(&state, &user, &team, result.warnings, None).await,
+        Err(ApiError::Validation(errors)) => {
+            let error = in_words(&errors);
+            quotas_page(&state, &user, &team, Vec::new(), Some(error)).await
+        }
+        Err(ApiError::PreconditionFailed) => {
+            let error = "Someone changed this quota since the page was shown; here it is as it is now.".to_owned();
+            quotas_page(&state, &user, &team, Vec::new(), Some(error)).await
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::audit_changes;
+
+    #[test]
+    fn an_audit_entry_says_field_by_field_what_changed() {
+        let before = json!({"reserved": 8, "burst": 4, "lendable": null});
+        let after = json!({"reserved": 12, "burst": 4, "name": "ci"});
+        assert_eq!(
+            audit_changes(Some(&before), Some(&after)),
+            ["- lendable: null", "+ name: ci", "reserved: 8 → 12"].map(String::from)
+        );
+        assert_eq!(audit_changes(None, Some(&json!({"role": "member"}))), ["+ role: member"]);
+        assert!(audit_changes(Some(&after), Some(&after)).is_empty());
+    }
+}

@@ -1,0 +1,26 @@
+//! The cluster view.
+
+use askama::Template;
+use axum::{extract::State, response::Response};
+
+use super::{principal, render, signed_in, CurrentUser, PageError, SignedIn};
+use crate::{app::AppState, db, web::cluster};
+
+#[derive(Template)]
+#[template(path = "cluster.html")]
+struct ClusterPage {
+    signed_in: Option<SignedIn>,
+    clusters: Vec<cluster::ClusterView>,
+    classes: Vec<cluster::ClassFree>,
+}
+
+/// Every cluster's nodes and GPUs, coloured by whose jobs hold them.
+pub async fn clusters(State(state): State<AppState>, CurrentUser(user): CurrentUser) -> Result<Response, PageError> {
+    let sees_all = principal(&user).platform_role().is_some();
+    let teams = db::teams::list_visible_to_user(&state.db, user.user_id, None, 10_000).await?;
+    let viewer = cluster::Viewer { teams: teams.into_iter().map(|t| t.id).collect(), sees_all };
+    let nodes = db::clusters::layout(&state.db).await?;
+    let held = db::clusters::held_placements(&state.db).await?;
+    let (clusters, classes) = cluster::layout(&nodes, &held, &viewer);
+    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes }))
+}

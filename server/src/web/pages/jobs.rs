@@ -1,0 +1,246 @@
+//! A team's job list and a job's page.
+
+use askama::Template;
+use axum::{
+    extract::{Path, RawQuery, State},
+    response::{IntoResponse, Redirect, Response},
+};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::{principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm, SignedIn};
+use crate::{
+    api::{self, error::ApiError},
+    app::AppState,
+    auth::policy::team_role,
+    db::{self, jobs::JobFilter, web_sessions::SessionUser},
+    domain::TeamRole,
+};
+
+/// One row of the job list.
+pub struct JobListLine {
+    pub id: Uuid,
+    pub name: String,
+    pub state: String,
+    pub gpus: i64,
+    pub gpu_class: String,
+    pub submitted: String,
+    pub submitted_by: String,
+    pub exit_code: String,
+}
+
+#[derive(Template)]
+#[template(path = "jobs.html")]
+struct JobsPage {
+    signed_in: Option<SignedIn>,
+    team: String,
+    states: Vec<&'static str>,
+    classes: Vec<String>,
+    state: String,
+    gpu_class: String,
+    notice: Option<String>,
+    jobs: Vec<JobListLine>,
+    newest_link: Option<String>,
+    older_link: Option<String>,
+}
+
+/// The job list's filters and page, from the query string.
+#[derive(Debug, Default, Deserialize)]
+pub struct JobsQuery {
+    #[serde(default)]
+    state: String,
+    #[serde(default)]
+    gpu_class: String,
+    /// Jobs submitted before this one (its sequence number): the next page.
+    before: Option<i64>,
+}
+
+/// Jobs per page of the list.
+const JOBS_PER_PAGE: i64 = 50;
+
+/// A team's jobs, newest first, filtered by state and GPU class, fifty to a page.
+pub async fn team_jobs(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(name): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, PageError> {
+    let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
+    team_role(&state, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let mut notice = None;
+    let mut q: JobsQuery = match serde_urlencoded::from_str(query.as_deref().unwrap_or_default()) {
+        Ok(q) => q,
+        Err(_) => {
+            notice = Some("The filters in the address were not understood; showing every job.".to_owned());
+            JobsQuery::default()
+        }
+    };
+    if !q.state.is_empty() && crate::domain::JobState::parse(&q.state).is_none() {
+        notice = Some(format!("There is no state \"{}\"; showing every state.", q.state));
+        q.state.clear();
+    }
+    let classes: Vec<String> = db::quotas::list(&state.db, team.id).await?.into_iter().map(|q| q.gpu_class).collect();
+    let filter = JobFilter {
+        state: (!q.state.is_empty()).then(|| q.state.clone()),
+        gpu_class: (!q.gpu_class.is_empty()).then(|| q.gpu_class.clone()),
+        labels: None,
+        before_seq: q.before,
+    };
+    let mut rows = db::jobs::list(&state.db, team.id, &filter, JOBS_PER_PAGE + 1).await?;
+    let more = rows.len() as i64 > JOBS_PER_PAGE;
+    rows.truncate(JOBS_PER_PAGE as usize);
+    let link = |before: Option<i64>| {
+        let mut params = form_urlencoded::Serializer::new(String::new());
+        if !q.state.is_empty() {
+            params.append_pair("state", &q.state);
+        }
+        if !q.gpu_class.is_empty() {
+            params.append_pair("gpu_class", &q.gpu_class);
+        }
+        if let Some(b) = before {
+            params.append_pair("before", &b.to_string());
+        }
+        let query = params.finish();
+        if query.is_empty() {
+            format!("/teams/{}/jobs", team.name)
+        } else {
+            format!("/teams/{}/jobs?{query}", team.name)
+        }
+    };
+    let older_link = rows.last().filter(|_| more).map(|last| link(Some(last.seq)));
+    let newest_link = q.before.map(|_| link(None));
+    let jobs = rows
+        .into_iter()
+        .map(|j| JobListLine {
+            id: j.id,
+            gpus: i64::from(j.replicas) * i64::from(j.gpus_per_replica),
+            name: j.name,
+            state: j.state,
+            gpu_class: j.gpu_class,
+            submitted: when(j.submitted_at),
+            submitted_by: j.submitted_by,
+            exit_code: j.exit_code.map(|c| c.to_string()).unwrap_or_default(),
+        })
+        .collect();
+    let page = JobsPage {
+        signed_in: Some(signed_in(&user)),
+        team: team.name.clone(),
+        states: crate::domain::JobState::ALL.iter().map(|s| s.as_str()).collect(),
+        classes,
+        state: q.state,
+        gpu_class: q.gpu_class,
+        notice,
+        jobs,
+        newest_link,
+        older_link,
+    };
+    Ok(render(&page))
+}
+
+/// A job as its page shows it.
+pub struct JobDetail {
+    pub id: Uuid,
+    pub name: String,
+    pub team: String,
+    pub state: String,
+    pub gpus: i64,
+    pub gpu_class: String,
+    pub priority_class: String,
+    pub submitted: String,
+    pub submitted_by: String,
+    pub waiting: Option<String>,
+    pub placement: Option<String>,
+}
+
+/// One entry of the timeline.
+pub struct EventLine {
+    pub at: String,
+    pub kind: String,
+    pub reason: Option<String>,
+    pub message: String,
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobPage {
+    signed_in: Option<SignedIn>,
+    csrf: String,
+    job: JobDetail,
+    events: Vec<EventLine>,
+    can_cancel: bool,
+}
+
+/// The job and the user's role in its team; not found when the user may not see it.
+async fn job_for(state: &AppState, user: &SessionUser, id: &str) -> Result<(db::jobs::JobRow, TeamRole), PageError> {
+    let id: Uuid = id.parse().map_err(|_| PageError::not_found())?;
+    let job = db::jobs::get(&state.db, id).await?.ok_or_else(PageError::not_found)?;
+    let team = db::teams::by_id(&state.db, job.team_id).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    Ok((job, role))
+}
+
+/// A job: its state, why it waits, where it runs, its timeline; cancel for members.
+pub async fn job(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
+    let (job, role) = job_for(&state, &user, &id).await?;
+    let events = db::jobs::events(&state.db, job.id, 0, 500)
+        .await?
+        .into_iter()
+        .map(|e| EventLine { at: when(e.at), kind: e.kind, reason: e.reason, message: e.message })
+        .collect();
+    let finished = matches!(job.state.as_str(), "succeeded" | "failed" | "cancelled");
+    // "node (GPUs 0,1,2)" per replica, from the stored placement.
+    let placement = job.placement.as_ref().and_then(|p| p.0.as_array().cloned()).map(|slots| {
+        slots
+            .iter()
+            .map(|slot| {
+                let gpus: Vec<String> = slot["gpus"].as_array().into_iter().flatten().map(|g| g.to_string()).collect();
+                format!("{} (GPUs {})", slot["node"].as_str().unwrap_or("?"), gpus.join(","))
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    });
+    let detail = JobDetail {
+        id: job.id,
+        gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
+        waiting: (job.state == "pending").then(|| job.pending_message.clone()).flatten(),
+        // Where it runs now; a requeued job's last placement is history, in the timeline.
+        placement: job
+            .cluster
+            .as_ref()
+            .filter(|_| job.holds_gpus)
+            .map(|c| format!("{c}: {}", placement.unwrap_or_default())),
+        submitted: when(job.submitted_at),
+        name: job.name,
+        team: job.team,
+        state: job.state,
+        gpu_class: job.gpu_class,
+        priority_class: job.priority_class,
+        submitted_by: job.submitted_by,
+    };
+    let page = JobPage {
+        csrf: user.csrf_token.clone(),
+        signed_in: Some(signed_in(&user)),
+        job: detail,
+        events,
+        can_cancel: role >= TeamRole::Member && !finished,
+    };
+    Ok(render(&page))
+}
+
+/// Cancels a job from its page.
+pub async fn cancel(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    PortalForm { user, .. }: PortalForm<NoFields>,
+) -> Result<Response, PageError> {
+    let (job, role) = job_for(&state, &user, &id).await?;
+    if role < TeamRole::Member {
+        return Err(ApiError::Forbidden.into());
+    }
+    api::jobs::cancel(&state, &principal(&user).actor(), job.id).await?;
+    Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
+}

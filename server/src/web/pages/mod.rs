@@ -1,0 +1,219 @@
+//! The portal's pages: one askama struct per page, handlers that authorize, read through
+//! `db`, and render. User text is escaped by the templates.
+//!
+//! Every page handler takes a [`CurrentUser`] (no session: the browser is sent to sign in)
+//! and every form handler a [`PortalForm`], which also checks the form's CSRF token and
+//! origin, so no handler can forget either.
+
+mod admin;
+mod auth;
+mod billing;
+mod clusters;
+mod jobs;
+mod submit;
+mod team;
+
+use askama::Template;
+use axum::{
+    body::Bytes,
+    extract::{FromRequest, FromRequestParts, Request},
+    http::{header, request::Parts, StatusCode},
+    response::{Html, IntoResponse, Redirect, Response},
+};
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{de::DeserializeOwned, Deserialize};
+
+pub use admin::audit_changes;
+pub use auth::{login, login_form, logout};
+pub use billing::{billing, billing_export, billing_usage_csv, statement};
+pub use clusters::clusters;
+pub use jobs::{cancel, job, team_jobs};
+pub use submit::{submit, submit_form};
+pub use team::{home, team};
+
+pub use admin::{audit, create_token, revoke_token, set_quota, team_audit, team_quotas, team_tokens};
+
+use super::session::{self, form_allowed};
+use crate::{
+    api::error::ApiError,
+    app::AppState,
+    auth::Principal,
+    db::web_sessions::SessionUser,
+    domain::PlatformRole,
+};
+
+/// Who is signed in, as the page header shows it.
+pub struct SignedIn {
+    pub username: String,
+    pub csrf: String,
+}
+
+/// A page that failed: a friendly message, never internal detail (that is logged).
+pub struct PageError {
+    status: StatusCode,
+    title: &'static str,
+    message: String,
+}
+
+impl PageError {
+    fn not_found() -> Self {
+        Self { status: StatusCode::NOT_FOUND, title: "Not found", message: "There is nothing here for you.".into() }
+    }
+
+    fn forbidden() -> Self {
+        Self {
+            status: StatusCode::FORBIDDEN,
+            title: "Not allowed",
+            message: "This form was not sent from a page of this site, or your session changed. Reload the page and \
+                      try again."
+                .into(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for PageError {
+    fn from(e: sqlx::Error) -> Self {
+        ApiError::from(e).into()
+    }
+}
+
+impl From<ApiError> for PageError {
+    fn from(e: ApiError) -> Self {
+        match e {
+            ApiError::NotFound(_) => Self::not_found(),
+            ApiError::Conflict { detail, .. } => {
+                Self { status: StatusCode::CONFLICT, title: "That did not work", message: detail }
+            }
+            ApiError::Forbidden => Self {
+                status: StatusCode::FORBIDDEN,
+                title: "Not allowed",
+                message: "Your role in this team does not allow that.".into(),
+            },
+            other => {
+                tracing::error!(error = %other, "portal page failed");
+                Self {
+                    status: StatusCode::INTERNAL_SERVER_ERROR,
+                    title: "Something went wrong",
+                    message: "The page could not be shown. Try again in a moment.".into(),
+                }
+            }
+        }
+    }
+}
+
+#[derive(Template)]
+#[template(path = "error.html")]
+struct ErrorPage {
+    signed_in: Option<SignedIn>,
+    title: &'static str,
+    message: String,
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let page = ErrorPage { signed_in: None, title: self.title, message: self.message };
+        (self.status, render(&page)).into_response()
+    }
+}
+
+/// Renders a page; a template that cannot render is a bug, answered with a plain 500.
+fn render(page: &impl Template) -> Response {
+    match page.render() {
+        Ok(html) => Html(html).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "template failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, "The page could not be shown.").into_response()
+        }
+    }
+}
+
+/// The signed-in user of a portal request. Without a live session the request is answered
+/// with a redirect to the sign-in page.
+pub struct CurrentUser(pub SessionUser);
+
+impl FromRequestParts<AppState> for CurrentUser {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        match session::user(state, &parts.headers).await {
+            Ok(Some(user)) => Ok(Self(user)),
+            Ok(None) => Err(Redirect::to("/login").into_response()),
+            Err(e) => Err(PageError::from(e).into_response()),
+        }
+    }
+}
+
+/// A form posted by the signed-in user from one of our pages: its `csrf` field matches the
+/// session's token and the browser does not name another origin. Anything else is refused
+/// before the handler runs. Fields the form lacks take their defaults.
+pub struct PortalForm<T> {
+    pub user: SessionUser,
+    pub form: T,
+}
+
+/// A form with nothing in it but its CSRF token (sign-out, cancel, revoke).
+#[derive(Deserialize)]
+pub struct NoFields {}
+
+#[derive(Deserialize)]
+struct CsrfField {
+    #[serde(default)]
+    csrf: String,
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for PortalForm<T> {
+    type Rejection = Response;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, Response> {
+        let (mut parts, body) = request.into_parts();
+        let CurrentUser(user) = CurrentUser::from_request_parts(&mut parts, state).await?;
+        let body = Bytes::from_request(Request::from_parts(parts.clone(), body), state)
+            .await
+            .map_err(IntoResponse::into_response)?;
+        let token = serde_urlencoded::from_bytes::<CsrfField>(&body).map(|f| f.csrf).unwrap_or_default();
+        if !form_allowed(&parts.headers, &user.csrf_token, &token) {
+            return Err(PageError::forbidden().into_response());
+        }
+        let form = serde_urlencoded::from_bytes(&body).map_err(|_| {
+            PageError {
+                status: StatusCode::BAD_REQUEST,
+                title: "That did not work",
+                message: "The form was not understood. Reload the page and try again.".into(),
+            }
+            .into_response()
+        })?;
+        Ok(Self { user, form })
+    }
+}
+
+fn principal(user: &SessionUser) -> Principal {
+    Principal::User {
+        id: user.user_id,
+        username: user.username.clone(),
+        platform_role: user.platform_role.as_deref().and_then(PlatformRole::parse),
+    }
+}
+
+fn signed_in(user: &SessionUser) -> SignedIn {
+    SignedIn { username: user.username.clone(), csrf: user.csrf_token.clone() }
+}
+
+fn when(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true).replace('T', " ")
+}
+
+/// Validation errors as one sentence: `field: message; field: message`.
+fn in_words(errors: &[crate::domain::FieldError]) -> String {
+    errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ")
+}
+
+/// The portal's "not found" page, for paths that are no page.
+pub fn not_found_page() -> Response {
+    PageError::not_found().into_response()
+}
+
+/// The portal's stylesheet, from the binary.
+pub async fn stylesheet() -> Response {
+    const CSS: &str = include_str!("../../../../web/static/portal.css");
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], CSS).into_response()
+}
