@@ -284,7 +284,12 @@ pub async fn create_gpu_class_rate(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<Rate>,
 ) -> Result<(StatusCode, Json<Rate>), ApiError> {
-    let class = find(&state, &name).await?;
+    Ok((StatusCode::CREATED, Json(add_rate(&state, &principal, &name, &body).await?)))
+}
+
+/// Adds a rate to the class `name`'s rate card, audited; the API and the portal call this.
+pub async fn add_rate(state: &AppState, principal: &Principal, name: &str, body: &Rate) -> Result<Rate, ApiError> {
+    let class = find(state, name).await?;
     check_range("rate_micros_per_gpu_hour", body.rate_micros_per_gpu_hour, 0, MAX_RATE_MICROS)?;
     // A minute of slack for clock skew between client and server.
     if body.effective_from < Utc::now() - chrono::Duration::minutes(1) {
@@ -299,7 +304,7 @@ pub async fn create_gpu_class_rate(
     let rate = Rate::from(row);
     record(
         &mut tx,
-        &principal,
+        principal,
         "gpu_class.rate.create",
         "gpu_class_rate",
         &format!("{name}@{}", rate.effective_from.to_rfc3339()),
@@ -309,5 +314,5 @@ pub async fn create_gpu_class_rate(
     )
     .await?;
     tx.commit().await?;
-    Ok((StatusCode::CREATED, Json(rate)))
+    Ok(rate)
 }

@@ -137,6 +137,17 @@ pub async fn create_priority_class(
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<NewPriorityClass>,
 ) -> Result<(StatusCode, HeaderMap, Json<PriorityClassView>), ApiError> {
+    let row = create(&state, &principal, &body).await?;
+    let (headers, json) = with_etag(row);
+    Ok((StatusCode::CREATED, headers, json))
+}
+
+/// Adds a priority class, audited; the API and the portal's admin page call this.
+pub async fn create(
+    state: &AppState,
+    principal: &Principal,
+    body: &NewPriorityClass,
+) -> Result<PriorityClassRow, ApiError> {
     let name = PriorityClassName::parse("name", &body.name)?;
     let wanted = validated(name.as_str(), &body.spec)?;
     let mut tx = state.db.begin().await?;
@@ -150,7 +161,7 @@ pub async fn create_priority_class(
     let row = db::priority_classes::upsert(&mut tx, &wanted).await?;
     record(
         &mut tx,
-        &principal,
+        principal,
         "priority_class.create",
         "priority_class",
         name.as_str(),
@@ -160,8 +171,7 @@ pub async fn create_priority_class(
     )
     .await?;
     tx.commit().await?;
-    let (headers, json) = with_etag(row);
-    Ok((StatusCode::CREATED, headers, json))
+    Ok(row)
 }
 
 /// Replaces a priority class's settings. Honours `If-Match`.
@@ -179,23 +189,34 @@ pub async fn put_priority_class(
     if_match: IfMatch,
     ApiJson(spec): ApiJson<PriorityClassSpec>,
 ) -> Result<(HeaderMap, Json<PriorityClassView>), ApiError> {
+    Ok(with_etag(put(&state, &principal, &name, &spec, &if_match).await?))
+}
+
+/// Replaces the settings of the priority class `name` when `if_match` allows, audited.
+pub async fn put(
+    state: &AppState,
+    principal: &Principal,
+    name: &str,
+    spec: &PriorityClassSpec,
+    if_match: &IfMatch,
+) -> Result<PriorityClassRow, ApiError> {
     let mut tx = state.db.begin().await?;
     let before =
-        db::priority_classes::get_for_update(&mut tx, &name).await?.ok_or(ApiError::NotFound("priority class"))?;
+        db::priority_classes::get_for_update(&mut tx, name).await?.ok_or(ApiError::NotFound("priority class"))?;
     if_match.check(before.version)?;
-    let wanted = validated(&name, &spec)?;
+    let wanted = validated(name, spec)?;
     let row = db::priority_classes::upsert(&mut tx, &wanted).await?;
     record(
         &mut tx,
-        &principal,
+        principal,
         "priority_class.update",
         "priority_class",
-        &name,
+        name,
         None,
         Some(&PriorityClassView::from(before)),
         Some(&PriorityClassView::from(row.clone())),
     )
     .await?;
     tx.commit().await?;
-    Ok(with_etag(row))
+    Ok(row)
 }

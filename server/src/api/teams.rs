@@ -95,6 +95,13 @@ pub async fn create_team(
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<NewTeam>,
 ) -> Result<(StatusCode, HeaderMap, Json<TeamView>), ApiError> {
+    let row = create(&state, &principal, &body).await?;
+    let (headers, body) = with_etag(row);
+    Ok((StatusCode::CREATED, headers, body))
+}
+
+/// Creates a team, audited; the API and the portal's admin page both call this.
+pub async fn create(state: &AppState, principal: &Principal, body: &NewTeam) -> Result<TeamRow, ApiError> {
     let name = TeamName::parse("name", &body.name)?;
     let display = DisplayText::parse("display_name", body.display_name.as_deref().unwrap_or(""), 200)?;
     let parent = match &body.parent {
@@ -121,7 +128,7 @@ pub async fn create_team(
         })?;
     record(
         &mut tx,
-        &principal,
+        principal,
         "team.create",
         "team",
         name.as_str(),
@@ -131,8 +138,7 @@ pub async fn create_team(
     )
     .await?;
     tx.commit().await?;
-    let (headers, body) = with_etag(row);
-    Ok((StatusCode::CREATED, headers, body))
+    Ok(row)
 }
 
 /// Lists the teams the caller can see: all of them for platform admins and finance, the
@@ -312,18 +318,28 @@ pub async fn put_member(
     ApiJson(body): ApiJson<MemberRole>,
 ) -> Result<Json<MemberView>, ApiError> {
     let (_, username) = path;
-    let username = crate::domain::Username::parse("username", &username)?;
+    Ok(Json(set_member(&state, &principal, &access.team, &username, body.role).await?))
+}
+
+/// Adds `username` to `team` with `role`, or changes their role, audited.
+pub async fn set_member(
+    state: &AppState,
+    principal: &Principal,
+    team: &TeamRow,
+    username: &str,
+    role: TeamRole,
+) -> Result<MemberView, ApiError> {
+    let username = crate::domain::Username::parse("username", username)?;
     let user = db::users::by_username(&state.db, username.as_str()).await?.ok_or_else(|| {
         ApiError::field(FieldError::new("username", "not_found", format!("user {username} does not exist")))
     })?;
-    let team = access.team;
     let mut tx = state.db.begin().await?;
     let before = db::members::get_for_update(&mut tx, team.id, user.id).await?;
-    let row = db::members::upsert(&mut tx, team.id, user.id, body.role.as_str()).await?;
+    let row = db::members::upsert(&mut tx, team.id, user.id, role.as_str()).await?;
     let object = format!("{}/{}", team.name, username);
     record(
         &mut tx,
-        &principal,
+        principal,
         "member.put",
         "member",
         &object,
@@ -333,7 +349,7 @@ pub async fn put_member(
     )
     .await?;
     tx.commit().await?;
-    Ok(Json(MemberView::from(row)))
+    Ok(MemberView::from(row))
 }
 
 /// Removes a user from a team.
@@ -349,15 +365,25 @@ pub async fn delete_member(
     axum::extract::Path(path): axum::extract::Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let (_, username) = path;
-    let user = db::users::by_username(&state.db, &username).await?.ok_or(ApiError::NotFound("member"))?;
-    let team = access.team;
+    remove_member(&state, &principal, &access.team, &username).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Removes `username` from `team`, audited.
+pub async fn remove_member(
+    state: &AppState,
+    principal: &Principal,
+    team: &TeamRow,
+    username: &str,
+) -> Result<(), ApiError> {
+    let user = db::users::by_username(&state.db, username).await?.ok_or(ApiError::NotFound("member"))?;
     let mut tx = state.db.begin().await?;
     let before = db::members::get_for_update(&mut tx, team.id, user.id).await?.ok_or(ApiError::NotFound("member"))?;
     db::members::delete(&mut tx, team.id, user.id).await?;
     let object = format!("{}/{}", team.name, username);
     record(
         &mut tx,
-        &principal,
+        principal,
         "member.delete",
         "member",
         &object,
@@ -367,5 +393,5 @@ pub async fn delete_member(
     )
     .await?;
     tx.commit().await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }

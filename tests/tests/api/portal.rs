@@ -462,3 +462,143 @@ async fn a_member_reads_the_teams_statement_with_its_budget_and_a_stranger_does_
     let bob = sign_in(&p.app, "bob").await;
     p.app.send(call("GET", &format!("/teams/ml/statements/{month}")).header("cookie", &bob)).await.assert_status(404);
 }
+
+/// Posts a form as the signed-in `session`; the page that answers.
+async fn post_form(app: &TestApp, session: &str, path: &str, form: String) -> TestResponse {
+    app.send(call("POST", path).header("cookie", session).raw(FORM, form.into_bytes())).await
+}
+
+/// carol's role in ml, as the API says.
+async fn carols_role(app: &TestApp, admin: &str) -> Option<serde_json::Value> {
+    let members = app.send(call("GET", "/api/v1/teams/ml/members").token(admin)).await.json();
+    members["items"].as_array().expect("items").iter().find(|m| m["username"] == "carol").map(|m| m["role"].clone())
+}
+
+#[tokio::test]
+async fn a_team_admin_adds_a_member_changes_their_role_and_removes_them_and_a_member_cannot() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "carol", None).await;
+    p.app.member(&admin, "ml", "bob", "admin").await;
+    let bob = sign_in(&p.app, "bob").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/members").header("cookie", &bob)).await);
+    assert!(page.contains("alice"), "{page}");
+    let csrf = csrf_in(&page);
+
+    let added = post_form(&p.app, &bob, "/teams/ml/members", format!("csrf={csrf}&username=carol&role=viewer")).await;
+    added.assert_status(200);
+    assert!(body(&added).contains("carol is now viewer of ml."), "{}", body(&added));
+    assert_eq!(carols_role(&p.app, &admin).await, Some(json!("viewer")));
+    post_form(&p.app, &bob, "/teams/ml/members", format!("csrf={csrf}&username=carol&role=member"))
+        .await
+        .assert_status(200);
+    assert_eq!(carols_role(&p.app, &admin).await, Some(json!("member")));
+
+    // Bad input names the field and changes nothing.
+    let unknown =
+        post_form(&p.app, &bob, "/teams/ml/members", format!("csrf={csrf}&username=nobody&role=member")).await;
+    assert!(body(&unknown).contains("username: user nobody does not exist"), "{}", body(&unknown));
+    let bad_role = post_form(&p.app, &bob, "/teams/ml/members", format!("csrf={csrf}&username=carol&role=owner")).await;
+    assert!(body(&bad_role).contains("role: admin, member or viewer."), "{}", body(&bad_role));
+    assert_eq!(carols_role(&p.app, &admin).await, Some(json!("member")));
+
+    let removed = post_form(&p.app, &bob, "/teams/ml/members/carol/remove", format!("csrf={csrf}")).await;
+    assert_eq!(removed.status.as_u16(), 303);
+    assert_eq!(carols_role(&p.app, &admin).await, None);
+    // The change is in the team's audit log, by bob.
+    let audit = body(&p.app.send(call("GET", "/teams/ml/audit").header("cookie", &bob)).await);
+    assert!(audit.contains("member.delete") && audit.contains("user:bob"), "{audit}");
+
+    // A member (not an admin) sees no members page and cannot post to it.
+    let alice = sign_in(&p.app, "alice").await;
+    p.app.send(call("GET", "/teams/ml/members").header("cookie", &alice)).await.assert_status(404);
+    let alice_csrf = csrf_in(&body(&p.app.send(call("GET", "/teams/ml").header("cookie", &alice)).await));
+    let refused =
+        post_form(&p.app, &alice, "/teams/ml/members", format!("csrf={alice_csrf}&username=carol&role=admin")).await;
+    refused.assert_status(404);
+    assert_eq!(carols_role(&p.app, &admin).await, None);
+}
+
+#[tokio::test]
+async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_class_from_the_admin_page() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "ops", Some("platform-admin")).await;
+    let ops = sign_in(&p.app, "ops").await;
+    let home = body(&p.app.send(call("GET", "/").header("cookie", &ops)).await);
+    assert!(home.contains("href=\"/admin\""), "{home}");
+    let page = body(&p.app.send(call("GET", "/admin").header("cookie", &ops)).await);
+    let csrf = csrf_in(&page);
+    assert!(page.contains("<td>h100</td>"), "the rate card lists h100: {page}");
+
+    // A team under ml, and a name that is not a DNS label.
+    let created =
+        post_form(&p.app, &ops, "/admin/teams", format!("csrf={csrf}&name=ml-vision&parent=ml&display_name=Vision"))
+            .await;
+    assert!(body(&created).contains("Team ml-vision created."), "{}", body(&created));
+    let team = p.app.send(call("GET", "/api/v1/teams/ml-vision").token(&admin)).await.json();
+    assert_eq!((team["parent"].as_str(), team["display_name"].as_str()), (Some("ml"), Some("Vision")));
+    let bad =
+        post_form(&p.app, &ops, "/admin/teams", format!("csrf={csrf}&name=Not+A+Label&parent=&display_name=")).await;
+    bad.assert_status(200);
+    let bad = body(&bad);
+    assert!(bad.contains("name: ") && bad.contains("value=\"Not A Label\""), "field named, input kept: {bad}");
+    let taken = post_form(&p.app, &ops, "/admin/teams", format!("csrf={csrf}&name=ml&parent=&display_name=")).await;
+    assert!(body(&taken).contains("team ml already exists"), "{}", body(&taken));
+
+    // A price from a later date shows as scheduled; the price now is unchanged.
+    let priced = post_form(
+        &p.app,
+        &ops,
+        "/admin/rates",
+        format!("csrf={csrf}&gpu_class=h100&price=3.25&effective_from=2099-01-01T00%3A00"),
+    )
+    .await;
+    let priced = body(&priced);
+    assert!(priced.contains("h100: 3.25 USD per GPU-hour from 2099-01-01 00:00:00Z."), "{priced}");
+    assert!(priced.contains("3.25 USD from 2099-01-01 00:00:00Z"), "{priced}");
+    let rates = p.app.send(call("GET", "/api/v1/gpu-classes/h100/rates").token(&admin)).await.json();
+    assert_eq!(rates.as_array().expect("rates").last().expect("the new rate")["rate_micros_per_gpu_hour"], 3_250_000);
+    let past = post_form(
+        &p.app,
+        &ops,
+        "/admin/rates",
+        format!("csrf={csrf}&gpu_class=h100&price=1&effective_from=2001-01-01T00%3A00"),
+    )
+    .await;
+    assert!(body(&past).contains("effective_from: rates cannot be changed retroactively"), "{}", body(&past));
+    let words =
+        post_form(&p.app, &ops, "/admin/rates", format!("csrf={csrf}&gpu_class=h100&price=cheap&effective_from="))
+            .await;
+    assert!(body(&words).contains("price: a price per GPU-hour such as 2.75"), "{}", body(&words));
+
+    // Edit a priority class with its row's version; a stale version changes nothing.
+    let before = p.app.send(call("GET", "/api/v1/priority-classes/experiment").token(&admin)).await;
+    let version = before.header("etag").expect("etag").trim_matches('"').to_owned();
+    let form = |v: &str| {
+        format!(
+            "csrf={csrf}&name=experiment&priority=150&preemptible=on&usage_factor=0.5&price_multiplier=0.8&description=cheap&version={v}"
+        )
+    };
+    let saved = post_form(&p.app, &ops, "/admin/priority-classes", form(&version)).await;
+    assert!(body(&saved).contains("Priority class experiment saved."), "{}", body(&saved));
+    let after = p.app.send(call("GET", "/api/v1/priority-classes/experiment").token(&admin)).await.json();
+    assert_eq!(
+        (&after["priority"], &after["usage_factor_milli"], &after["price_multiplier_milli"], &after["preemptible"]),
+        (&json!(150), &json!(500), &json!(800), &json!(true))
+    );
+    let stale = post_form(&p.app, &ops, "/admin/priority-classes", form(&version)).await;
+    assert!(body(&stale).contains("Someone changed this since the page was shown"), "{}", body(&stale));
+    // A new class, not preemptible (the box unticked).
+    let new = format!("csrf={csrf}&name=urgent&priority=900&usage_factor=2&price_multiplier=1.5&description=&version=");
+    post_form(&p.app, &ops, "/admin/priority-classes", new).await.assert_status(200);
+    let urgent = p.app.send(call("GET", "/api/v1/priority-classes/urgent").token(&admin)).await.json();
+    assert_eq!((&urgent["preemptible"], &urgent["price_multiplier_milli"]), (&json!(false), &json!(1500)));
+
+    // Nobody else has an admin page, and a form posted without its token does nothing.
+    let alice = sign_in(&p.app, "alice").await;
+    p.app.send(call("GET", "/admin").header("cookie", &alice)).await.assert_status(404);
+    let forged = post_form(&p.app, &ops, "/admin/teams", "name=forged".to_owned()).await;
+    forged.assert_status(403);
+    p.app.send(call("GET", "/api/v1/teams/forged").token(&admin)).await.assert_status(404);
+}

@@ -9,11 +9,13 @@ use chrono::Utc;
 use serde::Deserialize;
 use uuid::Uuid;
 
-use super::{in_words, principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm, SignedIn};
+use super::{
+    administered_team, in_words, principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm,
+    SignedIn,
+};
 use crate::{
     api::{self, error::ApiError},
     app::AppState,
-    auth::policy::team_role,
     db::{self, web_sessions::SessionUser},
     domain::{PlatformRole, TeamRole},
 };
@@ -46,16 +48,6 @@ struct TokensPage {
     minted: Option<MintedLine>,
     error: Option<String>,
     form_name: String,
-}
-
-/// The team, when the user administers it (team admins and platform admins).
-async fn administered_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
-    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
-    if role < TeamRole::Admin {
-        return Err(PageError::not_found());
-    }
-    Ok(team)
 }
 
 async fn tokens_page(

@@ -222,7 +222,10 @@ fn usage_window() -> (chrono::NaiveDate, chrono::NaiveDate) {
 }
 
 /// What the billing page's charts show, as CSV: one row per day, team and GPU class.
-pub async fn billing_usage_csv(State(state): State<AppState>, CurrentUser(user): CurrentUser) -> Result<Response, PageError> {
+pub async fn billing_usage_csv(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+) -> Result<Response, PageError> {
     require_finance(&user)?;
     let (from, to) = usage_window();
     let usage = db::billing::daily_usage(&state.db, from, to).await?;

@@ -10,6 +10,8 @@ mod auth;
 mod billing;
 mod clusters;
 mod jobs;
+mod members;
+mod platform;
 mod submit;
 mod team;
 
@@ -28,6 +30,8 @@ pub use auth::{login, login_form, logout};
 pub use billing::{billing, billing_export, billing_usage_csv, statement};
 pub use clusters::clusters;
 pub use jobs::{cancel, job, team_jobs};
+pub use members::{remove_member, set_member, team_members};
+pub use platform::{admin, create_team, save_priority_class, set_rate};
 pub use submit::{submit, submit_form};
 pub use team::{home, team};
 
@@ -37,9 +41,9 @@ use super::session::{self, form_allowed};
 use crate::{
     api::error::ApiError,
     app::AppState,
-    auth::Principal,
-    db::web_sessions::SessionUser,
-    domain::PlatformRole,
+    auth::{policy::team_role, Principal},
+    db::{self, web_sessions::SessionUser},
+    domain::{PlatformRole, TeamRole},
 };
 
 /// Who is signed in, as the page header shows it.
@@ -205,6 +209,34 @@ fn when(t: DateTime<Utc>) -> String {
 /// Validation errors as one sentence: `field: message; field: message`.
 fn in_words(errors: &[crate::domain::FieldError]) -> String {
     errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ")
+}
+
+/// The team, when the user administers it (team admins and platform admins).
+pub(super) async fn administered_team(
+    state: &AppState,
+    user: &SessionUser,
+    name: &str,
+) -> Result<db::teams::TeamRow, PageError> {
+    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    if role < TeamRole::Admin {
+        return Err(PageError::not_found());
+    }
+    Ok(team)
+}
+
+/// What a refused change says beside its form: the fields that are wrong, the conflict, or
+/// that someone else changed the object first. Anything else is a failed page.
+fn form_error(e: ApiError) -> Result<String, PageError> {
+    match e {
+        ApiError::Validation(errors) => Ok(in_words(&errors)),
+        ApiError::Conflict { detail, .. } => Ok(detail),
+        ApiError::NotFound(what) => Ok(format!("There is no such {what}.")),
+        ApiError::PreconditionFailed => {
+            Ok("Someone changed this since the page was shown; here it is as it is now.".to_owned())
+        }
+        other => Err(other.into()),
+    }
 }
 
 /// The portal's "not found" page, for paths that are no page.

@@ -31,6 +31,8 @@ struct HomePage {
     teams: Vec<TeamLink>,
     /// Finance or a platform admin: the billing page is theirs.
     finance: bool,
+    /// A platform admin: the admin page is theirs.
+    platform_admin: bool,
 }
 
 /// The teams the user can see.
@@ -47,7 +49,8 @@ pub async fn home(State(state): State<AppState>, CurrentUser(user): CurrentUser)
             name: t.name,
         })
         .collect();
-    Ok(render(&HomePage { signed_in: Some(signed_in(&user)), teams, finance }))
+    let platform_admin = principal(&user).platform_role() == Some(PlatformRole::PlatformAdmin);
+    Ok(render(&HomePage { signed_in: Some(signed_in(&user)), teams, finance, platform_admin }))
 }
 
 /// A class's quota and use.
