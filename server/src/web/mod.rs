@@ -41,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/audit", get(pages::audit))
         .route("/teams/{team}/tokens/{token}/revoke", post(pages::revoke_token))
         .route("/teams/{team}/jobs/new", get(pages::submit_form).post(pages::submit))
+        .route("/teams/{team}/jobs/preview", post(pages::preview))
         .route("/jobs/{job}", get(pages::job))
         .route("/jobs/{job}/cancel", post(pages::cancel))
         .route("/clusters", get(pages::clusters))
@@ -48,6 +49,7 @@ pub fn router() -> Router<AppState> {
         .route("/billing/usage.csv", get(pages::billing_usage_csv))
         .route("/billing/exports/{period}/{format}", get(pages::billing_export))
         .route("/static/portal.css", get(pages::stylesheet))
+        .route("/static/preview.js", get(pages::preview_script))
         .layer(middleware::from_fn(security_headers))
 }
 

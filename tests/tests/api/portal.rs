@@ -214,6 +214,35 @@ async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_for
 }
 
 #[tokio::test]
+async fn the_live_preview_answers_with_the_engines_verdict_as_a_fragment_and_names_what_is_incomplete() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await);
+    assert!(page.contains("<script src=\"/static/preview.js\" defer></script>"), "{page}");
+    let token = csrf_in(&page);
+    let preview = |gpus: &str| {
+        let form = format!(
+            "csrf={token}&name=live&gpu_class=h100&replicas=1&gpus_per_replica={gpus}&priority_class=production\
+             &max_runtime_seconds=3600&image=train%3A2&command="
+        );
+        call("POST", "/teams/ml/jobs/preview").header("cookie", &session).raw(FORM, form.into_bytes())
+    };
+    let r = p.app.send(preview("4")).await;
+    r.assert_status(200);
+    let fragment = body(&r);
+    assert!(fragment.contains("If you submitted it now") && fragment.contains("It can cost at most 10.000000 USD."));
+    assert!(!fragment.contains("<html"), "a fragment, not a page: {fragment}");
+    let half = body(&p.app.send(preview("")).await);
+    assert!(half.contains("Preview when the form is complete: gpus_per_replica: must be a whole number"), "{half}");
+    let jobs: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&p.app.pool).await.unwrap();
+    assert_eq!(jobs, 1, "previews queue nothing");
+    // The script is served from here, so the CSP allows it.
+    let script = p.app.send(call("GET", "/static/preview.js")).await;
+    script.assert_status(200);
+    assert!(script.header("content-type").is_some_and(|t| t.starts_with("text/javascript")));
+}
+
+#[tokio::test]
 async fn an_unknown_page_is_a_friendly_page_and_an_unknown_api_path_a_problem() {
     let p = setup().await;
     let r = p.app.send(call("GET", "/no/such/page")).await;

@@ -32,7 +32,7 @@ pub use clusters::clusters;
 pub use jobs::{cancel, job, team_jobs};
 pub use members::{remove_member, set_member, team_members};
 pub use platform::{admin, create_team, save_priority_class, set_rate};
-pub use submit::{submit, submit_form};
+pub use submit::{preview, submit, submit_form};
 pub use team::{home, team};
 
 pub use admin::{audit, create_token, revoke_token, set_quota, team_audit, team_quotas, team_tokens};
@@ -248,4 +248,11 @@ pub fn not_found_page() -> Response {
 pub async fn stylesheet() -> Response {
     const CSS: &str = include_str!("../../../../web/static/portal.css");
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], CSS).into_response()
+}
+
+/// The submit form's live preview script, from the binary. The portal works without it.
+pub async fn preview_script() -> Response {
+    const JS: &str = include_str!("../../../../web/static/preview.js");
+    ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], JS)
+        .into_response()
 }

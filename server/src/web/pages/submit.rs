@@ -62,6 +62,17 @@ struct SubmitPage {
     form: SubmitForm,
     errors: Vec<(String, String)>,
     preview: Option<PreviewView>,
+    /// Shown by the live preview only.
+    incomplete: Option<String>,
+}
+
+/// The live preview's answer: the part of the submit page that says what submitting now
+/// would do.
+#[derive(Template)]
+#[template(path = "preview.html")]
+struct PreviewFragment {
+    preview: Option<PreviewView>,
+    incomplete: Option<String>,
 }
 
 /// The team of a submit page, checked: members and above only.
@@ -93,6 +104,7 @@ async fn submit_page(
         form,
         errors,
         preview,
+        incomplete: None,
     })
 }
 
@@ -195,4 +207,26 @@ fn preview_of(answer: api::jobs::DryRunResult) -> PreviewView {
             .map(|v| format!("{} GPUs of team {} ({})", v.gpus, v.team, v.reason))
             .collect(),
     }
+}
+
+/// The live preview: what submitting the form as it stands would do, as a fragment of the
+/// submit page. A form not yet valid gets the fields still wrong, in a line.
+pub async fn preview(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    PortalForm { user, form }: PortalForm<SubmitForm>,
+) -> Result<Response, PageError> {
+    let team = submit_team(&state, &user, &name).await?;
+    let incomplete = |errors: Vec<(String, String)>| {
+        let words: Vec<String> = errors.into_iter().map(|(field, message)| format!("{field}: {message}")).collect();
+        PreviewFragment { preview: None, incomplete: Some(words.join("; ")) }
+    };
+    let fragment = match spec_of(&form) {
+        Err(errors) => incomplete(errors),
+        Ok(spec) => match api::jobs::dry_run(&state, team.id, &spec, crate::auth::CatalogueVersion(None)).await {
+            Ok(answer) => PreviewFragment { preview: Some(preview_of(answer)), incomplete: None },
+            Err(e) => incomplete(field_errors(e)?),
+        },
+    };
+    Ok(render(&fragment))
 }
