@@ -114,6 +114,8 @@ pub struct NodeUnits {
     pub fraction_milli: i32,
     pub units: i32,
     pub elastic: bool,
+    /// GPUs per NVLink domain on the node; 0 when unknown (one domain).
+    pub nvlink_domain_size: i32,
 }
 
 /// Every node's units, by cluster, rack and node.
@@ -121,7 +123,7 @@ pub async fn layout(pool: &PgPool) -> Result<Vec<NodeUnits>, sqlx::Error> {
     sqlx::query_as!(
         NodeUnits,
         r#"select c.name as cluster, n.name as node, n.rack, g.name as gpu_class, g.kind, g.fraction_milli,
-                  n.gpus as units, n.elastic
+                  n.gpus as units, n.elastic, n.nvlink_domain_size
            from cluster_nodes n
            join clusters c on c.id = n.cluster_id
            join gpu_classes g on g.id = n.gpu_class_id

@@ -1,6 +1,6 @@
-//! The cluster view: every node's GPUs as cells, grouped by cluster and rack, coloured by
-//! whose job holds them; MIG slices drawn inside the physical GPU they belong to; free
-//! capacity per class. Other teams' jobs are shown as taken, not named, unless the viewer
+//! The cluster view: every node's GPUs as cells, grouped by cluster, rack and NVLink
+//! domain, coloured by whose job holds them; MIG slices drawn inside the physical GPU they
+//! belong to; free capacity and fragmentation per class. Other teams' jobs are shown as taken, not named, unless the viewer
 //! sees every team (platform admins and finance).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -25,12 +25,12 @@ pub struct Gpu {
     pub cells: Vec<Cell>,
 }
 
-/// A node and its GPUs.
+/// A node and its GPUs, by NVLink domain (one domain when the node does not say).
 #[derive(Debug, Clone)]
 pub struct NodeView {
     pub name: String,
     pub classes: String,
-    pub gpus: Vec<Gpu>,
+    pub domains: Vec<Vec<Gpu>>,
 }
 
 /// A rack (or the nodes outside any rack).
@@ -56,6 +56,11 @@ pub struct ClassFree {
     pub free: i64,
     /// The most free units on one node: the largest replica that fits now.
     pub largest_free_block: i64,
+    /// Nodes with every unit of this class free: room for whole-node replicas.
+    pub free_nodes: i64,
+    /// Of the free units, the share (percent) on nodes already partly in use: capacity that
+    /// small jobs can use but a whole-node replica cannot.
+    pub fragmented_percent: i64,
 }
 
 /// Who is looking: the teams whose jobs are theirs, and whether every team's names may show.
@@ -130,6 +135,8 @@ pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> (
                 used: 0,
                 free: 0,
                 largest_free_block: 0,
+                free_nodes: 0,
+                fragmented_percent: 0,
             });
             let used = (0..r.units.max(0) as u64)
                 .filter(|u| owners.contains_key(&(r.cluster.as_str(), r.node.clone(), r.gpu_class.as_str(), *u)))
@@ -139,11 +146,21 @@ pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> (
             entry.used += used;
             entry.free += units - used;
             entry.largest_free_block = entry.largest_free_block.max(units - used);
+            if used == 0 && units > 0 {
+                entry.free_nodes += 1;
+            } else {
+                // Held for now in `fragmented_percent`: free units on partly used nodes.
+                entry.fragmented_percent += units - used;
+            }
         }
+        let domain = match first.nvlink_domain_size {
+            size if size > 0 => size as usize,
+            _ => gpus.len().max(1),
+        };
         let node = NodeView {
             name: first.node.clone(),
             classes: rows.iter().map(|r| format!("{} × {}", r.units, r.gpu_class)).collect::<Vec<_>>().join(", "),
-            gpus,
+            domains: gpus.chunks(domain).map(<[Gpu]>::to_vec).collect(),
         };
         let rack =
             first.rack.clone().unwrap_or_else(|| if first.elastic { "elastic pool".into() } else { "no rack".into() });
@@ -157,7 +174,14 @@ pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> (
             }
         }
     }
-    (clusters, classes.into_values().collect())
+    let classes = classes
+        .into_values()
+        .map(|mut c| {
+            c.fragmented_percent = if c.free > 0 { 100 * c.fragmented_percent / c.free } else { 0 };
+            c
+        })
+        .collect();
+    (clusters, classes)
 }
 
 #[cfg(test)]
@@ -174,6 +198,7 @@ mod tests {
             fraction_milli: fraction,
             units,
             elastic: false,
+            nvlink_domain_size: 0,
         }
     }
 
@@ -207,15 +232,41 @@ mod tests {
         let viewer = Viewer { teams: HashSet::from([mine]), sees_all: false };
         let (clusters, free) = layout(&nodes, &held, &viewer);
         let racks = &clusters[0].racks;
-        let mig = &racks[0].nodes[0];
+        let mig = &racks[0].nodes[0].domains[0];
         // 4 × 428 + 2 × 142 = 1,996 thousandths: two physical GPUs of 2 × 3g + 1 × 1g each.
-        assert_eq!(mig.gpus.len(), 2);
-        assert_eq!(mig.gpus[1].cells.len(), 3);
-        assert_eq!(mig.gpus[1].cells[0].state, "mine");
-        let h100 = &racks[0].nodes[1];
-        assert_eq!(h100.gpus[0].cells[0].label, "h100 #0: in use by another team");
-        assert_eq!(h100.gpus[1].cells[0].state, "free");
+        assert_eq!(mig.len(), 2);
+        assert_eq!(mig[1].cells.len(), 3);
+        assert_eq!(mig[1].cells[0].state, "mine");
+        let h100 = &racks[0].nodes[1].domains[0];
+        assert_eq!(h100[0].cells[0].label, "h100 #0: in use by another team");
+        assert_eq!(h100[1].cells[0].state, "free");
         let h100_free = free.iter().find(|c| c.gpu_class == "h100").unwrap();
         assert_eq!((h100_free.units, h100_free.used, h100_free.free, h100_free.largest_free_block), (2, 1, 1, 1));
+        // Its one free GPU sits on a node already in use: all of the free capacity is fragmented.
+        assert_eq!((h100_free.free_nodes, h100_free.fragmented_percent), (0, 100));
+    }
+
+    #[test]
+    fn gpus_are_drawn_in_their_nvlink_domains_and_fragmentation_counts_free_gpus_on_busy_nodes() {
+        let mut busy = node("h100-1", "h100", "whole", 1000, 8);
+        busy.nvlink_domain_size = 4;
+        let mut idle = node("h100-2", "h100", "whole", 1000, 8);
+        idle.nvlink_domain_size = 4;
+        let held = vec![HeldPlacement {
+            cluster: "sim".into(),
+            team_id: Uuid::from_u128(2),
+            team: "vision".into(),
+            job_name: "train".into(),
+            gpu_class: "h100".into(),
+            placement: serde_json::json!([{"node": "h100-1", "gpus": [0, 1]}]),
+        }];
+        let viewer = Viewer { teams: HashSet::new(), sees_all: true };
+        let (clusters, free) = layout(&[busy, idle], &held, &viewer);
+        let node = &clusters[0].racks[0].nodes[0];
+        assert_eq!(node.domains.iter().map(Vec::len).collect::<Vec<_>>(), [4, 4]);
+        assert_eq!(node.domains[0][0].cells[0].label, "h100 #0: vision");
+        let h100 = &free[0];
+        // 14 free: 8 on the idle node, 6 stranded beside the job: 6 / 14 = 42%.
+        assert_eq!((h100.free, h100.free_nodes, h100.largest_free_block, h100.fragmented_percent), (14, 1, 8, 42));
     }
 }
