@@ -47,6 +47,7 @@ pub fn router() -> Router<AppState> {
         .route("/clusters", get(pages::clusters))
         .route("/billing", get(pages::billing))
         .route("/billing/usage.csv", get(pages::billing_usage_csv))
+        .route("/billing/periods/{period}", get(pages::billing_period))
         .route("/billing/exports/{period}/{format}", get(pages::billing_export))
         .route("/static/portal.css", get(pages::stylesheet))
         .route("/static/preview.js", get(pages::preview_script))

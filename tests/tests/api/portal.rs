@@ -340,9 +340,19 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     assert_eq!(lines.len(), 2, "{text}");
     assert!(lines[1].starts_with(&format!("{today},ml,h100,2.")), "{text}");
     assert!(lines[1].ends_with(",5.000000,USD"), "{text}");
+    // This month's statements: every team, with its cost and a link to its statement.
+    let month = today.format("%Y-%m").to_string();
+    assert!(page.contains(&format!("href=\"/billing/periods/{month}\"")), "{page}");
+    let period = body(&p.app.send(call("GET", &format!("/billing/periods/{month}")).header("cookie", &session)).await);
+    assert!(period.contains("<tr><td>ml</td><td>2.000000000</td><td>5.000000 USD</td>"), "{period}");
+    assert!(period.contains(&format!("href=\"/teams/ml/statements/{month}\"")), "{period}");
+    assert!(period.contains(&format!("href=\"/billing/exports/{month}/focus\"")), "{period}");
+    let statement = p.app.send(call("GET", &format!("/teams/ml/statements/{month}")).header("cookie", &session)).await;
+    statement.assert_status(200);
     // A team member is not finance.
     let alice = sign_in(&p.app, "alice").await;
     p.app.send(call("GET", "/billing/usage.csv").header("cookie", &alice)).await.assert_status(404);
+    p.app.send(call("GET", &format!("/billing/periods/{month}")).header("cookie", &alice)).await.assert_status(404);
 }
 
 #[tokio::test]

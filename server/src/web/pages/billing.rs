@@ -274,3 +274,68 @@ pub async fn billing_export(
     )
         .into_response())
 }
+
+/// A team's line in a period's statements.
+pub struct TeamStatementLine {
+    pub team: String,
+    pub gpu_hours: String,
+    pub billed: String,
+}
+
+#[derive(Template)]
+#[template(path = "period.html")]
+struct PeriodPage {
+    signed_in: Option<SignedIn>,
+    period: String,
+    status: String,
+    teams: Vec<TeamStatementLine>,
+    total_gpu_hours: String,
+    total_billed: String,
+}
+
+/// One billing period for finance: every team's usage and cost, each linking to the team's
+/// statement, and the period's exports.
+pub async fn billing_period(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(period): Path<String>,
+) -> Result<Response, PageError> {
+    require_finance(&user)?;
+    let period = crate::domain::BudgetPeriod::parse("period", &period).map_err(|_| PageError::not_found())?;
+    let first_day = period.first_day();
+    let (_, end) = crate::billing::budgets::period_bounds(first_day);
+    let usage = db::billing::daily_usage(&state.db, first_day, end.date_naive()).await?;
+    let mut by_team: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    // Every team has a statement, used or not.
+    for team in db::teams::list_all(&state.db, None, 10_000).await? {
+        by_team.entry(team.name).or_default();
+    }
+    for u in &usage {
+        let line = by_team.entry(u.team.clone()).or_default();
+        line.0 += u.gpu_milli_ms;
+        line.1 += u.billed_cost_micros;
+    }
+    let currency = &state.config.currency;
+    let money = |micros: i64| format!("{} {currency}", crate::metering::micros_decimal(micros));
+    let (total_gpu, total_cost) = by_team.values().fold((0, 0), |acc, l| (acc.0 + l.0, acc.1 + l.1));
+    let closed = db::metering::closed_periods(&state.db).await?;
+    let status = match closed.iter().find(|c| c.0 == first_day) {
+        Some((_, at, by)) => format!("closed {} by {by}", when(*at)),
+        None => "open: figures change until the period is closed".into(),
+    };
+    Ok(render(&PeriodPage {
+        signed_in: Some(signed_in(&user)),
+        period: crate::billing::period_name(first_day),
+        status,
+        teams: by_team
+            .into_iter()
+            .map(|(team, (gpu, cost))| TeamStatementLine {
+                team,
+                gpu_hours: crate::metering::gpu_hours_decimal(gpu),
+                billed: money(cost),
+            })
+            .collect(),
+        total_gpu_hours: crate::metering::gpu_hours_decimal(total_gpu),
+        total_billed: money(total_cost),
+    }))
+}

@@ -27,7 +27,7 @@ use serde::{de::DeserializeOwned, Deserialize};
 
 pub use admin::audit_changes;
 pub use auth::{login, login_form, logout};
-pub use billing::{billing, billing_export, billing_usage_csv, statement};
+pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
 pub use clusters::clusters;
 pub use jobs::{cancel, job, team_jobs};
 pub use members::{remove_member, set_member, team_members};
