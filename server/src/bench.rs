@@ -1,8 +1,8 @@
 //! Benchmarks behind `fairway bench`.
 //!
-//! `fairway bench submit`, `fairway bench kueue` and `fairway bench export` run the whole
-//! platform (see [`submit`], [`kueue`], [`export`]); the rest of this module is the engine's
-//! benchmark.
+//! `fairway bench submit`, `fairway bench kueue`, `fairway bench export` and `fairway bench
+//! portal` run the whole platform (see [`submit`], [`kueue`], [`export`], [`portal`]); the
+//! rest of this module is the engine's benchmark.
 //!
 //! `fairway bench scheduler` times one full admission cycle ([`crate::scheduler::schedule`]) on
 //! a synthetic cluster of the size the engine is specified for: 1,250 nodes × 8 GPUs in racks
@@ -27,6 +27,7 @@ use crate::scheduler::{
 pub mod export;
 pub mod kueue;
 pub mod platform;
+pub mod portal;
 pub mod submit;
 
 /// What `fairway bench` measures.
@@ -40,6 +41,8 @@ pub enum Target {
     Kueue,
     /// Exporting a billing period of a million ledger rows, beside PostgreSQL's COPY.
     Export,
+    /// The portal's pages with 10,000 jobs in the database, beside the same pages with ten.
+    Portal,
 }
 
 /// Runs the benchmark `target` and writes its report to `out`.
@@ -50,6 +53,7 @@ pub async fn run(target: Target, out: &mut dyn Write) -> anyhow::Result<()> {
         Target::Submit => submit::report(out).await,
         Target::Kueue => kueue::report(out).await,
         Target::Export => export::report(out).await,
+        Target::Portal => portal::report(out).await,
     }
 }
 

@@ -131,3 +131,99 @@ pub async fn copy_out_period(conn: &mut PgConnection, period: chrono::NaiveDate)
     }
     Ok(bytes)
 }
+
+/// Seeds what a busy team's portal pages read (again and again: only new jobs get events
+/// and ledger rows): `jobs` jobs of team `team_id` in class
+/// `class_id` (5% pending with a reason and position, 3% running, the rest finished), three
+/// timeline events each, a ledger row per finished job in billing period `period` spread
+/// over its first `hours` hours, and hourly usage roll-ups of the 30 days before `today`.
+pub async fn seed_portal(
+    pool: &PgPool,
+    team_id: Uuid,
+    class_id: Uuid,
+    jobs: i64,
+    period: chrono::NaiveDate,
+    hours: i64,
+    today: chrono::NaiveDate,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!(
+        r#"insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
+                             max_runtime_seconds, image, command, submitted_by, state, attempt, pending_reason,
+                             pending_message, queue_position, expected_start_at, submitted_at, admitted_at,
+                             started_at, finished_at, exit_code)
+           select gen_random_uuid(), $1, 'sweep-' || i, $2, 'experiment', 1 + i % 4, 8, 3600,
+                  'registry.example/train:1', '["python", "train.py"]', 'user:bench', s.state,
+                  case when s.state = 'pending' then 0 else 1 end,
+                  case when s.state = 'pending' then 'insufficient_capacity' end,
+                  case when s.state = 'pending' then 'not enough free GPUs of this class' end,
+                  case when s.state = 'pending' then (i / 20)::int end,
+                  case when s.state = 'pending' then now() + make_interval(mins => (i / 20)::int) end,
+                  now() - make_interval(secs => ($3 - i)::float8 * 60),
+                  case when s.state <> 'pending' then now() - make_interval(secs => ($3 - i)::float8 * 60) end,
+                  case when s.state <> 'pending' then now() - make_interval(secs => ($3 - i)::float8 * 60) end,
+                  case when s.state in ('succeeded', 'failed', 'cancelled') then now() - make_interval(secs => ($3 - i)::float8 * 30) end,
+                  case when s.state = 'succeeded' then 0 when s.state = 'failed' then 1 end
+           from generate_series(1, $3::int8) as i,
+                lateral (select case when i % 20 = 0 then 'pending'
+                                     when i % 33 = 1 then 'running'
+                                     when i % 17 = 2 then 'failed'
+                                     when i % 19 = 3 then 'cancelled'
+                                     else 'succeeded' end as state) s"#,
+        team_id,
+        class_id,
+        jobs
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into job_events (job_id, at, kind, attempt, message)
+           select j.id, j.submitted_at + make_interval(secs => e.n), e.kind, 1, e.kind || ' (seeded)'
+           from jobs j, (values (0, 'submitted'), (1, 'admitted'), (2, 'running')) as e (n, kind)
+           where j.team_id = $1 and not exists (select 1 from job_events o where o.job_id = j.id)"#,
+        team_id
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
+                                    priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
+                                    duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
+                                    list_cost_micros, billed_cost_micros, currency, billing_period)
+           select 'usage', j.id, 1, j.name, j.team_id, t.name, j.gpu_class_id, c.name, j.priority_class,
+                  j.replicas * j.gpus_per_replica, 1000, false,
+                  $2::date + make_interval(hours => (j.seq % $3)::int),
+                  $2::date + make_interval(hours => (j.seq % $3)::int, mins => 30),
+                  1800000, (j.replicas * j.gpus_per_replica)::int8 * 1000 * 1800000, 2500000, 1000,
+                  (j.replicas * j.gpus_per_replica)::int8 * 1250000, (j.replicas * j.gpus_per_replica)::int8 * 1250000,
+                  'USD', $2::date
+           from jobs j join teams t on t.id = j.team_id join gpu_classes c on c.id = j.gpu_class_id
+           where j.team_id = $1 and j.state in ('succeeded', 'failed', 'cancelled')
+                 and not exists (select 1 from usage_ledger l where l.job_id = j.id)"#,
+        team_id,
+        period,
+        hours
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query!(
+        r#"insert into usage_rollups (hour, team_id, gpu_class_id, priority_class, gpu_milli_ms, billed_cost_micros)
+           select h, t.id, $1, 'experiment', 16 * 3600000000::int8, 40000000
+           from generate_series(($2::date - 30)::timestamp at time zone 'UTC',
+                                ($2::date)::timestamp at time zone 'UTC', interval '1 hour') as h,
+                teams t
+           on conflict do nothing"#,
+        class_id,
+        today
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+/// The id of one of the team's jobs (its newest).
+pub async fn a_job_of(pool: &PgPool, team_id: Uuid) -> Result<Uuid, sqlx::Error> {
+    sqlx::query_scalar!("select id from jobs where team_id = $1 order by seq desc limit 1", team_id)
+        .fetch_one(pool)
+        .await
+}
