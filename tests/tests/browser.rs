@@ -2,7 +2,8 @@
 //! a real PostgreSQL and the control loop on the simulated cluster: sign in, see the team's
 //! dashboard, preview and submit a job through the form, watch it run and finish, cancel
 //! another, see a borrower preempted when the team claims its reserved quota, and, as
-//! finance, download the month's FOCUS export. Screenshots of each page, at 1280 and 390
+//! finance, download the month's FOCUS export and open the month's statements; as a platform
+//! admin, create a team and give it a member. Screenshots of each page, at 1280 and 390
 //! pixels wide, are saved under `target/portal-screenshots/` as test artefacts.
 
 use std::{path::PathBuf, time::Duration};
@@ -75,6 +76,7 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     .assert_status(200);
     app.member(&admin, "research", "alice", "member").await;
     app.user(&admin, "finn", Some("finance")).await;
+    app.user(&admin, "ops", Some("platform-admin")).await;
     let dir = screenshots();
 
     let browser = Browser::start(1280, 900, &downloads()).await;
@@ -92,9 +94,17 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     browser.fill("input[name=gpus_per_replica]", "8").await;
     browser.fill("input[name=max_runtime_seconds]", "600").await;
     browser.fill("input[name=image]", "registry.example/train:1").await;
+    // The preview follows the typing, with no button pressed.
+    let text = browser.wait_for_text_now("It would start at once on sim.", Duration::from_secs(20)).await;
+    assert!(text.contains("It can cost at most"), "{text}");
+    assert!(browser.url().await.ends_with("/teams/ml/jobs/new"), "no page load: the live preview answered");
+    browser.fill("input[name=gpus_per_replica]", "lots").await;
+    browser.wait_for_text_now("Preview when the form is complete: gpus_per_replica", Duration::from_secs(20)).await;
+    browser.fill("input[name=gpus_per_replica]", "8").await;
+    browser.wait_for_text_now("It would start at once on sim.", Duration::from_secs(20)).await;
+    // The Preview button answers the same with a page load (it works without JavaScript).
     browser.click("button[value=preview]").await;
     let text = browser.wait_for_text_now("If you submitted it now", Duration::from_secs(20)).await;
-    assert!(text.contains("If you submitted it now"), "{text}");
     assert!(text.contains("It would start at once on sim."), "{text}");
     browser.screenshot(&dir, "submit-preview-1280").await;
     browser.click("button[value=submit]").await;
@@ -142,6 +152,12 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
         assert!(tokio::time::Instant::now() < deadline, "the borrowers never all ran");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // ml's idle reserved GPUs are what research borrows: its dashboard says they are lent.
+    browser.open(&format!("{base}/teams/ml")).await;
+    let text = browser.text().await;
+    assert!(text.contains("0 in use · 16 reserved · 8 burst · 16 lent to others"), "{text}");
+    assert!(browser.source().await.contains("<rect class=\"lent\""));
+    browser.screenshot(&dir, "dashboard-lent-1280").await;
     browser.open(&format!("{base}/teams/ml/jobs/new")).await;
     browser.fill("input[name=name]", "claim").await;
     browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
@@ -191,8 +207,43 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     assert!(export.starts_with("AvailabilityZone,BilledCost,"), "{export}");
     assert!(export.contains(",ml,"), "the succeeded job's charge: {export}");
     assert!(export.trim_end().ends_with("\"}\""), "ends with its control record: {export}");
+    // Every team's statement for the month, and ml's.
+    finance.open(&format!("{base}/billing/periods/{month}")).await;
+    assert!(finance.text().await.contains(&format!("Statements for {month}")));
+    finance.screenshot(&dir, "billing-period-1280").await;
+    finance.click(&format!("a[href='/teams/ml/statements/{month}']")).await;
+    finance.wait_for_url(&format!("{base}/teams/ml/statements/{month}"), Duration::from_secs(20)).await;
+    finance.screenshot(&dir, "statement-1280").await;
     drop(finance);
     let _ = std::fs::remove_dir_all(downloads());
+
+    // A platform admin creates a team from the admin page, gives alice a role in it, and
+    // reads the audit log that recorded both.
+    let ops = Browser::start(1280, 900, &downloads()).await;
+    sign_in(&ops, &base, "ops").await;
+    ops.click("a[href='/admin']").await;
+    ops.wait_for_url(&format!("{base}/admin"), Duration::from_secs(20)).await;
+    ops.fill("#teams input[name=name]", "vision").await;
+    ops.fill("#teams input[name=display_name]", "Vision <b>research</b>").await;
+    ops.click("#teams button[type=submit]").await;
+    let text = ops.wait_for_text_now("Team vision created.", Duration::from_secs(20)).await;
+    assert!(text.contains("Vision <b>research</b>"), "the display name is text: {text}");
+    ops.screenshot(&dir, "admin-1280").await;
+    ops.open(&format!("{base}/teams/vision/members")).await;
+    ops.fill("input[name=username]", "alice").await;
+    ops.click("select[name=role] option[value='viewer']").await;
+    ops.click("form.filters button[type=submit]").await;
+    ops.wait_for_text_now("alice is now viewer of vision.", Duration::from_secs(20)).await;
+    ops.screenshot(&dir, "members-1280").await;
+    for (page, shot) in
+        [("/teams/ml/quotas", "quotas-1280"), ("/teams/ml/tokens", "tokens-1280"), ("/audit", "audit-1280")]
+    {
+        ops.open(&format!("{base}{page}")).await;
+        ops.screenshot(&dir, shot).await;
+    }
+    let audit = ops.text().await;
+    assert!(audit.contains("team.create") && audit.contains("member.put"), "{audit}");
+    drop(ops);
 
     // The same pages on a phone-sized window.
     let phone = Browser::start(390, 844, &downloads()).await;
@@ -204,6 +255,11 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     phone.screenshot(&dir, "job-390").await;
     phone.open(&format!("{base}/clusters")).await;
     phone.screenshot(&dir, "cluster-390").await;
+    phone.open(&format!("{base}/teams/ml/jobs/new")).await;
+    phone.fill("input[name=name]", "phone").await;
+    phone.fill("input[name=image]", "registry.example/train:1").await;
+    phone.wait_for_text_now("If you submitted it now", Duration::from_secs(20)).await;
+    phone.screenshot(&dir, "submit-390").await;
     drop(phone);
     let phone = Browser::start(390, 844, &downloads()).await;
     sign_in(&phone, &base, "finn").await;

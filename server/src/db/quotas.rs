@@ -179,3 +179,52 @@ pub async fn team_limits(pool: &PgPool) -> Result<Vec<TeamLimit>, sqlx::Error> {
     .fetch_all(pool)
     .await
 }
+
+/// One team's quota of a class beside what the whole class is doing: the inputs of "lent to
+/// others" on a dashboard.
+#[derive(Debug, Clone)]
+pub struct ClassLending {
+    pub team_id: Uuid,
+    pub gpu_class: String,
+    pub reserved: i64,
+    /// How much of `reserved` others may borrow (all of it unless limited).
+    pub lendable: i64,
+    /// GPUs the team's admitted and running jobs hold within its reserved quota.
+    pub own_in_use: i64,
+    /// GPUs every team's borrowing jobs of the class hold.
+    pub class_borrowed: i64,
+    /// GPUs of the class in every cluster.
+    pub class_capacity: i64,
+}
+
+/// Every team's quota of the classes `team_id` has a quota of, with the class's borrowing
+/// and capacity.
+pub async fn lending(pool: &PgPool, team_id: Uuid) -> Result<Vec<ClassLending>, sqlx::Error> {
+    sqlx::query_as!(
+        ClassLending,
+        r#"with held as (
+               select j.team_id, j.gpu_class_id,
+                      coalesce(sum(j.replicas * j.gpus_per_replica) filter (where not j.borrowing), 0)::int8 as own,
+                      coalesce(sum(j.replicas * j.gpus_per_replica) filter (where j.borrowing), 0)::int8 as borrowed
+               from jobs j
+               where j.state in ('admitted', 'running')
+                 and j.gpu_class_id in (select gpu_class_id from quotas where team_id = $1)
+               group by 1, 2
+           )
+           select q.team_id, g.name as gpu_class, q.reserved::int8 as "reserved!",
+                  coalesce(q.lendable, q.reserved)::int8 as "lendable!",
+                  coalesce(h.own, 0)::int8 as "own_in_use!",
+                  (select coalesce(sum(b.borrowed), 0) from held b where b.gpu_class_id = q.gpu_class_id)::int8
+                      as "class_borrowed!",
+                  (select coalesce(sum(c.gpus), 0) from cluster_capacity c where c.gpu_class_id = q.gpu_class_id)::int8
+                      as "class_capacity!"
+           from quotas q
+           join gpu_classes g on g.id = q.gpu_class_id
+           left join held h on h.team_id = q.team_id and h.gpu_class_id = q.gpu_class_id
+           where q.gpu_class_id in (select gpu_class_id from quotas where team_id = $1)
+           order by g.name, q.team_id"#,
+        team_id
+    )
+    .fetch_all(pool)
+    .await
+}

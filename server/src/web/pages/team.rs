@@ -59,9 +59,14 @@ pub struct QuotaLine {
     pub reserved: i32,
     pub burst: i32,
     pub in_use: i64,
+    /// Idle reserved GPUs of this team that other teams' borrowers hold now.
+    pub lent: i64,
     pub limit: i64,
     pub reserved_percent: i64,
     pub used_percent: i64,
+    /// Where the lent segment starts and how wide it is, in percent of the bar.
+    pub lent_x: i64,
+    pub lent_percent: i64,
 }
 
 /// A running job.
@@ -132,19 +137,24 @@ pub async fn team(
     for j in jobs.iter().filter(|j| j.state != "pending") {
         *in_use.entry(j.gpu_class.as_str()).or_default() += gpus(j);
     }
+    let lent = lent_to_others(&db::quotas::lending(&state.db, team.id).await?, team.id);
     let quotas = quotas
         .iter()
         .map(|q| {
             let used = in_use.get(q.gpu_class.as_str()).copied().unwrap_or(0);
+            let lent = lent.get(&q.gpu_class).copied().unwrap_or(0);
             let limit = (i64::from(q.reserved) + i64::from(q.burst)).max(used).max(1);
             QuotaLine {
                 gpu_class: q.gpu_class.clone(),
                 reserved: q.reserved,
                 burst: q.burst,
                 in_use: used,
+                lent,
                 limit,
                 reserved_percent: 100 * i64::from(q.reserved) / limit,
                 used_percent: 100 * used / limit,
+                lent_x: 100 * used.min(i64::from(q.reserved)) / limit,
+                lent_percent: 100 * lent / limit,
             }
         })
         .collect();
@@ -221,4 +231,69 @@ async fn budget_line(state: &AppState, team_id: Uuid) -> Result<Option<BudgetLin
         spent_percent: percent(spent).min(100),
         forecast_percent: percent(forecast).min(100),
     }))
+}
+
+/// GPUs of `team`'s idle reserved quota that other teams' borrowers hold now, per class.
+///
+/// The engine pools borrowing: a borrower is not tied to one lender. So borrowers are
+/// counted against unreserved capacity first (nobody's to lend), and what remains is shared
+/// among the teams with idle, lendable reserved quota in proportion to how much each has.
+pub fn lent_to_others(rows: &[db::quotas::ClassLending], team: Uuid) -> BTreeMap<String, i64> {
+    let mut by_class: BTreeMap<&str, Vec<&db::quotas::ClassLending>> = BTreeMap::new();
+    for row in rows {
+        by_class.entry(row.gpu_class.as_str()).or_default().push(row);
+    }
+    let idle = |r: &db::quotas::ClassLending| r.lendable.min(r.reserved - r.own_in_use).max(0);
+    by_class
+        .into_iter()
+        .filter_map(|(class, quotas)| {
+            let mine = quotas.iter().find(|r| r.team_id == team)?;
+            let reserved: i64 = quotas.iter().map(|r| r.reserved).sum();
+            let unreserved = (mine.class_capacity - reserved).max(0);
+            let from_reserved = (mine.class_borrowed - unreserved).max(0);
+            let lendable: i64 = quotas.iter().map(|r| idle(r)).sum();
+            let lent = match lendable {
+                0 => 0,
+                all => (i128::from(from_reserved) * i128::from(idle(mine)) / i128::from(all)) as i64,
+            };
+            Some((class.to_owned(), lent.min(idle(mine))))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use uuid::Uuid;
+
+    use super::lent_to_others;
+    use crate::db::quotas::ClassLending;
+
+    fn quota(team: u128, reserved: i64, lendable: i64, own: i64) -> ClassLending {
+        ClassLending {
+            team_id: Uuid::from_u128(team),
+            gpu_class: "h100".into(),
+            reserved,
+            lendable,
+            own_in_use: own,
+            class_borrowed: 24,
+            class_capacity: 64,
+        }
+    }
+
+    #[test]
+    fn borrowers_use_unreserved_gpus_first_then_idle_reserved_ones_pro_rata() {
+        // 64 GPUs, 56 reserved: 8 unreserved. 24 borrowed: 16 come from idle reserved quota.
+        // Team 1 has 32 reserved and uses 8 (24 idle); team 2 has 24 reserved, uses 16, lends
+        // at most 4 (4 idle and lendable). 16 × 24 / 28 = 13 from team 1, 16 × 4 / 28 = 2 from 2.
+        let rows = [quota(1, 32, 32, 8), quota(2, 24, 4, 16)];
+        assert_eq!(lent_to_others(&rows, Uuid::from_u128(1))["h100"], 13);
+        assert_eq!(lent_to_others(&rows, Uuid::from_u128(2))["h100"], 2);
+        // Nothing borrowed beyond the unreserved GPUs: nothing lent.
+        let calm: Vec<ClassLending> = rows.iter().cloned().map(|r| ClassLending { class_borrowed: 8, ..r }).collect();
+        assert_eq!(lent_to_others(&calm, Uuid::from_u128(1))["h100"], 0);
+        // A team using all its reserved quota lends nothing.
+        let busy = [quota(1, 32, 32, 32), quota(2, 24, 24, 0)];
+        assert_eq!(lent_to_others(&busy, Uuid::from_u128(1))["h100"], 0);
+        assert_eq!(lent_to_others(&busy, Uuid::from_u128(2))["h100"], 16);
+    }
 }
