@@ -114,14 +114,8 @@ pub async fn spend(
     }
     let reserved_plus_burst = chargeback == Chargeback::ReservedPlusBurst;
     for u in db::billing::unbooked(pool, &members, now).await? {
-        let since = u.booked_to.max(from);
-        let ms = (now - since).num_milliseconds().max(0);
-        let multiplier = if reserved_plus_burst && !u.borrowing { 0 } else { u.price_multiplier_milli };
         let s = own.entry(u.team_id).or_default();
-        s.cost_micros += cost_micros(u.gpus, ms, u.rate_micros_per_gpu_hour, multiplier);
-        s.gpu_milli_ms += gpu_milli_ms(u.gpus, u.fraction_milli, ms);
-        s.burn_micros_per_hour += cost_micros(u.gpus, HOUR_MS, u.rate_micros_per_gpu_hour, multiplier);
-        s.burn_gpu_milli_ms_per_hour += gpu_milli_ms(u.gpus, u.fraction_milli, HOUR_MS);
+        s.add(&unbooked_spend(&u, from, now, chargeback));
     }
     if reserved_plus_burst {
         for r in db::billing::unbooked_reservations(pool, &members, now).await? {
@@ -141,6 +135,37 @@ pub async fn spend(
         }
     }
     Ok(out)
+}
+
+/// What a running attempt has used since it was last booked (and not before `from`), and
+/// what it burns per hour, priced as `chargeback` books it: under reserved-plus-burst, use
+/// within reserved quota costs nothing (the reservation is charged instead).
+fn unbooked_spend(u: &db::billing::Unbooked, from: DateTime<Utc>, now: DateTime<Utc>, chargeback: Chargeback) -> Spend {
+    let ms = (now - u.booked_to.max(from)).num_milliseconds().max(0);
+    let free_within_reserved = chargeback == Chargeback::ReservedPlusBurst && !u.borrowing;
+    let multiplier = if free_within_reserved { 0 } else { u.price_multiplier_milli };
+    Spend {
+        cost_micros: cost_micros(u.gpus, ms, u.rate_micros_per_gpu_hour, multiplier),
+        gpu_milli_ms: gpu_milli_ms(u.gpus, u.fraction_milli, ms),
+        burn_micros_per_hour: cost_micros(u.gpus, HOUR_MS, u.rate_micros_per_gpu_hour, multiplier),
+        burn_gpu_milli_ms_per_hour: gpu_milli_ms(u.gpus, u.fraction_milli, HOUR_MS),
+    }
+}
+
+/// One job's cost so far, over all its attempts and periods: what the ledger booked plus
+/// its running attempt's use since, priced as `chargeback` books it.
+pub async fn job_cost(
+    pool: &sqlx::PgPool,
+    job_id: Uuid,
+    now: DateTime<Utc>,
+    chargeback: Chargeback,
+) -> Result<Spend, sqlx::Error> {
+    let booked = db::billing::booked_for_job(pool, job_id).await?;
+    let mut spend = Spend { cost_micros: booked.cost_micros, gpu_milli_ms: booked.gpu_milli_ms, ..Spend::default() };
+    if let Some(open) = db::billing::unbooked_for_job(pool, job_id, now).await? {
+        spend.add(&unbooked_spend(&open, open.booked_to, now, chargeback));
+    }
+    Ok(spend)
 }
 
 /// What hard budgets leave this period, per budgeted team: money in micro-units, GPU time

@@ -438,3 +438,43 @@ pub async fn daily_usage(pool: &PgPool, from: NaiveDate, to: NaiveDate) -> Resul
     .fetch_all(pool)
     .await
 }
+
+/// What the ledger has booked for one job so far (usage and its corrections, every
+/// attempt): billed cost in micro-units and GPU time in the ledger's unit.
+pub async fn booked_for_job(pool: &PgPool, job_id: Uuid) -> Result<Booked, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"select coalesce(sum(billed_cost_micros), 0)::int8 as "cost!", coalesce(sum(gpu_milli_ms), 0)::int8 as "gpu!"
+           from usage_ledger where job_id = $1"#,
+        job_id
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok(Booked { cost_micros: row.cost, gpu_milli_ms: row.gpu })
+}
+
+/// The job's running attempt and how far it is booked, if it runs.
+pub async fn unbooked_for_job(
+    pool: &PgPool,
+    job_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Option<Unbooked>, sqlx::Error> {
+    sqlx::query_as!(
+        Unbooked,
+        r#"select u.team_id, u.borrowing, u.gpus, u.fraction_milli,
+                  greatest(u.started_at, coalesce(b.booked_to, u.started_at)) as "booked_to!",
+                  coalesce(r.rate, 0) as "rate_micros_per_gpu_hour!",
+                  coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!"
+           from usage_intervals u
+           left join lateral (select max(l.charge_end) as booked_to from usage_ledger l
+                              where l.job_id = u.job_id and l.attempt = u.attempt and l.kind = 'usage') b on true
+           left join lateral (select g.rate_micros_per_gpu_hour as rate from gpu_class_rates g
+                              where g.gpu_class_id = u.gpu_class_id and g.effective_from <= $2
+                              order by g.effective_from desc limit 1) r on true
+           left join priority_classes p on p.name = u.priority_class
+           where u.ended_at is null and u.job_id = $1"#,
+        job_id,
+        now
+    )
+    .fetch_optional(pool)
+    .await
+}

@@ -641,3 +641,37 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
     forged.assert_status(403);
     p.app.send(call("GET", "/api/v1/teams/forged").token(&admin)).await.assert_status(404);
 }
+
+#[tokio::test]
+async fn a_jobs_page_shows_its_cost_so_far_booked_and_running() {
+    let p = setup().await;
+    // Two GPU-hours booked (5 USD), and a second attempt on 4 GPUs running for an hour.
+    sqlx::query(
+        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
+                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
+                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
+                                   list_cost_micros, billed_cost_micros, currency, billing_period)
+         select 'usage', j.id, 1, j.name, j.team_id, 'ml', j.gpu_class_id, 'h100', 'experiment', 4, 1000, false,
+                date_trunc('hour', now()) - interval '2 hours', date_trunc('hour', now()) - interval '90 minutes',
+                1800000, 7200000000, 2500000, 800, 6250000, 5000000, 'USD', date_trunc('month', now())::date
+         from jobs j where j.id = $1::uuid",
+    )
+    .bind(&p.job_id)
+    .execute(&p.app.pool)
+    .await
+    .expect("a booked piece");
+    sqlx::query(
+        "insert into usage_intervals (job_id, attempt, team_id, gpu_class_id, priority_class, gpus, fraction_milli, started_at)
+         select id, 2, team_id, gpu_class_id, 'experiment', 4, 1000, now() - interval '1 hour' from jobs where id = $1::uuid",
+    )
+    .bind(&p.job_id)
+    .execute(&p.app.pool)
+    .await
+    .expect("a running attempt");
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", &format!("/jobs/{}", p.job_id)).header("cookie", &session)).await);
+    // 5 USD booked + about an hour of 4 GPUs at 2.50 × 0.8: 13 USD and a little, 6 GPU-hours.
+    let cost = page.split("<dd class=\"cost\">").nth(1).expect("a cost").split("</dd>").next().unwrap();
+    assert!(cost.starts_with("13.0") && cost.contains(" USD for 6.00 GPU-hours"), "{cost}");
+    assert!(cost.ends_with("; now 8.000000 USD per hour"), "{cost}");
+}

@@ -5,6 +5,7 @@ use axum::{
     extract::{Path, RawQuery, State},
     response::{IntoResponse, Redirect, Response},
 };
+use chrono::Utc;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -150,6 +151,10 @@ pub struct JobDetail {
     pub submitted_by: String,
     pub waiting: Option<String>,
     pub placement: Option<String>,
+    /// Billed so far and GPU time, e.g. `12.500000 USD for 5.0 GPU-hours`.
+    pub cost: String,
+    /// What it costs per hour while it runs.
+    pub burn: Option<String>,
 }
 
 /// One entry of the timeline.
@@ -192,6 +197,15 @@ pub async fn job(
         .map(|e| EventLine { at: when(e.at), kind: e.kind, reason: e.reason, message: e.message })
         .collect();
     let finished = matches!(job.state.as_str(), "succeeded" | "failed" | "cancelled");
+    let spend = crate::billing::budgets::job_cost(&state.db, job.id, Utc::now(), state.config.chargeback).await?;
+    let currency = &state.config.currency;
+    let cost = format!(
+        "{} {currency} for {:.2} GPU-hours",
+        crate::metering::micros_decimal(spend.cost_micros),
+        spend.gpu_milli_ms as f64 / 3_600_000_000.0
+    );
+    let burn = (spend.burn_gpu_milli_ms_per_hour > 0)
+        .then(|| format!("{} {currency} per hour", crate::metering::micros_decimal(spend.burn_micros_per_hour)));
     // "node (GPUs 0,1,2)" per replica, from the stored placement.
     let placement = job.placement.as_ref().and_then(|p| p.0.as_array().cloned()).map(|slots| {
         slots
@@ -214,6 +228,8 @@ pub async fn job(
             .filter(|_| job.holds_gpus)
             .map(|c| format!("{c}: {}", placement.unwrap_or_default())),
         submitted: when(job.submitted_at),
+        cost,
+        burn,
         name: job.name,
         team: job.team,
         state: job.state,
