@@ -130,6 +130,28 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     assert!(text.contains("user:alice"), "{text}");
     browser.screenshot(&dir, "job-cancelled-1280").await;
 
+    // A job larger than the team's quota waits, and says why, on its page and the dashboard.
+    browser.open(&format!("{base}/teams/ml/jobs/new")).await;
+    browser.fill("input[name=name]", "too-big").await;
+    browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
+    browser.fill("input[name=replicas]", "4").await;
+    browser.fill("input[name=gpus_per_replica]", "8").await;
+    browser.fill("input[name=image]", "registry.example/train:1").await;
+    browser.click("button[value=submit]").await;
+    browser.wait_for_url(&format!("{base}/jobs/"), Duration::from_secs(20)).await;
+    let why = "the job is larger than team ml's quota for this GPU class allows";
+    let text = browser.wait_for_text(why, Duration::from_secs(30)).await;
+    assert!(text.contains("Why it waits") && text.contains("pending"), "{text}");
+    browser.screenshot(&dir, "job-pending-1280").await;
+    browser.open(&format!("{base}/teams/ml")).await;
+    let text = browser.text().await;
+    assert!(text.contains("too-big") && text.contains(why), "{text}");
+    browser.screenshot(&dir, "dashboard-waiting-1280").await;
+    browser.click("a[href^='/jobs/']").await;
+    browser.wait_for_url(&format!("{base}/jobs/"), Duration::from_secs(20)).await;
+    browser.click("button.danger").await;
+    browser.wait_for_text("cancelled", Duration::from_secs(30)).await;
+
     // research borrows every H100; ml then claims its reserved quota, and a borrower gives
     // way. Its page says who took the GPUs and why.
     for i in 0..8 {
