@@ -331,6 +331,35 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     assert!(page.contains(&format!("<title>h100: 2.0 GPU-hours on {today}</title>")), "{page}");
     assert_eq!(page.matches("<rect class=\"series-").count(), 2, "one bar in each chart");
     assert!(page.contains("<td>ml</td><td>2.0</td><td>5.000000 USD</td>"), "{page}");
+    assert!(page.contains("<td class=\"muted\">none</td>"), "no budget yet: {page}");
+    // A hard budget of 4 USD this month, and 5 USD booked: spent beyond it, and said so.
+    let month = today.format("%Y-%m").to_string();
+    p.app
+        .send(
+            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
+                .token(&admin)
+                .json(&json!({"unit": "money", "amount": 4_000_000, "enforcement": "hard"})),
+        )
+        .await
+        .assert_status(200);
+    sqlx::query(
+        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
+                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
+                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
+                                   list_cost_micros, billed_cost_micros, currency, billing_period)
+         select 'usage', j.id, 1, j.name, j.team_id, 'ml', j.gpu_class_id, 'h100', 'production', 4, 1000, false,
+                date_trunc('hour', now()), date_trunc('hour', now()) + interval '30 minutes',
+                1800000, 7200000000, 2500000, 1000, 5000000, 5000000, 'USD', date_trunc('month', now())::date
+         from jobs j where j.id = $1::uuid",
+    )
+    .bind(&p.job_id)
+    .execute(&p.app.pool)
+    .await
+    .expect("a booked piece");
+    let page = body(&p.app.send(call("GET", "/billing").header("cookie", &session)).await);
+    assert!(page.contains("<td>4.000000 USD (hard)</td>"), "{page}");
+    assert!(page.contains("5.000000 USD<svg") && page.contains("aria-label=\"100% of the budget spent\""), "{page}");
+    assert!(page.contains("<td class=\"error\">5.000000 USD (over)</td>"), "{page}");
     let csv = p.app.send(call("GET", "/billing/usage.csv").header("cookie", &session)).await;
     csv.assert_status(200);
     assert!(csv.header("content-type").unwrap().starts_with("text/csv"));
@@ -341,7 +370,6 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     assert!(lines[1].starts_with(&format!("{today},ml,h100,2.")), "{text}");
     assert!(lines[1].ends_with(",5.000000,USD"), "{text}");
     // This month's statements: every team, with its cost and a link to its statement.
-    let month = today.format("%Y-%m").to_string();
     assert!(page.contains(&format!("href=\"/billing/periods/{month}\"")), "{page}");
     let period = body(&p.app.send(call("GET", &format!("/billing/periods/{month}")).header("cookie", &session)).await);
     assert!(period.contains("<tr><td>ml</td><td>2.000000000</td><td>5.000000 USD</td>"), "{period}");

@@ -130,6 +130,18 @@ pub struct CostLine {
     pub billed: String,
     /// Of the costliest team's.
     pub percent: i64,
+    /// This month's budget and what is spent of it, when the team has one.
+    pub budget: Option<BudgetUse>,
+}
+
+/// A team's budget this month beside its spend.
+pub struct BudgetUse {
+    pub amount: String,
+    pub spent: String,
+    pub forecast: String,
+    /// Spent, in percent of the budget (capped at 100 for the bar).
+    pub percent: i64,
+    pub over: bool,
 }
 
 #[derive(Template)]
@@ -195,10 +207,16 @@ pub async fn billing(State(state): State<AppState>, CurrentUser(user): CurrentUs
         team.0 += gpu_hours;
         team.1 += u.billed_cost_micros;
     }
+    let budgets = budget_uses(&state).await?;
+    for team in budgets.keys() {
+        cost.entry(team.clone()).or_default();
+    }
     let top = cost.values().map(|c| c.1).max().unwrap_or(0).max(1);
+    let mut budgets = budgets;
     let costs = cost
         .into_iter()
         .map(|(team, (gpu_hours, micros))| CostLine {
+            budget: budgets.remove(&team),
             team,
             gpu_hours: format!("{gpu_hours:.1}"),
             billed: format!("{} {currency}", crate::metering::micros_decimal(micros)),
@@ -213,6 +231,37 @@ pub async fn billing(State(state): State<AppState>, CurrentUser(user): CurrentUs
         by_class: charts::stacked(&by_class, hours),
         costs,
     }))
+}
+
+/// Every budget of this month, by team name, with what its team has spent and the forecast
+/// at the month's end (running jobs included).
+async fn budget_uses(state: &AppState) -> Result<BTreeMap<String, BudgetUse>, PageError> {
+    let now = Utc::now();
+    let budgets = db::billing::budgets_of(&state.db, crate::billing::budgets::period_of(now)).await?;
+    let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
+    let spend = crate::billing::budgets::spend(&state.db, &teams, now, state.config.chargeback).await?;
+    let end = crate::billing::budgets::period_bounds(crate::billing::budgets::period_of(now)).1;
+    let currency = &state.config.currency;
+    Ok(budgets
+        .into_iter()
+        .map(|b| {
+            let s = spend.get(&b.team_id).copied().unwrap_or_default();
+            let (spent, forecast) = (s.in_unit(&b.unit), s.forecast_in_unit(&b.unit, now, end));
+            let show = |amount: i64| match b.unit.as_str() {
+                "gpu-hours" => format!("{amount} GPU-hours"),
+                _ => format!("{} {currency}", crate::metering::micros_decimal(amount)),
+            };
+            let percent = if b.amount > 0 { (100 * i128::from(spent) / i128::from(b.amount)) as i64 } else { 100 };
+            let line = BudgetUse {
+                amount: format!("{} ({})", show(b.amount), b.enforcement),
+                spent: show(spent),
+                forecast: show(forecast),
+                percent: percent.min(100),
+                over: forecast > b.amount,
+            };
+            (b.team, line)
+        })
+        .collect())
 }
 
 /// Days the billing page charts: the last 30, today included.
