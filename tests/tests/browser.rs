@@ -265,6 +265,12 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     }
     let audit = ops.text().await;
     assert!(audit.contains("team.create") && audit.contains("member.put"), "{audit}");
+    // A platform admin sees the cluster coloured by team, with the legend naming them.
+    ops.open(&format!("{base}/clusters")).await;
+    let source = ops.source().await;
+    assert!(source.contains("class=\"cell taken team-"), "cells coloured by team");
+    assert!(source.contains("research") && source.contains("ml"), "the legend names the teams");
+    ops.screenshot(&dir, "cluster-admin-1280").await;
     drop(ops);
 
     // The same pages on a phone-sized window.

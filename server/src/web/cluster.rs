@@ -16,6 +16,8 @@ pub struct Cell {
     pub state: &'static str,
     /// What the cell's tooltip says.
     pub label: String,
+    /// The holding team's colour (0–7), for viewers who see every team.
+    pub team_colour: Option<usize>,
 }
 
 /// A physical GPU: one cell for a whole GPU, its slices for a MIG-partitioned one.
@@ -63,6 +65,25 @@ pub struct ClassFree {
     pub fragmented_percent: i64,
 }
 
+/// A team's colour in the view's legend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeamColour {
+    pub team: String,
+    pub colour: usize,
+}
+
+/// The whole view: clusters, free capacity per class, and (for viewers who see every team)
+/// which colour is which team.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    pub clusters: Vec<ClusterView>,
+    pub classes: Vec<ClassFree>,
+    pub teams: Vec<TeamColour>,
+}
+
+/// Colours a legend can tell apart; teams beyond them share colours in turn.
+const COLOURS: usize = 8;
+
 /// Who is looking: the teams whose jobs are theirs, and whether every team's names may show.
 pub struct Viewer {
     pub teams: HashSet<Uuid>,
@@ -70,7 +91,13 @@ pub struct Viewer {
 }
 
 /// Lays out `nodes` with `held` placements for `viewer`. Pure.
-pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> (Vec<ClusterView>, Vec<ClassFree>) {
+pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> Layout {
+    // Teams holding GPUs, by name, each with its colour.
+    let mut names: Vec<&str> = held.iter().map(|h| h.team.as_str()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let colour_of: HashMap<&str, usize> = names.iter().enumerate().map(|(i, t)| (*t, i % COLOURS)).collect();
+    let team_colour = |h: &HeldPlacement| viewer.sees_all.then(|| colour_of.get(h.team.as_str()).copied()).flatten();
     // (cluster, node, class, unit) → the cell's owner.
     let mut owners: HashMap<(&str, String, &str, u64), &HeldPlacement> = HashMap::new();
     for h in held {
@@ -87,12 +114,20 @@ pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> (
         n.gpu_class.as_str(),
         unit,
     )) {
-        None => Cell { state: "free", label: format!("{} #{unit}: free", n.gpu_class) },
-        Some(h) if viewer.teams.contains(&h.team_id) => {
-            Cell { state: "mine", label: format!("{} #{unit}: {} ({})", n.gpu_class, h.job_name, h.team) }
+        None => Cell { state: "free", label: format!("{} #{unit}: free", n.gpu_class), team_colour: None },
+        Some(h) if viewer.teams.contains(&h.team_id) => Cell {
+            state: "mine",
+            label: format!("{} #{unit}: {} ({})", n.gpu_class, h.job_name, h.team),
+            team_colour: team_colour(h),
+        },
+        Some(h) if viewer.sees_all => {
+            Cell { state: "taken", label: format!("{} #{unit}: {}", n.gpu_class, h.team), team_colour: team_colour(h) }
         }
-        Some(h) if viewer.sees_all => Cell { state: "taken", label: format!("{} #{unit}: {}", n.gpu_class, h.team) },
-        Some(_) => Cell { state: "taken", label: format!("{} #{unit}: in use by another team", n.gpu_class) },
+        Some(_) => Cell {
+            state: "taken",
+            label: format!("{} #{unit}: in use by another team", n.gpu_class),
+            team_colour: None,
+        },
     };
 
     let mut classes: BTreeMap<String, ClassFree> = BTreeMap::new();
@@ -181,7 +216,11 @@ pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> (
             c
         })
         .collect();
-    (clusters, classes)
+    let teams = match viewer.sees_all {
+        true => names.iter().map(|t| TeamColour { team: (*t).to_owned(), colour: colour_of[t] }).collect(),
+        false => Vec::new(),
+    };
+    Layout { clusters, classes, teams }
 }
 
 #[cfg(test)]
@@ -230,7 +269,8 @@ mod tests {
             },
         ];
         let viewer = Viewer { teams: HashSet::from([mine]), sees_all: false };
-        let (clusters, free) = layout(&nodes, &held, &viewer);
+        let Layout { clusters, classes: free, teams } = layout(&nodes, &held, &viewer);
+        assert!(teams.is_empty(), "no team names for a viewer who does not see every team");
         let racks = &clusters[0].racks;
         let mig = &racks[0].nodes[0].domains[0];
         // 4 × 428 + 2 × 142 = 1,996 thousandths: two physical GPUs of 2 × 3g + 1 × 1g each.
@@ -261,10 +301,14 @@ mod tests {
             placement: serde_json::json!([{"node": "h100-1", "gpus": [0, 1]}]),
         }];
         let viewer = Viewer { teams: HashSet::new(), sees_all: true };
-        let (clusters, free) = layout(&[busy, idle], &held, &viewer);
+        let Layout { clusters, classes: free, teams } = layout(&[busy, idle], &held, &viewer);
         let node = &clusters[0].racks[0].nodes[0];
         assert_eq!(node.domains.iter().map(Vec::len).collect::<Vec<_>>(), [4, 4]);
         assert_eq!(node.domains[0][0].cells[0].label, "h100 #0: vision");
+        // An admin sees each team in its own colour, with the legend to read it.
+        assert_eq!(node.domains[0][0].cells[0].team_colour, Some(0));
+        assert_eq!(node.domains[0][2].cells[0].team_colour, None, "free");
+        assert_eq!(teams, [TeamColour { team: "vision".into(), colour: 0 }]);
         let h100 = &free[0];
         // 14 free: 8 on the idle node, 6 stranded beside the job: 6 / 14 = 42%.
         assert_eq!((h100.free, h100.free_nodes, h100.largest_free_block, h100.fragmented_percent), (14, 1, 8, 42));

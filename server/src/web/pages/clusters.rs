@@ -12,6 +12,8 @@ struct ClusterPage {
     signed_in: Option<SignedIn>,
     clusters: Vec<cluster::ClusterView>,
     classes: Vec<cluster::ClassFree>,
+    /// Each team's colour, for viewers who see every team.
+    teams: Vec<cluster::TeamColour>,
 }
 
 /// Every cluster's nodes and GPUs, coloured by whose jobs hold them.
@@ -21,6 +23,6 @@ pub async fn clusters(State(state): State<AppState>, CurrentUser(user): CurrentU
     let viewer = cluster::Viewer { teams: teams.into_iter().map(|t| t.id).collect(), sees_all };
     let nodes = db::clusters::layout(&state.db).await?;
     let held = db::clusters::held_placements(&state.db).await?;
-    let (clusters, classes) = cluster::layout(&nodes, &held, &viewer);
-    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes }))
+    let cluster::Layout { clusters, classes, teams } = cluster::layout(&nodes, &held, &viewer);
+    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes, teams }))
 }
