@@ -703,3 +703,61 @@ async fn a_jobs_page_shows_its_cost_so_far_booked_and_running() {
     assert!(cost.starts_with("13.0") && cost.contains(" USD for 6.00 GPU-hours"), "{cost}");
     assert!(cost.ends_with("; now 8.000000 USD per hour"), "{cost}");
 }
+
+#[tokio::test]
+async fn a_hostile_job_name_is_text_on_every_page_that_shows_it() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "ops", Some("platform-admin")).await;
+    // The hostile job runs on a node (so the cluster view names it in a tooltip) and has a
+    // booked piece (so the statement lists it among the costliest jobs).
+    sqlx::query(
+        "with c as (insert into clusters (id, name, backend) values (gen_random_uuid(), 'sim-1', 'sim') returning id),
+              n as (insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus)
+                    select c.id, 'node-1', g.id, 8 from c, gpu_classes g where g.name = 'h100' returning cluster_id)
+         update jobs set state = 'running', holds_gpus = true, attempt = 1, cluster_id = (select cluster_id from n),
+                         placement = '[{\"node\": \"node-1\", \"gpus\": [0, 1, 2, 3]}]', started_at = now(),
+                         admitted_at = now()
+         where id = $1::uuid",
+    )
+    .bind(&p.job_id)
+    .execute(&p.app.pool)
+    .await
+    .expect("the job runs");
+    sqlx::query(
+        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
+                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
+                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
+                                   list_cost_micros, billed_cost_micros, currency, billing_period)
+         select 'usage', j.id, 1, j.name, j.team_id, 'ml', j.gpu_class_id, 'h100', 'experiment', 4, 1000, false,
+                date_trunc('hour', now()), date_trunc('hour', now()) + interval '30 minutes',
+                1800000, 7200000000, 2500000, 800, 6250000, 5000000, 'USD', date_trunc('month', now())::date
+         from jobs j where j.id = $1::uuid",
+    )
+    .bind(&p.job_id)
+    .execute(&p.app.pool)
+    .await
+    .expect("a booked piece");
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    let alice = sign_in(&p.app, "alice").await;
+    let ops = sign_in(&p.app, "ops").await;
+    // (who, page, whether the page names the job: a platform admin outside the team sees
+    // the cluster coloured by team, not other teams' job names).
+    let pages = [
+        (&alice, "/teams/ml".to_owned(), true),
+        (&alice, "/teams/ml/jobs".to_owned(), true),
+        (&alice, format!("/jobs/{}", p.job_id), true),
+        (&alice, "/clusters".to_owned(), true),
+        (&alice, format!("/teams/ml/statements/{month}"), true),
+        (&ops, "/clusters".to_owned(), false),
+        (&ops, "/teams/ml".to_owned(), true),
+    ];
+    for (session, path, names_it) in pages {
+        let r = p.app.send(call("GET", &path).header("cookie", session)).await;
+        r.assert_status(200);
+        let page = body(&r);
+        assert!(!page.contains("<script>alert(1)"), "{path} shows the name as markup:\n{page}");
+        let shown = page.contains("&#60;script&#62;alert(1)&#60;/script&#62;");
+        assert_eq!(shown, names_it, "{path} names the job: {shown}\n{page}");
+    }
+}
