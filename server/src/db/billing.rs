@@ -116,6 +116,25 @@ pub struct Unbooked {
 
 /// Running attempts of the teams in `teams` and how far each is booked.
 pub async fn unbooked(pool: &PgPool, teams: &[Uuid], now: DateTime<Utc>) -> Result<Vec<Unbooked>, sqlx::Error> {
+    running_unbooked(pool, teams, None, now).await
+}
+
+/// The job's running attempt and how far it is booked, if it runs.
+pub async fn unbooked_for_job(
+    pool: &PgPool,
+    job_id: Uuid,
+    now: DateTime<Utc>,
+) -> Result<Option<Unbooked>, sqlx::Error> {
+    Ok(running_unbooked(pool, &[], Some(job_id), now).await?.pop())
+}
+
+/// Running attempts of the teams in `teams` or of the job `job_id`.
+async fn running_unbooked(
+    pool: &PgPool,
+    teams: &[Uuid],
+    job_id: Option<Uuid>,
+    now: DateTime<Utc>,
+) -> Result<Vec<Unbooked>, sqlx::Error> {
     sqlx::query_as!(
         Unbooked,
         r#"select u.team_id, u.borrowing, u.gpus, u.fraction_milli,
@@ -129,9 +148,10 @@ pub async fn unbooked(pool: &PgPool, teams: &[Uuid], now: DateTime<Utc>) -> Resu
                               where g.gpu_class_id = u.gpu_class_id and g.effective_from <= $2
                               order by g.effective_from desc limit 1) r on true
            left join priority_classes p on p.name = u.priority_class
-           where u.ended_at is null and u.team_id = any($1)"#,
+           where u.ended_at is null and (u.team_id = any($1) or u.job_id = $3)"#,
         teams,
-        now
+        now,
+        job_id
     )
     .fetch_all(pool)
     .await
@@ -450,31 +470,4 @@ pub async fn booked_for_job(pool: &PgPool, job_id: Uuid) -> Result<Booked, sqlx:
     .fetch_one(pool)
     .await?;
     Ok(Booked { cost_micros: row.cost, gpu_milli_ms: row.gpu })
-}
-
-/// The job's running attempt and how far it is booked, if it runs.
-pub async fn unbooked_for_job(
-    pool: &PgPool,
-    job_id: Uuid,
-    now: DateTime<Utc>,
-) -> Result<Option<Unbooked>, sqlx::Error> {
-    sqlx::query_as!(
-        Unbooked,
-        r#"select u.team_id, u.borrowing, u.gpus, u.fraction_milli,
-                  greatest(u.started_at, coalesce(b.booked_to, u.started_at)) as "booked_to!",
-                  coalesce(r.rate, 0) as "rate_micros_per_gpu_hour!",
-                  coalesce(p.price_multiplier_milli, 1000) as "price_multiplier_milli!"
-           from usage_intervals u
-           left join lateral (select max(l.charge_end) as booked_to from usage_ledger l
-                              where l.job_id = u.job_id and l.attempt = u.attempt and l.kind = 'usage') b on true
-           left join lateral (select g.rate_micros_per_gpu_hour as rate from gpu_class_rates g
-                              where g.gpu_class_id = u.gpu_class_id and g.effective_from <= $2
-                              order by g.effective_from desc limit 1) r on true
-           left join priority_classes p on p.name = u.priority_class
-           where u.ended_at is null and u.job_id = $1"#,
-        job_id,
-        now
-    )
-    .fetch_optional(pool)
-    .await
 }

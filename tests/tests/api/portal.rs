@@ -44,6 +44,22 @@ async fn setup() -> Portal {
     Portal { app, job_id }
 }
 
+/// Books a 30-minute piece of the hostile job on 4 H100s (2 GPU-hours of the ledger's unit)
+/// from `start` (SQL), billed `billed_micros`, in this month.
+async fn book(p: &Portal, start: &str, billed_micros: i64) {
+    let insert = format!(
+        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
+                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
+                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
+                                   list_cost_micros, billed_cost_micros, currency, billing_period)
+         select 'usage', j.id, 1, j.name, j.team_id, 'ml', j.gpu_class_id, 'h100', 'experiment', 4, 1000, false,
+                {start}, {start} + interval '30 minutes', 1800000, 7200000000, 2500000, 800, $2, $2, 'USD',
+                date_trunc('month', now())::date
+         from jobs j where j.id = $1::uuid"
+    );
+    sqlx::query(&insert).bind(&p.job_id).bind(billed_micros).execute(&p.app.pool).await.expect("a booked piece");
+}
+
 fn body(r: &TestResponse) -> String {
     String::from_utf8(r.body.clone()).expect("UTF-8 page")
 }
@@ -342,20 +358,7 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
         )
         .await
         .assert_status(200);
-    sqlx::query(
-        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
-                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
-                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
-                                   list_cost_micros, billed_cost_micros, currency, billing_period)
-         select 'usage', j.id, 1, j.name, j.team_id, 'ml', j.gpu_class_id, 'h100', 'production', 4, 1000, false,
-                date_trunc('hour', now()), date_trunc('hour', now()) + interval '30 minutes',
-                1800000, 7200000000, 2500000, 1000, 5000000, 5000000, 'USD', date_trunc('month', now())::date
-         from jobs j where j.id = $1::uuid",
-    )
-    .bind(&p.job_id)
-    .execute(&p.app.pool)
-    .await
-    .expect("a booked piece");
+    book(&p, "date_trunc('hour', now())", 5_000_000).await;
     let page = body(&p.app.send(call("GET", "/billing").header("cookie", &session)).await);
     assert!(page.contains("<td>4.000000 USD (hard)</td>"), "{page}");
     assert!(page.contains("5.000000 USD<svg") && page.contains("aria-label=\"100% of the budget spent\""), "{page}");
@@ -674,20 +677,7 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
 async fn a_jobs_page_shows_its_cost_so_far_booked_and_running() {
     let p = setup().await;
     // Two GPU-hours booked (5 USD), and a second attempt on 4 GPUs running for an hour.
-    sqlx::query(
-        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
-                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
-                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
-                                   list_cost_micros, billed_cost_micros, currency, billing_period)
-         select 'usage', j.id, 1, j.name, j.team_id, 'ml', j.gpu_class_id, 'h100', 'experiment', 4, 1000, false,
-                date_trunc('hour', now()) - interval '2 hours', date_trunc('hour', now()) - interval '90 minutes',
-                1800000, 7200000000, 2500000, 800, 6250000, 5000000, 'USD', date_trunc('month', now())::date
-         from jobs j where j.id = $1::uuid",
-    )
-    .bind(&p.job_id)
-    .execute(&p.app.pool)
-    .await
-    .expect("a booked piece");
+    book(&p, "date_trunc('hour', now()) - interval '2 hours'", 5_000_000).await;
     sqlx::query(
         "insert into usage_intervals (job_id, attempt, team_id, gpu_class_id, priority_class, gpus, fraction_milli, started_at)
          select id, 2, team_id, gpu_class_id, 'experiment', 4, 1000, now() - interval '1 hour' from jobs where id = $1::uuid",
@@ -724,20 +714,7 @@ async fn a_hostile_job_name_is_text_on_every_page_that_shows_it() {
     .execute(&p.app.pool)
     .await
     .expect("the job runs");
-    sqlx::query(
-        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
-                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
-                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
-                                   list_cost_micros, billed_cost_micros, currency, billing_period)
-         select 'usage', j.id, 1, j.name, j.team_id, 'ml', j.gpu_class_id, 'h100', 'experiment', 4, 1000, false,
-                date_trunc('hour', now()), date_trunc('hour', now()) + interval '30 minutes',
-                1800000, 7200000000, 2500000, 800, 6250000, 5000000, 'USD', date_trunc('month', now())::date
-         from jobs j where j.id = $1::uuid",
-    )
-    .bind(&p.job_id)
-    .execute(&p.app.pool)
-    .await
-    .expect("a booked piece");
+    book(&p, "date_trunc('hour', now())", 5_000_000).await;
     let month = chrono::Utc::now().format("%Y-%m").to_string();
     let alice = sign_in(&p.app, "alice").await;
     let ops = sign_in(&p.app, "ops").await;
