@@ -287,7 +287,7 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
             .acquire_timeout(Duration::from_secs(10))
             .connect_lazy_with(options.clone())
     };
-    let control_pool = pool_of(8);
+    let control_pool = pool_of(24);
     let reconcile_soon = Arc::new(tokio::sync::Notify::new());
     let inventory_soon = Arc::new(tokio::sync::Notify::new());
     let sim_config = |inventory: Option<&std::path::Path>, speedup: Option<f64>| -> anyhow::Result<SimConfig> {
@@ -304,7 +304,7 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
     match &state.config.clusters {
         None => {
             let sim = sim_config(state.config.sim_inventory.as_deref(), None)?;
-            backends.insert(sim.cluster.clone(), Arc::new(SimBackend::new(pool_of(4), sim)));
+            backends.insert(sim.cluster.clone(), Arc::new(SimBackend::new(pool_of(8), sim)));
         }
         Some(path) => {
             let clusters = crate::backends::clusters::load(path).context("FAIRWAY_CLUSTERS")?;
@@ -314,7 +314,7 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
                     ClusterConfig::Sim(c) => {
                         let mut sim = sim_config(c.inventory.as_deref(), c.speedup)?;
                         sim.cluster = c.name.clone();
-                        Arc::new(SimBackend::new(pool_of(4), sim))
+                        Arc::new(SimBackend::new(pool_of(8), sim))
                     }
                     ClusterConfig::GcpBatch(c) => Arc::new(GcpBatchBackend::new(*c)),
                     ClusterConfig::AwsBatch(c) => {

@@ -231,6 +231,20 @@ async fn print_figures(platform: &Platform, out: &mut dyn Write, drained: bool, 
         )?;
     }
     writeln!(out, "latest submission behind its schedule: {:.0} ms", late.as_secs_f64() * 1e3)?;
+    writeln!(out)?;
+    writeln!(out, "where held time goes, mean ms per attempt that ran to its end:")?;
+    writeln!(
+        out,
+        "{:<14} {:>18} {:>16} {:>8} {:>20}",
+        "", "admitted->dispatch", "dispatch->start", "run", "end->GPUs released"
+    )?;
+    for b in db::bench::held_breakdown(&platform.pool).await? {
+        writeln!(
+            out,
+            "{:<14} {:>18.0} {:>16.0} {:>8.0} {:>20.0}",
+            b.priority_class, b.to_dispatch_ms, b.to_start_ms, b.run_ms, b.to_release_ms
+        )?;
+    }
     Ok(())
 }
 

@@ -1,7 +1,7 @@
-//! The dispatcher: works through the outbox the scheduling cycles write, one row per
+//! The dispatcher: works through the outbox the scheduling cycles write, a few rows per
 //! transaction, rows claimed with `for update skip locked` so several workers (or replicas)
-//! never take the same one. The row stays locked while the backend is called and is marked
-//! done in the same transaction, so a crash at any point leaves it to be claimed again;
+//! never take the same one. The rows stay locked while the backend is called and are marked
+//! done in the same transaction, so a crash at any point leaves them to be claimed again;
 //! backend calls are idempotent (object names derive from the job id and attempt), so doing
 //! one twice is harmless. Failed calls are retried with exponential backoff, jitter and a cap.
 
@@ -34,17 +34,30 @@ pub fn backoff_ms(tries: i32, random: f64) -> i64 {
     (capped / 2.0 + capped / 2.0 * random.clamp(0.0, 1.0)) as i64
 }
 
-/// Handles one due outbox row; false when there was none.
-pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
+/// Outbox rows one transaction takes at most. A burst of small jobs is dispatched with one
+/// transaction (and one commit) per batch instead of per job, while a batch stays short
+/// enough that the job rows it keeps share-locked are not held up for long.
+const BATCH: i64 = 16;
+
+/// Handles up to [`BATCH`] due outbox rows in one transaction; how many there were.
+pub async fn dispatch_batch(ctx: &Ctx, epoch: i64) -> Result<usize, ControlError> {
     let mut tx = leader_tx(ctx, epoch).await?;
-    let Some(row) = db::scheduling::claim(&mut tx).await? else { return Ok(false) };
+    let rows = db::scheduling::claim(&mut tx, BATCH).await?;
+    for row in &rows {
+        dispatch_row(ctx, &mut tx, row).await?;
+    }
+    tx.commit().await?;
+    Ok(rows.len())
+}
+
+/// Does what one claimed outbox row asks, recording the result in `tx`.
+async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::OutboxRow) -> Result<(), ControlError> {
     let object = object_name(row.job_id, row.attempt);
     let backend = row.cluster.as_deref().and_then(|c| ctx.backends.get(c).map(|b| (c.to_owned(), b.clone())));
     let Some((cluster, backend)) = backend else {
         let delay = backoff_ms(row.tries, rand::random());
-        db::scheduling::retry_later(&mut tx, row.id, delay, "no backend is configured for the job's cluster").await?;
-        tx.commit().await?;
-        return Ok(true);
+        db::scheduling::retry_later(tx, row.id, delay, "no backend is configured for the job's cluster").await?;
+        return Ok(());
     };
     let current = row.job_attempt == row.attempt;
     match row.action.as_str() {
@@ -53,21 +66,20 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
         // (A running job's object exists already: the reconciler saw it after a crash cut
         // this row short, and a repeated create is a harmless no-op that records it.)
         "submit" if !current || !matches!(row.job_state.as_str(), "admitted" | "running") => {
-            db::scheduling::complete(&mut tx, row.id, Some("superseded before dispatch")).await?;
+            db::scheduling::complete(tx, row.id, Some("superseded before dispatch")).await?;
         }
         "submit" => {
-            let Some(job) = db::jobs::get(&mut *tx, row.job_id).await? else {
-                db::scheduling::complete(&mut tx, row.id, Some("job deleted")).await?;
-                tx.commit().await?;
-                return Ok(true);
+            let Some(job) = db::jobs::get(&mut **tx, row.job_id).await? else {
+                db::scheduling::complete(tx, row.id, Some("job deleted")).await?;
+                return Ok(());
             };
             let gang = gang(&job, &object);
             let result = call(backend.submit(&gang)).await;
             match result {
                 Ok(()) => {
-                    db::scheduling::mark_dispatched(&mut tx, row.job_id, row.attempt).await?;
+                    db::scheduling::mark_dispatched(tx, row.job_id, row.attempt).await?;
                     db::jobs::add_event(
-                        &mut tx,
+                        tx,
                         row.job_id,
                         row.attempt,
                         "dispatched",
@@ -76,7 +88,7 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
                         Some(json!({"object": object, "cluster": cluster, "tries": row.tries + 1})),
                     )
                     .await?;
-                    db::scheduling::complete(&mut tx, row.id, None).await?;
+                    db::scheduling::complete(tx, row.id, None).await?;
                     ctx.reconcile_soon.notify_one();
                 }
                 Err(BackendError::Transient(e)) => {
@@ -84,7 +96,7 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
                     let delay = backoff_ms(row.tries, rand::random());
                     if row.tries == 0 || row.tries % 5 == 4 {
                         db::jobs::add_event(
-                            &mut tx,
+                            tx,
                             row.job_id,
                             row.attempt,
                             "dispatch_error",
@@ -94,7 +106,7 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
                         )
                         .await?;
                     }
-                    db::scheduling::retry_later(&mut tx, row.id, delay, &e).await?;
+                    db::scheduling::retry_later(tx, row.id, delay, &e).await?;
                 }
                 Err(e @ (BackendError::CapacityUnavailable(_) | BackendError::Rejected(_))) => {
                     let (kind, outcome) = match &e {
@@ -103,7 +115,7 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
                     };
                     ctx.metrics.dispatch_error(&cluster, kind);
                     db::jobs::add_event(
-                        &mut tx,
+                        tx,
                         row.job_id,
                         row.attempt,
                         "dispatch_error",
@@ -112,27 +124,26 @@ pub async fn dispatch_one(ctx: &Ctx, epoch: i64) -> Result<bool, ControlError> {
                         None,
                     )
                     .await?;
-                    db::scheduling::complete(&mut tx, row.id, Some(&e.to_string())).await?;
-                    end_attempt(&mut tx, row.job_id, row.attempt, &outcome, None, Utc::now(), &object, ctx).await?;
+                    db::scheduling::complete(tx, row.id, Some(&e.to_string())).await?;
+                    end_attempt(tx, row.job_id, row.attempt, &outcome, None, Utc::now(), &object, ctx).await?;
                     let attempt = [(row.job_id, row.attempt)];
-                    crate::metering::ledger::book_many(&mut tx, &attempt, None, &ctx.config.pricing).await?;
+                    crate::metering::ledger::book_many(tx, &attempt, None, &ctx.config.pricing).await?;
                 }
             }
         }
         _ => {
             let grace = Duration::from_millis(row.grace_ms.max(0) as u64);
             match call(backend.stop(&object, grace)).await {
-                Ok(()) => db::scheduling::complete(&mut tx, row.id, None).await?,
+                Ok(()) => db::scheduling::complete(tx, row.id, None).await?,
                 Err(e) => {
                     ctx.metrics.dispatch_error(&cluster, "stop");
                     let delay = backoff_ms(row.tries, rand::random());
-                    db::scheduling::retry_later(&mut tx, row.id, delay, &e.to_string()).await?;
+                    db::scheduling::retry_later(tx, row.id, delay, &e.to_string()).await?;
                 }
             }
         }
     }
-    tx.commit().await?;
-    Ok(true)
+    Ok(())
 }
 
 async fn call<T>(f: impl std::future::Future<Output = Result<T, BackendError>>) -> Result<T, BackendError> {

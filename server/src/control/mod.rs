@@ -77,7 +77,7 @@ impl Default for ControlConfig {
             reconcile_interval: Duration::from_millis(500),
             inventory_interval: Duration::from_secs(30),
             lease: Duration::from_secs(10),
-            dispatch_workers: 4,
+            dispatch_workers: 16,
             engine: scheduler::snapshot::Config::default(),
             check_invariants: false,
             metering_interval: Duration::from_secs(60),
@@ -230,9 +230,9 @@ async fn cycles(ctx: Ctx, epoch: i64) {
 async fn dispatcher(ctx: Ctx, epoch: i64) {
     let mut events = listener(&ctx.pool, db::scheduling::DISPATCH_CHANNEL).await;
     loop {
-        match dispatch::dispatch_one(&ctx, epoch).await {
-            Ok(true) => continue,
-            Ok(false) => wake(&mut events, Duration::from_millis(250)).await,
+        match dispatch::dispatch_batch(&ctx, epoch).await {
+            Ok(0) => wake(&mut events, Duration::from_millis(250)).await,
+            Ok(_) => continue,
             Err(ControlError::NotLeader) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "dispatch failed");

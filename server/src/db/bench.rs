@@ -227,3 +227,42 @@ pub async fn a_job_of(pool: &PgPool, team_id: Uuid) -> Result<Uuid, sqlx::Error>
         .fetch_one(pool)
         .await
 }
+
+/// Where a replayed class's held time goes, in mean milliseconds per attempt that ran to its
+/// end: admission to dispatch (the outbox), dispatch to the backend's start, the run itself,
+/// and the backend's end to the release of the GPUs (the reconciler noticing).
+#[derive(Debug, Clone)]
+pub struct HeldBreakdown {
+    pub priority_class: String,
+    pub to_dispatch_ms: f64,
+    pub to_start_ms: f64,
+    pub run_ms: f64,
+    pub to_release_ms: f64,
+}
+
+/// [`HeldBreakdown`] per priority class.
+pub async fn held_breakdown(pool: &PgPool) -> Result<Vec<HeldBreakdown>, sqlx::Error> {
+    sqlx::query_as!(
+        HeldBreakdown,
+        r#"with attempts as (
+               select e.job_id, e.attempt,
+                      min(e.at) filter (where e.kind = 'admitted') as admitted,
+                      min(e.at) filter (where e.kind = 'dispatched') as dispatched,
+                      max(e.at) as released
+               from job_events e where e.attempt > 0 group by e.job_id, e.attempt
+           )
+           select j.priority_class,
+                  coalesce(avg(extract(epoch from a.dispatched - a.admitted)) * 1000, 0)::float8 as "to_dispatch_ms!",
+                  coalesce(avg(extract(epoch from u.started_at - a.dispatched)) * 1000, 0)::float8 as "to_start_ms!",
+                  coalesce(avg(extract(epoch from u.ended_at - u.started_at)) * 1000, 0)::float8 as "run_ms!",
+                  coalesce(avg(extract(epoch from a.released - u.ended_at)) * 1000, 0)::float8 as "to_release_ms!"
+           from attempts a
+           join jobs j on j.id = a.job_id
+           join usage_intervals u on u.job_id = a.job_id and u.attempt = a.attempt
+           where u.ended_at is not null and a.dispatched is not null
+           group by j.priority_class
+           order by j.priority_class"#
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -558,10 +558,10 @@ pub struct OutboxRow {
     pub cluster: Option<String>,
 }
 
-/// Claims the oldest due outbox row nobody else holds, locking it and (shared) its job for
-/// the rest of the transaction, so the scheduler cannot change the job while its object is
-/// being created.
-pub async fn claim(tx: &mut Tx<'_>) -> Result<Option<OutboxRow>, sqlx::Error> {
+/// Claims the oldest due outbox rows (up to `limit`) nobody else holds, locking them and
+/// (shared) their jobs for the rest of the transaction, so the scheduler cannot change a job
+/// while its object is being created.
+pub async fn claim(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<OutboxRow>, sqlx::Error> {
     sqlx::query_as!(
         OutboxRow,
         r#"select o.id, o.job_id, o.attempt, o.action, o.grace_ms, o.tries, j.state as job_state,
@@ -571,11 +571,12 @@ pub async fn claim(tx: &mut Tx<'_>) -> Result<Option<OutboxRow>, sqlx::Error> {
            left join clusters cl on cl.id = j.cluster_id
            where o.done_at is null and o.not_before <= now()
            order by o.id
-           limit 1
+           limit $1
            for update of o skip locked
-           for share of j"#
+           for share of j"#,
+        limit
     )
-    .fetch_optional(&mut **tx)
+    .fetch_all(&mut **tx)
     .await
 }
 
