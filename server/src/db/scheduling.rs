@@ -560,7 +560,9 @@ pub struct OutboxRow {
 
 /// Claims the oldest due outbox rows (up to `limit`) nobody else holds, locking them and
 /// (shared) their jobs for the rest of the transaction, so the scheduler cannot change a job
-/// while its object is being created.
+/// while its object is being created. A row whose job someone is changing right now is left
+/// for the next claim: waiting for it while holding the batch's other jobs could deadlock
+/// with the reconciler, which locks jobs in id order.
 pub async fn claim(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<OutboxRow>, sqlx::Error> {
     sqlx::query_as!(
         OutboxRow,
@@ -573,7 +575,7 @@ pub async fn claim(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<OutboxRow>, sqlx::
            order by o.id
            limit $1
            for update of o skip locked
-           for share of j"#,
+           for share of j skip locked"#,
         limit
     )
     .fetch_all(&mut **tx)
