@@ -18,8 +18,9 @@
         credentials: "same-origin",
         headers: { "content-type": "application/x-www-form-urlencoded" },
       });
-      // An older answer arriving late must not replace a newer one.
-      if (response.ok && asked === latest) {
+      // An older answer arriving late must not replace a newer one, and an expired session
+      // (redirected to the sign-in page) must not put that page inside the form.
+      if (response.ok && !response.redirected && asked === latest) {
         target.innerHTML = await response.text();
       }
     } catch (_) {
