@@ -60,6 +60,18 @@ async fn book(p: &Portal, start: &str, billed_micros: i64) {
     sqlx::query(&insert).bind(&p.job_id).bind(billed_micros).execute(&p.app.pool).await.expect("a booked piece");
 }
 
+/// Sets ml's money budget for `month` (`YYYY-MM`) through the API.
+async fn set_budget(p: &Portal, admin: &str, month: &str, micros: i64, enforcement: &str) {
+    p.app
+        .send(
+            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
+                .token(admin)
+                .json(&json!({"unit": "money", "amount": micros, "enforcement": enforcement})),
+        )
+        .await
+        .assert_status(200);
+}
+
 fn body(r: &TestResponse) -> String {
     String::from_utf8(r.body.clone()).expect("UTF-8 page")
 }
@@ -273,14 +285,7 @@ async fn the_dashboard_shows_this_months_budget_spent_and_forecast() {
     let p = setup().await;
     let admin = p.app.admin().await;
     let month = chrono::Utc::now().format("%Y-%m").to_string();
-    p.app
-        .send(
-            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
-                .token(&admin)
-                .json(&json!({"unit": "money", "amount": 1_000_000_000, "enforcement": "soft"})),
-        )
-        .await
-        .assert_status(200);
+    set_budget(&p, &admin, &month, 1_000_000_000, "soft").await;
     let session = sign_in(&p.app, "alice").await;
     let page = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await);
     assert!(page.contains("Budget this month"), "{page}");
@@ -350,14 +355,7 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     assert!(page.contains("<td class=\"muted\">none</td>"), "no budget yet: {page}");
     // A hard budget of 4 USD this month, and 5 USD booked: spent beyond it, and said so.
     let month = today.format("%Y-%m").to_string();
-    p.app
-        .send(
-            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
-                .token(&admin)
-                .json(&json!({"unit": "money", "amount": 4_000_000, "enforcement": "hard"})),
-        )
-        .await
-        .assert_status(200);
+    set_budget(&p, &admin, &month, 4_000_000, "hard").await;
     book(&p, "date_trunc('hour', now())", 5_000_000).await;
     let page = body(&p.app.send(call("GET", "/billing").header("cookie", &session)).await);
     assert!(page.contains("<td>4.000000 USD (hard)</td>"), "{page}");
@@ -510,14 +508,7 @@ async fn a_member_reads_the_teams_statement_with_its_budget_and_a_stranger_does_
     let p = setup().await;
     let admin = p.app.admin().await;
     let month = chrono::Utc::now().format("%Y-%m").to_string();
-    p.app
-        .send(
-            call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
-                .token(&admin)
-                .json(&json!({"unit": "money", "amount": 2_000_000_000, "enforcement": "hard"})),
-        )
-        .await
-        .assert_status(200);
+    set_budget(&p, &admin, &month, 2_000_000_000, "hard").await;
     let session = sign_in(&p.app, "alice").await;
     let dashboard = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await);
     assert!(dashboard.contains(&format!("/teams/ml/statements/{month}")), "the dashboard links it");

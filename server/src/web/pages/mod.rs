@@ -5,15 +5,15 @@
 //! and every form handler a [`PortalForm`], which also checks the form's CSRF token and
 //! origin, so no handler can forget either.
 
-mod admin;
 mod auth;
 mod billing;
 mod clusters;
 mod jobs;
 mod members;
-mod platform;
+mod platform_admin;
 mod submit;
 mod team;
+mod team_admin;
 
 use askama::Template;
 use axum::{
@@ -25,17 +25,17 @@ use axum::{
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{de::DeserializeOwned, Deserialize};
 
-pub use admin::audit_changes;
 pub use auth::{login, login_form, logout};
 pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
 pub use clusters::clusters;
 pub use jobs::{cancel, job, team_jobs};
 pub use members::{remove_member, set_member, team_members};
-pub use platform::{admin, create_team, save_priority_class, set_rate};
+pub use platform_admin::{admin, create_team, save_priority_class, set_rate};
 pub use submit::{preview, submit, submit_form};
 pub use team::{home, team};
-
-pub use admin::{audit, create_token, revoke_token, set_quota, team_audit, team_quotas, team_tokens};
+pub use team_admin::{
+    audit, audit_changes, create_token, revoke_token, set_quota, team_audit, team_quotas, team_tokens,
+};
 
 use super::session::{self, form_allowed};
 use crate::{

@@ -1,4 +1,5 @@
-//! A team's API tokens, audit logs and quotas.
+//! What a team's admins (and platform admins) manage besides members: its API tokens, its
+//! audit log and the platform's audit log, and (platform admins only) its quotas.
 
 use askama::Template;
 use axum::{
