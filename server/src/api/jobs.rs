@@ -841,7 +841,7 @@ pub async fn dry_run(
     let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
     let job = catalogue.validate("", spec).map_err(ApiError::Validation)?;
     let engine = control::engine_config(&state.config);
-    let world = control::cycle::world(&state.db, &engine, state.config.chargeback)
+    let world = control::cycle::world(&state.db, &engine, state.config.chargeback, &mut Default::default())
         .await
         .map_err(|e| ApiError::Internal(e.to_string()))?;
     let proposed = world

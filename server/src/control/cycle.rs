@@ -11,7 +11,7 @@ use super::{world::World, ControlError};
 use crate::{
     db::{
         self,
-        scheduling::{AdmitRow, PendingRow, PreemptRow},
+        scheduling::{AdmitRow, LiveJobs, PendingRow, PreemptRow},
     },
     scheduler::{self, decision::Decisions},
 };
@@ -24,8 +24,12 @@ pub struct CycleReport {
     pub pending: usize,
     /// Snapshot read, engine and commit.
     pub duration: Duration,
-    /// Of which the engine alone.
+    /// Of which reading the snapshot,
+    pub read: Duration,
+    /// the engine,
     pub engine: Duration,
+    /// and the transaction that records the decisions.
+    pub write: Duration,
     /// Submit → first admission of each job admitted for the first time, in seconds.
     pub admission_latencies: Vec<f64>,
     /// Time since each admitted job last entered the queue, in seconds.
@@ -38,14 +42,30 @@ pub struct CycleReport {
     pub pending_by_team: Vec<((String, String), u64)>,
 }
 
-/// Reads the world at one instant and builds the engine's snapshot.
+/// Whose reason, position and expected start a cycle records. Under load cycles follow
+/// each other closely and nearly every queued job's position and expected start move in
+/// each, so the control loop refreshes them all only now and then (see
+/// [`super::pending_refresh_interval`]): rewriting ten thousand rows per cycle would cost
+/// the database more than the decisions themselves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refresh {
+    /// Only the jobs whose reason changed (just submitted or requeued, or now waiting for
+    /// something else): few rows, and what a user looks for first.
+    Changed,
+    /// Every pending job.
+    All,
+}
+
+/// Reads the world at one instant and builds the engine's snapshot. `live` is the copy of
+/// the live jobs kept from the previous read, brought up to date (an empty one reads all).
 pub async fn world(
     pool: &sqlx::PgPool,
     config: &scheduler::snapshot::Config,
     chargeback: crate::metering::Chargeback,
+    live: &mut LiveJobs,
 ) -> Result<World, ControlError> {
     let half_life = config.usage_half_life_ms as f64 / 1000.0;
-    let rows = db::scheduling::snapshot_rows(pool, half_life).await?;
+    let rows = db::scheduling::snapshot_rows(pool, half_life, live).await?;
     let now = rows.now;
     let mut world = World::build(rows, config.clone());
     world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now, chargeback).await?);
@@ -55,22 +75,22 @@ pub async fn world(
 /// Runs one cycle as the leader of `epoch`, recording every pending job's reason, position
 /// and expected start.
 pub async fn run(pool: &sqlx::PgPool, epoch: i64, config: &super::ControlConfig) -> Result<CycleReport, ControlError> {
-    run_with(pool, epoch, config, true).await
+    run_with(pool, epoch, config, Refresh::All, &mut LiveJobs::default()).await
 }
 
-/// Runs one cycle; with `record_pending` false it commits only admissions and preemptions.
-/// Under load cycles follow each other closely and nearly every queued job's position and
-/// expected start move in each, so the loop records them at most every
-/// [`super::PENDING_REFRESH`]: rewriting ten thousand rows per cycle would cost the database
-/// more than the decisions themselves.
+/// Runs one cycle: one transaction records the admissions, the preemptions and the pending
+/// rows `refresh` asks for. `live` is the leader's copy of the live jobs, kept between
+/// cycles so that each reads only the jobs changed since the one before.
 pub async fn run_with(
     pool: &sqlx::PgPool,
     epoch: i64,
     config: &super::ControlConfig,
-    record_pending: bool,
+    refresh: Refresh,
+    live: &mut LiveJobs,
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
-    let world = world(pool, &config.engine, config.pricing.chargeback).await?;
+    let world = world(pool, &config.engine, config.pricing.chargeback, live).await?;
+    let read = started.elapsed();
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
         let decisions = scheduler::schedule(&world.snapshot);
@@ -78,24 +98,15 @@ pub async fn run_with(
     })
     .await
     .map_err(|e| ControlError::Internal(e.to_string()))?;
-    let (admit, preempt, pending) = rows(&world, &decisions);
-    let reason_changed: Vec<PendingRow> =
-        pending.iter().filter(|(_, changed)| *changed).map(|(row, _)| row.clone()).collect();
-    let pending: Vec<PendingRow> = pending.into_iter().map(|(row, _)| row).collect();
+    let (admit, preempt, recorded) = rows(&world, &decisions, refresh);
+    let writing = Instant::now();
     let mut tx = pool.begin().await?;
     if !db::scheduling::check_epoch(&mut tx, epoch).await? {
         return Err(ControlError::NotLeader);
     }
-    // Pending rows first: the reconciler never touches pending jobs, so waiting for them
-    // cannot close a cycle with it. Then the admitted and preempted jobs, locked in id order
-    // as the reconciler locks the jobs it changes.
-    if record_pending {
-        db::scheduling::set_pending(&mut tx, &pending).await?;
-    } else {
-        // Between full refreshes, still record a reason for every job whose reason is new
-        // (just submitted or requeued) or changed: few rows, and what a user looks for first.
-        db::scheduling::set_pending(&mut tx, &reason_changed).await?;
-    }
+    // Pending rows first (rows others hold are skipped). Then the admitted and preempted
+    // jobs, locked in id order as the reconciler locks the jobs it changes.
+    db::scheduling::set_pending(&mut tx, &recorded).await?;
     let mut changed: Vec<uuid::Uuid> = admit.iter().map(|a| a.job_id).chain(preempt.iter().map(|p| p.job_id)).collect();
     changed.sort_unstable();
     db::scheduling::lock_jobs(&mut tx, &changed).await?;
@@ -105,6 +116,8 @@ pub async fn run_with(
         db::jobs::notify(&mut tx, db::scheduling::DISPATCH_CHANNEL).await?;
     }
     tx.commit().await?;
+    let write = writing.elapsed();
+    live.set_pending_reasons(recorded.iter().map(|r| (r.job_id, r.reason.as_str())));
     let now = world.snapshot.now_ms;
     let admitted: std::collections::HashSet<uuid::Uuid> = admitted.into_iter().collect();
     let admitted_jobs: Vec<_> = world.jobs.values().filter(|j| admitted.contains(&j.id)).collect();
@@ -122,9 +135,11 @@ pub async fn run_with(
     Ok(CycleReport {
         admitted: admitted.len(),
         preempted: preempted.len(),
-        pending: pending.len(),
+        pending: decisions.pending.len(),
         duration: started.elapsed(),
+        read,
         engine,
+        write,
         admission_latencies,
         queue_waits,
         preemption_reasons,
@@ -133,9 +148,8 @@ pub async fn run_with(
     })
 }
 
-/// The decisions as rows to write; each pending row says whether its reason differs from
-/// the one recorded.
-fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>, Vec<(PendingRow, bool)>) {
+/// The decisions as rows to write, with the pending rows `refresh` asks for.
+fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow>, Vec<PreemptRow>, Vec<PendingRow>) {
     let mut admit = Vec::new();
     for a in &decisions.admissions {
         let Some(job) = world.jobs.get(&a.job) else { continue };
@@ -196,16 +210,18 @@ fn rows(world: &World, decisions: &Decisions) -> (Vec<AdmitRow>, Vec<PreemptRow>
         .iter()
         .filter_map(|p| {
             let job = world.jobs.get(&p.job)?;
-            let (code, message) = world.pending_text(&p.reason);
-            let changed = job.pending_reason.as_deref() != Some(code.as_str());
+            let code = world.pending_code(&p.reason);
+            if refresh == Refresh::Changed && job.pending_reason.as_deref() == Some(code.as_str()) {
+                return None;
+            }
             let row = PendingRow {
                 job_id: job.id,
                 reason: code,
-                message,
+                message: world.pending_message(&p.reason),
                 position: i32::try_from(p.position).unwrap_or(i32::MAX),
                 expected_start_at: p.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
             };
-            Some((row, changed))
+            Some(row)
         })
         .collect();
     (admit, preempt, pending)

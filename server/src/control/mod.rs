@@ -177,27 +177,42 @@ async fn wake(listener: &mut Option<PgListener>, timeout: Duration) {
     }
 }
 
-/// Longest a pending job's recorded reason, position and expected start lag behind the
-/// scheduler's view (see [`cycle::run_with`]).
-pub const PENDING_REFRESH: Duration = Duration::from_secs(1);
+/// How long every pending job's recorded position and expected start may lag behind the
+/// scheduler's view, with `pending` jobs queued (see [`cycle::Refresh`]): a second, and
+/// with thousands queued longer, so that refreshes write at most about 2,000 rows a
+/// second; ten thousand rows take the database a tenth of a second, which would otherwise
+/// hold back every tenth cycle. A job's reason is recorded in the cycle it changes.
+pub fn pending_refresh_interval(pending: usize) -> Duration {
+    const ROWS_PER_SECOND: usize = 2_000;
+    Duration::from_secs(1).max(Duration::from_millis((pending * 1000 / ROWS_PER_SECOND) as u64))
+}
 
 async fn cycles(ctx: Ctx, epoch: i64) {
     let mut events = listener(&ctx.pool, db::jobs::SCHEDULE_CHANNEL).await;
-    let mut recorded_pending: Option<tokio::time::Instant> = None;
+    let mut refreshed: Option<tokio::time::Instant> = None;
+    let mut live = db::scheduling::LiveJobs::default();
+    let mut pending = 0;
     loop {
-        let record_pending = recorded_pending.is_none_or(|at| at.elapsed() >= PENDING_REFRESH);
-        match cycle::run_with(&ctx.pool, epoch, &ctx.config, record_pending).await {
+        let refresh = if refreshed.is_none_or(|at| at.elapsed() >= pending_refresh_interval(pending)) {
+            cycle::Refresh::All
+        } else {
+            cycle::Refresh::Changed
+        };
+        match cycle::run_with(&ctx.pool, epoch, &ctx.config, refresh, &mut live).await {
             Ok(report) => {
-                if record_pending {
-                    recorded_pending = Some(tokio::time::Instant::now());
+                if refresh == cycle::Refresh::All {
+                    refreshed = Some(tokio::time::Instant::now());
                 }
+                pending = report.pending;
                 if report.admitted + report.preempted > 0 {
                     tracing::info!(
                         admitted = report.admitted,
                         preempted = report.preempted,
                         pending = report.pending,
                         duration_ms = report.duration.as_millis() as u64,
+                        read_ms = report.read.as_millis() as u64,
                         engine_ms = report.engine.as_millis() as u64,
+                        write_ms = report.write.as_millis() as u64,
                         "scheduling cycle"
                     );
                 }
@@ -220,6 +235,8 @@ async fn cycles(ctx: Ctx, epoch: i64) {
             Err(ControlError::NotLeader) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "scheduling cycle failed");
+                // Start again from a full read rather than reason about what the failure left.
+                live = db::scheduling::LiveJobs::default();
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }

@@ -1,7 +1,10 @@
 //! The database's rows turned into the engine's [`Snapshot`], with the maps that turn the
 //! engine's indices back into jobs, teams and nodes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use serde_json::Value;
 use uuid::Uuid;
@@ -26,7 +29,7 @@ use crate::{
 pub struct World {
     pub snapshot: Snapshot,
     /// Live jobs by the engine's job id (the job's `seq`).
-    pub jobs: HashMap<u64, LiveJob>,
+    pub jobs: HashMap<u64, Arc<LiveJob>>,
     /// Per engine node: (cluster id, cluster name, node name).
     pub nodes: Vec<(Uuid, String, String)>,
     pub team_names: Vec<String>,
@@ -272,17 +275,27 @@ impl World {
     /// A pending reason's stable code and sentence, with teams named and other jobs named
     /// by their ids (the engine's job numbers mean nothing to users).
     pub fn pending_text(&self, reason: &PendingReason) -> (String, String) {
-        let name = |t| self.team_name(t);
+        (self.pending_code(reason), self.pending_message(reason))
+    }
+
+    /// A pending reason's stable code.
+    pub fn pending_code(&self, reason: &PendingReason) -> String {
+        match reason {
+            PendingReason::ReservedFor { .. } => "reserved_for_gang".to_owned(),
+            PendingReason::BehindHeadOfLine { .. } => "behind_head_of_line".to_owned(),
+            reason => reason.code(&|t| self.team_name(t)),
+        }
+    }
+
+    /// A pending reason's sentence (see [`World::pending_text`]).
+    pub fn pending_message(&self, reason: &PendingReason) -> String {
         let job_id = |j: &u64| self.jobs.get(j).map(|j| j.id.to_string()).unwrap_or_default();
         match reason {
-            PendingReason::ReservedFor { job } => (
-                "reserved_for_gang".to_owned(),
-                format!("GPUs are held for job {}, an earlier gang that would otherwise starve", job_id(job)),
-            ),
-            PendingReason::BehindHeadOfLine { job } => {
-                ("behind_head_of_line".to_owned(), format!("job {} at the head of the queue is waiting", job_id(job)))
+            PendingReason::ReservedFor { job } => {
+                format!("GPUs are held for job {}, an earlier gang that would otherwise starve", job_id(job))
             }
-            reason => (reason.code(&name), reason.message(&name)),
+            PendingReason::BehindHeadOfLine { job } => format!("job {} at the head of the queue is waiting", job_id(job)),
+            reason => reason.message(&|t| self.team_name(t)),
         }
     }
 }

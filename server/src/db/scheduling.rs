@@ -4,6 +4,11 @@
 //! that first checks the leader's epoch ([`check_epoch`]), so a leader that lost its
 //! leadership while paused commits nothing.
 
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
+
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -277,14 +282,75 @@ pub struct SnapshotRows {
     pub priorities: Vec<PriorityRow>,
     /// Decayed borrowed usage in money per team (see `fairshare`).
     pub history: Vec<(Uuid, f64)>,
-    pub jobs: Vec<LiveJob>,
+    /// Ordered by `seq`.
+    pub jobs: Vec<Arc<LiveJob>>,
 }
 
-/// Reads the scheduler's view of the world at one instant.
-pub async fn snapshot_rows(pool: &PgPool, half_life_seconds: f64) -> Result<SnapshotRows, sqlx::Error> {
+impl LiveJob {
+    /// Whether the engine must know of the job: it waits, or holds GPUs.
+    fn is_live(&self) -> bool {
+        matches!(self.state.as_str(), "pending" | "admitted" | "running") || self.holds_gpus
+    }
+}
+
+/// The live jobs as of the last snapshot, which the leader keeps between cycles: with ten
+/// thousand jobs queued, reading them all took most of a cycle, while a cycle changes only
+/// a few. A default (empty) copy makes the next [`snapshot_rows`] read every live job.
+#[derive(Default)]
+pub struct LiveJobs {
+    by_id: HashMap<Uuid, Arc<LiveJob>>,
+    /// The xmin of the snapshot the copy is exact for; `None` before the first read.
+    xmin: Option<i64>,
+}
+
+impl LiveJobs {
+    /// Records the pending reasons a cycle wrote, which do not mark the rows changed
+    /// (`changed_in`), so that the copy stays exact.
+    pub fn set_pending_reasons<'a>(&mut self, reasons: impl IntoIterator<Item = (Uuid, &'a str)>) {
+        for (id, reason) in reasons {
+            if let Some(job) = self.by_id.get_mut(&id) {
+                if job.state == "pending" && job.pending_reason.as_deref() != Some(reason) {
+                    Arc::make_mut(job).pending_reason = Some(reason.to_owned());
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, rows: Vec<LiveJob>) {
+        for job in rows {
+            if job.is_live() {
+                self.by_id.insert(job.id, Arc::new(job));
+            } else {
+                self.by_id.remove(&job.id);
+            }
+        }
+    }
+
+    fn sorted(&self) -> Vec<Arc<LiveJob>> {
+        let mut jobs: Vec<Arc<LiveJob>> = self.by_id.values().cloned().collect();
+        jobs.sort_unstable_by_key(|j| j.seq);
+        jobs
+    }
+}
+
+/// Reads the scheduler's view of the world at one instant. Of the jobs, only those changed
+/// since `live` was last brought up to date are read (every live job when it is empty), and
+/// `live` is brought up to date.
+pub async fn snapshot_rows(
+    pool: &PgPool,
+    half_life_seconds: f64,
+    live: &mut LiveJobs,
+) -> Result<SnapshotRows, sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query!("set transaction isolation level repeatable read, read only").execute(&mut *tx).await?;
-    let now = sqlx::query_scalar!(r#"select now() as "now!""#).fetch_one(&mut *tx).await?;
+    // The first query fixes the transaction's snapshot; its xmin is where the next read of
+    // changed jobs starts (see the migration that adds `jobs.changed_in`).
+    let at = sqlx::query!(
+        r#"select now() as "now!", pg_snapshot_xmin(pg_current_snapshot())::text::int8 as "xmin!""#
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+    let now = at.now;
     let classes = sqlx::query_as!(
         ClassRow,
         r#"select c.id, c.name, c.fraction_milli,
@@ -341,19 +407,46 @@ pub async fn snapshot_rows(pool: &PgPool, half_life_seconds: f64) -> Result<Snap
     .into_iter()
     .map(|r| (r.team_id, r.value))
     .collect();
-    let jobs = sqlx::query_as!(
-        LiveJob,
-        r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
-                  topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
-                  cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
-                  pending_reason, allow_spot
-           from jobs
-           where state in ('pending', 'admitted', 'running') or holds_gpus
-           order by seq"#
-    )
-    .fetch_all(&mut *tx)
-    .await?;
+    // Columns read here that a cycle may need to see change must mark the row changed: the
+    // trigger `jobs_mark_changed` fires on updates of `version` and `last_checkpoint_at`.
+    match live.xmin {
+        None => {
+            let rows = sqlx::query_as!(
+                LiveJob,
+                r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
+                          topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
+                          cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
+                          pending_reason, allow_spot
+                   from jobs
+                   where state in ('pending', 'admitted', 'running') or holds_gpus"#
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+            live.by_id.clear();
+            live.apply(rows);
+        }
+        Some(since) => {
+            let rows = sqlx::query_as!(
+                LiveJob,
+                r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
+                          topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
+                          cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
+                          pending_reason, allow_spot
+                   from jobs
+                   where changed_in >= $1::int8::text::xid8"#,
+                since
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+            live.apply(rows);
+        }
+    }
     tx.commit().await?;
+    live.xmin = Some(at.xmin);
+    // A team's deletion removes its jobs without marking anything changed.
+    let team_ids: HashSet<Uuid> = teams.iter().map(|t| t.id).collect();
+    live.by_id.retain(|_, job| team_ids.contains(&job.team_id));
+    let jobs = live.sorted();
     Ok(SnapshotRows { now, classes, nodes, teams, quotas, priorities, history, jobs })
 }
 
@@ -484,7 +577,8 @@ pub struct PendingRow {
 }
 
 /// Refreshes the reason, position and expected start of pending jobs, touching only rows
-/// whose values changed.
+/// whose values changed. Rows another transaction holds are skipped, not waited for: what
+/// is written here is for people to read, and the next refresh writes it.
 pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<u64, sqlx::Error> {
     if rows.is_empty() {
         return Ok(0);
@@ -495,13 +589,19 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<u64, sq
     let positions: Vec<i32> = rows.iter().map(|r| r.position).collect();
     let starts: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.expected_start_at).collect();
     let r = sqlx::query!(
-        "update jobs j set pending_reason = u.reason, pending_message = u.message, queue_position = u.position,
-                expected_start_at = u.start
-         from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[])
-              as u(id, reason, message, position, start)
-         where j.id = u.id and j.state = 'pending'
-           and (j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at)
-               is distinct from (u.reason, u.message, u.position, u.start)",
+        "with target as (
+             select j.id, u.reason, u.message, u.position, u.start
+             from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[])
+                  as u(id, reason, message, position, start)
+             join jobs j on j.id = u.id
+             where j.state = 'pending'
+               and (j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at)
+                   is distinct from (u.reason, u.message, u.position, u.start)
+             for update of j skip locked
+         )
+         update jobs j set pending_reason = t.reason, pending_message = t.message, queue_position = t.position,
+                expected_start_at = t.start
+         from target t where j.id = t.id",
         &ids,
         &reasons,
         &messages,
