@@ -244,7 +244,7 @@ pub struct PriorityRow {
 }
 
 /// A job the engine must know of: pending, or holding GPUs.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct LiveJob {
     pub id: Uuid,
     pub seq: i64,

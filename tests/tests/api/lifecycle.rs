@@ -355,3 +355,52 @@ async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_every_kind_of_change() {
+    use control::cycle::Refresh;
+    use db::scheduling::{snapshot_rows, LiveJobs};
+    let app = TestApp::spawn().await;
+    let ctx = app::control_context(&app.state).await.expect("control context");
+    control::sync_inventory(&ctx).await.expect("inventory");
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    quota(&app, &admin, "ml", "h100-80gb", 8, 0).await;
+    let mut conn = app.pool.acquire().await.unwrap();
+    let epoch = db::scheduling::take_leadership(&mut conn, "test").await.unwrap();
+    let body = |name: &str| json!({"name": name, "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "x"});
+    let mut live = LiveJobs::default();
+
+    let first = submit(&app, &admin, "ml", body("first")).await;
+    let report = control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::All, &mut live).await.unwrap();
+    assert_eq!(report.admitted, 1);
+    // What others change between two cycles: submissions, a cancellation, a start and a
+    // checkpoint (the reconciler, the API).
+    let second = submit(&app, &admin, "ml", body("second")).await;
+    let third = submit(&app, &admin, "ml", body("third")).await;
+    app.send(call("POST", &format!("/api/v1/jobs/{third}/cancel")).token(&admin)).await.assert_status(200);
+    let first_id: uuid::Uuid = first.parse().unwrap();
+    let started = chrono::Utc::now();
+    let mut tx = app.pool.begin().await.unwrap();
+    assert!(db::scheduling::mark_running(&mut tx, first_id, 1, started).await.unwrap());
+    assert!(db::jobs::checkpoint(&mut tx, first_id, started + chrono::Duration::seconds(1)).await.unwrap());
+    tx.commit().await.unwrap();
+    let report = control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live).await.unwrap();
+    assert_eq!((report.admitted, report.pending), (0, 1), "the second waits for the first's GPUs");
+    // The first is lost to a spot interruption and goes back to the queue.
+    let mut tx = app.pool.begin().await.unwrap();
+    let outcome = fairway::backends::Outcome::Preempted;
+    control::reconcile::end_attempt(&mut tx, first_id, 1, &outcome, Some(started), chrono::Utc::now(), "obj", &ctx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let kept = snapshot_rows(&app.pool, 3600.0, &mut live).await.unwrap();
+    let full = snapshot_rows(&app.pool, 3600.0, &mut LiveJobs::default()).await.unwrap();
+    assert_eq!(kept.jobs, full.jobs);
+    let states: Vec<(String, &str, i32)> =
+        kept.jobs.iter().map(|j| (j.id.to_string(), j.state.as_str(), j.attempt)).collect();
+    assert_eq!(states, vec![(first, "pending", 1), (second.clone(), "pending", 0)], "the cancelled job is gone");
+    let second = kept.jobs.iter().find(|j| j.id.to_string() == second).unwrap();
+    assert!(second.pending_reason.is_some(), "the reason the cycle recorded is in the copy");
+}
