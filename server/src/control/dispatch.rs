@@ -11,7 +11,7 @@ use chrono::Utc;
 use serde_json::json;
 
 use super::{
-    reconcile::{end_attempt, leader_tx},
+    reconcile::{end_attempts, leader_tx, Ended},
     ControlError, Ctx,
 };
 use crate::{
@@ -125,7 +125,15 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::Outb
                     )
                     .await?;
                     db::scheduling::complete(tx, row.id, Some(&e.to_string())).await?;
-                    end_attempt(tx, row.job_id, row.attempt, &outcome, None, Utc::now(), &object, ctx).await?;
+                    let ended = Ended {
+                        job_id: row.job_id,
+                        attempt: row.attempt,
+                        outcome,
+                        started_at: None,
+                        ended_at: Utc::now(),
+                        object: object.clone(),
+                    };
+                    end_attempts(tx, &[ended], ctx).await?;
                     let attempt = [(row.job_id, row.attempt)];
                     crate::metering::ledger::book_many(tx, &attempt, None, &ctx.config.pricing).await?;
                 }

@@ -2,7 +2,7 @@
 //! interval left without ledger rows, books reservation charges under the
 //! reserved-plus-burst model, refreshes the rollups, and raises budget alerts.
 //!
-//! Closing an interval books it in the same transaction (see `reconcile::end_attempt`); this
+//! Closing an interval books it in the same transaction (see `reconcile::end_attempts`); this
 //! pass exists for jobs that run across hour, day and month boundaries, so that a period's
 //! bill holds every completed hour of them when finance closes it.
 

@@ -45,13 +45,15 @@ pub struct ReconcileReport {
 const CLOCK_SLACK: chrono::Duration = chrono::Duration::seconds(5);
 
 /// An attempt that ended, as seen on the backend (or by the object's absence).
-struct Ended {
-    job_id: Uuid,
-    attempt: i32,
-    outcome: Outcome,
-    started_at: Option<DateTime<Utc>>,
-    ended_at: DateTime<Utc>,
-    object: String,
+pub struct Ended {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub outcome: Outcome,
+    /// When it started, if it did: its usage interval opens then (once).
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: DateTime<Utc>,
+    /// The backend object, for the timeline; empty when there was none.
+    pub object: String,
 }
 
 /// One pass over one cluster. Every start and end it finds is written in one transaction,
@@ -138,16 +140,23 @@ pub async fn reconcile(
         let mut ids: Vec<Uuid> = started.iter().map(|s| s.0).chain(ended.iter().map(|e| e.job_id)).collect();
         ids.sort_unstable();
         db::scheduling::lock_jobs(&mut tx, &ids).await?;
-        for (job_id, attempt, started_at, object) in started {
-            if db::scheduling::mark_running(&mut tx, job_id, attempt, started_at).await? {
-                let message = format!("every replica of {object} runs");
-                db::jobs::add_event(&mut tx, job_id, attempt, "running", None, &message, None).await?;
-                report.started += 1;
-            }
-        }
-        for e in &ended {
-            end_attempt(&mut tx, e.job_id, e.attempt, &e.outcome, e.started_at, e.ended_at, &e.object, ctx).await?;
-        }
+        let starts: Vec<db::scheduling::AttemptAt> = started.iter().map(|s| (s.0, s.1, s.2)).collect();
+        let running = db::scheduling::mark_running(&mut tx, &starts).await?;
+        let objects: HashMap<(Uuid, i32), &str> = started.iter().map(|s| ((s.0, s.1), s.3)).collect();
+        let events: Vec<db::jobs::NewEvent> = running
+            .iter()
+            .map(|&(job_id, attempt)| db::jobs::NewEvent {
+                job_id,
+                attempt,
+                kind: "running",
+                reason: None,
+                message: format!("every replica of {} runs", objects.get(&(job_id, attempt)).copied().unwrap_or("")),
+                data: None,
+            })
+            .collect();
+        db::jobs::add_events(&mut tx, &events).await?;
+        report.started = running.len();
+        end_attempts(&mut tx, &ended, ctx).await?;
         // Booked in the transaction that closes the intervals: a crash leaves both or neither.
         let closed: Vec<(Uuid, i32)> = ended.iter().map(|e| (e.job_id, e.attempt)).collect();
         crate::metering::ledger::book_many(&mut tx, &closed, None, &ctx.config.pricing).await?;
@@ -221,57 +230,64 @@ pub async fn leader_tx<'a>(ctx: &Ctx, epoch: i64) -> Result<Tx<'a>, ControlError
     Ok(tx)
 }
 
-/// Ends attempt `attempt` of a job: closes its usage interval, releases its GPUs and moves
-/// it on by the outcome's retry policy, with an event. The caller books the closed interval
-/// in the same transaction (`metering::ledger::book_many`). Does nothing when the attempt is no
-/// longer the job's (a repeat after a crash).
-#[expect(clippy::too_many_arguments, reason = "the attempt, how it ended, and where the record goes")]
-pub async fn end_attempt(
-    tx: &mut Tx<'_>,
-    job_id: Uuid,
-    attempt: i32,
-    outcome: &Outcome,
-    started_at: Option<DateTime<Utc>>,
-    ended_at: DateTime<Utc>,
-    object: &str,
-    ctx: &Ctx,
-) -> Result<(), ControlError> {
-    let Some(job) = db::scheduling::lock_for_end(tx, job_id).await? else { return Ok(()) };
-    if !job.holds_gpus || job.attempt != attempt {
+/// Ends attempts: closes their usage intervals (opening those that started and have none),
+/// releases their GPUs and moves each job on by its outcome's retry policy, with an event.
+/// The caller books the closed intervals in the same transaction
+/// (`metering::ledger::book_many`). An attempt that is no longer its job's, or that holds
+/// no GPUs (a repeat after a crash), is left alone. A busy cluster ends hundreds of
+/// attempts in one reconciler pass, so each step is one statement for all of them.
+pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result<(), ControlError> {
+    if ended.is_empty() {
         return Ok(());
     }
-    if let Some(started) = started_at {
-        db::scheduling::open_interval(tx, job_id, attempt, started).await?;
+    let ids: Vec<Uuid> = ended.iter().map(|e| e.job_id).collect();
+    let locked: HashMap<Uuid, db::scheduling::AttemptEnd> =
+        db::scheduling::lock_for_end(tx, &ids).await?.into_iter().map(|j| (j.id, j)).collect();
+    let mut seen = HashSet::new();
+    let ending: Vec<(&Ended, &db::scheduling::AttemptEnd)> = ended
+        .iter()
+        .filter_map(|e| locked.get(&e.job_id).filter(|j| j.holds_gpus && j.attempt == e.attempt).map(|j| (e, j)))
+        .filter(|(e, _)| seen.insert(e.job_id))
+        .collect();
+    let starts: Vec<db::scheduling::AttemptAt> =
+        ending.iter().filter_map(|(e, _)| e.started_at.map(|at| (e.job_id, e.attempt, at))).collect();
+    db::scheduling::open_intervals(tx, &starts).await?;
+    let ends: Vec<db::scheduling::AttemptAt> = ending.iter().map(|(e, _)| (e.job_id, e.attempt, e.ended_at)).collect();
+    db::scheduling::close_intervals(tx, &ends).await?;
+    let mut updates = Vec::with_capacity(ending.len());
+    let mut events = Vec::with_capacity(ending.len());
+    for (e, job) in &ending {
+        let counters = Counters {
+            max_retries: job.max_retries,
+            preemptions: job.preemptions,
+            capacity_retries: job.capacity_retries,
+            node_lost_retries: job.node_lost_retries,
+            app_retries: job.app_retries,
+        };
+        let next = after_attempt(&job.state, &e.outcome, counters);
+        let exit_code = match &e.outcome {
+            Outcome::AppFailed { exit_code, .. } => *exit_code,
+            Outcome::Succeeded => Some(0),
+            _ => None,
+        };
+        updates.push(db::scheduling::EndUpdate {
+            job_id: e.job_id,
+            attempt: e.attempt,
+            state: next.state,
+            exit_code,
+            bump: next.bump,
+        });
+        events.push(db::jobs::NewEvent {
+            job_id: e.job_id,
+            attempt: e.attempt,
+            kind: next.event,
+            reason: Some(next.reason),
+            message: next.message,
+            data: Some(json!({"outcome": e.outcome, "object": e.object, "ended_at": e.ended_at})),
+        });
+        ctx.metrics.outcome(e.outcome.code());
     }
-    db::scheduling::close_interval(tx, job_id, attempt, ended_at).await?;
-    let counters = Counters {
-        max_retries: job.max_retries,
-        preemptions: job.preemptions,
-        capacity_retries: job.capacity_retries,
-        node_lost_retries: job.node_lost_retries,
-        app_retries: job.app_retries,
-    };
-    let next = after_attempt(&job.state, outcome, counters);
-    let exit_code = match outcome {
-        Outcome::AppFailed { exit_code, .. } => *exit_code,
-        Outcome::Succeeded => Some(0),
-        _ => None,
-    };
-    db::scheduling::end_attempt(
-        tx,
-        &db::scheduling::EndUpdate { job_id, attempt, state: next.state, exit_code, bump: next.bump },
-    )
-    .await?;
-    db::jobs::add_event(
-        tx,
-        job_id,
-        attempt,
-        next.event,
-        Some(&next.reason),
-        &next.message,
-        Some(json!({"outcome": outcome, "object": object, "ended_at": ended_at})),
-    )
-    .await?;
-    ctx.metrics.outcome(outcome.code());
+    db::scheduling::end_attempts(tx, &updates).await?;
+    db::jobs::add_events(tx, &events).await?;
     Ok(())
 }

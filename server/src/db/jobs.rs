@@ -372,6 +372,45 @@ pub async fn add_event(
     Ok(())
 }
 
+/// An event to add to a job's timeline (see [`add_events`]).
+pub struct NewEvent {
+    pub job_id: Uuid,
+    pub attempt: i32,
+    pub kind: &'static str,
+    pub reason: Option<String>,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+/// Adds events to jobs' timelines in one statement, in the order given.
+pub async fn add_events(tx: &mut Tx<'_>, events: &[NewEvent]) -> Result<(), sqlx::Error> {
+    if events.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = events.iter().map(|e| e.job_id).collect();
+    let attempts: Vec<i32> = events.iter().map(|e| e.attempt).collect();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
+    let reasons: Vec<Option<String>> = events.iter().map(|e| e.reason.clone()).collect();
+    let messages: Vec<String> = events.iter().map(|e| e.message.clone()).collect();
+    let data: Vec<Value> = events.iter().map(|e| e.data.clone().unwrap_or(Value::Null)).collect();
+    sqlx::query!(
+        "insert into job_events (job_id, attempt, kind, reason, message, data)
+         select id, attempt, kind, reason, message, nullif(data, 'null'::jsonb)
+         from unnest($1::uuid[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::jsonb[])
+              with ordinality as e(id, attempt, kind, reason, message, data, n)
+         order by n",
+        &ids,
+        &attempts,
+        &kinds as &[&str],
+        &reasons as &[Option<String>],
+        &messages,
+        &data
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 /// The job's state, attempt and whether it holds GPUs, locked for update.
 pub struct LockedJob {
     pub state: String,

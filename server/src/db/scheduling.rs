@@ -764,69 +764,78 @@ pub async fn job_attempt(pool: &PgPool, id: Uuid) -> Result<Option<JobAttempt>, 
     sqlx::query_as!(JobAttempt, "select attempt, holds_gpus from jobs where id = $1", id).fetch_optional(pool).await
 }
 
-/// Marks an admitted attempt running and opens its usage interval (once).
-pub async fn mark_running(
-    tx: &mut Tx<'_>,
-    job_id: Uuid,
-    attempt: i32,
-    started_at: DateTime<Utc>,
-) -> Result<bool, sqlx::Error> {
+/// An attempt and an instant: when it started or ended.
+pub type AttemptAt = (Uuid, i32, DateTime<Utc>);
+
+/// Marks admitted attempts running and opens their usage intervals (once). Returns the
+/// attempts that were admitted until now.
+pub async fn mark_running(tx: &mut Tx<'_>, starts: &[AttemptAt]) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+    if starts.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (ids, attempts, at) = columns(starts);
     let updated = sqlx::query!(
-        "update jobs set state = 'running', started_at = $3, dispatched_at = coalesce(dispatched_at, $3),
-                updated_at = now(), version = version + 1
-         where id = $1 and attempt = $2 and state = 'admitted'",
-        job_id,
-        attempt,
-        started_at
+        "update jobs j set state = 'running', started_at = u.at, dispatched_at = coalesce(j.dispatched_at, u.at),
+                updated_at = now(), version = j.version + 1
+         from unnest($1::uuid[], $2::int4[], $3::timestamptz[]) as u(id, attempt, at)
+         where j.id = u.id and j.attempt = u.attempt and j.state = 'admitted'
+         returning j.id, j.attempt",
+        &ids,
+        &attempts,
+        &at
     )
-    .execute(&mut **tx)
+    .fetch_all(&mut **tx)
     .await?;
-    open_interval(tx, job_id, attempt, started_at).await?;
-    Ok(updated.rows_affected() == 1)
+    open_intervals(tx, starts).await?;
+    Ok(updated.into_iter().map(|r| (r.id, r.attempt)).collect())
 }
 
-/// Opens the usage interval of an attempt; a repeat does nothing.
-pub async fn open_interval(
-    tx: &mut Tx<'_>,
-    job_id: Uuid,
-    attempt: i32,
-    started_at: DateTime<Utc>,
-) -> Result<(), sqlx::Error> {
+fn columns(rows: &[AttemptAt]) -> (Vec<Uuid>, Vec<i32>, Vec<DateTime<Utc>>) {
+    (rows.iter().map(|r| r.0).collect(), rows.iter().map(|r| r.1).collect(), rows.iter().map(|r| r.2).collect())
+}
+
+/// Opens the usage intervals of attempts that started; a repeat does nothing.
+pub async fn open_intervals(tx: &mut Tx<'_>, starts: &[AttemptAt]) -> Result<(), sqlx::Error> {
+    if starts.is_empty() {
+        return Ok(());
+    }
+    let (ids, attempts, at) = columns(starts);
     sqlx::query!(
         "insert into usage_intervals (job_id, attempt, team_id, gpu_class_id, priority_class, gpus, fraction_milli,
                                       borrowing, started_at, rate_micros_per_gpu_hour)
-         select j.id, $2, j.team_id, j.gpu_class_id, j.priority_class, j.replicas * j.gpus_per_replica,
-                c.fraction_milli, j.borrowing, $3,
+         select j.id, u.attempt, j.team_id, j.gpu_class_id, j.priority_class, j.replicas * j.gpus_per_replica,
+                c.fraction_milli, j.borrowing, u.at,
                 -- A pool with a price of its own (a cloud pool) meters the attempt at it.
                 (select n.price_micros_per_gpu_hour from cluster_nodes n
                  where n.cluster_id = j.cluster_id and n.gpu_class_id = j.gpu_class_id
                    and n.name = j.placement -> 0 ->> 'node')
-         from jobs j join gpu_classes c on c.id = j.gpu_class_id
-         where j.id = $1 and j.attempt = $2
+         from unnest($1::uuid[], $2::int4[], $3::timestamptz[]) as u(id, attempt, at)
+         join jobs j on j.id = u.id and j.attempt = u.attempt
+         join gpu_classes c on c.id = j.gpu_class_id
          on conflict (job_id, attempt) do nothing",
-        job_id,
-        attempt,
-        started_at
+        &ids,
+        &attempts,
+        &at
     )
     .execute(&mut **tx)
     .await?;
     Ok(())
 }
 
-/// Closes the usage interval of an attempt at `ended_at`; an interval already closed keeps
-/// its end.
-pub async fn close_interval(
-    tx: &mut Tx<'_>,
-    job_id: Uuid,
-    attempt: i32,
-    ended_at: DateTime<Utc>,
-) -> Result<(), sqlx::Error> {
+/// Closes the usage intervals of attempts that ended; an interval already closed keeps its
+/// end.
+pub async fn close_intervals(tx: &mut Tx<'_>, ends: &[AttemptAt]) -> Result<(), sqlx::Error> {
+    if ends.is_empty() {
+        return Ok(());
+    }
+    let (ids, attempts, at) = columns(ends);
     sqlx::query!(
-        "update usage_intervals set ended_at = greatest(started_at, $3)
-         where job_id = $1 and attempt = $2 and ended_at is null",
-        job_id,
-        attempt,
-        ended_at
+        "update usage_intervals i set ended_at = greatest(i.started_at, u.at)
+         from unnest($1::uuid[], $2::int4[], $3::timestamptz[]) as u(id, attempt, at)
+         where i.job_id = u.id and i.attempt = u.attempt and i.ended_at is null",
+        &ids,
+        &attempts,
+        &at
     )
     .execute(&mut **tx)
     .await?;
@@ -835,6 +844,7 @@ pub async fn close_interval(
 
 /// The counters and limits that decide what follows an attempt.
 pub struct AttemptEnd {
+    pub id: Uuid,
     pub state: String,
     pub attempt: i32,
     pub holds_gpus: bool,
@@ -845,48 +855,58 @@ pub struct AttemptEnd {
     pub app_retries: i32,
 }
 
-/// Locks job `id` to end its attempt.
-pub async fn lock_for_end(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<AttemptEnd>, sqlx::Error> {
+/// Locks jobs, in id order, to end their attempts.
+pub async fn lock_for_end(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Vec<AttemptEnd>, sqlx::Error> {
     sqlx::query_as!(
         AttemptEnd,
-        "select state, attempt, holds_gpus, max_retries, preemptions, capacity_retries, node_lost_retries, app_retries
-         from jobs where id = $1 for update",
-        id
+        "select id, state, attempt, holds_gpus, max_retries, preemptions, capacity_retries, node_lost_retries,
+                app_retries
+         from jobs where id = any($1) order by id for update",
+        ids
     )
-    .fetch_optional(&mut **tx)
+    .fetch_all(&mut **tx)
     .await
 }
 
 /// How an attempt's end changes its job.
-pub struct EndUpdate<'a> {
+pub struct EndUpdate {
     pub job_id: Uuid,
     pub attempt: i32,
     /// The next state: `pending` to requeue, or a final one.
-    pub state: &'a str,
+    pub state: &'static str,
     pub exit_code: Option<i32>,
     /// Which retry counter to bump, if any.
-    pub bump: Option<&'a str>,
+    pub bump: Option<&'static str>,
 }
 
-/// Applies an attempt's end: GPUs released, state set, the counter bumped, and the
-/// scheduler woken to use the freed GPUs.
-pub async fn end_attempt(tx: &mut Tx<'_>, u: &EndUpdate<'_>) -> Result<(), sqlx::Error> {
-    let bump = u.bump.unwrap_or("");
+/// Applies attempts' ends: GPUs released, states set, counters bumped, and the scheduler
+/// woken to use the freed GPUs.
+pub async fn end_attempts(tx: &mut Tx<'_>, updates: &[EndUpdate]) -> Result<(), sqlx::Error> {
+    if updates.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = updates.iter().map(|u| u.job_id).collect();
+    let attempts: Vec<i32> = updates.iter().map(|u| u.attempt).collect();
+    let states: Vec<&str> = updates.iter().map(|u| u.state).collect();
+    let exit_codes: Vec<Option<i32>> = updates.iter().map(|u| u.exit_code).collect();
+    let bumps: Vec<&str> = updates.iter().map(|u| u.bump.unwrap_or("")).collect();
     sqlx::query!(
-        "update jobs set holds_gpus = false, state = $3, exit_code = coalesce($4, exit_code),
-                finished_at = case when $3 = 'pending' then null else now() end,
-                queued_at = case when $3 = 'pending' then now() else queued_at end,
-                preemptions = preemptions + (case when $5 = 'preemptions' then 1 else 0 end),
-                capacity_retries = capacity_retries + (case when $5 = 'capacity_retries' then 1 else 0 end),
-                node_lost_retries = node_lost_retries + (case when $5 = 'node_lost_retries' then 1 else 0 end),
-                app_retries = app_retries + (case when $5 = 'app_retries' then 1 else 0 end),
-                updated_at = now(), version = version + 1
-         where id = $1 and attempt = $2",
-        u.job_id,
-        u.attempt,
-        u.state,
-        u.exit_code,
-        bump
+        "update jobs j set holds_gpus = false, state = u.state, exit_code = coalesce(u.exit_code, j.exit_code),
+                finished_at = case when u.state = 'pending' then null else now() end,
+                queued_at = case when u.state = 'pending' then now() else j.queued_at end,
+                preemptions = j.preemptions + (case when u.bump = 'preemptions' then 1 else 0 end),
+                capacity_retries = j.capacity_retries + (case when u.bump = 'capacity_retries' then 1 else 0 end),
+                node_lost_retries = j.node_lost_retries + (case when u.bump = 'node_lost_retries' then 1 else 0 end),
+                app_retries = j.app_retries + (case when u.bump = 'app_retries' then 1 else 0 end),
+                updated_at = now(), version = j.version + 1
+         from unnest($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::text[])
+              as u(id, attempt, state, exit_code, bump)
+         where j.id = u.id and j.attempt = u.attempt",
+        &ids,
+        &attempts,
+        &states as &[&str],
+        &exit_codes as &[Option<i32>],
+        &bumps as &[&str]
     )
     .execute(&mut **tx)
     .await?;

@@ -382,17 +382,22 @@ async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_eve
     let first_id: uuid::Uuid = first.parse().unwrap();
     let started = chrono::Utc::now();
     let mut tx = app.pool.begin().await.unwrap();
-    assert!(db::scheduling::mark_running(&mut tx, first_id, 1, started).await.unwrap());
+    assert_eq!(db::scheduling::mark_running(&mut tx, &[(first_id, 1, started)]).await.unwrap(), vec![(first_id, 1)]);
     assert!(db::jobs::checkpoint(&mut tx, first_id, started + chrono::Duration::seconds(1)).await.unwrap());
     tx.commit().await.unwrap();
     let report = control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live).await.unwrap();
     assert_eq!((report.admitted, report.pending), (0, 1), "the second waits for the first's GPUs");
     // The first is lost to a spot interruption and goes back to the queue.
     let mut tx = app.pool.begin().await.unwrap();
-    let outcome = fairway::backends::Outcome::Preempted;
-    control::reconcile::end_attempt(&mut tx, first_id, 1, &outcome, Some(started), chrono::Utc::now(), "obj", &ctx)
-        .await
-        .unwrap();
+    let ended = control::reconcile::Ended {
+        job_id: first_id,
+        attempt: 1,
+        outcome: fairway::backends::Outcome::Preempted,
+        started_at: Some(started),
+        ended_at: chrono::Utc::now(),
+        object: "obj".into(),
+    };
+    control::reconcile::end_attempts(&mut tx, &[ended], &ctx).await.unwrap();
     tx.commit().await.unwrap();
 
     let kept = snapshot_rows(&app.pool, 3600.0, &mut live).await.unwrap();

@@ -1,0 +1,1 @@
+drop index jobs_held_idx;
