@@ -261,7 +261,7 @@ async fn dispatcher(ctx: Ctx, epoch: i64) {
 
 /// Shortest time between two reconciler passes: changes that come close together are
 /// handled in one pass, one transaction.
-const RECONCILE_GAP: Duration = Duration::from_millis(20);
+const RECONCILE_GAP: Duration = Duration::from_millis(5);
 
 /// Runs reconciler passes: on its period, at the earliest change a backend announced, and
 /// soon after the dispatcher created objects.
