@@ -5,7 +5,8 @@
 //! - an object running for an admitted job marks it running and opens its usage interval;
 //! - a finished object ends its attempt (usage closed, GPUs released, the job requeued or
 //!   finished by its outcome's retry policy) and is then deleted;
-//! - a job asked to stop whose object has not been told is told again;
+//! - a job asked to stop whose object has not been told (and whose stop is no longer in the
+//!   dispatch outbox) is told again;
 //! - an object no job holds (an old attempt, a job that finished, one we never knew) is an
 //!   orphan: stopped, then deleted;
 //! - a job whose object vanished after it was created is lost (`node_lost`), and one whose
@@ -93,7 +94,8 @@ pub async fn reconcile(
                 if let (Phase::Running { started_at }, "admitted") = (&obj.phase, job.state.as_str()) {
                     started.push((job.id, job.attempt, *started_at, obj.object.as_str()));
                 }
-                if let (Some(asked), false) = (job.stop_requested_at, obj.stop_requested) {
+                // A stop still in the outbox is the dispatcher's to deliver, with the whole grace.
+                if let (Some(asked), false, false) = (job.stop_requested_at, obj.stop_requested, job.stop_pending) {
                     let spent = (Utc::now() - asked).num_milliseconds().max(0) as u64;
                     let left = (job.grace_ms.max(0) as u64).saturating_sub(spent);
                     stops.push((obj.object.as_str(), Duration::from_millis(left)));

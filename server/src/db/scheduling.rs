@@ -733,6 +733,8 @@ pub struct HeldJob {
     pub grace_ms: i64,
     /// A `submit` for this attempt is still in the outbox.
     pub submit_pending: bool,
+    /// A `stop` for this attempt is still in the outbox: the dispatcher tells the backend.
+    pub stop_pending: bool,
 }
 
 /// Jobs holding GPUs on `cluster`.
@@ -742,7 +744,9 @@ pub async fn held_jobs(pool: &PgPool, cluster: &str) -> Result<Vec<HeldJob>, sql
         r#"select j.id, j.attempt, j.state, j.stop_requested_at, j.dispatched_at, j.started_at,
                   coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!",
                   exists (select 1 from dispatch_outbox o where o.job_id = j.id and o.attempt = j.attempt
-                          and o.action = 'submit' and o.done_at is null) as "submit_pending!"
+                          and o.action = 'submit' and o.done_at is null) as "submit_pending!",
+                  exists (select 1 from dispatch_outbox o where o.job_id = j.id and o.attempt = j.attempt
+                          and o.action = 'stop' and o.done_at is null) as "stop_pending!"
            from jobs j
            join clusters cl on cl.id = j.cluster_id
            join priority_classes p on p.name = j.priority_class

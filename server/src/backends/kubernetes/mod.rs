@@ -359,8 +359,10 @@ impl KubeBackend {
 
     async fn delete_pods(&self, namespace: &str, object: &str, grace: Option<Duration>) -> Result<(), BackendError> {
         let selector = format!("{}={object}", manifest::OBJECT_LABEL);
+        // Whole seconds, rounded up: the grace is what the application was promised at least.
+        let seconds = |g: Duration| g.as_secs() + u64::from(g.subsec_nanos() > 0);
         let params = DeleteParams {
-            grace_period_seconds: grace.map(|g| u32::try_from(g.as_secs()).unwrap_or(u32::MAX)),
+            grace_period_seconds: grace.map(|g| u32::try_from(seconds(g)).unwrap_or(u32::MAX)),
             ..DeleteParams::background()
         };
         Api::<Pod>::namespaced(self.client.clone(), namespace)
