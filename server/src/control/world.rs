@@ -294,7 +294,9 @@ impl World {
             PendingReason::ReservedFor { job } => {
                 format!("GPUs are held for job {}, an earlier gang that would otherwise starve", job_id(job))
             }
-            PendingReason::BehindHeadOfLine { job } => format!("job {} at the head of the queue is waiting", job_id(job)),
+            PendingReason::BehindHeadOfLine { job } => {
+                format!("job {} at the head of the queue is waiting", job_id(job))
+            }
             reason => reason.message(&|t| self.team_name(t)),
         }
     }

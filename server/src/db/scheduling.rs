@@ -345,11 +345,9 @@ pub async fn snapshot_rows(
     sqlx::query!("set transaction isolation level repeatable read, read only").execute(&mut *tx).await?;
     // The first query fixes the transaction's snapshot; its xmin is where the next read of
     // changed jobs starts (see the migration that adds `jobs.changed_in`).
-    let at = sqlx::query!(
-        r#"select now() as "now!", pg_snapshot_xmin(pg_current_snapshot())::text::int8 as "xmin!""#
-    )
-    .fetch_one(&mut *tx)
-    .await?;
+    let at = sqlx::query!(r#"select now() as "now!", pg_snapshot_xmin(pg_current_snapshot())::text::int8 as "xmin!""#)
+        .fetch_one(&mut *tx)
+        .await?;
     let now = at.now;
     let classes = sqlx::query_as!(
         ClassRow,
