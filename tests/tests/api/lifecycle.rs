@@ -218,14 +218,21 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     r.assert_status(200);
 }
 
-#[tokio::test]
-async fn a_cycle_of_a_deposed_leader_commits_nothing() {
+/// An app whose cycles the test runs itself, with its inventory synced and team `ml`
+/// holding 8 reserved H100s; returns the control context and the admin's token.
+async fn without_control_loop() -> (TestApp, control::Ctx, String) {
     let app = TestApp::spawn().await;
     let ctx = app::control_context(&app.state).await.expect("control context");
     control::sync_inventory(&ctx).await.expect("inventory");
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
     quota(&app, &admin, "ml", "h100-80gb", 8, 0).await;
+    (app, ctx, admin)
+}
+
+#[tokio::test]
+async fn a_cycle_of_a_deposed_leader_commits_nothing() {
+    let (app, ctx, admin) = without_control_loop().await;
     let id = submit(&app, &admin, "ml", json!({"name": "x", "gpu_class": "h100-80gb", "image": "x"})).await;
     let mut conn = app.pool.acquire().await.unwrap();
     let old = db::scheduling::take_leadership(&mut conn, "old").await.unwrap();
@@ -360,12 +367,7 @@ async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
 async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_every_kind_of_change() {
     use control::cycle::Refresh;
     use db::scheduling::{snapshot_rows, LiveJobs};
-    let app = TestApp::spawn().await;
-    let ctx = app::control_context(&app.state).await.expect("control context");
-    control::sync_inventory(&ctx).await.expect("inventory");
-    let admin = app.admin().await;
-    app.team(&admin, "ml", None).await;
-    quota(&app, &admin, "ml", "h100-80gb", 8, 0).await;
+    let (app, ctx, admin) = without_control_loop().await;
     let mut conn = app.pool.acquire().await.unwrap();
     let epoch = db::scheduling::take_leadership(&mut conn, "test").await.unwrap();
     let body = |name: &str| json!({"name": name, "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "x"});
