@@ -106,7 +106,8 @@ pub async fn run_with(
     }
     // Pending rows first (rows others hold are skipped). Then the admitted and preempted
     // jobs, locked in id order as the reconciler locks the jobs it changes.
-    db::scheduling::set_pending(&mut tx, &recorded).await?;
+    let written: std::collections::HashSet<uuid::Uuid> =
+        db::scheduling::set_pending(&mut tx, &recorded).await?.into_iter().collect();
     let mut changed: Vec<uuid::Uuid> = admit.iter().map(|a| a.job_id).chain(preempt.iter().map(|p| p.job_id)).collect();
     changed.sort_unstable();
     db::scheduling::lock_jobs(&mut tx, &changed).await?;
@@ -117,7 +118,12 @@ pub async fn run_with(
     }
     tx.commit().await?;
     let write = writing.elapsed();
-    live.set_pending_reasons(recorded.iter().map(|r| (r.job_id, r.reason.as_str())));
+    // Only rows written: one skipped because another transaction held it still differs
+    // from what the copy would say, and the next cycle tries again. (A row not written
+    // because it already held these values holds the copy's reason too.)
+    live.set_pending_reasons(
+        recorded.iter().filter(|r| written.contains(&r.job_id)).map(|r| (r.job_id, r.reason.as_str())),
+    );
     let now = world.snapshot.now_ms;
     let admitted: std::collections::HashSet<uuid::Uuid> = admitted.into_iter().collect();
     let admitted_jobs: Vec<_> = world.jobs.values().filter(|j| admitted.contains(&j.id)).collect();

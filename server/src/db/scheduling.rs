@@ -576,17 +576,18 @@ pub struct PendingRow {
 
 /// Refreshes the reason, position and expected start of pending jobs, touching only rows
 /// whose values changed. Rows another transaction holds are skipped, not waited for: what
-/// is written here is for people to read, and the next refresh writes it.
-pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<u64, sqlx::Error> {
+/// is written here is for people to read, and the next refresh writes it. Returns the jobs
+/// whose rows were written.
+pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Uuid>, sqlx::Error> {
     if rows.is_empty() {
-        return Ok(0);
+        return Ok(Vec::new());
     }
     let ids: Vec<Uuid> = rows.iter().map(|r| r.job_id).collect();
     let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
     let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
     let positions: Vec<i32> = rows.iter().map(|r| r.position).collect();
     let starts: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.expected_start_at).collect();
-    let r = sqlx::query!(
+    sqlx::query_scalar!(
         "with target as (
              select j.id, u.reason, u.message, u.position, u.start
              from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[])
@@ -599,16 +600,16 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<u64, sq
          )
          update jobs j set pending_reason = t.reason, pending_message = t.message, queue_position = t.position,
                 expected_start_at = t.start
-         from target t where j.id = t.id",
+         from target t where j.id = t.id
+         returning j.id",
         &ids,
         &reasons,
         &messages,
         &positions,
         &starts as &[Option<DateTime<Utc>>]
     )
-    .execute(&mut **tx)
-    .await?;
-    Ok(r.rows_affected())
+    .fetch_all(&mut **tx)
+    .await
 }
 
 /// Teams whose admitted GPUs exceed reserved + burst for a class, at any level of the team
