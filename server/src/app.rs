@@ -49,6 +49,8 @@ pub struct AppState {
     pub wake: control::wake::SchedulerWake,
     /// Submission catalogues in memory, checked against the version read at authentication.
     pub catalogues: Arc<api::jobs::CatalogueCache>,
+    /// Single-job submissions, committed in groups.
+    pub submissions: db::group_commit::SubmissionQueue,
 }
 
 impl AppState {
@@ -62,6 +64,7 @@ impl AppState {
         let keys =
             JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
         Ok(Self {
+            submissions: db::group_commit::SubmissionQueue::new(db.clone()),
             db,
             keys: Arc::new(keys),
             config: Arc::new(config),

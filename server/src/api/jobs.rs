@@ -417,9 +417,8 @@ pub async fn submit(
 ) -> Result<db::jobs::JobRow, ApiError> {
     let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
     let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
-    let stored = db::jobs::insert_many(&state.db, team.id, by, std::slice::from_ref(&job)).await?;
+    let stored = state.submissions.submit(team.id, by, job.clone()).await?;
     state.wake_scheduler();
-    let stored = stored.first().copied().ok_or_else(|| ApiError::Internal("insert returned no row".into()))?;
     Ok(db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by))
 }
 

@@ -88,44 +88,65 @@ pub struct Stored {
     pub submitted_at: DateTime<Utc>,
 }
 
-/// Inserts jobs of one team with their `submitted` events in one statement, so it is atomic
-/// without a transaction around it. It does not wake the scheduler: see
-/// [`wake_scheduler`].
+/// One job to store for a team, submitted by someone.
+#[derive(Debug, Clone, Copy)]
+pub struct Submission<'a> {
+    pub team_id: Uuid,
+    /// Who submitted it, as the audit log names them.
+    pub submitted_by: &'a str,
+    pub job: &'a NewJob,
+}
+
+/// Inserts jobs of one team with their `submitted` events in one statement: see
+/// [`insert_submissions`].
 pub async fn insert_many(
     db: impl sqlx::PgExecutor<'_>,
     team_id: Uuid,
     submitted_by: &str,
     jobs: &[NewJob],
 ) -> Result<Vec<Stored>, sqlx::Error> {
-    let column = |f: fn(&NewJob) -> String| jobs.iter().map(f).collect::<Vec<_>>();
-    let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
-    let classes: Vec<Uuid> = jobs.iter().map(|j| j.gpu_class_id).collect();
-    let ints = |f: fn(&NewJob) -> i32| jobs.iter().map(f).collect::<Vec<_>>();
-    let jsons = |f: fn(&NewJob) -> Value| jobs.iter().map(f).collect::<Vec<_>>();
-    let levels: Vec<Option<String>> = jobs.iter().map(|j| j.topology_level.clone()).collect();
-    let graces: Vec<Option<i32>> = jobs.iter().map(|j| j.preemption_grace_seconds).collect();
+    let submissions: Vec<Submission> = jobs.iter().map(|job| Submission { team_id, submitted_by, job }).collect();
+    insert_submissions(db, &submissions).await
+}
+
+/// Inserts jobs, of any teams, with their `submitted` events in one statement, so it is
+/// atomic without a transaction around it; what the database assigned, in no particular
+/// order. It does not wake the scheduler: see [`wake_scheduler`].
+pub async fn insert_submissions(
+    db: impl sqlx::PgExecutor<'_>,
+    submissions: &[Submission<'_>],
+) -> Result<Vec<Stored>, sqlx::Error> {
+    let column = |f: fn(&NewJob) -> String| submissions.iter().map(|s| f(s.job)).collect::<Vec<_>>();
+    let ints = |f: fn(&NewJob) -> i32| submissions.iter().map(|s| f(s.job)).collect::<Vec<_>>();
+    let jsons = |f: fn(&NewJob) -> Value| submissions.iter().map(|s| f(s.job)).collect::<Vec<_>>();
+    let teams: Vec<Uuid> = submissions.iter().map(|s| s.team_id).collect();
+    let by: Vec<&str> = submissions.iter().map(|s| s.submitted_by).collect();
+    let ids: Vec<Uuid> = submissions.iter().map(|s| s.job.id).collect();
+    let classes: Vec<Uuid> = submissions.iter().map(|s| s.job.gpu_class_id).collect();
+    let levels: Vec<Option<String>> = submissions.iter().map(|s| s.job.topology_level.clone()).collect();
+    let graces: Vec<Option<i32>> = submissions.iter().map(|s| s.job.preemption_grace_seconds).collect();
     sqlx::query_as!(
         Stored,
         r#"with j as (
                insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
                                  max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
                                  preemption_grace_seconds, max_retries, allow_spot, submitted_by)
-               select u.id, $1, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
-                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, $2
-               from unnest($3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[], $8::int4[], $9::int4[],
-                           $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[], $14::text[], $15::text[],
-                           $16::int4[], $17::int4[], $18::bool[])
-                    as u(id, name, class, priority, replicas, gpus, runtime, image, command, env, labels, mode, level,
-                         grace, retries, spot)
-               returning id, seq, submitted_at
+               select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
+                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by
+               from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
+                           $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
+                           $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[])
+                    as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
+                         mode, level, grace, retries, spot)
+               returning id, seq, submitted_at, submitted_by
            ),
            e as (
                insert into job_events (job_id, kind, attempt, message)
-               select id, 'submitted', 0, 'submitted by ' || $2 from j
+               select id, 'submitted', 0, 'submitted by ' || submitted_by from j
            )
-           select id, seq, submitted_at from j order by seq"#,
-        team_id,
-        submitted_by,
+           select id, seq, submitted_at from j"#,
+        &teams,
+        &by as &[&str],
         &ids,
         &column(|j| j.name.clone()),
         &classes,
@@ -141,7 +162,7 @@ pub async fn insert_many(
         &levels as &[Option<String>],
         &graces as &[Option<i32>],
         &ints(|j| j.max_retries),
-        &jobs.iter().map(|j| j.allow_spot).collect::<Vec<_>>(),
+        &submissions.iter().map(|s| s.job.allow_spot).collect::<Vec<_>>(),
     )
     .fetch_all(db)
     .await

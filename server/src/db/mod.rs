@@ -9,6 +9,7 @@ pub mod budgets;
 pub mod clusters;
 pub mod embedded;
 pub mod gpu_classes;
+pub mod group_commit;
 pub mod idempotency;
 pub mod jobs;
 pub mod members;
