@@ -16,7 +16,7 @@ use utoipa_swagger_ui::SwaggerUi;
 
 use crate::{
     api::{self, error::ApiError},
-    auth::{jwt::JwtKeys, password, policy},
+    auth::{self, jwt::JwtKeys, password, policy},
     backends::{
         aws_batch::AwsBatchBackend,
         clusters::ClusterConfig,
@@ -49,6 +49,8 @@ pub struct AppState {
     pub wake: control::wake::SchedulerWake,
     /// Submission catalogues in memory, checked against the version read at authentication.
     pub catalogues: Arc<api::jobs::CatalogueCache>,
+    /// API tokens as last read, for single-job submissions.
+    pub tokens: Arc<auth::TokenCache>,
     /// Single-job submissions, committed in groups.
     pub submissions: db::group_commit::SubmissionQueue,
 }
@@ -64,6 +66,7 @@ impl AppState {
         let keys =
             JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
         Ok(Self {
+            tokens: Arc::default(),
             submissions: db::group_commit::SubmissionQueue::new(db.clone()),
             db,
             keys: Arc::new(keys),

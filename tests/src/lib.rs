@@ -130,7 +130,8 @@ fn base64_key(key: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(key)
 }
 
-/// The service on a fresh database, driven in-process.
+/// The service on a fresh database, driven in-process. Clones drive the same service.
+#[derive(Clone)]
 pub struct TestApp {
     pub router: Router,
     pub pool: PgPool,

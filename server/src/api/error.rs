@@ -68,6 +68,12 @@ pub enum ApiError {
     Unavailable,
     #[error("internal error: {0}")]
     Internal(String),
+    /// A submission authorised from cached credentials found them changed when it was
+    /// written, and stored nothing. Never reaches a client: the authorization middleware
+    /// answers it by authenticating again from the database (it renders as 401 should it
+    /// ever escape).
+    #[error("the credentials changed since they were cached")]
+    CredentialsChanged,
 }
 
 impl ApiError {
@@ -84,7 +90,9 @@ impl ApiError {
     fn parts(&self) -> (StatusCode, &'static str, &'static str) {
         use ApiError::*;
         match self {
-            Unauthenticated => (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required"),
+            Unauthenticated | CredentialsChanged => {
+                (StatusCode::UNAUTHORIZED, "unauthenticated", "Authentication required")
+            }
             InvalidCredentials => (StatusCode::UNAUTHORIZED, "invalid_credentials", "Invalid credentials"),
             Forbidden => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not_found", "Not found"),

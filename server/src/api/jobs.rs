@@ -399,25 +399,31 @@ pub async fn create_job(
     Extension(principal): Extension<Principal>,
     Extension(access): Extension<TeamAccess>,
     Extension(version): Extension<CatalogueVersion>,
+    check: Option<Extension<db::jobs::WriteCheck>>,
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
-    let row = submit(&state, &access.team, &principal.actor(), spec, version).await?;
+    let check = check.map(|Extension(c)| c);
+    let row = submit(&state, &access.team, &principal.actor(), spec, version, check).await?;
     let (headers, body) = with_etag(row.into());
     Ok((StatusCode::CREATED, headers, body))
 }
 
 /// Validates `spec` against the catalogue and queues it for `team` on behalf of `by`; the
-/// stored job. The API and the portal both submit through this.
+/// stored job. The API and the portal both submit through this. With a `check` (the caller
+/// was authorised from cached credentials) nothing is stored unless the write finds it
+/// still true: [`ApiError::CredentialsChanged`] otherwise.
 pub async fn submit(
     state: &AppState,
     team: &db::teams::TeamRow,
     by: &str,
     spec: JobSpec,
     version: CatalogueVersion,
+    check: Option<db::jobs::WriteCheck>,
 ) -> Result<db::jobs::JobRow, ApiError> {
     let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
     let job = catalogue.validate("", &spec).map_err(ApiError::Validation)?;
-    let stored = state.submissions.submit(team.id, by, job.clone()).await?;
+    let stored =
+        state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(ApiError::CredentialsChanged)?;
     state.wake_scheduler();
     Ok(db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by))
 }

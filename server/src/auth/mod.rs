@@ -6,6 +6,12 @@ pub mod jwt;
 pub mod password;
 pub mod policy;
 
+use std::{
+    collections::HashMap,
+    sync::{Mutex, PoisonError},
+    time::{Duration, Instant},
+};
+
 use axum::http::{header, HeaderMap};
 use uuid::Uuid;
 
@@ -72,6 +78,54 @@ pub struct Authenticated {
 #[derive(Debug, Clone, Copy)]
 pub struct CatalogueVersion(pub Option<i64>);
 
+/// API tokens as last authenticated from the database, by hash: what a single-job
+/// submission is authorised from without reading the token again. Nothing else trusts it,
+/// and the submission's write checks what it took from here ([`db::jobs::WriteCheck`]), so
+/// a revoked token or a changed catalogue is never acted on. Entries are read again after a
+/// minute, which also keeps the token's last use current.
+#[derive(Default)]
+pub struct TokenCache(Mutex<HashMap<Vec<u8>, (Authenticated, Instant)>>);
+
+/// How long a cached token is used before it is read again.
+const TOKEN_CACHE_TTL: Duration = Duration::from_secs(60);
+/// Tokens cached at most; the cache starts over when full.
+const TOKEN_CACHE_ENTRIES: usize = 10_000;
+
+impl TokenCache {
+    /// The cached API token of the request's bearer credential, and what its write must check.
+    pub fn get(&self, headers: &HeaderMap) -> Option<(Authenticated, db::jobs::WriteCheck)> {
+        let hash = api_token::parse(bearer(headers)?)?;
+        let entries = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let (auth, read_at) = entries.get(&hash)?;
+        if read_at.elapsed() > TOKEN_CACHE_TTL {
+            return None;
+        }
+        let check = db::jobs::WriteCheck {
+            token_id: match auth.principal {
+                Principal::Token { id, .. } => id,
+                Principal::User { .. } => return None,
+            },
+            team_version: auth.token_team.as_ref()?.version,
+            catalogue_version: auth.catalogue_version?,
+        };
+        Some((auth.clone(), check))
+    }
+
+    fn put(&self, hash: Vec<u8>, auth: &Authenticated) {
+        let mut entries = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if entries.len() >= TOKEN_CACHE_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(hash, (auth.clone(), Instant::now()));
+    }
+}
+
+/// The bearer credential of `headers`, if there is one.
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let (scheme, credential) = headers.get(header::AUTHORIZATION)?.to_str().ok()?.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| credential.trim())
+}
+
 /// Authenticates the request's bearer credential. `Ok(None)` when there is none; 401 when
 /// one is present but not valid (expired, revoked, forged, unknown).
 pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Option<Authenticated>, ApiError> {
@@ -95,7 +149,9 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Optio
             role,
         };
         let catalogue_version = Some(auth.catalogue_version);
-        return Ok(Some(Authenticated { principal, token_team: Some(auth.team), catalogue_version }));
+        let authenticated = Authenticated { principal, token_team: Some(auth.team), catalogue_version };
+        state.tokens.put(hash, &authenticated);
+        return Ok(Some(authenticated));
     }
     let claims = state.keys.verify(credential).ok_or(ApiError::Unauthenticated)?;
     let user_id: Uuid = claims.sub.parse().map_err(|_| ApiError::Unauthenticated)?;

@@ -9,7 +9,8 @@
 //!
 //! No request waits for a timer and none is answered before its row is committed. One
 //! failing row does not fail the others: a group the database refuses is written again one
-//! job at a time, and each request gets its own answer.
+//! job at a time, and each request gets its own answer. A group whose outcome is unknown (the
+//! connection failed) is not written again: that could store its jobs twice.
 
 use std::{
     collections::HashMap,
@@ -20,7 +21,7 @@ use sqlx::PgPool;
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
-use super::jobs::{insert_submissions, NewJob, Stored, Submission};
+use super::jobs::{insert_submissions, NewJob, Stored, Submission, WriteCheck};
 
 /// Writes in flight at once. Two keep a 2-core database busy while the next group gathers;
 /// more would only split groups and add commits.
@@ -51,7 +52,25 @@ struct Waiting {
     team_id: Uuid,
     submitted_by: String,
     job: NewJob,
-    answer: oneshot::Sender<Result<Stored, sqlx::Error>>,
+    check: Option<WriteCheck>,
+    reply: oneshot::Sender<Result<Option<Stored>, sqlx::Error>>,
+}
+
+impl Waiting {
+    fn submission(&self) -> Submission<'_> {
+        Submission { team_id: self.team_id, submitted_by: &self.submitted_by, job: &self.job, check: self.check }
+    }
+
+    /// Answers with the row stored for this job, if any: a job left out for its failed
+    /// check is `None`; one left out without a check is an error.
+    fn answer(self, stored: Option<Stored>) {
+        let answer = match (stored, self.check) {
+            (Some(s), _) => Ok(Some(s)),
+            (None, Some(_)) => Ok(None),
+            (None, None) => Err(sqlx::Error::RowNotFound),
+        };
+        let _ = self.reply.send(answer);
+    }
 }
 
 impl SubmissionQueue {
@@ -60,13 +79,20 @@ impl SubmissionQueue {
         Self { inner: Arc::new(Inner { pool, queue: Mutex::default() }) }
     }
 
-    /// Stores `job` for `team_id` with its `submitted` event; returns once it is committed.
-    /// The write runs in its own task: a caller that stops waiting does not stop it.
-    pub async fn submit(&self, team_id: Uuid, submitted_by: &str, job: NewJob) -> Result<Stored, sqlx::Error> {
+    /// Stores `job` for `team_id` with its `submitted` event; returns once it is committed,
+    /// or `None` when `check` failed and nothing was stored. The write runs in its own task:
+    /// a caller that stops waiting does not stop it.
+    pub async fn submit(
+        &self,
+        team_id: Uuid,
+        submitted_by: &str,
+        job: NewJob,
+        check: Option<WriteCheck>,
+    ) -> Result<Option<Stored>, sqlx::Error> {
         let (answer, answered) = oneshot::channel();
         let start_writer = {
             let mut queue = self.inner.queue.lock().unwrap_or_else(PoisonError::into_inner);
-            queue.waiting.push(Waiting { team_id, submitted_by: submitted_by.to_owned(), job, answer });
+            queue.waiting.push(Waiting { team_id, submitted_by: submitted_by.to_owned(), job, check, reply: answer });
             let start = queue.writers < MAX_WRITERS;
             queue.writers += usize::from(start);
             start
@@ -98,27 +124,41 @@ async fn write_queue(inner: Arc<Inner>) {
 /// Stores `group` in one statement and answers each submission; when the database refuses
 /// the group, stores its jobs one by one so each gets its own outcome.
 async fn write_group(pool: &PgPool, group: Vec<Waiting>) {
-    let submissions: Vec<Submission> =
-        group.iter().map(|w| Submission { team_id: w.team_id, submitted_by: &w.submitted_by, job: &w.job }).collect();
+    let submissions: Vec<Submission> = group.iter().map(Waiting::submission).collect();
     let result = insert_submissions(pool, &submissions).await;
     drop(submissions);
     match result {
         Ok(stored) => {
             let mut stored: HashMap<Uuid, Stored> = stored.into_iter().map(|s| (s.id, s)).collect();
             for w in group {
-                let _ = w.answer.send(stored.remove(&w.job.id).ok_or(sqlx::Error::RowNotFound));
+                let stored = stored.remove(&w.job.id);
+                w.answer(stored);
             }
         }
         Err(e) if group.len() == 1 => {
-            let _ = group.into_iter().next().map(|w| w.answer.send(Err(e)));
+            let _ = group.into_iter().next().map(|w| w.reply.send(Err(e)));
         }
-        Err(_) => {
+        // The database refused the statement, so nothing of it was stored: each job is tried
+        // on its own.
+        Err(sqlx::Error::Database(_)) => {
             for w in group {
-                let one = Submission { team_id: w.team_id, submitted_by: &w.submitted_by, job: &w.job };
-                let result = insert_submissions(pool, &[one])
-                    .await
-                    .and_then(|stored| stored.into_iter().next().ok_or(sqlx::Error::RowNotFound));
-                let _ = w.answer.send(result);
+                match insert_submissions(pool, &[w.submission()]).await {
+                    Ok(stored) => {
+                        let stored = stored.into_iter().next();
+                        w.answer(stored);
+                    }
+                    Err(e) => {
+                        let _ = w.reply.send(Err(e));
+                    }
+                }
+            }
+        }
+        // The statement may or may not have committed (the connection failed on the way):
+        // writing the jobs again could store them twice, so each request gets the failure.
+        Err(e) => {
+            let message = e.to_string();
+            for w in group {
+                let _ = w.reply.send(Err(sqlx::Error::Io(std::io::Error::other(message.clone()))));
             }
         }
     }

@@ -95,6 +95,20 @@ pub struct Submission<'a> {
     /// Who submitted it, as the audit log names them.
     pub submitted_by: &'a str,
     pub job: &'a NewJob,
+    /// What must still hold when it is written, when it was authorised from cached
+    /// credentials; it is not stored otherwise.
+    pub check: Option<WriteCheck>,
+}
+
+/// What a submission authorised from a cached API token, and validated against a cached
+/// catalogue, must still find true in the statement that stores it: the token live, its
+/// team unchanged, the catalogue at the version it was validated against. The write is then
+/// as exact as one authenticated and validated from fresh reads, with one round trip less.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteCheck {
+    pub token_id: Uuid,
+    pub team_version: i64,
+    pub catalogue_version: i64,
 }
 
 /// Inserts jobs of one team with their `submitted` events in one statement: see
@@ -105,13 +119,14 @@ pub async fn insert_many(
     submitted_by: &str,
     jobs: &[NewJob],
 ) -> Result<Vec<Stored>, sqlx::Error> {
-    let submissions: Vec<Submission> = jobs.iter().map(|job| Submission { team_id, submitted_by, job }).collect();
+    let submissions: Vec<Submission> = jobs.iter().map(|job| Submission { team_id, submitted_by, job, check: None }).collect();
     insert_submissions(db, &submissions).await
 }
 
 /// Inserts jobs, of any teams, with their `submitted` events in one statement, so it is
 /// atomic without a transaction around it; what the database assigned, in no particular
-/// order. It does not wake the scheduler: see [`wake_scheduler`].
+/// order. A submission whose [`WriteCheck`] fails is left out, and so missing from the
+/// answer. It does not wake the scheduler: see [`wake_scheduler`].
 pub async fn insert_submissions(
     db: impl sqlx::PgExecutor<'_>,
     submissions: &[Submission<'_>],
@@ -125,6 +140,9 @@ pub async fn insert_submissions(
     let classes: Vec<Uuid> = submissions.iter().map(|s| s.job.gpu_class_id).collect();
     let levels: Vec<Option<String>> = submissions.iter().map(|s| s.job.topology_level.clone()).collect();
     let graces: Vec<Option<i32>> = submissions.iter().map(|s| s.job.preemption_grace_seconds).collect();
+    let tokens: Vec<Option<Uuid>> = submissions.iter().map(|s| s.check.map(|c| c.token_id)).collect();
+    let team_versions: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.team_version)).collect();
+    let catalogues: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.catalogue_version)).collect();
     sqlx::query_as!(
         Stored,
         r#"with j as (
@@ -135,9 +153,15 @@ pub async fn insert_submissions(
                       u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
-                           $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[])
+                           $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
+                           $20::int8[], $21::int8[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
-                         mode, level, grace, retries, spot)
+                         mode, level, grace, retries, spot, token, team_version, catalogue)
+               where u.token is null
+                  or (u.catalogue = (select v.version from catalogue_version v where v.id = 1)
+                      and exists (select 1 from api_tokens t join teams tm on tm.id = t.team_id
+                                  where t.id = u.token and t.team_id = u.team and t.revoked_at is null
+                                    and t.expires_at > now() and tm.version = u.team_version))
                returning id, seq, submitted_at, submitted_by
            ),
            e as (
@@ -163,6 +187,9 @@ pub async fn insert_submissions(
         &graces as &[Option<i32>],
         &ints(|j| j.max_retries),
         &submissions.iter().map(|s| s.job.allow_spot).collect::<Vec<_>>(),
+        &tokens as &[Option<Uuid>],
+        &team_versions as &[Option<i64>],
+        &catalogues as &[Option<i64>],
     )
     .fetch_all(db)
     .await

@@ -579,6 +579,136 @@ async fn an_absurd_replica_count_is_422_not_a_crash_when_clusters_report_invento
 }
 
 #[tokio::test]
+async fn a_ci_token_revoked_by_another_replica_cannot_submit_even_right_after_a_served_submission() {
+    let s = setup().await;
+    s.submit(&s.ml_ci, "ml", &spec("before")).await.assert_status(201);
+    // Revoked in the database directly, as another replica would: nothing tells this one.
+    sqlx::query("update api_tokens set revoked_at = now() where id::text = $1")
+        .bind(&s.ml_ci_id)
+        .execute(&s.app.pool)
+        .await
+        .expect("revoke");
+    s.submit(&s.ml_ci, "ml", &spec("after")).await.assert_status(401);
+    // An invalid job tells a revoked token nothing more.
+    s.submit(&s.ml_ci, "ml", &spec_with("bad", json!({"gpu_class": "b200"}))).await.assert_status(401);
+    assert_eq!(s.job_count().await, 1);
+}
+
+#[tokio::test]
+async fn a_ci_token_that_expired_since_its_last_submission_cannot_submit() {
+    let s = setup().await;
+    s.submit(&s.ml_ci, "ml", &spec("before")).await.assert_status(201);
+    sqlx::query("update api_tokens set expires_at = now() - interval '1 second' where id::text = $1")
+        .bind(&s.ml_ci_id)
+        .execute(&s.app.pool)
+        .await
+        .expect("expire");
+    s.submit(&s.ml_ci, "ml", &spec("after")).await.assert_status(401);
+    assert_eq!(s.job_count().await, 1);
+}
+
+#[tokio::test]
+async fn a_ci_pipeline_keeps_submitting_when_its_team_is_edited_between_submissions() {
+    let s = setup().await;
+    s.submit(&s.ml_ci, "ml", &spec("before")).await.assert_status(201);
+    s.app
+        .send(call("PATCH", "/api/v1/teams/ml").token(&s.admin).json(&json!({"display_name": "Machine learning"})))
+        .await
+        .assert_status(200);
+    let r = s.submit(&s.ml_ci, "ml", &spec("after")).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["team"], "ml");
+    assert_eq!(s.job_count().await, 2);
+}
+
+#[tokio::test]
+async fn concurrent_single_job_submissions_each_get_their_own_job_back_and_each_job_one_event() {
+    let s = setup().await;
+    let mut requests = tokio::task::JoinSet::new();
+    for i in 0..200 {
+        let (app, token, team) = match i % 2 {
+            0 => (s.app.clone(), s.ml_ci.clone(), "ml"),
+            _ => (s.app.clone(), s.cv_ci.clone(), "cv"),
+        };
+        requests.spawn(async move {
+            let name = format!("{team}-{i}");
+            let r = app.send(call("POST", &format!("/api/v1/teams/{team}/jobs")).token(&token).json(&spec(&name))).await;
+            (name, team, r)
+        });
+    }
+    let mut ids = std::collections::BTreeSet::new();
+    while let Some(done) = requests.join_next().await {
+        let (name, team, r) = done.expect("request task");
+        r.assert_status(201);
+        let job = r.json();
+        assert_eq!((job["name"].as_str(), job["team"].as_str()), (Some(name.as_str()), Some(team)), "{job}");
+        let id: Uuid = job["id"].as_str().expect("id").parse().expect("uuid");
+        let stored: (String, String) =
+            sqlx::query_as("select j.name, t.name from jobs j join teams t on t.id = j.team_id where j.id = $1")
+                .bind(id)
+                .fetch_one(&s.app.pool)
+                .await
+                .expect("the answered job is stored");
+        assert_eq!(stored, (name, team.to_owned()));
+        assert!(ids.insert(id), "job {id} answered twice");
+    }
+    assert_eq!(ids.len(), 200);
+    assert_eq!(s.job_count().await, 200);
+    let events: Vec<(i64,)> = sqlx::query_as(
+        "select count(*) from jobs j left join job_events e on e.job_id = j.id and e.kind = 'submitted' group by j.id",
+    )
+    .fetch_all(&s.app.pool)
+    .await
+    .expect("events");
+    assert!(events.iter().all(|&(n,)| n == 1), "every job has exactly one submitted event: {events:?}");
+}
+
+#[tokio::test]
+async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_written_with_it() {
+    let s = setup().await;
+    let queue = fairway::db::group_commit::SubmissionQueue::new(s.app.pool.clone());
+    let (ml, h100): (Uuid, Uuid) = sqlx::query_as(
+        "select t.id, c.id from teams t, gpu_classes c where t.name = 'ml' and c.name = 'h100'",
+    )
+    .fetch_one(&s.app.pool)
+    .await
+    .expect("ids");
+    let mut writes = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let queue = queue.clone();
+        // One job names a team that does not exist: the database refuses that row.
+        let team = if i == 25 { Uuid::new_v4() } else { ml };
+        let job = fairway::db::jobs::NewJob {
+            id: Uuid::new_v4(),
+            name: format!("job-{i}"),
+            gpu_class_id: h100,
+            priority_class: "production".into(),
+            replicas: 1,
+            gpus_per_replica: 1,
+            max_runtime_seconds: 3600,
+            image: "registry.example/train:1".into(),
+            command: json!([]),
+            env: json!({}),
+            labels: json!({}),
+            topology_mode: "any".into(),
+            topology_level: None,
+            preemption_grace_seconds: None,
+            max_retries: 0,
+            allow_spot: false,
+        };
+        writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });
+    }
+    while let Some(done) = writes.join_next().await {
+        let (i, id, result) = done.expect("write task");
+        match i {
+            25 => assert!(result.is_err(), "the job of a missing team is refused"),
+            _ => assert_eq!(result.expect("stored").map(|s| s.id), Some(id), "job {i}"),
+        }
+    }
+    assert_eq!(s.job_count().await, 49);
+}
+
+#[tokio::test]
 async fn a_ci_pipeline_is_validated_against_the_catalogue_as_it_is_now_never_a_stale_copy() {
     let s = setup().await;
     // The first submission reads the catalogue; later ones with the same token reuse it

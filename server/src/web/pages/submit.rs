@@ -183,7 +183,7 @@ pub async fn submit(
         };
         return Ok(render(&submit_page(&state, &user, &team.name, form, errors, preview).await?));
     }
-    match api::jobs::submit(&state, &team, &principal(&user).actor(), spec, version).await {
+    match api::jobs::submit(&state, &team, &principal(&user).actor(), spec, version, None).await {
         Ok(job) => Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response()),
         Err(e) => {
             let errors = field_errors(e)?;
