@@ -119,7 +119,8 @@ pub async fn insert_many(
     submitted_by: &str,
     jobs: &[NewJob],
 ) -> Result<Vec<Stored>, sqlx::Error> {
-    let submissions: Vec<Submission> = jobs.iter().map(|job| Submission { team_id, submitted_by, job, check: None }).collect();
+    let submissions: Vec<Submission> =
+        jobs.iter().map(|job| Submission { team_id, submitted_by, job, check: None }).collect();
     insert_submissions(db, &submissions).await
 }
 
@@ -157,11 +158,7 @@ pub async fn insert_submissions(
                            $20::int8[], $21::int8[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
                          mode, level, grace, retries, spot, token, team_version, catalogue)
-               where u.token is null
-                  or (u.catalogue = (select v.version from catalogue_version v where v.id = 1)
-                      and exists (select 1 from api_tokens t join teams tm on tm.id = t.team_id
-                                  where t.id = u.token and t.team_id = u.team and t.revoked_at is null
-                                    and t.expires_at > now() and tm.version = u.team_version))
+               where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
            e as (

@@ -632,7 +632,8 @@ async fn concurrent_single_job_submissions_each_get_their_own_job_back_and_each_
         };
         requests.spawn(async move {
             let name = format!("{team}-{i}");
-            let r = app.send(call("POST", &format!("/api/v1/teams/{team}/jobs")).token(&token).json(&spec(&name))).await;
+            let r =
+                app.send(call("POST", &format!("/api/v1/teams/{team}/jobs")).token(&token).json(&spec(&name))).await;
             (name, team, r)
         });
     }
@@ -667,12 +668,11 @@ async fn concurrent_single_job_submissions_each_get_their_own_job_back_and_each_
 async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_written_with_it() {
     let s = setup().await;
     let queue = fairway::db::group_commit::SubmissionQueue::new(s.app.pool.clone());
-    let (ml, h100): (Uuid, Uuid) = sqlx::query_as(
-        "select t.id, c.id from teams t, gpu_classes c where t.name = 'ml' and c.name = 'h100'",
-    )
-    .fetch_one(&s.app.pool)
-    .await
-    .expect("ids");
+    let (ml, h100): (Uuid, Uuid) =
+        sqlx::query_as("select t.id, c.id from teams t, gpu_classes c where t.name = 'ml' and c.name = 'h100'")
+            .fetch_one(&s.app.pool)
+            .await
+            .expect("ids");
     let mut writes = tokio::task::JoinSet::new();
     for i in 0..50 {
         let queue = queue.clone();

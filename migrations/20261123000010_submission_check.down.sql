@@ -1,0 +1,1 @@
+drop function submission_check_holds(uuid, uuid, bigint, bigint);
