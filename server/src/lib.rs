@@ -1,12 +1,22 @@
 //! Fairway: a multi-tenant GPU platform. Teams with reserved and burst quotas per GPU class,
 //! fair-share admission, dispatch to clusters, and chargeback per GPU-second.
 //!
-//! One module per part of the product (see `DESIGN.md`): [`api`] (REST handlers),
-//! [`auth`], [`domain`] (types and validation), [`db`] (all SQL), [`config`],
-//! [`telemetry`], and [`app`] which ties them into the running service.
+//! Modules are layered and dependencies point down only (`ARCHITECTURE.md` at the root is
+//! the map; a unit test, `layers`, fails on an upward import):
+//!
+//! - [`serve`], [`bench`]: the service's wiring and lifecycle; benchmark commands.
+//! - [`api`], [`web`]: the faces, REST handlers and portal pages. Thin.
+//! - [`http`]: what the faces share about HTTP: problems, extractors, idempotency,
+//!   authentication and authorization middleware, request ids.
+//! - [`ops`], [`demo`]: the use cases, called alike by every face.
+//! - [`state`]: what every request shares.
+//! - [`auth`]: principals, tokens, JWT, passwords, policies.
+//! - [`control`]: the control loop (leader, scheduling cycle, dispatch, reconcile, meter).
+//! - [`billing`], [`backends`], [`simulate`], [`config`]: money, clusters, trace replay, settings.
+//! - [`metering`], [`scheduler`] (pure), [`telemetry`]: GPU time, the engine, logs and metrics.
+//! - [`db`] (all SQL), [`domain`] (typed values and their rules), [`rng`].
 
 pub mod api;
-pub mod app;
 pub mod auth;
 pub mod backends;
 pub mod bench;
@@ -16,9 +26,16 @@ pub mod control;
 pub mod db;
 pub mod demo;
 pub mod domain;
+pub mod http;
 pub mod metering;
+pub mod ops;
 pub mod rng;
 pub mod scheduler;
+pub mod serve;
 pub mod simulate;
+pub mod state;
 pub mod telemetry;
 pub mod web;
+
+#[cfg(test)]
+mod layers;

@@ -4,7 +4,7 @@ use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use fairway::{app, config::Config, db, telemetry};
+use fairway::{config::Config, db, serve, telemetry};
 
 #[derive(Parser)]
 #[command(name = "fairway", version, about = "Multi-tenant GPU platform")]
@@ -126,7 +126,7 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
-        Command::Serve { demo } => app::serve(config, demo).await,
+        Command::Serve { demo } => serve::serve(config, demo).await,
         Command::Openapi => {
             print!("{}", fairway::api::openapi_json());
             Ok(())
@@ -145,13 +145,13 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             let period = fairway::domain::BudgetPeriod::parse("--period", &period)
                 .map_err(|e| anyhow::anyhow!("{}: {}", e.field, e.message))?
                 .first_day();
-            let database = app::Database::open(&config).await?;
+            let database = serve::Database::open(&config).await?;
             let result = export(&database.pool, period, format, &config.currency, output).await;
             database.close().await;
             result
         }
         Command::Migrate { direction } => {
-            let database = app::Database::open(&config).await?;
+            let database = serve::Database::open(&config).await?;
             let result = migrate(&database.pool, direction).await;
             database.close().await;
             result
@@ -166,7 +166,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 db::MIGRATOR.run(&pool).await.context("applying migrations")?;
                 pool.close().await;
                 println!("DATABASE_URL={}", server.url(&database));
-                app::shutdown_signal().await;
+                serve::shutdown_signal().await;
                 anyhow::Ok(())
             }
             .await;
@@ -216,22 +216,10 @@ async fn migrate(pool: &sqlx::PgPool, direction: Direction) -> anyhow::Result<()
             db::MIGRATOR.run(pool).await.context("applying migrations")?;
             println!("migrations applied");
         }
-        Direction::Down { target } => {
-            let target = match target {
-                Some(t) => t,
-                None => {
-                    // One step: the newest applied migration's predecessor.
-                    let applied: Vec<i64> =
-                        sqlx::query_scalar("select version from _sqlx_migrations order by version desc limit 2")
-                            .fetch_all(pool)
-                            .await
-                            .unwrap_or_default();
-                    applied.get(1).copied().unwrap_or(0)
-                }
-            };
-            db::MIGRATOR.undo(pool, target).await.context("reverting migrations")?;
-            println!("migrations reverted to version {target}");
-        }
+        Direction::Down { target } => match db::schema::migrate_down(pool, target).await? {
+            Some(at) => println!("migrations reverted to version {at}"),
+            None => println!("no migration is applied; nothing to revert"),
+        },
     }
     Ok(())
 }

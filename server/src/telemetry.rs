@@ -1,23 +1,11 @@
 //! Logging and metrics. Logs are compact text locally and JSON lines in clusters
-//! (`FAIRWAY_LOG_FORMAT=json`); metrics are Prometheus text at `/metrics`.
+//! (`FAIRWAY_LOG_FORMAT=json`); metrics are Prometheus text at `/metrics`. The request
+//! middleware that feeds them lives in `http::trace`.
 //!
 //! The metrics registry is a handful of counters and one histogram kept under a mutex: the
 //! request rate of a control-plane API does not justify a metrics crate and its dependencies.
 
-use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
-    sync::Mutex,
-    time::{Duration, Instant},
-};
-
-use axum::{
-    extract::{MatchedPath, Request, State},
-    middleware::Next,
-    response::Response,
-};
-
-use crate::app::AppState;
+use std::{collections::BTreeMap, fmt::Write as _, sync::Mutex, time::Duration};
 
 /// Installs the global tracing subscriber once (levels from `RUST_LOG`, else `default_filter`);
 /// later calls are no-ops.
@@ -274,31 +262,6 @@ impl Metrics {
         self.render_budgets(&mut out);
         out
     }
-}
-
-/// Middleware: logs each request once (method, route, status, duration; never bodies or
-/// credentials) and records it in the metrics.
-pub async fn observe(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let started = Instant::now();
-    let method = request.method().as_str().to_owned();
-    // The route template, not the raw path: bounded label cardinality, no names in metrics.
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "unmatched".to_owned());
-    let response = next.run(request).await;
-    let elapsed = started.elapsed();
-    let status = response.status().as_u16();
-    state.metrics.observe(&method, &route, status, elapsed);
-    tracing::info!(
-        http.method = %method,
-        http.route = %route,
-        http.status = status,
-        duration_ms = elapsed.as_millis() as u64,
-        "request"
-    );
-    response
 }
 
 #[cfg(test)]

@@ -21,9 +21,10 @@ use axum::{
     Router,
 };
 use fairway::{
-    app::{self, AppState},
     config::{Config, Secret},
     db::{self, embedded::EmbeddedPostgres},
+    serve,
+    state::AppState,
 };
 use http_body_util::BodyExt as _;
 use serde_json::{json, Value};
@@ -242,9 +243,9 @@ impl TestApp {
         let pool = fresh_database().await;
         let mut config = test_config();
         change(&mut config);
-        app::bootstrap_admin(&pool, &config).await.expect("bootstrap admin");
+        serve::bootstrap_admin(&pool, &config).await.expect("bootstrap admin");
         let state = AppState::new(pool.clone(), config, &SIGNING_KEY).expect("state");
-        Self { router: app::app(state.clone()), pool, state }
+        Self { router: serve::app(state.clone()), pool, state }
     }
 
     /// Sends a request through the router.

@@ -8,7 +8,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use fairway::{app, control};
+use fairway::{control, serve};
 use fairway_tests::{browser::Browser, call, TestApp, USER_PASSWORD};
 use serde_json::json;
 
@@ -29,7 +29,7 @@ async fn serve(app: &TestApp) -> String {
     // Borrowed GPUs are reclaimed at once, so a preemption shows within the test.
     config.min_runtime_before_preemption = Duration::ZERO;
     state.config = std::sync::Arc::new(config);
-    let mut ctx = app::control_context(&state).await.expect("control context");
+    let mut ctx = serve::control_context(&state).await.expect("control context");
     ctx.config.reconcile_interval = Duration::from_millis(100);
     let options = (*app.pool.connect_options()).clone();
     control::spawn(ctx, options, format!("browser-{}", uuid::Uuid::new_v4().simple()));

@@ -11,43 +11,11 @@ use super::{
     extract::{ListQuery, Page},
 };
 use crate::{
-    app::AppState,
-    auth::{policy::TeamAccess, Principal},
-    db::{self, audit::Change, Tx},
+    auth::policy::TeamAccess,
+    db::{self},
     domain::check_range,
+    state::AppState,
 };
-
-/// Records a change made by `principal` in the change's transaction.
-#[expect(clippy::too_many_arguments, reason = "each argument is one column of the audit record")]
-pub async fn record<B: Serialize, A: Serialize>(
-    tx: &mut Tx<'_>,
-    principal: &Principal,
-    action: &str,
-    object_type: &str,
-    object_id: &str,
-    team_id: Option<Uuid>,
-    before: Option<&B>,
-    after: Option<&A>,
-) -> Result<(), ApiError> {
-    db::audit::record(
-        tx,
-        Change {
-            actor: &principal.actor(),
-            action,
-            object_type,
-            object_id,
-            team_id,
-            before: before.map(to_json),
-            after: after.map(to_json),
-        },
-    )
-    .await?;
-    Ok(())
-}
-
-fn to_json<T: Serialize>(value: &T) -> serde_json::Value {
-    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
-}
 
 /// One recorded change.
 #[derive(Serialize, ToSchema)]

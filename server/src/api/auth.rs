@@ -6,10 +6,10 @@ use utoipa::ToSchema;
 
 use super::{error::ApiError, extract::ApiJson};
 use crate::{
-    app::AppState,
-    auth::{password, Principal},
-    db,
+    auth::Principal,
     domain::{PlatformRole, TeamRole},
+    ops,
+    state::AppState,
 };
 
 /// Credentials of a user.
@@ -48,20 +48,7 @@ pub async fn create_access_token(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<TokenRequest>,
 ) -> Result<Json<TokenResponse>, ApiError> {
-    let user = db::users::by_username(&state.db, &body.username).await?;
-    let password = body.password;
-    let verified = match user {
-        Some(user) if !user.disabled => {
-            let stored = user.password_hash.clone();
-            let ok = super::off_thread(move || password::verify(&password, &stored)).await?;
-            ok.then_some(user)
-        }
-        _ => {
-            super::off_thread(move || password::verify_dummy(&password)).await?;
-            None
-        }
-    };
-    let user = verified.ok_or(ApiError::InvalidCredentials)?;
+    let user = ops::sign_in::verify(&state, &body.username, body.password).await?;
     let token = state.keys.issue(user.id, chrono::Utc::now().timestamp());
     tracing::info!(user.name = %user.username, "access token issued");
     Ok(Json(TokenResponse { access_token: token, token_type: "Bearer", expires_in: state.keys.ttl().as_secs() }))

@@ -12,9 +12,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::{audit::record, error::ApiError, extract::ListQuery};
+use super::{error::ApiError, extract::ListQuery};
+use crate::ops::audit::record;
 use crate::{
-    app::AppState,
     auth::{policy::TeamAccess, Principal},
     billing::{
         self,
@@ -24,6 +24,7 @@ use crate::{
     db,
     domain::{BudgetPeriod, FieldError},
     metering::{gpu_hours_decimal, micros_decimal},
+    state::AppState,
 };
 
 /// What to export.

@@ -10,15 +10,15 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{
-    audit::record,
     error::ApiError,
-    extract::{etag, ApiJson, IfMatch},
+    extract::{etag, ApiJson},
 };
 use crate::{
-    app::AppState,
     auth::{policy::TeamAccess, Principal},
     db::{self, budgets::BudgetRow},
     domain::{check_range, BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT},
+    ops::{audit::record, Precondition},
+    state::AppState,
 };
 
 /// A budget to set.
@@ -90,7 +90,7 @@ pub async fn put_budget(
     Extension(principal): Extension<Principal>,
     Extension(access): Extension<TeamAccess>,
     Path(path): Path<(String, String)>,
-    if_match: IfMatch,
+    if_match: Precondition,
     ApiJson(spec): ApiJson<BudgetSpec>,
 ) -> Result<(HeaderMap, Json<BudgetView>), ApiError> {
     let (_, period) = path;
@@ -139,7 +139,7 @@ pub async fn delete_budget(
     Extension(principal): Extension<Principal>,
     Extension(access): Extension<TeamAccess>,
     Path(path): Path<(String, String)>,
-    if_match: IfMatch,
+    if_match: Precondition,
 ) -> Result<StatusCode, ApiError> {
     let (_, period) = path;
     let period = BudgetPeriod::parse("period", &period)?;

@@ -11,16 +11,13 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{
-    audit::record,
-    error::ApiError,
-    extract::{ApiJson, IfMatch},
-};
+use super::{error::ApiError, extract::ApiJson};
 use crate::{
-    app::AppState,
     auth::Principal,
     db,
     domain::{check_range, FieldError, TeamName, MAX_GPUS},
+    ops::{audit::record, Precondition},
+    state::AppState,
 };
 
 /// Backends a cluster can run on.
@@ -109,7 +106,7 @@ pub async fn put_cluster(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
-    if_match: IfMatch,
+    if_match: Precondition,
     ApiJson(spec): ApiJson<ClusterSpec>,
 ) -> Result<(StatusCode, Json<ClusterView>), ApiError> {
     // Cluster names follow the same DNS-label rule as team names.

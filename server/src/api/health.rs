@@ -6,7 +6,7 @@ use axum::{
     response::IntoResponse,
 };
 
-use crate::{app::AppState, db};
+use crate::{db, state::AppState};
 
 /// Liveness: the process answers.
 #[utoipa::path(get, path = "/healthz", tag = "health", operation_id = "get_healthz",

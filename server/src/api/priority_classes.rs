@@ -5,95 +5,20 @@ use axum::{
     http::{header, HeaderMap, StatusCode},
     Extension, Json,
 };
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use super::{
-    audit::record,
     error::ApiError,
-    extract::{etag, ApiJson, IfMatch},
+    extract::{etag, ApiJson},
 };
 use crate::{
-    app::AppState,
     auth::Principal,
     db::{self, priority_classes::PriorityClassRow},
-    domain::{check_range, DisplayText, PriorityClassName},
+    ops::{
+        priority_classes::{self, NewPriorityClass, PriorityClassSpec, PriorityClassView},
+        Precondition,
+    },
+    state::AppState,
 };
-
-/// A priority class as written by an admin.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PriorityClassSpec {
-    /// Higher runs first; -1,000,000 to 1,000,000.
-    pub priority: i64,
-    /// Whether jobs of this class may be preempted.
-    pub preemptible: bool,
-    /// Weight of this class's usage in fair share, in thousandths (1000 = counted in full).
-    pub usage_factor_milli: i64,
-    /// Multiplier on the rate card, in thousandths (1000 = list price).
-    pub price_multiplier_milli: i64,
-    #[serde(default)]
-    pub description: Option<String>,
-}
-
-/// A new priority class.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewPriorityClass {
-    pub name: String,
-    #[serde(flatten)]
-    pub spec: PriorityClassSpec,
-}
-
-/// A priority class.
-#[derive(Serialize, ToSchema)]
-pub struct PriorityClassView {
-    pub name: String,
-    pub priority: i32,
-    pub preemptible: bool,
-    pub usage_factor_milli: i32,
-    pub price_multiplier_milli: i32,
-    pub description: String,
-    pub created_at: DateTime<Utc>,
-    pub updated_at: DateTime<Utc>,
-    pub version: i64,
-}
-
-impl From<PriorityClassRow> for PriorityClassView {
-    fn from(r: PriorityClassRow) -> Self {
-        Self {
-            name: r.name,
-            priority: r.priority,
-            preemptible: r.preemptible,
-            usage_factor_milli: r.usage_factor_milli,
-            price_multiplier_milli: r.price_multiplier_milli,
-            description: r.description,
-            created_at: r.created_at,
-            updated_at: r.updated_at,
-            version: r.version,
-        }
-    }
-}
-
-fn validated(name: &str, spec: &PriorityClassSpec) -> Result<PriorityClassRow, ApiError> {
-    check_range("priority", spec.priority, -1_000_000, 1_000_000)?;
-    check_range("usage_factor_milli", spec.usage_factor_milli, 0, 10_000)?;
-    check_range("price_multiplier_milli", spec.price_multiplier_milli, 0, 100_000)?;
-    let description = DisplayText::parse("description", spec.description.as_deref().unwrap_or(""), 1000)?;
-    let now = Utc::now();
-    Ok(PriorityClassRow {
-        name: name.to_owned(),
-        priority: spec.priority as i32,
-        preemptible: spec.preemptible,
-        usage_factor_milli: spec.usage_factor_milli as i32,
-        price_multiplier_milli: spec.price_multiplier_milli as i32,
-        description: description.as_str().to_owned(),
-        created_at: now,
-        updated_at: now,
-        version: 0,
-    })
-}
 
 fn with_etag(row: PriorityClassRow) -> (HeaderMap, Json<PriorityClassView>) {
     let mut headers = HeaderMap::new();
@@ -137,41 +62,9 @@ pub async fn create_priority_class(
     Extension(principal): Extension<Principal>,
     ApiJson(body): ApiJson<NewPriorityClass>,
 ) -> Result<(StatusCode, HeaderMap, Json<PriorityClassView>), ApiError> {
-    let row = create(&state, &principal, &body).await?;
+    let row = priority_classes::create(&state, &principal, &body).await?;
     let (headers, json) = with_etag(row);
     Ok((StatusCode::CREATED, headers, json))
-}
-
-/// Adds a priority class, audited; the API and the portal's admin page call this.
-pub async fn create(
-    state: &AppState,
-    principal: &Principal,
-    body: &NewPriorityClass,
-) -> Result<PriorityClassRow, ApiError> {
-    let name = PriorityClassName::parse("name", &body.name)?;
-    let wanted = validated(name.as_str(), &body.spec)?;
-    let mut tx = state.db.begin().await?;
-    if db::priority_classes::get_for_update(&mut tx, name.as_str()).await?.is_some() {
-        return Err(ApiError::conflict(
-            "priority_class_exists",
-            Some("name"),
-            format!("priority class {name} already exists"),
-        ));
-    }
-    let row = db::priority_classes::upsert(&mut tx, &wanted).await?;
-    record(
-        &mut tx,
-        principal,
-        "priority_class.create",
-        "priority_class",
-        name.as_str(),
-        None,
-        None::<&()>,
-        Some(&PriorityClassView::from(row.clone())),
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(row)
 }
 
 /// Replaces a priority class's settings. Honours `If-Match`.
@@ -186,37 +79,8 @@ pub async fn put_priority_class(
     State(state): State<AppState>,
     Extension(principal): Extension<Principal>,
     Path(name): Path<String>,
-    if_match: IfMatch,
+    if_match: Precondition,
     ApiJson(spec): ApiJson<PriorityClassSpec>,
 ) -> Result<(HeaderMap, Json<PriorityClassView>), ApiError> {
-    Ok(with_etag(put(&state, &principal, &name, &spec, &if_match).await?))
-}
-
-/// Replaces the settings of the priority class `name` when `if_match` allows, audited.
-pub async fn put(
-    state: &AppState,
-    principal: &Principal,
-    name: &str,
-    spec: &PriorityClassSpec,
-    if_match: &IfMatch,
-) -> Result<PriorityClassRow, ApiError> {
-    let mut tx = state.db.begin().await?;
-    let before =
-        db::priority_classes::get_for_update(&mut tx, name).await?.ok_or(ApiError::NotFound("priority class"))?;
-    if_match.check(before.version)?;
-    let wanted = validated(name, spec)?;
-    let row = db::priority_classes::upsert(&mut tx, &wanted).await?;
-    record(
-        &mut tx,
-        principal,
-        "priority_class.update",
-        "priority_class",
-        name,
-        None,
-        Some(&PriorityClassView::from(before)),
-        Some(&PriorityClassView::from(row.clone())),
-    )
-    .await?;
-    tx.commit().await?;
-    Ok(row)
+    Ok(with_etag(priority_classes::put(&state, &principal, &name, &spec, &if_match).await?))
 }

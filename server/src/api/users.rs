@@ -11,15 +11,15 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::{
-    audit::record,
-    error::{ApiError, OnConstraint as _},
+    error::ApiError,
     extract::{ApiJson, ListQuery, Page, PageParams, PageRequest},
 };
 use crate::{
-    app::AppState,
     auth::{password, Principal},
     db::{self, audit::Change, users::UserRow},
     domain::{FieldError, Password, PlatformRole, Username},
+    ops::{self, audit::record, OnConstraint as _},
+    state::AppState,
 };
 
 /// A new user.
@@ -76,7 +76,7 @@ pub async fn create_user(
 ) -> Result<(StatusCode, Json<UserView>), ApiError> {
     let username = Username::parse("username", &body.username)?;
     let password = Password::parse("password", &body.password)?;
-    let hash = super::off_thread(move || password::hash(password.expose())).await?;
+    let hash = ops::off_thread(move || password::hash(password.expose())).await?;
     let mut tx = state.db.begin().await?;
     let user = db::users::insert(&mut tx, username.as_str(), &hash, body.platform_role.map(|r| r.as_str()))
         .await
@@ -152,7 +152,7 @@ pub async fn update_user(
     let hash = match body.password {
         Some(p) => {
             let p = Password::parse("password", &p)?;
-            Some(super::off_thread(move || password::hash(p.expose())).await?)
+            Some(ops::off_thread(move || password::hash(p.expose())).await?)
         }
         None => None,
     };
@@ -211,7 +211,7 @@ pub async fn change_password(
     let user = db::users::get_for_update(&mut tx, username).await?.ok_or(ApiError::Unauthenticated)?;
     let (current, stored) = (body.current_password, user.password_hash.clone());
     let (ok, hash) =
-        super::off_thread(move || (password::verify(&current, &stored), password::hash(new.expose()))).await?;
+        ops::off_thread(move || (password::verify(&current, &stored), password::hash(new.expose()))).await?;
     if !ok {
         return Err(FieldError::new("current_password", "incorrect", "is not your current password").into());
     }

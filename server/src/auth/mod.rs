@@ -1,5 +1,7 @@
 //! Who is calling: users with passwords and short-lived JWT access tokens, and API tokens
-//! for CI pipelines scoped to one team. What they may do is decided by [`policy`].
+//! for CI pipelines scoped to one team. What they may do is declared by [`policy`]; the
+//! HTTP layer (`http::authorize`) authenticates requests and enforces it. Nothing here
+//! knows of requests or of the shared state.
 
 pub mod api_token;
 pub mod jwt;
@@ -16,8 +18,6 @@ use axum::http::{header, HeaderMap};
 use uuid::Uuid;
 
 use crate::{
-    api::error::ApiError,
-    app::AppState,
     db,
     domain::{PlatformRole, TeamRole},
 };
@@ -111,7 +111,8 @@ impl TokenCache {
         Some((auth.clone(), check))
     }
 
-    fn put(&self, hash: Vec<u8>, auth: &Authenticated) {
+    /// Keeps `auth`, just read from the database for the token whose hash is `hash`.
+    pub fn put(&self, hash: Vec<u8>, auth: &Authenticated) {
         let mut entries = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         if entries.len() >= TOKEN_CACHE_ENTRIES {
             entries.clear();
@@ -121,50 +122,7 @@ impl TokenCache {
 }
 
 /// The bearer credential of `headers`, if there is one.
-fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let (scheme, credential) = headers.get(header::AUTHORIZATION)?.to_str().ok()?.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| credential.trim())
-}
-
-/// Authenticates the request's bearer credential. `Ok(None)` when there is none; 401 when
-/// one is present but not valid (expired, revoked, forged, unknown).
-pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Option<Authenticated>, ApiError> {
-    let Some(value) = headers.get(header::AUTHORIZATION) else { return Ok(None) };
-    let value = value.to_str().map_err(|_| ApiError::Unauthenticated)?;
-    let (scheme, credential) = value.split_once(' ').ok_or(ApiError::Unauthenticated)?;
-    if !scheme.eq_ignore_ascii_case("bearer") {
-        return Err(ApiError::Unauthenticated);
-    }
-    let credential = credential.trim();
-    if credential.starts_with(api_token::PREFIX) {
-        let hash = api_token::parse(credential).ok_or(ApiError::Unauthenticated)?;
-        let auth = db::tokens::authenticate(&state.db, &hash).await?.ok_or(ApiError::Unauthenticated)?;
-        let role =
-            TeamRole::parse(&auth.role).ok_or_else(|| ApiError::Internal(format!("bad token role {}", auth.role)))?;
-        let principal = Principal::Token {
-            id: auth.id,
-            name: auth.name,
-            team_id: auth.team.id,
-            team: auth.team.name.clone(),
-            role,
-        };
-        let catalogue_version = Some(auth.catalogue_version);
-        let authenticated = Authenticated { principal, token_team: Some(auth.team), catalogue_version };
-        state.tokens.put(hash, &authenticated);
-        return Ok(Some(authenticated));
-    }
-    let claims = state.keys.verify(credential).ok_or(ApiError::Unauthenticated)?;
-    let user_id: Uuid = claims.sub.parse().map_err(|_| ApiError::Unauthenticated)?;
-    // Read the user on every request: a disabled user or a changed role takes effect at
-    // once, not when the token expires.
-    let user = db::users::by_id(&state.db, user_id).await?.ok_or(ApiError::Unauthenticated)?;
-    if user.disabled {
-        return Err(ApiError::Unauthenticated);
-    }
-    let principal = Principal::User {
-        id: user.id,
-        username: user.username,
-        platform_role: user.platform_role.as_deref().and_then(PlatformRole::parse),
-    };
-    Ok(Some(Authenticated { principal, token_team: None, catalogue_version: None }))
 }

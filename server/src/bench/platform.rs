@@ -10,7 +10,6 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::{
-    app::{self, AppState},
     auth::api_token,
     config::{Config, Secret},
     control,
@@ -18,6 +17,8 @@ use crate::{
         self,
         embedded::{Durability, EmbeddedPostgres},
     },
+    serve,
+    state::AppState,
 };
 
 /// How to run the platform under test.
@@ -75,18 +76,18 @@ impl Platform {
         if let Some(tune) = options.tune {
             tune(&mut config);
         }
-        app::bootstrap_admin(&pool, &config).await?;
+        serve::bootstrap_admin(&pool, &config).await?;
         let admin = db::users::by_username(&pool, "admin").await?.context("the admin was not created")?.id;
         let key: [u8; 32] = rand::random();
         let state = AppState::new(pool.clone(), config, &key)?;
         let keys = state.keys.clone();
-        let ctx = app::control_context(&state).await?;
+        let ctx = serve::control_context(&state).await?;
         control::sync_inventory(&ctx).await.context("reading the simulated inventory")?;
         let control =
             state.config.scheduler.then(|| control::spawn(ctx, connect.clone(), "fairway-bench-scheduler".into()));
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let api = format!("http://{}/api/v1", listener.local_addr()?);
-        let router = app::app(state);
+        let router = serve::app(state);
         let server = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, router).await {
                 tracing::error!(error = %e, "benchmark server stopped");

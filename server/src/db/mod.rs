@@ -17,6 +17,7 @@ pub mod metering;
 pub mod priority_classes;
 pub mod quotas;
 pub mod scheduling;
+pub mod schema;
 pub mod sim;
 pub mod teams;
 pub mod tokens;
@@ -49,4 +50,20 @@ pub async fn connect(options: sqlx::postgres::PgConnectOptions, max_connections:
 /// True when the database answers a trivial query.
 pub async fn ping(pool: &PgPool) -> bool {
     sqlx::query!("select 1 as one").fetch_one(pool).await.is_ok()
+}
+
+/// True when `error` means the database cannot be reached right now (connection refused or
+/// lost, pool exhausted or closed, server starting or shutting down), as opposed to a query
+/// that failed: the first is a 503 worth retrying, the second a bug.
+pub fn is_unavailable(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
+        sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            // Class 08: connection exception; 57P01-03: admin or crash shutdown, cannot
+            // connect now; 53300: too many connections.
+            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+        }),
+        _ => false,
+    }
 }

@@ -18,7 +18,7 @@ use axum::{
     Router,
 };
 
-use crate::app::AppState;
+use crate::state::AppState;
 
 /// The portal's routes.
 pub fn router() -> Router<AppState> {

@@ -6,7 +6,7 @@ use axum::http::{header, HeaderMap, HeaderValue};
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
 
-use crate::{app::AppState, db};
+use crate::{db, state::AppState};
 
 /// How long a portal session lasts.
 pub const SESSION_HOURS: i64 = 12;

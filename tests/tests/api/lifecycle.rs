@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fairway::{app, control, db};
+use fairway::{control, db, serve};
 use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
 
@@ -22,7 +22,7 @@ async fn start_control_with(app: &TestApp, min_runtime_before_preemption_ms: i64
     config.sim_speedup = Some(10.0);
     config.cycle_interval = Duration::from_millis(50);
     state.config = std::sync::Arc::new(config);
-    let mut ctx = app::control_context(&state).await.expect("control context");
+    let mut ctx = serve::control_context(&state).await.expect("control context");
     ctx.config.engine.min_runtime_before_preemption_ms = min_runtime_before_preemption_ms;
     ctx.config.reconcile_interval = Duration::from_millis(50);
     let options = (*app.pool.connect_options()).clone();
@@ -222,7 +222,7 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
 /// holding 8 reserved H100s; returns the control context and the admin's token.
 async fn without_control_loop() -> (TestApp, control::Ctx, String) {
     let app = TestApp::spawn().await;
-    let ctx = app::control_context(&app.state).await.expect("control context");
+    let ctx = serve::control_context(&app.state).await.expect("control context");
     control::sync_inventory(&ctx).await.expect("inventory");
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
@@ -328,7 +328,7 @@ async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_n
 #[tokio::test]
 async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
     let app = TestApp::spawn().await;
-    let ctx = app::control_context(&app.state).await.expect("control context");
+    let ctx = serve::control_context(&app.state).await.expect("control context");
     control::sync_inventory(&ctx).await.expect("inventory");
     let backend = ctx.backends.get("sim").expect("sim backend").clone();
     let stranger = uuid::Uuid::new_v4();

@@ -8,6 +8,7 @@ mod idempotency;
 mod jobs;
 mod lifecycle;
 mod migrations;
+mod observability;
 mod openapi;
 mod portal;
 mod sim_backend;

@@ -12,10 +12,8 @@ use serde::Deserialize;
 
 use super::{render, NoFields, PageError, PortalForm, SignedIn};
 use crate::{
-    api,
-    app::AppState,
-    auth::password,
-    db,
+    db, ops,
+    state::AppState,
     web::session::{self, random_token, secret_hash, set_cookie},
 };
 
@@ -48,21 +46,13 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Byte
     if !session::same_origin(&headers) {
         return Err(PageError::forbidden());
     }
-    let user = db::users::by_username(&state.db, &form.username).await?;
-    let password = form.password.clone();
-    let valid = match &user {
-        Some(u) if !u.disabled => {
-            let stored = u.password_hash.clone();
-            api::off_thread(move || password::verify(&password, &stored)).await?
+    let user = match ops::sign_in::verify(&state, &form.username, form.password.clone()).await {
+        Ok(user) => user,
+        Err(ops::Error::InvalidCredentials) => {
+            let page = login_page(Some(&form.username), "That username and password do not match.");
+            return Ok((StatusCode::UNAUTHORIZED, page).into_response());
         }
-        _ => {
-            api::off_thread(move || password::verify_dummy(&password)).await?;
-            false
-        }
-    };
-    let Some(user) = user.filter(|_| valid) else {
-        let page = login_page(Some(&form.username), "That username and password do not match.");
-        return Ok((StatusCode::UNAUTHORIZED, page).into_response());
+        Err(other) => return Err(other.into()),
     };
     let secret = random_token();
     let expires = Utc::now() + chrono::Duration::hours(session::SESSION_HOURS);

@@ -12,7 +12,7 @@ use chrono::Utc;
 use uuid::Uuid;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn};
-use crate::{app::AppState, auth::policy::team_role, db, db::web_sessions::SessionUser, web::charts};
+use crate::{auth::policy::team_role, db, db::web_sessions::SessionUser, state::AppState, web::charts};
 
 /// A statement line as the page shows it.
 pub struct StatementRow {
@@ -59,7 +59,7 @@ pub async fn statement(
     Path((name, period)): Path<(String, String)>,
 ) -> Result<Response, PageError> {
     let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
-    team_role(&state, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
     let period = crate::domain::BudgetPeriod::parse("period", &period).map_err(|_| PageError::not_found())?;
     let first_day = period.first_day();
     let s = crate::billing::statement::statement(&state.db, team.id, first_day, Utc::now(), state.config.chargeback)

@@ -4,7 +4,7 @@ use askama::Template;
 use axum::{extract::State, response::Response};
 
 use super::{principal, render, signed_in, CurrentUser, PageError, SignedIn};
-use crate::{app::AppState, db, web::cluster};
+use crate::{db, state::AppState, web::cluster};
 
 #[derive(Template)]
 #[template(path = "cluster.html")]

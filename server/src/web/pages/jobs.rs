@@ -11,11 +11,11 @@ use uuid::Uuid;
 
 use super::{principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm, SignedIn};
 use crate::{
-    api::{self, error::ApiError},
-    app::AppState,
     auth::policy::team_role,
     db::{self, jobs::JobFilter, web_sessions::SessionUser},
     domain::TeamRole,
+    ops,
+    state::AppState,
 };
 
 /// One row of the job list.
@@ -67,7 +67,7 @@ pub async fn team_jobs(
     RawQuery(query): RawQuery,
 ) -> Result<Response, PageError> {
     let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
-    team_role(&state, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
     let mut notice = None;
     let mut q: JobsQuery = match serde_urlencoded::from_str(query.as_deref().unwrap_or_default()) {
         Ok(q) => q,
@@ -180,7 +180,7 @@ async fn job_for(state: &AppState, user: &SessionUser, id: &str) -> Result<(db::
     let id: Uuid = id.parse().map_err(|_| PageError::not_found())?;
     let job = db::jobs::get(&state.db, id).await?.ok_or_else(PageError::not_found)?;
     let team = db::teams::by_id(&state.db, job.team_id).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
     Ok((job, role))
 }
 
@@ -255,8 +255,8 @@ pub async fn cancel(
 ) -> Result<Response, PageError> {
     let (job, role) = job_for(&state, &user, &id).await?;
     if role < TeamRole::Member {
-        return Err(ApiError::Forbidden.into());
+        return Err(PageError::from(ops::Error::Forbidden));
     }
-    api::jobs::cancel(&state, &principal(&user).actor(), job.id).await?;
+    ops::jobs::cancel(&state, &principal(&user).actor(), job.id).await?;
     Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
 }

@@ -12,10 +12,10 @@ use super::{
     SignedIn,
 };
 use crate::{
-    api,
-    app::AppState,
     db::{self, teams::TeamRow, web_sessions::SessionUser},
     domain::TeamRole,
+    ops,
+    state::AppState,
 };
 
 /// A member as the page lists them.
@@ -94,7 +94,7 @@ pub async fn set_member(
         let error = Some("role: admin, member or viewer.".to_owned());
         return members_page(&state, &user, &team, None, error, username.to_owned()).await;
     };
-    match api::teams::set_member(&state, &principal(&user), &team, username, role).await {
+    match ops::teams::set_member(&state, &principal(&user), &team, username, role).await {
         Ok(member) => {
             let ok = Some(format!("{} is now {} of {}.", member.username, role.as_str(), team.name));
             members_page(&state, &user, &team, ok, None, String::new()).await
@@ -113,6 +113,6 @@ pub async fn remove_member(
     PortalForm { user, .. }: PortalForm<NoFields>,
 ) -> Result<Response, PageError> {
     let team = administered_team(&state, &user, &name).await?;
-    api::teams::remove_member(&state, &principal(&user), &team, &username).await?;
+    ops::teams::remove_member(&state, &principal(&user), &team, &username).await?;
     Ok(Redirect::to(&format!("/teams/{}/members", team.name)).into_response())
 }

@@ -39,11 +39,11 @@ pub use team_admin::{
 
 use super::session::{self, form_allowed};
 use crate::{
-    api::error::ApiError,
-    app::AppState,
     auth::{policy::team_role, Principal},
     db::{self, web_sessions::SessionUser},
     domain::{PlatformRole, TeamRole},
+    ops,
+    state::AppState,
 };
 
 /// Who is signed in, as the page header shows it.
@@ -77,24 +77,41 @@ impl PageError {
 
 impl From<sqlx::Error> for PageError {
     fn from(e: sqlx::Error) -> Self {
-        ApiError::from(e).into()
+        ops::Error::from(e).into()
     }
 }
 
-impl From<ApiError> for PageError {
-    fn from(e: ApiError) -> Self {
+/// Every use-case error as the page a person sees; server-side causes are logged here, once.
+impl From<ops::Error> for PageError {
+    fn from(e: ops::Error) -> Self {
+        let refused = |status, message: String| Self { status, title: "That did not work", message };
         match e {
-            ApiError::NotFound(_) => Self::not_found(),
-            ApiError::Conflict { detail, .. } => {
-                Self { status: StatusCode::CONFLICT, title: "That did not work", message: detail }
-            }
-            ApiError::Forbidden => Self {
+            ops::Error::NotFound(_) => Self::not_found(),
+            ops::Error::Forbidden => Self {
                 status: StatusCode::FORBIDDEN,
                 title: "Not allowed",
                 message: "Your role in this team does not allow that.".into(),
             },
-            other => {
-                tracing::error!(error = %other, "portal page failed");
+            ops::Error::InvalidCredentials => {
+                refused(StatusCode::UNAUTHORIZED, "That username and password do not match.".into())
+            }
+            ops::Error::Validation(errors) => refused(StatusCode::UNPROCESSABLE_ENTITY, in_words(&errors)),
+            ops::Error::Conflict { detail, .. } => refused(StatusCode::CONFLICT, detail),
+            ops::Error::PreconditionFailed => refused(
+                StatusCode::CONFLICT,
+                "Someone changed this since the page was shown. Reload the page and try again.".into(),
+            ),
+            ops::Error::Unavailable(cause) => {
+                tracing::warn!(error = %ops::error::chain(&cause), "portal page failed: database unavailable");
+                Self {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    title: "Briefly unavailable",
+                    message: "The service cannot reach its database right now. Try again in a moment.".into(),
+                }
+            }
+            // The portal never authorises from cached credentials; seeing this is a bug.
+            internal @ (ops::Error::CredentialsChanged | ops::Error::Internal { .. }) => {
+                tracing::error!(error = %ops::error::chain(&internal), "portal page failed");
                 Self {
                     status: StatusCode::INTERNAL_SERVER_ERROR,
                     title: "Something went wrong",
@@ -218,7 +235,7 @@ pub(super) async fn administered_team(
     name: &str,
 ) -> Result<db::teams::TeamRow, PageError> {
     let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
     if role < TeamRole::Admin {
         return Err(PageError::not_found());
     }
@@ -227,12 +244,12 @@ pub(super) async fn administered_team(
 
 /// What a refused change says beside its form: the fields that are wrong, the conflict, or
 /// that someone else changed the object first. Anything else is a failed page.
-fn form_error(e: ApiError) -> Result<String, PageError> {
+fn form_error(e: ops::Error) -> Result<String, PageError> {
     match e {
-        ApiError::Validation(errors) => Ok(in_words(&errors)),
-        ApiError::Conflict { detail, .. } => Ok(detail),
-        ApiError::NotFound(what) => Ok(format!("There is no such {what}.")),
-        ApiError::PreconditionFailed => {
+        ops::Error::Validation(errors) => Ok(in_words(&errors)),
+        ops::Error::Conflict { detail, .. } => Ok(detail),
+        ops::Error::NotFound(what) => Ok(format!("There is no such {what}.")),
+        ops::Error::PreconditionFailed => {
             Ok("Someone changed this since the page was shown; here it is as it is now.".to_owned())
         }
         other => Err(other.into()),

@@ -9,10 +9,10 @@ use serde::Deserialize;
 
 use super::{form_error, principal, render, signed_in, when, CurrentUser, PageError, PortalForm, SignedIn};
 use crate::{
-    api::{self, extract::IfMatch},
-    app::AppState,
     db::{self, web_sessions::SessionUser},
     domain::PlatformRole,
+    ops::{self, Precondition},
+    state::AppState,
 };
 
 /// A team of the teams table.
@@ -184,12 +184,12 @@ pub async fn create_team(
     PortalForm { user, form }: PortalForm<NewTeamForm>,
 ) -> Result<Response, PageError> {
     require_platform_admin(&user)?;
-    let request = api::teams::NewTeam {
+    let request = ops::teams::NewTeam {
         name: form.name.trim().to_owned(),
         parent: Some(form.parent.trim().to_owned()).filter(|p| !p.is_empty()),
         display_name: Some(form.display_name.trim().to_owned()),
     };
-    let (outcome, kept) = match api::teams::create(&state, &principal(&user), &request).await {
+    let (outcome, kept) = match ops::teams::create(&state, &principal(&user), &request).await {
         Ok(team) => (
             Outcome { section: "teams", ok: Some(format!("Team {} created.", team.name)), error: None },
             NewTeamForm::default(),
@@ -222,8 +222,8 @@ pub async fn set_rate(
         (None, _) => error("price: a price per GPU-hour such as 2.75"),
         (_, None) => error("effective_from: a date and time such as 2026-12-01T00:00 (UTC), or empty for now"),
         (Some(micros), Some(from)) => {
-            let rate = api::gpu_classes::Rate { effective_from: from, rate_micros_per_gpu_hour: micros };
-            match api::gpu_classes::add_rate(&state, &principal(&user), &form.gpu_class, &rate).await {
+            let rate = ops::gpu_classes::Rate { effective_from: from, rate_micros_per_gpu_hour: micros };
+            match ops::gpu_classes::add_rate(&state, &principal(&user), &form.gpu_class, &rate).await {
                 Ok(_) => Outcome {
                     section: "rates",
                     ok: Some(format!(
@@ -281,8 +281,8 @@ pub async fn save_priority_class(
 ) -> Result<Response, PageError> {
     require_platform_admin(&user)?;
     let error = |message: String| Outcome { section: "priorities", ok: None, error: Some(message) };
-    let spec = (|| -> Result<api::priority_classes::PriorityClassSpec, String> {
-        Ok(api::priority_classes::PriorityClassSpec {
+    let spec = (|| -> Result<ops::priority_classes::PriorityClassSpec, String> {
+        Ok(ops::priority_classes::PriorityClassSpec {
             priority: form.priority.trim().parse().map_err(|_| "priority: a whole number".to_owned())?,
             preemptible: form.preemptible.is_some(),
             usage_factor_milli: decimal_units(&form.usage_factor, 3)
@@ -299,12 +299,12 @@ pub async fn save_priority_class(
     let principal = principal(&user);
     let result = match form.version.trim() {
         "" => {
-            let new = api::priority_classes::NewPriorityClass { name: form.name.trim().to_owned(), spec };
-            api::priority_classes::create(&state, &principal, &new).await
+            let new = ops::priority_classes::NewPriorityClass { name: form.name.trim().to_owned(), spec };
+            ops::priority_classes::create(&state, &principal, &new).await
         }
         version => {
-            let if_match = IfMatch::version(version.parse().unwrap_or(-1));
-            api::priority_classes::put(&state, &principal, &form.name, &spec, &if_match).await
+            let if_match = Precondition::version(version.parse().unwrap_or(-1));
+            ops::priority_classes::put(&state, &principal, &form.name, &spec, &if_match).await
         }
     };
     let outcome = match result {

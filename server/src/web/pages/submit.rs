@@ -10,11 +10,11 @@ use serde::Deserialize;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, PortalForm, SignedIn};
 use crate::{
-    api::{self, error::ApiError},
-    app::AppState,
     auth::policy::team_role,
     db::{self, web_sessions::SessionUser},
     domain::TeamRole,
+    ops,
+    state::AppState,
 };
 
 /// The submit form's fields, as typed.
@@ -78,9 +78,9 @@ struct PreviewFragment {
 /// The team of a submit page, checked: members and above only.
 async fn submit_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
     let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(state, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
     if role < TeamRole::Member {
-        return Err(ApiError::Forbidden.into());
+        return Err(PageError::from(ops::Error::Forbidden));
     }
     Ok(team)
 }
@@ -126,7 +126,7 @@ pub async fn submit_form(
 }
 
 /// The form as the API's job spec; the fields that are not numbers, named.
-fn spec_of(form: &SubmitForm) -> Result<api::jobs::JobSpec, Vec<(String, String)>> {
+fn spec_of(form: &SubmitForm) -> Result<ops::jobs::JobSpec, Vec<(String, String)>> {
     let mut errors = Vec::new();
     let mut number = |field: &str, value: &str| match value.trim().parse::<i64>() {
         Ok(n) => Some(n),
@@ -154,9 +154,9 @@ fn spec_of(form: &SubmitForm) -> Result<api::jobs::JobSpec, Vec<(String, String)
     serde_json::from_value(spec).map_err(|e| vec![("job".to_owned(), e.to_string())])
 }
 
-fn field_errors(e: ApiError) -> Result<Vec<(String, String)>, PageError> {
+fn field_errors(e: ops::Error) -> Result<Vec<(String, String)>, PageError> {
     match e {
-        ApiError::Validation(errors) => Ok(errors.into_iter().map(|e| (e.field, e.message)).collect()),
+        ops::Error::Validation(errors) => Ok(errors.into_iter().map(|e| (e.field, e.message)).collect()),
         other => Err(other.into()),
     }
 }
@@ -177,13 +177,13 @@ pub async fn submit(
     };
     let version = crate::auth::CatalogueVersion(None);
     if form.action == "preview" {
-        let (errors, preview) = match api::jobs::dry_run(&state, team.id, &spec, version).await {
+        let (errors, preview) = match ops::jobs::dry_run(&state, team.id, &spec, version).await {
             Ok(answer) => (Vec::new(), Some(preview_of(answer))),
             Err(e) => (field_errors(e)?, None),
         };
         return Ok(render(&submit_page(&state, &user, &team.name, form, errors, preview).await?));
     }
-    match api::jobs::submit(&state, &team, &principal(&user).actor(), spec, version, None).await {
+    match ops::jobs::submit(&state, &team, &principal(&user).actor(), spec, version, None).await {
         Ok(job) => Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response()),
         Err(e) => {
             let errors = field_errors(e)?;
@@ -193,7 +193,7 @@ pub async fn submit(
     }
 }
 
-fn preview_of(answer: api::jobs::DryRunResult) -> PreviewView {
+fn preview_of(answer: ops::jobs::DryRunResult) -> PreviewView {
     PreviewView {
         fits_now: answer.fits_now,
         cluster: answer.cluster,
@@ -223,7 +223,7 @@ pub async fn preview(
     };
     let fragment = match spec_of(&form) {
         Err(errors) => incomplete(errors),
-        Ok(spec) => match api::jobs::dry_run(&state, team.id, &spec, crate::auth::CatalogueVersion(None)).await {
+        Ok(spec) => match ops::jobs::dry_run(&state, team.id, &spec, crate::auth::CatalogueVersion(None)).await {
             Ok(answer) => PreviewFragment { preview: Some(preview_of(answer)), incomplete: None },
             Err(e) => incomplete(field_errors(e)?),
         },

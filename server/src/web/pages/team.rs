@@ -12,10 +12,10 @@ use uuid::Uuid;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn};
 use crate::{
-    app::AppState,
     auth::policy::team_role,
     db::{self, jobs::JobFilter},
     domain::{PlatformRole, TeamRole},
+    state::AppState,
 };
 
 /// A team in the list.
@@ -125,7 +125,7 @@ pub async fn team(
     Path(name): Path<String>,
 ) -> Result<Response, PageError> {
     let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(&state, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
     let quotas = db::quotas::list(&state.db, team.id).await?;
     let mut jobs = Vec::new();
     for s in ["running", "admitted", "pending"] {

@@ -15,10 +15,10 @@ use super::{
     SignedIn,
 };
 use crate::{
-    api::{self, error::ApiError},
-    app::AppState,
     db::{self, web_sessions::SessionUser},
     domain::{PlatformRole, TeamRole},
+    ops,
+    state::AppState,
 };
 
 /// A token as the tokens page lists it.
@@ -124,13 +124,13 @@ pub async fn create_token(
         return tokens_page(&state, &user, &team, None, error, form.name).await;
     };
     let request =
-        api::tokens::NewToken { name: form.name.clone(), role, expires_at: Utc::now() + chrono::Duration::days(days) };
-    match api::tokens::mint(&state, &principal(&user), &team, &request).await {
+        ops::tokens::NewToken { name: form.name.clone(), role, expires_at: Utc::now() + chrono::Duration::days(days) };
+    match ops::tokens::mint(&state, &principal(&user), &team, &request).await {
         Ok(minted) => {
             let line = MintedLine { name: minted.token.name, secret: minted.secret };
             tokens_page(&state, &user, &team, Some(line), None, String::new()).await
         }
-        Err(ApiError::Validation(errors)) => {
+        Err(ops::Error::Validation(errors)) => {
             let error = in_words(&errors);
             tokens_page(&state, &user, &team, None, Some(error), form.name).await
         }
@@ -146,7 +146,7 @@ pub async fn revoke_token(
 ) -> Result<Response, PageError> {
     let team = administered_team(&state, &user, &name).await?;
     let token: Uuid = token.parse().map_err(|_| PageError::not_found())?;
-    api::tokens::revoke(&state, &principal(&user), &team, token).await?;
+    ops::tokens::revoke(&state, &principal(&user), &team, token).await?;
     Ok(Redirect::to(&format!("/teams/{}/tokens", team.name)).into_response())
 }
 
@@ -345,12 +345,12 @@ pub async fn set_quota(
     let number = |field: &str, text: &str| -> Result<i64, String> {
         text.trim().parse::<i64>().map_err(|_| format!("{field}: a whole number of GPUs"))
     };
-    let parsed = (|| -> Result<(api::quotas::QuotaSpec, i64), String> {
+    let parsed = (|| -> Result<(ops::quotas::QuotaSpec, i64), String> {
         let lendable = match form.lendable.trim() {
             "" => None,
             text => Some(number("lendable", text)?),
         };
-        let spec = api::quotas::QuotaSpec {
+        let spec = ops::quotas::QuotaSpec {
             reserved: number("reserved", &form.reserved)?,
             burst: number("burst", &form.burst)?,
             lendable,
@@ -361,14 +361,14 @@ pub async fn set_quota(
         Ok(p) => p,
         Err(error) => return quotas_page(&state, &user, &team, Vec::new(), Some(error)).await,
     };
-    let if_match = api::extract::IfMatch::version(version);
-    match api::quotas::set(&state, &principal(&user), team.clone(), &form.gpu_class, &spec, &if_match).await {
+    let if_match = ops::Precondition::version(version);
+    match ops::quotas::set(&state, &principal(&user), team.clone(), &form.gpu_class, &spec, &if_match).await {
         Ok(result) => quotas_page(&state, &user, &team, result.warnings, None).await,
-        Err(ApiError::Validation(errors)) => {
+        Err(ops::Error::Validation(errors)) => {
             let error = in_words(&errors);
             quotas_page(&state, &user, &team, Vec::new(), Some(error)).await
         }
-        Err(ApiError::PreconditionFailed) => {
+        Err(ops::Error::PreconditionFailed) => {
             let error = "Someone changed this quota since the page was shown; here it is as it is now.".to_owned();
             quotas_page(&state, &user, &team, Vec::new(), Some(error)).await
         }

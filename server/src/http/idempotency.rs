@@ -17,7 +17,7 @@ use axum::{
 use sha2::Digest as _;
 
 use super::error::ApiError;
-use crate::{app::AppState, auth::Principal, db, domain::FieldError};
+use crate::{auth::Principal, db, domain::FieldError, state::AppState};
 
 /// The request header.
 pub const HEADER: &str = "idempotency-key";
@@ -85,7 +85,7 @@ async fn store(state: &AppState, principal: &str, key: &str, response: Response)
         Ok(b) => b,
         Err(e) => {
             db::idempotency::release(&state.db, principal, key).await?;
-            return Err(ApiError::Internal(format!("reading the response body: {e}")));
+            return Err(ApiError::Internal(format!("reading the response body: {e}").into()));
         }
     };
     if parts.status.is_server_error() {

@@ -1,5 +1,6 @@
-//! The running service: shared state, the HTTP application with its layers, and the
-//! `serve` lifecycle (database, bootstrap, listen, graceful shutdown).
+//! The running service: the HTTP application with its middleware in order, the backends of
+//! the control loop, and the `serve` lifecycle (database, bootstrap, listen, graceful
+//! shutdown). The one place that wires the faces to the rest.
 
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
 
@@ -15,8 +16,8 @@ use sqlx::PgPool;
 use utoipa_swagger_ui::SwaggerUi;
 
 use crate::{
-    api::{self, error::ApiError},
-    auth::{self, jwt::JwtKeys, password, policy},
+    api,
+    auth::password,
     backends::{
         aws_batch::AwsBatchBackend,
         clusters::ClusterConfig,
@@ -31,73 +32,29 @@ use crate::{
         self,
         embedded::{Durability, EmbeddedPostgres},
     },
-    telemetry::{self, Metrics},
+    http::{self, authorize::Gate, error::ApiError, idempotency, trace},
+    state::AppState,
+    web,
 };
 
-/// State shared by every request.
-#[derive(Clone)]
-pub struct AppState {
-    /// The database pool.
-    pub db: PgPool,
-    /// Access-token keys.
-    pub keys: Arc<JwtKeys>,
-    /// The effective configuration.
-    pub config: Arc<Config>,
-    /// Request metrics.
-    pub metrics: Arc<Metrics>,
-    /// Wakes the scheduler after submissions.
-    pub wake: control::wake::SchedulerWake,
-    /// Submission catalogues in memory, checked against the version read at authentication.
-    pub catalogues: Arc<api::jobs::CatalogueCache>,
-    /// API tokens as last read, for single-job submissions.
-    pub tokens: Arc<auth::TokenCache>,
-    /// Single-job submissions, committed in groups.
-    pub submissions: db::group_commit::SubmissionQueue,
-}
-
-impl AppState {
-    /// State over `db` with keys from `config`.
-    pub fn new(db: PgPool, config: Config, signing_key: &[u8]) -> anyhow::Result<Self> {
-        let previous = config
-            .previous_signing_keys
-            .iter()
-            .map(|k| decode_signing_key("FAIRWAY_PREVIOUS_SIGNING_KEYS", k))
-            .collect::<Result<Vec<_>, _>>()?;
-        let keys =
-            JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
-        Ok(Self {
-            tokens: Arc::default(),
-            submissions: db::group_commit::SubmissionQueue::new(db.clone()),
-            db,
-            keys: Arc::new(keys),
-            config: Arc::new(config),
-            metrics: Arc::default(),
-            wake: control::wake::SchedulerWake::default(),
-            catalogues: Arc::default(),
-        })
-    }
-
-    /// Asks for a scheduling cycle soon, without waiting for it.
-    pub fn wake_scheduler(&self) {
-        self.wake.poke(&self.db);
-    }
-}
-
-/// The whole HTTP application.
+/// The whole HTTP application. Middleware, outermost first: the request span and id, the
+/// request timeout, the body limit; then, on API routes, metrics and the request log line,
+/// authentication and authorization, idempotency keys.
 pub fn app(state: AppState) -> Router {
     let (api, openapi) = api::router().split_for_parts();
+    let gate = Gate { state: state.clone(), routes: api::ROUTE_POLICIES };
     let api = api
-        .route_layer(middleware::from_fn_with_state(state.clone(), api::idempotency::idempotency))
-        .route_layer(middleware::from_fn_with_state(state.clone(), policy::authorize))
-        .route_layer(middleware::from_fn_with_state(state.clone(), telemetry::observe));
+        .route_layer(middleware::from_fn_with_state(state.clone(), idempotency::idempotency))
+        .route_layer(middleware::from_fn_with_state(gate, http::authorize::authorize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), trace::observe));
     api.merge(SwaggerUi::new("/api/docs").url("/api/v1/openapi.json", openapi))
-        .merge(crate::web::router())
+        .merge(web::router())
         // Unknown API paths get a problem document; anything else is a portal page.
         .fallback(|uri: axum::http::Uri| async move {
             if uri.path().starts_with("/api/") {
                 ApiError::NotFound("route").into_response()
             } else {
-                crate::web::pages::not_found_page()
+                web::pages::not_found_page()
             }
         })
         .method_not_allowed_fallback(|| async {
@@ -105,8 +62,9 @@ pub fn app(state: AppState) -> Router {
             *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
             r
         })
-        .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), timeout))
+        .layer(middleware::from_fn(trace::request_span))
         .with_state(state)
 }
 
@@ -361,12 +319,10 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
 /// With an external database, migrations are an explicit step (`fairway migrate up`), so
 /// several replicas never race to apply them; refuse to run on an older schema.
 async fn check_migrated(pool: &PgPool) -> anyhow::Result<()> {
-    let latest = db::MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0);
-    let applied: Option<i64> = sqlx::query_scalar("select max(version) from _sqlx_migrations where success")
-        .fetch_one(pool)
+    let applied = db::schema::applied_versions(pool)
         .await
-        .unwrap_or(None);
-    if applied.unwrap_or(0) < latest {
+        .context("cannot read the applied migrations: run `fairway migrate up` first")?;
+    if applied.first().copied().unwrap_or(0) < db::schema::latest_known() {
         anyhow::bail!("the database schema is behind this binary: run `fairway migrate up` first");
     }
     Ok(())

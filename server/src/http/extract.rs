@@ -11,7 +11,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
-use crate::domain::FieldError;
+use crate::{domain::FieldError, ops::Precondition};
 
 /// A JSON request body. Requires `Content-Type: application/json` (415 otherwise), respects
 /// the body limit (413), and reports the JSON path of a bad or unknown field (422), or the
@@ -92,43 +92,17 @@ pub fn etag(version: i64) -> HeaderValue {
     HeaderValue::from_str(&format!("\"{version}\"")).unwrap_or(HeaderValue::from_static("\"0\""))
 }
 
-/// The `If-Match` precondition of an update, if the client sent one.
-#[derive(Debug, Clone, Default)]
-pub struct IfMatch(Option<Vec<String>>);
-
-impl IfMatch {
-    /// The precondition that the object is still at `version` (0: it does not exist yet),
-    /// as a form carries it from the page that showed the object.
-    pub fn version(version: i64) -> Self {
-        Self(Some(vec![format!("\"{version}\"")]))
-    }
-
-    /// Fails with 412 unless the precondition holds for `version`.
-    pub fn check(&self, version: i64) -> Result<(), ApiError> {
-        match &self.0 {
-            None => Ok(()),
-            Some(tags) if tags.iter().any(|t| t == "*") => Ok(()),
-            Some(tags) => {
-                let current = format!("\"{version}\"");
-                if tags.iter().any(|t| t.trim_start_matches("W/") == current) {
-                    Ok(())
-                } else {
-                    Err(ApiError::PreconditionFailed)
-                }
-            }
-        }
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for IfMatch {
+/// `If-Match`: the entity tags the client last read, checked by the use case before it
+/// changes the object.
+impl<S: Send + Sync> FromRequestParts<S> for Precondition {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(header::IF_MATCH) else { return Ok(Self(None)) };
+        let Some(value) = parts.headers.get(header::IF_MATCH) else { return Ok(Precondition::none()) };
         let text = value
             .to_str()
             .map_err(|_| ApiError::field(FieldError::new("If-Match", "invalid_value", "must be an entity tag")))?;
-        Ok(Self(Some(text.split(',').map(|t| t.trim().to_owned()).collect())))
+        Ok(Precondition::entity_tags(text.split(',').map(|t| t.trim().to_owned()).collect()))
     }
 }
 
@@ -281,11 +255,11 @@ mod tests {
 
     #[test]
     fn if_match_accepts_the_current_tag_and_star_only() {
-        let m = IfMatch(Some(vec!["\"3\"".into()]));
+        let m = Precondition::entity_tags(vec!["\"3\"".into()]);
         assert!(m.check(3).is_ok());
-        assert!(matches!(m.check(4), Err(ApiError::PreconditionFailed)));
-        assert!(IfMatch(Some(vec!["*".into()])).check(9).is_ok());
-        assert!(IfMatch(None).check(9).is_ok());
+        assert!(matches!(m.check(4), Err(crate::ops::Error::PreconditionFailed)));
+        assert!(Precondition::entity_tags(vec!["*".into()]).check(9).is_ok());
+        assert!(Precondition::none().check(9).is_ok());
     }
 
     #[test]

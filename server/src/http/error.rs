@@ -1,8 +1,9 @@
 //! The one error type of the REST API, rendered as RFC 9457 `application/problem+json`
 //! with a stable `code` and, for validation failures, the fields that are wrong.
 //!
-//! 5xx bodies say nothing internal: the cause is logged once, here, and the client gets a
-//! generic sentence.
+//! 5xx bodies say nothing internal: the cause, with its whole chain, is logged once, here,
+//! inside the request's span (so the line carries the request id), and the client gets a
+//! generic sentence. Use cases answer [`ops::Error`]; it converts variant by variant.
 
 use axum::{
     http::{header, HeaderValue, StatusCode},
@@ -11,7 +12,10 @@ use axum::{
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::domain::FieldError;
+use crate::{
+    domain::FieldError,
+    ops::{self, error::BoxError},
+};
 
 /// An RFC 9457 problem document.
 #[derive(Debug, Serialize, ToSchema)]
@@ -64,10 +68,12 @@ pub enum ApiError {
     IdempotencyInFlight,
     #[error("request timed out")]
     Timeout,
+    /// The database cannot be reached; the cause is logged.
     #[error("service unavailable")]
-    Unavailable,
-    #[error("internal error: {0}")]
-    Internal(String),
+    Unavailable(#[source] BoxError),
+    /// Our fault; the cause is logged, the client learns nothing of it.
+    #[error("internal error")]
+    Internal(#[source] BoxError),
     /// A submission authorised from cached credentials found them changed when it was
     /// written, and stored nothing. Never reaches a client: the authorization middleware
     /// answers it by authenticating again from the database (it renders as 401 should it
@@ -109,7 +115,7 @@ impl ApiError {
             }
             IdempotencyInFlight => (StatusCode::CONFLICT, "idempotency_in_flight", "Request in flight"),
             Timeout => (StatusCode::SERVICE_UNAVAILABLE, "request_timeout", "Request timed out"),
-            Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
+            Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable", "Service unavailable"),
             Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal_error", "Internal server error"),
         }
     }
@@ -147,6 +153,7 @@ impl ApiError {
                 Vec::new(),
             ),
             ApiError::Internal(_) => ("the server failed to handle the request".into(), None, Vec::new()),
+            ApiError::Unavailable(_) => ("the service is briefly unavailable; retry shortly".into(), None, Vec::new()),
             other => (other.to_string(), None, Vec::new()),
         };
         Problem {
@@ -163,8 +170,12 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        if let ApiError::Internal(cause) = &self {
-            tracing::error!(error = %cause, "request failed");
+        match &self {
+            ApiError::Internal(cause) => tracing::error!(error = %ops::error::chain(&**cause), "request failed"),
+            ApiError::Unavailable(cause) => {
+                tracing::warn!(error = %ops::error::chain(&**cause), "request failed: database unavailable");
+            }
+            _ => {}
         }
         let problem = self.problem();
         let status = StatusCode::from_u16(problem.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -179,15 +190,25 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<ops::Error> for ApiError {
+    fn from(error: ops::Error) -> Self {
+        match error {
+            ops::Error::NotFound(what) => ApiError::NotFound(what),
+            ops::Error::Forbidden => ApiError::Forbidden,
+            ops::Error::InvalidCredentials => ApiError::InvalidCredentials,
+            ops::Error::Validation(errors) => ApiError::Validation(errors),
+            ops::Error::Conflict { code, detail, field } => ApiError::Conflict { code, detail, field },
+            ops::Error::PreconditionFailed => ApiError::PreconditionFailed,
+            ops::Error::CredentialsChanged => ApiError::CredentialsChanged,
+            ops::Error::Unavailable(cause) => ApiError::Unavailable(Box::new(cause)),
+            internal @ ops::Error::Internal { .. } => ApiError::Internal(Box::new(internal)),
+        }
+    }
+}
+
 impl From<sqlx::Error> for ApiError {
     fn from(error: sqlx::Error) -> Self {
-        match error {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-                tracing::error!(%error, "database unavailable");
-                ApiError::Unavailable
-            }
-            other => ApiError::Internal(other.to_string()),
-        }
+        ops::Error::from(error).into()
     }
 }
 
@@ -200,26 +221,5 @@ impl From<Vec<FieldError>> for ApiError {
 impl From<FieldError> for ApiError {
     fn from(error: FieldError) -> Self {
         ApiError::field(error)
-    }
-}
-
-/// Maps a named constraint violation to a client error where it happens.
-pub trait OnConstraint<T> {
-    /// Replaces a violation of `constraint` with `error`; other errors pass through.
-    fn on_constraint(self, constraint: &str, error: impl FnOnce() -> ApiError) -> Result<T, ApiError>;
-}
-
-impl<T> OnConstraint<T> for Result<T, sqlx::Error> {
-    fn on_constraint(self, constraint: &str, error: impl FnOnce() -> ApiError) -> Result<T, ApiError> {
-        self.map_err(|e| match e.as_database_error().and_then(|d| d.constraint()) {
-            Some(c) if c == constraint => error(),
-            _ => ApiError::from(e),
-        })
-    }
-}
-
-impl<T> OnConstraint<T> for Result<T, ApiError> {
-    fn on_constraint(self, _constraint: &str, _error: impl FnOnce() -> ApiError) -> Result<T, ApiError> {
-        self
     }
 }

@@ -1,0 +1,9 @@
+//! What the two faces (the REST API and the portal) share about HTTP: the problem-document
+//! error and its mapping from use-case errors, request extractors, idempotency keys,
+//! authentication and authorization middleware, and request ids with their span.
+
+pub mod authorize;
+pub mod error;
+pub mod extract;
+pub mod idempotency;
+pub mod trace;

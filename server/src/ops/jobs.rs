@@ -1,0 +1,401 @@
+//! Jobs: what may be asked for (validated against the team's catalogue: classes, priority
+//! classes, capacity, the team's runtime limit), submission one at a time or in batches,
+//! cancellation, and the engine's answer to "what if I submitted this now".
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::{off_thread, Error, Result};
+use crate::{
+    auth::CatalogueVersion,
+    backends::ReplicaSlot,
+    control,
+    db::{self, jobs::NewJob},
+    domain::{
+        check_range,
+        job::{self, check_command, check_env, check_grace, check_image, check_labels},
+        FieldError, TopologyLevel, TopologyMode, TopologyWish,
+    },
+    scheduler,
+    state::AppState,
+};
+
+/// The most jobs one batch may submit.
+pub const MAX_BATCH: usize = 1000;
+/// Default maximum runtime when a job names none: a day, or the team's limit if lower.
+const DEFAULT_MAX_RUNTIME_SECONDS: i32 = 86_400;
+
+/// A job to submit.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// Free text shown to people.
+    pub name: String,
+    /// GPU class from the catalogue, e.g. `h100-80gb` or `a100-80gb.mig-3g.40gb`.
+    pub gpu_class: String,
+    /// Replicas of the gang (all or none run). Default 1.
+    #[serde(default = "one")]
+    pub replicas: i64,
+    /// GPUs (units of the class) per replica, all on one node. Default 1.
+    #[serde(default = "one")]
+    pub gpus_per_replica: i64,
+    /// Priority class. Default `experiment` (preemptible, may borrow burst capacity).
+    #[serde(default)]
+    pub priority_class: Option<String>,
+    /// Longest the job may run; at most the team's limit. Default a day (or the limit).
+    #[serde(default)]
+    pub max_runtime_seconds: Option<i64>,
+    /// Container image.
+    pub image: String,
+    /// Command and arguments.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Environment variables (names starting with `FAIRWAY_` are the platform's, except the
+    /// simulator's `FAIRWAY_SIM_*` hints).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Labels, Kubernetes style, for filtering and cost allocation.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Keep the gang within one domain of a topology level.
+    #[serde(default)]
+    pub topology: Option<TopologyWish>,
+    /// Seconds to checkpoint when preempted; default from the priority class.
+    #[serde(default)]
+    pub preemption_grace_seconds: Option<i64>,
+    /// Times to rerun the job after the application fails. Default 0.
+    #[serde(default)]
+    pub max_retries: Option<i64>,
+    /// The job tolerates spot capacity: it may run on spot cloud pools (cheaper), and a spot
+    /// interruption requeues it without counting as a failure. Default false.
+    #[serde(default)]
+    pub allow_spot: bool,
+}
+
+fn one() -> i64 {
+    1
+}
+
+/// The catalogue a batch is validated against, read once per request.
+struct Catalogue {
+    classes: HashMap<String, (Uuid, db::jobs::ClassCapacity)>,
+    priorities: Vec<String>,
+    max_runtime: i32,
+}
+
+impl Catalogue {
+    async fn load(state: &AppState, team_id: Uuid, specs: &[JobSpec], version: CatalogueVersion) -> Result<Self> {
+        let mut names: Vec<String> = specs.iter().map(|s| s.gpu_class.clone()).collect();
+        names.sort_unstable();
+        names.dedup();
+        let key = (team_id, names);
+        let cached = version.0.and_then(|v| state.catalogues.get(&key, v));
+        let catalogue = match cached {
+            Some(c) => c,
+            None => {
+                let c = db::jobs::submit_catalogue(&state.db, team_id, &key.1).await?.ok_or(Error::NotFound("team"))?;
+                state.catalogues.put(key, c.clone());
+                c
+            }
+        };
+        Ok(Self {
+            classes: catalogue.classes.into_iter().map(|(name, id, capacity)| (name, (id, capacity))).collect(),
+            priorities: catalogue.priorities,
+            max_runtime: catalogue.max_runtime,
+        })
+    }
+
+    /// Validates one spec, naming failing fields under `prefix`.
+    fn validate(&self, prefix: &str, spec: &JobSpec) -> Result<NewJob, Vec<FieldError>> {
+        let at = |f: &str| format!("{prefix}{f}");
+        let mut errors = Vec::new();
+        let mut check = |r: Result<(), FieldError>| {
+            if let Err(e) = r {
+                errors.push(e);
+            }
+        };
+        check(job::check_name(&at("name"), &spec.name));
+        check(check_image(&at("image"), &spec.image));
+        check(check_command(&at("command"), &spec.command));
+        check(check_env(&at("env"), &spec.env));
+        check(check_labels(&at("labels"), &spec.labels));
+        check(check_range(&at("replicas"), spec.replicas, 1, 1024));
+        check(check_range(&at("gpus_per_replica"), spec.gpus_per_replica, 1, 64));
+        if let Some(g) = spec.preemption_grace_seconds {
+            check(check_grace(&at("preemption_grace_seconds"), g));
+        }
+        if let Some(r) = spec.max_retries {
+            check(check_range(&at("max_retries"), r, 0, 100));
+        }
+        let max_runtime =
+            spec.max_runtime_seconds.unwrap_or(i64::from(DEFAULT_MAX_RUNTIME_SECONDS.min(self.max_runtime)));
+        if max_runtime < 1 {
+            check(Err(FieldError::new(at("max_runtime_seconds"), "too_small", "must be at least 1")));
+        } else if max_runtime > i64::from(self.max_runtime) {
+            check(Err(FieldError::new(
+                at("max_runtime_seconds"),
+                "exceeds_team_limit",
+                format!("must be at most the team's limit of {} seconds", self.max_runtime),
+            )));
+        }
+        let priority = spec.priority_class.clone().unwrap_or_else(|| "experiment".into());
+        if !self.priorities.contains(&priority) {
+            check(Err(FieldError::new(
+                at("priority_class"),
+                "not_found",
+                format!("priority class {priority} does not exist; one of: {}", self.priorities.join(", ")),
+            )));
+        }
+        let class = self.classes.get(&spec.gpu_class);
+        match class {
+            None => check(Err(FieldError::new(
+                at("gpu_class"),
+                "not_found",
+                format!("GPU class {} does not exist", spec.gpu_class),
+            ))),
+            Some((_, cap)) if cap.inventory_known => {
+                if cap.total_gpus == 0 {
+                    check(Err(FieldError::new(
+                        at("gpu_class"),
+                        "no_capacity",
+                        format!("no cluster offers GPU class {}", spec.gpu_class),
+                    )));
+                } else if spec.gpus_per_replica > i64::from(cap.largest_node) {
+                    check(Err(FieldError::new(
+                        at("gpus_per_replica"),
+                        "never_fits",
+                        format!("a replica must fit on one node, and the largest has {} GPUs", cap.largest_node),
+                    )));
+                } else if spec.replicas.saturating_mul(spec.gpus_per_replica) > cap.total_gpus {
+                    check(Err(FieldError::new(
+                        at("replicas"),
+                        "never_fits",
+                        format!(
+                            "the gang needs {} GPUs and all clusters together have {}",
+                            spec.replicas.saturating_mul(spec.gpus_per_replica),
+                            cap.total_gpus
+                        ),
+                    )));
+                } else if let Some(TopologyWish { level, mode: TopologyMode::Required }) = spec.topology {
+                    let largest = match level {
+                        TopologyLevel::NvlinkDomain => i64::from(cap.largest_nvlink_domain),
+                        TopologyLevel::Node => i64::from(cap.largest_node),
+                        TopologyLevel::Rack => cap.largest_rack,
+                        TopologyLevel::Zone => cap.largest_zone,
+                    };
+                    if spec.replicas.saturating_mul(spec.gpus_per_replica) > largest {
+                        check(Err(FieldError::new(
+                            at("topology"),
+                            "never_fits",
+                            format!(
+                                "the gang needs {} GPUs within one {}, and the largest has {largest}",
+                                spec.replicas.saturating_mul(spec.gpus_per_replica),
+                                level.as_str()
+                            ),
+                        )));
+                    }
+                }
+            }
+            Some(_) => {}
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        let (mode, level) = match spec.topology {
+            None => ("any", None),
+            Some(TopologyWish { level, mode: TopologyMode::Required }) => ("required", Some(level.as_str().to_owned())),
+            Some(TopologyWish { level, mode: TopologyMode::Preferred }) => {
+                ("preferred", Some(level.as_str().to_owned()))
+            }
+        };
+        Ok(NewJob {
+            id: Uuid::new_v4(),
+            name: spec.name.trim().to_owned(),
+            gpu_class_id: class.map(|c| c.0).unwrap_or_default(),
+            priority_class: priority,
+            replicas: spec.replicas as i32,
+            gpus_per_replica: spec.gpus_per_replica as i32,
+            max_runtime_seconds: max_runtime as i32,
+            image: spec.image.clone(),
+            command: serde_json::json!(spec.command),
+            env: serde_json::json!(spec.env),
+            labels: serde_json::json!(spec.labels),
+            topology_mode: mode.to_owned(),
+            topology_level: level,
+            preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
+            max_retries: spec.max_retries.unwrap_or(0) as i32,
+            allow_spot: spec.allow_spot,
+        })
+    }
+}
+
+/// Validates `spec` against the catalogue and queues it for `team` on behalf of `by`; the
+/// stored job. The API and the portal both submit through this. With a `check` (the caller
+/// was authorised from cached credentials) nothing is stored unless the write finds it
+/// still true: [`Error::CredentialsChanged`] otherwise.
+pub async fn submit(
+    state: &AppState,
+    team: &db::teams::TeamRow,
+    by: &str,
+    spec: JobSpec,
+    version: CatalogueVersion,
+    check: Option<db::jobs::WriteCheck>,
+) -> Result<db::jobs::JobRow> {
+    let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
+    let job = catalogue.validate("", &spec).map_err(Error::Validation)?;
+    let stored = state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(Error::CredentialsChanged)?;
+    state.wake_scheduler();
+    Ok(db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by))
+}
+
+/// Validates up to [`MAX_BATCH`] specs against the catalogue and queues them for `team`
+/// on behalf of `by`, atomically: all are stored, or none (every invalid field of every job
+/// is reported, as `jobs[i].field`). The stored jobs, in request order.
+pub async fn submit_batch(
+    state: &AppState,
+    team_id: Uuid,
+    by: &str,
+    specs: &[JobSpec],
+    version: CatalogueVersion,
+) -> Result<Vec<NewJob>> {
+    if specs.is_empty() || specs.len() > MAX_BATCH {
+        return Err(Error::field(FieldError::new(
+            "jobs",
+            if specs.is_empty() { "too_few" } else { "too_many" },
+            format!("must hold 1 to {MAX_BATCH} jobs"),
+        )));
+    }
+    let catalogue = Catalogue::load(state, team_id, specs, version).await?;
+    let mut jobs = Vec::with_capacity(specs.len());
+    let mut errors = Vec::new();
+    for (i, spec) in specs.iter().enumerate() {
+        match catalogue.validate(&format!("jobs[{i}]."), spec) {
+            Ok(job) => jobs.push(job),
+            Err(mut e) => errors.append(&mut e),
+        }
+    }
+    if !errors.is_empty() {
+        return Err(Error::Validation(errors));
+    }
+    db::jobs::insert_many(&state.db, team_id, by, &jobs).await?;
+    state.wake_scheduler();
+    Ok(jobs)
+}
+
+/// Cancels job `id` on behalf of `actor`: a job that holds GPUs is stopped with its grace
+/// period, one that does not is cancelled at once; cancelling a cancelled job is harmless.
+/// The API and the portal both cancel through this.
+pub async fn cancel(state: &AppState, actor: &str, id: Uuid) -> Result<()> {
+    let mut tx = state.db.begin().await?;
+    let locked = db::jobs::lock(&mut tx, id).await?.ok_or(Error::NotFound("job"))?;
+    match locked.state.as_str() {
+        "cancelled" => {}
+        "succeeded" | "failed" => {
+            return Err(Error::conflict("job_finished", None, format!("the job has already {}", locked.state)))
+        }
+        "preempted" if !locked.holds_gpus => {
+            return Err(Error::conflict("job_finished", None, "the job was preempted and is out of retries"))
+        }
+        _ => {
+            let stop = locked.holds_gpus.then_some(locked.grace_ms);
+            db::jobs::mark_cancelled(&mut tx, id, locked.attempt, stop).await?;
+            let message = if locked.holds_gpus {
+                format!("cancel requested by {actor}; stopping with a {} s grace period", locked.grace_ms / 1000)
+            } else {
+                format!("cancelled by {actor} before it ran")
+            };
+            let kind = if locked.holds_gpus { "cancel_requested" } else { "cancelled" };
+            db::jobs::add_event(&mut tx, id, locked.attempt, kind, Some("user"), &message, None).await?;
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// A running job that would be preempted.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WouldPreempt {
+    pub team: String,
+    /// The job's id when it is the caller's team's; other teams' jobs are not named.
+    pub job: Option<Uuid>,
+    /// `priority`, `reclaim` or `fair_share`.
+    pub reason: String,
+    pub gpus: i32,
+}
+
+/// What would happen to a job submitted now.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DryRunResult {
+    /// It would be admitted at once.
+    pub fits_now: bool,
+    /// Where, if so.
+    pub placement: Option<Vec<ReplicaSlot>>,
+    pub cluster: Option<String>,
+    /// Running jobs it would preempt.
+    pub would_preempt: Vec<WouldPreempt>,
+    /// Why it would wait, if it would.
+    pub reason: Option<String>,
+    pub message: Option<String>,
+    pub position: Option<u32>,
+    pub expected_start_at: Option<DateTime<Utc>>,
+    /// Most it can cost: GPUs × rate × maximum runtime × the priority's multiplier, in
+    /// micro-units of the platform currency.
+    pub max_cost_micros: i64,
+    pub currency: String,
+}
+
+/// The engine's answer for `spec` submitted by `team_id` now; changes nothing. The API and
+/// the portal's preview both ask through this.
+pub async fn dry_run(
+    state: &AppState,
+    team_id: Uuid,
+    spec: &JobSpec,
+    version: CatalogueVersion,
+) -> Result<DryRunResult> {
+    let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
+    let job = catalogue.validate("", spec).map_err(Error::Validation)?;
+    let engine = control::engine_config(&state.config);
+    let world = control::cycle::world(&state.db, &engine, state.config.chargeback, &mut Default::default()).await?;
+    let proposed = world
+        .proposed(team_id, &job)
+        .ok_or_else(|| Error::internal("dry run", "the job does not map onto the snapshot"))?;
+    let (world, answer) = off_thread(move || {
+        let answer = scheduler::dry_run::dry_run(&world.snapshot, &proposed);
+        (world, answer)
+    })
+    .await?;
+    let (cluster, placement) = match answer.placement.as_ref().and_then(|p| world.stored_placement(p)) {
+        Some((_, cluster, slots)) => (Some(cluster), Some(slots)),
+        None => (None, None),
+    };
+    let would_preempt = answer
+        .victims
+        .iter()
+        .filter_map(|v| {
+            let victim = world.jobs.get(&v.victim)?;
+            Some(WouldPreempt {
+                job: (victim.team_id == team_id).then_some(victim.id),
+                team: world.team_name_of(victim.team_id),
+                reason: v.reason.code().to_owned(),
+                gpus: victim.replicas * victim.gpus_per_replica,
+            })
+        })
+        .collect();
+    let (reason, message) = answer.reason.as_ref().map(|r| world.pending_text(r)).unzip();
+    Ok(DryRunResult {
+        fits_now: placement.is_some(),
+        placement,
+        cluster,
+        would_preempt,
+        reason,
+        message,
+        position: answer.position,
+        expected_start_at: answer.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
+        max_cost_micros: answer.max_cost_micros,
+        currency: state.config.currency.clone(),
+    })
+}
