@@ -1068,7 +1068,7 @@ proptest! {
                 // borrowing team's gang across its reserved line (a gang cannot be split), and
                 // that team's requeued job, now within its reserved quota, went first. Then a
                 // second round must do it.
-                let class = s.pending.iter().find(|j| j.id == job).map(|j| j.class).unwrap_or(0);
+                let class = s.pending.iter().find(|j| j.id == job).map_or(0, |j| j.class);
                 let usage = |snap: &Snapshot, t: TeamId| -> u64 {
                     snap.running
                         .iter()

@@ -92,9 +92,11 @@ impl Server {
                     return;
                 }
             }
-            if started.elapsed() > READY_TIMEOUT {
-                panic!("fairway serve was not ready within {READY_TIMEOUT:?}:\n{}", read_log(&self.log));
-            }
+            assert!(
+                started.elapsed() <= READY_TIMEOUT,
+                "fairway serve was not ready within {READY_TIMEOUT:?}:\n{}",
+                read_log(&self.log)
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -134,9 +136,9 @@ impl Server {
     /// Sends SIGTERM and waits for the process to exit.
     async fn terminate(mut self) -> (ExitStatus, String) {
         let mut child = self.child.take().unwrap();
-        let pid = libc::pid_t::try_from(child.id()).unwrap();
-        // SAFETY: `kill` has no memory-safety preconditions; `pid` is our unreaped child.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "cannot signal fairway serve");
+        let pid = child.id().to_string();
+        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(sent.success(), "cannot signal fairway serve");
         let started = Instant::now();
         loop {
             if let Some(status) = child.try_wait().unwrap() {

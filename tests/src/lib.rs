@@ -257,7 +257,7 @@ impl TestApp {
         for (name, value) in call.headers {
             builder = builder.header(name, value);
         }
-        let request = builder.body(call.body.map(Body::from).unwrap_or_else(Body::empty)).expect("request");
+        let request = builder.body(call.body.map_or_else(Body::empty, Body::from)).expect("request");
         let response = tokio::time::timeout(Duration::from_secs(60), self.router.clone().oneshot(request))
             .await
             .expect("request took over 60 s")

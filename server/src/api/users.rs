@@ -78,7 +78,7 @@ pub async fn create_user(
     let password = Password::parse("password", &body.password)?;
     let hash = ops::off_thread(move || password::hash(password.expose())).await?;
     let mut tx = state.db.begin().await?;
-    let user = db::users::insert(&mut tx, username.as_str(), &hash, body.platform_role.map(|r| r.as_str()))
+    let user = db::users::insert(&mut tx, username.as_str(), &hash, body.platform_role.map(PlatformRole::as_str))
         .await
         .on_constraint("users_username_key", || {
             ApiError::conflict("username_taken", Some("username"), format!("user {username} already exists"))
@@ -176,7 +176,7 @@ pub async fn update_user(
             return Err(FieldError::new("disabled", "self_disable", "you cannot disable yourself").into());
         }
     }
-    let row = db::users::update(&mut tx, before.id, role.map(|r| r.as_str()), disabled, hash.as_deref()).await?;
+    let row = db::users::update(&mut tx, before.id, role.map(PlatformRole::as_str), disabled, hash.as_deref()).await?;
     let view = UserView::from(row);
     record(&mut tx, &principal, "user.update", "user", &username, None, Some(&UserView::from(before)), Some(&view))
         .await?;

@@ -21,8 +21,7 @@ pub fn hash(password: &str) -> String {
 /// True when `password` matches `stored`. A malformed stored hash never matches.
 pub fn verify(password: &str, stored: &str) -> bool {
     PasswordHash::new(stored)
-        .map(|parsed| Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
-        .unwrap_or(false)
+        .is_ok_and(|parsed| Argon2::default().verify_password(password.as_bytes(), &parsed).is_ok())
 }
 
 /// Spends the same time as a real verification, so a login for an unknown user cannot be

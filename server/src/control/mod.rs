@@ -249,7 +249,7 @@ async fn dispatcher(ctx: Ctx, epoch: i64) {
     loop {
         match dispatch::dispatch_batch(&ctx, epoch).await {
             Ok(0) => wake(&mut events, Duration::from_millis(250)).await,
-            Ok(_) => continue,
+            Ok(_) => {}
             Err(ControlError::NotLeader) => return,
             Err(e) => {
                 tracing::warn!(error = %e, "dispatch failed");

@@ -108,7 +108,7 @@ impl EmbeddedPostgres {
         }
 
         let log = open_log(&log_path, run_as)?;
-        let log_start = log.metadata().map(|m| m.len()).unwrap_or(0);
+        let log_start = log.metadata().map_or(0, |m| m.len());
         let mut cmd = Command::new(bin.join("postgres"));
         cmd.arg("-D")
             .arg(&pgdata)
@@ -169,14 +169,13 @@ impl EmbeddedPostgres {
     /// falls back to an immediate shutdown.
     pub async fn stop(mut self) {
         let Some(exited) = self.exited.take() else { return };
-        // SAFETY: `kill` has no memory-safety preconditions; the pid is our own child,
-        // which the supervisor thread has not reaped while `exited` is pending.
-        unsafe { libc::kill(self.pid, libc::SIGINT) };
+        // The pid is our own child, which the supervisor thread has not reaped while
+        // `exited` is pending.
+        sys::signal(self.pid, libc::SIGINT);
         let mut exited = exited;
         if tokio::time::timeout(Duration::from_secs(30), &mut exited).await.is_err() {
             tracing::warn!(pid = self.pid, "embedded PostgreSQL ignored fast shutdown; sending SIGQUIT");
-            // SAFETY: as above.
-            unsafe { libc::kill(self.pid, libc::SIGQUIT) };
+            sys::signal(self.pid, libc::SIGQUIT);
             let _ = tokio::time::timeout(Duration::from_secs(10), exited).await;
         }
     }
@@ -211,9 +210,7 @@ impl EmbeddedPostgres {
     }
 
     fn has_exited(&self) -> bool {
-        // `kill(pid, 0)` probes for existence without sending anything.
-        // SAFETY: no memory-safety preconditions.
-        unsafe { libc::kill(self.pid, 0) != 0 }
+        !sys::alive(self.pid)
     }
 }
 
@@ -250,25 +247,12 @@ fn configure_child(cmd: &mut Command, run_as: Option<RunAs>) {
         cmd.uid(uid).gid(gid);
     }
     cmd.env_remove("PGDATA").env("LC_ALL", "C").env("LANG", "C");
-    // SAFETY: the closure only calls async-signal-safe functions (prctl, getppid, kill).
-    unsafe {
-        cmd.pre_exec(|| {
-            // Runs after the uid change, which would otherwise clear the death signal.
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGINT) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            // The parent may have died before prctl took effect.
-            if libc::getppid() == 1 {
-                libc::kill(libc::getpid(), libc::SIGINT);
-            }
-            Ok(())
-        });
-    }
+    sys::die_with_parent(cmd, libc::SIGINT);
 }
 
 fn initdb(bin: &Path, pgdata: &Path, log_path: &Path, run_as: Option<RunAs>) -> Result<(), EmbeddedError> {
     let log = open_log(log_path, run_as)?;
-    let start = log.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = log.metadata().map_or(0, |m| m.len());
     let mut cmd = Command::new(bin.join("initdb"));
     cmd.arg("-D")
         .arg(pgdata)
@@ -311,7 +295,7 @@ pub fn find_binaries() -> Option<PathBuf> {
     }
     let mut versions: Vec<(u32, PathBuf)> = fs::read_dir("/usr/lib/postgresql")
         .ok()?
-        .filter_map(|e| e.ok())
+        .filter_map(std::result::Result::ok)
         .filter_map(|e| Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin"))))
         .filter(|(_, dir)| complete(dir))
         .collect();
@@ -320,22 +304,68 @@ pub fn find_binaries() -> Option<PathBuf> {
 }
 
 fn unprivileged_account() -> Option<RunAs> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !sys::is_root() {
         return None;
     }
     ["postgres", "nobody"].into_iter().find_map(|name| {
-        let name = CString::new(name).ok()?;
-        // SAFETY: getpwnam returns null or a pointer to static storage we read at once;
-        // we are single-threaded with respect to other passwd lookups here.
+        let (uid, gid) = sys::account(&CString::new(name).ok()?)?;
+        Some(RunAs { uid, gid })
+    })
+}
+
+/// The process calls std offers no safe form of, in one place: signals by pid, the
+/// effective uid, passwd lookups, and the parent-death signal of a child.
+mod sys {
+    #![expect(unsafe_code, reason = "kill, geteuid, getpwnam and prctl in a pre-exec hook have no safe std equivalent")]
+
+    use std::{ffi::CStr, io, os::unix::process::CommandExt as _, process::Command};
+
+    /// Sends `signal` to `pid`; false when there is no such process.
+    pub fn signal(pid: libc::pid_t, signal: libc::c_int) -> bool {
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(pid, signal) == 0 }
+    }
+
+    /// Whether `pid` exists: `kill(pid, 0)` probes without sending anything.
+    pub fn alive(pid: libc::pid_t) -> bool {
+        signal(pid, 0)
+    }
+
+    /// Whether this process runs as root.
+    pub fn is_root() -> bool {
+        // SAFETY: geteuid(2) has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    /// The uid and gid of the account `name`, if it exists.
+    pub fn account(name: &CStr) -> Option<(libc::uid_t, libc::gid_t)> {
+        // SAFETY: getpwnam returns null or a pointer to static storage that we read at once;
+        // no other passwd lookup runs on this thread meanwhile.
         let pw = unsafe { libc::getpwnam(name.as_ptr()) };
         if pw.is_null() {
             return None;
         }
         // SAFETY: `pw` is non-null and points to a valid passwd record.
-        let (uid, gid) = unsafe { ((*pw).pw_uid, (*pw).pw_gid) };
-        Some(RunAs { uid, gid })
-    })
+        Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
+    }
+
+    /// Makes the child get `signal` when the thread that spawned it dies.
+    pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
+        // SAFETY: the hook only calls async-signal-safe functions (prctl, getppid, kill).
+        unsafe {
+            cmd.pre_exec(move || {
+                // Runs after the uid change, which would otherwise clear the death signal.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                // The parent may have died before prctl took effect.
+                if libc::getppid() == 1 {
+                    libc::kill(libc::getpid(), signal);
+                }
+                Ok(())
+            });
+        }
+    }
 }
 
 fn prepare_dir(pgdata: &Path, run_as: Option<RunAs>) -> Result<(), EmbeddedError> {

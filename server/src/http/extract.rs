@@ -265,7 +265,7 @@ mod tests {
     #[test]
     fn cursors_round_trip_and_garbage_is_refused() {
         let req = PageRequest::parse(PageParams { limit: Some(2), cursor: None }).unwrap();
-        let page = req.page(vec!["a", "b", "c"], |s| s.to_string(), |s| s.to_string());
+        let page = req.page(vec!["a", "b", "c"], std::string::ToString::to_string, std::string::ToString::to_string);
         assert_eq!(page.items, vec!["a", "b"]);
         let next = PageRequest::parse(PageParams { limit: None, cursor: page.next_cursor }).unwrap();
         assert_eq!(next.after.as_deref(), Some("b"));

@@ -103,7 +103,7 @@ pub fn layout(nodes: &[NodeUnits], held: &[HeldPlacement], viewer: &Viewer) -> L
     for h in held {
         for replica in h.placement.as_array().into_iter().flatten() {
             let node = replica["node"].as_str().unwrap_or_default().to_owned();
-            for unit in replica["gpus"].as_array().into_iter().flatten().filter_map(|u| u.as_u64()) {
+            for unit in replica["gpus"].as_array().into_iter().flatten().filter_map(serde_json::Value::as_u64) {
                 owners.insert((h.cluster.as_str(), node.clone(), h.gpu_class.as_str(), unit), h);
             }
         }

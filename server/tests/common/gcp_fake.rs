@@ -104,13 +104,13 @@ fn check(doc: &Value, schema: &Value, value: &Value, path: &str, dir: Direction,
             match schema["format"].as_str() {
                 // Google's JSON mapping: 64-bit integers travel as decimal strings.
                 Some("int64" | "uint64") if s.parse::<i128>().is_err() => {
-                    errors.push(format!("{path}: {s:?} is not a 64-bit integer"))
+                    errors.push(format!("{path}: {s:?} is not a 64-bit integer"));
                 }
                 Some("google-duration") if !(s.ends_with('s') && s[..s.len() - 1].parse::<f64>().is_ok()) => {
-                    errors.push(format!("{path}: {s:?} is not a duration like \"3600s\""))
+                    errors.push(format!("{path}: {s:?} is not a duration like \"3600s\""));
                 }
                 Some("google-datetime") if chrono::DateTime::parse_from_rfc3339(s).is_err() => {
-                    errors.push(format!("{path}: {s:?} is not an RFC 3339 time"))
+                    errors.push(format!("{path}: {s:?} is not an RFC 3339 time"));
                 }
                 _ => {}
             }

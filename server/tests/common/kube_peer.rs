@@ -75,6 +75,7 @@ fn binaries() -> PathBuf {
     PathBuf::from(stdout.lines().last().expect("the script prints the binaries' directory").trim())
 }
 
+#[expect(unsafe_code, reason = "the parent-death signal can only be set in a pre-exec hook")]
 fn spawn(dir: &Path, name: &str, program: &Path, args: &[String]) -> Child {
     let log = fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
     let mut cmd = Command::new(program);

@@ -82,9 +82,12 @@ impl Replica {
     }
 
     pub fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        let rc = unsafe { libc::kill(self.child.id() as i32, signal) };
-        assert_eq!(rc, 0, "kill({signal})");
+        let sent = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("running kill");
+        assert!(sent.success(), "kill({signal})");
     }
 
     pub fn log(&self) -> String {

@@ -75,7 +75,7 @@ impl Platform {
                 .json(&json!({"username": "admin", "password": ADMIN_PASSWORD}))
                 .send()
                 .await;
-            if let Ok(r) = r.and_then(|r| r.error_for_status()) {
+            if let Ok(r) = r.and_then(reqwest::Response::error_for_status) {
                 self.token = r.json::<Value>().await.unwrap()["access_token"].as_str().unwrap().to_owned();
                 return;
             }

@@ -296,7 +296,7 @@ async fn the_ledger_refuses_updates_deletes_and_truncation_even_from_its_owner()
     run_and_close(&s.app.pool, job, t("2026-10-02T00:00:00Z"), t("2026-10-02T00:30:00Z")).await;
     for sql in ["update usage_ledger set billed_cost_micros = 0", "delete from usage_ledger", "truncate usage_ledger"] {
         let e = sqlx::query(sql).execute(&s.app.pool).await.expect_err(sql);
-        let code = e.as_database_error().and_then(|d| d.code()).map(|c| c.into_owned());
+        let code = e.as_database_error().and_then(sqlx::error::DatabaseError::code).map(std::borrow::Cow::into_owned);
         assert_eq!(code.as_deref(), Some("42501"), "{sql}: {e}");
     }
     assert_eq!(scalar(&s.app.pool, "select sum(duration_ms)::int8 from usage_ledger").await, 1_800_000);

@@ -445,7 +445,7 @@ fn batch_job(d: &aws_sdk_batch::types::JobDetail) -> BatchJob {
         status_reason: d.status_reason().map(str::to_owned),
         started_at: millis(d.started_at()),
         stopped_at: millis(d.stopped_at()),
-        exit_code: container.and_then(|c| c.exit_code()),
+        exit_code: container.and_then(aws_sdk_batch::types::ContainerDetail::exit_code),
         container_reason: container.and_then(|c| c.reason()).map(str::to_owned),
         attempt_reasons: d.attempts().iter().filter_map(|a| a.status_reason()).map(str::to_owned).collect(),
         tags: d.tags().cloned().unwrap_or_default(),
@@ -460,8 +460,7 @@ where
     R: std::fmt::Debug,
 {
     let code = e.code().unwrap_or_default().to_owned();
-    let message =
-        e.message().map(str::to_owned).unwrap_or_else(|| aws_sdk_batch::error::DisplayErrorContext(&e).to_string());
+    let message = e.message().map_or_else(|| aws_sdk_batch::error::DisplayErrorContext(&e).to_string(), str::to_owned);
     let text = format!("cluster {cluster}: {what}: {code} {message}");
     let throttled = code.contains("Throttl") || code.contains("TooManyRequests");
     match (&e, code.as_str()) {

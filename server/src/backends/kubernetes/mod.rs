@@ -299,12 +299,13 @@ impl KubeBackend {
 
     /// The resource a class is requested by: as a node offering it says, else by its name.
     fn resource_of(&self, class: &str, gpus: &[NodeGpus]) -> String {
-        gpus.iter().find(|g| g.entry.gpu_class == class).map(|g| g.resource.clone()).unwrap_or_else(|| {
-            match class.split_once(".mig-") {
+        gpus.iter().find(|g| g.entry.gpu_class == class).map_or_else(
+            || match class.split_once(".mig-") {
                 Some((_, profile)) => format!("nvidia.com/mig-{profile}"),
                 None => inventory::GPU_RESOURCE.to_owned(),
-            }
-        })
+            },
+            |g| g.resource.clone(),
+        )
     }
 
     fn apply_params() -> PatchParams {
@@ -596,7 +597,7 @@ impl KubeBackend {
         let (nodes, services, pods) = self.state().await?;
         let now = Utc::now();
         let after = chrono::Duration::seconds(self.config.node_lost_after_seconds as i64);
-        let mut lost = inventory::lost_nodes(nodes.iter().map(|n| n.as_ref()), now, after);
+        let mut lost = inventory::lost_nodes(nodes.iter().map(std::convert::AsRef::as_ref), now, after);
         let known: HashSet<String> = nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
         let mut gangs: BTreeMap<String, (Option<&Service>, Vec<&Pod>)> = BTreeMap::new();
         for service in &services {

@@ -211,7 +211,8 @@ pub async fn job(
         slots
             .iter()
             .map(|slot| {
-                let gpus: Vec<String> = slot["gpus"].as_array().into_iter().flatten().map(|g| g.to_string()).collect();
+                let gpus: Vec<String> =
+                    slot["gpus"].as_array().into_iter().flatten().map(std::string::ToString::to_string).collect();
                 format!("{} (GPUs {})", slot["node"].as_str().unwrap_or("?"), gpus.join(","))
             })
             .collect::<Vec<_>>()

@@ -129,7 +129,7 @@ async fn platform_page(
             .map(|r| format!("{} from {}", money(r.rate_micros_per_gpu_hour), when(r.effective_from)))
             .collect();
         rates.push(RateLine {
-            now: class.rate_micros_per_gpu_hour.map(&money).unwrap_or_else(|| "no price yet".into()),
+            now: class.rate_micros_per_gpu_hour.map_or_else(|| "no price yet".into(), &money),
             memory: format!("{} GiB", class.memory_mib / 1024),
             gpu_class: class.name,
             kind: class.kind,

@@ -180,9 +180,9 @@ pub async fn team(
             name: j.name.clone(),
             gpus: gpus(j),
             gpu_class: j.gpu_class.clone(),
-            position: j.queue_position.map(|p| p.to_string()).unwrap_or_else(|| "–".into()),
+            position: j.queue_position.map_or_else(|| "–".into(), |p| p.to_string()),
             reason: j.pending_message.clone().unwrap_or_else(|| "waiting for the next scheduling cycle".into()),
-            expected_start: j.expected_start_at.map(when).unwrap_or_else(|| "not foreseeable".into()),
+            expected_start: j.expected_start_at.map_or_else(|| "not foreseeable".into(), when),
         })
         .collect();
     let can_submit = role >= TeamRole::Member;

@@ -69,7 +69,7 @@ async fn tokens_page(
             prefix: t.display_prefix,
             created: when(t.created_at),
             expires: when(t.expires_at),
-            last_used: t.last_used_at.map(when).unwrap_or_else(|| "never".into()),
+            last_used: t.last_used_at.map_or_else(|| "never".into(), when),
             revoked: t.revoked_at.is_some(),
         })
         .collect();
