@@ -71,12 +71,16 @@
 //! A job whose victims are still stopping waits for them (`waiting_for_reclaim`) instead of
 //! choosing more.
 
+mod backfill;
+mod budget;
 pub mod decision;
 pub mod dry_run;
 pub mod engine;
 pub mod eta;
 pub mod fairshare;
 pub mod inventory;
+mod preemption;
+mod queue;
 pub mod quota;
 pub mod snapshot;
 

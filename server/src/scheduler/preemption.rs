@@ -1,0 +1,375 @@
+//! Preemption: which running jobs make room for a job that does not fit, and why.
+//!
+//! The rules (priority, reclaim, fair share) and why none of them can loop are in the
+//! [module docs](super). This module finds the victims for one job: it takes candidates out
+//! of the inventory and ledger tentatively, in the cycle's victim order, until the job fits,
+//! then puts back those that turned out unnecessary and holds what the job will get.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{
+    decision::{PendingReason, PreemptReason, Preemption},
+    engine::Cycle,
+    fairshare,
+    quota::Ledger,
+    snapshot::{ClassId, JobId, JobSpec, Policy, RunningJob, Snapshot, TeamId},
+};
+
+/// GPU-milliseconds of work a running job loses if stopped now: since its last checkpoint.
+pub fn lost_work(now_ms: i64, r: &RunningJob) -> u64 {
+    let since = r.last_checkpoint_ms.unwrap_or(r.started_ms).max(r.started_ms);
+    let ms = (now_ms - since).max(0) as u64;
+    ms.saturating_mul(r.spec.total_milli()) / 1000
+}
+
+/// Per class, the running jobs that may ever be victims in a cycle (preemptible, past the
+/// minimum runtime, not stopping), least work lost first, then largest, then by job id. Sorted
+/// once per cycle, so that every attempt walks the cheapest victims first without sorting.
+pub(super) fn victim_order(s: &Snapshot) -> BTreeMap<ClassId, Vec<usize>> {
+    let mut victim_order: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
+    let mut keyed: Vec<(ClassId, u64, u64, JobId, usize)> = s
+        .running
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            !r.terminating
+                && s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible)
+                && s.now_ms - r.started_ms >= s.config.min_runtime_before_preemption_ms
+        })
+        .map(|(i, r)| (r.spec.class, lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i))
+        .collect();
+    keyed.sort_unstable();
+    for (class, _, _, _, i) in keyed {
+        victim_order.entry(class).or_default().push(i);
+    }
+    victim_order
+}
+
+/// The burst demand at the start of a cycle: the borrowed value (money per hour) in use over
+/// top-level teams, and the total fair-share weight of the teams that want burst (borrowing
+/// now, or with a pending job beyond their reserved quota). Fair-share preemption splits the
+/// first by the second to know what each team deserves (see [`Cycle::deserved`]).
+pub(super) fn burst_demand(s: &Snapshot, ledger: &Ledger) -> (f64, f64) {
+    let mut wants_burst: BTreeSet<TeamId> = BTreeSet::new();
+    let mut burst_value = 0.0;
+    for t in 0..s.teams.len() as TeamId {
+        let live = fairshare::live_value(s, ledger, t);
+        if live > 0.0 {
+            wants_burst.insert(t);
+            if s.teams[t as usize].parent.is_none() {
+                burst_value += live;
+            }
+        }
+    }
+    for j in &s.pending {
+        if (j.team as usize) < s.teams.len() && ledger.beyond_reserved(j.team, j.class, j.total_milli()).is_some() {
+            wants_burst.insert(j.team);
+        }
+    }
+    let burst_weight: f64 =
+        wants_burst.iter().map(|&t| f64::from(s.teams[t as usize].fair_share_weight_milli.max(1))).sum();
+    (burst_value, burst_weight)
+}
+
+/// A job asking for victims, with what every candidate is checked against: computed once
+/// per attempt, before any candidate is taken out, so that each check compares the
+/// candidate's team as it is left with the preemptor as it will be.
+struct Preemptor<'j> {
+    job: &'j JobSpec,
+    /// The job's milli-units: what the victims must free.
+    n: u64,
+    /// Whether the job stays within its team's reserved quota (reclaim rather than fair share).
+    within_reserved: bool,
+    priority: i32,
+    /// The job's team and its ancestors: levels a reclaim victim's team must not share.
+    chain: Vec<TeamId>,
+    /// The team's fair-share score after admitting the job.
+    score_after: f64,
+    /// The team's live borrowed value after admitting the job.
+    live_after: f64,
+    /// Whether victims may come from other teams at all (reclaim or fair share); if not,
+    /// only the team's own lower-priority jobs may be.
+    cross_team: bool,
+}
+
+impl Cycle<'_> {
+    /// Finds the victims that lose the least work and make room for `job`, or `None`. On
+    /// success the job's future GPUs and quota are held for it (see [`Self::wait_for`]).
+    ///
+    /// Who may be a victim: a preemptible job past the minimum runtime, of the same class,
+    /// not already stopping, and
+    /// - of the same team with a strictly lower priority (priority preemption), or
+    /// - when `job` stays within its team's reserved quota: of a team borrowing at a level
+    ///   `job`'s team does not share, while that team still borrows (reclaim), or
+    /// - when `job` borrows (Fairway policy only): of a team whose fair-share score after
+    ///   losing the victim is still at least `job`'s team's after admitting `job`, never
+    ///   taking that team below its reserved quota (fair share).
+    ///
+    /// Candidates are walked once per pass in the cycle's victim order (least work lost,
+    /// then largest, so the fewest victims); see the module docs for why none of the three
+    /// can loop.
+    pub(super) fn try_preempt(
+        &mut self,
+        job: &JobSpec,
+        within_reserved: bool,
+        own_team_only: bool,
+    ) -> Option<Vec<(usize, PreemptReason)>> {
+        let memo_key = (job.team, job.class, job.priority, within_reserved, own_team_only);
+        if self.unpreemptable.get(&memo_key).is_some_and(|&m| m <= job.total_milli()) {
+            return None;
+        }
+        let preemptor = self.preemptor(job, within_reserved, own_team_only);
+        // Taken out of the cycle while it is walked, and put back unchanged.
+        let order = std::mem::take(self.victim_order.entry(job.class).or_default());
+        let (mut chosen, fits) = self.choose_victims(&preemptor, &order);
+        self.victim_order.insert(job.class, order);
+        for &(index, _) in &chosen {
+            self.victim[index] = false;
+        }
+        if !fits {
+            self.give_up(&preemptor, &chosen, memo_key);
+            return None;
+        }
+        self.drop_unneeded_victims(job, &mut chosen);
+        self.hold_for_preemptor(job, &chosen);
+        Some(chosen)
+    }
+
+    /// What every victim check of this attempt compares against, and whether other teams'
+    /// jobs may be victims at all: only when the policy allows it, no equal or smaller
+    /// attempt by a team scoring as high already failed this cycle, and some team outside
+    /// the job's chain borrows the class (else there is nothing to reclaim or share).
+    fn preemptor<'j>(&mut self, job: &'j JobSpec, within_reserved: bool, own_team_only: bool) -> Preemptor<'j> {
+        let s = self.s;
+        let n = job.total_milli();
+        let priority = self.priority(job);
+        let chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
+        let score_after = fairshare::score_with(s, &self.ledger, job.team, fairshare::value_of(s, job.class, n));
+        let live_after = fairshare::live_value(s, &self.ledger, job.team) + fairshare::value_of(s, job.class, n);
+        // A fair-share attempt fails for a team scoring at least as high asking at least as much.
+        let known_to_fail = !within_reserved
+            && self
+                .fair_share_failures
+                .get(&job.class)
+                .is_some_and(|f| f.iter().any(|&(v, m)| score_after >= v && n >= m));
+        let cross_team = !own_team_only
+            && (within_reserved || s.config.policy == Policy::Fairway)
+            && !known_to_fail
+            && self.other_borrower(job.class, &chain);
+        Preemptor { job, n, within_reserved, priority, chain, score_after, live_after, cross_team }
+    }
+
+    /// Takes candidates out, in victim order, each one the rules allow for the job, until
+    /// the job fits; returns them and whether it fits. They stay out of the inventory and
+    /// ledger (and marked in `victim`), so every later check sees what is left.
+    ///
+    /// First without taking any team below its reserved quota; only if that cannot make
+    /// room may reclaim take a borrowing team's gang across its reserved line (a gang
+    /// cannot be split), since the reserved promise must hold.
+    fn choose_victims(&mut self, p: &Preemptor<'_>, order: &[usize]) -> (Vec<(usize, PreemptReason)>, bool) {
+        let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
+        for straddle in [false, true] {
+            if straddle && !(p.cross_team && p.within_reserved) {
+                break;
+            }
+            for &index in order {
+                if self.victim[index] {
+                    continue;
+                }
+                let Some(reason) = self.victim_reason(p, index, straddle) else { continue };
+                self.take_out(index, true);
+                self.victim[index] = true;
+                chosen.push((index, reason));
+                if self.fits_now(p.job) {
+                    return (chosen, true);
+                }
+            }
+        }
+        (chosen, false)
+    }
+
+    /// Under which rule, if any, running job `index` may be a victim for the preemptor.
+    /// `straddle` lets reclaim take a gang its team borrows only part of. Earlier victims
+    /// are already out of the ledger, so every check sees what is left.
+    fn victim_reason(&self, p: &Preemptor<'_>, index: usize, straddle: bool) -> Option<PreemptReason> {
+        let r = &self.s.running[index];
+        if r.spec.team == p.job.team {
+            (self.priority(&r.spec) < p.priority).then_some(PreemptReason::Priority)
+        } else if !p.cross_team {
+            None
+        } else if p.within_reserved {
+            let ok = self.reclaimable(p.job.class, &p.chain, r.spec.team)
+                && (straddle || self.ledger.borrowed(r.spec.team, p.job.class) >= r.spec.total_milli());
+            ok.then_some(PreemptReason::Reclaim)
+        } else {
+            self.fair_share_allows(p, &r.spec).then_some(PreemptReason::FairShare)
+        }
+    }
+
+    /// Whether fair share lets a borrowing preemptor take `victim`: the victim's team loses
+    /// only what it borrows, the preemptor stays within its deserved burst, the victim's team
+    /// stays at or above its own, and the preemptor ends no higher than the victim's team in
+    /// live borrowed value or score. This is what makes fair-share preemption terminate (see
+    /// the module docs).
+    fn fair_share_allows(&self, p: &Preemptor<'_>, victim: &JobSpec) -> bool {
+        let s = self.s;
+        let lost = fairshare::value_of(s, p.job.class, victim.total_milli());
+        let their_live_after = fairshare::live_value(s, &self.ledger, victim.team) - lost;
+        self.ledger.borrowed(victim.team, p.job.class) >= victim.total_milli()
+            && p.live_after <= self.deserved(p.job.team)
+            && their_live_after >= self.deserved(victim.team)
+            && p.live_after <= their_live_after
+            && p.score_after <= self.score_without(victim.team, p.job.class, victim.total_milli())
+    }
+
+    /// Puts back the candidates of an attempt that cannot make room, and remembers the
+    /// failure: a later job of the same team, class and priority asking as much or more
+    /// fails at once, and so does a fair-share attempt by any team scoring as high, instead
+    /// of walking every candidate again.
+    fn give_up(
+        &mut self,
+        p: &Preemptor<'_>,
+        chosen: &[(usize, PreemptReason)],
+        memo_key: (TeamId, ClassId, u8, bool, bool),
+    ) {
+        for &(index, _) in chosen {
+            self.take_out(index, false);
+        }
+        self.unpreemptable.insert(memo_key, p.n);
+        if p.cross_team && !p.within_reserved {
+            self.fair_share_failures.entry(p.job.class).or_default().push((p.score_after, p.n));
+        }
+    }
+
+    /// Puts back victims that turned out unnecessary, most work lost first: a later, larger
+    /// victim may have made room that an earlier, cheaper one was taken for. Victims that
+    /// stay are left out of the inventory and ledger.
+    fn drop_unneeded_victims(&mut self, job: &JobSpec, chosen: &mut Vec<(usize, PreemptReason)>) {
+        let mut i = chosen.len();
+        while i > 0 {
+            i -= 1;
+            let (index, _) = chosen[i];
+            self.take_out(index, false);
+            if self.fits_now(job) {
+                chosen.retain(|&(x, _)| x != index);
+            } else {
+                self.take_out(index, true);
+            }
+        }
+    }
+
+    /// The cycle goes on as if the victims were gone and the job admitted, except that the
+    /// victims keep their GPUs until they exit: with the victims back, the part of the job's
+    /// future GPUs that is free now is held for it, and its quota counted, so nobody ranked
+    /// later can take them or the room its victims make.
+    fn hold_for_preemptor(&mut self, job: &JobSpec, chosen: &[(usize, PreemptReason)]) {
+        let future = self.inv.find(job);
+        for &(index, _) in chosen {
+            self.inv.allocate(&self.s.running[index].placement);
+        }
+        if let Some(placement) = future {
+            let held = self.inv.hold(&placement);
+            self.claims.push((job.id, job.class, held));
+        }
+        self.claim_quota(job);
+    }
+
+    /// Records the victims chosen for `job`, which waits for them to stop.
+    pub(super) fn wait_for(&mut self, job: &JobSpec, victims: Vec<(usize, PreemptReason)>) {
+        for (index, reason) in victims {
+            self.record_victim(job, index, reason);
+        }
+        self.pend(job, PendingReason::WaitingForReclaim)
+    }
+
+    /// Marks running job `index` as a victim for the rest of the cycle and tells it to stop,
+    /// with its priority class's grace period to checkpoint.
+    fn record_victim(&mut self, for_job: &JobSpec, index: usize, reason: PreemptReason) {
+        let s = self.s;
+        let r = &s.running[index];
+        self.victims.insert(index);
+        self.victim[index] = true;
+        let grace_ms = s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms);
+        self.decisions.preemptions.push(Preemption {
+            victim: r.spec.id,
+            for_job: for_job.id,
+            reason,
+            grace_ms,
+            lost_work: lost_work(s.now_ms, r),
+        });
+    }
+
+    /// Tentatively removes (or puts back) a running job's GPUs and quota use.
+    fn take_out(&mut self, index: usize, out: bool) {
+        let r = &self.s.running[index];
+        if out {
+            self.inv.release(&r.placement);
+        } else {
+            self.inv.allocate(&r.placement);
+        }
+        if (r.spec.team as usize) < self.s.teams.len() {
+            self.ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), out);
+        }
+    }
+
+    /// Whether the job passes its quota limit and fits in free capacity right now.
+    fn fits_now(&mut self, job: &JobSpec) -> bool {
+        let n = job.total_milli();
+        self.ledger.over_limit(job.team, job.class, n).is_none()
+            && (self.preemptible(job) || self.ledger.beyond_reserved(job.team, job.class, n).is_none())
+            && self.available(job) >= n
+            && self.inv.find(job).is_some()
+    }
+
+    /// The burst a team deserves: the borrowed value in use across the platform at the
+    /// start of the cycle, split among the teams that want burst (borrowing or waiting to)
+    /// by weight. Fair-share preemption only lifts teams up to it and only takes from teams
+    /// above it, so it restores fair share instead of churning between near-equal teams.
+    fn deserved(&self, team: TeamId) -> f64 {
+        let weight = self.s.teams.get(team as usize).map_or(0.0, |t| f64::from(t.fair_share_weight_milli.max(1)));
+        if self.burst_weight <= 0.0 {
+            return 0.0;
+        }
+        self.burst_value * weight / self.burst_weight
+    }
+
+    /// A team's fair-share score after losing `milli` of a class.
+    fn score_without(&self, team: TeamId, class: ClassId, milli: u64) -> f64 {
+        fairshare::score_with(self.s, &self.ledger, team, -fairshare::value_of(self.s, class, milli))
+    }
+
+    /// Whether `victim_team` borrows the class at a level `chain` (the preemptor's) does not
+    /// share: the capacity it holds there is someone else's reserved quota.
+    fn reclaimable(&self, class: ClassId, chain: &[TeamId], victim_team: TeamId) -> bool {
+        self.ledger.chain(victim_team).find(|t| !chain.contains(t)).is_some_and(|t| self.ledger.borrowed(t, class) > 0)
+    }
+
+    /// Whether a team outside `chain` borrows the class at some level.
+    fn other_borrower(&mut self, class: ClassId, chain: &[TeamId]) -> bool {
+        let ledger = &self.ledger;
+        let teams = self.s.teams.len() as TeamId;
+        let list = self
+            .borrowers
+            .entry(class)
+            .or_insert_with(|| (0..teams).filter(|&t| ledger.borrowed(t, class) > 0).collect());
+        list.iter().any(|t| !chain.contains(t))
+    }
+
+    /// The top-level team (other than `except`) borrowing the most of the class: whom a
+    /// borrowing job that could not preempt is waiting behind under fair share.
+    pub(super) fn largest_borrower(&mut self, class: ClassId, except: TeamId) -> Option<TeamId> {
+        let ledger = &self.ledger;
+        let teams = &self.s.teams;
+        // The two largest suffice: one of them is not `except`.
+        let top = self.largest_borrowers.entry(class).or_insert_with(|| {
+            let mut borrowers: Vec<(u64, TeamId)> = (0..teams.len() as TeamId)
+                .filter(|&t| teams[t as usize].parent.is_none())
+                .map(|t| (ledger.borrowed(t, class), t))
+                .filter(|&(b, _)| b > 0)
+                .collect();
+            borrowers.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+            borrowers.into_iter().take(2).map(|(_, t)| t).collect()
+        });
+        top.iter().copied().find(|&t| t != except)
+    }
+}

@@ -1,0 +1,198 @@
+//! The order in which a cycle considers pending jobs: strict FIFO for the baseline, or
+//! reserved demand first and then burst by fair share, team heads re-ranked after every
+//! decision (see the [module docs](super)).
+
+use std::{
+    cmp::Ordering,
+    collections::{BTreeMap, BinaryHeap, VecDeque},
+};
+
+use super::{
+    decision::PendingReason,
+    engine::Cycle,
+    fairshare,
+    snapshot::{ClassId, JobId, JobSpec, Policy, TeamId},
+};
+
+/// Each team's jobs left for the burst phase, in priority then age order.
+type Queues<'a> = BTreeMap<TeamId, VecDeque<&'a JobSpec>>;
+
+/// Orders team heads: reserved demand first (by priority, then age), then burst demand by
+/// fair-share score (then priority, then age). Totally ordered, so cycles are deterministic.
+#[derive(Debug, Clone, Copy)]
+struct HeadKey {
+    tier: u8,
+    score: f64,
+    priority: i32,
+    submitted: i64,
+    job: JobId,
+    team: TeamId,
+}
+
+impl PartialEq for HeadKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.cmp(other) == Ordering::Equal
+    }
+}
+impl Eq for HeadKey {}
+impl PartialOrd for HeadKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for HeadKey {
+    /// Reversed: `BinaryHeap` pops the greatest, and the best head must be the greatest.
+    fn cmp(&self, other: &Self) -> Ordering {
+        (other.tier.cmp(&self.tier))
+            .then_with(|| other.score.total_cmp(&self.score))
+            .then_with(|| self.priority.cmp(&other.priority))
+            .then_with(|| other.submitted.cmp(&self.submitted))
+            .then_with(|| other.job.cmp(&self.job))
+            .then_with(|| other.team.cmp(&self.team))
+    }
+}
+
+impl<'a> Cycle<'a> {
+    /// Strict FIFO: the oldest job first; the first that does not fit blocks all behind it.
+    pub(super) fn fifo(&mut self) {
+        let mut order: Vec<&JobSpec> = self.s.pending.iter().collect();
+        order.sort_by_key(|j| (j.submitted_ms, j.id));
+        let mut head: Option<JobId> = None;
+        for job in order {
+            self.position += 1;
+            if !self.inv.could_ever_fit(job) || (job.team as usize) >= self.s.teams.len() {
+                self.pend(job, PendingReason::NeverFits);
+                continue;
+            }
+            if let Some(h) = head {
+                self.pend(job, PendingReason::BehindHeadOfLine { job: h });
+                continue;
+            }
+            match self.inv.find(job) {
+                Some(placement) => self.admit(job, placement, false),
+                None => {
+                    head = Some(job.id);
+                    self.pend(job, PendingReason::InsufficientCapacity);
+                }
+            }
+        }
+    }
+
+    /// A head's rank with its team's usage as it is now.
+    fn key(&self, job: &JobSpec) -> HeadKey {
+        let within = self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
+            || self.reserved_demand.contains(&job.team);
+        let score = if within || self.s.config.policy != Policy::Fairway {
+            0.0
+        } else {
+            fairshare::score(self.s, &self.ledger, job.team)
+        };
+        HeadKey {
+            tier: u8::from(!within),
+            score,
+            priority: self.priority(job),
+            submitted: job.submitted_ms,
+            job: job.id,
+            team: job.team,
+        }
+    }
+
+    /// Reserved first, then burst by fair share.
+    ///
+    /// Phase one decides, in priority then age order across all teams, every job that fits
+    /// within its team's reserved quota (and those that rules alone keep waiting): the
+    /// guaranteed part never waits behind anyone's burst, including its own team's. Phase two
+    /// hands out burst capacity: team heads (each team's queue by priority, then age)
+    /// compete by fair-share score.
+    pub(super) fn fair(&mut self) {
+        let queues = self.reserved_first();
+        self.burst_by_fair_share(queues);
+    }
+
+    /// Phase one of [`Self::fair`]: decides the jobs within reserved quota (and those rules
+    /// alone keep waiting) in priority then age order, and queues the rest per team for
+    /// phase two.
+    fn reserved_first(&mut self) -> Queues<'a> {
+        let mut order: Vec<&'a JobSpec> = self.s.pending.iter().collect();
+        order.sort_by(|a, b| {
+            self.priority(b).cmp(&self.priority(a)).then(a.submitted_ms.cmp(&b.submitted_ms)).then(a.id.cmp(&b.id))
+        });
+        let mut queues: Queues<'a> = BTreeMap::new();
+        // Highest priority deferred to phase two per (team, class): the team's lower-priority
+        // jobs wait for phase two too, or they would take room the higher-priority job then
+        // preempts them for, cycle after cycle.
+        let mut deferred: BTreeMap<(TeamId, ClassId), i32> = BTreeMap::new();
+        for job in order {
+            let within = (job.team as usize) < self.s.teams.len()
+                && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
+                && deferred.get(&(job.team, job.class)).is_none_or(|&p| self.priority(job) >= p);
+            if within || self.blocked_by_rules(job) {
+                self.position += 1;
+                self.consider(job);
+            } else {
+                let priority = self.priority(job);
+                deferred.entry((job.team, job.class)).or_insert(priority);
+                if (job.team as usize) < self.s.teams.len()
+                    && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
+                {
+                    // Reserved demand queued behind the team's own higher-priority burst job:
+                    // the team still ranks with reserved demand in phase two.
+                    self.reserved_demand.insert(job.team);
+                }
+                queues.entry(job.team).or_default().push_back(job);
+            }
+        }
+        queues
+    }
+
+    /// Phase two of [`Self::fair`]: team heads compete by [`HeadKey`], and after each
+    /// decision the team's next head is ranked with its new usage.
+    fn burst_by_fair_share(&mut self, mut queues: Queues<'a>) {
+        // Jobs that quota, budget or size alone keep waiting are decided as soon as they
+        // reach the head of their team's queue, so they never hide the team's next job
+        // (which may fit within reserved quota) from the ranking.
+        let teams: Vec<TeamId> = queues.keys().copied().collect();
+        let mut heap: BinaryHeap<HeadKey> = BinaryHeap::new();
+        for team in teams {
+            if let Some(head) = self.next_head(&mut queues, team) {
+                heap.push(self.key(head));
+            }
+        }
+        while let Some(top) = heap.pop() {
+            let Some(job) = queues.get(&top.team).and_then(|q| q.front()).copied() else { continue };
+            // Keys only grow stale by getting worse (usage rises within a cycle): re-rank
+            // a head whose fresh key no longer beats the rest.
+            let fresh = self.key(job);
+            if let Some(next) = heap.peek() {
+                if fresh.cmp(next) == Ordering::Less {
+                    heap.push(fresh);
+                    continue;
+                }
+            }
+            if let Some(q) = queues.get_mut(&top.team) {
+                q.pop_front();
+            }
+            self.position += 1;
+            self.consider(job);
+            if let Some(next) = self.next_head(&mut queues, top.team) {
+                heap.push(self.key(next));
+            }
+        }
+    }
+
+    /// The team's next job that the ranking must decide, after deciding at once those that
+    /// quota, budget or size alone keep waiting (their outcome does not depend on the order).
+    fn next_head(&mut self, queues: &mut Queues<'a>, team: TeamId) -> Option<&'a JobSpec> {
+        loop {
+            let job = queues.get(&team)?.front().copied()?;
+            if !self.blocked_by_rules(job) {
+                return Some(job);
+            }
+            if let Some(q) = queues.get_mut(&team) {
+                q.pop_front();
+            }
+            self.position += 1;
+            self.consider(job);
+        }
+    }
+}
