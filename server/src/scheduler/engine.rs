@@ -246,7 +246,7 @@ impl<'a> Cycle<'a> {
         {
             self.reserve(job);
         }
-        self.pend(job, reason)
+        self.pend(job, reason);
     }
 
     /// Quota, not capacity, blocks the job (`over` is the team over reserved + burst,

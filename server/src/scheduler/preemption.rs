@@ -279,7 +279,7 @@ impl Cycle<'_> {
         for (index, reason) in victims {
             self.record_victim(job, index, reason);
         }
-        self.pend(job, PendingReason::WaitingForReclaim)
+        self.pend(job, PendingReason::WaitingForReclaim);
     }
 
     /// Marks running job `index` as a victim for the rest of the cycle and tells it to stop,
