@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{error::ApiError, extract::ListQuery};
-use crate::ops::audit::record;
+use crate::ops;
 use crate::{
     auth::{policy::TeamAccess, Principal},
     billing::{
@@ -138,28 +138,7 @@ pub async fn close_billing_period(
     Extension(principal): Extension<Principal>,
     Path(period): Path<String>,
 ) -> Result<Json<PeriodView>, ApiError> {
-    let period = BudgetPeriod::parse("period", &period)?.first_day();
-    if period_bounds(period).1 > Utc::now() {
-        return Err(ApiError::field(FieldError::new("period", "not_over", "a period closes only after it ends")));
-    }
-    let mut tx = state.db.begin().await?;
-    match db::metering::close_period(&mut tx, period, &principal.actor()).await? {
-        db::metering::ClosePeriod::Closed => {}
-        db::metering::ClosePeriod::AlreadyClosed => {
-            return Err(ApiError::conflict("period_closed", Some("period"), "the period is already closed"))
-        }
-        db::metering::ClosePeriod::EarlierOpen(earlier) => {
-            return Err(ApiError::conflict(
-                "earlier_period_open",
-                Some("period"),
-                format!("close {} first: periods close in order", billing::period_name(earlier)),
-            ))
-        }
-    }
-    let name = billing::period_name(period);
-    record(&mut tx, &principal, "billing_period.close", "billing_period", &name, None, None::<&()>, Some(&name))
-        .await?;
-    tx.commit().await?;
+    let period = ops::billing::close_period(&state, &principal, &period).await?;
     Ok(Json(period_view(&state, period).await?))
 }
 

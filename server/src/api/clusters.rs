@@ -8,53 +8,19 @@ use axum::{
     Extension, Json,
 };
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{error::ApiError, extract::ApiJson};
 use crate::{
     auth::Principal,
     db,
-    domain::{check_range, FieldError, TeamName, MAX_GPUS},
-    ops::{audit::record, Precondition},
+    ops::{
+        clusters::{self, Backend, ClusterSpec},
+        Precondition,
+    },
     state::AppState,
 };
-
-/// Backends a cluster can run on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "kebab-case")]
-pub enum Backend {
-    /// The built-in simulated GPU cluster.
-    Sim,
-    Kubernetes,
-    AwsBatch,
-    GcpBatch,
-}
-
-impl Backend {
-    fn as_str(self) -> &'static str {
-        match self {
-            Backend::Sim => "sim",
-            Backend::Kubernetes => "kubernetes",
-            Backend::AwsBatch => "aws-batch",
-            Backend::GcpBatch => "gcp-batch",
-        }
-    }
-
-    fn parse(s: &str) -> Option<Self> {
-        [Backend::Sim, Backend::Kubernetes, Backend::AwsBatch, Backend::GcpBatch].into_iter().find(|b| b.as_str() == s)
-    }
-}
-
-/// A cluster as declared by an admin.
-#[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterSpec {
-    pub backend: Backend,
-    /// GPUs per GPU class name.
-    #[serde(default)]
-    pub capacity: BTreeMap<String, i64>,
-}
 
 /// A cluster and its capacity.
 #[derive(Serialize, ToSchema)]
@@ -109,38 +75,8 @@ pub async fn put_cluster(
     if_match: Precondition,
     ApiJson(spec): ApiJson<ClusterSpec>,
 ) -> Result<(StatusCode, Json<ClusterView>), ApiError> {
-    // Cluster names follow the same DNS-label rule as team names.
-    let name = TeamName::parse("cluster", &name)?;
-    let mut capacity = Vec::new();
-    for (class_name, gpus) in &spec.capacity {
-        let field = format!("capacity.{class_name}");
-        check_range(&field, *gpus, 0, MAX_GPUS)?;
-        let class = db::gpu_classes::by_name(&state.db, class_name).await?.ok_or_else(|| {
-            FieldError::new(field.clone(), "not_found", format!("GPU class {class_name} does not exist"))
-        })?;
-        capacity.push((class.id, *gpus as i32));
-    }
-    let mut tx = state.db.begin().await?;
-    let before = db::clusters::get_for_update(&mut tx, name.as_str()).await?;
-    if_match.check(before.as_ref().map_or(0, |b| b.version))?;
-    db::clusters::upsert(&mut tx, name.as_str(), spec.backend.as_str(), &capacity).await?;
-    let capacity_after = db::clusters::capacity(&mut *tx).await?;
-    let after: BTreeMap<&str, i32> =
-        capacity_after.iter().filter(|r| r.cluster == name.as_str()).map(|r| (r.gpu_class.as_str(), r.gpus)).collect();
-    record(
-        &mut tx,
-        &principal,
-        "cluster.put",
-        "cluster",
-        name.as_str(),
-        None,
-        before.as_ref(),
-        Some(&serde_json::json!({"backend": spec.backend, "capacity": after})),
-    )
-    .await?;
-    tx.commit().await?;
-    let view =
-        views(&state.db).await?.into_iter().find(|c| c.name == name.as_str()).ok_or(ApiError::NotFound("cluster"))?;
-    let status = if before.is_some() { StatusCode::OK } else { StatusCode::CREATED };
+    let (name, created) = clusters::put(&state, &principal, &name, &if_match, &spec).await?;
+    let view = views(&state.db).await?.into_iter().find(|c| c.name == name).ok_or(ApiError::NotFound("cluster"))?;
+    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(view)))
 }

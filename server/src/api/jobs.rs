@@ -392,31 +392,7 @@ pub async fn report_checkpoint(
     Extension(job): Extension<JobAccess>,
     ApiJson(body): ApiJson<Checkpoint>,
 ) -> Result<(HeaderMap, Json<JobView>), ApiError> {
-    let now = Utc::now();
-    let at = body.at.unwrap_or(now);
-    if at > now + chrono::Duration::seconds(5) {
-        return Err(ApiError::field(FieldError::new("at", "in_future", "must not be in the future")));
-    }
-    let mut tx = state.db.begin().await?;
-    let locked = db::jobs::lock(&mut tx, job.id).await?.ok_or(ApiError::NotFound("job"))?;
-    if !db::jobs::checkpoint(&mut tx, job.id, at).await? {
-        return Err(ApiError::conflict("job_not_running", None, format!("the job is {}", locked.state)));
-    }
-    let message = match body.step {
-        Some(step) => format!("checkpoint at step {step}"),
-        None => "checkpoint".to_owned(),
-    };
-    db::jobs::add_event(
-        &mut tx,
-        job.id,
-        locked.attempt,
-        "checkpoint",
-        None,
-        &message,
-        Some(serde_json::json!({"step": body.step, "at": at})),
-    )
-    .await?;
-    tx.commit().await?;
+    jobs::report_checkpoint(&state, job.id, body.at, body.step).await?;
     Ok(with_etag(view(&state, job.id).await?))
 }
 

@@ -16,7 +16,6 @@ use crate::{
     db::{self},
     ops::{
         self,
-        audit::record,
         quotas::{self, QuotaResult, QuotaSpec, QuotaView},
         Precondition,
     },
@@ -95,32 +94,6 @@ pub async fn delete_quota(
     if_match: Precondition,
 ) -> Result<StatusCode, ApiError> {
     let (_, class_name) = path;
-    let class = ops::gpu_classes::find(&state, &class_name).await?;
-    let team = access.team;
-    let mut tx = state.db.begin().await?;
-    let ctx = db::quotas::context_for_update(&mut tx, team.id, team.parent_id, class.id).await?;
-    let current = ctx.current.ok_or(ApiError::NotFound("quota"))?;
-    if_match.check(current.version)?;
-    if ctx.children_reserved > 0 {
-        return Err(ApiError::conflict(
-            "children_reserve_quota",
-            None,
-            format!("the child teams of {} reserve {class_name} GPUs", team.name),
-        ));
-    }
-    db::quotas::delete(&mut tx, team.id, class.id).await?;
-    let object = format!("{}/{}", team.name, class_name);
-    record(
-        &mut tx,
-        &principal,
-        "quota.delete",
-        "quota",
-        &object,
-        Some(team.id),
-        Some(&QuotaView::from(current)),
-        None::<&()>,
-    )
-    .await?;
-    tx.commit().await?;
+    quotas::delete(&state, &principal, &access.team, &class_name, &if_match).await?;
     Ok(StatusCode::NO_CONTENT)
 }

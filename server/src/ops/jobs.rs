@@ -327,6 +327,37 @@ pub struct WouldPreempt {
     pub gpus: i32,
 }
 
+/// Records that job `id` checkpointed at `at` (default now; not in the future), at training
+/// step `step` if known: preemption then picks victims by the work they would lose.
+pub async fn report_checkpoint(state: &AppState, id: Uuid, at: Option<DateTime<Utc>>, step: Option<i64>) -> Result<()> {
+    let now = Utc::now();
+    let at = at.unwrap_or(now);
+    if at > now + chrono::Duration::seconds(5) {
+        return Err(Error::field(FieldError::new("at", "in_future", "must not be in the future")));
+    }
+    let mut tx = state.db.begin().await?;
+    let locked = db::jobs::lock(&mut tx, id).await?.ok_or(Error::NotFound("job"))?;
+    if !db::jobs::checkpoint(&mut tx, id, at).await? {
+        return Err(Error::conflict("job_not_running", None, format!("the job is {}", locked.state)));
+    }
+    let message = match step {
+        Some(step) => format!("checkpoint at step {step}"),
+        None => "checkpoint".to_owned(),
+    };
+    db::jobs::add_event(
+        &mut tx,
+        id,
+        locked.attempt,
+        "checkpoint",
+        None,
+        &message,
+        Some(serde_json::json!({"step": step, "at": at})),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// What would happen to a job submitted now.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct DryRunResult {

@@ -6,6 +6,9 @@
 //! cannot. Nothing here knows HTTP or HTML.
 
 pub mod audit;
+pub mod billing;
+pub mod budgets;
+pub mod clusters;
 pub mod error;
 pub mod gpu_classes;
 pub mod jobs;
@@ -14,6 +17,7 @@ pub mod quotas;
 pub mod sign_in;
 pub mod teams;
 pub mod tokens;
+pub mod users;
 
 pub use error::{Error, OnConstraint, Result};
 

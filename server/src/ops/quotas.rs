@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 use super::{audit::record, Error, Precondition, Result};
 use crate::{
     auth::Principal,
-    db::{self, quotas::QuotaRow},
+    db::{self, quotas::QuotaRow, teams::TeamRow},
     domain::{check_range, FieldError, MAX_GPUS},
     state::AppState,
 };
@@ -68,7 +68,7 @@ pub struct QuotaResult {
 pub async fn set(
     state: &AppState,
     principal: &Principal,
-    team: crate::db::teams::TeamRow,
+    team: TeamRow,
     class_name: &str,
     spec: &QuotaSpec,
     precondition: &Precondition,
@@ -140,4 +140,42 @@ pub async fn set(
     .await?;
     tx.commit().await?;
     Ok(QuotaResult { quota: QuotaView::from(row), warnings })
+}
+
+/// Removes `team`'s quota of the class `class_name`, audited; refused while its child teams
+/// reserve GPUs of that class (their reservation must fit inside the parent's).
+pub async fn delete(
+    state: &AppState,
+    principal: &Principal,
+    team: &TeamRow,
+    class_name: &str,
+    precondition: &Precondition,
+) -> Result<()> {
+    let class = super::gpu_classes::find(state, class_name).await?;
+    let mut tx = state.db.begin().await?;
+    let ctx = db::quotas::context_for_update(&mut tx, team.id, team.parent_id, class.id).await?;
+    let current = ctx.current.ok_or(Error::NotFound("quota"))?;
+    precondition.check(current.version)?;
+    if ctx.children_reserved > 0 {
+        return Err(Error::conflict(
+            "children_reserve_quota",
+            None,
+            format!("the child teams of {} reserve {class_name} GPUs", team.name),
+        ));
+    }
+    db::quotas::delete(&mut tx, team.id, class.id).await?;
+    let object = format!("{}/{}", team.name, class_name);
+    record(
+        &mut tx,
+        principal,
+        "quota.delete",
+        "quota",
+        &object,
+        Some(team.id),
+        Some(&QuotaView::from(current)),
+        None::<&()>,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }

@@ -1,0 +1,40 @@
+//! Billing periods: closing a month so that its export never changes again.
+
+use chrono::{NaiveDate, Utc};
+
+use super::{audit::record, Error, Result};
+use crate::{
+    auth::Principal,
+    billing::{self, budgets::period_bounds},
+    db,
+    domain::{BudgetPeriod, FieldError},
+    state::AppState,
+};
+
+/// Closes the billing period `period` (`YYYY-MM`), audited: from then on its export never
+/// changes, and usage booked late for it lands in the next open period as a correction.
+/// Periods close in order, once they are over. The period's first day.
+pub async fn close_period(state: &AppState, principal: &Principal, period: &str) -> Result<NaiveDate> {
+    let period = BudgetPeriod::parse("period", period)?.first_day();
+    if period_bounds(period).1 > Utc::now() {
+        return Err(Error::field(FieldError::new("period", "not_over", "a period closes only after it ends")));
+    }
+    let mut tx = state.db.begin().await?;
+    match db::metering::close_period(&mut tx, period, &principal.actor()).await? {
+        db::metering::ClosePeriod::Closed => {}
+        db::metering::ClosePeriod::AlreadyClosed => {
+            return Err(Error::conflict("period_closed", Some("period"), "the period is already closed"))
+        }
+        db::metering::ClosePeriod::EarlierOpen(earlier) => {
+            return Err(Error::conflict(
+                "earlier_period_open",
+                Some("period"),
+                format!("close {} first: periods close in order", billing::period_name(earlier)),
+            ))
+        }
+    }
+    let name = billing::period_name(period);
+    record(&mut tx, principal, "billing_period.close", "billing_period", &name, None, None::<&()>, Some(&name)).await?;
+    tx.commit().await?;
+    Ok(period)
+}
