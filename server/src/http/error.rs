@@ -223,3 +223,23 @@ impl From<FieldError> for ApiError {
         ApiError::field(error)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn use_case_errors_keep_their_status_and_their_cause() {
+        let unavailable = ApiError::from(ops::Error::from(sqlx::Error::PoolTimedOut));
+        assert_eq!(unavailable.problem().status, 503);
+        assert_eq!(unavailable.problem().code, "unavailable");
+        let internal = ApiError::from(ops::Error::from(sqlx::Error::RowNotFound));
+        let problem = internal.problem();
+        assert_eq!(problem.status, 500);
+        assert!(!problem.detail.contains("rows"), "nothing internal in the body: {}", problem.detail);
+        let cause = std::error::Error::source(&internal).expect("the cause is kept");
+        assert!(ops::error::chain(cause).contains("no rows returned"));
+        let conflict = ApiError::from(ops::Error::conflict("team_exists", Some("name"), "team ml already exists"));
+        assert_eq!((conflict.problem().status, conflict.problem().field.as_deref()), (409, Some("name")));
+    }
+}

@@ -141,3 +141,28 @@ pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::control::ControlError;
+
+    #[test]
+    fn a_database_that_cannot_be_reached_is_unavailable_and_a_failed_query_is_internal() {
+        assert!(matches!(Error::from(sqlx::Error::PoolTimedOut), Error::Unavailable(_)));
+        assert!(matches!(Error::from(sqlx::Error::PoolClosed), Error::Unavailable(_)));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(matches!(Error::from(sqlx::Error::Io(refused)), Error::Unavailable(_)));
+        assert!(matches!(Error::from(sqlx::Error::RowNotFound), Error::Internal { .. }));
+        // Through the control loop's error, as a dry run meets it.
+        assert!(matches!(Error::from(ControlError::Db(sqlx::Error::PoolTimedOut)), Error::Unavailable(_)));
+    }
+
+    #[test]
+    fn an_internal_error_keeps_its_whole_cause_chain() {
+        let error = Error::from(sqlx::Error::RowNotFound);
+        let text = chain(&error);
+        assert!(text.starts_with("database query failed: "), "{text}");
+        assert!(text.contains("no rows returned"), "{text}");
+    }
+}
