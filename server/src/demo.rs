@@ -73,7 +73,7 @@ pub async fn seed(ctx: &control::Ctx) -> anyhow::Result<()> {
         ids.insert(name, team.id);
     }
     let classes: std::collections::BTreeMap<String, Uuid> =
-        db::scheduling::class_ids(&mut tx).await?.into_iter().collect();
+        db::inventory::class_ids(&mut tx).await?.into_iter().collect();
     for (team, class, reserved, burst) in QUOTAS {
         if let (Some(&t), Some(&c)) = (ids.get(team), classes.get(class)) {
             db::quotas::upsert(&mut tx, t, c, reserved, burst, None).await?;

@@ -11,7 +11,8 @@ use super::{world::World, ControlError};
 use crate::{
     db::{
         self,
-        scheduling::{AdmitRow, LiveJobs, PendingRow, PreemptRow},
+        decisions::{AdmitRow, PendingRow, PreemptRow},
+        snapshot::LiveJobs,
     },
     scheduler::{self, decision::Decisions},
 };
@@ -65,7 +66,7 @@ pub async fn world(
     live: &mut LiveJobs,
 ) -> Result<World, ControlError> {
     let half_life = config.usage_half_life_ms as f64 / 1000.0;
-    let rows = db::scheduling::snapshot_rows(pool, half_life, live).await?;
+    let rows = db::snapshot::snapshot_rows(pool, half_life, live).await?;
     let now = rows.now;
     let mut world = World::build(rows, config.clone());
     world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now, chargeback).await?);
@@ -101,20 +102,20 @@ pub async fn run_with(
     let (admit, preempt, recorded) = rows(&world, &decisions, refresh);
     let writing = Instant::now();
     let mut tx = pool.begin().await?;
-    if !db::scheduling::check_epoch(&mut tx, epoch).await? {
+    if !db::leader::check_epoch(&mut tx, epoch).await? {
         return Err(ControlError::NotLeader);
     }
     // Pending rows first (rows others hold are skipped). Then the admitted and preempted
     // jobs, locked in id order as the reconciler locks the jobs it changes.
     let written: std::collections::HashSet<uuid::Uuid> =
-        db::scheduling::set_pending(&mut tx, &recorded).await?.into_iter().collect();
+        db::decisions::set_pending(&mut tx, &recorded).await?.into_iter().collect();
     let mut changed: Vec<uuid::Uuid> = admit.iter().map(|a| a.job_id).chain(preempt.iter().map(|p| p.job_id)).collect();
     changed.sort_unstable();
-    db::scheduling::lock_jobs(&mut tx, &changed).await?;
-    let admitted = db::scheduling::admit(&mut tx, &admit).await?;
-    let preempted = db::scheduling::preempt(&mut tx, &preempt).await?;
+    db::decisions::lock_jobs(&mut tx, &changed).await?;
+    let admitted = db::decisions::admit(&mut tx, &admit).await?;
+    let preempted = db::decisions::preempt(&mut tx, &preempt).await?;
     if !admitted.is_empty() || !preempted.is_empty() {
-        db::jobs::notify(&mut tx, db::scheduling::DISPATCH_CHANNEL).await?;
+        db::jobs::notify(&mut tx, db::outbox::DISPATCH_CHANNEL).await?;
     }
     tx.commit().await?;
     let write = writing.elapsed();

@@ -42,7 +42,7 @@ const BATCH: i64 = 16;
 /// Handles up to [`BATCH`] due outbox rows in one transaction; how many there were.
 pub async fn dispatch_batch(ctx: &Ctx, epoch: i64) -> Result<usize, ControlError> {
     let mut tx = leader_tx(ctx, epoch).await?;
-    let rows = db::scheduling::claim(&mut tx, BATCH).await?;
+    let rows = db::outbox::claim(&mut tx, BATCH).await?;
     for row in &rows {
         dispatch_row(ctx, &mut tx, row).await?;
     }
@@ -51,12 +51,12 @@ pub async fn dispatch_batch(ctx: &Ctx, epoch: i64) -> Result<usize, ControlError
 }
 
 /// Does what one claimed outbox row asks, recording the result in `tx`.
-async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::OutboxRow) -> Result<(), ControlError> {
+async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::outbox::OutboxRow) -> Result<(), ControlError> {
     let object = object_name(row.job_id, row.attempt);
     let backend = row.cluster.as_deref().and_then(|c| ctx.backends.get(c).map(|b| (c.to_owned(), b.clone())));
     let Some((cluster, backend)) = backend else {
         let delay = backoff_ms(row.tries, rand::random());
-        db::scheduling::retry_later(tx, row.id, delay, "no backend is configured for the job's cluster").await?;
+        db::outbox::retry_later(tx, row.id, delay, "no backend is configured for the job's cluster").await?;
         return Ok(());
     };
     let current = row.job_attempt == row.attempt;
@@ -66,18 +66,18 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::Outb
         // (A running job's object exists already: the reconciler saw it after a crash cut
         // this row short, and a repeated create is a harmless no-op that records it.)
         "submit" if !current || !matches!(row.job_state.as_str(), "admitted" | "running") => {
-            db::scheduling::complete(tx, row.id, Some("superseded before dispatch")).await?;
+            db::outbox::complete(tx, row.id, Some("superseded before dispatch")).await?;
         }
         "submit" => {
             let Some(job) = db::jobs::get(&mut **tx, row.job_id).await? else {
-                db::scheduling::complete(tx, row.id, Some("job deleted")).await?;
+                db::outbox::complete(tx, row.id, Some("job deleted")).await?;
                 return Ok(());
             };
             let gang = gang(&job, &object);
             let result = call(backend.submit(&gang)).await;
             match result {
                 Ok(()) => {
-                    db::scheduling::mark_dispatched(tx, row.job_id, row.attempt).await?;
+                    db::outbox::mark_dispatched(tx, row.job_id, row.attempt).await?;
                     db::jobs::add_event(
                         tx,
                         row.job_id,
@@ -88,7 +88,7 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::Outb
                         Some(json!({"object": object, "cluster": cluster, "tries": row.tries + 1})),
                     )
                     .await?;
-                    db::scheduling::complete(tx, row.id, None).await?;
+                    db::outbox::complete(tx, row.id, None).await?;
                     ctx.reconcile_soon.notify_one();
                 }
                 Err(BackendError::Transient(e)) => {
@@ -106,7 +106,7 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::Outb
                         )
                         .await?;
                     }
-                    db::scheduling::retry_later(tx, row.id, delay, &e).await?;
+                    db::outbox::retry_later(tx, row.id, delay, &e).await?;
                 }
                 Err(e @ (BackendError::CapacityUnavailable(_) | BackendError::Rejected(_))) => {
                     let (kind, outcome) = match &e {
@@ -124,7 +124,7 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::Outb
                         None,
                     )
                     .await?;
-                    db::scheduling::complete(tx, row.id, Some(&e.to_string())).await?;
+                    db::outbox::complete(tx, row.id, Some(&e.to_string())).await?;
                     let ended = Ended {
                         job_id: row.job_id,
                         attempt: row.attempt,
@@ -142,11 +142,11 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::scheduling::Outb
         _ => {
             let grace = Duration::from_millis(row.grace_ms.max(0) as u64);
             match call(backend.stop(&object, grace)).await {
-                Ok(()) => db::scheduling::complete(tx, row.id, None).await?,
+                Ok(()) => db::outbox::complete(tx, row.id, None).await?,
                 Err(e) => {
                     ctx.metrics.dispatch_error(&cluster, "stop");
                     let delay = backoff_ms(row.tries, rand::random());
-                    db::scheduling::retry_later(tx, row.id, delay, &e.to_string()).await?;
+                    db::outbox::retry_later(tx, row.id, delay, &e.to_string()).await?;
                 }
             }
         }

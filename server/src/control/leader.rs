@@ -50,7 +50,7 @@ async fn contend(
     loop {
         let locked = sqlx::query_scalar!("select pg_try_advisory_lock($1)", LOCK_KEY).fetch_one(&mut *conn).await?;
         if locked == Some(true) {
-            let epoch = db::scheduling::take_leadership(conn, holder).await?;
+            let epoch = db::leader::take_leadership(conn, holder).await?;
             tracing::info!(epoch, holder, "leading the scheduler");
             let _ = leading.send(Some(epoch));
             loop {
@@ -59,15 +59,15 @@ async fn contend(
                     // The scheduler stopped: closing the connection gives the lock up.
                     return Ok(());
                 }
-                if !db::scheduling::heartbeat(conn, epoch).await? {
+                if !db::leader::heartbeat(conn, epoch).await? {
                     tracing::warn!(epoch, "another scheduler took over; standing by");
                     return Ok(());
                 }
             }
         }
-        if let Some(current) = db::scheduling::leader(conn).await? {
+        if let Some(current) = db::leader::leader(conn).await? {
             if current.holder != holder && current.silent_seconds > lease.as_secs_f64() {
-                let ended = db::scheduling::evict(conn, &current.holder, current.backend_pid).await?;
+                let ended = db::leader::evict(conn, &current.holder, current.backend_pid).await?;
                 tracing::warn!(
                     stale = %current.holder,
                     silent_seconds = current.silent_seconds,

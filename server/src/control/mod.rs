@@ -28,7 +28,7 @@ use tokio::sync::watch;
 
 use crate::{
     backends::{Backend, BackendError},
-    db::{self, scheduling::NodeRow},
+    db::{self, inventory::NodeRow},
     scheduler,
     telemetry::Metrics,
 };
@@ -190,7 +190,7 @@ pub fn pending_refresh_interval(pending: usize) -> Duration {
 async fn cycles(ctx: Ctx, epoch: i64) {
     let mut events = listener(&ctx.pool, db::jobs::SCHEDULE_CHANNEL).await;
     let mut refreshed: Option<tokio::time::Instant> = None;
-    let mut live = db::scheduling::LiveJobs::default();
+    let mut live = db::snapshot::LiveJobs::default();
     let mut pending = 0;
     loop {
         let refresh = if refreshed.is_none_or(|at| at.elapsed() >= pending_refresh_interval(pending)) {
@@ -225,7 +225,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
                     &report.preemption_reasons,
                 );
                 if ctx.config.check_invariants {
-                    match db::scheduling::quota_violations(&ctx.pool).await {
+                    match db::decisions::quota_violations(&ctx.pool).await {
                         Ok(v) if v.is_empty() => {}
                         Ok(v) => tracing::error!(violations = ?v, "quota invariant broken"),
                         Err(e) => tracing::warn!(error = %e, "cannot check the quota invariant"),
@@ -236,7 +236,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
             Err(e) => {
                 tracing::warn!(error = %e, "scheduling cycle failed");
                 // Start again from a full read rather than reason about what the failure left.
-                live = db::scheduling::LiveJobs::default();
+                live = db::snapshot::LiveJobs::default();
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
@@ -245,7 +245,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
 }
 
 async fn dispatcher(ctx: Ctx, epoch: i64) {
-    let mut events = listener(&ctx.pool, db::scheduling::DISPATCH_CHANNEL).await;
+    let mut events = listener(&ctx.pool, db::outbox::DISPATCH_CHANNEL).await;
     loop {
         match dispatch::dispatch_batch(&ctx, epoch).await {
             Ok(0) => wake(&mut events, Duration::from_millis(250)).await,
@@ -314,7 +314,7 @@ pub async fn sync_inventory(ctx: &Ctx) -> Result<(), ControlError> {
     let mut tx = ctx.pool.begin().await?;
     for backend in ctx.backends.values() {
         for class in backend.declared_classes() {
-            db::scheduling::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
+            db::inventory::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
                 .await?;
         }
     }
@@ -336,11 +336,11 @@ pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend
     tracing::debug!(cluster, nodes = nodes.len(), "inventory read");
     let mut tx = ctx.pool.begin().await?;
     for class in backend.declared_classes() {
-        db::scheduling::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
+        db::inventory::ensure_gpu_class(&mut tx, &class.name, &class.kind, class.memory_mib, class.fraction_milli)
             .await?;
     }
-    let cluster_id = db::scheduling::ensure_cluster(&mut tx, cluster, backend.kind()).await?;
-    let classes: BTreeMap<String, uuid::Uuid> = db::scheduling::class_ids(&mut tx).await?.into_iter().collect();
+    let cluster_id = db::inventory::ensure_cluster(&mut tx, cluster, backend.kind()).await?;
+    let classes: BTreeMap<String, uuid::Uuid> = db::inventory::class_ids(&mut tx).await?.into_iter().collect();
     let mut rows = Vec::new();
     for n in nodes {
         let Some(&gpu_class_id) = classes.get(&n.gpu_class) else {
@@ -361,7 +361,7 @@ pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend
             price_micros_per_gpu_hour: n.price_micros_per_gpu_hour,
         });
     }
-    db::scheduling::replace_nodes(&mut tx, cluster_id, &rows).await?;
+    db::inventory::replace_nodes(&mut tx, cluster_id, &rows).await?;
     db::metering::record_capacity(&mut tx).await?;
     db::jobs::notify(&mut tx, db::jobs::SCHEDULE_CHANNEL).await?;
     tx.commit().await?;

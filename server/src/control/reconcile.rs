@@ -70,8 +70,8 @@ pub async fn reconcile(
     // appear in the list.
     let listed_at = Utc::now();
     let objects = backend.objects().await?;
-    let held = db::scheduling::held_jobs(&ctx.pool, cluster).await?;
-    let by_id: HashMap<Uuid, &db::scheduling::HeldJob> = held.iter().map(|j| (j.id, j)).collect();
+    let held = db::attempts::held_jobs(&ctx.pool, cluster).await?;
+    let by_id: HashMap<Uuid, &db::attempts::HeldJob> = held.iter().map(|j| (j.id, j)).collect();
     let mut seen = HashSet::new();
     let mut started = Vec::new();
     let mut ended = Vec::new();
@@ -141,9 +141,9 @@ pub async fn reconcile(
         let mut tx = leader_tx(ctx, epoch).await?;
         let mut ids: Vec<Uuid> = started.iter().map(|s| s.0).chain(ended.iter().map(|e| e.job_id)).collect();
         ids.sort_unstable();
-        db::scheduling::lock_jobs(&mut tx, &ids).await?;
-        let starts: Vec<db::scheduling::AttemptAt> = started.iter().map(|s| (s.0, s.1, s.2)).collect();
-        let running = db::scheduling::mark_running(&mut tx, &starts).await?;
+        db::decisions::lock_jobs(&mut tx, &ids).await?;
+        let starts: Vec<db::attempts::AttemptAt> = started.iter().map(|s| (s.0, s.1, s.2)).collect();
+        let running = db::attempts::mark_running(&mut tx, &starts).await?;
         let objects: HashMap<(Uuid, i32), &str> = started.iter().map(|s| ((s.0, s.1), s.3)).collect();
         let events: Vec<db::jobs::NewEvent> = running
             .iter()
@@ -191,7 +191,7 @@ async fn collect_orphan(
     obj: &ObjectStatus,
     report: &mut ReconcileReport,
 ) -> Result<(), ControlError> {
-    let known = db::scheduling::job_attempt(&ctx.pool, obj.job_id).await?;
+    let known = db::attempts::job_attempt(&ctx.pool, obj.job_id).await?;
     match (&obj.phase, &known) {
         (Phase::Finished { .. }, Some(_)) => backend.delete(&obj.object).await?,
         (Phase::Finished { .. }, None) => {
@@ -226,7 +226,7 @@ async fn collect_orphan(
 /// A transaction of the leader of `epoch`; fails with `NotLeader` once another took over.
 pub async fn leader_tx<'a>(ctx: &Ctx, epoch: i64) -> Result<Tx<'a>, ControlError> {
     let mut tx = ctx.pool.begin().await?;
-    if !db::scheduling::check_epoch(&mut tx, epoch).await? {
+    if !db::leader::check_epoch(&mut tx, epoch).await? {
         return Err(ControlError::NotLeader);
     }
     Ok(tx)
@@ -243,19 +243,19 @@ pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result
         return Ok(());
     }
     let ids: Vec<Uuid> = ended.iter().map(|e| e.job_id).collect();
-    let locked: HashMap<Uuid, db::scheduling::AttemptEnd> =
-        db::scheduling::lock_for_end(tx, &ids).await?.into_iter().map(|j| (j.id, j)).collect();
+    let locked: HashMap<Uuid, db::attempts::AttemptEnd> =
+        db::attempts::lock_for_end(tx, &ids).await?.into_iter().map(|j| (j.id, j)).collect();
     let mut seen = HashSet::new();
-    let ending: Vec<(&Ended, &db::scheduling::AttemptEnd)> = ended
+    let ending: Vec<(&Ended, &db::attempts::AttemptEnd)> = ended
         .iter()
         .filter_map(|e| locked.get(&e.job_id).filter(|j| j.holds_gpus && j.attempt == e.attempt).map(|j| (e, j)))
         .filter(|(e, _)| seen.insert(e.job_id))
         .collect();
-    let starts: Vec<db::scheduling::AttemptAt> =
+    let starts: Vec<db::attempts::AttemptAt> =
         ending.iter().filter_map(|(e, _)| e.started_at.map(|at| (e.job_id, e.attempt, at))).collect();
-    db::scheduling::open_intervals(tx, &starts).await?;
-    let ends: Vec<db::scheduling::AttemptAt> = ending.iter().map(|(e, _)| (e.job_id, e.attempt, e.ended_at)).collect();
-    db::scheduling::close_intervals(tx, &ends).await?;
+    db::attempts::open_intervals(tx, &starts).await?;
+    let ends: Vec<db::attempts::AttemptAt> = ending.iter().map(|(e, _)| (e.job_id, e.attempt, e.ended_at)).collect();
+    db::attempts::close_intervals(tx, &ends).await?;
     let mut updates = Vec::with_capacity(ending.len());
     let mut events = Vec::with_capacity(ending.len());
     for (e, job) in &ending {
@@ -272,7 +272,7 @@ pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result
             Outcome::Succeeded => Some(0),
             _ => None,
         };
-        updates.push(db::scheduling::EndUpdate {
+        updates.push(db::attempts::EndUpdate {
             job_id: e.job_id,
             attempt: e.attempt,
             state: next.state,
@@ -289,7 +289,7 @@ pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result
         });
         ctx.metrics.outcome(e.outcome.code());
     }
-    db::scheduling::end_attempts(tx, &updates).await?;
+    db::attempts::end_attempts(tx, &updates).await?;
     db::jobs::add_events(tx, &events).await?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use crate::{
     backends::ReplicaSlot,
     db::{
         jobs::NewJob,
-        scheduling::{LiveJob, SnapshotRows},
+        snapshot::{LiveJob, SnapshotRows},
     },
     scheduler::{
         self,

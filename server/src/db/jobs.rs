@@ -506,7 +506,7 @@ pub async fn mark_cancelled(
         )
         .execute(&mut **tx)
         .await?;
-        notify(tx, super::scheduling::DISPATCH_CHANNEL).await?;
+        notify(tx, super::outbox::DISPATCH_CHANNEL).await?;
     }
     notify(tx, SCHEDULE_CHANNEL).await?;
     Ok(())

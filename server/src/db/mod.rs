@@ -2,23 +2,28 @@
 //! (`.sqlx/` holds the offline data so builds need no database). Tenant-owned rows are read
 //! with their team as an explicit argument.
 
+pub mod attempts;
 pub mod audit;
 pub mod bench;
 pub mod billing;
 pub mod budgets;
 pub mod clusters;
+pub mod decisions;
 pub mod embedded;
 pub mod gpu_classes;
 pub mod group_commit;
 pub mod idempotency;
+pub mod inventory;
 pub mod jobs;
+pub mod leader;
 pub mod members;
 pub mod metering;
+pub mod outbox;
 pub mod priority_classes;
 pub mod quotas;
-pub mod scheduling;
 pub mod schema;
 pub mod sim;
+pub mod snapshot;
 pub mod teams;
 pub mod tokens;
 pub mod users;

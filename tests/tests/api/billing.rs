@@ -91,15 +91,15 @@ async fn admitted_job(s: &Setup, team: Uuid, class: Uuid, gpus: i32, name: &str)
 /// reconciler's `end_attempts` does.
 async fn run_and_close(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>, end: DateTime<Utc>) {
     let mut tx = pool.begin().await.expect("begin");
-    db::scheduling::open_intervals(&mut tx, &[(job, 1, start)]).await.expect("open");
-    db::scheduling::close_intervals(&mut tx, &[(job, 1, end)]).await.expect("close");
+    db::attempts::open_intervals(&mut tx, &[(job, 1, start)]).await.expect("open");
+    db::attempts::close_intervals(&mut tx, &[(job, 1, end)]).await.expect("close");
     metering::ledger::book(&mut tx, job, 1, None, &metering::Pricing::default()).await.expect("book");
     tx.commit().await.expect("commit");
 }
 
 async fn open(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>) {
     let mut tx = pool.begin().await.expect("begin");
-    db::scheduling::open_intervals(&mut tx, &[(job, 1, start)]).await.expect("open");
+    db::attempts::open_intervals(&mut tx, &[(job, 1, start)]).await.expect("open");
     tx.commit().await.expect("commit");
 }
 
@@ -169,7 +169,7 @@ async fn two_thousand_jobs_book_exactly_their_gpu_time_and_ledger_rollups_and_ex
                 hour += Duration::hours(7);
             }
             let mut tx = s.app.pool.begin().await.expect("begin");
-            db::scheduling::close_intervals(&mut tx, &[(job, 1, end)]).await.expect("close");
+            db::attempts::close_intervals(&mut tx, &[(job, 1, end)]).await.expect("close");
             metering::ledger::book(&mut tx, job, 1, None, &metering::Pricing::default()).await.expect("book");
             tx.commit().await.expect("commit");
         } else {
@@ -311,7 +311,7 @@ async fn an_end_reported_after_its_hour_was_booked_is_taken_back_by_a_correction
     assert_eq!(book_until(&s.app.pool, job, t("2026-10-03T11:00:00Z")).await, 2);
     // ...but it had stopped at 10:15.
     let mut tx = s.app.pool.begin().await.unwrap();
-    db::scheduling::close_intervals(&mut tx, &[(job, 1, t("2026-10-03T10:15:00Z"))]).await.unwrap();
+    db::attempts::close_intervals(&mut tx, &[(job, 1, t("2026-10-03T10:15:00Z"))]).await.unwrap();
     metering::ledger::book(&mut tx, job, 1, None, &metering::Pricing::default()).await.unwrap();
     tx.commit().await.unwrap();
     let pool = &s.app.pool;
@@ -498,8 +498,8 @@ async fn under_reserved_plus_burst_a_team_pays_its_reservation_hourly_and_only_b
     sqlx::query("update jobs set borrowing = true where id = $1").bind(borrowed).execute(&s.app.pool).await.unwrap();
     for job in [within, borrowed] {
         let mut tx = s.app.pool.begin().await.unwrap();
-        db::scheduling::open_intervals(&mut tx, &[(job, 1, t("2026-10-07T06:00:00Z"))]).await.unwrap();
-        db::scheduling::close_intervals(&mut tx, &[(job, 1, t("2026-10-07T07:00:00Z"))]).await.unwrap();
+        db::attempts::open_intervals(&mut tx, &[(job, 1, t("2026-10-07T06:00:00Z"))]).await.unwrap();
+        db::attempts::close_intervals(&mut tx, &[(job, 1, t("2026-10-07T07:00:00Z"))]).await.unwrap();
         metering::ledger::book(&mut tx, job, 1, None, &pricing).await.unwrap();
         tx.commit().await.unwrap();
     }

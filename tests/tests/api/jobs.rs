@@ -99,11 +99,11 @@ async fn two_nodes_of_eight(app: &TestApp) {
     // As an inventory sync writes them: the nodes and, from them, the per-class capacity
     // that submissions are validated against.
     let mut tx = app.pool.begin().await.expect("begin");
-    let cluster = fairway::db::scheduling::ensure_cluster(&mut tx, "sim-1", "sim").await.expect("cluster");
+    let cluster = fairway::db::inventory::ensure_cluster(&mut tx, "sim-1", "sim").await.expect("cluster");
     let class = fairway::db::gpu_classes::by_name(&mut *tx, "h100").await.expect("read class").expect("h100");
     let nodes: Vec<_> = [("node-1", "rack-1"), ("node-2", "rack-2")]
         .into_iter()
-        .map(|(node, rack)| fairway::db::scheduling::NodeRow {
+        .map(|(node, rack)| fairway::db::inventory::NodeRow {
             cluster_id: cluster,
             cluster: "sim-1".into(),
             name: node.into(),
@@ -117,7 +117,7 @@ async fn two_nodes_of_eight(app: &TestApp) {
             price_micros_per_gpu_hour: None,
         })
         .collect();
-    fairway::db::scheduling::replace_nodes(&mut tx, cluster, &nodes).await.expect("nodes");
+    fairway::db::inventory::replace_nodes(&mut tx, cluster, &nodes).await.expect("nodes");
     tx.commit().await.expect("commit");
 }
 

@@ -184,7 +184,7 @@ async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_
     assert_eq!(victim["state"], "pending", "{victim:#}");
     assert_eq!(victim["preemptions"], 1);
     assert!(victim["pending"]["reason"].as_str().is_some(), "{victim:#}");
-    assert!(db::scheduling::quota_violations(&app.pool).await.unwrap().is_empty());
+    assert!(db::decisions::quota_violations(&app.pool).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -235,8 +235,8 @@ async fn a_cycle_of_a_deposed_leader_commits_nothing() {
     let (app, ctx, admin) = without_control_loop().await;
     let id = submit(&app, &admin, "ml", json!({"name": "x", "gpu_class": "h100-80gb", "image": "x"})).await;
     let mut conn = app.pool.acquire().await.unwrap();
-    let old = db::scheduling::take_leadership(&mut conn, "old").await.unwrap();
-    let new = db::scheduling::take_leadership(&mut conn, "new").await.unwrap();
+    let old = db::leader::take_leadership(&mut conn, "old").await.unwrap();
+    let new = db::leader::take_leadership(&mut conn, "new").await.unwrap();
     assert!(new > old);
     let stale = control::cycle::run(&app.pool, old, &ctx.config).await;
     assert!(matches!(stale, Err(control::ControlError::NotLeader)), "{stale:?}");
@@ -269,7 +269,7 @@ async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_n
         tokio::spawn(async move {
             let mut checks = 0u32;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let violations = db::scheduling::quota_violations(&pool).await.expect("invariant query");
+                let violations = db::decisions::quota_violations(&pool).await.expect("invariant query");
                 assert!(violations.is_empty(), "quota exceeded: {violations:?}");
                 checks += 1;
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -349,7 +349,7 @@ async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
     };
     backend.submit(&gang).await.expect("submit");
     let mut conn = app.pool.acquire().await.unwrap();
-    let epoch = db::scheduling::take_leadership(&mut conn, "test").await.unwrap();
+    let epoch = db::leader::take_leadership(&mut conn, "test").await.unwrap();
     let first = control::reconcile::reconcile(&ctx, epoch, "sim", backend.as_ref()).await.expect("reconcile");
     assert_eq!(first.orphans, 1, "the live orphan is stopped");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -366,10 +366,10 @@ async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
 #[tokio::test]
 async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_every_kind_of_change() {
     use control::cycle::Refresh;
-    use db::scheduling::{snapshot_rows, LiveJobs};
+    use db::snapshot::{snapshot_rows, LiveJobs};
     let (app, ctx, admin) = without_control_loop().await;
     let mut conn = app.pool.acquire().await.unwrap();
-    let epoch = db::scheduling::take_leadership(&mut conn, "test").await.unwrap();
+    let epoch = db::leader::take_leadership(&mut conn, "test").await.unwrap();
     let body = |name: &str| json!({"name": name, "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "x"});
     let mut live = LiveJobs::default();
 
@@ -384,7 +384,7 @@ async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_eve
     let first_id: uuid::Uuid = first.parse().unwrap();
     let started = chrono::Utc::now();
     let mut tx = app.pool.begin().await.unwrap();
-    assert_eq!(db::scheduling::mark_running(&mut tx, &[(first_id, 1, started)]).await.unwrap(), vec![(first_id, 1)]);
+    assert_eq!(db::attempts::mark_running(&mut tx, &[(first_id, 1, started)]).await.unwrap(), vec![(first_id, 1)]);
     assert!(db::jobs::checkpoint(&mut tx, first_id, started + chrono::Duration::seconds(1)).await.unwrap());
     tx.commit().await.unwrap();
     let report = control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live).await.unwrap();

@@ -1,0 +1,118 @@
+//! What the backends report: clusters, their nodes and GPUs, and GPU classes nobody
+//! declared yet.
+
+use uuid::Uuid;
+
+use super::Tx;
+
+/// A node row as reported by a backend.
+#[derive(Debug, Clone)]
+pub struct NodeRow {
+    pub cluster_id: Uuid,
+    pub cluster: String,
+    pub name: String,
+    pub gpu_class_id: Uuid,
+    pub gpus: i32,
+    pub nvlink_domain_size: i32,
+    pub rack: Option<String>,
+    pub zone: Option<String>,
+    pub elastic: bool,
+    pub spot: bool,
+    pub price_micros_per_gpu_hour: Option<i64>,
+}
+
+/// Ensures a cluster row exists and returns its id.
+pub async fn ensure_cluster(tx: &mut Tx<'_>, name: &str, backend: &str) -> Result<Uuid, sqlx::Error> {
+    sqlx::query_scalar!(
+        "insert into clusters (id, name, backend) values ($1, $2, $3)
+         on conflict (name) do update set backend = excluded.backend
+         returning id",
+        Uuid::new_v4(),
+        name,
+        backend
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// Ensures a GPU class exists (classes a backend reports but nobody declared yet).
+pub async fn ensure_gpu_class(
+    tx: &mut Tx<'_>,
+    name: &str,
+    kind: &str,
+    memory_mib: i32,
+    fraction_milli: i32,
+) -> Result<Uuid, sqlx::Error> {
+    sqlx::query_scalar!(
+        "insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
+         values ($1, $2, $3, $4, $5, 'reported by a cluster')
+         on conflict (name) do update set name = excluded.name
+         returning id",
+        Uuid::new_v4(),
+        name,
+        kind,
+        memory_mib,
+        fraction_milli
+    )
+    .fetch_one(&mut **tx)
+    .await
+}
+
+/// Ids of GPU classes by name.
+pub async fn class_ids(tx: &mut Tx<'_>) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
+    let rows = sqlx::query!("select name, id from gpu_classes").fetch_all(&mut **tx).await?;
+    Ok(rows.into_iter().map(|r| (r.name, r.id)).collect())
+}
+
+/// Replaces a cluster's nodes and its declared capacity with what its backend reports.
+pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow]) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from cluster_nodes where cluster_id = $1", cluster_id).execute(&mut **tx).await?;
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let classes: Vec<Uuid> = nodes.iter().map(|n| n.gpu_class_id).collect();
+    let gpus: Vec<i32> = nodes.iter().map(|n| n.gpus).collect();
+    let domains: Vec<i32> = nodes.iter().map(|n| n.nvlink_domain_size).collect();
+    let racks: Vec<Option<String>> = nodes.iter().map(|n| n.rack.clone()).collect();
+    let zones: Vec<Option<String>> = nodes.iter().map(|n| n.zone.clone()).collect();
+    let elastic: Vec<bool> = nodes.iter().map(|n| n.elastic).collect();
+    let spot: Vec<bool> = nodes.iter().map(|n| n.spot).collect();
+    let prices: Vec<Option<i64>> = nodes.iter().map(|n| n.price_micros_per_gpu_hour).collect();
+    sqlx::query!(
+        "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic,
+                                    spot, price_micros_per_gpu_hour)
+         select $1, * from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[],
+                                  $9::bool[], $10::int8[])",
+        cluster_id,
+        &names,
+        &classes,
+        &gpus,
+        &domains,
+        &racks as &[Option<String>],
+        &zones as &[Option<String>],
+        &elastic,
+        &spot,
+        &prices as &[Option<i64>]
+    )
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query!("delete from cluster_capacity where cluster_id = $1", cluster_id).execute(&mut **tx).await?;
+    // Per class, what submissions are validated against (see `db::jobs::submit_catalogue`).
+    sqlx::query!(
+        "insert into cluster_capacity (cluster_id, gpu_class_id, gpus, largest_node, largest_nvlink_domain,
+                                       largest_rack, largest_zone)
+         select n.cluster_id, n.gpu_class_id, sum(n.gpus)::int4, max(n.gpus),
+                max(case when n.nvlink_domain_size = 0 or n.elastic then n.gpus
+                         else least(n.gpus, n.nvlink_domain_size) end),
+                (select max(s) from (select sum(r.gpus) as s from cluster_nodes r
+                                     where r.cluster_id = n.cluster_id and r.gpu_class_id = n.gpu_class_id
+                                     group by coalesce(r.rack, r.name)) x)::int4,
+                (select max(s) from (select sum(z.gpus) as s from cluster_nodes z
+                                     where z.cluster_id = n.cluster_id and z.gpu_class_id = n.gpu_class_id
+                                     group by coalesce(z.zone, z.name)) x)::int4
+         from cluster_nodes n where n.cluster_id = $1
+         group by n.cluster_id, n.gpu_class_id",
+        cluster_id
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

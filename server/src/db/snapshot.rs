@@ -1,0 +1,255 @@
+//! The scheduler's view of the world, read in one repeatable-read transaction: classes and
+//! rates, teams, quotas, priority classes, and the live jobs (kept between cycles, only
+//! changed rows read again).
+
+use std::{
+    collections::{HashMap, HashSet},
+    sync::Arc,
+};
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use super::inventory::NodeRow;
+
+/// A GPU class with its rate now.
+pub struct ClassRow {
+    pub id: Uuid,
+    pub name: String,
+    pub rate: i64,
+    pub fraction_milli: i32,
+}
+
+/// A team with its weight.
+pub struct TeamRow {
+    pub id: Uuid,
+    pub name: String,
+    pub parent_id: Option<Uuid>,
+    pub fair_share_weight_milli: i32,
+}
+
+/// A quota.
+pub struct QuotaRow {
+    pub team_id: Uuid,
+    pub gpu_class_id: Uuid,
+    pub reserved: i32,
+    pub burst: i32,
+    pub lendable: Option<i32>,
+}
+
+/// A priority class.
+pub struct PriorityRow {
+    pub name: String,
+    pub priority: i32,
+    pub preemptible: bool,
+    pub usage_factor_milli: i32,
+    pub price_multiplier_milli: i32,
+    pub preemption_grace_seconds: i32,
+}
+
+/// A job the engine must know of: pending, or holding GPUs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LiveJob {
+    pub id: Uuid,
+    pub seq: i64,
+    pub team_id: Uuid,
+    pub gpu_class_id: Uuid,
+    pub priority_class: String,
+    pub replicas: i32,
+    pub gpus_per_replica: i32,
+    pub topology_mode: String,
+    pub topology_level: Option<String>,
+    pub max_runtime_seconds: i32,
+    pub preemption_grace_seconds: Option<i32>,
+    pub state: String,
+    pub attempt: i32,
+    pub holds_gpus: bool,
+    pub cluster_id: Option<Uuid>,
+    pub placement: Option<Value>,
+    pub submitted_at: DateTime<Utc>,
+    pub queued_at: DateTime<Utc>,
+    pub admitted_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub last_checkpoint_at: Option<DateTime<Utc>>,
+    /// The reason last recorded while it waits.
+    pub pending_reason: Option<String>,
+    pub allow_spot: bool,
+}
+
+/// Everything a snapshot is built from, read in one repeatable-read transaction.
+pub struct SnapshotRows {
+    pub now: DateTime<Utc>,
+    pub classes: Vec<ClassRow>,
+    pub nodes: Vec<NodeRow>,
+    pub teams: Vec<TeamRow>,
+    pub quotas: Vec<QuotaRow>,
+    pub priorities: Vec<PriorityRow>,
+    /// Decayed borrowed usage in money per team (see `fairshare`).
+    pub history: Vec<(Uuid, f64)>,
+    /// Ordered by `seq`.
+    pub jobs: Vec<Arc<LiveJob>>,
+}
+
+impl LiveJob {
+    /// Whether the engine must know of the job: it waits, or holds GPUs.
+    fn is_live(&self) -> bool {
+        matches!(self.state.as_str(), "pending" | "admitted" | "running") || self.holds_gpus
+    }
+}
+
+/// The live jobs as of the last snapshot, which the leader keeps between cycles: with ten
+/// thousand jobs queued, reading them all took most of a cycle, while a cycle changes only
+/// a few. A default (empty) copy makes the next [`snapshot_rows`] read every live job.
+#[derive(Default)]
+pub struct LiveJobs {
+    by_id: HashMap<Uuid, Arc<LiveJob>>,
+    /// The xmin of the snapshot the copy is exact for; `None` before the first read.
+    xmin: Option<i64>,
+}
+
+impl LiveJobs {
+    /// Records the pending reasons a cycle wrote, which do not mark the rows changed
+    /// (`changed_in`), so that the copy stays exact.
+    pub fn set_pending_reasons<'a>(&mut self, reasons: impl IntoIterator<Item = (Uuid, &'a str)>) {
+        for (id, reason) in reasons {
+            if let Some(job) = self.by_id.get_mut(&id) {
+                if job.state == "pending" && job.pending_reason.as_deref() != Some(reason) {
+                    Arc::make_mut(job).pending_reason = Some(reason.to_owned());
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, rows: Vec<LiveJob>) {
+        for job in rows {
+            if job.is_live() {
+                self.by_id.insert(job.id, Arc::new(job));
+            } else {
+                self.by_id.remove(&job.id);
+            }
+        }
+    }
+
+    fn sorted(&self) -> Vec<Arc<LiveJob>> {
+        let mut jobs: Vec<Arc<LiveJob>> = self.by_id.values().cloned().collect();
+        jobs.sort_unstable_by_key(|j| j.seq);
+        jobs
+    }
+}
+
+/// Reads the scheduler's view of the world at one instant. Of the jobs, only those changed
+/// since `live` was last brought up to date are read (every live job when it is empty), and
+/// `live` is brought up to date.
+pub async fn snapshot_rows(
+    pool: &PgPool,
+    half_life_seconds: f64,
+    live: &mut LiveJobs,
+) -> Result<SnapshotRows, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("set transaction isolation level repeatable read, read only").execute(&mut *tx).await?;
+    // The first query fixes the transaction's snapshot; its xmin is where the next read of
+    // changed jobs starts (see the migration that adds `jobs.changed_in`).
+    let at = sqlx::query!(r#"select now() as "now!", pg_snapshot_xmin(pg_current_snapshot())::text::int8 as "xmin!""#)
+        .fetch_one(&mut *tx)
+        .await?;
+    let now = at.now;
+    let classes = sqlx::query_as!(
+        ClassRow,
+        r#"select c.id, c.name, c.fraction_milli,
+                  coalesce((select r.rate_micros_per_gpu_hour from gpu_class_rates r
+                            where r.gpu_class_id = c.id and r.effective_from <= now()
+                            order by r.effective_from desc limit 1), 0) as "rate!"
+           from gpu_classes c order by c.name"#
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let nodes = sqlx::query_as!(
+        NodeRow,
+        "select n.cluster_id, cl.name as cluster, n.name, n.gpu_class_id, n.gpus, n.nvlink_domain_size, n.rack, n.zone,
+                n.elastic, n.spot, n.price_micros_per_gpu_hour
+         from cluster_nodes n join clusters cl on cl.id = n.cluster_id
+         order by cl.name, n.name, n.gpu_class_id"
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    let teams =
+        sqlx::query_as!(TeamRow, "select id, name, parent_id, fair_share_weight_milli from teams order by name")
+            .fetch_all(&mut *tx)
+            .await?;
+    let quotas = sqlx::query_as!(QuotaRow, "select team_id, gpu_class_id, reserved, burst, lendable from quotas")
+        .fetch_all(&mut *tx)
+        .await?;
+    let priorities = sqlx::query_as!(
+        PriorityRow,
+        "select name, priority, preemptible, usage_factor_milli, price_multiplier_milli, preemption_grace_seconds
+         from priority_classes order by priority desc, name"
+    )
+    .fetch_all(&mut *tx)
+    .await?;
+    // ∫ rate × GPUs × factor × 2^(-(now - t)/h) dt over each borrowing interval, in money:
+    // τ × rate/h × GPUs × factor × (e^(-(now-end)/τ) - e^(-(now-start)/τ)), τ = h / ln 2.
+    // Intervals older than 20 half-lives add less than a millionth and are skipped.
+    let history = sqlx::query!(
+        r#"select u.team_id,
+                  sum(coalesce(r.rate, 0)::float8 / 3600.0 * u.gpus * p.usage_factor_milli / 1000.0
+                      * ($1::float8 / ln(2))
+                      * (exp(-extract(epoch from now() - coalesce(u.ended_at, now())) / ($1::float8 / ln(2)))
+                         - exp(-extract(epoch from now() - u.started_at) / ($1::float8 / ln(2))))) as "value!"
+           from usage_intervals u
+           join priority_classes p on p.name = u.priority_class
+           left join lateral (select rate_micros_per_gpu_hour as rate from gpu_class_rates r
+                              where r.gpu_class_id = u.gpu_class_id and r.effective_from <= now()
+                              order by r.effective_from desc limit 1) r on true
+           where u.borrowing and coalesce(u.ended_at, now()) > now() - make_interval(secs => 20 * $1::float8)
+           group by u.team_id"#,
+        half_life_seconds
+    )
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .map(|r| (r.team_id, r.value))
+    .collect();
+    // Columns read here that a cycle may need to see change must mark the row changed: the
+    // trigger `jobs_mark_changed` fires on updates of `version` and `last_checkpoint_at`.
+    match live.xmin {
+        None => {
+            let rows = sqlx::query_as!(
+                LiveJob,
+                r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
+                          topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
+                          cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
+                          pending_reason, allow_spot
+                   from jobs
+                   where state in ('pending', 'admitted', 'running') or holds_gpus"#
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+            live.by_id.clear();
+            live.apply(rows);
+        }
+        Some(since) => {
+            let rows = sqlx::query_as!(
+                LiveJob,
+                r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
+                          topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
+                          cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
+                          pending_reason, allow_spot
+                   from jobs
+                   where changed_in >= $1::int8::text::xid8"#,
+                since
+            )
+            .fetch_all(&mut *tx)
+            .await?;
+            live.apply(rows);
+        }
+    }
+    tx.commit().await?;
+    live.xmin = Some(at.xmin);
+    // A team's deletion removes its jobs without marking anything changed.
+    let team_ids: HashSet<Uuid> = teams.iter().map(|t| t.id).collect();
+    live.by_id.retain(|_, job| team_ids.contains(&job.team_id));
+    let jobs = live.sorted();
+    Ok(SnapshotRows { now, classes, nodes, teams, quotas, priorities, history, jobs })
+}
