@@ -87,7 +87,7 @@ pub struct JobView {
 
 impl From<db::jobs::JobRow> for JobView {
     fn from(r: db::jobs::JobRow) -> Self {
-        let state = JobState::parse(&r.state).unwrap_or(JobState::Pending);
+        let state = r.state;
         let topology = match (r.topology_mode.as_str(), r.topology_level.as_deref().and_then(TopologyLevel::parse)) {
             ("required", Some(level)) => Some(TopologyWish { level, mode: TopologyMode::Required }),
             ("preferred", Some(level)) => Some(TopologyWish { level, mode: TopologyMode::Preferred }),
@@ -274,7 +274,12 @@ pub async fn list_jobs(
             ApiError::field(FieldError::new("cursor", "invalid_value", "is not a cursor this API issued"))
         })?),
     };
-    let filter = db::jobs::JobFilter { state: params.state, gpu_class: params.gpu_class, labels, before_seq };
+    let filter = db::jobs::JobFilter {
+        state: params.state.as_deref().and_then(JobState::parse),
+        gpu_class: params.gpu_class,
+        labels,
+        before_seq,
+    };
     let rows = db::jobs::list(&state.db, access.team.id, &filter, page.fetch()).await?;
     Ok(Json(page.page(rows, |r| r.seq.to_string(), JobView::from)))
 }

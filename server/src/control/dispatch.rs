@@ -17,6 +17,7 @@ use super::{
 use crate::{
     backends::{object_name, BackendError, Gang, Outcome, ReplicaSlot},
     db,
+    domain::JobState,
 };
 
 /// First retry delay.
@@ -65,7 +66,7 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::outbox::OutboxRo
         // replaced it: nothing to create. The reconciler releases the GPUs.
         // (A running job's object exists already: the reconciler saw it after a crash cut
         // this row short, and a repeated create is a harmless no-op that records it.)
-        "submit" if !current || !matches!(row.job_state.as_str(), "admitted" | "running") => {
+        "submit" if !current || !matches!(row.job_state, JobState::Admitted | JobState::Running) => {
             db::outbox::complete(tx, row.id, Some("superseded before dispatch")).await?;
         }
         "submit" => {

@@ -1,7 +1,10 @@
 //! What follows the end of a job's attempt: the pure rule, kept apart from the I/O so it
 //! can be read and tested in one place.
 
-use crate::backends::{Outcome, Retry};
+use crate::{
+    backends::{Outcome, Retry},
+    domain::{JobState, RetryCounter},
+};
 
 /// The retry counters and limits of a job when an attempt ends.
 #[derive(Debug, Clone, Copy, Default)]
@@ -16,10 +19,10 @@ pub struct Counters {
 /// The job's next state and what to record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Next {
-    /// `pending` to requeue, or a final state.
-    pub state: &'static str,
+    /// Pending to requeue, or a final state.
+    pub state: JobState,
     /// Which counter to bump.
-    pub bump: Option<&'static str>,
+    pub bump: Option<RetryCounter>,
     /// Event kind for the timeline.
     pub event: &'static str,
     /// Event reason code.
@@ -38,58 +41,66 @@ fn budget(outcome: &Outcome, c: Counters) -> i32 {
 }
 
 /// Decides what follows an attempt that ended with `outcome` while the job was in `state`.
-pub fn after_attempt(state: &str, outcome: &Outcome, c: Counters) -> Next {
-    let done = |state: &'static str, reason: &str, message: &str| Next {
+pub fn after_attempt(state: JobState, outcome: &Outcome, c: Counters) -> Next {
+    let done = |state: JobState, reason: &str, message: &str| Next {
         state,
         bump: None,
-        event: state,
+        event: state.as_str(),
         reason: reason.into(),
         message: message.into(),
     };
     // (counter, its value, the outcome whose budget applies, state when out of retries, what happened)
     let (bump, used, charged, final_state, what) = match (state, outcome) {
         // Cancelled by a user: stays cancelled whatever the object did.
-        ("cancelled", _) => return done("cancelled", "cancelled", "stopped at the user's request"),
+        (JobState::Cancelled, _) => return done(JobState::Cancelled, "cancelled", "stopped at the user's request"),
         // Preempted by us: requeues on the preemption budget (the GPUs went to a job that
         // needed them more).
-        ("preempted", _) => {
-            ("preemptions", c.preemptions, &Outcome::Preempted, "preempted", "stopped after preemption".to_owned())
-        }
-        (_, Outcome::Succeeded) => return done("succeeded", "succeeded", "every replica exited 0"),
+        (JobState::Preempted, _) => (
+            RetryCounter::Preemptions,
+            c.preemptions,
+            &Outcome::Preempted,
+            JobState::Preempted,
+            "stopped after preemption".to_owned(),
+        ),
+        (_, Outcome::Succeeded) => return done(JobState::Succeeded, "succeeded", "every replica exited 0"),
         (_, Outcome::AppFailed { exit_code, reason }) => {
             let what = match exit_code {
                 Some(code) => format!("the application failed ({reason}, exit code {code})"),
                 None => format!("the application failed ({reason})"),
             };
-            ("app_retries", c.app_retries, outcome, "failed", what)
+            (RetryCounter::AppRetries, c.app_retries, outcome, JobState::Failed, what)
         }
-        (_, Outcome::Preempted) => {
-            ("preemptions", c.preemptions, outcome, "preempted", "the provider took the capacity back".to_owned())
-        }
+        (_, Outcome::Preempted) => (
+            RetryCounter::Preemptions,
+            c.preemptions,
+            outcome,
+            JobState::Preempted,
+            "the provider took the capacity back".to_owned(),
+        ),
         (_, Outcome::CapacityUnavailable) => (
-            "capacity_retries",
+            RetryCounter::CapacityRetries,
             c.capacity_retries,
             outcome,
-            "failed",
+            JobState::Failed,
             "the cluster had no capacity for the placement".to_owned(),
         ),
         // An object that stopped without being asked to is as good as lost.
         (_, Outcome::NodeLost | Outcome::Stopped) => (
-            "node_lost_retries",
+            RetryCounter::NodeLostRetries,
             c.node_lost_retries,
             &Outcome::NodeLost,
-            "failed",
+            JobState::Failed,
             "a node of the job was lost".to_owned(),
         ),
     };
     let budget = budget(charged, c);
     let reason = match outcome {
-        Outcome::AppFailed { reason, .. } if state != "preempted" => format!("app_failed:{reason}"),
+        Outcome::AppFailed { reason, .. } if state != JobState::Preempted => format!("app_failed:{reason}"),
         _ => outcome.code().to_owned(),
     };
     if used < budget {
         Next {
-            state: "pending",
+            state: JobState::Pending,
             bump: Some(bump),
             event: "requeued",
             reason,
@@ -99,7 +110,7 @@ pub fn after_attempt(state: &str, outcome: &Outcome, c: Counters) -> Next {
         Next {
             state: final_state,
             bump: None,
-            event: final_state,
+            event: final_state.as_str(),
             reason,
             message: format!("{what}; no retries left ({budget} used)"),
         }
@@ -112,37 +123,47 @@ mod tests {
 
     #[test]
     fn a_successful_attempt_finishes_the_job() {
-        let next = after_attempt("running", &Outcome::Succeeded, Counters::default());
-        assert_eq!((next.state, next.bump), ("succeeded", None));
+        let next = after_attempt(JobState::Running, &Outcome::Succeeded, Counters::default());
+        assert_eq!((next.state, next.bump), (JobState::Succeeded, None));
     }
 
     #[test]
     fn application_failures_retry_only_within_the_jobs_own_budget() {
         let failed = Outcome::AppFailed { exit_code: Some(3), reason: "Error".into() };
-        let next = after_attempt("running", &failed, Counters { max_retries: 1, ..Counters::default() });
-        assert_eq!((next.state, next.bump), ("pending", Some("app_retries")));
-        let next =
-            after_attempt("running", &failed, Counters { max_retries: 1, app_retries: 1, ..Counters::default() });
-        assert_eq!(next.state, "failed");
+        let next = after_attempt(JobState::Running, &failed, Counters { max_retries: 1, ..Counters::default() });
+        assert_eq!((next.state, next.bump), (JobState::Pending, Some(RetryCounter::AppRetries)));
+        let next = after_attempt(
+            JobState::Running,
+            &failed,
+            Counters { max_retries: 1, app_retries: 1, ..Counters::default() },
+        );
+        assert_eq!(next.state, JobState::Failed);
         assert!(next.message.contains("exit code 3"), "{}", next.message);
     }
 
     #[test]
     fn a_preempted_job_requeues_and_a_cancelled_one_stays_cancelled() {
-        let next = after_attempt("preempted", &Outcome::Stopped, Counters::default());
-        assert_eq!((next.state, next.bump, next.event), ("pending", Some("preemptions"), "requeued"));
-        let next = after_attempt("cancelled", &Outcome::Succeeded, Counters::default());
-        assert_eq!(next.state, "cancelled");
+        let next = after_attempt(JobState::Preempted, &Outcome::Stopped, Counters::default());
+        assert_eq!(
+            (next.state, next.bump, next.event),
+            (JobState::Pending, Some(RetryCounter::Preemptions), "requeued")
+        );
+        let next = after_attempt(JobState::Cancelled, &Outcome::Succeeded, Counters::default());
+        assert_eq!(next.state, JobState::Cancelled);
     }
 
     #[test]
     fn lost_nodes_and_missing_capacity_have_platform_budgets() {
+        let next = after_attempt(
+            JobState::Running,
+            &Outcome::NodeLost,
+            Counters { node_lost_retries: 3, ..Counters::default() },
+        );
+        assert_eq!(next.state, JobState::Failed);
+        let next = after_attempt(JobState::Admitted, &Outcome::CapacityUnavailable, Counters::default());
+        assert_eq!((next.state, next.bump), (JobState::Pending, Some(RetryCounter::CapacityRetries)));
         let next =
-            after_attempt("running", &Outcome::NodeLost, Counters { node_lost_retries: 3, ..Counters::default() });
-        assert_eq!(next.state, "failed");
-        let next = after_attempt("admitted", &Outcome::CapacityUnavailable, Counters::default());
-        assert_eq!((next.state, next.bump), ("pending", Some("capacity_retries")));
-        let next = after_attempt("running", &Outcome::Preempted, Counters { preemptions: 100, ..Counters::default() });
-        assert_eq!(next.state, "preempted");
+            after_attempt(JobState::Running, &Outcome::Preempted, Counters { preemptions: 100, ..Counters::default() });
+        assert_eq!(next.state, JobState::Preempted);
     }
 }

@@ -28,6 +28,7 @@ use super::{
 use crate::{
     backends::{Backend, ObjectStatus, Outcome, Phase},
     db::{self, Tx},
+    domain::JobState,
 };
 
 /// What one pass found and did.
@@ -91,7 +92,7 @@ pub async fn reconcile(
         report.next_change = report.next_change.into_iter().chain(obj.next_change).min();
         match &obj.phase {
             Phase::Pending | Phase::Running { .. } => {
-                if let (Phase::Running { started_at }, "admitted") = (&obj.phase, job.state.as_str()) {
+                if let (Phase::Running { started_at }, JobState::Admitted) = (&obj.phase, job.state) {
                     started.push((job.id, job.attempt, *started_at, obj.object.as_str()));
                 }
                 // A stop still in the outbox is the dispatcher's to deliver, with the whole grace.
@@ -266,7 +267,7 @@ pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result
             node_lost_retries: job.node_lost_retries,
             app_retries: job.app_retries,
         };
-        let next = after_attempt(&job.state, &e.outcome, counters);
+        let next = after_attempt(job.state, &e.outcome, counters);
         let exit_code = match &e.outcome {
             Outcome::AppFailed { exit_code, .. } => *exit_code,
             Outcome::Succeeded => Some(0),

@@ -15,6 +15,7 @@ use crate::{
         jobs::NewJob,
         snapshot::{LiveJob, SnapshotRows},
     },
+    domain::JobState,
     scheduler::{
         self,
         decision::PendingReason,
@@ -182,9 +183,9 @@ impl World {
                     started_ms: started,
                     last_checkpoint_ms: job.last_checkpoint_at.map(millis),
                     placement,
-                    terminating: !matches!(job.state.as_str(), "admitted" | "running"),
+                    terminating: !matches!(job.state, JobState::Admitted | JobState::Running),
                 });
-            } else if job.state == "pending" {
+            } else if job.state == JobState::Pending {
                 world.snapshot.pending.push(spec);
             }
             world.jobs.insert(job.seq as u64, job);

@@ -7,13 +7,14 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::Tx;
+use crate::domain::{JobState, RetryCounter};
 
 /// A job holding GPUs on a cluster, as the reconciler compares it with the backend.
 #[derive(Debug, Clone)]
 pub struct HeldJob {
     pub id: Uuid,
     pub attempt: i32,
-    pub state: String,
+    pub state: JobState,
     pub stop_requested_at: Option<DateTime<Utc>>,
     pub dispatched_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
@@ -28,7 +29,7 @@ pub struct HeldJob {
 pub async fn held_jobs(pool: &PgPool, cluster: &str) -> Result<Vec<HeldJob>, sqlx::Error> {
     sqlx::query_as!(
         HeldJob,
-        r#"select j.id, j.attempt, j.state, j.stop_requested_at, j.dispatched_at, j.started_at,
+        r#"select j.id, j.attempt, j.state as "state: JobState", j.stop_requested_at, j.dispatched_at, j.started_at,
                   coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!",
                   exists (select 1 from dispatch_outbox o where o.job_id = j.id and o.attempt = j.attempt
                           and o.action = 'submit' and o.done_at is null) as "submit_pending!",
@@ -136,7 +137,7 @@ pub async fn close_intervals(tx: &mut Tx<'_>, ends: &[AttemptAt]) -> Result<(), 
 /// The counters and limits that decide what follows an attempt.
 pub struct AttemptEnd {
     pub id: Uuid,
-    pub state: String,
+    pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
     pub max_retries: i32,
@@ -150,9 +151,9 @@ pub struct AttemptEnd {
 pub async fn lock_for_end(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Vec<AttemptEnd>, sqlx::Error> {
     sqlx::query_as!(
         AttemptEnd,
-        "select id, state, attempt, holds_gpus, max_retries, preemptions, capacity_retries, node_lost_retries,
-                app_retries
-         from jobs where id = any($1) order by id for update",
+        r#"select id, state as "state: JobState", attempt, holds_gpus, max_retries, preemptions, capacity_retries,
+                node_lost_retries, app_retries
+           from jobs where id = any($1) order by id for update"#,
         ids
     )
     .fetch_all(&mut **tx)
@@ -163,11 +164,11 @@ pub async fn lock_for_end(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Vec<AttemptEn
 pub struct EndUpdate {
     pub job_id: Uuid,
     pub attempt: i32,
-    /// The next state: `pending` to requeue, or a final one.
-    pub state: &'static str,
+    /// The next state: pending to requeue, or a final one.
+    pub state: JobState,
     pub exit_code: Option<i32>,
     /// Which retry counter to bump, if any.
-    pub bump: Option<&'static str>,
+    pub bump: Option<RetryCounter>,
 }
 
 /// Applies attempts' ends: GPUs released, states set, counters bumped, and the scheduler
@@ -178,9 +179,10 @@ pub async fn end_attempts(tx: &mut Tx<'_>, updates: &[EndUpdate]) -> Result<(), 
     }
     let ids: Vec<Uuid> = updates.iter().map(|u| u.job_id).collect();
     let attempts: Vec<i32> = updates.iter().map(|u| u.attempt).collect();
-    let states: Vec<&str> = updates.iter().map(|u| u.state).collect();
+    let states: Vec<&str> = updates.iter().map(|u| u.state.as_str()).collect();
     let exit_codes: Vec<Option<i32>> = updates.iter().map(|u| u.exit_code).collect();
-    let bumps: Vec<&str> = updates.iter().map(|u| u.bump.unwrap_or("")).collect();
+    // The SQL bumps the counter whose column the stored text names.
+    let bumps: Vec<&str> = updates.iter().map(|u| u.bump.map_or("", RetryCounter::column)).collect();
     sqlx::query!(
         "update jobs j set holds_gpus = false, state = u.state, exit_code = coalesce(u.exit_code, j.exit_code),
                 finished_at = case when u.state = 'pending' then null else now() end,

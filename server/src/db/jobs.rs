@@ -7,6 +7,7 @@ use sqlx::{types::Json, PgPool};
 use uuid::Uuid;
 
 use super::Tx;
+use crate::domain::JobState;
 
 /// A stored job with the names of what it refers to.
 #[derive(Debug, Clone)]
@@ -31,7 +32,7 @@ pub struct JobRow {
     pub preemption_grace_seconds: Option<i32>,
     pub max_retries: i32,
     pub allow_spot: bool,
-    pub state: String,
+    pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
     pub cluster: Option<String>,
@@ -217,7 +218,7 @@ impl JobRow {
             preemption_grace_seconds: job.preemption_grace_seconds,
             max_retries: job.max_retries,
             allow_spot: job.allow_spot,
-            state: "pending".into(),
+            state: JobState::Pending,
             attempt: 0,
             holds_gpus: false,
             cluster: None,
@@ -258,15 +259,18 @@ pub async fn notify(tx: &mut Tx<'_>, channel: &str) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// The job `id`, whichever team owns it (authorization happens before).
-pub async fn get(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> Result<Option<JobRow>, sqlx::Error> {
-    sqlx::query_as!(
-        JobRow,
-        r#"select j.id, j.seq, j.team_id, t.name as team, j.name, j.gpu_class_id, c.name as gpu_class,
+/// A query for [`JobRow`]s: the one column list, from `jobs j` with its team, class and
+/// cluster joined, followed by `$rest` (the where clause and what follows it) and its
+/// arguments. Written once so every read of a job shows the same fields.
+macro_rules! select_jobs {
+    ($rest:tt, $($arg:expr),* $(,)?) => {
+        sqlx::query_as!(
+            JobRow,
+            r#"select j.id, j.seq, j.team_id, t.name as team, j.name, j.gpu_class_id, c.name as gpu_class,
                   j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
-                  j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state, j.attempt, j.holds_gpus,
+                  j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state as "state: JobState", j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
                   j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
                   j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
@@ -276,11 +280,15 @@ pub async fn get(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> Result<Option<JobRo
            join teams t on t.id = j.team_id
            join gpu_classes c on c.id = j.gpu_class_id
            left join clusters cl on cl.id = j.cluster_id
-           where j.id = $1"#,
-        id
-    )
-    .fetch_optional(db)
-    .await
+           "# + $rest,
+            $($arg),*
+        )
+    };
+}
+
+/// The job `id`, whichever team owns it (authorization happens before).
+pub async fn get(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> Result<Option<JobRow>, sqlx::Error> {
+    select_jobs!(r#"where j.id = $1"#, id).fetch_optional(db).await
 }
 
 /// The team owning job `id`, for authorization.
@@ -291,7 +299,7 @@ pub async fn team_of(pool: &PgPool, id: Uuid) -> Result<Option<Uuid>, sqlx::Erro
 /// Filters of a job list.
 #[derive(Debug, Clone, Default)]
 pub struct JobFilter {
-    pub state: Option<String>,
+    pub state: Option<JobState>,
     pub gpu_class: Option<String>,
     /// Jobs whose labels contain all of these.
     pub labels: Option<Value>,
@@ -301,23 +309,8 @@ pub struct JobFilter {
 
 /// A team's jobs, newest first.
 pub async fn list(pool: &PgPool, team_id: Uuid, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, sqlx::Error> {
-    sqlx::query_as!(
-        JobRow,
-        r#"select j.id, j.seq, j.team_id, t.name as team, j.name, j.gpu_class_id, c.name as gpu_class,
-                  j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
-                  j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
-                  j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
-                  j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state, j.attempt, j.holds_gpus,
-                  cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
-                  j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
-                  j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
-                  j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
-                  j.version
-           from jobs j
-           join teams t on t.id = j.team_id
-           join gpu_classes c on c.id = j.gpu_class_id
-           left join clusters cl on cl.id = j.cluster_id
-           where j.team_id = $1
+    select_jobs!(
+        r#"where j.team_id = $1
              and ($2::text is null or j.state = $2)
              and ($3::text is null or c.name = $3)
              and ($4::jsonb is null or j.labels @> $4)
@@ -325,7 +318,7 @@ pub async fn list(pool: &PgPool, team_id: Uuid, filter: &JobFilter, limit: i64) 
            order by j.seq desc
            limit $6"#,
         team_id,
-        filter.state,
+        filter.state.map(JobState::as_str),
         filter.gpu_class,
         filter.labels,
         filter.before_seq,
@@ -458,7 +451,7 @@ pub async fn add_events(tx: &mut Tx<'_>, events: &[NewEvent]) -> Result<(), sqlx
 
 /// The job's state, attempt and whether it holds GPUs, locked for update.
 pub struct LockedJob {
-    pub state: String,
+    pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
     pub grace_ms: i64,
@@ -468,7 +461,7 @@ pub struct LockedJob {
 pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<LockedJob>, sqlx::Error> {
     sqlx::query_as!(
         LockedJob,
-        r#"select j.state, j.attempt, j.holds_gpus,
+        r#"select j.state as "state: JobState", j.attempt, j.holds_gpus,
                   coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!"
            from jobs j join priority_classes p on p.name = j.priority_class
            where j.id = $1 for update of j"#,

@@ -4,6 +4,7 @@
 use uuid::Uuid;
 
 use super::Tx;
+use crate::domain::JobState;
 
 /// The channel the dispatcher listens on.
 pub const DISPATCH_CHANNEL: &str = "fairway_dispatch";
@@ -17,7 +18,7 @@ pub struct OutboxRow {
     pub action: String,
     pub grace_ms: i64,
     pub tries: i32,
-    pub job_state: String,
+    pub job_state: JobState,
     pub job_attempt: i32,
     pub cluster: Option<String>,
 }
@@ -30,7 +31,7 @@ pub struct OutboxRow {
 pub async fn claim(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<OutboxRow>, sqlx::Error> {
     sqlx::query_as!(
         OutboxRow,
-        r#"select o.id, o.job_id, o.attempt, o.action, o.grace_ms, o.tries, j.state as job_state,
+        r#"select o.id, o.job_id, o.attempt, o.action, o.grace_ms, o.tries, j.state as "job_state: JobState",
                   j.attempt as job_attempt, cl.name as "cluster?"
            from dispatch_outbox o
            join jobs j on j.id = o.job_id

@@ -13,6 +13,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use super::inventory::NodeRow;
+use crate::domain::JobState;
 
 /// A GPU class with its rate now.
 pub struct ClassRow {
@@ -63,7 +64,7 @@ pub struct LiveJob {
     pub topology_level: Option<String>,
     pub max_runtime_seconds: i32,
     pub preemption_grace_seconds: Option<i32>,
-    pub state: String,
+    pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
     pub cluster_id: Option<Uuid>,
@@ -95,7 +96,7 @@ pub struct SnapshotRows {
 impl LiveJob {
     /// Whether the engine must know of the job: it waits, or holds GPUs.
     fn is_live(&self) -> bool {
-        matches!(self.state.as_str(), "pending" | "admitted" | "running") || self.holds_gpus
+        matches!(self.state, JobState::Pending | JobState::Admitted | JobState::Running) || self.holds_gpus
     }
 }
 
@@ -115,7 +116,7 @@ impl LiveJobs {
     pub fn set_pending_reasons<'a>(&mut self, reasons: impl IntoIterator<Item = (Uuid, &'a str)>) {
         for (id, reason) in reasons {
             if let Some(job) = self.by_id.get_mut(&id) {
-                if job.state == "pending" && job.pending_reason.as_deref() != Some(reason) {
+                if job.state == JobState::Pending && job.pending_reason.as_deref() != Some(reason) {
                     Arc::make_mut(job).pending_reason = Some(reason.to_owned());
                 }
             }
@@ -137,6 +138,23 @@ impl LiveJobs {
         jobs.sort_unstable_by_key(|j| j.seq);
         jobs
     }
+}
+
+/// A query for [`LiveJob`]s: the one column list from `jobs`, followed by `$rest` (the
+/// where clause) and its arguments.
+macro_rules! select_live_jobs {
+    ($rest:tt $(, $arg:expr)* $(,)?) => {
+        sqlx::query_as!(
+            LiveJob,
+            r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
+                      topology_level, max_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
+                      attempt, holds_gpus, cluster_id, placement, submitted_at, queued_at, admitted_at, started_at,
+                      last_checkpoint_at, pending_reason, allow_spot
+               from jobs
+               "# + $rest
+            $(, $arg)*
+        )
+    };
 }
 
 /// Reads the scheduler's view of the world at one instant. Of the jobs, only those changed
@@ -215,33 +233,15 @@ pub async fn snapshot_rows(
     // trigger `jobs_mark_changed` fires on updates of `version` and `last_checkpoint_at`.
     match live.xmin {
         None => {
-            let rows = sqlx::query_as!(
-                LiveJob,
-                r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
-                          topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
-                          cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
-                          pending_reason, allow_spot
-                   from jobs
-                   where state in ('pending', 'admitted', 'running') or holds_gpus"#
-            )
-            .fetch_all(&mut *tx)
-            .await?;
+            let rows = select_live_jobs!(r#"where state in ('pending', 'admitted', 'running') or holds_gpus"#)
+                .fetch_all(&mut *tx)
+                .await?;
             live.by_id.clear();
             live.apply(rows);
         }
         Some(since) => {
-            let rows = sqlx::query_as!(
-                LiveJob,
-                r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
-                          topology_level, max_runtime_seconds, preemption_grace_seconds, state, attempt, holds_gpus,
-                          cluster_id, placement, submitted_at, queued_at, admitted_at, started_at, last_checkpoint_at,
-                          pending_reason, allow_spot
-                   from jobs
-                   where changed_in >= $1::int8::text::xid8"#,
-                since
-            )
-            .fetch_all(&mut *tx)
-            .await?;
+            let rows =
+                select_live_jobs!(r#"where changed_in >= $1::int8::text::xid8"#, since).fetch_all(&mut *tx).await?;
             live.apply(rows);
         }
     }

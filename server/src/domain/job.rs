@@ -9,9 +9,11 @@ use utoipa::ToSchema;
 
 use super::{check_range, FieldError};
 
-/// Where a job is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+/// Where a job is in its life. Stored as text (`jobs.state`, checked by `jobs_state_check`);
+/// reading a value this build does not know fails the read, it never becomes another state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
 pub enum JobState {
     /// Waiting for admission.
     Pending,
@@ -58,6 +60,38 @@ impl JobState {
     /// Parses the stored value.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|state| state.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job's retry budgets, one per kind of failure that requeues it: each counts the
+/// requeues it has paid for (a column of `jobs` of the same name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryCounter {
+    /// Preempted by the scheduler or the provider.
+    Preemptions,
+    /// The cluster had no capacity for the placement.
+    CapacityRetries,
+    /// A node of the job was lost.
+    NodeLostRetries,
+    /// The application failed (counted against the job's own `max_retries`).
+    AppRetries,
+}
+
+impl RetryCounter {
+    /// The `jobs` column that holds this counter.
+    pub fn column(self) -> &'static str {
+        match self {
+            RetryCounter::Preemptions => "preemptions",
+            RetryCounter::CapacityRetries => "capacity_retries",
+            RetryCounter::NodeLostRetries => "node_lost_retries",
+            RetryCounter::AppRetries => "app_retries",
+        }
     }
 }
 

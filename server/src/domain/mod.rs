@@ -7,7 +7,7 @@ mod names;
 mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
-pub use job::{JobState, TopologyLevel, TopologyMode, TopologyWish};
+pub use job::{JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish};
 pub use names::{ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
 pub use roles::{PlatformRole, TeamRole};
 

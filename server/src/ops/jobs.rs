@@ -18,7 +18,7 @@ use crate::{
     domain::{
         check_range,
         job::{self, check_command, check_env, check_grace, check_image, check_labels},
-        FieldError, TopologyLevel, TopologyMode, TopologyWish,
+        FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish,
     },
     scheduler,
     state::AppState,
@@ -292,12 +292,12 @@ pub async fn submit_batch(
 pub async fn cancel(state: &AppState, actor: &str, id: Uuid) -> Result<()> {
     let mut tx = state.db.begin().await?;
     let locked = db::jobs::lock(&mut tx, id).await?.ok_or(Error::NotFound("job"))?;
-    match locked.state.as_str() {
-        "cancelled" => {}
-        "succeeded" | "failed" => {
+    match locked.state {
+        JobState::Cancelled => {}
+        JobState::Succeeded | JobState::Failed => {
             return Err(Error::conflict("job_finished", None, format!("the job has already {}", locked.state)))
         }
-        "preempted" if !locked.holds_gpus => {
+        JobState::Preempted if !locked.holds_gpus => {
             return Err(Error::conflict("job_finished", None, "the job was preempted and is out of retries"))
         }
         _ => {

@@ -733,3 +733,23 @@ async fn a_ci_pipeline_is_validated_against_the_catalogue_as_it_is_now_never_a_s
         .assert_status(201);
     s.submit(&s.ml_ci, "ml", &spec_with("e", json!({"priority_class": "batch"}))).await.assert_status(201);
 }
+
+#[tokio::test]
+async fn a_job_row_with_a_state_this_build_does_not_know_fails_the_read_loudly() {
+    let s = setup().await;
+    let id = s.submit_ok(&spec("from-a-newer-build")).await;
+    // A newer build (or a hand edit) stored a state this one does not know.
+    sqlx::query("alter table jobs drop constraint jobs_state_check").execute(&s.app.pool).await.unwrap();
+    sqlx::query("update jobs set state = 'paused' where id = $1::uuid").bind(&id).execute(&s.app.pool).await.unwrap();
+
+    let err = fairway::db::jobs::get(&s.app.pool, id.parse().unwrap()).await.unwrap_err();
+    let message = err.to_string();
+    assert!(message.contains("paused"), "the error names the value: {message}");
+    assert!(message.contains("JobState"), "and the type it was read as: {message}");
+
+    let r = s.app.send(call("GET", &format!("/api/v1/jobs/{id}")).token(&s.alice)).await;
+    r.assert_problem(500, "internal_error");
+    let list = s.app.send(call("GET", "/api/v1/teams/ml/jobs").token(&s.alice)).await;
+    list.assert_problem(500, "internal_error");
+    assert!(!String::from_utf8_lossy(&list.body).contains("pending"), "never shown as pending");
+}

@@ -13,7 +13,7 @@ use super::{principal, render, signed_in, when, CurrentUser, NoFields, PageError
 use crate::{
     auth::policy::team_role,
     db::{self, jobs::JobFilter, web_sessions::SessionUser},
-    domain::TeamRole,
+    domain::{JobState, TeamRole},
     ops,
     state::AppState,
 };
@@ -82,7 +82,7 @@ pub async fn team_jobs(
     }
     let classes: Vec<String> = db::quotas::list(&state.db, team.id).await?.into_iter().map(|q| q.gpu_class).collect();
     let filter = JobFilter {
-        state: (!q.state.is_empty()).then(|| q.state.clone()),
+        state: crate::domain::JobState::parse(&q.state),
         gpu_class: (!q.gpu_class.is_empty()).then(|| q.gpu_class.clone()),
         labels: None,
         before_seq: q.before,
@@ -116,7 +116,7 @@ pub async fn team_jobs(
             id: j.id,
             gpus: i64::from(j.replicas) * i64::from(j.gpus_per_replica),
             name: j.name,
-            state: j.state,
+            state: j.state.to_string(),
             gpu_class: j.gpu_class,
             submitted: when(j.submitted_at),
             submitted_by: j.submitted_by,
@@ -196,7 +196,7 @@ pub async fn job(
         .into_iter()
         .map(|e| EventLine { at: when(e.at), kind: e.kind, reason: e.reason, message: e.message })
         .collect();
-    let finished = matches!(job.state.as_str(), "succeeded" | "failed" | "cancelled");
+    let finished = matches!(job.state, JobState::Succeeded | JobState::Failed | JobState::Cancelled);
     let spend = crate::billing::budgets::job_cost(&state.db, job.id, Utc::now(), state.config.chargeback).await?;
     let currency = &state.config.currency;
     let cost = format!(
@@ -221,7 +221,7 @@ pub async fn job(
     let detail = JobDetail {
         id: job.id,
         gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
-        waiting: (job.state == "pending").then(|| job.pending_message.clone()).flatten(),
+        waiting: (job.state == JobState::Pending).then(|| job.pending_message.clone()).flatten(),
         // Where it runs now; a requeued job's last placement is history, in the timeline.
         placement: job
             .cluster
@@ -233,7 +233,7 @@ pub async fn job(
         burn,
         name: job.name,
         team: job.team,
-        state: job.state,
+        state: job.state.to_string(),
         gpu_class: job.gpu_class,
         priority_class: job.priority_class,
         submitted_by: job.submitted_by,

@@ -14,7 +14,7 @@ use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn
 use crate::{
     auth::policy::team_role,
     db::{self, jobs::JobFilter},
-    domain::{PlatformRole, TeamRole},
+    domain::{JobState, PlatformRole, TeamRole},
     state::AppState,
 };
 
@@ -128,13 +128,13 @@ pub async fn team(
     let role = team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
     let quotas = db::quotas::list(&state.db, team.id).await?;
     let mut jobs = Vec::new();
-    for s in ["running", "admitted", "pending"] {
-        let filter = JobFilter { state: Some(s.into()), ..JobFilter::default() };
+    for s in [JobState::Running, JobState::Admitted, JobState::Pending] {
+        let filter = JobFilter { state: Some(s), ..JobFilter::default() };
         jobs.extend(db::jobs::list(&state.db, team.id, &filter, 500).await?);
     }
     let gpus = |j: &db::jobs::JobRow| i64::from(j.replicas) * i64::from(j.gpus_per_replica);
     let mut in_use: BTreeMap<&str, i64> = BTreeMap::new();
-    for j in jobs.iter().filter(|j| j.state != "pending") {
+    for j in jobs.iter().filter(|j| j.state != JobState::Pending) {
         *in_use.entry(j.gpu_class.as_str()).or_default() += gpus(j);
     }
     let lent = lent_to_others(&db::quotas::lending(&state.db, team.id).await?, team.id);
@@ -160,18 +160,18 @@ pub async fn team(
         .collect();
     let mut running: Vec<RunningLine> = jobs
         .iter()
-        .filter(|j| j.state != "pending")
+        .filter(|j| j.state != JobState::Pending)
         .map(|j| RunningLine {
             id: j.id,
             name: j.name.clone(),
             gpus: gpus(j),
             gpu_class: j.gpu_class.clone(),
-            state: j.state.clone(),
+            state: j.state.to_string(),
             since: j.started_at.or(j.admitted_at).map(when).unwrap_or_default(),
         })
         .collect();
     running.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut waiting: Vec<&db::jobs::JobRow> = jobs.iter().filter(|j| j.state == "pending").collect();
+    let mut waiting: Vec<&db::jobs::JobRow> = jobs.iter().filter(|j| j.state == JobState::Pending).collect();
     waiting.sort_by_key(|j| (j.queue_position.unwrap_or(i32::MAX), j.seq));
     let pending = waiting
         .into_iter()
