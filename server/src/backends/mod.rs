@@ -12,6 +12,7 @@ pub mod aws_batch;
 pub mod clusters;
 pub mod gcp_batch;
 pub mod kubernetes;
+pub mod pools;
 pub mod sim;
 
 use std::{collections::BTreeMap, time::Duration};

@@ -37,7 +37,10 @@ use tokio::sync::Mutex;
 use uuid::Uuid;
 
 use self::status::{BatchJob, STOP_REASON_PREFIX};
-use super::{Backend, BackendError, Gang, InventoryNode, ObjectStatus, Phase};
+use super::{
+    pools::{self, elastic_pool},
+    Backend, BackendError, Gang, InventoryNode, ObjectStatus, Phase,
+};
 
 /// An `aws-batch` cluster's settings, from the clusters file.
 #[derive(Debug, Clone, Deserialize)]
@@ -96,31 +99,12 @@ fn default_memory_per_gpu() -> u32 {
     16_384
 }
 
-impl PoolConfig {}
+elastic_pool!(PoolConfig);
 
 impl AwsBatchConfig {
     /// Checks what the engine and the service would refuse later.
     pub fn validate(&self) -> Result<(), String> {
-        if self.pools.is_empty() {
-            return Err(format!("cluster {}: no [[cluster.pool]]", self.name));
-        }
-        let mut names = HashSet::new();
-        for p in &self.pools {
-            let bad = |why: &str| Err(format!("cluster {} pool {:?}: {why}", self.name, p.name));
-            if !names.insert(&p.name) {
-                return bad("declared twice");
-            }
-            if p.gpus_per_instance == 0 || p.max_instances == 0 {
-                return bad("gpus_per_instance and max_instances must be at least 1");
-            }
-            if p.gpus_per_instance * p.max_instances > 64 {
-                return bad("a pool offers at most 64 GPUs (gpus_per_instance × max_instances)");
-            }
-            if !(p.price_per_gpu_hour.is_finite() && p.price_per_gpu_hour >= 0.0 && p.price_per_gpu_hour < 1e6) {
-                return bad("price_per_gpu_hour must be a price");
-            }
-        }
-        Ok(())
+        pools::validate(&self.name, &self.pools)
     }
 
     /// A Batch client for this cluster: the default AWS credential chain (environment,
@@ -479,20 +463,7 @@ impl Backend for AwsBatchBackend {
 
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
         self.verify().await?;
-        Ok(self
-            .config
-            .pools
-            .iter()
-            .map(|p| {
-                InventoryNode::pool(
-                    &p.name,
-                    &p.gpu_class,
-                    p.gpus_per_instance * p.max_instances,
-                    p.spot,
-                    p.price_per_gpu_hour,
-                )
-            })
-            .collect())
+        Ok(pools::inventory(&self.config.pools))
     }
 
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {

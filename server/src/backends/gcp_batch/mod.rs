@@ -25,7 +25,10 @@ use serde_json::{json, Value};
 use tokio::sync::Mutex;
 use uuid::Uuid;
 
-use super::{Backend, BackendError, Gang, InventoryNode, ObjectStatus, Phase};
+use super::{
+    pools::{self, elastic_pool},
+    Backend, BackendError, Gang, InventoryNode, ObjectStatus, Phase,
+};
 
 /// A `gcp-batch` cluster's settings, from the clusters file.
 #[derive(Debug, Clone, Deserialize)]
@@ -76,26 +79,12 @@ pub struct GcpPoolConfig {
     pub spot: bool,
 }
 
+elastic_pool!(GcpPoolConfig);
+
 impl GcpBatchConfig {
     /// Checks what the engine and the service would refuse later.
     pub fn validate(&self) -> Result<(), String> {
-        if self.pools.is_empty() {
-            return Err(format!("cluster {}: no [[cluster.pool]]", self.name));
-        }
-        let mut names = std::collections::HashSet::new();
-        for p in &self.pools {
-            let bad = |why: &str| Err(format!("cluster {} pool {:?}: {why}", self.name, p.name));
-            if !names.insert(&p.name) {
-                return bad("declared twice");
-            }
-            if p.gpus_per_instance == 0 || p.max_instances == 0 || p.gpus_per_instance * p.max_instances > 64 {
-                return bad("gpus_per_instance × max_instances must be from 1 to 64");
-            }
-            if !(p.price_per_gpu_hour.is_finite() && (0.0..1e6).contains(&p.price_per_gpu_hour)) {
-                return bad("price_per_gpu_hour must be a price");
-            }
-        }
-        Ok(())
+        pools::validate(&self.name, &self.pools)
     }
 }
 
@@ -298,20 +287,7 @@ impl Backend for GcpBatchBackend {
     }
 
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
-        Ok(self
-            .config
-            .pools
-            .iter()
-            .map(|p| {
-                InventoryNode::pool(
-                    &p.name,
-                    &p.gpu_class,
-                    p.gpus_per_instance * p.max_instances,
-                    p.spot,
-                    p.price_per_gpu_hour,
-                )
-            })
-            .collect())
+        Ok(pools::inventory(&self.config.pools))
     }
 
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {

@@ -1,0 +1,136 @@
+//! What the cloud batch backends share: an elastic pool (an AWS Batch job queue, a Google
+//! Cloud Batch machine type) is offered to the engine as one node of `gpus_per_instance ×
+//! max_instances` GPUs, and checked the same way whoever provides it.
+
+use std::collections::HashSet;
+
+use super::InventoryNode;
+
+/// The provider-independent part of a pool's declaration.
+pub trait ElasticPool {
+    /// The pool's name; the engine sees it as a node of the cluster.
+    fn name(&self) -> &str;
+    /// The GPU class its instances offer.
+    fn gpu_class(&self) -> &str;
+    /// GPUs per instance.
+    fn gpus_per_instance(&self) -> u32;
+    /// Instances that may run for Fairway at once.
+    fn max_instances(&self) -> u32;
+    /// Spot capacity: only jobs that allow spot run here.
+    fn spot(&self) -> bool;
+    /// Price per GPU-hour in the platform currency.
+    fn price_per_gpu_hour(&self) -> f64;
+}
+
+/// The most GPUs one pool may offer: the engine places a replica within one node.
+const MAX_POOL_GPUS: u32 = 64;
+
+/// The pools as the engine's inventory: one node each, as large as the pool may grow.
+pub fn inventory<P: ElasticPool>(pools: &[P]) -> Vec<InventoryNode> {
+    pools
+        .iter()
+        .map(|p| {
+            InventoryNode::pool(
+                p.name(),
+                p.gpu_class(),
+                p.gpus_per_instance() * p.max_instances(),
+                p.spot(),
+                p.price_per_gpu_hour(),
+            )
+        })
+        .collect()
+}
+
+/// Checks what the engine and the service would refuse later: at least one pool, unique
+/// names, 1 to 64 GPUs per pool, a finite non-negative price.
+pub fn validate<P: ElasticPool>(cluster: &str, pools: &[P]) -> Result<(), String> {
+    if pools.is_empty() {
+        return Err(format!("cluster {cluster}: no [[cluster.pool]]"));
+    }
+    let mut names = HashSet::new();
+    for p in pools {
+        let bad = |why: &str| Err(format!("cluster {cluster} pool {:?}: {why}", p.name()));
+        if !names.insert(p.name()) {
+            return bad("declared twice");
+        }
+        if p.gpus_per_instance() == 0 || p.max_instances() == 0 {
+            return bad("gpus_per_instance and max_instances must be at least 1");
+        }
+        if p.gpus_per_instance().saturating_mul(p.max_instances()) > MAX_POOL_GPUS {
+            return bad("a pool offers at most 64 GPUs (gpus_per_instance × max_instances)");
+        }
+        let price = p.price_per_gpu_hour();
+        if !(price.is_finite() && (0.0..1e6).contains(&price)) {
+            return bad("price_per_gpu_hour must be a price");
+        }
+    }
+    Ok(())
+}
+
+/// Implements [`ElasticPool`] for a pool config with the usual field names.
+macro_rules! elastic_pool {
+    ($config:ty) => {
+        impl $crate::backends::pools::ElasticPool for $config {
+            fn name(&self) -> &str {
+                &self.name
+            }
+            fn gpu_class(&self) -> &str {
+                &self.gpu_class
+            }
+            fn gpus_per_instance(&self) -> u32 {
+                self.gpus_per_instance
+            }
+            fn max_instances(&self) -> u32 {
+                self.max_instances
+            }
+            fn spot(&self) -> bool {
+                self.spot
+            }
+            fn price_per_gpu_hour(&self) -> f64 {
+                self.price_per_gpu_hour
+            }
+        }
+    };
+}
+pub(crate) use elastic_pool;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Pool(&'static str, u32, u32, f64);
+
+    impl ElasticPool for Pool {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn gpu_class(&self) -> &str {
+            "h100-80gb"
+        }
+        fn gpus_per_instance(&self) -> u32 {
+            self.1
+        }
+        fn max_instances(&self) -> u32 {
+            self.2
+        }
+        fn spot(&self) -> bool {
+            false
+        }
+        fn price_per_gpu_hour(&self) -> f64 {
+            self.3
+        }
+    }
+
+    #[test]
+    fn a_pool_is_one_node_as_large_as_it_may_grow_and_bad_pools_are_named() {
+        let nodes = inventory(&[Pool("p5", 8, 4, 3.5)]);
+        assert_eq!(nodes.len(), 1);
+        assert!(validate("aws", &[Pool("p5", 8, 4, 3.5)]).is_ok());
+        let too_big = validate("aws", &[Pool("p5", 8, 9, 3.5)]).unwrap_err();
+        assert!(too_big.contains("\"p5\"") && too_big.contains("at most 64"), "{too_big}");
+        assert!(validate("aws", &[Pool("a", 1, 1, 1.0), Pool("a", 1, 1, 1.0)]).unwrap_err().contains("twice"));
+        assert!(validate("aws", &[Pool("a", 1, 1, f64::NAN)]).unwrap_err().contains("price"));
+        assert!(validate("aws", &[Pool("a", 0, 1, 1.0)]).unwrap_err().contains("at least 1"));
+        assert!(validate::<Pool>("aws", &[]).unwrap_err().contains("no [[cluster.pool]]"));
+    }
+}
