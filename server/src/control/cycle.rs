@@ -97,8 +97,7 @@ pub async fn run_with(
         let decisions = scheduler::schedule(&world.snapshot);
         (world, decisions, t.elapsed())
     })
-    .await
-    .map_err(|e| ControlError::Internal(e.to_string()))?;
+    .await?;
     let (admit, preempt, recorded) = rows(&world, &decisions, refresh);
     let writing = Instant::now();
     let mut tx = pool.begin().await?;

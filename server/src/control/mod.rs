@@ -43,8 +43,9 @@ pub enum ControlError {
     Db(#[from] sqlx::Error),
     #[error("backend: {0}")]
     Backend(#[from] BackendError),
-    #[error("{0}")]
-    Internal(String),
+    /// The engine's blocking task panicked or was cancelled; the cause is kept.
+    #[error("the scheduling engine's task failed: {0}")]
+    Engine(#[from] tokio::task::JoinError),
 }
 
 /// Timings of the control loop.
