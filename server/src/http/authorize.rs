@@ -125,13 +125,9 @@ async fn authorize_as(
             }
         }
         (Policy::Job(min), Some(p)) => {
-            let params = RawPathParams::from_request_parts(&mut parts, state)
-                .await
-                .map_err(|_| ApiError::Internal(format!("{path} has no path parameters").into()))?;
-            let id = params
-                .iter()
-                .find(|(k, _)| *k == "job")
-                .and_then(|(_, v)| uuid::Uuid::parse_str(v).ok())
+            let id = path_param(&mut parts, &path, "job")
+                .await?
+                .and_then(|v| Uuid::parse_str(&v).ok())
                 .ok_or(ApiError::NotFound("job"))?;
             let team_id = db::jobs::team_of(&state.db, id).await?.ok_or(ApiError::NotFound("job"))?;
             let team = db::teams::by_id(&state.db, team_id).await?.ok_or(ApiError::NotFound("job"))?;
@@ -143,13 +139,8 @@ async fn authorize_as(
             parts.extensions.insert(JobAccess { id });
         }
         (Policy::Team(_) | Policy::TeamPlatformAdmin, Some(p)) => {
-            let params = RawPathParams::from_request_parts(&mut parts, state)
-                .await
-                .map_err(|_| ApiError::Internal(format!("{path} has no path parameters").into()))?;
-            let name = params
-                .iter()
-                .find(|(k, _)| *k == "team")
-                .map(|(_, v)| v.to_owned())
+            let name = path_param(&mut parts, &path, "team")
+                .await?
                 .ok_or_else(|| ApiError::Internal(format!("{path} has no {{team}}").into()))?;
             let team = match token_team.filter(|t| t.name == name) {
                 Some(team) => team,
@@ -171,6 +162,14 @@ async fn authorize_as(
     }
     parts.extensions.insert(CatalogueVersion(catalogue_version));
     Ok(next.run(Request::from_parts(parts, body)).await)
+}
+
+/// The raw value of the path parameter `name` of the route `path`, if it has one.
+async fn path_param(parts: &mut Parts, path: &str, name: &str) -> Result<Option<String>, ApiError> {
+    let params = RawPathParams::from_request_parts(parts, &())
+        .await
+        .map_err(|_| ApiError::Internal(format!("{path} has no path parameters").into()))?;
+    Ok(params.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_owned()))
 }
 
 /// Authenticates the request's bearer credential. `Ok(None)` when there is none; 401 when
