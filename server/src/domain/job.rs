@@ -9,8 +9,9 @@ use utoipa::ToSchema;
 
 use super::{check_range, FieldError};
 
-/// Where a job is in its life. Stored as text (`jobs.state`, checked by `jobs_state_check`);
-/// reading a value this build does not know fails the read, it never becomes another state.
+/// Where a job is in its life.
+// Stored as text (`jobs.state`, checked by `jobs_state_check`): reading a value this build
+// does not know fails the read; it never becomes another state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "text", rename_all = "snake_case")]
