@@ -199,6 +199,36 @@ async fn serve_uses_the_embedded_database_and_keeps_data_across_restarts() {
     assert!(!postmaster_pid.exists(), "PostgreSQL was not stopped cleanly: postmaster.pid is left:\n{log}");
 }
 
+#[tokio::test]
+async fn a_sigkilled_serve_takes_its_embedded_database_down_with_it_and_restarts_cleanly() {
+    let data_dir = fresh_dir("serve-sigkill");
+    let postmaster_pid = data_dir.join("postgres").join("postmaster.pid");
+
+    let mut server = Server::start(&data_dir, "first.log").await;
+    let token = server.sign_in().await;
+    assert_eq!(server.team_names(&token).await, Vec::<String>::new());
+    let mut child = server.child.take().unwrap();
+    child.kill().expect("SIGKILL fairway serve");
+    child.wait().unwrap();
+
+    // The parent-death signal asks PostgreSQL for a fast shutdown, which removes its pid file.
+    let started = Instant::now();
+    while postmaster_pid.exists() {
+        assert!(
+            started.elapsed() <= EXIT_TIMEOUT,
+            "PostgreSQL outlived the SIGKILLed fairway by {EXIT_TIMEOUT:?}:\n{}",
+            fs::read_to_string(data_dir.join("postgres.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let server = Server::start(&data_dir, "second.log").await;
+    assert_eq!(server.team_names(&server.sign_in().await).await, Vec::<String>::new());
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "fairway serve exited with {status} after SIGTERM:\n{log}");
+    assert!(!postmaster_pid.exists(), "PostgreSQL was not stopped cleanly: postmaster.pid is left:\n{log}");
+}
+
 /// Runs `fairway serve` against an unreachable external database with `signing_key` (or
 /// none), expects it to give up at once, and returns what it wrote to stderr.
 fn serve_with_external_database(dir_name: &str, signing_key: Option<&str>) -> (ExitStatus, String) {

@@ -6,15 +6,15 @@
 //!
 //! Lifecycle: `initdb` on first start, reused afterwards. The server process is watched by a
 //! dedicated thread that lives exactly as long as the server does; the child asks the kernel
-//! for `SIGINT` (PostgreSQL's fast shutdown) when that thread's process dies, so even a
-//! `SIGKILL`ed `fairway` never leaves an orphaned server holding the data directory.
-//! [`EmbeddedPostgres::stop`] shuts it down cleanly on a graceful exit.
+//! (through util-linux `setpriv --pdeathsig`) for `SIGINT`, PostgreSQL's fast shutdown, when
+//! that thread dies, so even a `SIGKILL`ed `fairway` never leaves an orphaned server holding
+//! the data directory. [`EmbeddedPostgres::stop`] shuts it down cleanly with `pg_ctl` on a
+//! graceful exit. All of this is std and the machine's own tools: the crate forbids `unsafe`.
 //!
 //! `initdb` and `postgres` refuse to run as root. When we are root the cluster belongs to the
 //! `postgres` system user if there is one (Debian's server package creates it), else `nobody`.
 
 use std::{
-    ffi::CString,
     fs,
     io::{self, Read as _, Seek as _},
     os::unix::{
@@ -27,7 +27,7 @@ use std::{
 };
 
 use sqlx::{postgres::PgConnectOptions, ConnectOptions as _, Connection as _};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 
 /// The name of the superuser `initdb` creates; authentication is by socket ownership.
 const SUPERUSER: &str = "fairway";
@@ -69,11 +69,13 @@ pub struct Durability {
 
 /// A running embedded PostgreSQL server.
 pub struct EmbeddedPostgres {
+    bin: PathBuf,
     pgdata: PathBuf,
     socket_dir: PathBuf,
-    pid: libc::pid_t,
-    /// Fires when the server process has exited.
-    exited: Option<oneshot::Receiver<()>>,
+    run_as: Option<RunAs>,
+    pid: u32,
+    /// Turns true when the server process has exited (set by its supervisor thread).
+    exited: watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for EmbeddedPostgres {
@@ -109,7 +111,7 @@ impl EmbeddedPostgres {
 
         let log = open_log(&log_path, run_as)?;
         let log_start = log.metadata().map_or(0, |m| m.len());
-        let mut cmd = Command::new(bin.join("postgres"));
+        let mut cmd = dies_with_this_thread(&bin.join("postgres"), "INT");
         cmd.arg("-D")
             .arg(&pgdata)
             .args(["-c", "listen_addresses="])
@@ -127,7 +129,7 @@ impl EmbeddedPostgres {
         configure_child(&mut cmd, run_as);
 
         let (pid, exited) = supervise(cmd)?;
-        let server = Self { pgdata, socket_dir, pid, exited: Some(exited) };
+        let server = Self { bin, pgdata, socket_dir, run_as, pid, exited };
         server.wait_ready(&log_path, log_start).await?;
         Ok(server)
     }
@@ -167,16 +169,31 @@ impl EmbeddedPostgres {
 
     /// Fast shutdown: disconnects clients, checkpoints, exits. Waits up to 30 s, then
     /// falls back to an immediate shutdown.
-    pub async fn stop(mut self) {
-        let Some(exited) = self.exited.take() else { return };
-        // The pid is our own child, which the supervisor thread has not reaped while
-        // `exited` is pending.
-        sys::signal(self.pid, libc::SIGINT);
-        let mut exited = exited;
-        if tokio::time::timeout(Duration::from_secs(30), &mut exited).await.is_err() {
-            tracing::warn!(pid = self.pid, "embedded PostgreSQL ignored fast shutdown; sending SIGQUIT");
-            sys::signal(self.pid, libc::SIGQUIT);
-            let _ = tokio::time::timeout(Duration::from_secs(10), exited).await;
+    pub async fn stop(self) {
+        if self.has_exited() {
+            return;
+        }
+        let mut exited = self.exited.clone();
+        self.pg_ctl_stop("fast");
+        if tokio::time::timeout(Duration::from_secs(30), exited.wait_for(|e| *e)).await.is_err() {
+            tracing::warn!(pid = self.pid, "embedded PostgreSQL ignored fast shutdown; stopping it immediately");
+            self.pg_ctl_stop("immediate");
+            let _ = tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|e| *e)).await;
+        }
+    }
+
+    /// Asks the postmaster to stop in `mode` without waiting. `pg_ctl` signals the pid in
+    /// `postmaster.pid`, which is our child; it refuses to run as root, hence the account.
+    fn pg_ctl_stop(&self, mode: &str) {
+        let mut cmd = Command::new(self.bin.join("pg_ctl"));
+        cmd.args(["stop", "--no-wait", "-s", "-m", mode, "-D"]).arg(&self.pgdata);
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
+        if let Some(RunAs { uid, gid }) = self.run_as {
+            cmd.uid(uid).gid(gid);
+        }
+        match cmd.status() {
+            Ok(status) if status.success() => {}
+            outcome => tracing::warn!(pid = self.pid, mode, ?outcome, "pg_ctl stop did not succeed"),
         }
     }
 
@@ -210,22 +227,22 @@ impl EmbeddedPostgres {
     }
 
     fn has_exited(&self) -> bool {
-        !sys::alive(self.pid)
+        *self.exited.borrow()
     }
 }
 
 /// Spawns `cmd` from a thread that then waits for it. The thread must outlive the child:
 /// the parent-death signal is tied to the thread that forked, not to the process.
-fn supervise(mut cmd: Command) -> Result<(libc::pid_t, oneshot::Receiver<()>), EmbeddedError> {
+fn supervise(mut cmd: Command) -> Result<(u32, watch::Receiver<bool>), EmbeddedError> {
     let (pid_tx, pid_rx) = std::sync::mpsc::channel();
-    let (exit_tx, exit_rx) = oneshot::channel();
+    let (exit_tx, exit_rx) = watch::channel(false);
     std::thread::Builder::new()
         .name("embedded-postgres".into())
         .spawn(move || match cmd.spawn() {
             Ok(mut child) => {
-                let _ = pid_tx.send(Ok(child.id() as libc::pid_t));
+                let _ = pid_tx.send(Ok(child.id()));
                 let _ = child.wait();
-                let _ = exit_tx.send(());
+                exit_tx.send_replace(true);
             }
             Err(e) => {
                 let _ = pid_tx.send(Err(e));
@@ -242,12 +259,23 @@ fn supervise(mut cmd: Command) -> Result<(libc::pid_t, oneshot::Receiver<()>), E
     Ok((pid, exit_rx))
 }
 
+/// A command running `program` that gets `signal` when the thread spawning it dies.
+///
+/// util-linux `setpriv` sets the parent-death signal and then execs `program`, so the pid
+/// stays the same process. It runs after std's uid change, which would otherwise clear the
+/// signal. Left open: a parent that dies in the microseconds between fork and `setpriv`'s
+/// prctl leaves the child running; `fairway` then finds the cluster locked and says so.
+fn dies_with_this_thread(program: &Path, signal: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--pdeathsig", signal, "--"]).arg(program);
+    cmd
+}
+
 fn configure_child(cmd: &mut Command, run_as: Option<RunAs>) {
     if let Some(RunAs { uid, gid }) = run_as {
         cmd.uid(uid).gid(gid);
     }
     cmd.env_remove("PGDATA").env("LC_ALL", "C").env("LANG", "C");
-    sys::die_with_parent(cmd, libc::SIGINT);
 }
 
 fn initdb(bin: &Path, pgdata: &Path, log_path: &Path, run_as: Option<RunAs>) -> Result<(), EmbeddedError> {
@@ -275,7 +303,7 @@ fn initdb(bin: &Path, pgdata: &Path, log_path: &Path, run_as: Option<RunAs>) -> 
 /// Finds a directory holding both `initdb` and `postgres`: on PATH, then `pg_config
 /// --bindir`, then the newest `/usr/lib/postgresql/<version>/bin`.
 pub fn find_binaries() -> Option<PathBuf> {
-    let complete = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
+    let complete = |dir: &Path| ["initdb", "postgres", "pg_ctl"].iter().all(|b| dir.join(b).is_file());
     if let Some(path) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&path) {
             if complete(&dir) {
@@ -304,68 +332,31 @@ pub fn find_binaries() -> Option<PathBuf> {
 }
 
 fn unprivileged_account() -> Option<RunAs> {
-    if !sys::is_root() {
+    if effective_uid() != Some(0) {
         return None;
     }
-    ["postgres", "nobody"].into_iter().find_map(|name| {
-        let (uid, gid) = sys::account(&CString::new(name).ok()?)?;
-        Some(RunAs { uid, gid })
-    })
+    let passwd = fs::read_to_string("/etc/passwd").ok()?;
+    ["postgres", "nobody"].into_iter().find_map(|name| account(&passwd, name))
 }
 
-/// The process calls std offers no safe form of, in one place: signals by pid, the
-/// effective uid, passwd lookups, and the parent-death signal of a child.
-mod sys {
-    #![expect(unsafe_code, reason = "kill, geteuid, getpwnam and prctl in a pre-exec hook have no safe std equivalent")]
+/// This process's effective uid, the second field of `Uid:` in `/proc/self/status`.
+fn effective_uid() -> Option<u32> {
+    let status = fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
 
-    use std::{ffi::CStr, io, os::unix::process::CommandExt as _, process::Command};
-
-    /// Sends `signal` to `pid`; false when there is no such process.
-    pub fn signal(pid: libc::pid_t, signal: libc::c_int) -> bool {
-        // SAFETY: kill(2) has no memory-safety preconditions.
-        unsafe { libc::kill(pid, signal) == 0 }
-    }
-
-    /// Whether `pid` exists: `kill(pid, 0)` probes without sending anything.
-    pub fn alive(pid: libc::pid_t) -> bool {
-        signal(pid, 0)
-    }
-
-    /// Whether this process runs as root.
-    pub fn is_root() -> bool {
-        // SAFETY: geteuid(2) has no preconditions.
-        unsafe { libc::geteuid() == 0 }
-    }
-
-    /// The uid and gid of the account `name`, if it exists.
-    pub fn account(name: &CStr) -> Option<(libc::uid_t, libc::gid_t)> {
-        // SAFETY: getpwnam returns null or a pointer to static storage that we read at once;
-        // no other passwd lookup runs on this thread meanwhile.
-        let pw = unsafe { libc::getpwnam(name.as_ptr()) };
-        if pw.is_null() {
+/// The uid and gid of `name` in a passwd file (`name:password:uid:gid:...`). System
+/// accounts such as `postgres` and `nobody` are local, so NSS is not consulted.
+fn account(passwd: &str, name: &str) -> Option<RunAs> {
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        if fields.next()? != name {
             return None;
         }
-        // SAFETY: `pw` is non-null and points to a valid passwd record.
-        Some(unsafe { ((*pw).pw_uid, (*pw).pw_gid) })
-    }
-
-    /// Makes the child get `signal` when the thread that spawned it dies.
-    pub fn die_with_parent(cmd: &mut Command, signal: libc::c_int) {
-        // SAFETY: the hook only calls async-signal-safe functions (prctl, getppid, kill).
-        unsafe {
-            cmd.pre_exec(move || {
-                // Runs after the uid change, which would otherwise clear the death signal.
-                if libc::prctl(libc::PR_SET_PDEATHSIG, signal) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                // The parent may have died before prctl took effect.
-                if libc::getppid() == 1 {
-                    libc::kill(libc::getpid(), signal);
-                }
-                Ok(())
-            });
-        }
-    }
+        let mut ids = fields.skip(1).map(str::parse::<u32>);
+        Some(RunAs { uid: ids.next()?.ok()?, gid: ids.next()?.ok()? })
+    })
 }
 
 fn prepare_dir(pgdata: &Path, run_as: Option<RunAs>) -> Result<(), EmbeddedError> {
@@ -431,4 +422,31 @@ fn assert_identifier(name: &str) {
         !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_'),
         "database names are generated by fairway and must be plain identifiers: {name:?}"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cluster_account_is_read_from_passwd_by_exact_name() {
+        let passwd = "root:x:0:0:root:/root:/bin/bash\n\
+                      postgres-old:x:7:7::/:/bin/false\n\
+                      postgres:x:104:110:PostgreSQL administrator:/var/lib/postgresql:/bin/bash\n\
+                      broken:x:notanumber:1::/:/bin/false\n";
+        let pg = account(passwd, "postgres").expect("postgres is listed");
+        assert_eq!((pg.uid, pg.gid), (104, 110));
+        assert!(account(passwd, "nobody").is_none());
+        assert!(account(passwd, "broken").is_none(), "a malformed uid is no account");
+    }
+
+    #[test]
+    fn the_effective_uid_matches_the_owner_of_a_file_this_process_creates() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = std::env::temp_dir().join(format!("fairway-euid-{}", std::process::id()));
+        fs::write(&dir, b"").unwrap();
+        let owner = fs::metadata(&dir).unwrap().uid();
+        fs::remove_file(&dir).unwrap();
+        assert_eq!(effective_uid(), Some(owner));
+    }
 }

@@ -12,7 +12,6 @@
 
 use std::{
     fs,
-    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::OnceLock,
@@ -75,18 +74,13 @@ fn binaries() -> PathBuf {
     PathBuf::from(stdout.lines().last().expect("the script prints the binaries' directory").trim())
 }
 
-#[expect(unsafe_code, reason = "the parent-death signal can only be set in a pre-exec hook")]
+/// Starts `program` so that it is killed when the test thread that started it dies
+/// (util-linux `setpriv` sets the parent-death signal, then execs it).
 fn spawn(dir: &Path, name: &str, program: &Path, args: &[String]) -> Child {
     let log = fs::File::create(dir.join(format!("{name}.log"))).expect("log file");
-    let mut cmd = Command::new(program);
-    cmd.args(args).current_dir(dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
-    // SAFETY: prctl(2) is async-signal-safe and touches no memory of ours.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--pdeathsig", "KILL", "--"]).arg(program).args(args);
+    cmd.current_dir(dir).stdin(Stdio::null()).stdout(log.try_clone().expect("log")).stderr(log);
     cmd.spawn().unwrap_or_else(|e| panic!("cannot start {}: {e}", program.display()))
 }
 
