@@ -2,12 +2,12 @@
 //! department with two teams, and a production inference team), quotas, a rate card and
 //! users, then keeps submitting a mix of jobs to the simulated cluster.
 
+use crate::domain::{GpuClassId, JobId};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use serde_json::json;
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::{
     auth::password,
@@ -72,7 +72,7 @@ pub async fn seed(ctx: &control::Ctx) -> anyhow::Result<()> {
         let team = db::teams::insert(&mut tx, name, parent_id, &format!("Demo team {name}")).await?;
         ids.insert(name, team.id);
     }
-    let classes: std::collections::BTreeMap<String, Uuid> =
+    let classes: std::collections::BTreeMap<String, GpuClassId> =
         db::inventory::class_ids(&mut tx).await?.into_iter().collect();
     for (team, class, reserved, burst) in QUOTAS {
         if let (Some(&t), Some(&c)) = (ids.get(team), classes.get(class)) {
@@ -138,7 +138,7 @@ async fn submit(
     let team_row = db::teams::by_name(pool, team).await?.context("demo team missing")?;
     let class_row = db::gpu_classes::by_name(pool, class).await?.context("demo class missing")?;
     let job = NewJob {
-        id: Uuid::new_v4(),
+        id: JobId::new(),
         name: format!("{team}-{}-{n}", if replicas > 1 { "gang" } else { "run" }),
         gpu_class_id: class_row.id,
         priority_class: priority.to_owned(),

@@ -2,13 +2,13 @@
 //! metrics, and the in-memory caches in front of the database. Built once by `serve` (and
 //! by tests and benchmarks); knows nothing of HTTP.
 
+use crate::domain::TeamId;
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, PoisonError},
 };
 
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use crate::{
     auth::{jwt::JwtKeys, TokenCache},
@@ -74,7 +74,7 @@ impl AppState {
 pub struct CatalogueCache(Mutex<HashMap<CatalogueKey, SubmitCatalogue>>);
 
 /// A team and the sorted, distinct GPU class names a submission asks for.
-pub type CatalogueKey = (Uuid, Vec<String>);
+pub type CatalogueKey = (TeamId, Vec<String>);
 
 /// Entries kept before the cache starts over (one per team and set of classes in use).
 const CATALOGUE_CACHE_ENTRIES: usize = 4096;

@@ -12,7 +12,6 @@ use fairway::{
     rng::SplitMix64,
 };
 use serde_json::json;
-use uuid::Uuid;
 
 const KILLS: usize = 100;
 const JOBS_PER_ROUND: usize = 10;
@@ -53,7 +52,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
         let runtime = if round + 1 == KILLS { "30" } else { "10" };
         let jobs: Vec<NewJob> = (0..JOBS_PER_ROUND)
             .map(|i| NewJob {
-                id: Uuid::new_v4(),
+                id: fairway::domain::JobId::new(),
                 name: format!("r{round}-{i}"),
                 gpu_class_id: class.id,
                 priority_class: "production".into(),
@@ -137,7 +136,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
     let booked = count(&pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await;
     assert_eq!(booked, count(&pool, &format!("select sum({truth})::int8 from jobs j")).await);
     // Replaying every end books nothing more.
-    let jobs: Vec<Uuid> = sqlx::query_scalar("select id from jobs").fetch_all(&pool).await.unwrap();
+    let jobs: Vec<fairway::domain::JobId> = sqlx::query_scalar("select id from jobs").fetch_all(&pool).await.unwrap();
     for id in jobs {
         let mut tx = pool.begin().await.unwrap();
         assert_eq!(

@@ -508,7 +508,7 @@ async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
     let inventory = backend.inventory().await.expect("inventory");
     println!("inventory: {inventory:#?}");
     let node = inventory.iter().find(|n| n.gpus > 0).expect("a schedulable GPU node");
-    let job = uuid::Uuid::new_v4();
+    let job = fairway::domain::JobId::new();
     let gang = Gang {
         object: fairway::backends::object_name(job, 1),
         job_id: job,

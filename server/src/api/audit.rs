@@ -1,10 +1,10 @@
 //! The audit log, readable by platform admins (everything) and team admins (their team).
 
+use crate::domain::TeamId;
 use axum::{extract::State, Extension, Json};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use super::{
     error::ApiError,
@@ -65,7 +65,7 @@ pub struct AuditParams {
     pub cursor: Option<String>,
 }
 
-async fn page(state: &AppState, team: Option<Uuid>, params: AuditParams) -> Result<Page<AuditEntry>, ApiError> {
+async fn page(state: &AppState, team: Option<TeamId>, params: AuditParams) -> Result<Page<AuditEntry>, ApiError> {
     let limit = params.limit.unwrap_or(50);
     check_range("limit", limit, 1, 200)?;
     let before = match params.cursor {

@@ -1,6 +1,7 @@
 //! Billing for finance (exports, periods) and for teams (usage over time, statements,
 //! budget status).
 
+use crate::domain::JobId;
 use axum::{
     body::Body,
     extract::{Path, State},
@@ -257,7 +258,7 @@ pub struct StatementLineView {
 /// A costly job on a statement.
 #[derive(Serialize, ToSchema)]
 pub struct TopJobView {
-    pub job_id: uuid::Uuid,
+    pub job_id: JobId,
     pub name: String,
     pub gpu_hours: String,
     pub billed_cost: String,

@@ -1,6 +1,7 @@
 //! Jobs: submission (one or a batch of up to 1,000, atomically), reads, the team's queue,
 //! cancellation, checkpoints, the event timeline, and dry runs through the engine.
 
+use crate::domain::JobId;
 use axum::{
     extract::State,
     http::{header, HeaderMap, StatusCode},
@@ -10,7 +11,6 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::{IntoParams, ToSchema};
-use uuid::Uuid;
 
 use super::{
     error::ApiError,
@@ -44,7 +44,7 @@ pub struct PendingInfo {
 /// A job.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct JobView {
-    pub id: Uuid,
+    pub id: JobId,
     pub team: String,
     pub name: String,
     pub gpu_class: String,
@@ -142,7 +142,7 @@ fn with_etag(view: JobView) -> (HeaderMap, Json<JobView>) {
     (headers, Json(view))
 }
 
-async fn view(state: &AppState, id: Uuid) -> Result<JobView, ApiError> {
+async fn view(state: &AppState, id: JobId) -> Result<JobView, ApiError> {
     Ok(db::jobs::get(&state.db, id).await?.ok_or(ApiError::NotFound("job"))?.into())
 }
 
@@ -179,7 +179,7 @@ pub struct JobBatch {
 /// One submitted job of a batch.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SubmittedJob {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub state: JobState,
 }
@@ -404,7 +404,7 @@ pub async fn report_checkpoint(
 /// A pending job in its team's queue.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct QueueEntry {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub gpu_class: String,
     pub priority_class: String,

@@ -1,7 +1,7 @@
 //! API tokens for CI pipelines, minted by team admins.
 
+use crate::domain::TokenId;
 use axum::{extract::State, http::StatusCode, Extension, Json};
-use uuid::Uuid;
 
 use super::{
     error::ApiError,
@@ -47,7 +47,7 @@ pub async fn list_tokens(
     let page = PageRequest::parse(params)?;
     let after = match &page.after {
         Some(a) => Some(
-            a.parse::<Uuid>()
+            a.parse::<TokenId>()
                 .map_err(|_| FieldError::new("cursor", "invalid_value", "is not a cursor this API issued"))?,
         ),
         None => None,
@@ -69,7 +69,7 @@ pub async fn revoke_token(
     axum::extract::Path(path): axum::extract::Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let (_, token_id) = path;
-    let token_id: Uuid = token_id.parse().map_err(|_| ApiError::NotFound("token"))?;
+    let token_id: TokenId = token_id.parse().map_err(|_| ApiError::NotFound("token"))?;
     tokens::revoke(&state, &principal, &access.team, token_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

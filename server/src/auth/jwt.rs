@@ -3,6 +3,7 @@
 //! all required and validated. The header's `kid` names the signing key, so keys rotate by
 //! adding a new current key and keeping the old one for verification until its tokens expire.
 
+use crate::domain::UserId;
 use std::time::Duration;
 
 use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
@@ -75,7 +76,7 @@ impl JwtKeys {
     }
 
     /// Issues a token for `user_id`, valid from `now` for the configured lifetime.
-    pub fn issue(&self, user_id: Uuid, now: i64) -> String {
+    pub fn issue(&self, user_id: UserId, now: i64) -> String {
         let claims = Claims {
             iss: self.issuer.clone(),
             aud: self.audience.clone(),
@@ -121,7 +122,7 @@ mod tests {
     fn a_token_verifies_until_it_expires() {
         let k = keys(&[1; 32]);
         let now = chrono::Utc::now().timestamp();
-        let user = Uuid::new_v4();
+        let user = UserId::new();
         let claims = k.verify(&k.issue(user, now)).unwrap();
         assert_eq!(claims.sub, user.to_string());
         assert!(k.verify(&k.issue(user, now - 1000)).is_none(), "expired");
@@ -133,7 +134,7 @@ mod tests {
         let old = keys(&[1; 32]);
         let rotated = JwtKeys::new(&[2; 32], &[vec![1; 32]], "fairway", "fairway-api", Duration::from_secs(900));
         let now = chrono::Utc::now().timestamp();
-        let token = old.issue(Uuid::new_v4(), now);
+        let token = old.issue(UserId::new(), now);
         assert!(rotated.verify(&token).is_some());
         assert!(keys(&[3; 32]).verify(&token).is_none());
     }

@@ -8,6 +8,7 @@ pub mod jwt;
 pub mod password;
 pub mod policy;
 
+use crate::domain::{TeamId, TokenId, UserId};
 use std::{
     collections::HashMap,
     sync::{Mutex, PoisonError},
@@ -15,7 +16,6 @@ use std::{
 };
 
 use axum::http::{header, HeaderMap};
-use uuid::Uuid;
 
 use crate::{
     db,
@@ -26,9 +26,9 @@ use crate::{
 #[derive(Debug, Clone)]
 pub enum Principal {
     /// A person, signed in with a password.
-    User { id: Uuid, username: String, platform_role: Option<PlatformRole> },
+    User { id: UserId, username: String, platform_role: Option<PlatformRole> },
     /// A CI pipeline's API token: one team, one role.
-    Token { id: Uuid, name: String, team_id: Uuid, team: String, role: TeamRole },
+    Token { id: TokenId, name: String, team_id: TeamId, team: String, role: TeamRole },
 }
 
 impl Principal {

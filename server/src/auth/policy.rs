@@ -4,6 +4,7 @@
 //! never 403, so existence does not leak.
 
 use super::Principal;
+use crate::domain::JobId;
 use crate::{
     db::{self, teams::TeamRow},
     domain::{PlatformRole, TeamRole},
@@ -56,7 +57,7 @@ pub struct TeamAccess {
 #[derive(Debug, Clone, Copy)]
 pub struct JobAccess {
     /// The job's id.
-    pub id: uuid::Uuid,
+    pub id: JobId,
 }
 
 /// The caller's effective role in `team`, or `None` when it has none (and must not learn

@@ -17,14 +17,14 @@ pub mod sim;
 
 use std::{collections::BTreeMap, time::Duration};
 
+use crate::domain::JobId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use uuid::Uuid;
 
 /// The backend object name of one attempt of a job: stable across retries, unique per
 /// attempt, a valid DNS label (Kubernetes), job name (AWS Batch) and job id (Cloud Batch).
-pub fn object_name(job: Uuid, attempt: i32) -> String {
-    format!("fw-{}-{attempt}", job.simple())
+pub fn object_name(job: JobId, attempt: i32) -> String {
+    format!("fw-{}-{attempt}", job.uuid().simple())
 }
 
 /// One replica's place, as the engine chose it.
@@ -41,7 +41,7 @@ pub struct ReplicaSlot {
 pub struct Gang {
     /// The object name ([`object_name`]).
     pub object: String,
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub team: String,
     pub job_name: String,
@@ -137,7 +137,7 @@ pub enum Phase {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ObjectStatus {
     pub object: String,
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub phase: Phase,
     /// We asked it to stop.
@@ -315,7 +315,7 @@ mod tests {
 
     #[test]
     fn object_names_are_stable_per_attempt_and_valid_dns_labels() {
-        let id = Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef);
+        let id = JobId::from(uuid::Uuid::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef));
         assert_eq!(object_name(id, 2), object_name(id, 2));
         assert_ne!(object_name(id, 1), object_name(id, 2));
         let name = object_name(id, 1000);

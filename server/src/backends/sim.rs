@@ -650,9 +650,8 @@ pub fn next_change(row: &SimObjectRow, now: DateTime<Utc>) -> Option<DateTime<Ut
 
 #[cfg(test)]
 mod tests {
+    use crate::domain::JobId;
     use std::collections::BTreeMap;
-
-    use uuid::Uuid;
 
     use super::*;
     use crate::backends::ReplicaSlot;
@@ -669,7 +668,7 @@ mod tests {
     fn row() -> SimObjectRow {
         SimObjectRow {
             name: "fw-x-1".into(),
-            job_id: Uuid::nil(),
+            job_id: JobId::from_u128(0),
             attempt: 1,
             created_at: t0(),
             start_delay_ms: 200,
@@ -686,7 +685,7 @@ mod tests {
     fn gang(env: &[(&str, &str)]) -> Gang {
         Gang {
             object: "fw-x-1".into(),
-            job_id: Uuid::nil(),
+            job_id: JobId::from_u128(0),
             attempt: 1,
             team: "research".into(),
             job_name: "train".into(),

@@ -3,6 +3,7 @@
 //! optionally the control loop on a simulated cluster. Everything runs in this process, so
 //! the figures are those of one machine doing all of it.
 
+use crate::domain::{TeamId, UserId};
 use std::{path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
@@ -42,7 +43,7 @@ pub struct Platform {
     /// How to open more connections to the same database.
     pub options: sqlx::postgres::PgConnectOptions,
     /// The platform admin's id, for what seeding records as its author.
-    pub admin: Uuid,
+    pub admin: UserId,
     keys: std::sync::Arc<crate::auth::jwt::JwtKeys>,
     server: tokio::task::JoinHandle<()>,
     control: Option<tokio::task::JoinHandle<()>>,
@@ -97,7 +98,7 @@ impl Platform {
     }
 
     /// A new top-level or child team; its id.
-    pub async fn team(&self, name: &str, parent: Option<Uuid>) -> anyhow::Result<Uuid> {
+    pub async fn team(&self, name: &str, parent: Option<TeamId>) -> anyhow::Result<TeamId> {
         let mut tx = self.pool.begin().await?;
         let team = db::teams::insert(&mut tx, name, parent, "benchmark team").await?;
         tx.commit().await?;
@@ -105,7 +106,7 @@ impl Platform {
     }
 
     /// Sets a team's quota of `class`.
-    pub async fn quota(&self, team: Uuid, class: &str, reserved: i32, burst: i32) -> anyhow::Result<()> {
+    pub async fn quota(&self, team: TeamId, class: &str, reserved: i32, burst: i32) -> anyhow::Result<()> {
         let class = db::gpu_classes::by_name(&self.pool, class).await?.with_context(|| format!("no class {class}"))?;
         let mut tx = self.pool.begin().await?;
         db::quotas::upsert(&mut tx, team, class.id, reserved, burst, None).await?;
@@ -133,7 +134,7 @@ impl Platform {
     }
 
     /// A team-scoped API token with the `member` role, as a CI pipeline holds.
-    pub async fn ci_token(&self, team: Uuid) -> anyhow::Result<String> {
+    pub async fn ci_token(&self, team: TeamId) -> anyhow::Result<String> {
         let minted = api_token::mint();
         let mut tx = self.pool.begin().await?;
         db::tokens::insert(

@@ -8,6 +8,7 @@
 //! own durable transaction from as many connections, with no HTTP and no validation. The
 //! table shows both and their ratio. Then the batch form, 1,000 jobs per request.
 
+use crate::domain::{GpuClassId, TeamId};
 use std::{
     io::Write,
     sync::Arc,
@@ -17,7 +18,6 @@ use std::{
 use anyhow::Context as _;
 use serde_json::json;
 use sqlx::Connection as _;
-use uuid::Uuid;
 
 use super::platform::{client, Options, Percentiles, Platform};
 use crate::db;
@@ -111,7 +111,7 @@ async fn measure(platform: &Platform, out: &mut dyn Write) -> anyhow::Result<()>
 async fn api_level(
     http: &Arc<reqwest::Client>,
     api: &str,
-    teams: &[(String, Uuid, String)],
+    teams: &[(String, TeamId, String)],
     clients: usize,
     per_request: usize,
 ) -> anyhow::Result<Level> {
@@ -171,8 +171,8 @@ fn job(client: usize, n: u64) -> serde_json::Value {
 /// [`LEVEL_TIME`], for the teams in turn as the API clients do.
 async fn raw_level(
     platform: &Platform,
-    teams: &[(String, Uuid, String)],
-    class: Uuid,
+    teams: &[(String, TeamId, String)],
+    class: GpuClassId,
     clients: usize,
 ) -> anyhow::Result<Level> {
     let started = Instant::now();

@@ -9,8 +9,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use crate::domain::{JobId, TeamId};
 use chrono::{DateTime, Datelike, NaiveDate, Utc};
-use uuid::Uuid;
 
 use crate::{
     db::{self, billing::PeriodBudget},
@@ -80,16 +80,16 @@ pub fn period_of(at: DateTime<Utc>) -> NaiveDate {
 /// costs nothing and the reservation's not yet booked time is added.
 pub async fn spend(
     pool: &sqlx::PgPool,
-    teams: &[Uuid],
+    teams: &[TeamId],
     now: DateTime<Utc>,
     chargeback: Chargeback,
-) -> Result<HashMap<Uuid, Spend>, sqlx::Error> {
+) -> Result<HashMap<TeamId, Spend>, sqlx::Error> {
     if teams.is_empty() {
         return Ok(HashMap::new());
     }
-    let parents: HashMap<Uuid, Option<Uuid>> = db::billing::team_parents(pool).await?.into_iter().collect();
+    let parents: HashMap<TeamId, Option<TeamId>> = db::billing::team_parents(pool).await?.into_iter().collect();
     // Every team under one of `teams`, with the budgeted ancestors it counts towards.
-    let mut counts_towards: HashMap<Uuid, Vec<Uuid>> = HashMap::new();
+    let mut counts_towards: HashMap<TeamId, Vec<TeamId>> = HashMap::new();
     for &team in parents.keys() {
         let mut at = Some(team);
         let mut hops = 0;
@@ -104,9 +104,9 @@ pub async fn spend(
             }
         }
     }
-    let members: Vec<Uuid> = counts_towards.keys().copied().collect();
+    let members: Vec<TeamId> = counts_towards.keys().copied().collect();
     let (from, to) = period_bounds(period_of(now));
-    let mut own: HashMap<Uuid, Spend> = HashMap::new();
+    let mut own: HashMap<TeamId, Spend> = HashMap::new();
     for (team, booked) in db::billing::booked_by_team(pool, &members, from, to).await? {
         let s = own.entry(team).or_default();
         s.cost_micros += booked.cost_micros;
@@ -126,7 +126,7 @@ pub async fn spend(
             s.burn_micros_per_hour += cost_micros(r.reserved, HOUR_MS, r.rate_micros_per_gpu_hour, 1000);
         }
     }
-    let mut out: HashMap<Uuid, Spend> = teams.iter().map(|t| (*t, Spend::default())).collect();
+    let mut out: HashMap<TeamId, Spend> = teams.iter().map(|t| (*t, Spend::default())).collect();
     for (team, s) in &own {
         for budgeted in counts_towards.get(team).into_iter().flatten() {
             if let Some(total) = out.get_mut(budgeted) {
@@ -156,7 +156,7 @@ fn unbooked_spend(u: &db::billing::Unbooked, from: DateTime<Utc>, now: DateTime<
 /// its running attempt's use since, priced as `chargeback` books it.
 pub async fn job_cost(
     pool: &sqlx::PgPool,
-    job_id: Uuid,
+    job_id: JobId,
     now: DateTime<Utc>,
     chargeback: Chargeback,
 ) -> Result<Spend, sqlx::Error> {
@@ -172,8 +172,8 @@ pub async fn job_cost(
 /// in the ledger's unit. Teams without a hard budget of that unit are absent.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HardBudgets {
-    pub money_micros: HashMap<Uuid, i64>,
-    pub gpu_milli_ms: HashMap<Uuid, i64>,
+    pub money_micros: HashMap<TeamId, i64>,
+    pub gpu_milli_ms: HashMap<TeamId, i64>,
 }
 
 /// What each team's hard budget leaves this period, for admission: the budget less what its
@@ -190,7 +190,7 @@ pub async fn hard_left(
     if budgets.is_empty() {
         return Ok(out);
     }
-    let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
+    let teams: Vec<TeamId> = budgets.iter().map(|b| b.team_id).collect();
     let spent = spend(pool, &teams, now, chargeback).await?;
     for b in &budgets {
         let s = spent.get(&b.team_id).copied().unwrap_or_default();
@@ -216,7 +216,7 @@ pub async fn raise_alerts(
 ) -> Result<usize, sqlx::Error> {
     let period = period_of(now);
     let budgets = db::billing::budgets_of(pool, period).await?;
-    let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
+    let teams: Vec<TeamId> = budgets.iter().map(|b| b.team_id).collect();
     let spent = spend(pool, &teams, now, chargeback).await?;
     let mut ratios = BTreeMap::new();
     let mut raised = 0;

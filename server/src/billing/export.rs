@@ -478,8 +478,8 @@ pub fn stream(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::{JobId, TeamId};
     use chrono::{DateTime, Utc};
-    use uuid::Uuid;
 
     fn row(id: i64, job_name: &str) -> ExportRow {
         let start: DateTime<Utc> = "2026-11-05T10:00:00Z".parse().unwrap();
@@ -488,10 +488,10 @@ mod tests {
             kind: "usage".into(),
             corrects: None,
             reason: None,
-            job_id: Some(Uuid::nil()),
+            job_id: Some(JobId::from_u128(0)),
             attempt: Some(1),
             job_name: Some(job_name.into()),
-            team_id: Uuid::nil(),
+            team_id: TeamId::from_u128(0),
             team_name: "ml".into(),
             gpu_class: "a100-80gb.mig-3g.40gb".into(),
             priority_class: "production".into(),

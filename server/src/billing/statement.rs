@@ -1,8 +1,8 @@
 //! A team's monthly statement: what it used by class and priority class, what it costs,
 //! its budget, and its costliest jobs.
 
+use crate::domain::TeamId;
 use chrono::{DateTime, NaiveDate, Utc};
-use uuid::Uuid;
 
 use super::budgets::{period_bounds, period_of, spend};
 use crate::db::{
@@ -37,7 +37,7 @@ pub struct Statement {
 /// The statement of `team_id` for `period`, as of `now`.
 pub async fn statement(
     pool: &sqlx::PgPool,
-    team_id: Uuid,
+    team_id: TeamId,
     period: NaiveDate,
     now: DateTime<Utc>,
     chargeback: crate::metering::Chargeback,

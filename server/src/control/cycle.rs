@@ -106,9 +106,10 @@ pub async fn run_with(
     }
     // Pending rows first (rows others hold are skipped). Then the admitted and preempted
     // jobs, locked in id order as the reconciler locks the jobs it changes.
-    let written: std::collections::HashSet<uuid::Uuid> =
+    let written: std::collections::HashSet<crate::domain::JobId> =
         db::decisions::set_pending(&mut tx, &recorded).await?.into_iter().collect();
-    let mut changed: Vec<uuid::Uuid> = admit.iter().map(|a| a.job_id).chain(preempt.iter().map(|p| p.job_id)).collect();
+    let mut changed: Vec<crate::domain::JobId> =
+        admit.iter().map(|a| a.job_id).chain(preempt.iter().map(|p| p.job_id)).collect();
     changed.sort_unstable();
     db::decisions::lock_jobs(&mut tx, &changed).await?;
     let admitted = db::decisions::admit(&mut tx, &admit).await?;
@@ -125,13 +126,13 @@ pub async fn run_with(
         recorded.iter().filter(|r| written.contains(&r.job_id)).map(|r| (r.job_id, r.reason.as_str())),
     );
     let now = world.snapshot.now_ms;
-    let admitted: std::collections::HashSet<uuid::Uuid> = admitted.into_iter().collect();
+    let admitted: std::collections::HashSet<crate::domain::JobId> = admitted.into_iter().collect();
     let admitted_jobs: Vec<_> = world.jobs.values().filter(|j| admitted.contains(&j.id)).collect();
     let seconds_since = |t: chrono::DateTime<Utc>| (now - t.timestamp_millis()).max(0) as f64 / 1000.0;
     let admission_latencies =
         admitted_jobs.iter().filter(|j| j.attempt == 0).map(|j| seconds_since(j.submitted_at)).collect();
     let queue_waits = admitted_jobs.iter().map(|j| seconds_since(j.queued_at)).collect();
-    let preempted: std::collections::HashSet<uuid::Uuid> = preempted.into_iter().collect();
+    let preempted: std::collections::HashSet<crate::domain::JobId> = preempted.into_iter().collect();
     let preemption_reasons = decisions
         .preemptions
         .iter()

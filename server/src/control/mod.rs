@@ -341,7 +341,8 @@ pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend
             .await?;
     }
     let cluster_id = db::inventory::ensure_cluster(&mut tx, cluster, backend.kind()).await?;
-    let classes: BTreeMap<String, uuid::Uuid> = db::inventory::class_ids(&mut tx).await?.into_iter().collect();
+    let classes: BTreeMap<String, crate::domain::GpuClassId> =
+        db::inventory::class_ids(&mut tx).await?.into_iter().collect();
     let mut rows = Vec::new();
     for n in nodes {
         let Some(&gpu_class_id) = classes.get(&n.gpu_class) else {

@@ -12,6 +12,7 @@
 //! - a job whose object vanished after it was created is lost (`node_lost`), and one whose
 //!   submit was skipped because it was cancelled or preempted first is released.
 
+use crate::domain::JobId;
 use std::{
     collections::{HashMap, HashSet},
     time::Duration,
@@ -19,7 +20,6 @@ use std::{
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
-use uuid::Uuid;
 
 use super::{
     lifecycle::{after_attempt, Counters},
@@ -48,7 +48,7 @@ const CLOCK_SLACK: chrono::Duration = chrono::Duration::seconds(5);
 
 /// An attempt that ended, as seen on the backend (or by the object's absence).
 pub struct Ended {
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub outcome: Outcome,
     /// When it started, if it did: its usage interval opens then (once).
@@ -72,7 +72,7 @@ pub async fn reconcile(
     let listed_at = Utc::now();
     let objects = backend.objects().await?;
     let held = db::attempts::held_jobs(&ctx.pool, cluster).await?;
-    let by_id: HashMap<Uuid, &db::attempts::HeldJob> = held.iter().map(|j| (j.id, j)).collect();
+    let by_id: HashMap<JobId, &db::attempts::HeldJob> = held.iter().map(|j| (j.id, j)).collect();
     let mut seen = HashSet::new();
     let mut started = Vec::new();
     let mut ended = Vec::new();
@@ -140,12 +140,12 @@ pub async fn reconcile(
     }
     if !started.is_empty() || !ended.is_empty() {
         let mut tx = leader_tx(ctx, epoch).await?;
-        let mut ids: Vec<Uuid> = started.iter().map(|s| s.0).chain(ended.iter().map(|e| e.job_id)).collect();
+        let mut ids: Vec<JobId> = started.iter().map(|s| s.0).chain(ended.iter().map(|e| e.job_id)).collect();
         ids.sort_unstable();
         db::decisions::lock_jobs(&mut tx, &ids).await?;
         let starts: Vec<db::attempts::AttemptAt> = started.iter().map(|s| (s.0, s.1, s.2)).collect();
         let running = db::attempts::mark_running(&mut tx, &starts).await?;
-        let objects: HashMap<(Uuid, i32), &str> = started.iter().map(|s| ((s.0, s.1), s.3)).collect();
+        let objects: HashMap<(JobId, i32), &str> = started.iter().map(|s| ((s.0, s.1), s.3)).collect();
         let events: Vec<db::jobs::NewEvent> = running
             .iter()
             .map(|&(job_id, attempt)| db::jobs::NewEvent {
@@ -161,7 +161,7 @@ pub async fn reconcile(
         report.started = running.len();
         end_attempts(&mut tx, &ended, ctx).await?;
         // Booked in the transaction that closes the intervals: a crash leaves both or neither.
-        let closed: Vec<(Uuid, i32)> = ended.iter().map(|e| (e.job_id, e.attempt)).collect();
+        let closed: Vec<(JobId, i32)> = ended.iter().map(|e| (e.job_id, e.attempt)).collect();
         crate::metering::ledger::book_many(&mut tx, &closed, None, &ctx.config.pricing).await?;
         tx.commit().await?;
     }
@@ -243,8 +243,8 @@ pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result
     if ended.is_empty() {
         return Ok(());
     }
-    let ids: Vec<Uuid> = ended.iter().map(|e| e.job_id).collect();
-    let locked: HashMap<Uuid, db::attempts::AttemptEnd> =
+    let ids: Vec<JobId> = ended.iter().map(|e| e.job_id).collect();
+    let locked: HashMap<JobId, db::attempts::AttemptEnd> =
         db::attempts::lock_for_end(tx, &ids).await?.into_iter().map(|j| (j.id, j)).collect();
     let mut seen = HashSet::new();
     let ending: Vec<(&Ended, &db::attempts::AttemptEnd)> = ended

@@ -6,8 +6,8 @@ use std::{
     sync::Arc,
 };
 
+use crate::domain;
 use serde_json::Value;
-use uuid::Uuid;
 
 use crate::{
     backends::ReplicaSlot,
@@ -32,10 +32,10 @@ pub struct World {
     /// Live jobs by the engine's job id (the job's `seq`).
     pub jobs: HashMap<u64, Arc<LiveJob>>,
     /// Per engine node: (cluster id, cluster name, node name).
-    pub nodes: Vec<(Uuid, String, String)>,
+    pub nodes: Vec<(domain::ClusterId, String, String)>,
     pub team_names: Vec<String>,
-    class_index: HashMap<Uuid, ClassId>,
-    team_index: HashMap<Uuid, TeamId>,
+    class_index: HashMap<domain::GpuClassId, ClassId>,
+    team_index: HashMap<domain::TeamId, TeamId>,
     priority_index: HashMap<String, PriorityId>,
 }
 
@@ -73,7 +73,7 @@ impl World {
 
     pub fn build(rows: SnapshotRows, config: scheduler::snapshot::Config) -> Self {
         let now_ms = millis(rows.now);
-        let class_index: HashMap<Uuid, ClassId> =
+        let class_index: HashMap<domain::GpuClassId, ClassId> =
             rows.classes.iter().enumerate().map(|(i, c)| (c.id, i as ClassId)).collect();
         let classes = rows
             .classes
@@ -85,11 +85,11 @@ impl World {
             })
             .collect();
         // Racks and zones are numbered per cluster: two clusters' "rack-1" are different racks.
-        let mut racks: BTreeMap<(Uuid, String), u32> = BTreeMap::new();
-        let mut zones: BTreeMap<(Uuid, String), u32> = BTreeMap::new();
+        let mut racks: BTreeMap<(domain::ClusterId, String), u32> = BTreeMap::new();
+        let mut zones: BTreeMap<(domain::ClusterId, String), u32> = BTreeMap::new();
         let mut nodes = Vec::new();
         let mut node_refs = Vec::new();
-        let mut node_index: HashMap<(Uuid, &str, ClassId), NodeId> = HashMap::new();
+        let mut node_index: HashMap<(domain::ClusterId, &str, ClassId), NodeId> = HashMap::new();
         for n in &rows.nodes {
             let Some(&class) = class_index.get(&n.gpu_class_id) else { continue };
             let next = racks.len() as u32;
@@ -111,9 +111,9 @@ impl World {
             });
             node_refs.push((n.cluster_id, n.cluster.clone(), n.name.clone()));
         }
-        let team_index: HashMap<Uuid, TeamId> =
+        let team_index: HashMap<domain::TeamId, TeamId> =
             rows.teams.iter().enumerate().map(|(i, t)| (t.id, i as TeamId)).collect();
-        let history: HashMap<Uuid, f64> = rows.history.iter().copied().collect();
+        let history: HashMap<domain::TeamId, f64> = rows.history.iter().copied().collect();
         let mut teams: Vec<Team> = rows
             .teams
             .iter()
@@ -210,7 +210,7 @@ impl World {
     }
 
     /// A job as it would be submitted now by `team`, for a dry run.
-    pub fn proposed(&self, team: Uuid, job: &NewJob) -> Option<JobSpec> {
+    pub fn proposed(&self, team: domain::TeamId, job: &NewJob) -> Option<JobSpec> {
         Some(JobSpec {
             // Above every real sequence number: never confused with a stored job.
             id: u64::MAX,
@@ -229,7 +229,7 @@ impl World {
     fn placement_from_json(
         &self,
         job: &LiveJob,
-        index: &HashMap<(Uuid, &str, ClassId), NodeId>,
+        index: &HashMap<(domain::ClusterId, &str, ClassId), NodeId>,
     ) -> Vec<ReplicaPlacement> {
         let (Some(cluster), Some(Value::Array(replicas)), Some(&class)) =
             (job.cluster_id, job.placement.as_ref(), self.class_index.get(&job.gpu_class_id))
@@ -249,8 +249,11 @@ impl World {
 
     /// The cluster (id and name) and the stored placement of an engine placement; `None`
     /// when the replicas span clusters (a gang must run on one).
-    pub fn stored_placement(&self, placement: &[ReplicaPlacement]) -> Option<(Uuid, String, Vec<ReplicaSlot>)> {
-        let mut cluster: Option<(Uuid, &str)> = None;
+    pub fn stored_placement(
+        &self,
+        placement: &[ReplicaPlacement],
+    ) -> Option<(domain::ClusterId, String, Vec<ReplicaSlot>)> {
+        let mut cluster: Option<(domain::ClusterId, &str)> = None;
         let mut slots = Vec::with_capacity(placement.len());
         for r in placement {
             let (cluster_id, cluster_name, node) = self.nodes.get(r.node as usize)?;
@@ -269,7 +272,7 @@ impl World {
     }
 
     /// A team's name by id.
-    pub fn team_name_of(&self, team: Uuid) -> String {
+    pub fn team_name_of(&self, team: domain::TeamId) -> String {
         self.team_index.get(&team).map(|&t| self.team_name(t)).unwrap_or_default()
     }
 

@@ -2,9 +2,9 @@
 //! intervals opened at the backend's real start) and that ended (intervals closed, the job
 //! requeued or finished, retry counters bumped).
 
+use crate::domain::JobId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 use crate::domain::{JobState, RetryCounter};
@@ -12,7 +12,7 @@ use crate::domain::{JobState, RetryCounter};
 /// A job holding GPUs on a cluster, as the reconciler compares it with the backend.
 #[derive(Debug, Clone)]
 pub struct HeldJob {
-    pub id: Uuid,
+    pub id: JobId,
     pub attempt: i32,
     pub state: JobState,
     pub stop_requested_at: Option<DateTime<Utc>>,
@@ -29,7 +29,7 @@ pub struct HeldJob {
 pub async fn held_jobs(pool: &PgPool, cluster: &str) -> Result<Vec<HeldJob>, sqlx::Error> {
     sqlx::query_as!(
         HeldJob,
-        r#"select j.id, j.attempt, j.state as "state: JobState", j.stop_requested_at, j.dispatched_at, j.started_at,
+        r#"select j.id as "id: JobId", j.attempt, j.state as "state: JobState", j.stop_requested_at, j.dispatched_at, j.started_at,
                   coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!",
                   exists (select 1 from dispatch_outbox o where o.job_id = j.id and o.attempt = j.attempt
                           and o.action = 'submit' and o.done_at is null) as "submit_pending!",
@@ -52,27 +52,29 @@ pub struct JobAttempt {
 }
 
 /// The current attempt of job `id`.
-pub async fn job_attempt(pool: &PgPool, id: Uuid) -> Result<Option<JobAttempt>, sqlx::Error> {
-    sqlx::query_as!(JobAttempt, "select attempt, holds_gpus from jobs where id = $1", id).fetch_optional(pool).await
+pub async fn job_attempt(pool: &PgPool, id: JobId) -> Result<Option<JobAttempt>, sqlx::Error> {
+    sqlx::query_as!(JobAttempt, "select attempt, holds_gpus from jobs where id = $1", id as JobId)
+        .fetch_optional(pool)
+        .await
 }
 
 /// An attempt and an instant: when it started or ended.
-pub type AttemptAt = (Uuid, i32, DateTime<Utc>);
+pub type AttemptAt = (JobId, i32, DateTime<Utc>);
 
 /// Marks admitted attempts running and opens their usage intervals (once). Returns the
 /// attempts that were admitted until now.
-pub async fn mark_running(tx: &mut Tx<'_>, starts: &[AttemptAt]) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+pub async fn mark_running(tx: &mut Tx<'_>, starts: &[AttemptAt]) -> Result<Vec<(JobId, i32)>, sqlx::Error> {
     if starts.is_empty() {
         return Ok(Vec::new());
     }
     let (ids, attempts, at) = columns(starts);
     let updated = sqlx::query!(
-        "update jobs j set state = 'running', started_at = u.at, dispatched_at = coalesce(j.dispatched_at, u.at),
+        r#"update jobs j set state = 'running', started_at = u.at, dispatched_at = coalesce(j.dispatched_at, u.at),
                 updated_at = now(), version = j.version + 1
          from unnest($1::uuid[], $2::int4[], $3::timestamptz[]) as u(id, attempt, at)
          where j.id = u.id and j.attempt = u.attempt and j.state = 'admitted'
-         returning j.id, j.attempt",
-        &ids,
+         returning j.id as "id: JobId", j.attempt"#,
+        &ids as &[JobId],
         &attempts,
         &at
     )
@@ -82,7 +84,7 @@ pub async fn mark_running(tx: &mut Tx<'_>, starts: &[AttemptAt]) -> Result<Vec<(
     Ok(updated.into_iter().map(|r| (r.id, r.attempt)).collect())
 }
 
-fn columns(rows: &[AttemptAt]) -> (Vec<Uuid>, Vec<i32>, Vec<DateTime<Utc>>) {
+fn columns(rows: &[AttemptAt]) -> (Vec<JobId>, Vec<i32>, Vec<DateTime<Utc>>) {
     (rows.iter().map(|r| r.0).collect(), rows.iter().map(|r| r.1).collect(), rows.iter().map(|r| r.2).collect())
 }
 
@@ -105,7 +107,7 @@ pub async fn open_intervals(tx: &mut Tx<'_>, starts: &[AttemptAt]) -> Result<(),
          join jobs j on j.id = u.id and j.attempt = u.attempt
          join gpu_classes c on c.id = j.gpu_class_id
          on conflict (job_id, attempt) do nothing",
-        &ids,
+        &ids as &[JobId],
         &attempts,
         &at
     )
@@ -125,7 +127,7 @@ pub async fn close_intervals(tx: &mut Tx<'_>, ends: &[AttemptAt]) -> Result<(), 
         "update usage_intervals i set ended_at = greatest(i.started_at, u.at)
          from unnest($1::uuid[], $2::int4[], $3::timestamptz[]) as u(id, attempt, at)
          where i.job_id = u.id and i.attempt = u.attempt and i.ended_at is null",
-        &ids,
+        &ids as &[JobId],
         &attempts,
         &at
     )
@@ -136,7 +138,7 @@ pub async fn close_intervals(tx: &mut Tx<'_>, ends: &[AttemptAt]) -> Result<(), 
 
 /// The counters and limits that decide what follows an attempt.
 pub struct AttemptEnd {
-    pub id: Uuid,
+    pub id: JobId,
     pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
@@ -148,13 +150,13 @@ pub struct AttemptEnd {
 }
 
 /// Locks jobs, in id order, to end their attempts.
-pub async fn lock_for_end(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Vec<AttemptEnd>, sqlx::Error> {
+pub async fn lock_for_end(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<Vec<AttemptEnd>, sqlx::Error> {
     sqlx::query_as!(
         AttemptEnd,
-        r#"select id, state as "state: JobState", attempt, holds_gpus, max_retries, preemptions, capacity_retries,
+        r#"select id as "id: JobId", state as "state: JobState", attempt, holds_gpus, max_retries, preemptions, capacity_retries,
                 node_lost_retries, app_retries
            from jobs where id = any($1) order by id for update"#,
-        ids
+        ids as &[JobId]
     )
     .fetch_all(&mut **tx)
     .await
@@ -162,7 +164,7 @@ pub async fn lock_for_end(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<Vec<AttemptEn
 
 /// How an attempt's end changes its job.
 pub struct EndUpdate {
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     /// The next state: pending to requeue, or a final one.
     pub state: JobState,
@@ -177,7 +179,7 @@ pub async fn end_attempts(tx: &mut Tx<'_>, updates: &[EndUpdate]) -> Result<(), 
     if updates.is_empty() {
         return Ok(());
     }
-    let ids: Vec<Uuid> = updates.iter().map(|u| u.job_id).collect();
+    let ids: Vec<JobId> = updates.iter().map(|u| u.job_id).collect();
     let attempts: Vec<i32> = updates.iter().map(|u| u.attempt).collect();
     let states: Vec<&str> = updates.iter().map(|u| u.state.as_str()).collect();
     let exit_codes: Vec<Option<i32>> = updates.iter().map(|u| u.exit_code).collect();
@@ -195,7 +197,7 @@ pub async fn end_attempts(tx: &mut Tx<'_>, updates: &[EndUpdate]) -> Result<(), 
          from unnest($1::uuid[], $2::int4[], $3::text[], $4::int4[], $5::text[])
               as u(id, attempt, state, exit_code, bump)
          where j.id = u.id and j.attempt = u.attempt",
-        &ids,
+        &ids as &[JobId],
         &attempts,
         &states as &[&str],
         &exit_codes as &[Option<i32>],

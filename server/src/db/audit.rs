@@ -1,9 +1,9 @@
 //! The audit log: one row per change, written in the change's own transaction so a change
 //! and its record commit or roll back together.
 
+use crate::domain::TeamId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
@@ -19,7 +19,7 @@ pub struct Change<'a> {
     /// The object's natural key, e.g. `ml-research/h100-80gb`.
     pub object_id: &'a str,
     /// The team the object belongs to, if any.
-    pub team_id: Option<Uuid>,
+    pub team_id: Option<TeamId>,
     /// The object before the change (`None` on create).
     pub before: Option<serde_json::Value>,
     /// The object after the change (`None` on delete).
@@ -49,7 +49,7 @@ pub async fn record(tx: &mut Tx<'_>, change: Change<'_>) -> Result<(), sqlx::Err
         change.action,
         change.object_type,
         change.object_id,
-        change.team_id,
+        change.team_id as Option<TeamId>,
         change.before,
         change.after
     )
@@ -61,7 +61,7 @@ pub async fn record(tx: &mut Tx<'_>, change: Change<'_>) -> Result<(), sqlx::Err
 /// Entries newest first, before the entry `before_id`; only those of `team_id` when given.
 pub async fn list(
     pool: &PgPool,
-    team_id: Option<Uuid>,
+    team_id: Option<TeamId>,
     before_id: Option<i64>,
     limit: i64,
 ) -> Result<Vec<AuditRow>, sqlx::Error> {
@@ -72,7 +72,7 @@ pub async fn list(
            from audit_log a left join teams t on t.id = a.team_id
            where ($1::uuid is null or a.team_id = $1) and ($2::bigint is null or a.id < $2)
            order by a.id desc limit $3"#,
-        team_id,
+        team_id as Option<TeamId>,
         before_id,
         limit
     )

@@ -1,20 +1,25 @@
 //! What the benchmarks compare against and read back: the raw PostgreSQL ceiling of a job
 //! insert, and the figures of a replayed workload.
 
+use crate::domain::{GpuClassId, JobId, TeamId};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 /// Inserts one job row, the same row `POST .../jobs` stores, in its own durable transaction
 /// (autocommit): the most PostgreSQL can do for a submission, with nothing around it.
-pub async fn insert_bare_job(conn: &mut PgConnection, team_id: Uuid, gpu_class_id: Uuid) -> Result<(), sqlx::Error> {
+pub async fn insert_bare_job(
+    conn: &mut PgConnection,
+    team_id: TeamId,
+    gpu_class_id: GpuClassId,
+) -> Result<(), sqlx::Error> {
     sqlx::query!(
         r#"insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
                              max_runtime_seconds, image, command, env, labels, topology_mode, max_retries, submitted_by)
            values ($1, $2, 'bench', $3, 'experiment', 1, 1, 3600, 'registry.example/train:1',
                    '["python", "train.py"]', '{}', '{}', 'any', 0, 'bench')"#,
         Uuid::new_v4(),
-        team_id,
-        gpu_class_id
+        team_id as TeamId,
+        gpu_class_id as GpuClassId
     )
     .execute(conn)
     .await?;
@@ -139,8 +144,8 @@ pub async fn copy_out_period(conn: &mut PgConnection, period: chrono::NaiveDate)
 /// over its first `hours` hours, and hourly usage roll-ups of the 30 days before `today`.
 pub async fn seed_portal(
     pool: &PgPool,
-    team_id: Uuid,
-    class_id: Uuid,
+    team_id: TeamId,
+    class_id: GpuClassId,
     jobs: i64,
     period: chrono::NaiveDate,
     hours: i64,
@@ -170,8 +175,8 @@ pub async fn seed_portal(
                                      when i % 17 = 2 then 'failed'
                                      when i % 19 = 3 then 'cancelled'
                                      else 'succeeded' end as state) s"#,
-        team_id,
-        class_id,
+        team_id as TeamId,
+        class_id as GpuClassId,
         jobs
     )
     .execute(&mut *tx)
@@ -181,7 +186,7 @@ pub async fn seed_portal(
            select j.id, j.submitted_at + make_interval(secs => e.n), e.kind, 1, e.kind || ' (seeded)'
            from jobs j, (values (0, 'submitted'), (1, 'admitted'), (2, 'running')) as e (n, kind)
            where j.team_id = $1 and not exists (select 1 from job_events o where o.job_id = j.id)"#,
-        team_id
+        team_id as TeamId
     )
     .execute(&mut *tx)
     .await?;
@@ -200,7 +205,7 @@ pub async fn seed_portal(
            from jobs j join teams t on t.id = j.team_id join gpu_classes c on c.id = j.gpu_class_id
            where j.team_id = $1 and j.state in ('succeeded', 'failed', 'cancelled')
                  and not exists (select 1 from usage_ledger l where l.job_id = j.id)"#,
-        team_id,
+        team_id as TeamId,
         period,
         hours
     )
@@ -213,7 +218,7 @@ pub async fn seed_portal(
                                 ($2::date)::timestamp at time zone 'UTC', interval '1 hour') as h,
                 teams t
            on conflict do nothing"#,
-        class_id,
+        class_id as GpuClassId,
         today
     )
     .execute(&mut *tx)
@@ -222,10 +227,13 @@ pub async fn seed_portal(
 }
 
 /// The id of one of the team's jobs (its newest).
-pub async fn a_job_of(pool: &PgPool, team_id: Uuid) -> Result<Uuid, sqlx::Error> {
-    sqlx::query_scalar!("select id from jobs where team_id = $1 order by seq desc limit 1", team_id)
-        .fetch_one(pool)
-        .await
+pub async fn a_job_of(pool: &PgPool, team_id: TeamId) -> Result<JobId, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select id as "id: JobId" from jobs where team_id = $1 order by seq desc limit 1"#,
+        team_id as TeamId
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// Where a replayed class's held time goes, in mean milliseconds per attempt that ran to its

@@ -1,9 +1,9 @@
 //! What billing reads: ledger rows for exports, spend for budgets, usage over time.
 
+use crate::domain::{JobId, TeamId};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
-use uuid::Uuid;
 
 /// A ledger row as exported.
 #[derive(Debug, Clone)]
@@ -13,10 +13,10 @@ pub struct ExportRow {
     pub corrects: Option<i64>,
     pub reason: Option<String>,
     /// None for a reservation charge.
-    pub job_id: Option<Uuid>,
+    pub job_id: Option<JobId>,
     pub attempt: Option<i32>,
     pub job_name: Option<String>,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub team_name: String,
     pub gpu_class: String,
     pub priority_class: String,
@@ -46,11 +46,11 @@ pub async fn export_page(
 ) -> Result<Vec<ExportRow>, sqlx::Error> {
     sqlx::query_as!(
         ExportRow,
-        "select id, kind, corrects, reason, job_id, attempt, job_name, team_id, team_name, gpu_class, priority_class,
-                gpus, fraction_milli, borrowing, charge_start, charge_end, duration_ms, gpu_milli_ms,
-                rate_micros_per_gpu_hour, price_multiplier_milli, list_cost_micros, billed_cost_micros, currency,
-                billing_period, labels
-         from usage_ledger where billing_period = $1 and id > $2 order by id limit $3",
+        r#"select id, kind, corrects, reason, job_id as "job_id: JobId", attempt, job_name, team_id, team_name,
+                gpu_class, priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end, duration_ms,
+                gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli, list_cost_micros,
+                billed_cost_micros, currency, billing_period, labels
+         from usage_ledger where billing_period = $1 and id > $2 order by id limit $3"#,
         period,
         after_id,
         limit
@@ -82,17 +82,17 @@ pub struct Booked {
 /// Booked spend per team of charges in `[from, to)`, for the teams in `teams`.
 pub async fn booked_by_team(
     pool: &PgPool,
-    teams: &[Uuid],
+    teams: &[TeamId],
     from: DateTime<Utc>,
     to: DateTime<Utc>,
-) -> Result<Vec<(Uuid, Booked)>, sqlx::Error> {
+) -> Result<Vec<(TeamId, Booked)>, sqlx::Error> {
     let rows = sqlx::query!(
-        r#"select team_id, coalesce(sum(billed_cost_micros), 0)::int8 as "cost!",
+        r#"select team_id as "team_id: TeamId", coalesce(sum(billed_cost_micros), 0)::int8 as "cost!",
                   coalesce(sum(gpu_milli_ms), 0)::int8 as "gpu!"
            from usage_ledger
            where team_id = any($1) and charge_start >= $2 and charge_start < $3
            group by team_id"#,
-        teams,
+        teams as &[TeamId],
         from,
         to
     )
@@ -104,7 +104,7 @@ pub async fn booked_by_team(
 /// A running attempt's usage not yet booked: from `booked_to` on, at today's rate.
 #[derive(Debug, Clone)]
 pub struct Unbooked {
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     /// On borrowed capacity (billed under every chargeback model).
     pub borrowing: bool,
     pub gpus: i32,
@@ -115,14 +115,14 @@ pub struct Unbooked {
 }
 
 /// Running attempts of the teams in `teams` and how far each is booked.
-pub async fn unbooked(pool: &PgPool, teams: &[Uuid], now: DateTime<Utc>) -> Result<Vec<Unbooked>, sqlx::Error> {
+pub async fn unbooked(pool: &PgPool, teams: &[TeamId], now: DateTime<Utc>) -> Result<Vec<Unbooked>, sqlx::Error> {
     running_unbooked(pool, teams, None, now).await
 }
 
 /// The job's running attempt and how far it is booked, if it runs.
 pub async fn unbooked_for_job(
     pool: &PgPool,
-    job_id: Uuid,
+    job_id: JobId,
     now: DateTime<Utc>,
 ) -> Result<Option<Unbooked>, sqlx::Error> {
     Ok(running_unbooked(pool, &[], Some(job_id), now).await?.pop())
@@ -131,8 +131,8 @@ pub async fn unbooked_for_job(
 /// Running attempts of the teams in `teams` or of the job `job_id`.
 async fn running_unbooked(
     pool: &PgPool,
-    teams: &[Uuid],
-    job_id: Option<Uuid>,
+    teams: &[TeamId],
+    job_id: Option<JobId>,
     now: DateTime<Utc>,
 ) -> Result<Vec<Unbooked>, sqlx::Error> {
     sqlx::query_as!(
@@ -149,9 +149,9 @@ async fn running_unbooked(
                               order by g.effective_from desc limit 1) r on true
            left join priority_classes p on p.name = u.priority_class
            where u.ended_at is null and (u.team_id = any($1) or u.job_id = $3)"#,
-        teams,
+        teams as &[TeamId],
         now,
-        job_id
+        job_id as Option<JobId>
     )
     .fetch_all(pool)
     .await
@@ -160,7 +160,7 @@ async fn running_unbooked(
 /// A budget of one period, with its team's name.
 #[derive(Debug, Clone)]
 pub struct PeriodBudget {
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub team: String,
     pub unit: String,
     pub amount: i64,
@@ -180,15 +180,17 @@ pub async fn budgets_of(pool: &PgPool, period: NaiveDate) -> Result<Vec<PeriodBu
 }
 
 /// (team, parent) for every team: budgets of a department cover its whole subtree.
-pub async fn team_parents(pool: &PgPool) -> Result<Vec<(Uuid, Option<Uuid>)>, sqlx::Error> {
-    let rows = sqlx::query!("select id, parent_id from teams").fetch_all(pool).await?;
+pub async fn team_parents(pool: &PgPool) -> Result<Vec<(TeamId, Option<TeamId>)>, sqlx::Error> {
+    let rows = sqlx::query!(r#"select id as "id: TeamId", parent_id as "parent_id: TeamId" from teams"#)
+        .fetch_all(pool)
+        .await?;
     Ok(rows.into_iter().map(|r| (r.id, r.parent_id)).collect())
 }
 
 /// Records a budget alert once; true when it is new.
 pub async fn record_alert(
     tx: &mut super::Tx<'_>,
-    team_id: Uuid,
+    team_id: TeamId,
     period: NaiveDate,
     threshold: i32,
     spent: i64,
@@ -198,7 +200,7 @@ pub async fn record_alert(
     let done = sqlx::query!(
         "insert into budget_alerts (team_id, period, threshold, spent, amount, unit)
          values ($1, $2, $3, $4, $5, $6) on conflict do nothing",
-        team_id,
+        team_id as TeamId,
         period,
         threshold,
         spent,
@@ -222,12 +224,12 @@ pub struct AlertRow {
 }
 
 /// A team's alerts of `period`, lowest threshold first.
-pub async fn alerts(pool: &PgPool, team_id: Uuid, period: NaiveDate) -> Result<Vec<AlertRow>, sqlx::Error> {
+pub async fn alerts(pool: &PgPool, team_id: TeamId, period: NaiveDate) -> Result<Vec<AlertRow>, sqlx::Error> {
     sqlx::query_as!(
         AlertRow,
         "select period, threshold, spent, amount, unit, raised_at from budget_alerts
          where team_id = $1 and period = $2 order by threshold",
-        team_id,
+        team_id as TeamId,
         period
     )
     .fetch_all(pool)
@@ -248,7 +250,7 @@ pub struct UsageBucket {
 /// `label` groups by the value of label `label_key` (`""` when a job lacks it).
 pub async fn usage(
     pool: &PgPool,
-    team_id: Uuid,
+    team_id: TeamId,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
     step: &str,
@@ -266,7 +268,7 @@ pub async fn usage(
            from usage_ledger
            where team_id = $1 and charge_start >= $2 and charge_start < $3
            group by 1, 2 order by 1, 2"#,
-        team_id,
+        team_id as TeamId,
         from,
         to,
         step,
@@ -290,7 +292,7 @@ pub struct StatementLine {
 /// A team's billed usage of billing period `period`, by class and priority class.
 pub async fn statement_lines(
     pool: &PgPool,
-    team_id: Uuid,
+    team_id: TeamId,
     period: NaiveDate,
 ) -> Result<Vec<StatementLine>, sqlx::Error> {
     sqlx::query_as!(
@@ -299,7 +301,7 @@ pub async fn statement_lines(
                   sum(list_cost_micros)::int8 as "list_cost_micros!", sum(billed_cost_micros)::int8 as "billed_cost_micros!"
            from usage_ledger where team_id = $1 and billing_period = $2
            group by 1, 2 order by 1, 2"#,
-        team_id,
+        team_id as TeamId,
         period
     )
     .fetch_all(pool)
@@ -309,21 +311,26 @@ pub async fn statement_lines(
 /// A job on a statement.
 #[derive(Debug, Clone)]
 pub struct TopJob {
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub job_name: String,
     pub gpu_milli_ms: i64,
     pub billed_cost_micros: i64,
 }
 
 /// The team's `limit` costliest jobs of billing period `period`.
-pub async fn top_jobs(pool: &PgPool, team_id: Uuid, period: NaiveDate, limit: i64) -> Result<Vec<TopJob>, sqlx::Error> {
+pub async fn top_jobs(
+    pool: &PgPool,
+    team_id: TeamId,
+    period: NaiveDate,
+    limit: i64,
+) -> Result<Vec<TopJob>, sqlx::Error> {
     sqlx::query_as!(
         TopJob,
         r#"select job_id as "job_id!", min(job_name) as "job_name!", sum(gpu_milli_ms)::int8 as "gpu_milli_ms!",
                   sum(billed_cost_micros)::int8 as "billed_cost_micros!"
            from usage_ledger where team_id = $1 and billing_period = $2 and job_id is not null
            group by job_id order by 4 desc, 1 limit $3"#,
-        team_id,
+        team_id as TeamId,
         period,
         limit
     )
@@ -336,7 +343,7 @@ pub async fn top_jobs(pool: &PgPool, team_id: Uuid, period: NaiveDate, limit: i6
 /// the class's rate of the hour. (GPU time, micro-units.)
 pub async fn idle_share(
     pool: &PgPool,
-    team_id: Uuid,
+    team_id: TeamId,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
 ) -> Result<(i64, i64), sqlx::Error> {
@@ -358,7 +365,7 @@ pub async fn idle_share(
            select coalesce(sum(floor(milli_ms)), 0)::int8 as "gpu_milli_ms!",
                   coalesce(sum(round(milli_ms / fraction_milli * rate / 3600000)), 0)::int8 as "cost_micros!"
            from share"#,
-        team_id,
+        team_id as TeamId,
         from,
         to
     )
@@ -400,7 +407,7 @@ pub async fn class_utilisation(
 /// point reservation charges started from), at today's rate.
 #[derive(Debug, Clone)]
 pub struct UnbookedReservation {
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub reserved: i32,
     pub booked_to: DateTime<Utc>,
     pub rate_micros_per_gpu_hour: i64,
@@ -409,7 +416,7 @@ pub struct UnbookedReservation {
 /// The current reservations of the teams in `teams` and how far each is booked.
 pub async fn unbooked_reservations(
     pool: &PgPool,
-    teams: &[Uuid],
+    teams: &[TeamId],
     now: DateTime<Utc>,
 ) -> Result<Vec<UnbookedReservation>, sqlx::Error> {
     sqlx::query_as!(
@@ -423,7 +430,7 @@ pub async fn unbooked_reservations(
                             where g.gpu_class_id = q.gpu_class_id and g.effective_from <= $2
                             order by g.effective_from desc limit 1), 0) as "rate_micros_per_gpu_hour!"
            from quotas q where q.team_id = any($1) and q.reserved > 0"#,
-        teams,
+        teams as &[TeamId],
         now
     )
     .fetch_all(pool)
@@ -461,11 +468,11 @@ pub async fn daily_usage(pool: &PgPool, from: NaiveDate, to: NaiveDate) -> Resul
 
 /// What the ledger has booked for one job so far (usage and its corrections, every
 /// attempt): billed cost in micro-units and GPU time in the ledger's unit.
-pub async fn booked_for_job(pool: &PgPool, job_id: Uuid) -> Result<Booked, sqlx::Error> {
+pub async fn booked_for_job(pool: &PgPool, job_id: JobId) -> Result<Booked, sqlx::Error> {
     let row = sqlx::query!(
         r#"select coalesce(sum(billed_cost_micros), 0)::int8 as "cost!", coalesce(sum(gpu_milli_ms), 0)::int8 as "gpu!"
            from usage_ledger where job_id = $1"#,
-        job_id
+        job_id as JobId
     )
     .fetch_one(pool)
     .await?;

@@ -1,8 +1,8 @@
 //! Budgets per team per month.
 
+use crate::domain::TeamId;
 use chrono::{DateTime, NaiveDate, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
@@ -19,12 +19,12 @@ pub struct BudgetRow {
 }
 
 /// Budgets of `team_id`, newest period first.
-pub async fn list(pool: &PgPool, team_id: Uuid) -> Result<Vec<BudgetRow>, sqlx::Error> {
+pub async fn list(pool: &PgPool, team_id: TeamId) -> Result<Vec<BudgetRow>, sqlx::Error> {
     sqlx::query_as!(
         BudgetRow,
         "select period, unit, amount, enforcement, created_at, updated_at, version
          from budgets where team_id = $1 order by period desc",
-        team_id
+        team_id as TeamId
     )
     .fetch_all(pool)
     .await
@@ -33,14 +33,14 @@ pub async fn list(pool: &PgPool, team_id: Uuid) -> Result<Vec<BudgetRow>, sqlx::
 /// The budget of `team_id` for `period`, locked for update.
 pub async fn get_for_update(
     tx: &mut Tx<'_>,
-    team_id: Uuid,
+    team_id: TeamId,
     period: NaiveDate,
 ) -> Result<Option<BudgetRow>, sqlx::Error> {
     sqlx::query_as!(
         BudgetRow,
         "select period, unit, amount, enforcement, created_at, updated_at, version
          from budgets where team_id = $1 and period = $2 for update",
-        team_id,
+        team_id as TeamId,
         period
     )
     .fetch_optional(&mut **tx)
@@ -50,7 +50,7 @@ pub async fn get_for_update(
 /// Creates or replaces a budget.
 pub async fn upsert(
     tx: &mut Tx<'_>,
-    team_id: Uuid,
+    team_id: TeamId,
     period: NaiveDate,
     unit: &str,
     amount: i64,
@@ -63,7 +63,7 @@ pub async fn upsert(
          set unit = excluded.unit, amount = excluded.amount, enforcement = excluded.enforcement,
              updated_at = now(), version = budgets.version + 1
          returning period, unit, amount, enforcement, created_at, updated_at, version",
-        team_id,
+        team_id as TeamId,
         period,
         unit,
         amount,
@@ -74,7 +74,9 @@ pub async fn upsert(
 }
 
 /// Removes a budget.
-pub async fn delete(tx: &mut Tx<'_>, team_id: Uuid, period: NaiveDate) -> Result<(), sqlx::Error> {
-    sqlx::query!("delete from budgets where team_id = $1 and period = $2", team_id, period).execute(&mut **tx).await?;
+pub async fn delete(tx: &mut Tx<'_>, team_id: TeamId, period: NaiveDate) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from budgets where team_id = $1 and period = $2", team_id as TeamId, period)
+        .execute(&mut **tx)
+        .await?;
     Ok(())
 }

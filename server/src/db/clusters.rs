@@ -1,15 +1,17 @@
 //! Clusters and the GPU capacity they hold.
 
+use crate::domain::ClusterId;
+use crate::domain::GpuClassId;
+use crate::domain::TeamId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
 /// A stored cluster.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ClusterRow {
-    pub id: Uuid,
+    pub id: ClusterId,
     pub name: String,
     pub backend: String,
     pub created_at: DateTime<Utc>,
@@ -62,7 +64,7 @@ pub async fn upsert(
     tx: &mut Tx<'_>,
     name: &str,
     backend: &str,
-    capacity: &[(Uuid, i32)],
+    capacity: &[(GpuClassId, i32)],
 ) -> Result<ClusterRow, sqlx::Error> {
     let row = sqlx::query_as!(
         ClusterRow,
@@ -70,19 +72,19 @@ pub async fn upsert(
          on conflict (name) do update
          set backend = excluded.backend, updated_at = now(), version = clusters.version + 1
          returning id, name, backend, created_at, updated_at, version",
-        Uuid::new_v4(),
+        ClusterId::new() as ClusterId,
         name,
         backend
     )
     .fetch_one(&mut **tx)
     .await?;
-    sqlx::query!("delete from cluster_capacity where cluster_id = $1", row.id).execute(&mut **tx).await?;
-    let (classes, gpus): (Vec<Uuid>, Vec<i32>) = capacity.iter().copied().unzip();
+    sqlx::query!("delete from cluster_capacity where cluster_id = $1", row.id as ClusterId).execute(&mut **tx).await?;
+    let (classes, gpus): (Vec<GpuClassId>, Vec<i32>) = capacity.iter().copied().unzip();
     sqlx::query!(
         "insert into cluster_capacity (cluster_id, gpu_class_id, gpus)
          select $1, c, g from unnest($2::uuid[], $3::int4[]) as t(c, g)",
-        row.id,
-        &classes,
+        row.id as ClusterId,
+        &classes as &[GpuClassId],
         &gpus
     )
     .execute(&mut **tx)
@@ -92,11 +94,11 @@ pub async fn upsert(
 
 /// The GPUs of `class_id` the platform knows of across all clusters; `None` when no
 /// cluster declares any capacity at all (nothing to compare against).
-pub async fn known_capacity(tx: &mut Tx<'_>, class_id: Uuid) -> Result<Option<i64>, sqlx::Error> {
+pub async fn known_capacity(tx: &mut Tx<'_>, class_id: GpuClassId) -> Result<Option<i64>, sqlx::Error> {
     let row = sqlx::query!(
         r#"select (select count(*) from cluster_capacity) as "any!",
                   (select coalesce(sum(gpus), 0) from cluster_capacity where gpu_class_id = $1) as "gpus!""#,
-        class_id
+        class_id as GpuClassId
     )
     .fetch_one(&mut **tx)
     .await?;
@@ -137,7 +139,7 @@ pub async fn layout(pool: &PgPool) -> Result<Vec<NodeUnits>, sqlx::Error> {
 #[derive(Debug, Clone)]
 pub struct HeldPlacement {
     pub cluster: String,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub team: String,
     pub job_name: String,
     pub gpu_class: String,

@@ -1,16 +1,16 @@
 //! Recording a cycle: admissions (with their attempts, events and outbox rows),
 //! preemptions, why each pending job waits, and the quota invariant the cycle must keep.
 
+use crate::domain::{ClusterId, JobId};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
-use uuid::Uuid;
 
 use super::Tx;
 
 /// An admission to record.
 pub struct AdmitRow {
-    pub job_id: Uuid,
-    pub cluster_id: Uuid,
+    pub job_id: JobId,
+    pub cluster_id: ClusterId,
     pub placement: Value,
     pub borrowing: bool,
     pub message: String,
@@ -20,12 +20,12 @@ pub struct AdmitRow {
 /// Records admissions: the job becomes `admitted` with its placement, a new attempt, an
 /// event and a `submit` outbox row. Jobs no longer pending (cancelled meanwhile) are left
 /// alone. Returns the admitted jobs.
-pub async fn admit(tx: &mut Tx<'_>, rows: &[AdmitRow]) -> Result<Vec<Uuid>, sqlx::Error> {
+pub async fn admit(tx: &mut Tx<'_>, rows: &[AdmitRow]) -> Result<Vec<JobId>, sqlx::Error> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.job_id).collect();
-    let clusters: Vec<Uuid> = rows.iter().map(|r| r.cluster_id).collect();
+    let ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
+    let clusters: Vec<ClusterId> = rows.iter().map(|r| r.cluster_id).collect();
     let placements: Vec<Value> = rows.iter().map(|r| r.placement.clone()).collect();
     let borrowing: Vec<bool> = rows.iter().map(|r| r.borrowing).collect();
     let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
@@ -50,9 +50,9 @@ pub async fn admit(tx: &mut Tx<'_>, rows: &[AdmitRow]) -> Result<Vec<Uuid>, sqlx
            ), outbox as (
                insert into dispatch_outbox (job_id, attempt, action) select id, attempt, 'submit' from admitted
            )
-           select id as "id!" from admitted"#,
-        &ids,
-        &clusters,
+           select id as "id!: JobId" from admitted"#,
+        &ids as &[JobId],
+        &clusters as &[ClusterId],
         &placements,
         &borrowing,
         &messages,
@@ -64,7 +64,7 @@ pub async fn admit(tx: &mut Tx<'_>, rows: &[AdmitRow]) -> Result<Vec<Uuid>, sqlx
 
 /// A preemption to record.
 pub struct PreemptRow {
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub grace_ms: i64,
     pub reason: String,
     pub message: String,
@@ -73,11 +73,11 @@ pub struct PreemptRow {
 
 /// Records preemptions: the job becomes `preempted`, keeps its GPUs until its object is
 /// gone, and gets an event and a `stop` outbox row with its grace period.
-pub async fn preempt(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<Uuid>, sqlx::Error> {
+pub async fn preempt(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<JobId>, sqlx::Error> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.job_id).collect();
+    let ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
     let graces: Vec<i64> = rows.iter().map(|r| r.grace_ms).collect();
     let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
     let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
@@ -98,8 +98,8 @@ pub async fn preempt(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<Uuid>, 
                insert into dispatch_outbox (job_id, attempt, action, grace_ms)
                select p.id, p.attempt, 'stop', u.grace from preempted p join u on u.id = p.id
            )
-           select id as "id!" from preempted"#,
-        &ids,
+           select id as "id!: JobId" from preempted"#,
+        &ids as &[JobId],
         &graces,
         &reasons,
         &messages,
@@ -112,18 +112,20 @@ pub async fn preempt(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<Uuid>, 
 /// Locks the rows of `ids` in id order. The scheduling cycle and the reconciler both
 /// change several jobs in one transaction; taking every lock up front in one order is what
 /// keeps the two from deadlocking on jobs they both touch.
-pub async fn lock_jobs(tx: &mut Tx<'_>, ids: &[Uuid]) -> Result<(), sqlx::Error> {
+pub async fn lock_jobs(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<(), sqlx::Error> {
     if ids.is_empty() {
         return Ok(());
     }
-    sqlx::query!("select id from jobs where id = any($1) order by id for update", ids).fetch_all(&mut **tx).await?;
+    sqlx::query!("select id from jobs where id = any($1) order by id for update", ids as &[JobId])
+        .fetch_all(&mut **tx)
+        .await?;
     Ok(())
 }
 
 /// Why each pending job waits.
 #[derive(Debug, Clone)]
 pub struct PendingRow {
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub reason: String,
     pub message: String,
     pub position: i32,
@@ -134,17 +136,17 @@ pub struct PendingRow {
 /// whose values changed. Rows another transaction holds are skipped, not waited for: what
 /// is written here is for people to read, and the next refresh writes it. Returns the jobs
 /// whose rows were written.
-pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Uuid>, sqlx::Error> {
+pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<JobId>, sqlx::Error> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
-    let ids: Vec<Uuid> = rows.iter().map(|r| r.job_id).collect();
+    let ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
     let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
     let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
     let positions: Vec<i32> = rows.iter().map(|r| r.position).collect();
     let starts: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.expected_start_at).collect();
     sqlx::query_scalar!(
-        "with target as (
+        r#"with target as (
              select j.id, u.reason, u.message, u.position, u.start
              from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[])
                   as u(id, reason, message, position, start)
@@ -157,8 +159,8 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Uui
          update jobs j set pending_reason = t.reason, pending_message = t.message, queue_position = t.position,
                 expected_start_at = t.start
          from target t where j.id = t.id
-         returning j.id",
-        &ids,
+         returning j.id as "id: JobId""#,
+        &ids as &[JobId],
         &reasons,
         &messages,
         &positions,

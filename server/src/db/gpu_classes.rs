@@ -1,15 +1,15 @@
 //! GPU classes and their effective-dated rates.
 
+use crate::domain::GpuClassId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
 /// A stored GPU class with the rate in effect now.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GpuClassRow {
-    pub id: Uuid,
+    pub id: GpuClassId,
     pub name: String,
     pub kind: String,
     pub memory_mib: i32,
@@ -72,11 +72,11 @@ pub async fn insert(
     memory_mib: i32,
     fraction_milli: i32,
     description: &str,
-) -> Result<Uuid, sqlx::Error> {
+) -> Result<GpuClassId, sqlx::Error> {
     let row = sqlx::query!(
         "insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
          values ($1, $2, $3, $4, $5, $6) returning id",
-        Uuid::new_v4(),
+        GpuClassId::new() as GpuClassId,
         name,
         kind,
         memory_mib,
@@ -85,7 +85,7 @@ pub async fn insert(
     )
     .fetch_one(&mut **tx)
     .await?;
-    Ok(row.id)
+    Ok(row.id.into())
 }
 
 /// Adds a rate effective from `effective_from` (the transaction's start when `None`, so the
@@ -93,7 +93,7 @@ pub async fn insert(
 /// rate already starts at that instant.
 pub async fn add_rate(
     tx: &mut Tx<'_>,
-    class_id: Uuid,
+    class_id: GpuClassId,
     effective_from: Option<DateTime<Utc>>,
     rate_micros_per_gpu_hour: i64,
 ) -> Result<RateRow, sqlx::Error> {
@@ -101,7 +101,7 @@ pub async fn add_rate(
         RateRow,
         "insert into gpu_class_rates (gpu_class_id, effective_from, rate_micros_per_gpu_hour)
          values ($1, coalesce($2, now()), $3) returning effective_from, rate_micros_per_gpu_hour, created_at",
-        class_id,
+        class_id as GpuClassId,
         effective_from,
         rate_micros_per_gpu_hour
     )
@@ -110,31 +110,32 @@ pub async fn add_rate(
 }
 
 /// The rate history of a class, oldest first.
-pub async fn rates(pool: &PgPool, class_id: Uuid) -> Result<Vec<RateRow>, sqlx::Error> {
+pub async fn rates(pool: &PgPool, class_id: GpuClassId) -> Result<Vec<RateRow>, sqlx::Error> {
     sqlx::query_as!(
         RateRow,
         "select effective_from, rate_micros_per_gpu_hour, created_at
          from gpu_class_rates where gpu_class_id = $1 order by effective_from",
-        class_id
+        class_id as GpuClassId
     )
     .fetch_all(pool)
     .await
 }
 
 /// Locks a class and returns its version.
-pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<i64>, sqlx::Error> {
-    let row =
-        sqlx::query!("select version from gpu_classes where id = $1 for update", id).fetch_optional(&mut **tx).await?;
+pub async fn lock(tx: &mut Tx<'_>, id: GpuClassId) -> Result<Option<i64>, sqlx::Error> {
+    let row = sqlx::query!("select version from gpu_classes where id = $1 for update", id as GpuClassId)
+        .fetch_optional(&mut **tx)
+        .await?;
     Ok(row.map(|r| r.version))
 }
 
 /// Changes the description and memory of a class (its kind and fraction are fixed: jobs and
 /// usage already refer to them).
-pub async fn update(tx: &mut Tx<'_>, id: Uuid, memory_mib: i32, description: &str) -> Result<(), sqlx::Error> {
+pub async fn update(tx: &mut Tx<'_>, id: GpuClassId, memory_mib: i32, description: &str) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "update gpu_classes set memory_mib = $2, description = $3, updated_at = now(), version = version + 1
          where id = $1",
-        id,
+        id as GpuClassId,
         memory_mib,
         description
     )

@@ -12,6 +12,7 @@
 //! job at a time, and each request gets its own answer. A group whose outcome is unknown (the
 //! connection failed) is not written again: that could store its jobs twice.
 
+use crate::domain::{JobId, TeamId};
 use std::{
     collections::HashMap,
     sync::{Arc, Mutex, PoisonError},
@@ -19,7 +20,6 @@ use std::{
 
 use sqlx::PgPool;
 use tokio::sync::oneshot;
-use uuid::Uuid;
 
 use super::jobs::{insert_submissions, NewJob, Stored, Submission, WriteCheck};
 
@@ -50,7 +50,7 @@ struct Queue {
 
 /// A submission waiting for its write.
 struct Waiting {
-    team_id: Uuid,
+    team_id: TeamId,
     submitted_by: String,
     job: NewJob,
     check: Option<WriteCheck>,
@@ -85,7 +85,7 @@ impl SubmissionQueue {
     /// a caller that stops waiting does not stop it.
     pub async fn submit(
         &self,
-        team_id: Uuid,
+        team_id: TeamId,
         submitted_by: &str,
         job: NewJob,
         check: Option<WriteCheck>,
@@ -130,7 +130,7 @@ async fn write_group(pool: &PgPool, group: Vec<Waiting>) {
     drop(submissions);
     match result {
         Ok(stored) => {
-            let mut stored: HashMap<Uuid, Stored> = stored.into_iter().map(|s| (s.id, s)).collect();
+            let mut stored: HashMap<JobId, Stored> = stored.into_iter().map(|s| (s.id, s)).collect();
             for w in group {
                 let stored = stored.remove(&w.job.id);
                 w.answer(stored);

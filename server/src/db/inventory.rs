@@ -1,17 +1,17 @@
 //! What the backends report: clusters, their nodes and GPUs, and GPU classes nobody
 //! declared yet.
 
-use uuid::Uuid;
+use crate::domain::{ClusterId, GpuClassId};
 
 use super::Tx;
 
 /// A node row as reported by a backend.
 #[derive(Debug, Clone)]
 pub struct NodeRow {
-    pub cluster_id: Uuid,
+    pub cluster_id: ClusterId,
     pub cluster: String,
     pub name: String,
-    pub gpu_class_id: Uuid,
+    pub gpu_class_id: GpuClassId,
     pub gpus: i32,
     pub nvlink_domain_size: i32,
     pub rack: Option<String>,
@@ -22,12 +22,12 @@ pub struct NodeRow {
 }
 
 /// Ensures a cluster row exists and returns its id.
-pub async fn ensure_cluster(tx: &mut Tx<'_>, name: &str, backend: &str) -> Result<Uuid, sqlx::Error> {
+pub async fn ensure_cluster(tx: &mut Tx<'_>, name: &str, backend: &str) -> Result<ClusterId, sqlx::Error> {
     sqlx::query_scalar!(
-        "insert into clusters (id, name, backend) values ($1, $2, $3)
+        r#"insert into clusters (id, name, backend) values ($1, $2, $3)
          on conflict (name) do update set backend = excluded.backend
-         returning id",
-        Uuid::new_v4(),
+         returning id as "id: ClusterId""#,
+        ClusterId::new() as ClusterId,
         name,
         backend
     )
@@ -42,13 +42,13 @@ pub async fn ensure_gpu_class(
     kind: &str,
     memory_mib: i32,
     fraction_milli: i32,
-) -> Result<Uuid, sqlx::Error> {
+) -> Result<GpuClassId, sqlx::Error> {
     sqlx::query_scalar!(
-        "insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
+        r#"insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
          values ($1, $2, $3, $4, $5, 'reported by a cluster')
          on conflict (name) do update set name = excluded.name
-         returning id",
-        Uuid::new_v4(),
+         returning id as "id: GpuClassId""#,
+        GpuClassId::new() as GpuClassId,
         name,
         kind,
         memory_mib,
@@ -59,16 +59,16 @@ pub async fn ensure_gpu_class(
 }
 
 /// Ids of GPU classes by name.
-pub async fn class_ids(tx: &mut Tx<'_>) -> Result<Vec<(String, Uuid)>, sqlx::Error> {
-    let rows = sqlx::query!("select name, id from gpu_classes").fetch_all(&mut **tx).await?;
+pub async fn class_ids(tx: &mut Tx<'_>) -> Result<Vec<(String, GpuClassId)>, sqlx::Error> {
+    let rows = sqlx::query!(r#"select name, id as "id: GpuClassId" from gpu_classes"#).fetch_all(&mut **tx).await?;
     Ok(rows.into_iter().map(|r| (r.name, r.id)).collect())
 }
 
 /// Replaces a cluster's nodes and its declared capacity with what its backend reports.
-pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow]) -> Result<(), sqlx::Error> {
-    sqlx::query!("delete from cluster_nodes where cluster_id = $1", cluster_id).execute(&mut **tx).await?;
+pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[NodeRow]) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from cluster_nodes where cluster_id = $1", cluster_id as ClusterId).execute(&mut **tx).await?;
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-    let classes: Vec<Uuid> = nodes.iter().map(|n| n.gpu_class_id).collect();
+    let classes: Vec<GpuClassId> = nodes.iter().map(|n| n.gpu_class_id).collect();
     let gpus: Vec<i32> = nodes.iter().map(|n| n.gpus).collect();
     let domains: Vec<i32> = nodes.iter().map(|n| n.nvlink_domain_size).collect();
     let racks: Vec<Option<String>> = nodes.iter().map(|n| n.rack.clone()).collect();
@@ -81,9 +81,9 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow])
                                     spot, price_micros_per_gpu_hour)
          select $1, * from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[],
                                   $9::bool[], $10::int8[])",
-        cluster_id,
+        cluster_id as ClusterId,
         &names,
-        &classes,
+        &classes as &[GpuClassId],
         &gpus,
         &domains,
         &racks as &[Option<String>],
@@ -94,7 +94,9 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow])
     )
     .execute(&mut **tx)
     .await?;
-    sqlx::query!("delete from cluster_capacity where cluster_id = $1", cluster_id).execute(&mut **tx).await?;
+    sqlx::query!("delete from cluster_capacity where cluster_id = $1", cluster_id as ClusterId)
+        .execute(&mut **tx)
+        .await?;
     // Per class, what submissions are validated against (see `db::jobs::submit_catalogue`).
     sqlx::query!(
         "insert into cluster_capacity (cluster_id, gpu_class_id, gpus, largest_node, largest_nvlink_domain,
@@ -110,7 +112,7 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: Uuid, nodes: &[NodeRow])
                                      group by coalesce(z.zone, z.name)) x)::int4
          from cluster_nodes n where n.cluster_id = $1
          group by n.cluster_id, n.gpu_class_id",
-        cluster_id
+        cluster_id as ClusterId
     )
     .execute(&mut **tx)
     .await?;

@@ -4,20 +4,19 @@
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::{types::Json, PgPool};
-use uuid::Uuid;
 
 use super::Tx;
-use crate::domain::JobState;
+use crate::domain::{GpuClassId, JobId, JobState, TeamId, TokenId};
 
 /// A stored job with the names of what it refers to.
 #[derive(Debug, Clone)]
 pub struct JobRow {
-    pub id: Uuid,
+    pub id: JobId,
     pub seq: i64,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub team: String,
     pub name: String,
-    pub gpu_class_id: Uuid,
+    pub gpu_class_id: GpuClassId,
     pub gpu_class: String,
     pub priority_class: String,
     pub replicas: i32,
@@ -59,9 +58,9 @@ pub struct JobRow {
 /// A job to insert; every value already validated.
 #[derive(Debug, Clone)]
 pub struct NewJob {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
-    pub gpu_class_id: Uuid,
+    pub gpu_class_id: GpuClassId,
     pub priority_class: String,
     pub replicas: i32,
     pub gpus_per_replica: i32,
@@ -84,7 +83,7 @@ pub const SCHEDULE_CHANNEL: &str = "fairway_schedule";
 /// What the database assigned to a job it stored.
 #[derive(Debug, Clone, Copy)]
 pub struct Stored {
-    pub id: Uuid,
+    pub id: JobId,
     pub seq: i64,
     pub submitted_at: DateTime<Utc>,
 }
@@ -92,7 +91,7 @@ pub struct Stored {
 /// One job to store for a team, submitted by someone.
 #[derive(Debug, Clone, Copy)]
 pub struct Submission<'a> {
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     /// Who submitted it, as the audit log names them.
     pub submitted_by: &'a str,
     pub job: &'a NewJob,
@@ -107,7 +106,7 @@ pub struct Submission<'a> {
 /// as exact as one authenticated and validated from fresh reads, with one round trip less.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WriteCheck {
-    pub token_id: Uuid,
+    pub token_id: TokenId,
     pub team_version: i64,
     pub catalogue_version: i64,
 }
@@ -116,7 +115,7 @@ pub struct WriteCheck {
 /// [`insert_submissions`].
 pub async fn insert_many(
     db: impl sqlx::PgExecutor<'_>,
-    team_id: Uuid,
+    team_id: TeamId,
     submitted_by: &str,
     jobs: &[NewJob],
 ) -> Result<Vec<Stored>, sqlx::Error> {
@@ -136,13 +135,13 @@ pub async fn insert_submissions(
     let column = |f: fn(&NewJob) -> String| submissions.iter().map(|s| f(s.job)).collect::<Vec<_>>();
     let ints = |f: fn(&NewJob) -> i32| submissions.iter().map(|s| f(s.job)).collect::<Vec<_>>();
     let jsons = |f: fn(&NewJob) -> Value| submissions.iter().map(|s| f(s.job)).collect::<Vec<_>>();
-    let teams: Vec<Uuid> = submissions.iter().map(|s| s.team_id).collect();
+    let teams: Vec<TeamId> = submissions.iter().map(|s| s.team_id).collect();
     let by: Vec<&str> = submissions.iter().map(|s| s.submitted_by).collect();
-    let ids: Vec<Uuid> = submissions.iter().map(|s| s.job.id).collect();
-    let classes: Vec<Uuid> = submissions.iter().map(|s| s.job.gpu_class_id).collect();
+    let ids: Vec<JobId> = submissions.iter().map(|s| s.job.id).collect();
+    let classes: Vec<GpuClassId> = submissions.iter().map(|s| s.job.gpu_class_id).collect();
     let levels: Vec<Option<String>> = submissions.iter().map(|s| s.job.topology_level.clone()).collect();
     let graces: Vec<Option<i32>> = submissions.iter().map(|s| s.job.preemption_grace_seconds).collect();
-    let tokens: Vec<Option<Uuid>> = submissions.iter().map(|s| s.check.map(|c| c.token_id)).collect();
+    let tokens: Vec<Option<TokenId>> = submissions.iter().map(|s| s.check.map(|c| c.token_id)).collect();
     let team_versions: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.team_version)).collect();
     let catalogues: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.catalogue_version)).collect();
     sqlx::query_as!(
@@ -166,12 +165,12 @@ pub async fn insert_submissions(
                insert into job_events (job_id, kind, attempt, message)
                select id, 'submitted', 0, 'submitted by ' || submitted_by from j
            )
-           select id, seq, submitted_at from j"#,
-        &teams,
+           select id as "id: JobId", seq, submitted_at from j"#,
+        &teams as &[TeamId],
         &by as &[&str],
-        &ids,
+        &ids as &[JobId],
         &column(|j| j.name.clone()),
-        &classes,
+        &classes as &[GpuClassId],
         &column(|j| j.priority_class.clone()),
         &ints(|j| j.replicas),
         &ints(|j| j.gpus_per_replica),
@@ -185,7 +184,7 @@ pub async fn insert_submissions(
         &graces as &[Option<i32>],
         &ints(|j| j.max_retries),
         &submissions.iter().map(|s| s.job.allow_spot).collect::<Vec<_>>(),
-        &tokens as &[Option<Uuid>],
+        &tokens as &[Option<TokenId>],
         &team_versions as &[Option<i64>],
         &catalogues as &[Option<i64>],
     )
@@ -196,7 +195,7 @@ pub async fn insert_submissions(
 impl JobRow {
     /// The row of `job` as [`insert_many`] stored it: pending, never admitted. Saves reading
     /// back what was just written.
-    pub fn submitted(job: NewJob, stored: Stored, team_id: Uuid, team: &str, gpu_class: &str, by: &str) -> Self {
+    pub fn submitted(job: NewJob, stored: Stored, team_id: TeamId, team: &str, gpu_class: &str, by: &str) -> Self {
         Self {
             id: stored.id,
             seq: stored.seq,
@@ -266,7 +265,8 @@ macro_rules! select_jobs {
     ($rest:tt, $($arg:expr),* $(,)?) => {
         sqlx::query_as!(
             JobRow,
-            r#"select j.id, j.seq, j.team_id, t.name as team, j.name, j.gpu_class_id, c.name as gpu_class,
+            r#"select j.id as "id: JobId", j.seq, j.team_id as "team_id: TeamId", t.name as team, j.name,
+                  j.gpu_class_id as "gpu_class_id: GpuClassId", c.name as gpu_class,
                   j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
@@ -287,13 +287,15 @@ macro_rules! select_jobs {
 }
 
 /// The job `id`, whichever team owns it (authorization happens before).
-pub async fn get(db: impl sqlx::PgExecutor<'_>, id: Uuid) -> Result<Option<JobRow>, sqlx::Error> {
-    select_jobs!(r#"where j.id = $1"#, id).fetch_optional(db).await
+pub async fn get(db: impl sqlx::PgExecutor<'_>, id: JobId) -> Result<Option<JobRow>, sqlx::Error> {
+    select_jobs!(r#"where j.id = $1"#, id as JobId).fetch_optional(db).await
 }
 
 /// The team owning job `id`, for authorization.
-pub async fn team_of(pool: &PgPool, id: Uuid) -> Result<Option<Uuid>, sqlx::Error> {
-    sqlx::query_scalar!("select team_id from jobs where id = $1", id).fetch_optional(pool).await
+pub async fn team_of(pool: &PgPool, id: JobId) -> Result<Option<TeamId>, sqlx::Error> {
+    sqlx::query_scalar!(r#"select team_id as "team_id: TeamId" from jobs where id = $1"#, id as JobId)
+        .fetch_optional(pool)
+        .await
 }
 
 /// Filters of a job list.
@@ -308,7 +310,7 @@ pub struct JobFilter {
 }
 
 /// A team's jobs, newest first.
-pub async fn list(pool: &PgPool, team_id: Uuid, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, sqlx::Error> {
+pub async fn list(pool: &PgPool, team_id: TeamId, filter: &JobFilter, limit: i64) -> Result<Vec<JobRow>, sqlx::Error> {
     select_jobs!(
         r#"where j.team_id = $1
              and ($2::text is null or j.state = $2)
@@ -317,7 +319,7 @@ pub async fn list(pool: &PgPool, team_id: Uuid, filter: &JobFilter, limit: i64) 
              and ($5::int8 is null or j.seq < $5)
            order by j.seq desc
            limit $6"#,
-        team_id,
+        team_id as TeamId,
         filter.state.map(JobState::as_str),
         filter.gpu_class,
         filter.labels,
@@ -331,7 +333,7 @@ pub async fn list(pool: &PgPool, team_id: Uuid, filter: &JobFilter, limit: i64) 
 /// One pending job in its team's queue.
 #[derive(Debug, Clone)]
 pub struct QueueRow {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub gpu_class: String,
     pub priority_class: String,
@@ -344,16 +346,16 @@ pub struct QueueRow {
 }
 
 /// A team's pending jobs in the order the scheduler would admit them.
-pub async fn queue(pool: &PgPool, team_id: Uuid, limit: i64) -> Result<Vec<QueueRow>, sqlx::Error> {
+pub async fn queue(pool: &PgPool, team_id: TeamId, limit: i64) -> Result<Vec<QueueRow>, sqlx::Error> {
     sqlx::query_as!(
         QueueRow,
-        r#"select j.id, j.name, c.name as gpu_class, j.priority_class, j.replicas * j.gpus_per_replica as "gpus!",
+        r#"select j.id as "id: JobId", j.name, c.name as gpu_class, j.priority_class, j.replicas * j.gpus_per_replica as "gpus!",
                   j.submitted_at, j.queue_position, j.pending_reason, j.pending_message, j.expected_start_at
            from jobs j join gpu_classes c on c.id = j.gpu_class_id
            where j.team_id = $1 and j.state = 'pending'
            order by j.queue_position nulls last, j.seq
            limit $2"#,
-        team_id,
+        team_id as TeamId,
         limit
     )
     .fetch_all(pool)
@@ -373,12 +375,12 @@ pub struct EventRow {
 }
 
 /// A job's events in order, after event `after`.
-pub async fn events(pool: &PgPool, job_id: Uuid, after: i64, limit: i64) -> Result<Vec<EventRow>, sqlx::Error> {
+pub async fn events(pool: &PgPool, job_id: JobId, after: i64, limit: i64) -> Result<Vec<EventRow>, sqlx::Error> {
     sqlx::query_as!(
         EventRow,
         "select id, at, kind, attempt, reason, message, data from job_events
          where job_id = $1 and id > $2 order by id limit $3",
-        job_id,
+        job_id as JobId,
         after,
         limit
     )
@@ -389,7 +391,7 @@ pub async fn events(pool: &PgPool, job_id: Uuid, after: i64, limit: i64) -> Resu
 /// Appends one event to a job's timeline.
 pub async fn add_event(
     tx: &mut Tx<'_>,
-    job_id: Uuid,
+    job_id: JobId,
     attempt: i32,
     kind: &str,
     reason: Option<&str>,
@@ -398,7 +400,7 @@ pub async fn add_event(
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "insert into job_events (job_id, attempt, kind, reason, message, data) values ($1, $2, $3, $4, $5, $6)",
-        job_id,
+        job_id as JobId,
         attempt,
         kind,
         reason,
@@ -412,7 +414,7 @@ pub async fn add_event(
 
 /// An event to add to a job's timeline (see [`add_events`]).
 pub struct NewEvent {
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub kind: &'static str,
     pub reason: Option<String>,
@@ -425,7 +427,7 @@ pub async fn add_events(tx: &mut Tx<'_>, events: &[NewEvent]) -> Result<(), sqlx
     if events.is_empty() {
         return Ok(());
     }
-    let ids: Vec<Uuid> = events.iter().map(|e| e.job_id).collect();
+    let ids: Vec<JobId> = events.iter().map(|e| e.job_id).collect();
     let attempts: Vec<i32> = events.iter().map(|e| e.attempt).collect();
     let kinds: Vec<&str> = events.iter().map(|e| e.kind).collect();
     let reasons: Vec<Option<String>> = events.iter().map(|e| e.reason.clone()).collect();
@@ -437,7 +439,7 @@ pub async fn add_events(tx: &mut Tx<'_>, events: &[NewEvent]) -> Result<(), sqlx
          from unnest($1::uuid[], $2::int4[], $3::text[], $4::text[], $5::text[], $6::jsonb[])
               with ordinality as e(id, attempt, kind, reason, message, data, n)
          order by n",
-        &ids,
+        &ids as &[JobId],
         &attempts,
         &kinds as &[&str],
         &reasons as &[Option<String>],
@@ -458,14 +460,14 @@ pub struct LockedJob {
 }
 
 /// Locks job `id` for a state change.
-pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<LockedJob>, sqlx::Error> {
+pub async fn lock(tx: &mut Tx<'_>, id: JobId) -> Result<Option<LockedJob>, sqlx::Error> {
     sqlx::query_as!(
         LockedJob,
         r#"select j.state as "state: JobState", j.attempt, j.holds_gpus,
                   coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!"
            from jobs j join priority_classes p on p.name = j.priority_class
            where j.id = $1 for update of j"#,
-        id
+        id as JobId
     )
     .fetch_optional(&mut **tx)
     .await
@@ -475,7 +477,7 @@ pub async fn lock(tx: &mut Tx<'_>, id: Uuid) -> Result<Option<LockedJob>, sqlx::
 /// `stop` queues the request to stop it.
 pub async fn mark_cancelled(
     tx: &mut Tx<'_>,
-    id: Uuid,
+    id: JobId,
     attempt: i32,
     stop_grace_ms: Option<i64>,
 ) -> Result<(), sqlx::Error> {
@@ -486,14 +488,14 @@ pub async fn mark_cancelled(
                 pending_reason = null, pending_message = null, queue_position = null, expected_start_at = null,
                 updated_at = now(), version = version + 1
          where id = $1",
-        id
+        id as JobId
     )
     .execute(&mut **tx)
     .await?;
     if let Some(grace_ms) = stop_grace_ms {
         sqlx::query!(
             "insert into dispatch_outbox (job_id, attempt, action, grace_ms) values ($1, $2, 'stop', $3)",
-            id,
+            id as JobId,
             attempt,
             grace_ms
         )
@@ -506,10 +508,10 @@ pub async fn mark_cancelled(
 }
 
 /// Records a checkpoint of a running job; false when the job is not running.
-pub async fn checkpoint(tx: &mut Tx<'_>, id: Uuid, at: DateTime<Utc>) -> Result<bool, sqlx::Error> {
+pub async fn checkpoint(tx: &mut Tx<'_>, id: JobId, at: DateTime<Utc>) -> Result<bool, sqlx::Error> {
     let updated = sqlx::query!(
         "update jobs set last_checkpoint_at = $2, updated_at = now() where id = $1 and state = 'running'",
-        id,
+        id as JobId,
         at
     )
     .execute(&mut **tx)
@@ -537,7 +539,7 @@ pub struct SubmitCatalogue {
     /// Every priority class, by name.
     pub priorities: Vec<String>,
     /// The asked-for classes that exist, with what the inventory offers of each.
-    pub classes: Vec<(String, Uuid, ClassCapacity)>,
+    pub classes: Vec<(String, GpuClassId, ClassCapacity)>,
     /// The catalogue's version this was read at (bumped by every change to it).
     pub version: i64,
 }
@@ -548,7 +550,7 @@ pub struct SubmitCatalogue {
 /// to validate a gang against.
 pub async fn submit_catalogue(
     pool: &PgPool,
-    team_id: Uuid,
+    team_id: TeamId,
     classes: &[String],
 ) -> Result<Option<SubmitCatalogue>, sqlx::Error> {
     let rows = sqlx::query!(
@@ -556,7 +558,7 @@ pub async fn submit_catalogue(
                   (select v.version from catalogue_version v where v.id = 1) as "version!",
                   (select coalesce(array_agg(name order by name), '{}') from priority_classes) as "priorities!",
                   exists (select 1 from cluster_nodes) as "inventory_known!",
-                  c.id as "class_id?", c.name as "class_name?",
+                  c.id as "class_id?: GpuClassId", c.name as "class_name?",
                   coalesce(sum(cc.gpus), 0)::int8 as "total_gpus!",
                   coalesce(max(cc.largest_node), 0) as "largest_node!",
                   coalesce(max(cc.largest_nvlink_domain), 0) as "largest_nvlink_domain!",
@@ -567,7 +569,7 @@ pub async fn submit_catalogue(
            left join cluster_capacity cc on cc.gpu_class_id = c.id and cc.largest_node > 0
            where t.id = $1
            group by t.id, c.id"#,
-        team_id,
+        team_id as TeamId,
         classes
     )
     .fetch_all(pool)

@@ -1,15 +1,15 @@
 //! Team membership and roles.
 
+use crate::domain::{TeamId, UserId};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
 /// A member of a team.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct MemberRow {
-    pub user_id: Uuid,
+    pub user_id: UserId,
     pub username: String,
     pub role: String,
     pub created_at: DateTime<Utc>,
@@ -19,7 +19,7 @@ pub struct MemberRow {
 /// Members of `team_id` by username, after `after`.
 pub async fn list(
     pool: &PgPool,
-    team_id: Uuid,
+    team_id: TeamId,
     after: Option<&str>,
     limit: i64,
 ) -> Result<Vec<MemberRow>, sqlx::Error> {
@@ -29,7 +29,7 @@ pub async fn list(
          from team_members m join users u on u.id = m.user_id
          where m.team_id = $1 and ($2::text is null or u.username > $2)
          order by u.username limit $3",
-        team_id,
+        team_id as TeamId,
         after,
         limit
     )
@@ -38,22 +38,26 @@ pub async fn list(
 }
 
 /// The membership of `user_id` in `team_id`, locked for update.
-pub async fn get_for_update(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid) -> Result<Option<MemberRow>, sqlx::Error> {
+pub async fn get_for_update(
+    tx: &mut Tx<'_>,
+    team_id: TeamId,
+    user_id: UserId,
+) -> Result<Option<MemberRow>, sqlx::Error> {
     sqlx::query_as!(
         MemberRow,
         "select m.user_id, u.username, m.role, m.created_at, m.updated_at
          from team_members m join users u on u.id = m.user_id
          where m.team_id = $1 and m.user_id = $2
          for update of m",
-        team_id,
-        user_id
+        team_id as TeamId,
+        user_id as UserId
     )
     .fetch_optional(&mut **tx)
     .await
 }
 
 /// Adds a member or changes their role.
-pub async fn upsert(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid, role: &str) -> Result<MemberRow, sqlx::Error> {
+pub async fn upsert(tx: &mut Tx<'_>, team_id: TeamId, user_id: UserId, role: &str) -> Result<MemberRow, sqlx::Error> {
     sqlx::query_as!(
         MemberRow,
         r#"with m as (
@@ -63,8 +67,8 @@ pub async fn upsert(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid, role: &str) -
            )
            select m.user_id, u.username, m.role, m.created_at, m.updated_at
            from m join users u on u.id = m.user_id"#,
-        team_id,
-        user_id,
+        team_id as TeamId,
+        user_id as UserId,
         role
     )
     .fetch_one(&mut **tx)
@@ -72,8 +76,8 @@ pub async fn upsert(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid, role: &str) -
 }
 
 /// Removes a member.
-pub async fn delete(tx: &mut Tx<'_>, team_id: Uuid, user_id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query!("delete from team_members where team_id = $1 and user_id = $2", team_id, user_id)
+pub async fn delete(tx: &mut Tx<'_>, team_id: TeamId, user_id: UserId) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from team_members where team_id = $1 and user_id = $2", team_id as TeamId, user_id as UserId)
         .execute(&mut **tx)
         .await?;
     Ok(())

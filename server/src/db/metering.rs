@@ -1,21 +1,21 @@
 //! The usage ledger, its rollups, capacity history and billing periods.
 
+use crate::domain::{GpuClassId, JobId, TeamId};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
 /// A closed or open usage interval with everything a ledger row copies from its job.
 #[derive(Debug, Clone)]
 pub struct IntervalToMeter {
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub job_name: String,
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub team_name: String,
-    pub gpu_class_id: Uuid,
+    pub gpu_class_id: GpuClassId,
     pub gpu_class: String,
     pub priority_class: String,
     pub gpus: i32,
@@ -31,8 +31,8 @@ pub struct IntervalToMeter {
 
 /// The intervals of the attempts `keys` (job, attempt) that were opened, locked in job
 /// order so that two meterings of one are serialised and never deadlock.
-pub async fn intervals_for_update(tx: &mut Tx<'_>, keys: &[(Uuid, i32)]) -> Result<Vec<IntervalToMeter>, sqlx::Error> {
-    let jobs: Vec<Uuid> = keys.iter().map(|k| k.0).collect();
+pub async fn intervals_for_update(tx: &mut Tx<'_>, keys: &[(JobId, i32)]) -> Result<Vec<IntervalToMeter>, sqlx::Error> {
+    let jobs: Vec<JobId> = keys.iter().map(|k| k.0).collect();
     let attempts: Vec<i32> = keys.iter().map(|k| k.1).collect();
     sqlx::query_as!(
         IntervalToMeter,
@@ -49,7 +49,7 @@ pub async fn intervals_for_update(tx: &mut Tx<'_>, keys: &[(Uuid, i32)]) -> Resu
            left join priority_classes p on p.name = u.priority_class
            order by u.job_id, u.attempt
            for update of u"#,
-        &jobs,
+        &jobs as &[JobId],
         &attempts
     )
     .fetch_all(&mut **tx)
@@ -58,11 +58,14 @@ pub async fn intervals_for_update(tx: &mut Tx<'_>, keys: &[(Uuid, i32)]) -> Resu
 
 /// The rate cards of `classes`: (class, effective from, micro-units per GPU-hour), each
 /// class's oldest first.
-pub async fn rates_of(tx: &mut Tx<'_>, classes: &[Uuid]) -> Result<Vec<(Uuid, DateTime<Utc>, i64)>, sqlx::Error> {
+pub async fn rates_of(
+    tx: &mut Tx<'_>,
+    classes: &[GpuClassId],
+) -> Result<Vec<(GpuClassId, DateTime<Utc>, i64)>, sqlx::Error> {
     let rows = sqlx::query!(
-        "select gpu_class_id, effective_from, rate_micros_per_gpu_hour from gpu_class_rates
-         where gpu_class_id = any($1) order by gpu_class_id, effective_from",
-        classes
+        r#"select gpu_class_id as "gpu_class_id: GpuClassId", effective_from, rate_micros_per_gpu_hour from gpu_class_rates
+         where gpu_class_id = any($1) order by gpu_class_id, effective_from"#,
+        classes as &[GpuClassId]
     )
     .fetch_all(&mut **tx)
     .await?;
@@ -70,7 +73,7 @@ pub async fn rates_of(tx: &mut Tx<'_>, classes: &[Uuid]) -> Result<Vec<(Uuid, Da
 }
 
 /// A class's rate card: (effective from, micro-units per GPU-hour), oldest first.
-pub async fn rates(tx: &mut Tx<'_>, gpu_class_id: Uuid) -> Result<Vec<(DateTime<Utc>, i64)>, sqlx::Error> {
+pub async fn rates(tx: &mut Tx<'_>, gpu_class_id: GpuClassId) -> Result<Vec<(DateTime<Utc>, i64)>, sqlx::Error> {
     let rows = rates_of(tx, &[gpu_class_id]).await?;
     Ok(rows.into_iter().map(|(_, from, rate)| (from, rate)).collect())
 }
@@ -92,18 +95,18 @@ pub struct MeteredPiece {
 /// The usage pieces of the attempts `keys`, each attempt's in time order.
 pub async fn metered_pieces(
     tx: &mut Tx<'_>,
-    keys: &[(Uuid, i32)],
-) -> Result<Vec<(Uuid, i32, MeteredPiece)>, sqlx::Error> {
-    let jobs: Vec<Uuid> = keys.iter().map(|k| k.0).collect();
+    keys: &[(JobId, i32)],
+) -> Result<Vec<(JobId, i32, MeteredPiece)>, sqlx::Error> {
+    let jobs: Vec<JobId> = keys.iter().map(|k| k.0).collect();
     let attempts: Vec<i32> = keys.iter().map(|k| k.1).collect();
     let rows = sqlx::query!(
-        r#"select l.job_id as "job_id!", l.attempt as "attempt!", l.id, l.charge_start, l.charge_end, l.duration_ms,
+        r#"select l.job_id as "job_id!: JobId", l.attempt as "attempt!", l.id, l.charge_start, l.charge_end, l.duration_ms,
                   l.rate_micros_per_gpu_hour, l.price_multiplier_milli, l.list_cost_micros, l.billed_cost_micros,
                   exists (select 1 from usage_ledger c where c.corrects = l.id) as "corrected!"
            from unnest($1::uuid[], $2::int4[]) as k(job_id, attempt)
            join usage_ledger l on l.job_id = k.job_id and l.attempt = k.attempt and l.kind = 'usage'
            order by l.job_id, l.attempt, l.charge_start"#,
-        &jobs,
+        &jobs as &[JobId],
         &attempts
     )
     .fetch_all(&mut **tx)
@@ -155,12 +158,12 @@ pub async fn append(
     if rows.is_empty() {
         return Ok(0);
     }
-    let jobs: Vec<Uuid> = rows.iter().map(|(i, _)| i.job_id).collect();
+    let jobs: Vec<JobId> = rows.iter().map(|(i, _)| i.job_id).collect();
     let attempts: Vec<i32> = rows.iter().map(|(i, _)| i.attempt).collect();
     let job_names: Vec<String> = rows.iter().map(|(i, _)| i.job_name.clone()).collect();
-    let teams: Vec<Uuid> = rows.iter().map(|(i, _)| i.team_id).collect();
+    let teams: Vec<TeamId> = rows.iter().map(|(i, _)| i.team_id).collect();
     let team_names: Vec<String> = rows.iter().map(|(i, _)| i.team_name.clone()).collect();
-    let classes: Vec<Uuid> = rows.iter().map(|(i, _)| i.gpu_class_id).collect();
+    let classes: Vec<GpuClassId> = rows.iter().map(|(i, _)| i.gpu_class_id).collect();
     let class_names: Vec<String> = rows.iter().map(|(i, _)| i.gpu_class.clone()).collect();
     let priorities: Vec<String> = rows.iter().map(|(i, _)| i.priority_class.clone()).collect();
     let gpus: Vec<i32> = rows.iter().map(|(i, _)| i.gpus).collect();
@@ -199,12 +202,12 @@ pub async fn append(
         &kinds,
         &corrects as &[Option<i64>],
         &reasons as &[Option<String>],
-        &jobs,
+        &jobs as &[JobId],
         &attempts,
         &job_names,
-        &teams,
+        &teams as &[TeamId],
         &team_names,
-        &classes,
+        &classes as &[GpuClassId],
         &class_names,
         &priorities,
         &gpus,
@@ -228,9 +231,10 @@ pub async fn append(
 }
 
 /// Open intervals that started before `before`: the metering pass books their completed hours.
-pub async fn open_intervals(pool: &PgPool, before: DateTime<Utc>) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+pub async fn open_intervals(pool: &PgPool, before: DateTime<Utc>) -> Result<Vec<(JobId, i32)>, sqlx::Error> {
     let rows = sqlx::query!(
-        "select job_id, attempt from usage_intervals where ended_at is null and started_at < $1 order by started_at",
+        r#"select job_id as "job_id: JobId", attempt from usage_intervals
+           where ended_at is null and started_at < $1 order by started_at"#,
         before
     )
     .fetch_all(pool)
@@ -241,13 +245,13 @@ pub async fn open_intervals(pool: &PgPool, before: DateTime<Utc>) -> Result<Vec<
 /// Closed intervals with no ledger row at all: left behind by a crash between closing and
 /// metering (which share a transaction, so only by an older version) or closed before the
 /// ledger existed. The metering pass books them.
-pub async fn unmetered_closed_intervals(pool: &PgPool, limit: i64) -> Result<Vec<(Uuid, i32)>, sqlx::Error> {
+pub async fn unmetered_closed_intervals(pool: &PgPool, limit: i64) -> Result<Vec<(JobId, i32)>, sqlx::Error> {
     let rows = sqlx::query!(
-        "select u.job_id, u.attempt from usage_intervals u
+        r#"select u.job_id as "job_id: JobId", u.attempt from usage_intervals u
          where u.ended_at is not null
            and date_trunc('milliseconds', u.ended_at) > date_trunc('milliseconds', u.started_at)
            and not exists (select 1 from usage_ledger l where l.job_id = u.job_id and l.attempt = u.attempt)
-         order by u.ended_at limit $1",
+         order by u.ended_at limit $1"#,
         limit
     )
     .fetch_all(pool)
@@ -427,8 +431,8 @@ pub enum ClosePeriod {
 /// A change of a team's reserved quota of a class.
 #[derive(Debug, Clone)]
 pub struct QuotaChange {
-    pub team_id: Uuid,
-    pub gpu_class_id: Uuid,
+    pub team_id: TeamId,
+    pub gpu_class_id: GpuClassId,
     pub effective_from: DateTime<Utc>,
     pub reserved: i32,
 }
@@ -447,8 +451,8 @@ pub async fn quota_history(pool: &PgPool) -> Result<Vec<QuotaChange>, sqlx::Erro
 /// An hourly reservation charge to append.
 #[derive(Debug, Clone)]
 pub struct NewReservationRow {
-    pub team_id: Uuid,
-    pub gpu_class_id: Uuid,
+    pub team_id: TeamId,
+    pub gpu_class_id: GpuClassId,
     pub reserved: i32,
     pub charge_start: DateTime<Utc>,
     pub charge_end: DateTime<Utc>,
@@ -467,8 +471,8 @@ pub async fn append_reservations(
     if rows.is_empty() {
         return Ok(0);
     }
-    let teams: Vec<Uuid> = rows.iter().map(|r| r.team_id).collect();
-    let classes: Vec<Uuid> = rows.iter().map(|r| r.gpu_class_id).collect();
+    let teams: Vec<TeamId> = rows.iter().map(|r| r.team_id).collect();
+    let classes: Vec<GpuClassId> = rows.iter().map(|r| r.gpu_class_id).collect();
     let reserved: Vec<i32> = rows.iter().map(|r| r.reserved).collect();
     let starts: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_start).collect();
     let ends: Vec<DateTime<Utc>> = rows.iter().map(|r| r.charge_end).collect();
@@ -488,8 +492,8 @@ pub async fn append_reservations(
          join gpu_classes c on c.id = r.class
          on conflict do nothing",
         currency,
-        &teams,
-        &classes,
+        &teams as &[TeamId],
+        &classes as &[GpuClassId],
         &reserved,
         &starts,
         &ends,

@@ -1,7 +1,7 @@
 //! The dispatch outbox: rows the dispatcher claims (`for update skip locked`), completes or
 //! retries later, and the mark that a backend accepted a job's object.
 
-use uuid::Uuid;
+use crate::domain::JobId;
 
 use super::Tx;
 use crate::domain::JobState;
@@ -13,7 +13,7 @@ pub const DISPATCH_CHANNEL: &str = "fairway_dispatch";
 #[derive(Debug, Clone)]
 pub struct OutboxRow {
     pub id: i64,
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub action: String,
     pub grace_ms: i64,
@@ -71,11 +71,11 @@ pub async fn retry_later(tx: &mut Tx<'_>, id: i64, delay_ms: i64, error: &str) -
 }
 
 /// Records that the backend accepted the job's object.
-pub async fn mark_dispatched(tx: &mut Tx<'_>, job_id: Uuid, attempt: i32) -> Result<(), sqlx::Error> {
+pub async fn mark_dispatched(tx: &mut Tx<'_>, job_id: JobId, attempt: i32) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "update jobs set dispatched_at = coalesce(dispatched_at, clock_timestamp()), updated_at = now()
          where id = $1 and attempt = $2",
-        job_id,
+        job_id as JobId,
         attempt
     )
     .execute(&mut **tx)

@@ -1,8 +1,9 @@
 //! Quotas per team per GPU class.
 
+use crate::domain::GpuClassId;
+use crate::domain::TeamId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
@@ -19,27 +20,27 @@ pub struct QuotaRow {
 }
 
 /// Quotas of `team_id` by class name.
-pub async fn list(pool: &PgPool, team_id: Uuid) -> Result<Vec<QuotaRow>, sqlx::Error> {
+pub async fn list(pool: &PgPool, team_id: TeamId) -> Result<Vec<QuotaRow>, sqlx::Error> {
     sqlx::query_as!(
         QuotaRow,
         "select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
          from quotas q join gpu_classes c on c.id = q.gpu_class_id
          where q.team_id = $1 order by c.name",
-        team_id
+        team_id as TeamId
     )
     .fetch_all(pool)
     .await
 }
 
 /// The quota of `team_id` for `class_id`.
-pub async fn get(pool: &PgPool, team_id: Uuid, class_id: Uuid) -> Result<Option<QuotaRow>, sqlx::Error> {
+pub async fn get(pool: &PgPool, team_id: TeamId, class_id: GpuClassId) -> Result<Option<QuotaRow>, sqlx::Error> {
     sqlx::query_as!(
         QuotaRow,
         "select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
          from quotas q join gpu_classes c on c.id = q.gpu_class_id
          where q.team_id = $1 and q.gpu_class_id = $2",
-        team_id,
-        class_id
+        team_id as TeamId,
+        class_id as GpuClassId
     )
     .fetch_optional(pool)
     .await
@@ -65,18 +66,20 @@ pub struct QuotaContext {
 /// class row first: every quota change of a class serialises on it.
 pub async fn context_for_update(
     tx: &mut Tx<'_>,
-    team_id: Uuid,
-    parent_id: Option<Uuid>,
-    class_id: Uuid,
+    team_id: TeamId,
+    parent_id: Option<TeamId>,
+    class_id: GpuClassId,
 ) -> Result<QuotaContext, sqlx::Error> {
-    sqlx::query!("select id from gpu_classes where id = $1 for update", class_id).fetch_optional(&mut **tx).await?;
+    sqlx::query!("select id from gpu_classes where id = $1 for update", class_id as GpuClassId)
+        .fetch_optional(&mut **tx)
+        .await?;
     let current = sqlx::query_as!(
         QuotaRow,
         "select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
          from quotas q join gpu_classes c on c.id = q.gpu_class_id
          where q.team_id = $1 and q.gpu_class_id = $2",
-        team_id,
-        class_id
+        team_id as TeamId,
+        class_id as GpuClassId
     )
     .fetch_optional(&mut **tx)
     .await?;
@@ -89,9 +92,9 @@ pub async fn context_for_update(
                where t.parent_id = $1 and q.gpu_class_id = $3) as "children!",
              (select coalesce(sum(q.reserved), 0) from quotas q join teams t on t.id = q.team_id
                where t.parent_id is null and q.gpu_class_id = $3 and q.team_id <> $1) as "roots!""#,
-        team_id,
-        parent_id,
-        class_id
+        team_id as TeamId,
+        parent_id as Option<TeamId>,
+        class_id as GpuClassId
     )
     .fetch_one(&mut **tx)
     .await?;
@@ -107,8 +110,8 @@ pub async fn context_for_update(
 /// Creates or replaces a quota.
 pub async fn upsert(
     tx: &mut Tx<'_>,
-    team_id: Uuid,
-    class_id: Uuid,
+    team_id: TeamId,
+    class_id: GpuClassId,
     reserved: i32,
     burst: i32,
     lendable: Option<i32>,
@@ -124,8 +127,8 @@ pub async fn upsert(
            )
            select c.name as gpu_class, q.reserved, q.burst, q.lendable, q.created_at, q.updated_at, q.version
            from q join gpu_classes c on c.id = q.gpu_class_id"#,
-        team_id,
-        class_id,
+        team_id as TeamId,
+        class_id as GpuClassId,
         reserved,
         burst,
         lendable
@@ -137,22 +140,31 @@ pub async fn upsert(
 }
 
 /// Removes a quota.
-pub async fn delete(tx: &mut Tx<'_>, team_id: Uuid, class_id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query!("delete from quotas where team_id = $1 and gpu_class_id = $2", team_id, class_id)
-        .execute(&mut **tx)
-        .await?;
+pub async fn delete(tx: &mut Tx<'_>, team_id: TeamId, class_id: GpuClassId) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "delete from quotas where team_id = $1 and gpu_class_id = $2",
+        team_id as TeamId,
+        class_id as GpuClassId
+    )
+    .execute(&mut **tx)
+    .await?;
     record_reserved(tx, team_id, class_id, 0).await
 }
 
 /// Records the team's reserved quota of a class from now on (the history the
 /// reserved-plus-burst chargeback model bills).
-async fn record_reserved(tx: &mut Tx<'_>, team_id: Uuid, class_id: Uuid, reserved: i32) -> Result<(), sqlx::Error> {
+async fn record_reserved(
+    tx: &mut Tx<'_>,
+    team_id: TeamId,
+    class_id: GpuClassId,
+    reserved: i32,
+) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "insert into quota_history (team_id, gpu_class_id, effective_from, reserved)
          values ($1, $2, date_trunc('milliseconds', now()), $3)
          on conflict (team_id, gpu_class_id, effective_from) do update set reserved = excluded.reserved",
-        team_id,
-        class_id,
+        team_id as TeamId,
+        class_id as GpuClassId,
         reserved
     )
     .execute(&mut **tx)
@@ -184,7 +196,7 @@ pub async fn team_limits(pool: &PgPool) -> Result<Vec<TeamLimit>, sqlx::Error> {
 /// others" on a dashboard.
 #[derive(Debug, Clone)]
 pub struct ClassLending {
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub gpu_class: String,
     pub reserved: i64,
     /// How much of `reserved` others may borrow (all of it unless limited).
@@ -199,7 +211,7 @@ pub struct ClassLending {
 
 /// Every team's quota of the classes `team_id` has a quota of, with the class's borrowing
 /// and capacity.
-pub async fn lending(pool: &PgPool, team_id: Uuid) -> Result<Vec<ClassLending>, sqlx::Error> {
+pub async fn lending(pool: &PgPool, team_id: TeamId) -> Result<Vec<ClassLending>, sqlx::Error> {
     sqlx::query_as!(
         ClassLending,
         r#"with held as (
@@ -223,7 +235,7 @@ pub async fn lending(pool: &PgPool, team_id: Uuid) -> Result<Vec<ClassLending>, 
            left join held h on h.team_id = q.team_id and h.gpu_class_id = q.gpu_class_id
            where q.gpu_class_id in (select gpu_class_id from quotas where team_id = $1)
            order by g.name, q.team_id"#,
-        team_id
+        team_id as TeamId
     )
     .fetch_all(pool)
     .await

@@ -5,16 +5,16 @@
 //! Every timestamp is passed in by the caller rather than taken from `now()` in SQL: the
 //! backend computes phases from these times with its own clock, so both must be one clock.
 
+use crate::domain::JobId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 /// An object as the backend reads it back to compute its phase. The timeline fields kept in
 /// `spec` are extracted here so that the phase is a pure function of this row.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SimObjectRow {
     pub name: String,
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     pub created_at: DateTime<Utc>,
     /// Real time between creation and start (`spec.start_delay_ms`; 0 when absent).
@@ -40,7 +40,7 @@ pub struct SimObjectRow {
 pub struct NewSimObject {
     pub name: String,
     pub cluster: String,
-    pub job_id: Uuid,
+    pub job_id: JobId,
     pub attempt: i32,
     /// The whole gang and the timeline fields (`start_delay_ms`, `deadline_ms`).
     pub spec: serde_json::Value,
@@ -61,7 +61,7 @@ pub async fn insert(pool: &PgPool, object: &NewSimObject) -> Result<bool, sqlx::
          returning name",
         object.name,
         object.cluster,
-        object.job_id,
+        object.job_id as JobId,
         object.attempt,
         object.spec,
         object.created_at,

@@ -10,14 +10,13 @@ use std::{
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::inventory::NodeRow;
-use crate::domain::JobState;
+use crate::domain::{ClusterId, GpuClassId, JobId, JobState, TeamId};
 
 /// A GPU class with its rate now.
 pub struct ClassRow {
-    pub id: Uuid,
+    pub id: GpuClassId,
     pub name: String,
     pub rate: i64,
     pub fraction_milli: i32,
@@ -25,16 +24,16 @@ pub struct ClassRow {
 
 /// A team with its weight.
 pub struct TeamRow {
-    pub id: Uuid,
+    pub id: TeamId,
     pub name: String,
-    pub parent_id: Option<Uuid>,
+    pub parent_id: Option<TeamId>,
     pub fair_share_weight_milli: i32,
 }
 
 /// A quota.
 pub struct QuotaRow {
-    pub team_id: Uuid,
-    pub gpu_class_id: Uuid,
+    pub team_id: TeamId,
+    pub gpu_class_id: GpuClassId,
     pub reserved: i32,
     pub burst: i32,
     pub lendable: Option<i32>,
@@ -53,10 +52,10 @@ pub struct PriorityRow {
 /// A job the engine must know of: pending, or holding GPUs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LiveJob {
-    pub id: Uuid,
+    pub id: JobId,
     pub seq: i64,
-    pub team_id: Uuid,
-    pub gpu_class_id: Uuid,
+    pub team_id: TeamId,
+    pub gpu_class_id: GpuClassId,
     pub priority_class: String,
     pub replicas: i32,
     pub gpus_per_replica: i32,
@@ -67,7 +66,7 @@ pub struct LiveJob {
     pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
-    pub cluster_id: Option<Uuid>,
+    pub cluster_id: Option<ClusterId>,
     pub placement: Option<Value>,
     pub submitted_at: DateTime<Utc>,
     pub queued_at: DateTime<Utc>,
@@ -88,7 +87,7 @@ pub struct SnapshotRows {
     pub quotas: Vec<QuotaRow>,
     pub priorities: Vec<PriorityRow>,
     /// Decayed borrowed usage in money per team (see `fairshare`).
-    pub history: Vec<(Uuid, f64)>,
+    pub history: Vec<(TeamId, f64)>,
     /// Ordered by `seq`.
     pub jobs: Vec<Arc<LiveJob>>,
 }
@@ -105,7 +104,7 @@ impl LiveJob {
 /// a few. A default (empty) copy makes the next [`snapshot_rows`] read every live job.
 #[derive(Default)]
 pub struct LiveJobs {
-    by_id: HashMap<Uuid, Arc<LiveJob>>,
+    by_id: HashMap<JobId, Arc<LiveJob>>,
     /// The xmin of the snapshot the copy is exact for; `None` before the first read.
     xmin: Option<i64>,
 }
@@ -113,7 +112,7 @@ pub struct LiveJobs {
 impl LiveJobs {
     /// Records the pending reasons a cycle wrote, which do not mark the rows changed
     /// (`changed_in`), so that the copy stays exact.
-    pub fn set_pending_reasons<'a>(&mut self, reasons: impl IntoIterator<Item = (Uuid, &'a str)>) {
+    pub fn set_pending_reasons<'a>(&mut self, reasons: impl IntoIterator<Item = (JobId, &'a str)>) {
         for (id, reason) in reasons {
             if let Some(job) = self.by_id.get_mut(&id) {
                 if job.state == JobState::Pending && job.pending_reason.as_deref() != Some(reason) {
@@ -148,7 +147,7 @@ macro_rules! select_live_jobs {
             LiveJob,
             r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
                       topology_level, max_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
-                      attempt, holds_gpus, cluster_id, placement, submitted_at, queued_at, admitted_at, started_at,
+                      attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot
                from jobs
                "# + $rest
@@ -192,10 +191,12 @@ pub async fn snapshot_rows(
     )
     .fetch_all(&mut *tx)
     .await?;
-    let teams =
-        sqlx::query_as!(TeamRow, "select id, name, parent_id, fair_share_weight_milli from teams order by name")
-            .fetch_all(&mut *tx)
-            .await?;
+    let teams = sqlx::query_as!(
+        TeamRow,
+        r#"select id, name, parent_id as "parent_id: TeamId", fair_share_weight_milli from teams order by name"#
+    )
+    .fetch_all(&mut *tx)
+    .await?;
     let quotas = sqlx::query_as!(QuotaRow, "select team_id, gpu_class_id, reserved, burst, lendable from quotas")
         .fetch_all(&mut *tx)
         .await?;
@@ -210,7 +211,7 @@ pub async fn snapshot_rows(
     // τ × rate/h × GPUs × factor × (e^(-(now-end)/τ) - e^(-(now-start)/τ)), τ = h / ln 2.
     // Intervals older than 20 half-lives add less than a millionth and are skipped.
     let history = sqlx::query!(
-        r#"select u.team_id,
+        r#"select u.team_id as "team_id: TeamId",
                   sum(coalesce(r.rate, 0)::float8 / 3600.0 * u.gpus * p.usage_factor_milli / 1000.0
                       * ($1::float8 / ln(2))
                       * (exp(-extract(epoch from now() - coalesce(u.ended_at, now())) / ($1::float8 / ln(2)))
@@ -248,7 +249,7 @@ pub async fn snapshot_rows(
     tx.commit().await?;
     live.xmin = Some(at.xmin);
     // A team's deletion removes its jobs without marking anything changed.
-    let team_ids: HashSet<Uuid> = teams.iter().map(|t| t.id).collect();
+    let team_ids: HashSet<TeamId> = teams.iter().map(|t| t.id).collect();
     live.by_id.retain(|_, job| team_ids.contains(&job.team_id));
     let jobs = live.sorted();
     Ok(SnapshotRows { now, classes, nodes, teams, quotas, priorities, history, jobs })

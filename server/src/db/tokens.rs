@@ -1,16 +1,16 @@
 //! API tokens: stored only as hashes.
 
+use crate::domain::{TeamId, TokenId, UserId};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
 /// A stored token, without its secret.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct TokenRow {
-    pub id: Uuid,
-    pub team_id: Uuid,
+    pub id: TokenId,
+    pub team_id: TeamId,
     pub name: String,
     pub role: String,
     pub display_prefix: String,
@@ -24,7 +24,7 @@ pub struct TokenRow {
 /// What authenticating a token yields.
 #[derive(Debug, Clone)]
 pub struct TokenAuth {
-    pub id: Uuid,
+    pub id: TokenId,
     pub name: String,
     pub role: String,
     /// The token's team, read with it: its own team's routes need not read it again.
@@ -36,12 +36,12 @@ pub struct TokenAuth {
 /// A token to store.
 #[derive(Debug)]
 pub struct NewToken<'a> {
-    pub team_id: Uuid,
+    pub team_id: TeamId,
     pub name: &'a str,
     pub role: &'a str,
     pub token_hash: &'a [u8],
     pub display_prefix: &'a str,
-    pub created_by: Uuid,
+    pub created_by: UserId,
     pub expires_at: DateTime<Utc>,
 }
 
@@ -57,13 +57,13 @@ pub async fn insert(tx: &mut Tx<'_>, token: &NewToken<'_>) -> Result<TokenRow, s
            select t.id, t.team_id, t.name, t.role, t.display_prefix, u.username as "created_by?",
                   t.created_at, t.expires_at, t.last_used_at, t.revoked_at
            from t left join users u on u.id = t.created_by"#,
-        Uuid::new_v4(),
-        token.team_id,
+        TokenId::new() as TokenId,
+        token.team_id as TeamId,
         token.name,
         token.role,
         token.token_hash,
         token.display_prefix,
-        token.created_by,
+        token.created_by as UserId,
         token.expires_at
     )
     .fetch_one(&mut **tx)
@@ -71,7 +71,12 @@ pub async fn insert(tx: &mut Tx<'_>, token: &NewToken<'_>) -> Result<TokenRow, s
 }
 
 /// Tokens of `team_id`, newest first, after the token `after`.
-pub async fn list(pool: &PgPool, team_id: Uuid, after: Option<Uuid>, limit: i64) -> Result<Vec<TokenRow>, sqlx::Error> {
+pub async fn list(
+    pool: &PgPool,
+    team_id: TeamId,
+    after: Option<TokenId>,
+    limit: i64,
+) -> Result<Vec<TokenRow>, sqlx::Error> {
     sqlx::query_as!(
         TokenRow,
         r#"select t.id, t.team_id, t.name, t.role, t.display_prefix, u.username as "created_by?",
@@ -79,8 +84,8 @@ pub async fn list(pool: &PgPool, team_id: Uuid, after: Option<Uuid>, limit: i64)
            from api_tokens t left join users u on u.id = t.created_by
            where t.team_id = $1 and ($2::uuid is null or t.id > $2)
            order by t.id limit $3"#,
-        team_id,
-        after,
+        team_id as TeamId,
+        after as Option<TokenId>,
         limit
     )
     .fetch_all(pool)
@@ -88,7 +93,7 @@ pub async fn list(pool: &PgPool, team_id: Uuid, after: Option<Uuid>, limit: i64)
 }
 
 /// The token `id` of `team_id`, locked for update.
-pub async fn get_for_update(tx: &mut Tx<'_>, team_id: Uuid, id: Uuid) -> Result<Option<TokenRow>, sqlx::Error> {
+pub async fn get_for_update(tx: &mut Tx<'_>, team_id: TeamId, id: TokenId) -> Result<Option<TokenRow>, sqlx::Error> {
     sqlx::query_as!(
         TokenRow,
         r#"select t.id, t.team_id, t.name, t.role, t.display_prefix, u.username as "created_by?",
@@ -96,19 +101,19 @@ pub async fn get_for_update(tx: &mut Tx<'_>, team_id: Uuid, id: Uuid) -> Result<
            from api_tokens t left join users u on u.id = t.created_by
            where t.team_id = $1 and t.id = $2
            for update of t"#,
-        team_id,
-        id
+        team_id as TeamId,
+        id as TokenId
     )
     .fetch_optional(&mut **tx)
     .await
 }
 
 /// Revokes a token from now on.
-pub async fn revoke(tx: &mut Tx<'_>, team_id: Uuid, id: Uuid) -> Result<(), sqlx::Error> {
+pub async fn revoke(tx: &mut Tx<'_>, team_id: TeamId, id: TokenId) -> Result<(), sqlx::Error> {
     sqlx::query!(
         "update api_tokens set revoked_at = coalesce(revoked_at, now()) where team_id = $1 and id = $2",
-        team_id,
-        id
+        team_id as TeamId,
+        id as TokenId
     )
     .execute(&mut **tx)
     .await?;
@@ -119,9 +124,9 @@ pub async fn revoke(tx: &mut Tx<'_>, team_id: Uuid, id: Uuid) -> Result<(), sqlx
 /// written at most once a minute per token so busy pipelines do not turn reads into writes.
 pub async fn authenticate(pool: &PgPool, token_hash: &[u8]) -> Result<Option<TokenAuth>, sqlx::Error> {
     let Some(row) = sqlx::query!(
-        r#"select t.id, t.name, t.role,
+        r#"select t.id as "id: TokenId", t.name, t.role,
                   (t.last_used_at is null or t.last_used_at < now() - interval '1 minute') as "stale!",
-                  tm.id as team_id, tm.name as team_name, tm.parent_id, p.name as "parent?", tm.display_name,
+                  tm.id as "team_id: TeamId", tm.name as team_name, tm.parent_id as "parent_id: TeamId", p.name as "parent?", tm.display_name,
                   tm.created_at, tm.updated_at, tm.version,
                   (select v.version from catalogue_version v where v.id = 1) as "catalogue_version!"
            from api_tokens t
@@ -139,7 +144,7 @@ pub async fn authenticate(pool: &PgPool, token_hash: &[u8]) -> Result<Option<Tok
         sqlx::query!(
             "update api_tokens set last_used_at = now()
              where id = $1 and (last_used_at is null or last_used_at < now() - interval '1 minute')",
-            row.id
+            row.id as TokenId
         )
         .execute(pool)
         .await?;

@@ -1,15 +1,15 @@
 //! Users and their passwords.
 
+use crate::domain::UserId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 use super::Tx;
 
 /// A stored user.
 #[derive(Debug, Clone)]
 pub struct UserRow {
-    pub id: Uuid,
+    pub id: UserId,
     pub username: String,
     pub password_hash: String,
     pub platform_role: Option<String>,
@@ -30,12 +30,12 @@ pub async fn by_username(pool: &PgPool, username: &str) -> Result<Option<UserRow
 }
 
 /// The user with `id`.
-pub async fn by_id(pool: &PgPool, id: Uuid) -> Result<Option<UserRow>, sqlx::Error> {
+pub async fn by_id(pool: &PgPool, id: UserId) -> Result<Option<UserRow>, sqlx::Error> {
     sqlx::query_as!(
         UserRow,
         "select id, username, password_hash, platform_role, disabled, created_at
          from users where id = $1",
-        id
+        id as UserId
     )
     .fetch_optional(pool)
     .await
@@ -52,7 +52,7 @@ pub async fn insert(
         UserRow,
         "insert into users (id, username, password_hash, platform_role) values ($1, $2, $3, $4)
          returning id, username, password_hash, platform_role, disabled, created_at",
-        Uuid::new_v4(),
+        UserId::new() as UserId,
         username,
         password_hash,
         platform_role
@@ -82,7 +82,7 @@ pub async fn ensure_admin(pool: &PgPool, password_hash: &str) -> Result<bool, sq
          values ($1, 'admin', $2, 'platform-admin')
          on conflict (username) do nothing
          returning id",
-        Uuid::new_v4(),
+        UserId::new() as UserId,
         password_hash
     )
     .fetch_optional(pool)
@@ -93,7 +93,7 @@ pub async fn ensure_admin(pool: &PgPool, password_hash: &str) -> Result<bool, sq
 /// Changes a user's role, disabled flag and, when given, password hash.
 pub async fn update(
     tx: &mut Tx<'_>,
-    id: Uuid,
+    id: UserId,
     platform_role: Option<&str>,
     disabled: bool,
     password_hash: Option<&str>,
@@ -104,7 +104,7 @@ pub async fn update(
                 updated_at = now(), version = version + 1
          where id = $1
          returning id, username, password_hash, platform_role, disabled, created_at",
-        id,
+        id as UserId,
         platform_role,
         disabled,
         password_hash

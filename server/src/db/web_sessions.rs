@@ -1,13 +1,13 @@
 //! Portal sessions.
 
+use crate::domain::UserId;
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
-use uuid::Uuid;
 
 /// A live session with its user.
 #[derive(Debug, Clone)]
 pub struct SessionUser {
-    pub user_id: Uuid,
+    pub user_id: UserId,
     pub username: String,
     pub platform_role: Option<String>,
     pub csrf_token: String,
@@ -17,7 +17,7 @@ pub struct SessionUser {
 pub async fn create(
     pool: &PgPool,
     secret_hash: &[u8],
-    user_id: Uuid,
+    user_id: UserId,
     csrf_token: &str,
     expires_at: DateTime<Utc>,
 ) -> Result<(), sqlx::Error> {
@@ -25,7 +25,7 @@ pub async fn create(
     sqlx::query!(
         "insert into web_sessions (secret_hash, user_id, csrf_token, expires_at) values ($1, $2, $3, $4)",
         secret_hash,
-        user_id,
+        user_id as UserId,
         csrf_token,
         expires_at
     )

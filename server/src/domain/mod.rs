@@ -2,11 +2,13 @@
 //! rest of the code can trust them ("parse, don't validate").
 
 mod budget;
+mod ids;
 pub mod job;
 mod names;
 mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
+pub use ids::{ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId};
 pub use job::{JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish};
 pub use names::{ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
 pub use roles::{PlatformRole, TeamRole};

@@ -3,6 +3,8 @@
 //! and enforces the route's declared [`Policy`], putting the caller and the team or job it
 //! acts on into the request's extensions for the handler.
 
+use crate::domain::JobId;
+use crate::domain::UserId;
 use axum::{
     body::Body,
     extract::{FromRequestParts as _, MatchedPath, RawPathParams, Request, State},
@@ -10,7 +12,6 @@ use axum::{
     middleware::Next,
     response::Response,
 };
-use uuid::Uuid;
 
 use super::error::ApiError;
 use crate::{
@@ -127,7 +128,7 @@ async fn authorize_as(
         (Policy::Job(min), Some(p)) => {
             let id = path_param(&mut parts, &path, "job")
                 .await?
-                .and_then(|v| Uuid::parse_str(&v).ok())
+                .and_then(|v| v.parse::<JobId>().ok())
                 .ok_or(ApiError::NotFound("job"))?;
             let team_id = db::jobs::team_of(&state.db, id).await?.ok_or(ApiError::NotFound("job"))?;
             let team = db::teams::by_id(&state.db, team_id).await?.ok_or(ApiError::NotFound("job"))?;
@@ -200,7 +201,7 @@ pub async fn authenticate(state: &AppState, headers: &HeaderMap) -> Result<Optio
         return Ok(Some(authenticated));
     }
     let claims = state.keys.verify(credential).ok_or(ApiError::Unauthenticated)?;
-    let user_id: Uuid = claims.sub.parse().map_err(|_| ApiError::Unauthenticated)?;
+    let user_id: UserId = claims.sub.parse().map_err(|_| ApiError::Unauthenticated)?;
     // Read the user on every request: a disabled user or a changed role takes effect at
     // once, not when the token expires.
     let user = db::users::by_id(&state.db, user_id).await?.ok_or(ApiError::Unauthenticated)?;

@@ -8,10 +8,10 @@
 //! what was booked for it (its end was reported late), the excess is taken back by correction
 //! rows that reference the pieces they correct.
 
+use crate::domain::{GpuClassId, JobId};
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
 use super::{cost_micros, gpu_milli_ms, pieces, Chargeback, Pricing, RateChange};
 use crate::db::{
@@ -24,7 +24,7 @@ use crate::db::{
 /// hour's end). How many ledger rows were written; 0 when there is nothing new.
 pub async fn book(
     tx: &mut Tx<'_>,
-    job_id: Uuid,
+    job_id: JobId,
     attempt: i32,
     until: Option<DateTime<Utc>>,
     pricing: &Pricing,
@@ -36,7 +36,7 @@ pub async fn book(
 /// whatever their number: a reconciler pass that ends a thousand attempts books them at once.
 pub async fn book_many(
     tx: &mut Tx<'_>,
-    keys: &[(Uuid, i32)],
+    keys: &[(JobId, i32)],
     until: Option<DateTime<Utc>>,
     pricing: &Pricing,
 ) -> Result<u64, sqlx::Error> {
@@ -47,15 +47,15 @@ pub async fn book_many(
     if intervals.is_empty() {
         return Ok(0);
     }
-    let keys: Vec<(Uuid, i32)> = intervals.iter().map(|i| (i.job_id, i.attempt)).collect();
-    let mut booked: HashMap<(Uuid, i32), Vec<MeteredPiece>> = HashMap::new();
+    let keys: Vec<(JobId, i32)> = intervals.iter().map(|i| (i.job_id, i.attempt)).collect();
+    let mut booked: HashMap<(JobId, i32), Vec<MeteredPiece>> = HashMap::new();
     for (job, attempt, piece) in db::metering::metered_pieces(tx, &keys).await? {
         booked.entry((job, attempt)).or_default().push(piece);
     }
-    let mut classes: Vec<Uuid> = intervals.iter().map(|i| i.gpu_class_id).collect();
+    let mut classes: Vec<GpuClassId> = intervals.iter().map(|i| i.gpu_class_id).collect();
     classes.sort_unstable();
     classes.dedup();
-    let mut rates: HashMap<Uuid, Vec<(DateTime<Utc>, i64)>> = HashMap::new();
+    let mut rates: HashMap<GpuClassId, Vec<(DateTime<Utc>, i64)>> = HashMap::new();
     for (class, from, rate) in db::metering::rates_of(tx, &classes).await? {
         rates.entry(class).or_default().push((from, rate));
     }
@@ -157,6 +157,7 @@ fn at(ms: i64) -> DateTime<Utc> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::TeamId;
 
     fn t(ms: i64) -> DateTime<Utc> {
         at(ms)
@@ -164,12 +165,12 @@ mod tests {
 
     fn interval(start: i64, end: Option<i64>) -> IntervalToMeter {
         IntervalToMeter {
-            job_id: Uuid::nil(),
+            job_id: JobId::from_u128(0),
             attempt: 1,
             job_name: "j".into(),
-            team_id: Uuid::nil(),
+            team_id: TeamId::from_u128(0),
             team_name: "t".into(),
-            gpu_class_id: Uuid::nil(),
+            gpu_class_id: GpuClassId::from_u128(0),
             gpu_class: "h100".into(),
             priority_class: "production".into(),
             gpus: 2,

@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
+use crate::domain::{GpuClassId, TeamId};
 use chrono::{DateTime, Utc};
-use uuid::Uuid;
 
 use super::{cost_micros, pieces, Pricing, RateChange, HOUR_MS};
 use crate::db::{self, metering::NewReservationRow};
@@ -67,12 +67,12 @@ pub async fn book(
         return Ok(0);
     }
     let history = db::metering::quota_history(pool).await?;
-    let mut series: BTreeMap<(Uuid, Uuid), Vec<(i64, i32)>> = BTreeMap::new();
+    let mut series: BTreeMap<(TeamId, GpuClassId), Vec<(i64, i32)>> = BTreeMap::new();
     for h in &history {
         series.entry((h.team_id, h.gpu_class_id)).or_default().push((h.effective_from.timestamp_millis(), h.reserved));
     }
     let mut tx = pool.begin().await?;
-    let mut rates_of: BTreeMap<Uuid, Vec<RateChange>> = BTreeMap::new();
+    let mut rates_of: BTreeMap<GpuClassId, Vec<RateChange>> = BTreeMap::new();
     let mut rows = Vec::new();
     for ((team_id, class_id), quota) in &series {
         if !rates_of.contains_key(class_id) {

@@ -1,8 +1,8 @@
 //! The audit trail every change leaves: who did what to which object, before and after,
 //! written in the change's own transaction so that a change and its record commit together.
 
+use crate::domain::TeamId;
 use serde::Serialize;
-use uuid::Uuid;
 
 use super::Result;
 use crate::{
@@ -18,7 +18,7 @@ pub async fn record<B: Serialize, A: Serialize>(
     action: &str,
     object_type: &str,
     object_id: &str,
-    team_id: Option<Uuid>,
+    team_id: Option<TeamId>,
     before: Option<&B>,
     after: Option<&A>,
 ) -> Result<()> {

@@ -1,9 +1,9 @@
 //! GPU classes: the catalogue of schedulable GPU capacity and its rate card.
 
+use crate::domain::GpuClassId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{audit::record, Error, OnConstraint as _, Precondition, Result};
 use crate::{
@@ -53,7 +53,7 @@ pub struct GpuClassPatch {
 /// A GPU class.
 #[derive(Serialize, ToSchema)]
 pub struct GpuClassView {
-    pub id: Uuid,
+    pub id: GpuClassId,
     pub name: String,
     pub kind: GpuKind,
     pub memory_mib: i32,

@@ -2,12 +2,13 @@
 //! classes, capacity, the team's runtime limit), submission one at a time or in batches,
 //! cancellation, and the engine's answer to "what if I submitted this now".
 
+use crate::domain::TeamId;
+use crate::domain::{GpuClassId, JobId};
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{off_thread, Error, Result};
 use crate::{
@@ -82,13 +83,13 @@ fn one() -> i64 {
 
 /// The catalogue a batch is validated against, read once per request.
 struct Catalogue {
-    classes: HashMap<String, (Uuid, db::jobs::ClassCapacity)>,
+    classes: HashMap<String, (GpuClassId, db::jobs::ClassCapacity)>,
     priorities: Vec<String>,
     max_runtime: i32,
 }
 
 impl Catalogue {
-    async fn load(state: &AppState, team_id: Uuid, specs: &[JobSpec], version: CatalogueVersion) -> Result<Self> {
+    async fn load(state: &AppState, team_id: TeamId, specs: &[JobSpec], version: CatalogueVersion) -> Result<Self> {
         let mut names: Vec<String> = specs.iter().map(|s| s.gpu_class.clone()).collect();
         names.sort_unstable();
         names.dedup();
@@ -213,7 +214,7 @@ impl Catalogue {
             }
         };
         Ok(NewJob {
-            id: Uuid::new_v4(),
+            id: JobId::new(),
             name: spec.name.trim().to_owned(),
             gpu_class_id: class.map(|c| c.0).unwrap_or_default(),
             priority_class: priority,
@@ -257,7 +258,7 @@ pub async fn submit(
 /// is reported, as `jobs[i].field`). The stored jobs, in request order.
 pub async fn submit_batch(
     state: &AppState,
-    team_id: Uuid,
+    team_id: TeamId,
     by: &str,
     specs: &[JobSpec],
     version: CatalogueVersion,
@@ -289,7 +290,7 @@ pub async fn submit_batch(
 /// Cancels job `id` on behalf of `actor`: a job that holds GPUs is stopped with its grace
 /// period, one that does not is cancelled at once; cancelling a cancelled job is harmless.
 /// The API and the portal both cancel through this.
-pub async fn cancel(state: &AppState, actor: &str, id: Uuid) -> Result<()> {
+pub async fn cancel(state: &AppState, actor: &str, id: JobId) -> Result<()> {
     let mut tx = state.db.begin().await?;
     let locked = db::jobs::lock(&mut tx, id).await?.ok_or(Error::NotFound("job"))?;
     match locked.state {
@@ -321,7 +322,7 @@ pub async fn cancel(state: &AppState, actor: &str, id: Uuid) -> Result<()> {
 pub struct WouldPreempt {
     pub team: String,
     /// The job's id when it is the caller's team's; other teams' jobs are not named.
-    pub job: Option<Uuid>,
+    pub job: Option<JobId>,
     /// `priority`, `reclaim` or `fair_share`.
     pub reason: String,
     pub gpus: i32,
@@ -329,7 +330,12 @@ pub struct WouldPreempt {
 
 /// Records that job `id` checkpointed at `at` (default now; not in the future), at training
 /// step `step` if known: preemption then picks victims by the work they would lose.
-pub async fn report_checkpoint(state: &AppState, id: Uuid, at: Option<DateTime<Utc>>, step: Option<i64>) -> Result<()> {
+pub async fn report_checkpoint(
+    state: &AppState,
+    id: JobId,
+    at: Option<DateTime<Utc>>,
+    step: Option<i64>,
+) -> Result<()> {
     let now = Utc::now();
     let at = at.unwrap_or(now);
     if at > now + chrono::Duration::seconds(5) {
@@ -383,7 +389,7 @@ pub struct DryRunResult {
 /// the portal's preview both ask through this.
 pub async fn dry_run(
     state: &AppState,
-    team_id: Uuid,
+    team_id: TeamId,
     spec: &JobSpec,
     version: CatalogueVersion,
 ) -> Result<DryRunResult> {

@@ -1,9 +1,9 @@
 //! Teams: the tenants, a tree addressed by name.
 
+use crate::domain::TeamId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{audit::record, Error, OnConstraint as _, Precondition, Result};
 use crate::{
@@ -38,7 +38,7 @@ pub struct TeamPatch {
 /// A team.
 #[derive(Serialize, ToSchema)]
 pub struct TeamView {
-    pub id: Uuid,
+    pub id: TeamId,
     pub name: String,
     /// The parent team's name.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -1,9 +1,9 @@
 //! API tokens for CI pipelines, minted by team admins.
 
+use crate::domain::TokenId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{audit::record, Error, Result};
 use crate::{
@@ -32,7 +32,7 @@ pub struct NewToken {
 /// A token, without its secret.
 #[derive(Serialize, ToSchema)]
 pub struct TokenView {
-    pub id: Uuid,
+    pub id: TokenId,
     pub name: String,
     pub role: TeamRole,
     /// The first characters of the secret, to recognise it.
@@ -131,7 +131,12 @@ pub async fn mint(
 }
 
 /// Revokes a token of `team`, with its audit record; revoking twice changes nothing.
-pub async fn revoke(state: &AppState, principal: &Principal, team: &db::teams::TeamRow, token_id: Uuid) -> Result<()> {
+pub async fn revoke(
+    state: &AppState,
+    principal: &Principal,
+    team: &db::teams::TeamRow,
+    token_id: TokenId,
+) -> Result<()> {
     let mut tx = state.db.begin().await?;
     let before = db::tokens::get_for_update(&mut tx, team.id, token_id).await?.ok_or(Error::NotFound("token"))?;
     if before.revoked_at.is_none() {

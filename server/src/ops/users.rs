@@ -1,9 +1,9 @@
 //! Users, managed by platform admins.
 
+use crate::domain::UserId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
-use uuid::Uuid;
 
 use super::{audit::record, off_thread, Error, OnConstraint as _, Result};
 use crate::{
@@ -29,7 +29,7 @@ pub struct NewUser {
 /// A user.
 #[derive(Serialize, ToSchema)]
 pub struct UserView {
-    pub id: Uuid,
+    pub id: UserId,
     pub username: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub platform_role: Option<PlatformRole>,

@@ -3,9 +3,8 @@
 //! belong to; free capacity and fragmentation per class. Other teams' jobs are shown as taken, not named, unless the viewer
 //! sees every team (platform admins and finance).
 
+use crate::domain::TeamId;
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-use uuid::Uuid;
 
 use crate::db::clusters::{HeldPlacement, NodeUnits};
 
@@ -86,7 +85,7 @@ const COLOURS: usize = 8;
 
 /// Who is looking: the teams whose jobs are theirs, and whether every team's names may show.
 pub struct Viewer {
-    pub teams: HashSet<Uuid>,
+    pub teams: HashSet<TeamId>,
     pub sees_all: bool,
 }
 
@@ -248,8 +247,8 @@ mod tests {
             node("a100-mig", "mig-1g", "mig", 142, 2),
             node("h100-1", "h100", "whole", 1000, 2),
         ];
-        let mine = Uuid::from_u128(1);
-        let other = Uuid::from_u128(2);
+        let mine = TeamId::from(uuid::Uuid::from_u128(1));
+        let other = TeamId::from(uuid::Uuid::from_u128(2));
         let held = vec![
             HeldPlacement {
                 cluster: "sim".into(),
@@ -294,7 +293,7 @@ mod tests {
         idle.nvlink_domain_size = 4;
         let held = vec![HeldPlacement {
             cluster: "sim".into(),
-            team_id: Uuid::from_u128(2),
+            team_id: TeamId::from_u128(2),
             team: "vision".into(),
             job_name: "train".into(),
             gpu_class: "h100".into(),

@@ -6,10 +6,10 @@
 //! chosen by the test, so the truth is known exactly.
 
 use chrono::{DateTime, Duration, TimeZone, Utc};
+use fairway::domain::{GpuClassId, JobId, TeamId};
 use fairway::{db, metering, rng::SplitMix64};
 use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 const H100_RATE: i64 = 2_500_000;
 const MIG_RATE: i64 = 900_000;
@@ -23,9 +23,9 @@ struct Setup {
     app: TestApp,
     admin: String,
     finance: String,
-    teams: Vec<(String, Uuid)>,
+    teams: Vec<(String, TeamId)>,
     /// (name, id, fraction_milli)
-    classes: Vec<(String, Uuid, i32)>,
+    classes: Vec<(String, GpuClassId, i32)>,
 }
 
 /// Teams `ml` and `vision`, a finance user, an H100 class at $2.50 and three MIG classes
@@ -58,9 +58,9 @@ async fn setup() -> Setup {
 
 /// A job of `gpus` units of `class` in `team`, whose first attempt is admitted (as a cycle
 /// would leave it), ready for its usage interval.
-async fn admitted_job(s: &Setup, team: Uuid, class: Uuid, gpus: i32, name: &str) -> Uuid {
+async fn admitted_job(s: &Setup, team: TeamId, class: GpuClassId, gpus: i32, name: &str) -> JobId {
     let job = db::jobs::NewJob {
-        id: Uuid::new_v4(),
+        id: JobId::new(),
         name: name.into(),
         gpu_class_id: class,
         priority_class: "production".into(),
@@ -89,7 +89,7 @@ async fn admitted_job(s: &Setup, team: Uuid, class: Uuid, gpus: i32, name: &str)
 
 /// Opens and closes the attempt's interval and books it, in one transaction, as the
 /// reconciler's `end_attempts` does.
-async fn run_and_close(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>, end: DateTime<Utc>) {
+async fn run_and_close(pool: &sqlx::PgPool, job: JobId, start: DateTime<Utc>, end: DateTime<Utc>) {
     let mut tx = pool.begin().await.expect("begin");
     db::attempts::open_intervals(&mut tx, &[(job, 1, start)]).await.expect("open");
     db::attempts::close_intervals(&mut tx, &[(job, 1, end)]).await.expect("close");
@@ -97,14 +97,14 @@ async fn run_and_close(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>, end
     tx.commit().await.expect("commit");
 }
 
-async fn open(pool: &sqlx::PgPool, job: Uuid, start: DateTime<Utc>) {
+async fn open(pool: &sqlx::PgPool, job: JobId, start: DateTime<Utc>) {
     let mut tx = pool.begin().await.expect("begin");
     db::attempts::open_intervals(&mut tx, &[(job, 1, start)]).await.expect("open");
     tx.commit().await.expect("commit");
 }
 
 /// Books a running attempt up to `until`, as the metering pass does each hour.
-async fn book_until(pool: &sqlx::PgPool, job: Uuid, until: DateTime<Utc>) -> u64 {
+async fn book_until(pool: &sqlx::PgPool, job: JobId, until: DateTime<Utc>) -> u64 {
     let mut tx = pool.begin().await.expect("begin");
     let n = metering::ledger::book(&mut tx, job, 1, Some(until), &metering::Pricing::default()).await.expect("book");
     tx.commit().await.expect("commit");
@@ -146,8 +146,8 @@ fn control(csv: &str) -> Value {
 async fn two_thousand_jobs_book_exactly_their_gpu_time_and_ledger_rollups_and_export_agree_to_the_unit() {
     let s = setup().await;
     let mut rng = SplitMix64(0x0b11_1e55);
-    let mut truth_by_job: Vec<(Uuid, i64)> = Vec::new();
-    let mut truth_by_team = std::collections::HashMap::<Uuid, i64>::new();
+    let mut truth_by_job: Vec<(JobId, i64)> = Vec::new();
+    let mut truth_by_team = std::collections::HashMap::<TeamId, i64>::new();
     let mut october_truth = 0i64;
     let base = t("2026-10-01T00:00:00Z");
     for i in 0..2000 {
@@ -180,7 +180,7 @@ async fn two_thousand_jobs_book_exactly_their_gpu_time_and_ledger_rollups_and_ex
         october_truth += i64::from(gpus) * i64::from(fraction) * in_october(start, end);
     }
     let pool = &s.app.pool;
-    let booked: std::collections::HashMap<Uuid, i64> =
+    let booked: std::collections::HashMap<JobId, i64> =
         sqlx::query_as("select job_id, sum(gpu_milli_ms)::int8 from usage_ledger group by job_id")
             .fetch_all(pool)
             .await
@@ -503,7 +503,7 @@ async fn under_reserved_plus_burst_a_team_pays_its_reservation_hourly_and_only_b
         metering::ledger::book(&mut tx, job, 1, None, &pricing).await.unwrap();
         tx.commit().await.unwrap();
     }
-    let billed = |job: Uuid| format!("select sum(billed_cost_micros)::int8 from usage_ledger where job_id = '{job}'");
+    let billed = |job: JobId| format!("select sum(billed_cost_micros)::int8 from usage_ledger where job_id = '{job}'");
     assert_eq!(scalar(&s.app.pool, &billed(within)).await, 0);
     assert_eq!(scalar(&s.app.pool, &billed(borrowed)).await, 5_000_000);
     let statement = s.app.send(call("GET", "/api/v1/teams/ml/statements/2026-10").token(&s.admin)).await;

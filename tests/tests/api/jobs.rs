@@ -2,6 +2,7 @@
 //! field, reading and listing jobs, the queue, cancelling, checkpoints and dry runs. No
 //! control loop runs here, so every job stays where the API alone puts it.
 
+use fairway::domain::{GpuClassId, JobId, TeamId};
 use fairway_tests::{call, TestApp, TestResponse};
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -668,7 +669,7 @@ async fn concurrent_single_job_submissions_each_get_their_own_job_back_and_each_
 async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_written_with_it() {
     let s = setup().await;
     let queue = fairway::db::group_commit::SubmissionQueue::new(s.app.pool.clone());
-    let (ml, h100): (Uuid, Uuid) =
+    let (ml, h100): (TeamId, GpuClassId) =
         sqlx::query_as("select t.id, c.id from teams t, gpu_classes c where t.name = 'ml' and c.name = 'h100'")
             .fetch_one(&s.app.pool)
             .await
@@ -677,9 +678,9 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
     for i in 0..50 {
         let queue = queue.clone();
         // One job names a team that does not exist: the database refuses that row.
-        let team = if i == 25 { Uuid::new_v4() } else { ml };
+        let team = if i == 25 { TeamId::new() } else { ml };
         let job = fairway::db::jobs::NewJob {
-            id: Uuid::new_v4(),
+            id: JobId::new(),
             name: format!("job-{i}"),
             gpu_class_id: h100,
             priority_class: "production".into(),

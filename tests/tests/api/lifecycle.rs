@@ -331,7 +331,7 @@ async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
     let ctx = serve::control_context(&app.state).await.expect("control context");
     control::sync_inventory(&ctx).await.expect("inventory");
     let backend = ctx.backends.get("sim").expect("sim backend").clone();
-    let stranger = uuid::Uuid::new_v4();
+    let stranger = fairway::domain::JobId::new();
     let gang = fairway::backends::Gang {
         object: fairway::backends::object_name(stranger, 1),
         job_id: stranger,
@@ -381,7 +381,7 @@ async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_eve
     let second = submit(&app, &admin, "ml", body("second")).await;
     let third = submit(&app, &admin, "ml", body("third")).await;
     app.send(call("POST", &format!("/api/v1/jobs/{third}/cancel")).token(&admin)).await.assert_status(200);
-    let first_id: uuid::Uuid = first.parse().unwrap();
+    let first_id: fairway::domain::JobId = first.parse().unwrap();
     let started = chrono::Utc::now();
     let mut tx = app.pool.begin().await.unwrap();
     assert_eq!(db::attempts::mark_running(&mut tx, &[(first_id, 1, started)]).await.unwrap(), vec![(first_id, 1)]);

@@ -11,11 +11,10 @@ use fairway::backends::{
     sim::{SimBackend, SimConfig, CHECKPOINT_HINT, RUNTIME_HINT},
     Backend, BackendError, Gang, ObjectStatus, Outcome, Phase, ReplicaSlot,
 };
-use uuid::Uuid;
 
 /// A one-replica H100 gang on the default inventory's first node, with these hints.
 fn gang(env: &[(&str, &str)]) -> Gang {
-    let job_id = Uuid::new_v4();
+    let job_id = fairway::domain::JobId::new();
     Gang {
         object: object_name(job_id, 1),
         job_id,

@@ -22,6 +22,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::domain::JobId;
 use aws_sdk_batch::{
     error::ProvideErrorMetadata as _,
     types::{
@@ -34,7 +35,6 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sha2::Digest as _;
 use tokio::sync::Mutex;
-use uuid::Uuid;
 
 use self::status::{BatchJob, STOP_REASON_PREFIX};
 use super::{
@@ -543,7 +543,7 @@ impl Backend for AwsBatchBackend {
         Ok(jobs
             .iter()
             .filter_map(|job| {
-                let job_id = job.tags.get(TAG_JOB).and_then(|v| Uuid::parse_str(v).ok())?;
+                let job_id = job.tags.get(TAG_JOB).and_then(|v| v.parse::<JobId>().ok())?;
                 let attempt = job.tags.get(TAG_ATTEMPT).and_then(|v| v.parse::<i32>().ok())?;
                 let phase = status::phase(job, now);
                 let next_change = matches!(phase, Phase::Pending | Phase::Running { .. })

@@ -19,6 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use crate::domain::JobId;
 use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -346,7 +347,7 @@ impl Backend for GcpBatchBackend {
             .filter(|job| job["status"]["state"] != "DELETION_IN_PROGRESS")
             .filter_map(|job| {
                 let object = job["name"].as_str()?.rsplit('/').next()?.to_owned();
-                let job_id = job["labels"][LABEL_JOB].as_str().and_then(|v| Uuid::parse_str(v).ok())?;
+                let job_id = job["labels"][LABEL_JOB].as_str().and_then(|v| v.parse::<JobId>().ok())?;
                 let attempt = job["labels"][LABEL_ATTEMPT].as_str().and_then(|v| v.parse::<i32>().ok())?;
                 let (phase, stop_requested) = status::phase(job, now);
                 let next_change = matches!(phase, Phase::Pending | Phase::Running { .. })

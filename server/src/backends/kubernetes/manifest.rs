@@ -328,17 +328,16 @@ fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
 
 #[cfg(test)]
 mod tests {
+    use crate::domain::JobId;
     use std::time::Duration;
-
-    use uuid::Uuid;
 
     use super::*;
     use crate::backends::ReplicaSlot;
 
     fn gang(replicas: usize) -> Gang {
         Gang {
-            object: crate::backends::object_name(Uuid::from_u128(7), 1),
-            job_id: Uuid::from_u128(7),
+            object: crate::backends::object_name(JobId::from_u128(7), 1),
+            job_id: JobId::from_u128(7),
             attempt: 1,
             team: "vision".into(),
             job_name: "train".into(),

@@ -2,6 +2,7 @@
 //! (throttling, server errors, quota refusals), through kube-rs' `tower-test` mock: a fake
 //! server that answers the watches' lists with nothing and records every other request.
 
+use crate::domain::JobId;
 use std::{
     sync::{Arc, Mutex},
     time::Duration,
@@ -10,7 +11,6 @@ use std::{
 use axum::http::{Request, Response, StatusCode};
 use kube::client::Body;
 use serde_json::{json, Value};
-use uuid::Uuid;
 
 use super::*;
 use crate::backends::ReplicaSlot;
@@ -86,8 +86,8 @@ fn config() -> KubeClusterConfig {
 
 fn gang(replicas: usize) -> Gang {
     Gang {
-        object: crate::backends::object_name(Uuid::from_u128(9), 1),
-        job_id: Uuid::from_u128(9),
+        object: crate::backends::object_name(JobId::from_u128(9), 1),
+        job_id: JobId::from_u128(9),
         attempt: 1,
         team: "vision".into(),
         job_name: "train".into(),

@@ -33,6 +33,7 @@ use std::{
     time::Duration,
 };
 
+use crate::domain::JobId;
 use chrono::Utc;
 use futures_util::StreamExt as _;
 use k8s_openapi::api::{
@@ -47,7 +48,6 @@ use kube::{
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Notify;
-use uuid::Uuid;
 
 use self::{
     inventory::{InventorySettings, NodeGpus},
@@ -618,7 +618,7 @@ impl KubeBackend {
             let any: Option<&dyn ResourceMeta> =
                 service.map(|s| s as &dyn ResourceMeta).or_else(|| gang_pods.first().map(|p| *p as &dyn ResourceMeta));
             let Some(meta) = any else { continue };
-            let job_id = meta.label(manifest::JOB_LABEL).and_then(|v| Uuid::parse_str(v).ok());
+            let job_id = meta.label(manifest::JOB_LABEL).and_then(|v| v.parse::<JobId>().ok());
             let attempt = meta.label(manifest::ATTEMPT_LABEL).and_then(|v| v.parse::<i32>().ok());
             let (Some(job_id), Some(attempt)) = (job_id, attempt) else {
                 tracing::warn!(cluster = %self.config.name, object, "object with our labels but no job id; ignored");

@@ -1,5 +1,7 @@
 //! Finance's billing page, its downloads, and a team's monthly statement.
 
+use crate::domain::JobId;
+use crate::domain::TeamId;
 use std::collections::BTreeMap;
 
 use askama::Template;
@@ -9,7 +11,6 @@ use axum::{
     response::{IntoResponse, Response},
 };
 use chrono::Utc;
-use uuid::Uuid;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn};
 use crate::{auth::policy::team_role, db, db::web_sessions::SessionUser, state::AppState, web::charts};
@@ -25,7 +26,7 @@ pub struct StatementRow {
 
 /// One of the costliest jobs.
 pub struct TopJobLine {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub gpu_hours: String,
     pub billed: String,
@@ -238,7 +239,7 @@ pub async fn billing(State(state): State<AppState>, CurrentUser(user): CurrentUs
 async fn budget_uses(state: &AppState) -> Result<BTreeMap<String, BudgetUse>, PageError> {
     let now = Utc::now();
     let budgets = db::billing::budgets_of(&state.db, crate::billing::budgets::period_of(now)).await?;
-    let teams: Vec<Uuid> = budgets.iter().map(|b| b.team_id).collect();
+    let teams: Vec<TeamId> = budgets.iter().map(|b| b.team_id).collect();
     let spend = crate::billing::budgets::spend(&state.db, &teams, now, state.config.chargeback).await?;
     let end = crate::billing::budgets::period_bounds(crate::billing::budgets::period_of(now)).1;
     let currency = &state.config.currency;

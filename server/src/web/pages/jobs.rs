@@ -1,5 +1,6 @@
 //! A team's job list and a job's page.
 
+use crate::domain::JobId;
 use askama::Template;
 use axum::{
     extract::{Path, RawQuery, State},
@@ -7,7 +8,6 @@ use axum::{
 };
 use chrono::Utc;
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::{principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm, SignedIn};
 use crate::{
@@ -20,7 +20,7 @@ use crate::{
 
 /// One row of the job list.
 pub struct JobListLine {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub state: String,
     pub gpus: i64,
@@ -140,7 +140,7 @@ pub async fn team_jobs(
 
 /// A job as its page shows it.
 pub struct JobDetail {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub team: String,
     pub state: String,
@@ -177,7 +177,7 @@ struct JobPage {
 
 /// The job and the user's role in its team; not found when the user may not see it.
 async fn job_for(state: &AppState, user: &SessionUser, id: &str) -> Result<(db::jobs::JobRow, TeamRole), PageError> {
-    let id: Uuid = id.parse().map_err(|_| PageError::not_found())?;
+    let id: JobId = id.parse().map_err(|_| PageError::not_found())?;
     let job = db::jobs::get(&state.db, id).await?.ok_or_else(PageError::not_found)?;
     let team = db::teams::by_id(&state.db, job.team_id).await?.ok_or_else(PageError::not_found)?;
     let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;

@@ -1,5 +1,7 @@
 //! The teams a user sees and a team's dashboard.
 
+use crate::domain::JobId;
+use crate::domain::TeamId;
 use std::collections::BTreeMap;
 
 use askama::Template;
@@ -8,7 +10,6 @@ use axum::{
     response::Response,
 };
 use chrono::Utc;
-use uuid::Uuid;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn};
 use crate::{
@@ -71,7 +72,7 @@ pub struct QuotaLine {
 
 /// A running job.
 pub struct RunningLine {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub gpus: i64,
     pub gpu_class: String,
@@ -81,7 +82,7 @@ pub struct RunningLine {
 
 /// A waiting job.
 pub struct PendingLine {
-    pub id: Uuid,
+    pub id: JobId,
     pub name: String,
     pub gpus: i64,
     pub gpu_class: String,
@@ -206,7 +207,7 @@ pub async fn team(
 
 /// The team's budget this month: spent so far (running jobs included) and the forecast at
 /// the month's end, in the budget's unit.
-async fn budget_line(state: &AppState, team_id: Uuid) -> Result<Option<BudgetLine>, PageError> {
+async fn budget_line(state: &AppState, team_id: TeamId) -> Result<Option<BudgetLine>, PageError> {
     let now = Utc::now();
     let period = crate::billing::budgets::period_of(now);
     let Some(budget) = db::budgets::list(&state.db, team_id).await?.into_iter().find(|b| b.period == period) else {
@@ -238,7 +239,7 @@ async fn budget_line(state: &AppState, team_id: Uuid) -> Result<Option<BudgetLin
 /// The engine pools borrowing: a borrower is not tied to one lender. So borrowers are
 /// counted against unreserved capacity first (nobody's to lend), and what remains is shared
 /// among the teams with idle, lendable reserved quota in proportion to how much each has.
-pub fn lent_to_others(rows: &[db::quotas::ClassLending], team: Uuid) -> BTreeMap<String, i64> {
+pub fn lent_to_others(rows: &[db::quotas::ClassLending], team: TeamId) -> BTreeMap<String, i64> {
     let mut by_class: BTreeMap<&str, Vec<&db::quotas::ClassLending>> = BTreeMap::new();
     for row in rows {
         by_class.entry(row.gpu_class.as_str()).or_default().push(row);
@@ -263,6 +264,7 @@ pub fn lent_to_others(rows: &[db::quotas::ClassLending], team: Uuid) -> BTreeMap
 
 #[cfg(test)]
 mod tests {
+    use crate::domain::TeamId;
     use uuid::Uuid;
 
     use super::lent_to_others;
@@ -270,7 +272,7 @@ mod tests {
 
     fn quota(team: u128, reserved: i64, lendable: i64, own: i64) -> ClassLending {
         ClassLending {
-            team_id: Uuid::from_u128(team),
+            team_id: TeamId::from_u128(team),
             gpu_class: "h100".into(),
             reserved,
             lendable,
@@ -286,14 +288,14 @@ mod tests {
         // Team 1 has 32 reserved and uses 8 (24 idle); team 2 has 24 reserved, uses 16, lends
         // at most 4 (4 idle and lendable). 16 × 24 / 28 = 13 from team 1, 16 × 4 / 28 = 2 from 2.
         let rows = [quota(1, 32, 32, 8), quota(2, 24, 4, 16)];
-        assert_eq!(lent_to_others(&rows, Uuid::from_u128(1))["h100"], 13);
-        assert_eq!(lent_to_others(&rows, Uuid::from_u128(2))["h100"], 2);
+        assert_eq!(lent_to_others(&rows, TeamId::from(Uuid::from_u128(1)))["h100"], 13);
+        assert_eq!(lent_to_others(&rows, TeamId::from(Uuid::from_u128(2)))["h100"], 2);
         // Nothing borrowed beyond the unreserved GPUs: nothing lent.
         let calm: Vec<ClassLending> = rows.iter().cloned().map(|r| ClassLending { class_borrowed: 8, ..r }).collect();
-        assert_eq!(lent_to_others(&calm, Uuid::from_u128(1))["h100"], 0);
+        assert_eq!(lent_to_others(&calm, TeamId::from(Uuid::from_u128(1)))["h100"], 0);
         // A team using all its reserved quota lends nothing.
         let busy = [quota(1, 32, 32, 32), quota(2, 24, 24, 0)];
-        assert_eq!(lent_to_others(&busy, Uuid::from_u128(1))["h100"], 0);
-        assert_eq!(lent_to_others(&busy, Uuid::from_u128(2))["h100"], 16);
+        assert_eq!(lent_to_others(&busy, TeamId::from(Uuid::from_u128(1)))["h100"], 0);
+        assert_eq!(lent_to_others(&busy, TeamId::from(Uuid::from_u128(2)))["h100"], 16);
     }
 }

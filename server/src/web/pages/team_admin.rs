@@ -1,6 +1,7 @@
 //! What a team's admins (and platform admins) manage besides members: its API tokens, its
 //! audit log and the platform's audit log, and (platform admins only) its quotas.
 
+use crate::domain::TokenId;
 use askama::Template;
 use axum::{
     extract::{Path, RawQuery, State},
@@ -8,7 +9,6 @@ use axum::{
 };
 use chrono::Utc;
 use serde::Deserialize;
-use uuid::Uuid;
 
 use super::{
     administered_team, in_words, principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm,
@@ -23,7 +23,7 @@ use crate::{
 
 /// A token as the tokens page lists it.
 pub struct TokenLine {
-    pub id: Uuid,
+    pub id: TokenId,
     pub name: String,
     pub role: String,
     pub prefix: String,
@@ -145,7 +145,7 @@ pub async fn revoke_token(
     PortalForm { user, .. }: PortalForm<NoFields>,
 ) -> Result<Response, PageError> {
     let team = administered_team(&state, &user, &name).await?;
-    let token: Uuid = token.parse().map_err(|_| PageError::not_found())?;
+    let token: TokenId = token.parse().map_err(|_| PageError::not_found())?;
     ops::tokens::revoke(&state, &principal(&user), &team, token).await?;
     Ok(Redirect::to(&format!("/teams/{}/tokens", team.name)).into_response())
 }
