@@ -50,16 +50,16 @@ enum Command {
         /// searched (1, 2, 4, ...) together with the compression.
         #[arg(long)]
         shrink: Option<u32>,
-        /// Directory of the public traces [default: ../shared/traces, from the current
-        /// directory or else from the source tree].
+        /// Directory of the public traces [default: the copies built into the binary, from
+        /// server/data/traces].
         #[arg(long)]
         traces_dir: Option<PathBuf>,
     },
     /// Places the Alibaba placement-only pod lists until the first failure, with Fairway's
     /// placement and with plain best-fit, and prints GPUs allocated and stranded.
     Fragmentation {
-        /// Directory of the public traces [default: ../shared/traces, from the current
-        /// directory or else from the source tree].
+        /// Directory of the public traces [default: the copies built into the binary, from
+        /// server/data/traces].
         #[arg(long)]
         traces_dir: Option<PathBuf>,
     },
@@ -132,13 +132,13 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Simulate { trace, cluster, compress, shrink, traces_dir } => {
-            let traces_dir = traces_dir.unwrap_or_else(fairway::simulate::traces::default_traces_dir);
-            let options = fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces_dir };
+            let traces = fairway::simulate::traces::Traces::from_dir(traces_dir);
+            let options = fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces };
             fairway::simulate::simulate_command(&options, &mut std::io::stdout().lock())
         }
         Command::Fragmentation { traces_dir } => {
-            let traces_dir = traces_dir.unwrap_or_else(fairway::simulate::traces::default_traces_dir);
-            fairway::simulate::fragmentation_command(&traces_dir, &mut std::io::stdout().lock())
+            let traces = fairway::simulate::traces::Traces::from_dir(traces_dir);
+            fairway::simulate::fragmentation_command(&traces, &mut std::io::stdout().lock())
         }
         Command::Bench { what } => fairway::bench::run(what, &mut std::io::stdout()).await,
         Command::Export { period, format, output } => {

@@ -24,9 +24,9 @@
 //!   it, among equally free GPUs to the one on the node with the least free capacity. Other
 //!   ties go to the lower node (and GPU) index.
 
-use std::{fmt::Write as _, path::Path};
+use std::fmt::Write as _;
 
-use super::traces::{self, files, AlibabaPod, TraceError};
+use super::traces::{self, files, AlibabaPod, TraceError, Traces};
 use crate::{
     rng::SplitMix64,
     scheduler::{inventory::Inventory, JobSpec, Node, Topology, UNIT},
@@ -85,12 +85,12 @@ pub const WORKLOADS: [(&str, &str); 4] = [
 ];
 
 /// Runs every workload in both orders under both placers on the Alibaba GPU nodes.
-pub fn run(traces_dir: &Path) -> Result<Vec<FragmentationRow>, TraceError> {
-    let nodes = traces::load_alibaba_nodes(&traces_dir.join(files::ALIBABA_NODES))?;
+pub fn run(traces: &Traces) -> Result<Vec<FragmentationRow>, TraceError> {
+    let nodes = traces::load_alibaba_nodes(traces)?;
     let cluster = traces::alibaba_cluster(&nodes, &[("all".into(), 1)]);
     let mut rows = Vec::new();
     for (name, file) in WORKLOADS {
-        let pods = traces::load_alibaba_pods(&traces_dir.join(file))?;
+        let pods = traces::load_alibaba_pods(traces, file)?;
         for placer in [Placer::Fairway, Placer::BestFit] {
             let outcome = place_until_failure(&cluster.nodes, &pods, placer, Order::Listed);
             rows.push(outcome.row(name, "listed", placer));

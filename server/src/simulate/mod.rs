@@ -2,7 +2,7 @@
 //! clock, and compares Fairway's policy with strict FIFO and quota-without-history on the same
 //! trace; `fairway fragmentation` places the Alibaba placement-only pod lists.
 //!
-//! - [`traces`] loads the public traces in `../shared/traces` and the job trace CSV, and maps
+//! - [`traces`] loads the public traces (built in from `server/data/traces`) and the job trace CSV, and maps
 //!   the Alibaba GPU v2023 trace to a [`Workload`]; [`cluster`] reads a cluster description.
 //! - [`replay`] is the event-driven simulator: arrivals, completions and the exits of preempted
 //!   jobs after their grace period are the events, and each distinct event time runs one
@@ -168,7 +168,8 @@ pub struct SimulateOptions {
     pub compress: Option<f64>,
     /// A fixed shrink factor (see [`Workload::shrunk`]) instead of searching one.
     pub shrink: Option<u32>,
-    pub traces_dir: PathBuf,
+    /// Where the public traces are read from.
+    pub traces: traces::Traces,
 }
 
 /// `fairway simulate`: loads the workload, finds (or takes) the load, replays it under every
@@ -220,7 +221,7 @@ fn load_workload(options: &SimulateOptions) -> anyhow::Result<Workload> {
             options.cluster.is_none(),
             "--cluster applies to a CSV trace; the Alibaba trace brings its own"
         );
-        return Ok(traces::alibaba_workload(&options.traces_dir)?);
+        return Ok(traces::alibaba_workload(&options.traces)?);
     }
     let cluster_path = options.cluster.as_deref().context("a CSV trace needs --cluster PATH.toml")?;
     let cluster = cluster::load_cluster(cluster_path)?;
@@ -231,8 +232,8 @@ fn load_workload(options: &SimulateOptions) -> anyhow::Result<Workload> {
 }
 
 /// `fairway fragmentation`: the placement-only experiment's table.
-pub fn fragmentation_command(traces_dir: &Path, out: &mut dyn Write) -> anyhow::Result<()> {
-    let rows = fragmentation::run(traces_dir)?;
+pub fn fragmentation_command(traces: &traces::Traces, out: &mut dyn Write) -> anyhow::Result<()> {
+    let rows = fragmentation::run(traces)?;
     write!(out, "{}", fragmentation::render(&rows))?;
     Ok(())
 }

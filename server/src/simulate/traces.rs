@@ -1,4 +1,5 @@
-//! Loaders for the public traces in `../shared/traces` and for the job trace CSV of
+//! Loaders for the public traces (built into the binary from `server/data/traces`, whose
+//! README gives their source, citation and licence) and for the job trace CSV of
 //! `fairway simulate`, and the mapping of the Alibaba GPU v2023 trace to a [`Workload`].
 //!
 //! The CSV files have no quoting, so a line is split on commas; a trailing empty field (an
@@ -24,6 +25,7 @@
 //!   quota, by the FNV-1a hash of the pod name (so the assignment is deterministic).
 
 use std::{
+    borrow::Cow,
     collections::BTreeMap,
     path::{Path, PathBuf},
 };
@@ -58,20 +60,51 @@ pub mod files {
     pub const HELIOS_VENUS_QUOTAS: &str = "helios-venus/cluster_gpu_number.csv";
 }
 
-/// The default traces directory: `../shared/traces` from the current directory (the
-/// repository root), else from the crate's manifest directory.
-pub fn default_traces_dir() -> PathBuf {
-    let from_cwd = PathBuf::from("../shared/traces");
-    if from_cwd.is_dir() {
-        return from_cwd;
+/// The traces built into the binary, by file name: unmodified copies of the files in
+/// `server/data/traces`, so the commands that replay them work from any directory.
+const EMBEDDED: &[(&str, &str)] = &[
+    (files::ALIBABA_NODES, include_str!("../../data/traces/alibaba-gpu-v2023/openb_node_list_gpu_node.csv")),
+    (files::ALIBABA_PODS, include_str!("../../data/traces/alibaba-gpu-v2023/openb_pod_list_default.csv")),
+    (files::ALIBABA_MULTIGPU20, include_str!("../../data/traces/alibaba-gpu-v2023/openb_pod_list_multigpu20.csv")),
+    (files::ALIBABA_MULTIGPU50, include_str!("../../data/traces/alibaba-gpu-v2023/openb_pod_list_multigpu50.csv")),
+    (files::ALIBABA_GPUSHARE100, include_str!("../../data/traces/alibaba-gpu-v2023/openb_pod_list_gpushare100.csv")),
+    (files::HELIOS_VENUS_QUOTAS, include_str!("../../data/traces/helios-venus/cluster_gpu_number.csv")),
+];
+
+/// Where the public traces are read from.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Traces {
+    /// The copies built into the binary.
+    #[default]
+    Embedded,
+    /// A directory holding the same file names (`--traces-dir`).
+    Dir(PathBuf),
+}
+
+impl Traces {
+    /// The directory if one is given, else the built-in copies.
+    pub fn from_dir(dir: Option<PathBuf>) -> Self {
+        dir.map_or(Traces::Embedded, Traces::Dir)
     }
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")
+
+    fn csv(&self, file: &str) -> Result<Csv, TraceError> {
+        match self {
+            Traces::Dir(dir) => Csv::read(&dir.join(file)),
+            Traces::Embedded => {
+                let path = Path::new("(built in)").join(file);
+                let text = EMBEDDED.iter().find(|(name, _)| *name == file).map(|(_, text)| *text).ok_or_else(|| {
+                    TraceError::Read { path: path.clone(), source: std::io::ErrorKind::NotFound.into() }
+                })?;
+                Ok(Csv::parse(path, Cow::Borrowed(text)))
+            }
+        }
+    }
 }
 
 /// A CSV file read whole.
 struct Csv {
     path: PathBuf,
-    text: String,
+    text: Cow<'static, str>,
     header: Vec<String>,
 }
 
@@ -86,9 +119,13 @@ struct Record<'a> {
 impl Csv {
     fn read(path: &Path) -> Result<Self, TraceError> {
         let text = std::fs::read_to_string(path).map_err(|source| TraceError::Read { path: path.into(), source })?;
+        Ok(Self::parse(path.into(), Cow::Owned(text)))
+    }
+
+    fn parse(path: PathBuf, text: Cow<'static, str>) -> Self {
         let header = text.lines().next().unwrap_or("").trim_end_matches('\r');
         let header = header.split(',').map(|h| h.trim().to_owned()).collect();
-        Ok(Self { path: path.into(), header, text })
+        Self { path, header, text }
     }
 
     fn error(&self, line: usize, message: impl Into<String>) -> TraceError {
@@ -151,9 +188,9 @@ pub struct AlibabaNode {
     pub model: String,
 }
 
-/// Reads an Alibaba v2023 node list (`sn,cpu_milli,memory_mib,gpu,model`).
-pub fn load_alibaba_nodes(path: &Path) -> Result<Vec<AlibabaNode>, TraceError> {
-    let csv = Csv::read(path)?;
+/// Reads the Alibaba v2023 GPU node list (`sn,cpu_milli,memory_mib,gpu,model`).
+pub fn load_alibaba_nodes(traces: &Traces) -> Result<Vec<AlibabaNode>, TraceError> {
+    let csv = traces.csv(files::ALIBABA_NODES)?;
     let [sn, cpu, mem, gpu, model] = ["sn", "cpu_milli", "memory_mib", "gpu", "model"].map(|c| csv.column(c));
     let (sn, cpu, mem, gpu, model) = (sn?, cpu?, mem?, gpu?, model?);
     csv.records()
@@ -205,10 +242,10 @@ impl AlibabaPod {
     }
 }
 
-/// Reads an Alibaba v2023 pod list: the full one (with `qos` and times) or a placement-only
+/// Reads the Alibaba v2023 pod list `file`: the full one (with `qos` and times) or a placement-only
 /// variant (`name,cpu_milli,memory_mib,num_gpu,gpu_milli`).
-pub fn load_alibaba_pods(path: &Path) -> Result<Vec<AlibabaPod>, TraceError> {
-    let csv = Csv::read(path)?;
+pub fn load_alibaba_pods(traces: &Traces, file: &str) -> Result<Vec<AlibabaPod>, TraceError> {
+    let csv = traces.csv(file)?;
     let name = csv.column("name")?;
     let cpu = csv.column("cpu_milli")?;
     let mem = csv.column("memory_mib")?;
@@ -238,8 +275,8 @@ pub fn load_alibaba_pods(path: &Path) -> Result<Vec<AlibabaPod>, TraceError> {
 
 /// Reads the Helios Venus quota table (`date`, one column per virtual cluster, `total`) and
 /// returns the quotas of the last day, in GPUs, leaving out virtual clusters with none.
-pub fn load_venus_quotas(path: &Path) -> Result<Vec<(String, u32)>, TraceError> {
-    let csv = Csv::read(path)?;
+pub fn load_venus_quotas(traces: &Traces) -> Result<Vec<(String, u32)>, TraceError> {
+    let csv = traces.csv(files::HELIOS_VENUS_QUOTAS)?;
     let vcs: Vec<usize> =
         (0..csv.header.len()).filter(|&c| csv.header[c] != "date" && csv.header[c] != "total").collect();
     let mut last = None;
@@ -340,12 +377,12 @@ const ALIBABA_RATE_MICROS: i64 = 2_000_000;
 const RESERVED_SHARE_MILLI: u64 = 800;
 
 /// Builds the Alibaba v2023 workload from a traces directory (see the module docs).
-pub fn alibaba_workload(traces_dir: &Path) -> Result<Workload, TraceError> {
-    let nodes = load_alibaba_nodes(&traces_dir.join(files::ALIBABA_NODES))?;
-    let pods = load_alibaba_pods(&traces_dir.join(files::ALIBABA_PODS))?;
-    let quotas = load_venus_quotas(&traces_dir.join(files::HELIOS_VENUS_QUOTAS))?;
+pub fn alibaba_workload(traces: &Traces) -> Result<Workload, TraceError> {
+    let nodes = load_alibaba_nodes(traces)?;
+    let pods = load_alibaba_pods(traces, files::ALIBABA_PODS)?;
+    let quotas = load_venus_quotas(traces)?;
     if quotas.is_empty() {
-        let path = traces_dir.join(files::HELIOS_VENUS_QUOTAS);
+        let path = PathBuf::from(files::HELIOS_VENUS_QUOTAS);
         return Err(TraceError::Invalid { path, line: 0, message: "no virtual cluster has a quota".into() });
     }
     let cluster = alibaba_cluster(&nodes, &quotas);
@@ -480,13 +517,42 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
 
-    fn traces() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/traces")
+    fn traces() -> Traces {
+        Traces::Embedded
+    }
+
+    /// The source tree's copies, which `--traces-dir` would read.
+    fn data_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("data/traces")
+    }
+
+    #[test]
+    fn the_embedded_traces_are_the_published_files() {
+        use sha2::Digest as _;
+        let readme = std::fs::read_to_string(data_dir().join("README.md")).unwrap();
+        for (file, text) in EMBEDDED {
+            let digest: String = sha2::Sha256::digest(text.as_bytes()).iter().map(|b| format!("{b:02x}")).collect();
+            assert!(readme.contains(&format!("{digest}  {file}")), "{file} has sha256 {digest}, not the published one");
+            assert_eq!(std::fs::read_to_string(data_dir().join(file)).unwrap(), *text, "{file} differs from its copy");
+        }
+        assert_eq!(EMBEDDED.len(), readme.matches(".csv\n").count(), "every listed file is built in");
+    }
+
+    #[test]
+    fn a_traces_directory_is_read_instead_of_the_built_in_copies() {
+        let dir = std::env::temp_dir().join(format!("fairway-traces-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("helios-venus")).unwrap();
+        std::fs::write(dir.join(files::HELIOS_VENUS_QUOTAS), "date,vcA,vcB,total\n2020-09-28,8,0,8\n").unwrap();
+        let quotas = load_venus_quotas(&Traces::from_dir(Some(dir.clone()))).unwrap();
+        assert_eq!(quotas, [("vcA".to_owned(), 8)]);
+        let missing = load_alibaba_nodes(&Traces::Dir(dir.clone())).unwrap_err();
+        assert!(missing.to_string().contains(files::ALIBABA_NODES), "{missing}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn the_alibaba_node_list_has_1213_nodes_with_6212_gpus() {
-        let nodes = load_alibaba_nodes(&traces().join(files::ALIBABA_NODES)).unwrap();
+        let nodes = load_alibaba_nodes(&traces()).unwrap();
         assert_eq!(nodes.len(), 1213);
         assert_eq!(nodes.iter().map(|n| u32::from(n.gpus)).sum::<u32>(), 6212);
         assert_eq!(
@@ -503,7 +569,7 @@ mod tests {
 
     #[test]
     fn the_default_pod_list_has_8152_pods_with_the_published_mix() {
-        let pods = load_alibaba_pods(&traces().join(files::ALIBABA_PODS)).unwrap();
+        let pods = load_alibaba_pods(&traces(), files::ALIBABA_PODS).unwrap();
         assert_eq!(pods.len(), 8152);
         let count = |f: &dyn Fn(&AlibabaPod) -> bool| pods.iter().filter(|p| f(p)).count();
         assert_eq!(count(&|p| p.num_gpu == 0), 1088);
@@ -518,17 +584,17 @@ mod tests {
         for (file, rows) in
             [(files::ALIBABA_MULTIGPU20, 8324), (files::ALIBABA_MULTIGPU50, 9061), (files::ALIBABA_GPUSHARE100, 8152)]
         {
-            let pods = load_alibaba_pods(&traces().join(file)).unwrap();
+            let pods = load_alibaba_pods(&traces(), file).unwrap();
             assert_eq!(pods.len(), rows, "{file}");
         }
-        let multigpu50 = load_alibaba_pods(&traces().join(files::ALIBABA_MULTIGPU50)).unwrap();
+        let multigpu50 = load_alibaba_pods(&traces(), files::ALIBABA_MULTIGPU50).unwrap();
         assert_eq!(multigpu50.iter().filter(|p| p.num_gpu == 8).count(), 556);
         assert!(multigpu50.iter().all(|p| p.creation_s.is_none()));
     }
 
     #[test]
     fn the_venus_quotas_of_the_last_day_leave_out_empty_virtual_clusters() {
-        let quotas = load_venus_quotas(&traces().join(files::HELIOS_VENUS_QUOTAS)).unwrap();
+        let quotas = load_venus_quotas(&traces()).unwrap();
         assert_eq!(quotas.len(), 16);
         assert_eq!(quotas.iter().map(|(_, q)| q).sum::<u32>(), 1080);
         assert_eq!(quotas[0], ("vcEwI".to_owned(), 72));
