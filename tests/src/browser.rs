@@ -23,7 +23,9 @@ pub struct Browser {
     driver: Child,
 }
 
-/// Where chromedriver is: `CHROMEDRIVER`, or on `PATH`.
+/// Where chromedriver is: `CHROMEDRIVER`, or on `PATH`, or what `.ci/install-chromium`
+/// installs from Debian's packages on a machine that lacks it (once; the script serialises
+/// parallel callers).
 fn chromedriver() -> PathBuf {
     if let Some(path) = std::env::var_os("CHROMEDRIVER") {
         return PathBuf::from(path);
@@ -34,10 +36,14 @@ fn chromedriver() -> PathBuf {
             return candidate;
         }
     }
-    panic!(
-        "the portal's browser tests need chromedriver and Chromium: apt-get install chromium chromium-driver \
-         (or set CHROMEDRIVER); .ci/run installs them"
-    )
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/install-chromium");
+    let out = Command::new("bash").arg(&script).stderr(Stdio::inherit()).output().expect("run .ci/install-chromium");
+    assert!(
+        out.status.success(),
+        "the portal's browser tests need chromedriver and Chromium, and .ci/install-chromium could not \
+         install them (see its output above); install chromium and chromium-driver, or set CHROMEDRIVER"
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().expect("the script prints a path").trim())
 }
 
 impl Browser {

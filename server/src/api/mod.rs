@@ -106,7 +106,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     ),
     modifiers(&BearerAuth),
     security(("bearer" = [])),
-    components(schemas(error::Problem)),
+    components(schemas(error::Problem, crate::billing::export::Format)),
     tags(
         (name = "auth", description = "Signing in"),
         (name = "users", description = "Users (platform admins)"),
