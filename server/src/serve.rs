@@ -44,6 +44,7 @@ pub fn app(state: AppState) -> Router {
     let (api, openapi) = api::router().split_for_parts();
     let gate = Gate { state: state.clone(), routes: api::ROUTE_POLICIES };
     let api = api
+        .route_layer(middleware::from_fn(http::conditional::not_modified))
         .route_layer(middleware::from_fn_with_state(state.clone(), idempotency::idempotency))
         .route_layer(middleware::from_fn_with_state(gate, http::authorize::authorize))
         .route_layer(middleware::from_fn_with_state(state.clone(), trace::observe));

@@ -4,7 +4,7 @@
 use crate::domain::JobId;
 use axum::{
     extract::State,
-    http::{header, HeaderMap, StatusCode},
+    http::{header, HeaderMap, HeaderValue, StatusCode},
     Extension, Json,
 };
 use chrono::{DateTime, Utc};
@@ -138,8 +138,26 @@ impl From<db::jobs::JobRow> for JobView {
 
 fn with_etag(view: JobView) -> (HeaderMap, Json<JobView>) {
     let mut headers = HeaderMap::new();
-    headers.insert(header::ETAG, etag(view.version));
+    headers.insert(header::ETAG, job_etag(&view));
     (headers, Json(view))
+}
+
+/// A job's entity tag: its version, which every state change bumps, plus a digest of what
+/// changes without one (the scheduler's word on a waiting job, the last checkpoint), so a
+/// conditional read never answers 304 for a representation that moved.
+fn job_etag(view: &JobView) -> HeaderValue {
+    let pending = view
+        .pending
+        .as_ref()
+        .filter(|p| p.reason.is_some() || p.message.is_some() || p.position.is_some() || p.expected_start_at.is_some());
+    if pending.is_none() && view.last_checkpoint_at.is_none() {
+        return etag(view.version);
+    }
+    use sha2::Digest as _;
+    let volatile = serde_json::to_vec(&(pending, view.last_checkpoint_at)).unwrap_or_default();
+    let digest: String = sha2::Sha256::digest(&volatile)[..8].iter().map(|b| format!("{b:02x}")).collect();
+    // Digits, a dot and hex only: always a valid header value.
+    HeaderValue::from_str(&format!("\"{}.{digest}\"", view.version)).unwrap_or_else(|_| etag(view.version))
 }
 
 async fn view(state: &AppState, id: JobId) -> Result<JobView, ApiError> {
@@ -284,11 +302,17 @@ pub async fn list_jobs(
     Ok(Json(page.page(rows, |r| r.seq.to_string(), JobView::from)))
 }
 
-/// Reads a job.
+/// Reads a job. Send the `ETag` of a previous read as `If-None-Match` to poll cheaply: the
+/// answer is `304` with no body until the job changes.
 #[utoipa::path(
     get, path = "/api/v1/jobs/{job}", tag = "jobs", operation_id = "get_job",
-    params(("job" = Uuid, Path, description = "Job id")),
-    responses((status = 200, body = JobView), (status = 404, body = super::error::Problem))
+    params(("job" = Uuid, Path, description = "Job id"),
+           ("If-None-Match" = Option<String>, Header, description = "ETag from a previous read")),
+    responses(
+        (status = 200, description = "The job; its `ETag` changes whenever the representation does", body = JobView),
+        (status = 304, description = "Unchanged since the read whose `ETag` was sent"),
+        (status = 404, description = "No such job, or not visible to the caller", body = super::error::Problem)
+    )
 )]
 pub async fn get_job(
     State(state): State<AppState>,

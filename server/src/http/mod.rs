@@ -1,8 +1,10 @@
 //! What the two faces (the REST API and the portal) share about HTTP: the problem-document
 //! error and its mapping from use-case errors, request extractors, idempotency keys,
-//! authentication and authorization middleware, and request ids with their span.
+//! authentication and authorization middleware, conditional reads (`If-None-Match`), and
+//! request ids with their span.
 
 pub mod authorize;
+pub mod conditional;
 pub mod error;
 pub mod extract;
 pub mod idempotency;

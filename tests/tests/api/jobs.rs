@@ -754,3 +754,43 @@ async fn a_job_row_with_a_state_this_build_does_not_know_fails_the_read_loudly()
     list.assert_problem(500, "internal_error");
     assert!(!String::from_utf8_lossy(&list.body).contains("pending"), "never shown as pending");
 }
+
+#[tokio::test]
+async fn reading_an_unchanged_job_with_its_etag_answers_304_and_any_change_answers_200() {
+    let s = setup().await;
+    let id = s.submit_ok(&spec("polled")).await;
+    let path = format!("/api/v1/jobs/{id}");
+    let first = s.get(&s.ml_ci, &path).await;
+    first.assert_status(200);
+    let tag = first.header("etag").expect("a job read carries an ETag");
+    let conditional = |tag: &str| call("GET", &path).token(&s.ml_ci).header("if-none-match", tag);
+
+    let unchanged = s.app.send(conditional(&tag)).await;
+    unchanged.assert_status(304);
+    assert!(unchanged.body.is_empty(), "a 304 has no body");
+    assert_eq!(unchanged.header("etag"), Some(tag.clone()));
+    s.app.send(call("GET", &path).token(&s.ml_ci).header("if-none-match", "\"999\", *")).await.assert_status(304);
+
+    // The scheduler records why the job waits without bumping its version: still a change.
+    sqlx::query("update jobs set pending_reason = 'quota_exhausted', queue_position = 3 where id = $1")
+        .bind(id.parse::<JobId>().unwrap())
+        .execute(&s.app.pool)
+        .await
+        .unwrap();
+    let moved = s.app.send(conditional(&tag)).await;
+    moved.assert_status(200);
+    assert_eq!(moved.json()["pending"]["position"], 3);
+    let waiting_tag = moved.header("etag").expect("etag");
+    assert_ne!(waiting_tag, tag);
+    s.app.send(conditional(&waiting_tag)).await.assert_status(304);
+
+    s.post(&s.ml_ci, &format!("/api/v1/jobs/{id}/cancel")).await.assert_status(200);
+    let cancelled = s.app.send(conditional(&waiting_tag)).await;
+    cancelled.assert_status(200);
+    assert_eq!(cancelled.json()["state"], "cancelled");
+    // Lists carry no entity tag, so the header changes nothing there.
+    s.app
+        .send(call("GET", "/api/v1/teams/ml/jobs").token(&s.ml_ci).header("if-none-match", "*"))
+        .await
+        .assert_status(200);
+}
