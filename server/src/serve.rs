@@ -3,6 +3,10 @@
 //! shutdown). The one place that wires the faces to the rest.
 
 use std::{collections::BTreeMap, path::Path, sync::Arc, time::Duration};
+use tower_http::compression::{
+    predicate::{DefaultPredicate, Predicate as _, SizeAbove},
+    CompressionLayer,
+};
 
 use anyhow::Context as _;
 use axum::{
@@ -64,6 +68,9 @@ pub fn app(state: AppState) -> Router {
             r
         })
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        // gzip when the client accepts it and the body is worth it: billing exports reach
+        // hundreds of MiB, and streamed bodies (no length) are compressed as they stream.
+        .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(SizeAbove::new(1024))))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(middleware::from_fn(trace::request_span))
         .with_state(state)

@@ -472,7 +472,10 @@ pub fn stream(
             let _ = tx.send(Err(std::io::Error::other("the export failed"))).await;
         }
     });
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
+    // Fused: a body wrapper (gzip) may poll once more after the end, which `unfold` forbids.
+    futures_util::StreamExt::fuse(futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    }))
 }
 
 #[cfg(test)]

@@ -587,3 +587,26 @@ async fn reservation_charges_start_at_the_hour_the_model_is_switched_on_and_foll
     assert_eq!(hours, vec!["10:00", "11:00", "12:00"]);
     assert!(rows.iter().all(|(_, cost)| *cost == 5_000_000), "2 × $2.50 an hour: {rows:?}");
 }
+
+#[tokio::test]
+async fn an_export_is_gzipped_for_a_client_that_accepts_it_and_inflates_to_the_same_bytes() {
+    let s = setup().await;
+    let (ml, h100) = (s.teams[0].1, s.classes[0].1);
+    for i in 0..20 {
+        let job = admitted_job(&s, ml, h100, 1, &format!("job-{i}")).await;
+        let start = t("2026-10-10T08:00:00Z") + Duration::minutes(i);
+        run_and_close(&s.app.pool, job, start, start + Duration::hours(1)).await;
+    }
+    let plain = export(&s, "2026-10", "focus").await;
+    let path = "/api/v1/billing/exports?period=2026-10&format=focus";
+    let r = s.app.send(call("GET", path).token(&s.finance).header("accept-encoding", "gzip")).await;
+    r.assert_status(200);
+    assert_eq!(r.header("content-encoding").as_deref(), Some("gzip"));
+    let mut inflated = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&r.body[..]), &mut inflated).expect("gzip");
+    assert_eq!(inflated, plain, "the compressed export is the same export");
+    assert!(r.body.len() * 3 < plain.len(), "{} bytes gzipped from {}", r.body.len(), plain.len());
+    // Without Accept-Encoding nothing changes.
+    let r = s.app.send(call("GET", path).token(&s.finance)).await;
+    assert_eq!(r.header("content-encoding"), None);
+}
