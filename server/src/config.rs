@@ -79,6 +79,11 @@ pub struct Config {
     pub chargeback: crate::metering::Chargeback,
     /// Log as JSON lines instead of compact text (`FAIRWAY_LOG_FORMAT=json`).
     pub log_json: bool,
+    /// Take the client's address from the last `X-Forwarded-For` entry, which the proxy in
+    /// front of Fairway appends (`FAIRWAY_TRUST_FORWARDED_FOR=on`); off, the peer address is
+    /// the client. Only turn it on behind a proxy that sets the header: a client could
+    /// otherwise name any address it likes and escape sign-in throttling.
+    pub trust_forwarded_for: bool,
     /// Run the scheduler (leader election, cycles, dispatch); off for API-only replicas
     /// (`FAIRWAY_SCHEDULER=off`).
     pub scheduler: bool,
@@ -120,6 +125,7 @@ impl Default for Config {
             currency: "USD".into(),
             chargeback: crate::metering::Chargeback::Usage,
             log_json: false,
+            trust_forwarded_for: false,
             scheduler: true,
             cycle_interval: Duration::from_secs(2),
             leader_lease: Duration::from_secs(10),
@@ -152,6 +158,7 @@ struct FileConfig {
     currency: Option<String>,
     chargeback_model: Option<String>,
     log_format: Option<String>,
+    trust_forwarded_for: Option<String>,
     scheduler: Option<String>,
     cycle_interval_ms: Option<u64>,
     leader_lease_seconds: Option<u64>,
@@ -252,6 +259,16 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     name: "FAIRWAY_LOG_FORMAT",
                     reason: format!("{other:?} is neither \"text\" nor \"json\""),
+                })
+            }
+        };
+        config.trust_forwarded_for = match env("FAIRWAY_TRUST_FORWARDED_FOR").or(file.trust_forwarded_for).as_deref() {
+            None | Some("off") => false,
+            Some("on") => true,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_TRUST_FORWARDED_FOR",
+                    reason: format!("{other:?} is neither \"on\" nor \"off\""),
                 })
             }
         };

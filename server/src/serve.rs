@@ -240,7 +240,9 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
     }
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, "fairway listening");
-    axum::serve(listener, app(state)).with_graceful_shutdown(shutdown_signal()).await?;
+    // The peer address reaches handlers (sign-in throttling keys on it).
+    let app = app(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
     tracing::info!("shut down");
     Ok(())
 }

@@ -37,6 +37,8 @@ pub struct AppState {
     pub tokens: Arc<TokenCache>,
     /// Single-job submissions, committed in groups.
     pub submissions: db::group_commit::SubmissionQueue,
+    /// Password sign-in failures, for throttling guesses.
+    pub sign_in_throttle: Arc<crate::auth::throttle::SignInThrottle>,
 }
 
 impl AppState {
@@ -58,6 +60,7 @@ impl AppState {
             metrics: Arc::default(),
             wake: control::wake::SchedulerWake::default(),
             catalogues: Arc::default(),
+            sign_in_throttle: Arc::default(),
         })
     }
 

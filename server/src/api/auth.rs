@@ -4,7 +4,10 @@ use axum::{extract::State, Extension, Json};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{error::ApiError, extract::ApiJson};
+use super::{
+    error::ApiError,
+    extract::{ApiJson, ClientAddress},
+};
 use crate::{
     auth::Principal,
     domain::{PlatformRole, TeamRole},
@@ -40,15 +43,18 @@ pub struct TokenResponse {
     responses(
         (status = 200, description = "Signed in", body = TokenResponse),
         (status = 401, description = "Unknown user or wrong password (`invalid_credentials`)", body = super::error::Problem),
+        (status = 429, description = "Too many failed sign-ins for this username from this address (`too_many_attempts`); \
+                                      `Retry-After` says when to try again", body = super::error::Problem),
         (status = 422, description = "Malformed request", body = super::error::Problem),
     ),
     security(())
 )]
 pub async fn create_access_token(
     State(state): State<AppState>,
+    client: ClientAddress,
     ApiJson(body): ApiJson<TokenRequest>,
 ) -> Result<Json<TokenResponse>, ApiError> {
-    let user = ops::sign_in::verify(&state, &body.username, body.password).await?;
+    let user = ops::sign_in::verify(&state, &body.username, body.password, &client.0).await?;
     let token = state.keys.issue(user.id, chrono::Utc::now().timestamp());
     tracing::info!(user.name = %user.username, "access token issued");
     Ok(Json(TokenResponse { access_token: token, token_type: "Bearer", expires_in: state.keys.ttl().as_secs() }))

@@ -7,6 +7,7 @@ pub mod api_token;
 pub mod jwt;
 pub mod password;
 pub mod policy;
+pub mod throttle;
 
 use crate::domain::{TeamId, TokenId, UserId};
 use std::{

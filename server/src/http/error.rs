@@ -58,6 +58,9 @@ pub enum ApiError {
     Conflict { code: &'static str, detail: String, field: Option<String> },
     #[error("the resource changed since it was read")]
     PreconditionFailed,
+    /// Too many failed sign-ins from the caller's address; sent with `Retry-After`.
+    #[error("too many failed sign-ins")]
+    TooManyAttempts { retry_after: std::time::Duration },
     #[error("request body too large")]
     PayloadTooLarge,
     #[error("unsupported media type")]
@@ -106,6 +109,7 @@ impl ApiError {
             MalformedBody { .. } => (StatusCode::BAD_REQUEST, "malformed_body", "Malformed request body"),
             Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
             PreconditionFailed => (StatusCode::PRECONDITION_FAILED, "etag_mismatch", "Precondition failed"),
+            TooManyAttempts { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_attempts", "Too many attempts"),
             PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "Payload too large"),
             UnsupportedMediaType => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", "Unsupported media type")
@@ -147,6 +151,14 @@ impl ApiError {
                 Some("Idempotency-Key".into()),
                 Vec::new(),
             ),
+            ApiError::TooManyAttempts { retry_after } => (
+                format!(
+                    "too many failed sign-ins for this username from this address; try again in {} s",
+                    retry_seconds(*retry_after)
+                ),
+                None,
+                Vec::new(),
+            ),
             ApiError::PreconditionFailed => (
                 "If-Match does not match the current ETag; read the resource again".into(),
                 Some("If-Match".into()),
@@ -183,6 +195,9 @@ impl IntoResponse for ApiError {
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let ApiError::TooManyAttempts { retry_after } = self {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_seconds(retry_after)));
+        }
         if matches!(self, ApiError::Unauthenticated) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"fairway\""));
         }
@@ -199,11 +214,18 @@ impl From<ops::Error> for ApiError {
             ops::Error::Validation(errors) => ApiError::Validation(errors),
             ops::Error::Conflict { code, detail, field } => ApiError::Conflict { code, detail, field },
             ops::Error::PreconditionFailed => ApiError::PreconditionFailed,
+            ops::Error::Throttled { retry_after } => ApiError::TooManyAttempts { retry_after },
             ops::Error::CredentialsChanged => ApiError::CredentialsChanged,
             ops::Error::Unavailable(cause) => ApiError::Unavailable(Box::new(cause)),
             internal @ ops::Error::Internal { .. } => ApiError::Internal(Box::new(internal)),
         }
     }
+}
+
+/// Whole seconds to wait, rounded up: `Retry-After` has no fractions, and 0 would invite an
+/// attempt that is still too early.
+fn retry_seconds(wait: std::time::Duration) -> u64 {
+    wait.as_secs() + u64::from(wait.subsec_nanos() > 0)
 }
 
 impl From<sqlx::Error> for ApiError {

@@ -11,7 +11,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::error::ApiError;
-use crate::{domain::FieldError, ops::Precondition};
+use crate::{domain::FieldError, ops::Precondition, state::AppState};
 
 /// A JSON request body. Requires `Content-Type: application/json` (415 otherwise), respects
 /// the body limit (413), and reports the JSON path of a bad or unknown field (422), or the
@@ -271,5 +271,27 @@ mod tests {
         assert_eq!(next.after.as_deref(), Some("b"));
         assert!(PageRequest::parse(PageParams { limit: None, cursor: Some("!!".into()) }).is_err());
         assert!(PageRequest::parse(PageParams { limit: Some(0), cursor: None }).is_err());
+    }
+}
+
+/// The client's address, for sign-in throttling: the connection's peer, or, when the
+/// configuration trusts a proxy in front (`trust_forwarded_for`), the last `X-Forwarded-For`
+/// entry, which that proxy appended. `unknown` when neither is known (requests sent to the
+/// router in-process).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientAddress(pub String);
+
+impl FromRequestParts<AppState> for ClientAddress {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
+        if state.config.trust_forwarded_for {
+            let forwarded = parts.headers.get_all("x-forwarded-for").iter().next_back().and_then(|v| v.to_str().ok());
+            if let Some(last) = forwarded.and_then(|v| v.rsplit(',').next()).map(str::trim).filter(|a| !a.is_empty()) {
+                return Ok(Self(last.to_owned()));
+            }
+        }
+        let peer = parts.extensions.get::<axum::extract::ConnectInfo<std::net::SocketAddr>>();
+        Ok(Self(peer.map_or_else(|| "unknown".to_owned(), |c| c.0.ip().to_string())))
     }
 }

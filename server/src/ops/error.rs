@@ -32,6 +32,12 @@ pub enum Error {
         /// The field at fault, if one is.
         field: Option<String>,
     },
+    /// Too many wrong passwords from this address: the caller may try again after the wait.
+    #[error("too many failed sign-ins; try again in {} s", retry_after.as_secs().max(1))]
+    Throttled {
+        /// How long until the next attempt is considered.
+        retry_after: std::time::Duration,
+    },
     /// The object changed since the caller read it (a stale `If-Match` or form version).
     #[error("the resource changed since it was read")]
     PreconditionFailed,

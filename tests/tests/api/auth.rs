@@ -1,7 +1,7 @@
 //! Signing in, access tokens and API tokens.
 
 use fairway::auth::jwt::Claims;
-use fairway_tests::{call, TestApp, ADMIN_PASSWORD, SIGNING_KEY};
+use fairway_tests::{call, TestApp, TestResponse, ADMIN_PASSWORD, SIGNING_KEY, USER_PASSWORD};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use serde_json::json;
 
@@ -264,4 +264,52 @@ async fn users_change_their_own_password_with_the_current_one() {
         )
         .await;
     old.assert_status(401);
+}
+
+/// A password sign-in of `username` from the client at `address` (behind a trusted proxy).
+async fn sign_in_from(app: &TestApp, username: &str, password: &str, address: &str) -> TestResponse {
+    app.send(
+        call("POST", "/api/v1/auth/token")
+            .header("x-forwarded-for", address)
+            .json(&json!({"username": username, "password": password})),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn a_burst_of_wrong_passwords_is_slowed_then_refused_while_the_user_signs_in_from_elsewhere() {
+    let app = TestApp::spawn_with(|c| c.trust_forwarded_for = true).await;
+    let admin = app.admin().await;
+    app.user(&admin, "dana", None).await;
+    let guesser = "198.51.100.7";
+    for attempt in 1..=5 {
+        let r = sign_in_from(&app, "dana", &format!("guess-{attempt}-xxxxxx"), guesser).await;
+        r.assert_problem(401, "invalid_credentials");
+    }
+    // The sixth attempt comes before the first wait is over: refused unchecked.
+    for attempt in 6..=12 {
+        let r = sign_in_from(&app, "dana", &format!("guess-{attempt}-xxxxxx"), guesser).await;
+        let problem = r.assert_problem(429, "too_many_attempts");
+        let wait: u64 = r.header("retry-after").expect("Retry-After").parse().expect("seconds");
+        assert!((1..=900).contains(&wait), "a bounded wait, not a lock-out: {wait} s");
+        assert!(problem["detail"].as_str().unwrap().contains("try again"), "{problem}");
+    }
+    // Even the right password waits at the guesser's address...
+    sign_in_from(&app, "dana", USER_PASSWORD, guesser).await.assert_problem(429, "too_many_attempts");
+    // ...while dana, from her own address, signs in at once.
+    sign_in_from(&app, "dana", USER_PASSWORD, "192.0.2.10").await.assert_status(200);
+}
+
+#[tokio::test]
+async fn an_untrusted_x_forwarded_for_cannot_buy_a_guesser_fresh_attempts() {
+    // The default trusts no proxy: the header is the client's own word and is ignored.
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.user(&admin, "erin", None).await;
+    for attempt in 1..=5 {
+        sign_in_from(&app, "erin", "wrong-password-x", &format!("203.0.113.{attempt}"))
+            .await
+            .assert_problem(401, "invalid_credentials");
+    }
+    sign_in_from(&app, "erin", "wrong-password-x", "203.0.113.99").await.assert_problem(429, "too_many_attempts");
 }

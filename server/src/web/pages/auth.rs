@@ -12,7 +12,9 @@ use serde::Deserialize;
 
 use super::{render, NoFields, PageError, PortalForm, SignedIn};
 use crate::{
-    db, ops,
+    db,
+    http::extract::ClientAddress,
+    ops,
     state::AppState,
     web::session::{self, random_token, secret_hash, set_cookie},
 };
@@ -37,7 +39,12 @@ struct LoginForm {
 }
 
 /// Signs in with a username and password and starts a session.
-pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, PageError> {
+pub async fn login(
+    State(state): State<AppState>,
+    client: ClientAddress,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, PageError> {
     let Ok(form) = serde_urlencoded::from_bytes::<LoginForm>(&body) else {
         return Ok((StatusCode::BAD_REQUEST, login_page(None, "Enter a username and a password.")).into_response());
     };
@@ -46,7 +53,7 @@ pub async fn login(State(state): State<AppState>, headers: HeaderMap, body: Byte
     if !session::same_origin(&headers) {
         return Err(PageError::forbidden());
     }
-    let user = match ops::sign_in::verify(&state, &form.username, form.password.clone()).await {
+    let user = match ops::sign_in::verify(&state, &form.username, form.password.clone(), &client.0).await {
         Ok(user) => user,
         Err(ops::Error::InvalidCredentials) => {
             let page = login_page(Some(&form.username), "That username and password do not match.");

@@ -97,6 +97,13 @@ impl From<ops::Error> for PageError {
             }
             ops::Error::Validation(errors) => refused(StatusCode::UNPROCESSABLE_ENTITY, in_words(&errors)),
             ops::Error::Conflict { detail, .. } => refused(StatusCode::CONFLICT, detail),
+            ops::Error::Throttled { retry_after } => refused(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "Too many failed sign-ins for this username from here. Try again in {} seconds.",
+                    retry_after.as_secs().max(1)
+                ),
+            ),
             ops::Error::PreconditionFailed => refused(
                 StatusCode::CONFLICT,
                 "Someone changed this since the page was shown. Reload the page and try again.".into(),
