@@ -45,7 +45,7 @@ use crate::{
 /// request timeout, the body limit; then, on API routes, metrics and the request log line,
 /// authentication and authorization, idempotency keys.
 pub fn app(state: AppState) -> Router {
-    let (api, openapi) = api::router().split_for_parts();
+    let (api, openapi) = api::split();
     let gate = Gate { state: state.clone(), routes: api::ROUTE_POLICIES };
     let api = api
         .route_layer(middleware::from_fn(http::conditional::not_modified))

@@ -6,6 +6,7 @@ pub mod auth;
 pub mod billing;
 pub mod budgets;
 pub mod clusters;
+pub mod document;
 pub mod gpu_classes;
 pub mod health;
 pub mod jobs;
@@ -208,9 +209,16 @@ pub fn documented_operations() -> Vec<(&'static str, String)> {
     operations
 }
 
+/// The API's routes and its finished OpenAPI document (see [`document`]).
+pub fn split() -> (axum::Router<AppState>, utoipa::openapi::OpenApi) {
+    let (routes, mut doc) = router().split_for_parts();
+    document::finish(&mut doc);
+    (routes, doc)
+}
+
 /// The OpenAPI document of the API, as committed in `openapi/openapi.json`.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    router().split_for_parts().1
+    split().1
 }
 
 /// The document as pretty JSON with a trailing newline, byte for byte what is committed.
