@@ -60,6 +60,7 @@ impl From<db::audit::AuditRow> for AuditEntry {
 #[into_params(parameter_in = Query)]
 pub struct AuditParams {
     /// Items per page, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
     /// Opaque cursor from a previous page's `next_cursor`.
     pub cursor: Option<String>,

@@ -94,4 +94,18 @@ mod tests {
         }
         assert!(checked > 100, "{checked} responses checked");
     }
+
+    #[test]
+    fn the_documented_bounds_are_the_enforced_ones() {
+        let doc = serde_json::to_value(super::super::openapi()).unwrap();
+        let field = |schema: &str, name: &str| doc["components"]["schemas"][schema]["properties"][name].clone();
+        let bounds = |v: serde_json::Value| (v["minimum"].as_i64(), v["maximum"].as_i64());
+        use crate::domain::{MAX_BUDGET_AMOUNT, MAX_GPUS};
+        assert_eq!(bounds(field("QuotaSpec", "reserved")), (Some(0), Some(MAX_GPUS)));
+        assert_eq!(bounds(field("QuotaSpec", "burst")), (Some(0), Some(MAX_GPUS)));
+        assert_eq!(bounds(field("BudgetSpec", "amount")), (Some(0), Some(MAX_BUDGET_AMOUNT)));
+        assert_eq!(bounds(field("JobSpec", "replicas")), (Some(1), Some(1024)));
+        assert_eq!(bounds(field("JobSpec", "gpus_per_replica")), (Some(1), Some(64)));
+        assert_eq!(bounds(field("PriorityClassSpec", "priority")), (Some(-1_000_000), Some(1_000_000)));
+    }
 }

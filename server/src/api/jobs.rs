@@ -243,6 +243,7 @@ pub struct JobListParams {
     /// Only jobs carrying this label, as `key=value` (repeat with commas for several).
     pub label: Option<String>,
     /// Items per page, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
     /// Cursor from a previous page's `next_cursor`.
     pub cursor: Option<String>,
@@ -364,6 +365,7 @@ pub struct EventParams {
     /// Only events after this id.
     pub after: Option<i64>,
     /// At most this many (1 to 1000, default 500).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
 }
 
@@ -447,6 +449,7 @@ pub struct QueueEntry {
 #[into_params(parameter_in = Query)]
 pub struct QueueParams {
     /// At most this many (1 to 1000, default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
 }
 

@@ -112,6 +112,7 @@ impl<S: Send + Sync> FromRequestParts<S> for Precondition {
 #[into_params(parameter_in = Query)]
 pub struct PageParams {
     /// Items per page, 1 to 200 (default 50).
+    #[param(minimum = 1, maximum = 200)]
     pub limit: Option<i64>,
     /// Opaque cursor from a previous page's `next_cursor`.
     pub cursor: Option<String>,

@@ -19,6 +19,7 @@ pub struct BudgetSpec {
     /// What `amount` counts.
     pub unit: BudgetUnit,
     /// GPU-hours, or micro-units of the platform currency.
+    #[schema(minimum = 0, maximum = 1e15)]
     pub amount: i64,
     /// `hard`: admission stops when spent; `soft`: alerts only.
     pub enforcement: Enforcement,

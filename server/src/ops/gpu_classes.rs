@@ -29,11 +29,14 @@ pub struct NewGpuClass {
     pub name: String,
     pub kind: GpuKind,
     /// GPU memory of one unit of this class, in MiB.
+    #[schema(minimum = 1, maximum = 16777216)]
     pub memory_mib: i64,
     /// Share of one physical GPU in thousandths; must be 1000 for `whole`. Defaults to 1000.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 1000)]
     pub fraction_milli: Option<i64>,
     /// Price per GPU-hour in micro-units of the platform currency.
+    #[schema(minimum = 0, maximum = 1e12)]
     pub rate_micros_per_gpu_hour: i64,
     /// When the first rate applies; defaults to now.
     #[serde(default)]
@@ -46,6 +49,7 @@ pub struct NewGpuClass {
 #[derive(Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct GpuClassPatch {
+    #[schema(minimum = 1, maximum = 16777216)]
     pub memory_mib: Option<i64>,
     pub description: Option<String>,
 }
@@ -99,6 +103,7 @@ pub struct Rate {
     /// When the rate starts to apply. Past periods keep the prices they had.
     pub effective_from: DateTime<Utc>,
     /// Price per GPU-hour in micro-units of the platform currency.
+    #[schema(minimum = 0, maximum = 1e12)]
     pub rate_micros_per_gpu_hour: i64,
 }
 

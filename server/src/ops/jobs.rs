@@ -40,9 +40,11 @@ pub struct JobSpec {
     pub gpu_class: String,
     /// Replicas of the gang (all or none run). Default 1.
     #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 1024)]
     pub replicas: i64,
     /// GPUs (units of the class) per replica, all on one node. Default 1.
     #[serde(default = "one")]
+    #[schema(minimum = 1, maximum = 64)]
     pub gpus_per_replica: i64,
     /// Priority class. Default `experiment` (preemptible, may borrow burst capacity).
     #[serde(default)]
@@ -67,9 +69,11 @@ pub struct JobSpec {
     pub topology: Option<TopologyWish>,
     /// Seconds to checkpoint when preempted; default from the priority class.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 86400)]
     pub preemption_grace_seconds: Option<i64>,
     /// Times to rerun the job after the application fails. Default 0.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 100)]
     pub max_retries: Option<i64>,
     /// The job tolerates spot capacity: it may run on spot cloud pools (cheaper), and a spot
     /// interruption requeues it without counting as a failure. Default false.

@@ -17,12 +17,15 @@ use crate::{
 #[serde(deny_unknown_fields)]
 pub struct PriorityClassSpec {
     /// Higher runs first; -1,000,000 to 1,000,000.
+    #[schema(minimum = -1000000, maximum = 1000000)]
     pub priority: i64,
     /// Whether jobs of this class may be preempted.
     pub preemptible: bool,
     /// Weight of this class's usage in fair share, in thousandths (1000 = counted in full).
+    #[schema(minimum = 0, maximum = 10000)]
     pub usage_factor_milli: i64,
     /// Multiplier on the rate card, in thousandths (1000 = list price).
+    #[schema(minimum = 0, maximum = 100000)]
     pub price_multiplier_milli: i64,
     #[serde(default)]
     pub description: Option<String>,

@@ -18,11 +18,14 @@ use crate::{
 #[serde(deny_unknown_fields)]
 pub struct QuotaSpec {
     /// GPUs of the class the team is guaranteed.
+    #[schema(minimum = 0, maximum = 100000)]
     pub reserved: i64,
     /// GPUs beyond `reserved` the team may borrow from idle capacity.
+    #[schema(minimum = 0, maximum = 100000)]
     pub burst: i64,
     /// GPUs of `reserved` others may borrow while idle; absent means all of them.
     #[serde(default)]
+    #[schema(minimum = 0, maximum = 100000)]
     pub lendable: Option<i64>,
 }
 
