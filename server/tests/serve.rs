@@ -229,6 +229,35 @@ async fn a_sigkilled_serve_takes_its_embedded_database_down_with_it_and_restarts
     assert!(!postmaster_pid.exists(), "PostgreSQL was not stopped cleanly: postmaster.pid is left:\n{log}");
 }
 
+#[tokio::test]
+async fn a_serve_restarted_at_once_after_each_of_ten_sigkills_comes_back_every_time() {
+    let data_dir = fresh_dir("serve-restart-loop");
+    let mut server = Server::start(&data_dir, "start-0.log").await;
+    let token = server.sign_in().await;
+    let created = server
+        .http
+        .post(server.url("/api/v1/teams"))
+        .bearer_auth(&token)
+        .json(&json!({"name": "survivor", "parent": null, "display_name": "Survivor"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), reqwest::StatusCode::CREATED);
+    for round in 1..=10 {
+        let mut child = server.child.take().unwrap();
+        child.kill().expect("SIGKILL fairway serve");
+        child.wait().unwrap();
+        // As a supervisor would: no pause, while the old PostgreSQL may still be exiting.
+        let started = Instant::now();
+        server = Server::start(&data_dir, &format!("start-{round}.log")).await;
+        println!("restart {round}: serving after {:?}", started.elapsed());
+        let token = server.sign_in().await;
+        assert_eq!(server.team_names(&token).await, ["survivor"], "restart {round}");
+    }
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "fairway serve exited with {status} after SIGTERM:\n{log}");
+}
+
 /// Runs `fairway serve` against an unreachable external database with `signing_key` (or
 /// none), expects it to give up at once, and returns what it wrote to stderr.
 fn serve_with_external_database(dir_name: &str, signing_key: Option<&str>) -> (ExitStatus, String) {

@@ -108,6 +108,7 @@ impl EmbeddedPostgres {
         if !pgdata.join("PG_VERSION").exists() {
             initdb(&bin, &pgdata, &log_path, run_as)?;
         }
+        wait_for_previous_postmaster(&pgdata).await;
 
         let log = open_log(&log_path, run_as)?;
         let log_start = log.metadata().map_or(0, |m| m.len());
@@ -229,6 +230,42 @@ impl EmbeddedPostgres {
     fn has_exited(&self) -> bool {
         *self.exited.borrow()
     }
+}
+
+/// How long a start waits for the postmaster of a previous run to finish exiting.
+const PREVIOUS_POSTMASTER_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits while the postmaster named in `postmaster.pid` still runs. After `fairway` is
+/// killed, its server gets the parent-death signal and shuts down, which takes a moment; a
+/// supervisor restarting `fairway` at once would otherwise meet its lock file and fail. A
+/// stale file (its process gone) is PostgreSQL's to clear; a server that does not exit in
+/// time is left alone (it may be another `fairway`'s) and the start fails on its lock.
+async fn wait_for_previous_postmaster(pgdata: &Path) {
+    let started = tokio::time::Instant::now();
+    let mut logged = false;
+    while let Some(pid) = previous_postmaster(pgdata) {
+        if started.elapsed() > PREVIOUS_POSTMASTER_WAIT {
+            return;
+        }
+        if !logged {
+            tracing::info!(pid, "waiting for the previous embedded PostgreSQL to exit");
+            logged = true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The pid in `postmaster.pid`, while that process is a PostgreSQL server or a process
+/// that has exited but not been reaped (PostgreSQL's own check counts both as alive). A pid
+/// since reused by some other program is not waited for.
+fn previous_postmaster(pgdata: &Path) -> Option<u32> {
+    let text = fs::read_to_string(pgdata.join("postmaster.pid")).ok()?;
+    let pid: u32 = text.lines().next()?.trim().parse().ok()?;
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ...`; comm may itself contain spaces or parentheses.
+    let (comm, rest) = stat.split_once(" (").and_then(|(_, r)| r.rsplit_once(") "))?;
+    let zombie = rest.starts_with('Z');
+    (zombie || comm.starts_with("postgres") || comm.starts_with("postmaster")).then_some(pid)
 }
 
 /// Spawns `cmd` from a thread that then waits for it. The thread must outlive the child:
