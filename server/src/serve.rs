@@ -72,6 +72,7 @@ pub fn app(state: AppState) -> Router {
         // hundreds of MiB, and streamed bodies (no length) are compressed as they stream.
         .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(SizeAbove::new(1024))))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
+        .layer(middleware::from_fn(http::hostile::refuse_unstorable_text))
         .layer(middleware::from_fn(trace::request_span))
         .with_state(state)
 }

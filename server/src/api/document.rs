@@ -2,8 +2,9 @@
 //! handler can forget them:
 //! - errors are declared as what they are on the wire, `application/problem+json` with the
 //!   shared `Problem` schema (the handlers name the schema; this names the media type);
-//! - every operation declares the errors any request to it can meet: `401` where a
-//!   credential is required, `503` when the database is briefly unreachable;
+//! - every operation declares the errors any request to it can meet: `400` for a path or
+//!   query that cannot be read, `401` where a credential is required, `503` when the
+//!   database is briefly unreachable;
 //! - every response has a description (the status's reason phrase where a handler gave none).
 
 use axum::http::StatusCode;
@@ -38,6 +39,9 @@ fn finish_operation(operation: &mut Operation) {
     if !public {
         responses.entry("401".into()).or_insert_with(|| problem("No valid credential (`unauthenticated`)"));
     }
+    responses.entry("400".into()).or_insert_with(|| {
+        problem("The request cannot be read: a path or query with a NUL or invalid UTF-8 (`malformed_request`)")
+    });
     responses
         .entry("503".into())
         .or_insert_with(|| problem("The database is briefly unreachable, or the request timed out; retry"));
@@ -72,7 +76,7 @@ mod tests {
         for (path, item) in doc["paths"].as_object().unwrap() {
             for (method, operation) in item.as_object().unwrap() {
                 let responses = operation["responses"].as_object().unwrap();
-                assert!(responses.contains_key("503"), "{method} {path}");
+                assert!(responses.contains_key("503") && responses.contains_key("400"), "{method} {path}");
                 let public =
                     operation["security"].as_array().is_some_and(|s| s.iter().all(|r| r == &serde_json::json!({})));
                 if !public {

@@ -54,6 +54,9 @@ pub enum ApiError {
     Validation(Vec<FieldError>),
     #[error("malformed request body")]
     MalformedBody { field: Option<String>, detail: String },
+    /// The path or query itself cannot be used (see `http::hostile`).
+    #[error("malformed request")]
+    MalformedRequest { field: String, detail: String },
     #[error("{detail}")]
     Conflict { code: &'static str, detail: String, field: Option<String> },
     #[error("the resource changed since it was read")]
@@ -107,6 +110,7 @@ impl ApiError {
             NotFound(_) => (StatusCode::NOT_FOUND, "not_found", "Not found"),
             Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "Validation failed"),
             MalformedBody { .. } => (StatusCode::BAD_REQUEST, "malformed_body", "Malformed request body"),
+            MalformedRequest { .. } => (StatusCode::BAD_REQUEST, "malformed_request", "Malformed request"),
             Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
             PreconditionFailed => (StatusCode::PRECONDITION_FAILED, "etag_mismatch", "Precondition failed"),
             TooManyAttempts { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_attempts", "Too many attempts"),
@@ -134,6 +138,7 @@ impl ApiError {
                 (detail, errors.first().map(|e| e.field.clone()), errors.clone())
             }
             ApiError::MalformedBody { field, detail } => (detail.clone(), field.clone(), Vec::new()),
+            ApiError::MalformedRequest { field, detail } => (detail.clone(), Some(field.clone()), Vec::new()),
             ApiError::Conflict { detail, field, .. } => (detail.clone(), field.clone(), Vec::new()),
             ApiError::PayloadTooLarge => {
                 ("the request body exceeds the size limit".into(), Some("body".into()), Vec::new())

@@ -47,6 +47,17 @@ fn is_json(headers: &HeaderMap) -> bool {
 /// Parses JSON, naming the failing field. Syntax errors are 400; wrong shapes, wrong
 /// types and unknown fields are 422 with the field's JSON path.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // A NUL cannot be stored; name the field that carries one (see `http::hostile`).
+    if super::hostile::json_has_nul(bytes) {
+        if let Some(path) = serde_json::from_slice(bytes).ok().as_ref().and_then(super::hostile::nul_path) {
+            let field = if path.is_empty() { "body".to_owned() } else { path };
+            return Err(ApiError::field(FieldError::new(
+                field,
+                "invalid_characters",
+                "must not contain NUL characters",
+            )));
+        }
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
         let path = err.path().to_string();

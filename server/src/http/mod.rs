@@ -7,5 +7,6 @@ pub mod authorize;
 pub mod conditional;
 pub mod error;
 pub mod extract;
+pub mod hostile;
 pub mod idempotency;
 pub mod trace;

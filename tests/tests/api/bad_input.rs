@@ -165,3 +165,42 @@ async fn a_request_over_the_time_limit_is_answered_503_and_writes_nothing() {
         sqlx::query_scalar("select count(*) from users where username = 'slow'").fetch_one(&app.pool).await.unwrap();
     assert_eq!(users, 0);
 }
+
+#[tokio::test]
+async fn nul_and_invalid_utf8_anywhere_are_client_errors_that_name_where_they_are() {
+    let (app, admin) = setup().await;
+    let viewer = app.user(&admin, "vera", None).await;
+    for token in [&admin, &viewer] {
+        for path in
+            ["/api/v1/teams/a%00b", "/api/v1/jobs/%ff", "/api/v1/teams/ml%FF/quotas", "/api/v1/teams?cursor=%00"]
+        {
+            let r = app.send(call("GET", path).token(token)).await;
+            let doc = r.assert_problem(400, "malformed_request");
+            let part = if path.contains('?') { "query" } else { "path" };
+            assert_eq!(doc["field"], part, "{path}: {doc}");
+        }
+    }
+    // No credential needed to reach this one.
+    let r = app
+        .send(call("POST", "/api/v1/auth/token").json(&json!({"username": "ad\u{0}min", "password": "x-x-x-x-x-x"})))
+        .await;
+    let doc = r.assert_problem(422, "validation_failed");
+    assert_eq!(doc["field"], "username");
+    assert_eq!(doc["errors"][0]["code"], "invalid_characters");
+    // Submissions, dry runs and cluster capacity keys.
+    let job = json!({"name": "j", "gpu_class": "h1\u{0}00", "image": "registry.example/x:1", "command": ["true"]});
+    for path in ["/api/v1/teams/ml/jobs", "/api/v1/teams/ml/jobs:dry-run"] {
+        let r = app.send(call("POST", path).token(&admin).json(&job)).await;
+        assert_eq!(r.assert_problem(422, "validation_failed")["field"], "gpu_class", "{path}");
+    }
+    let r = app
+        .send(
+            call("PUT", "/api/v1/clusters/c1")
+                .token(&admin)
+                .json(&json!({"backend": "sim", "capacity": {"h1\u{0}00": 4}})),
+        )
+        .await;
+    assert_eq!(r.assert_problem(422, "validation_failed")["errors"][0]["code"], "invalid_characters");
+    // Nothing was written, and the service still answers.
+    app.send(call("GET", "/api/v1/teams/ml").token(&admin)).await.assert_status(200);
+}

@@ -45,7 +45,8 @@ pub async fn login(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, PageError> {
-    let Ok(form) = serde_urlencoded::from_bytes::<LoginForm>(&body) else {
+    let form = (!super::form_has_nul(&body)).then(|| serde_urlencoded::from_bytes::<LoginForm>(&body).ok()).flatten();
+    let Some(form) = form else {
         return Ok((StatusCode::BAD_REQUEST, login_page(None, "Enter a username and a password.")).into_response());
     };
     // A sign-in posted from another site is refused: it could sign a victim into an attacker's

@@ -189,6 +189,11 @@ struct CsrfField {
     csrf: String,
 }
 
+/// Whether a form body decodes to a NUL anywhere (PostgreSQL text cannot hold one).
+pub fn form_has_nul(body: &[u8]) -> bool {
+    form_urlencoded::parse(body).any(|(k, v)| k.contains('\0') || v.contains('\0'))
+}
+
 impl<T: DeserializeOwned> FromRequest<AppState> for PortalForm<T> {
     type Rejection = Response;
 
@@ -201,6 +206,14 @@ impl<T: DeserializeOwned> FromRequest<AppState> for PortalForm<T> {
         let token = serde_urlencoded::from_bytes::<CsrfField>(&body).map(|f| f.csrf).unwrap_or_default();
         if !form_allowed(&parts.headers, &user.csrf_token, &token) {
             return Err(PageError::forbidden().into_response());
+        }
+        if form_has_nul(&body) {
+            return Err(PageError {
+                status: StatusCode::BAD_REQUEST,
+                title: "That did not work",
+                message: "The form holds a NUL character, which cannot be stored. Remove it and try again.".into(),
+            }
+            .into_response());
         }
         let form = serde_urlencoded::from_bytes(&body).map_err(|_| {
             PageError {
