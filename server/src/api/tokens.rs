@@ -11,11 +11,14 @@ use crate::{
     auth::{policy::TeamAccess, Principal},
     db::{self},
     domain::FieldError,
+    http::idempotency::WithheldOnReplay,
     ops::tokens::{self, MintedTokenView, NewToken, TokenView},
     state::AppState,
 };
 
-/// Mints an API token for the team.
+/// Mints an API token for the team. The answer is the only place its secret ever appears:
+/// an idempotent replay (same `Idempotency-Key`) answers with `secret: null`; if the first
+/// answer was lost, revoke that token and mint another.
 #[utoipa::path(
     post, path = "/api/v1/teams/{team}/tokens", tag = "tokens", operation_id = "create_token",
     params(("team" = String, Path, description = "Team name"),
@@ -28,9 +31,9 @@ pub async fn create_token(
     Extension(principal): Extension<Principal>,
     Extension(access): Extension<TeamAccess>,
     ApiJson(body): ApiJson<NewToken>,
-) -> Result<(StatusCode, Json<MintedTokenView>), ApiError> {
+) -> Result<(StatusCode, Extension<WithheldOnReplay>, Json<MintedTokenView>), ApiError> {
     let minted = tokens::mint(&state, &principal, &access.team, &body).await?;
-    Ok((StatusCode::CREATED, Json(minted)))
+    Ok((StatusCode::CREATED, Extension(WithheldOnReplay(&["secret"])), Json(minted)))
 }
 
 /// Lists the team's tokens, revoked and expired ones included.

@@ -21,6 +21,13 @@ use crate::{auth::Principal, db, domain::FieldError, state::AppState};
 
 /// The request header.
 pub const HEADER: &str = "idempotency-key";
+/// Top-level fields of a JSON answer that are never stored for replay: a handler whose
+/// answer carries a secret (a minted token) returns this as a response extension, and a
+/// replay shows those fields as `null`. Secrets then exist only in the one answer that
+/// created them, never in the database or its WAL.
+#[derive(Debug, Clone, Copy)]
+pub struct WithheldOnReplay(pub &'static [&'static str]);
+
 /// Response headers stored and replayed with the body.
 const REPLAYED_HEADERS: [&str; 3] = ["content-type", "etag", "location"];
 
@@ -88,9 +95,13 @@ async fn store(state: &AppState, principal: &str, key: &str, response: Response)
             return Err(ApiError::Internal(format!("reading the response body: {e}").into()));
         }
     };
+    let stored = match parts.extensions.get::<WithheldOnReplay>() {
+        Some(withheld) => withhold(&bytes, withheld.0),
+        None => Some(bytes.to_vec()),
+    };
     if parts.status.is_server_error() {
         db::idempotency::release(&state.db, principal, key).await?;
-    } else {
+    } else if let Some(stored) = stored {
         let headers: serde_json::Map<String, serde_json::Value> = REPLAYED_HEADERS
             .iter()
             .filter_map(|name| {
@@ -98,10 +109,25 @@ async fn store(state: &AppState, principal: &str, key: &str, response: Response)
                 Some(((*name).to_owned(), serde_json::Value::String(value.to_owned())))
             })
             .collect();
-        db::idempotency::complete(&state.db, principal, key, i32::from(parts.status.as_u16()), headers.into(), &bytes)
+        db::idempotency::complete(&state.db, principal, key, i32::from(parts.status.as_u16()), headers.into(), &stored)
             .await?;
+    } else {
+        // An answer with secrets that cannot be withheld field by field is not kept at all.
+        db::idempotency::release(&state.db, principal, key).await?;
     }
     Ok(Response::from_parts(parts, Body::from(bytes)))
+}
+
+/// `body` with `fields` set to `null`; `None` when it is not a JSON object.
+fn withhold(body: &[u8], fields: &[&str]) -> Option<Vec<u8>> {
+    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let object = value.as_object_mut()?;
+    for field in fields {
+        if let Some(v) = object.get_mut(*field) {
+            *v = serde_json::Value::Null;
+        }
+    }
+    serde_json::to_vec(&value).ok()
 }
 
 fn replay(status: i32, headers: Option<serde_json::Value>, body: Vec<u8>) -> Response {

@@ -68,7 +68,9 @@ impl From<TokenRow> for TokenView {
 pub struct MintedTokenView {
     #[serde(flatten)]
     pub token: TokenView,
-    /// The secret. Store it now: it cannot be shown again.
+    /// The secret. Store it now: it cannot be shown again. `null` in an idempotent replay,
+    /// since secrets are never stored.
+    #[schema(nullable)]
     pub secret: String,
 }
 

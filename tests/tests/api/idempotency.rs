@@ -147,3 +147,38 @@ async fn a_failed_create_replays_its_error_for_the_same_key() {
     let second = send().await;
     assert_eq!((second.status, &second.body), (first.status, &first.body));
 }
+
+#[tokio::test]
+async fn a_token_minted_with_an_idempotency_key_never_has_its_secret_stored_or_replayed() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    let expires = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339();
+    let mint = || {
+        call("POST", "/api/v1/teams/ml/tokens")
+            .token(&admin)
+            .header("idempotency-key", "mint-ci-1")
+            .json(&json!({"name": "ci", "role": "member", "expires_at": expires}))
+    };
+    let first = app.send(mint()).await;
+    first.assert_status(201);
+    let secret = first.json()["secret"].as_str().expect("the first answer shows the secret").to_owned();
+    assert!(secret.starts_with("fwy_"), "{secret}");
+
+    let again = app.send(mint()).await;
+    again.assert_status(201);
+    assert_eq!(again.header("idempotent-replayed").as_deref(), Some("true"));
+    let replayed = again.json();
+    assert_eq!(replayed["secret"], serde_json::Value::Null, "{replayed}");
+    assert_eq!(replayed["id"], first.json()["id"], "the same token, not a second one");
+
+    let stored: Vec<Vec<u8>> = sqlx::query_scalar("select response_body from idempotency_keys where key = 'mint-ci-1'")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    let needle = secret.as_bytes();
+    assert!(!stored[0].windows(needle.len()).any(|w| w == needle), "the secret is not at rest");
+    // The secret still works: it was withheld from the store, not changed.
+    app.send(call("GET", "/api/v1/me").token(&secret)).await.assert_status(200);
+}
