@@ -66,6 +66,10 @@ pub struct Config {
     pub access_token_ttl: Duration,
     /// Initial password of the `admin` user (`FAIRWAY_ADMIN_PASSWORD`); random if unset.
     pub admin_password: Option<Secret>,
+    /// Bearer token that unlocks the per-team series of `/metrics` (`FAIRWAY_METRICS_TOKEN`).
+    /// Without it (and by default) `/metrics` names no team: a tenant's existence does not
+    /// leak to anonymous callers.
+    pub metrics_token: Option<Secret>,
     /// Longest a request may take before it is answered 503 (`FAIRWAY_REQUEST_TIMEOUT_SECONDS`).
     pub request_timeout: Duration,
     /// Largest accepted request body in bytes (`FAIRWAY_MAX_BODY_BYTES`).
@@ -119,6 +123,7 @@ impl Default for Config {
             jwt_audience: "fairway-api".into(),
             access_token_ttl: Duration::from_secs(15 * 60),
             admin_password: None,
+            metrics_token: None,
             request_timeout: Duration::from_secs(30),
             max_body_bytes: 2 * 1024 * 1024,
             idempotency_wait: Duration::from_secs(5),
@@ -152,6 +157,7 @@ struct FileConfig {
     jwt_audience: Option<String>,
     access_token_ttl_seconds: Option<u64>,
     admin_password: Option<Secret>,
+    metrics_token: Option<Secret>,
     request_timeout_seconds: Option<u64>,
     max_body_bytes: Option<usize>,
     idempotency_wait_ms: Option<u64>,
@@ -237,6 +243,7 @@ impl Config {
             config.idempotency_wait = Duration::from_millis(ms);
         }
         config.admin_password = env("FAIRWAY_ADMIN_PASSWORD").map(Secret::new).or(file.admin_password);
+        config.metrics_token = env("FAIRWAY_METRICS_TOKEN").map(Secret::new).or(file.metrics_token);
         if let Some(c) = env("FAIRWAY_CURRENCY").or(file.currency) {
             if c.len() != 3 || !c.bytes().all(|b| b.is_ascii_uppercase()) {
                 return Err(ConfigError::Invalid {

@@ -23,6 +23,16 @@ pub fn init(json: bool, default_filter: &str) {
 const BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 
 /// Request counters and latencies by route, and the control loop's figures.
+/// Whether a rendering may name teams: only for a caller holding the metrics token, since a
+/// team's existence must not leak to anyone else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tenants {
+    /// Per-team series included.
+    Named,
+    /// Series that name a team left out.
+    Hidden,
+}
+
 #[derive(Default)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), u64>>,
@@ -184,15 +194,17 @@ impl Metrics {
         }
     }
 
-    fn render_scheduler(&self, out: &mut String) {
+    fn render_scheduler(&self, out: &mut String, tenants: Tenants) {
         let Ok(m) = self.scheduler.lock() else { return };
         out.push_str("# HELP fairway_scheduler_leader Whether this process runs the scheduler (1) or stands by (0).\n");
         out.push_str("# TYPE fairway_scheduler_leader gauge\n");
         let _ = writeln!(out, "fairway_scheduler_leader {}", u8::from(m.leader));
-        out.push_str("# HELP fairway_pending_jobs Jobs waiting for admission, by team and GPU class.\n");
-        out.push_str("# TYPE fairway_pending_jobs gauge\n");
-        for ((team, class), n) in &m.pending {
-            let _ = writeln!(out, "fairway_pending_jobs{{team=\"{team}\",gpu_class=\"{class}\"}} {n}");
+        if tenants == Tenants::Named {
+            out.push_str("# HELP fairway_pending_jobs Jobs waiting for admission, by team and GPU class.\n");
+            out.push_str("# TYPE fairway_pending_jobs gauge\n");
+            for ((team, class), n) in &m.pending {
+                let _ = writeln!(out, "fairway_pending_jobs{{team=\"{team}\",gpu_class=\"{class}\"}} {n}");
+            }
         }
         out.push_str("# HELP fairway_gpus_allocated GPUs held by admitted jobs, by GPU class.\n");
         out.push_str("# TYPE fairway_gpus_allocated gauge\n");
@@ -233,7 +245,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition. `pool` is (open, idle) database connections.
-    pub fn render(&self, pool: (u32, usize)) -> String {
+    pub fn render(&self, pool: (u32, usize), tenants: Tenants) -> String {
         let mut out = String::new();
         out.push_str("# HELP fairway_http_requests_total HTTP requests by method, route and status.\n");
         out.push_str("# TYPE fairway_http_requests_total counter\n");
@@ -258,8 +270,10 @@ impl Metrics {
         out.push_str("# TYPE fairway_db_connections gauge\n");
         let _ = writeln!(out, "fairway_db_connections{{state=\"idle\"}} {idle}");
         let _ = writeln!(out, "fairway_db_connections{{state=\"in_use\"}} {}", (open as usize).saturating_sub(idle));
-        self.render_scheduler(&mut out);
-        self.render_budgets(&mut out);
+        self.render_scheduler(&mut out, tenants);
+        if tenants == Tenants::Named {
+            self.render_budgets(&mut out);
+        }
         out
     }
 }
@@ -269,12 +283,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn series_that_name_a_team_are_rendered_only_for_the_token_holder() {
+        let metrics = Metrics::default();
+        metrics.budget_alert("secret-project", 80);
+        let named = metrics.render((1, 1), Tenants::Named);
+        assert!(named.contains("fairway_budget_alerts_total{team=\"secret-project\",threshold=\"80\"} 1"));
+        let hidden = metrics.render((1, 1), Tenants::Hidden);
+        assert!(!hidden.contains("secret-project") && !hidden.contains("team="), "{hidden}");
+        assert!(hidden.contains("fairway_scheduler_leader"), "the rest is still there");
+    }
+
+    #[test]
     fn histograms_render_cumulative_buckets_with_their_labels() {
         let metrics = Metrics::default();
         metrics.observe("GET", "/api/v1/teams", 200, Duration::from_millis(30));
         metrics.observe("GET", "/api/v1/teams", 200, Duration::from_millis(3));
         metrics.cycle(Duration::from_millis(20), Vec::new(), Vec::new(), &[2.0], &[], &[]);
-        let text = metrics.render((1, 1));
+        let text = metrics.render((1, 1), Tenants::Named);
         let route = "method=\"GET\",route=\"/api/v1/teams\"";
         assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{{route},le=\"0.005\"}} 1")));
         assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{{route},le=\"0.05\"}} 2")));

@@ -457,7 +457,9 @@ async fn a_hard_budget_is_what_admission_sees_and_soft_budgets_alert_once_per_th
     assert_eq!(status["spent_to_date"], 6_250_000);
     assert_eq!(status["alerts"][0]["threshold"], 50);
     assert_eq!(status["alerts"].as_array().map(Vec::len), Some(1));
-    assert!(metrics.render((0, 0)).contains("fairway_budget_alerts_total{team=\"ml\",threshold=\"50\"} 1"));
+    assert!(metrics
+        .render((0, 0), fairway::telemetry::Tenants::Named)
+        .contains("fairway_budget_alerts_total{team=\"ml\",threshold=\"50\"} 1"));
     let audit = scalar(&s.app.pool, "select count(*) from audit_log where action = 'budget.alert'").await;
     assert_eq!(audit, 1);
 }

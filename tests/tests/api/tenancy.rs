@@ -283,3 +283,19 @@ async fn readiness_and_metrics_report_real_state() {
     app.pool.close().await;
     app.send(call("GET", "/readyz")).await.assert_status(503);
 }
+
+#[tokio::test]
+async fn metrics_name_teams_only_to_a_scraper_with_the_metrics_token() {
+    let app = TestApp::spawn_with(|c| c.metrics_token = Some(fairway::config::Secret::new("scrape-me-please"))).await;
+    app.state.metrics.budget_alert("stealth-team", 50);
+    let anonymous = app.send(call("GET", "/metrics")).await;
+    anonymous.assert_status(200);
+    let text = String::from_utf8_lossy(&anonymous.body).into_owned();
+    assert!(!text.contains("stealth-team"), "{text}");
+    assert!(text.contains("fairway_scheduler_leader"), "{text}");
+    let wrong = app.send(call("GET", "/metrics").token("scrape-me-not")).await;
+    assert!(!String::from_utf8_lossy(&wrong.body).contains("stealth-team"));
+    let scraper = app.send(call("GET", "/metrics").token("scrape-me-please")).await;
+    let text = String::from_utf8_lossy(&scraper.body).into_owned();
+    assert!(text.contains("fairway_budget_alerts_total{team=\"stealth-team\",threshold=\"50\"} 1"), "{text}");
+}
