@@ -53,7 +53,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
             let field = if path.is_empty() { "body".to_owned() } else { path };
             return Err(ApiError::field(FieldError::new(
                 field,
-                "invalid_characters",
+                "control_character",
                 "must not contain NUL characters",
             )));
         }

@@ -186,7 +186,7 @@ async fn nul_and_invalid_utf8_anywhere_are_client_errors_that_name_where_they_ar
         .await;
     let doc = r.assert_problem(422, "validation_failed");
     assert_eq!(doc["field"], "username");
-    assert_eq!(doc["errors"][0]["code"], "invalid_characters");
+    assert_eq!(doc["errors"][0]["code"], "control_character");
     // Submissions, dry runs and cluster capacity keys.
     let job = json!({"name": "j", "gpu_class": "h1\u{0}00", "image": "registry.example/x:1", "command": ["true"]});
     for path in ["/api/v1/teams/ml/jobs", "/api/v1/teams/ml/jobs:dry-run"] {
@@ -200,7 +200,7 @@ async fn nul_and_invalid_utf8_anywhere_are_client_errors_that_name_where_they_ar
                 .json(&json!({"backend": "sim", "capacity": {"h1\u{0}00": 4}})),
         )
         .await;
-    assert_eq!(r.assert_problem(422, "validation_failed")["errors"][0]["code"], "invalid_characters");
+    assert_eq!(r.assert_problem(422, "validation_failed")["errors"][0]["code"], "control_character");
     // Nothing was written, and the service still answers.
     app.send(call("GET", "/api/v1/teams/ml").token(&admin)).await.assert_status(200);
 }
