@@ -42,7 +42,8 @@ use crate::{
 };
 
 /// The whole HTTP application. Middleware, outermost first: the request span and id, the
-/// request timeout, the body limit; then, on API routes, metrics and the request log line,
+/// door (header limit, HSTS, `Connection: close`), refusal of unstorable text, the request
+/// timeout, compression, the body limit; then, on API routes, metrics and the request log line,
 /// authentication and authorization, idempotency keys.
 pub fn app(state: AppState) -> Router {
     let (api, openapi) = api::split();
@@ -62,17 +63,15 @@ pub fn app(state: AppState) -> Router {
                 web::pages::not_found_page()
             }
         })
-        .method_not_allowed_fallback(|| async {
-            let mut r = ApiError::NotFound("route").into_response();
-            *r.status_mut() = axum::http::StatusCode::METHOD_NOT_ALLOWED;
-            r
-        })
+        // The router adds `Allow` to this answer.
+        .method_not_allowed_fallback(|| async { ApiError::MethodNotAllowed })
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         // gzip when the client accepts it and the body is worth it: billing exports reach
         // hundreds of MiB, and streamed bodies (no length) are compressed as they stream.
         .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(SizeAbove::new(1024))))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(middleware::from_fn(http::hostile::refuse_unstorable_text))
+        .layer(middleware::from_fn(http::edge::door))
         .layer(middleware::from_fn(trace::request_span))
         .with_state(state)
 }

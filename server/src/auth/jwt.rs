@@ -14,6 +14,10 @@ use uuid::Uuid;
 /// Clock skew tolerated on `exp` and `nbf`.
 const LEEWAY_SECONDS: u64 = 5;
 
+/// The `typ` of our access tokens (RFC 9068): a token signed with the same key for another
+/// purpose is never taken for one.
+const ACCESS_TOKEN_TYPE: &str = "at+jwt";
+
 /// Claims of an access token.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Claims {
@@ -87,15 +91,16 @@ impl JwtKeys {
             jti: Uuid::new_v4().to_string(),
         };
         let mut header = Header::new(Algorithm::HS256);
+        header.typ = Some(ACCESS_TOKEN_TYPE.to_owned());
         header.kid = Some(self.kid.clone());
         // HMAC signing of a serializable struct cannot fail.
         jsonwebtoken::encode(&header, &claims, &self.encoding).expect("HS256 signing cannot fail")
     }
 
-    /// Verifies signature, algorithm, key id, issuer, audience, expiry and not-before.
+    /// Verifies type, signature, algorithm, key id, issuer, audience, expiry and not-before.
     pub fn verify(&self, token: &str) -> Option<Claims> {
         let header = jsonwebtoken::decode_header(token).ok()?;
-        if header.alg != Algorithm::HS256 {
+        if header.alg != Algorithm::HS256 || !header.typ.is_some_and(|t| t.eq_ignore_ascii_case(ACCESS_TOKEN_TYPE)) {
             return None;
         }
         let kid = header.kid?;
@@ -127,6 +132,20 @@ mod tests {
         assert_eq!(claims.sub, user.to_string());
         assert!(k.verify(&k.issue(user, now - 1000)).is_none(), "expired");
         assert!(k.verify(&k.issue(user, now + 1000)).is_none(), "not yet valid");
+    }
+
+    #[test]
+    fn a_signed_token_of_another_type_is_not_an_access_token() {
+        let k = keys(&[1; 32]);
+        let now = chrono::Utc::now().timestamp();
+        let claims = k.verify(&k.issue(UserId::new(), now)).unwrap();
+        for typ in [None, Some("JWT"), Some("id+jwt")] {
+            let mut header = Header::new(Algorithm::HS256);
+            header.typ = typ.map(str::to_owned);
+            header.kid = Some(k.kid.clone());
+            let token = jsonwebtoken::encode(&header, &claims, &k.encoding).unwrap();
+            assert!(k.verify(&token).is_none(), "typ {typ:?} was accepted");
+        }
     }
 
     #[test]

@@ -50,6 +50,12 @@ pub enum ApiError {
     Forbidden,
     #[error("{0} not found")]
     NotFound(&'static str),
+    /// The path exists, but not with this method; sent with `Allow`.
+    #[error("this method is not allowed on this path")]
+    MethodNotAllowed,
+    /// The request's header section is larger than the service accepts.
+    #[error("the request headers are too large")]
+    HeadersTooLarge { limit: usize },
     #[error("validation failed")]
     Validation(Vec<FieldError>),
     #[error("malformed request body")]
@@ -108,6 +114,10 @@ impl ApiError {
             InvalidCredentials => (StatusCode::UNAUTHORIZED, "invalid_credentials", "Invalid credentials"),
             Forbidden => (StatusCode::FORBIDDEN, "forbidden", "Forbidden"),
             NotFound(_) => (StatusCode::NOT_FOUND, "not_found", "Not found"),
+            MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed"),
+            HeadersTooLarge { .. } => {
+                (StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "headers_too_large", "Request headers too large")
+            }
             Validation(_) => (StatusCode::UNPROCESSABLE_ENTITY, "validation_failed", "Validation failed"),
             MalformedBody { .. } => (StatusCode::BAD_REQUEST, "malformed_body", "Malformed request body"),
             MalformedRequest { .. } => (StatusCode::BAD_REQUEST, "malformed_request", "Malformed request"),
@@ -142,6 +152,9 @@ impl ApiError {
             ApiError::Conflict { detail, field, .. } => (detail.clone(), field.clone(), Vec::new()),
             ApiError::PayloadTooLarge => {
                 ("the request body exceeds the size limit".into(), Some("body".into()), Vec::new())
+            }
+            ApiError::HeadersTooLarge { limit } => {
+                (format!("the request headers exceed {} KiB in all", limit / 1024), None, Vec::new())
             }
             ApiError::UnsupportedMediaType => {
                 ("the request body must be sent as application/json".into(), None, Vec::new())

@@ -10,7 +10,7 @@ use base64::Engine as _;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::error::ApiError;
+use super::{error::ApiError, objects_only::ObjectsOnly};
 use crate::{domain::FieldError, ops::Precondition, state::AppState};
 
 /// A JSON request body. Requires `Content-Type: application/json` (415 otherwise), respects
@@ -59,7 +59,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         }
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(|err| {
+    let value = serde_path_to_error::deserialize(ObjectsOnly(&mut de)).map_err(|err| {
         let path = err.path().to_string();
         let inner = err.into_inner();
         let field = if path == "." || path.is_empty() { None } else { Some(path) };

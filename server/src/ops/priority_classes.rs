@@ -33,11 +33,42 @@ pub struct PriorityClassSpec {
 
 /// A new priority class.
 #[derive(Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(from = "NewPriorityClassFields")]
 pub struct NewPriorityClass {
     pub name: String,
+    // For the schema only: read through `NewPriorityClassFields`.
     #[serde(flatten)]
     pub spec: PriorityClassSpec,
+}
+
+/// A new priority class as sent, every field at one level. serde's `flatten` would buffer the
+/// fields, losing the path of a bad one (every error named `body`) and letting unknown fields
+/// pass.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NewPriorityClassFields {
+    name: String,
+    priority: i64,
+    preemptible: bool,
+    usage_factor_milli: i64,
+    price_multiplier_milli: i64,
+    #[serde(default)]
+    description: Option<String>,
+}
+
+impl From<NewPriorityClassFields> for NewPriorityClass {
+    fn from(f: NewPriorityClassFields) -> Self {
+        Self {
+            name: f.name,
+            spec: PriorityClassSpec {
+                priority: f.priority,
+                preemptible: f.preemptible,
+                usage_factor_milli: f.usage_factor_milli,
+                price_multiplier_milli: f.price_multiplier_milli,
+                description: f.description,
+            },
+        }
+    }
 }
 
 /// A priority class.

@@ -19,7 +19,12 @@ fn claims(offset_exp: i64, iss: &str, aud: &str, sub: &str) -> Claims {
 }
 
 fn sign(claims: &Claims, key: &[u8]) -> String {
+    sign_typed(claims, key, Some("at+jwt"))
+}
+
+fn sign_typed(claims: &Claims, key: &[u8], typ: Option<&str>) -> String {
     let mut header = Header::new(Algorithm::HS256);
+    header.typ = typ.map(str::to_owned);
     header.kid = Some(fairway::auth::jwt::key_id(&SIGNING_KEY));
     jsonwebtoken::encode(&header, claims, &EncodingKey::from_secret(key)).unwrap()
 }
@@ -47,6 +52,7 @@ async fn signing_in_returns_a_short_lived_bearer_token_that_works() {
     let header = jsonwebtoken::decode_header(token).unwrap();
     assert_eq!(header.alg, Algorithm::HS256);
     assert_eq!(header.kid.as_deref(), Some(fairway::auth::jwt::key_id(&SIGNING_KEY).as_str()));
+    assert_eq!(header.typ.as_deref(), Some("at+jwt"), "an access token says what it is (RFC 9068)");
     let me = app.send(call("GET", "/api/v1/me").token(token)).await;
     me.assert_status(200);
     assert_eq!(me.json()["name"], "admin");
@@ -78,6 +84,10 @@ async fn forged_expired_and_misaddressed_tokens_are_rejected_with_401() {
     let wrong_aud = sign(&claims(600, "fairway", "someone-else", &sub), &SIGNING_KEY);
     let wrong_iss = sign(&claims(600, "evil", "fairway-api", &sub), &SIGNING_KEY);
     let wrong_key = sign(&claims(600, "fairway", "fairway-api", &sub), &[7; 32]);
+    // Signed with the right key, but typed as a plain JWT or as an ID token.
+    let plain_jwt = sign_typed(&claims(600, "fairway", "fairway-api", &sub), &SIGNING_KEY, Some("JWT"));
+    let id_token = sign_typed(&claims(600, "fairway", "fairway-api", &sub), &SIGNING_KEY, Some("id+jwt"));
+    let untyped = sign_typed(&claims(600, "fairway", "fairway-api", &sub), &SIGNING_KEY, None);
     let stripped = {
         let mut parts: Vec<&str> = good.split('.').collect();
         parts[2] = "";
@@ -95,6 +105,9 @@ async fn forged_expired_and_misaddressed_tokens_are_rejected_with_401() {
         ("wrong aud", &wrong_aud),
         ("wrong iss", &wrong_iss),
         ("wrong key", &wrong_key),
+        ("typ JWT", &plain_jwt),
+        ("typ id+jwt", &id_token),
+        ("no typ", &untyped),
         ("stripped signature", &stripped),
         ("alg none", &alg_none),
     ] {

@@ -195,6 +195,31 @@ async fn a_stranger_sees_no_page_of_another_team() {
 }
 
 #[tokio::test]
+async fn a_member_refused_by_role_gets_403_on_the_portal_as_on_the_api_and_a_stranger_404() {
+    let p = setup().await;
+    let alice = p.app.login("alice", fairway_tests::USER_PASSWORD).await;
+    let alice_session = sign_in(&p.app, "alice").await;
+    let bob_session = sign_in(&p.app, "bob").await;
+    // The members page is where members are managed: the API's counterpart is adding one.
+    let add_member = call("PUT", "/api/v1/teams/ml/members/bob").token(&alice).json(&json!({"role": "viewer"}));
+    p.app.send(add_member).await.assert_problem(403, "forbidden");
+    for (page, api) in [
+        ("/teams/ml/members", None),
+        ("/teams/ml/tokens", Some("/api/v1/teams/ml/tokens")),
+        ("/teams/ml/audit", Some("/api/v1/teams/ml/audit-log")),
+        ("/teams/ml/quotas", None),
+    ] {
+        if let Some(api) = api {
+            p.app.send(call("GET", api).token(&alice)).await.assert_problem(403, "forbidden");
+        }
+        let refused = p.app.send(call("GET", page).header("cookie", &alice_session)).await;
+        assert_eq!(refused.status.as_u16(), 403, "{page}");
+        assert!(body(&refused).contains("Your role in this team does not allow that."), "{page}");
+        p.app.send(call("GET", page).header("cookie", &bob_session)).await.assert_status(404);
+    }
+}
+
+#[tokio::test]
 async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_form() {
     let p = setup().await;
     let session = sign_in(&p.app, "alice").await;
@@ -380,8 +405,8 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     statement.assert_status(200);
     // A team member is not finance.
     let alice = sign_in(&p.app, "alice").await;
-    p.app.send(call("GET", "/billing/usage.csv").header("cookie", &alice)).await.assert_status(404);
-    p.app.send(call("GET", &format!("/billing/periods/{month}")).header("cookie", &alice)).await.assert_status(404);
+    p.app.send(call("GET", "/billing/usage.csv").header("cookie", &alice)).await.assert_status(403);
+    p.app.send(call("GET", &format!("/billing/periods/{month}")).header("cookie", &alice)).await.assert_status(403);
 }
 
 #[tokio::test]
@@ -436,7 +461,7 @@ async fn a_team_admin_creates_a_token_whose_secret_shows_once_and_works_then_rev
         .await;
     assert_eq!(forged.status.as_u16(), 403);
     let alice = sign_in(&p.app, "alice").await;
-    p.app.send(call("GET", "/teams/ml/tokens").header("cookie", &alice)).await.assert_status(404);
+    p.app.send(call("GET", "/teams/ml/tokens").header("cookie", &alice)).await.assert_status(403);
 }
 
 #[tokio::test]
@@ -454,9 +479,9 @@ async fn admins_read_the_audit_log_with_what_each_change_changed_and_others_do_n
     assert!(page.contains("<td>quota.put</td>"), "{page}");
     assert!(page.contains("reserved: 8 → 12"), "{page}");
     // Team admins see their team's log; the platform log is for platform admins only.
-    p.app.send(call("GET", "/audit").header("cookie", &carol)).await.assert_status(404);
+    p.app.send(call("GET", "/audit").header("cookie", &carol)).await.assert_status(403);
     let alice = sign_in(&p.app, "alice").await;
-    p.app.send(call("GET", "/teams/ml/audit").header("cookie", &alice)).await.assert_status(404);
+    p.app.send(call("GET", "/teams/ml/audit").header("cookie", &alice)).await.assert_status(403);
 }
 
 #[tokio::test]
@@ -500,7 +525,7 @@ async fn a_platform_admin_sets_a_quota_from_the_portal_and_is_warned_when_reserv
     assert_eq!(p.app.send(call("GET", "/api/v1/teams/ml/quotas/h100").token(&admin)).await.json()["reserved"], 5000);
     // Team members, even admins of the team, do not set quotas.
     let alice = sign_in(&p.app, "alice").await;
-    p.app.send(call("GET", "/teams/ml/quotas").header("cookie", &alice)).await.assert_status(404);
+    p.app.send(call("GET", "/teams/ml/quotas").header("cookie", &alice)).await.assert_status(403);
 }
 
 #[tokio::test]
@@ -572,11 +597,11 @@ async fn a_team_admin_adds_a_member_changes_their_role_and_removes_them_and_a_me
 
     // A member (not an admin) sees no members page and cannot post to it.
     let alice = sign_in(&p.app, "alice").await;
-    p.app.send(call("GET", "/teams/ml/members").header("cookie", &alice)).await.assert_status(404);
+    p.app.send(call("GET", "/teams/ml/members").header("cookie", &alice)).await.assert_status(403);
     let alice_csrf = csrf_in(&body(&p.app.send(call("GET", "/teams/ml").header("cookie", &alice)).await));
     let refused =
         post_form(&p.app, &alice, "/teams/ml/members", format!("csrf={alice_csrf}&username=carol&role=admin")).await;
-    refused.assert_status(404);
+    refused.assert_status(403);
     assert_eq!(carols_role(&p.app, &admin).await, None);
 }
 
@@ -658,7 +683,7 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
 
     // Nobody else has an admin page, and a form posted without its token does nothing.
     let alice = sign_in(&p.app, "alice").await;
-    p.app.send(call("GET", "/admin").header("cookie", &alice)).await.assert_status(404);
+    p.app.send(call("GET", "/admin").header("cookie", &alice)).await.assert_status(403);
     let forged = post_form(&p.app, &ops, "/admin/teams", "name=forged".to_owned()).await;
     forged.assert_status(403);
     p.app.send(call("GET", "/api/v1/teams/forged").token(&admin)).await.assert_status(404);

@@ -157,9 +157,10 @@ struct BillingPage {
     costs: Vec<CostLine>,
 }
 
-/// Billing is finance's and platform admins'; to anyone else it does not exist.
+/// Billing is finance's and platform admins'; anyone else is told their role does not allow
+/// it, as the API does.
 fn require_finance(user: &SessionUser) -> Result<(), PageError> {
-    principal(user).platform_role().map(|_| ()).ok_or_else(PageError::not_found)
+    principal(user).platform_role().map(|_| ()).ok_or_else(|| crate::ops::Error::Forbidden.into())
 }
 
 /// Finance's page: every billing period with its totals and its exports.

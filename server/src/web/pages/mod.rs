@@ -255,9 +255,11 @@ pub(super) async fn administered_team(
     name: &str,
 ) -> Result<db::teams::TeamRow, PageError> {
     let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
+    // Outsiders do not learn the team exists; a member whose role falls short is told so,
+    // as the API (403) and the submit page do.
     let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
     if role < TeamRole::Admin {
-        return Err(PageError::not_found());
+        return Err(ops::Error::Forbidden.into());
     }
     Ok(team)
 }

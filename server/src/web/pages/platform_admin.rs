@@ -65,11 +65,11 @@ struct PlatformPage {
     team_form: NewTeamForm,
 }
 
-/// Platform admins only; to anyone else the page does not exist.
+/// Platform admins only; anyone else is told their role does not allow it, as the API does.
 fn require_platform_admin(user: &SessionUser) -> Result<(), PageError> {
     match principal(user).platform_role() {
         Some(PlatformRole::PlatformAdmin) => Ok(()),
-        _ => Err(PageError::not_found()),
+        _ => Err(ops::Error::Forbidden.into()),
     }
 }
 

@@ -243,7 +243,7 @@ pub async fn audit(
     RawQuery(query): RawQuery,
 ) -> Result<Response, PageError> {
     if principal(&user).platform_role() != Some(PlatformRole::PlatformAdmin) {
-        return Err(PageError::not_found());
+        return Err(ops::Error::Forbidden.into());
     }
     audit_page(&state, &user, None, query).await
 }
@@ -270,12 +270,15 @@ struct QuotasPage {
     error: Option<String>,
 }
 
-/// The team, when the user is a platform admin (quotas are theirs to set).
+/// The team, when the user is a platform admin (quotas are theirs to set). Its members are
+/// told their role does not allow it; to anyone else the team does not exist.
 async fn quota_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
+    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
     if principal(user).platform_role() != Some(PlatformRole::PlatformAdmin) {
-        return Err(PageError::not_found());
+        crate::auth::policy::team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+        return Err(ops::Error::Forbidden.into());
     }
-    db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)
+    Ok(team)
 }
 
 async fn quotas_page(
