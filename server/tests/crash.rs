@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{fresh_dir, Replica};
+use common::{fresh_dir, ledger::count, Replica};
 use fairway::{
     db::{self, embedded::EmbeddedPostgres, jobs::NewJob},
     rng::SplitMix64,
@@ -15,10 +15,6 @@ use serde_json::json;
 
 const KILLS: usize = 100;
 const JOBS_PER_ROUND: usize = 10;
-
-async fn count(pool: &sqlx::PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap_or_else(|e| panic!("{sql}: {e}"))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_and_no_orphans() {
@@ -101,53 +97,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
         restarted.elapsed().as_secs_f64()
     );
     assert!(unfinished > 0, "the last kill should leave work in flight");
-    assert_eq!(count(&pool, "select count(*) from jobs where attempt <> 1").await, 0, "no job was admitted twice");
-    assert_eq!(
-        count(&pool, "select count(*) from usage_intervals where ended_at is not null").await,
-        submitted as i64,
-        "one closed usage interval per job: each ran exactly once"
-    );
-    assert_eq!(
-        count(
-            &pool,
-            "select count(*) from (select job_id, attempt from job_events where kind = 'dispatched'
-                                   group by 1, 2 having count(*) > 1) d"
-        )
-        .await,
-        0,
-        "no attempt was dispatched twice"
-    );
-    assert_eq!(count(&pool, "select count(*) from job_events where kind = 'orphan_removed'").await, 0);
-    assert_eq!(count(&pool, "select count(*) from dispatch_outbox where done_at is null").await, 0);
-    // Metering survived every kill: each job's ledger holds exactly its simulated run (GPUs ×
-    // 1000 × run time, the runtime scaled by the speed-up of 10), as an undisturbed run would.
-    let truth =
-        "j.replicas::int8 * j.gpus_per_replica * 1000 * ((j.env ->> 'FAIRWAY_SIM_RUNTIME_SECONDS')::int8 * 100)";
-    let wrong = count(
-        &pool,
-        &format!(
-            "select count(*) from jobs j
-             left join (select job_id, sum(gpu_milli_ms) as booked from usage_ledger group by job_id) l on l.job_id = j.id
-             where coalesce(l.booked, 0) <> {truth}"
-        ),
-    )
-    .await;
-    assert_eq!(wrong, 0, "jobs whose ledger differs from their run");
-    let booked = count(&pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await;
-    assert_eq!(booked, count(&pool, &format!("select sum({truth})::int8 from jobs j")).await);
-    // Replaying every end books nothing more.
-    let jobs: Vec<fairway::domain::JobId> = sqlx::query_scalar("select id from jobs").fetch_all(&pool).await.unwrap();
-    for id in jobs {
-        let mut tx = pool.begin().await.unwrap();
-        assert_eq!(
-            fairway::metering::ledger::book(&mut tx, id, 1, None, &fairway::metering::Pricing::default())
-                .await
-                .unwrap(),
-            0
-        );
-        tx.commit().await.unwrap();
-    }
-    assert_eq!(count(&pool, "select sum(gpu_milli_ms)::int8 from usage_ledger").await, booked);
+    common::ledger::assert_every_job_ran_once_and_was_booked_exactly(&pool, submitted as i64).await;
     drop(last);
     pool.close().await;
     pg.stop().await;

@@ -1,167 +1,20 @@
 //! End-to-end tests of the `fairway` binary over a real socket: the embedded database's
 //! lifecycle across restarts, and the refusals that protect a production deployment.
 
+mod common;
+
 use std::{
     fs,
-    net::TcpListener,
-    os::unix::fs::PermissionsExt as _,
-    path::{Path, PathBuf},
-    process::{Child, Command, ExitStatus, Stdio},
+    process::ExitStatus,
     time::{Duration, Instant},
 };
 
 use base64::Engine as _;
-use serde_json::{json, Value};
-
-const BIN: &str = env!("CARGO_BIN_EXE_fairway");
-const ADMIN_PASSWORD: &str = "serve-test-admin-password";
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
-const EXIT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A fresh, world-traversable directory for one test under cargo's per-target temp dir.
-/// World-traversable because, when the tests run as root, PostgreSQL runs as another user.
-fn fresh_dir(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(name);
-    if dir.exists() {
-        fs::remove_dir_all(&dir).unwrap_or_else(|e| panic!("cannot remove {}: {e}", dir.display()));
-    }
-    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o755)).unwrap();
-    dir
-}
-
-fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().unwrap().port()
-}
-
-/// `fairway serve` with a clean environment: no inherited `FAIRWAY_*` settings and no
-/// `DATABASE_URL` (the build itself may export one for sqlx), output into `log`.
-fn fairway_serve(log: &Path) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.arg("serve");
-    for (name, _) in std::env::vars_os() {
-        if name.to_str().is_some_and(|n| n.starts_with("FAIRWAY_")) {
-            cmd.env_remove(&name);
-        }
-    }
-    cmd.env_remove("DATABASE_URL");
-    let out = fs::File::create(log).unwrap_or_else(|e| panic!("cannot create {}: {e}", log.display()));
-    cmd.stdin(Stdio::null()).stdout(out.try_clone().unwrap()).stderr(out);
-    cmd
-}
-
-fn read_log(log: &Path) -> String {
-    fs::read_to_string(log).unwrap_or_else(|e| format!("<cannot read {}: {e}>", log.display()))
-}
-
-/// A running `fairway serve`. Dropping it (as a panicking test does) kills the process.
-struct Server {
-    child: Option<Child>,
-    base: String,
-    log: PathBuf,
-    http: reqwest::Client,
-}
-
-impl Server {
-    /// Starts `fairway serve` on the embedded database in `data_dir` and waits until
-    /// `/readyz` answers 200.
-    async fn start(data_dir: &Path, log_name: &str) -> Self {
-        let port = free_port();
-        let log = data_dir.join(log_name);
-        let child = fairway_serve(&log)
-            .env("FAIRWAY_DATA_DIR", data_dir)
-            .env("FAIRWAY_LISTEN", format!("127.0.0.1:{port}"))
-            .env("FAIRWAY_ADMIN_PASSWORD", ADMIN_PASSWORD)
-            .spawn()
-            .expect("spawn fairway serve");
-        let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
-        let mut server = Self { child: Some(child), base: format!("http://127.0.0.1:{port}"), log, http };
-        server.wait_ready().await;
-        server
-    }
-
-    async fn wait_ready(&mut self) {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
-                panic!("fairway serve exited with {status} before it was ready:\n{}", read_log(&self.log));
-            }
-            if let Ok(r) = self.http.get(self.url("/readyz")).send().await {
-                if r.status() == reqwest::StatusCode::OK {
-                    return;
-                }
-            }
-            assert!(
-                started.elapsed() <= READY_TIMEOUT,
-                "fairway serve was not ready within {READY_TIMEOUT:?}:\n{}",
-                read_log(&self.log)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// Signs in as the platform admin and returns the access token.
-    async fn sign_in(&self) -> String {
-        let response = self
-            .http
-            .post(self.url("/api/v1/auth/token"))
-            .json(&json!({"username": "admin", "password": ADMIN_PASSWORD}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), reqwest::StatusCode::OK, "sign-in failed: {}", response.text().await.unwrap());
-        let body: Value = response.json().await.unwrap();
-        assert_eq!(body["token_type"], "Bearer", "{body}");
-        body["access_token"].as_str().expect("access_token").to_owned()
-    }
-
-    /// The names of the teams `token` can see.
-    async fn team_names(&self, token: &str) -> Vec<String> {
-        let response = self.http.get(self.url("/api/v1/teams")).bearer_auth(token).send().await.unwrap();
-        assert_eq!(response.status(), reqwest::StatusCode::OK, "{}", response.text().await.unwrap());
-        let body: Value = response.json().await.unwrap();
-        body["items"]
-            .as_array()
-            .unwrap_or_else(|| panic!("no items in {body}"))
-            .iter()
-            .map(|t| t["name"].as_str().unwrap().to_owned())
-            .collect()
-    }
-
-    /// Sends SIGTERM and waits for the process to exit.
-    async fn terminate(mut self) -> (ExitStatus, String) {
-        let mut child = self.child.take().unwrap();
-        let pid = child.id().to_string();
-        let sent = std::process::Command::new("kill").args(["-TERM", &pid]).status().unwrap();
-        assert!(sent.success(), "cannot signal fairway serve");
-        let started = Instant::now();
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return (status, read_log(&self.log));
-            }
-            if started.elapsed() > EXIT_TIMEOUT {
-                let _ = child.kill();
-                let _ = child.wait();
-                panic!("fairway serve did not exit within {EXIT_TIMEOUT:?} of SIGTERM:\n{}", read_log(&self.log));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
+use common::{
+    embedded::{fairway_serve, read_log, Server, ADMIN_PASSWORD, EXIT_TIMEOUT},
+    free_port, fresh_dir,
+};
+use serde_json::json;
 
 #[tokio::test]
 async fn serve_uses_the_embedded_database_and_keeps_data_across_restarts() {

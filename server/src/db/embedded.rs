@@ -5,7 +5,9 @@
 //! nothing else on the machine can reach it over the network, and the socket is mode 0700).
 //!
 //! Lifecycle: `initdb` on first start, reused afterwards. The server process is watched by a
-//! dedicated thread that lives exactly as long as the server does; the child asks the kernel
+//! dedicated thread that lives exactly as long as the server does. A server that dies once it
+//! was ready (killed, or crashed) is started again by that thread, with backoff, until
+//! [`EmbeddedPostgres::stop`]: clients see a short outage and reconnect. The child asks the kernel
 //! (through util-linux `setpriv --pdeathsig`) for `SIGINT`, PostgreSQL's fast shutdown, when
 //! that thread dies, so even a `SIGKILL`ed `fairway` never leaves an orphaned server holding
 //! the data directory. [`EmbeddedPostgres::stop`] shuts it down cleanly with `pg_ctl` on a
@@ -23,6 +25,10 @@ use std::{
     },
     path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::{
+        atomic::{AtomicU32, AtomicU8, Ordering},
+        Arc,
+    },
     time::Duration,
 };
 
@@ -73,17 +79,27 @@ pub struct EmbeddedPostgres {
     pgdata: PathBuf,
     socket_dir: PathBuf,
     run_as: Option<RunAs>,
-    pid: u32,
-    /// Turns true when the server process has exited (set by its supervisor thread).
+    /// The current server process (it changes when the supervisor restarts the server).
+    pid: Arc<AtomicU32>,
+    /// Starting, running or stopping: what the supervisor does when the server exits.
+    phase: Arc<AtomicU8>,
+    /// Turns true when the server process has exited for good (set by its supervisor thread).
     exited: watch::Receiver<bool>,
 }
+
+/// The server is starting: if it exits now, the start failed and is reported.
+const STARTING: u8 = 0;
+/// The server was ready: if it exits now, it died and is started again.
+const RUNNING: u8 = 1;
+/// We asked it to stop: its exit is the end.
+const STOPPING: u8 = 2;
 
 impl std::fmt::Debug for EmbeddedPostgres {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EmbeddedPostgres")
             .field("pgdata", &self.pgdata)
             .field("socket_dir", &self.socket_dir)
-            .field("pid", &self.pid)
+            .field("pid", &self.pid.load(Ordering::Relaxed))
             .finish()
     }
 }
@@ -129,9 +145,11 @@ impl EmbeddedPostgres {
             .stderr(log);
         configure_child(&mut cmd, run_as);
 
-        let (pid, exited) = supervise(cmd)?;
-        let server = Self { bin, pgdata, socket_dir, run_as, pid, exited };
+        let phase = Arc::new(AtomicU8::new(STARTING));
+        let (pid, exited) = supervise(cmd, pgdata.clone(), phase.clone())?;
+        let server = Self { bin, pgdata, socket_dir, run_as, pid, phase, exited };
         server.wait_ready(&log_path, log_start).await?;
+        server.phase.store(RUNNING, Ordering::Release);
         Ok(server)
     }
 
@@ -171,13 +189,17 @@ impl EmbeddedPostgres {
     /// Fast shutdown: disconnects clients, checkpoints, exits. Waits up to 30 s, then
     /// falls back to an immediate shutdown.
     pub async fn stop(self) {
+        self.phase.store(STOPPING, Ordering::Release);
         if self.has_exited() {
             return;
         }
         let mut exited = self.exited.clone();
         self.pg_ctl_stop("fast");
         if tokio::time::timeout(Duration::from_secs(30), exited.wait_for(|e| *e)).await.is_err() {
-            tracing::warn!(pid = self.pid, "embedded PostgreSQL ignored fast shutdown; stopping it immediately");
+            tracing::warn!(
+                pid = self.pid.load(Ordering::Relaxed),
+                "embedded PostgreSQL ignored fast shutdown; stopping it immediately"
+            );
             self.pg_ctl_stop("immediate");
             let _ = tokio::time::timeout(Duration::from_secs(10), exited.wait_for(|e| *e)).await;
         }
@@ -194,7 +216,9 @@ impl EmbeddedPostgres {
         }
         match cmd.status() {
             Ok(status) if status.success() => {}
-            outcome => tracing::warn!(pid = self.pid, mode, ?outcome, "pg_ctl stop did not succeed"),
+            outcome => {
+                tracing::warn!(pid = self.pid.load(Ordering::Relaxed), mode, ?outcome, "pg_ctl stop did not succeed");
+            }
         }
     }
 
@@ -268,25 +292,77 @@ fn previous_postmaster(pgdata: &Path) -> Option<u32> {
     (zombie || comm.starts_with("postgres") || comm.starts_with("postmaster")).then_some(pid)
 }
 
+/// The pause before the first attempt to start a server that died.
+const FIRST_RESTART_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest pause between attempts to start a server that died.
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(5);
+
 /// Spawns `cmd` from a thread that then waits for it. The thread must outlive the child:
 /// the parent-death signal is tied to the thread that forked, not to the process.
-fn supervise(mut cmd: Command) -> Result<(u32, watch::Receiver<bool>), EmbeddedError> {
+///
+/// When the server exits while `phase` is [`RUNNING`], the thread starts it again: first
+/// after the dead postmaster's pid file names no live server, then with a backoff, since its
+/// orphaned backends may hold the shared memory for a moment and make the new one give up.
+fn supervise(
+    mut cmd: Command,
+    pgdata: PathBuf,
+    phase: Arc<AtomicU8>,
+) -> Result<(Arc<AtomicU32>, watch::Receiver<bool>), EmbeddedError> {
     let (pid_tx, pid_rx) = std::sync::mpsc::channel();
     let (exit_tx, exit_rx) = watch::channel(false);
+    let current = Arc::new(AtomicU32::new(0));
+    let pid = current.clone();
     std::thread::Builder::new()
         .name("embedded-postgres".into())
-        .spawn(move || match cmd.spawn() {
-            Ok(mut child) => {
-                let _ = pid_tx.send(Ok(child.id()));
-                let _ = child.wait();
-                exit_tx.send_replace(true);
+        .spawn(move || {
+            let mut child = match cmd.spawn() {
+                Ok(child) => child,
+                Err(e) => {
+                    let _ = pid_tx.send(Err(e));
+                    return;
+                }
+            };
+            current.store(child.id(), Ordering::Relaxed);
+            let _ = pid_tx.send(Ok(()));
+            let mut started = std::time::Instant::now();
+            let mut backoff = FIRST_RESTART_BACKOFF;
+            loop {
+                let status = child.wait();
+                if phase.load(Ordering::Acquire) != RUNNING {
+                    break;
+                }
+                // A server that got past its start died of something new: retry quickly again.
+                // One that keeps failing at once (its predecessor's backends still hold the
+                // shared memory) is retried ever more slowly.
+                if started.elapsed() > Duration::from_secs(2) {
+                    backoff = FIRST_RESTART_BACKOFF;
+                }
+                tracing::warn!(pid = child.id(), ?status, "embedded PostgreSQL died; starting it again");
+                loop {
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(MAX_RESTART_BACKOFF);
+                    if phase.load(Ordering::Acquire) != RUNNING {
+                        exit_tx.send_replace(true);
+                        return;
+                    }
+                    if previous_postmaster(&pgdata).is_some() {
+                        continue;
+                    }
+                    match cmd.spawn() {
+                        Ok(next) => {
+                            child = next;
+                            started = std::time::Instant::now();
+                            current.store(child.id(), Ordering::Relaxed);
+                            break;
+                        }
+                        Err(e) => tracing::error!(error = %e, "cannot start the embedded PostgreSQL again"),
+                    }
+                }
             }
-            Err(e) => {
-                let _ = pid_tx.send(Err(e));
-            }
+            exit_tx.send_replace(true);
         })
         .map_err(io_err("cannot start the PostgreSQL supervisor thread"))?;
-    let pid = pid_rx
+    pid_rx
         .recv()
         .map_err(|_| EmbeddedError::Io {
             what: "PostgreSQL supervisor thread ended".into(),

@@ -13,8 +13,10 @@ use std::{
 
 use base64::Engine as _;
 
+pub mod embedded;
 pub mod gcp_fake;
 pub mod kube_peer;
+pub mod ledger;
 pub mod moto;
 pub mod platform;
 

@@ -1,0 +1,373 @@
+//! Chaos: the service with jobs always in flight takes rounds of faults drawn from a fixed
+//! seed, and must serve again within 10 s each time, by itself; at the end every job ran
+//! exactly once and the ledger books exactly its run.
+//!
+//! - On its embedded PostgreSQL, 50 rounds: every round SIGKILLs `fairway serve` and restarts
+//!   it at once, as a supervisor would; some rounds first SIGKILL the postmaster (Fairway's
+//!   supervisor thread starts it again) or one of its backends (PostgreSQL ends every session
+//!   and replays its WAL).
+//! - On an external PostgreSQL (one this test runs, restarted by its own supervisor when
+//!   killed), 12 rounds of the same database faults under a server that is never restarted:
+//!   its pool and its scheduler leadership must recover through the outage.
+//!
+//! What was injected and checked is printed and written to `target/tmp/chaos-*.txt` (CI shows
+//! them).
+
+mod common;
+
+use std::{
+    fmt::Write as _,
+    fs,
+    path::{Path, PathBuf},
+    time::{Duration, Instant},
+};
+
+use common::{embedded::Server, fresh_dir, ledger, Replica};
+use fairway::{
+    db::{self, embedded::EmbeddedPostgres},
+    rng::SplitMix64,
+};
+use serde_json::json;
+
+const JOBS_PER_ROUND: usize = 4;
+/// How soon the service must serve again after each fault.
+const BACK_WITHIN: Duration = Duration::from_secs(10);
+/// One simulated second is 100 ms of wall time.
+const ENV: [(&str, &str); 2] = [("FAIRWAY_SIM_SPEEDUP", "10"), ("FAIRWAY_CYCLE_INTERVAL_MS", "50")];
+
+/// A fault that hits the database under a running server.
+#[derive(Debug, Clone, Copy)]
+enum DatabaseFault {
+    KillPostmaster,
+    KillBackend,
+}
+
+/// The service under test as a client sees it, and what the test knows of its database.
+struct Target<'a> {
+    http: &'a reqwest::Client,
+    base: String,
+    /// The server's log, shown when it fails to come back.
+    log: PathBuf,
+    token: String,
+    pgdata: &'a Path,
+}
+
+impl Target<'_> {
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls a read that needs the database until it answers 200; returns how long that took.
+    async fn wait_served(&self, what: &str) -> Duration {
+        let started = Instant::now();
+        loop {
+            let ok = self
+                .http
+                .get(self.url("/api/v1/teams/ml/jobs?limit=1"))
+                .bearer_auth(&self.token)
+                // A request caught in the outage may wait for a connection; ask again instead.
+                .timeout(Duration::from_secs(1))
+                .send()
+                .await
+                .is_ok_and(|r| r.status() == reqwest::StatusCode::OK);
+            if ok {
+                return started.elapsed();
+            }
+            assert!(started.elapsed() < BACK_WITHIN, "not serving {BACK_WITHIN:?} after {what}:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits, from `since`, until `done` holds, within [`BACK_WITHIN`].
+    async fn wait_until(&self, what: &str, since: Instant, done: impl Fn() -> bool) {
+        while !done() {
+            assert!(since.elapsed() < BACK_WITHIN, "{what}: not recovered within {BACK_WITHIN:?}:\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The team `ml` with 64 reserved H100s.
+    async fn create_team(&self) {
+        let created = self
+            .http
+            .post(self.url("/api/v1/teams"))
+            .bearer_auth(&self.token)
+            .json(&json!({"name": "ml", "parent": null}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(created.status(), reqwest::StatusCode::CREATED, "{}", created.text().await.unwrap());
+        let quota = self
+            .http
+            .put(self.url("/api/v1/teams/ml/quotas/h100-80gb"))
+            .bearer_auth(&self.token)
+            .json(&json!({"reserved": 64, "burst": 0}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(quota.status(), reqwest::StatusCode::OK, "{}", quota.text().await.unwrap());
+    }
+
+    /// Submits a round's jobs through the API: 1 to 3 s of work each, `last` ones 3 s, so
+    /// that work is always in flight when faults land.
+    async fn submit(&self, round: usize, last: bool, rng: &mut SplitMix64) -> i64 {
+        let jobs: Vec<_> = (0..JOBS_PER_ROUND)
+            .map(|i| {
+                let runtime = if last { 30 } else { 10 + rng.next_u64() % 21 };
+                json!({"name": format!("r{round}-{i}"), "gpu_class": "h100-80gb", "image": "x",
+                       "replicas": 1 + i % 2, "gpus_per_replica": 1 + i % 4,
+                       "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": runtime.to_string()}})
+            })
+            .collect();
+        let batch = self
+            .http
+            .post(self.url("/api/v1/teams/ml/jobs:batch"))
+            .bearer_auth(&self.token)
+            .json(&json!({"jobs": jobs}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(batch.status(), reqwest::StatusCode::CREATED, "round {round}: {}", batch.text().await.unwrap());
+        JOBS_PER_ROUND as i64
+    }
+
+    /// Injects `fault` and waits until the service serves again from a recovered database;
+    /// returns how long after the kill that was.
+    async fn inject(&self, fault: DatabaseFault, round: usize, rng: &mut SplitMix64) -> Duration {
+        let pid = postmaster(self.pgdata).expect("a running postmaster");
+        let killed = Instant::now();
+        let what = format!("round {round}: {fault:?}");
+        match fault {
+            DatabaseFault::KillPostmaster => {
+                sigkill(pid);
+                // Served again means served by a new postmaster, not by a backend of the old
+                // one that has not noticed yet.
+                self.wait_until(&what, killed, || postmaster(self.pgdata).is_some_and(|p| p != pid)).await;
+            }
+            DatabaseFault::KillBackend => {
+                let backends = children(pid);
+                assert!(!backends.is_empty(), "the postmaster has children");
+                let recoveries = crash_recoveries(self.pgdata);
+                sigkill(backends[(rng.next_u64() % backends.len() as u64) as usize]);
+                // PostgreSQL ends every session and replays its WAL.
+                self.wait_until(&what, killed, || crash_recoveries(self.pgdata) > recoveries).await;
+            }
+        }
+        self.wait_served(&what).await;
+        let took = killed.elapsed();
+        assert!(took <= BACK_WITHIN, "{what}: serving only {took:?} after the kill");
+        took
+    }
+}
+
+/// A fault for this round, or none: each database fault one round in five.
+fn draw(rng: &mut SplitMix64) -> Option<DatabaseFault> {
+    match rng.next_u64() % 5 {
+        0 => Some(DatabaseFault::KillPostmaster),
+        1 => Some(DatabaseFault::KillBackend),
+        _ => None,
+    }
+}
+
+fn sigkill(pid: u32) {
+    let sent = std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().expect("run kill");
+    assert!(sent.success(), "kill -KILL {pid}");
+}
+
+/// The pid in the cluster's `postmaster.pid`.
+fn postmaster(pgdata: &Path) -> Option<u32> {
+    fs::read_to_string(pgdata.join("postmaster.pid")).ok()?.lines().next()?.trim().parse().ok()
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in fs::read_dir("/proc").unwrap().flatten() {
+        let Some(child) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = fs::read_to_string(entry.path().join("stat")) else { continue };
+        // `pid (comm) state ppid ...`
+        let ppid = stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<u32>().ok());
+        if ppid == Some(pid) {
+            found.push(child);
+        }
+    }
+    found
+}
+
+/// How many times the cluster has reinitialised after a crashed backend (its log sits beside
+/// its data directory).
+fn crash_recoveries(pgdata: &Path) -> usize {
+    fs::read_to_string(pgdata.with_extension("log")).unwrap_or_default().matches("reinitializing").count()
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+fn slowest(durations: &[Duration]) -> String {
+    durations.iter().max().map_or("-".into(), |d| seconds(*d))
+}
+
+/// Waits until every job is done and no backend object is left, then runs the ledger's
+/// checks; returns what was checked, in words.
+async fn finish_and_check(pool: &sqlx::PgPool, submitted: i64, log: &Path, report: &mut String) {
+    let unfinished = ledger::count(pool, "select count(*) from jobs where state <> 'succeeded'").await;
+    let finishing = Instant::now();
+    loop {
+        let done = ledger::count(pool, "select count(*) from jobs where state = 'succeeded'").await;
+        let objects = ledger::count(pool, "select count(*) from sim_objects").await;
+        if done == submitted && objects == 0 {
+            break;
+        }
+        assert!(
+            finishing.elapsed() < Duration::from_secs(90),
+            "90 s after the last fault: {done} of {submitted} jobs done, {objects} objects left\n{}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(unfinished > 0, "the last fault should leave work in flight");
+    writeln!(
+        report,
+        "after the last fault {unfinished} jobs were unfinished; all done after {}",
+        seconds(finishing.elapsed())
+    )
+    .unwrap();
+    for check in ledger::assert_every_job_ran_once_and_was_booked_exactly(pool, submitted).await {
+        writeln!(report, "checked: {check}").unwrap();
+    }
+}
+
+fn publish(name: &str, report: &str) {
+    print!("{report}");
+    fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join(name), report).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_sigkills_of_the_server_and_some_of_its_embedded_database_lose_and_double_nothing() {
+    const ROUNDS: usize = 50;
+    const SEED: u64 = 0xc4a0_5eed;
+    let dir = fresh_dir("chaos-embedded");
+    let pgdata = dir.join("postgres");
+    let mut server = Server::start_with(&dir, "start-0.log", &ENV).await;
+    let http = server.http.clone();
+    let token = server.sign_in().await;
+    let target = |server: &Server| Target {
+        http: &http,
+        base: server.base.clone(),
+        log: server.log.clone(),
+        token: token.clone(),
+        pgdata: &pgdata,
+    };
+    target(&server).create_team().await;
+
+    let mut rng = SplitMix64(SEED);
+    let mut report = format!(
+        "chaos, embedded database: {ROUNDS} rounds, seed {SEED:#x}, {JOBS_PER_ROUND} jobs submitted per round\n"
+    );
+    let (mut restarts, mut postmaster_kills, mut backend_kills) = (Vec::new(), Vec::new(), Vec::new());
+    let mut submitted = 0;
+    for round in 1..=ROUNDS {
+        submitted += target(&server).submit(round, round == ROUNDS, &mut rng).await;
+        tokio::time::sleep(Duration::from_millis(200 + rng.next_u64() % 1300)).await;
+        if let Some(fault) = draw(&mut rng) {
+            let took = target(&server).inject(fault, round, &mut rng).await;
+            match fault {
+                DatabaseFault::KillPostmaster => postmaster_kills.push(took),
+                DatabaseFault::KillBackend => backend_kills.push(took),
+            }
+            writeln!(report, "round {round:2}: {fault:?}, served again after {}", seconds(took)).unwrap();
+        }
+        server.kill();
+        let restarted = Instant::now();
+        server = Server::start_with(&dir, &format!("start-{round}.log"), &ENV).await;
+        let took = restarted.elapsed();
+        assert!(took <= BACK_WITHIN, "round {round}: serving only {took:?} after an immediate restart");
+        target(&server).wait_served(&format!("round {round}: restart")).await;
+        restarts.push(took);
+        writeln!(report, "round {round:2}: SIGKILL fairway serve, restarted at once, ready after {}", seconds(took))
+            .unwrap();
+    }
+    writeln!(
+        report,
+        "injected: {} server SIGKILLs (slowest restart {}), {} postmaster SIGKILLs (slowest recovery {}), \
+         {} backend SIGKILLs (slowest recovery {})",
+        restarts.len(),
+        slowest(&restarts),
+        postmaster_kills.len(),
+        slowest(&postmaster_kills),
+        backend_kills.len(),
+        slowest(&backend_kills),
+    )
+    .unwrap();
+
+    let options =
+        sqlx::postgres::PgConnectOptions::new().socket(&pgdata).port(5432).username("fairway").database("fairway");
+    let pool = db::connect(options, 2).await.expect("connect to the embedded database");
+    finish_and_check(&pool, submitted, &server.log, &mut report).await;
+    pool.close().await;
+    publish("chaos-embedded.txt", &report);
+    assert!(!postmaster_kills.is_empty() && !backend_kills.is_empty(), "the seed draws both database faults");
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "fairway serve exited with {status} after SIGTERM:\n{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_external_database_killed_under_a_running_server_is_reconnected_to_and_nothing_is_lost() {
+    const ROUNDS: usize = 12;
+    const SEED: u64 = 0x0e47_e4a1;
+    let dir = fresh_dir("chaos-external");
+    let pgdata = dir.join("pg");
+    // The "external" server: its own supervisor (this process) starts it again when killed.
+    let pg = EmbeddedPostgres::start(&pgdata, db::embedded::Durability { fsync: true }).await.unwrap();
+    pg.create_database("fairway", None).await.unwrap();
+    let pool = db::connect(pg.connect_options("fairway"), 2).await.unwrap();
+    db::MIGRATOR.run(&pool).await.unwrap();
+    pool.close().await;
+
+    let replica = Replica::start_with(&dir, "server", &pg.url("fairway"), &ENV);
+    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().unwrap();
+    let started = Instant::now();
+    let token = loop {
+        let signed_in = http
+            .post(format!("{}/api/v1/auth/token", replica.base))
+            .json(&json!({"username": "admin", "password": "failover-admin-password"}))
+            .send()
+            .await;
+        if let Ok(r) = signed_in {
+            if r.status() == reqwest::StatusCode::OK {
+                let body: serde_json::Value = r.json().await.unwrap();
+                break body["access_token"].as_str().unwrap().to_owned();
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "the server did not start:\n{}", replica.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let target = Target { http: &http, base: replica.base.clone(), log: replica.log.clone(), token, pgdata: &pgdata };
+    target.create_team().await;
+
+    let mut rng = SplitMix64(SEED);
+    let mut report = format!(
+        "chaos, external database: {ROUNDS} rounds, seed {SEED:#x}, {JOBS_PER_ROUND} jobs submitted per round, \
+         one server never restarted\n"
+    );
+    let mut submitted = 0;
+    for round in 1..=ROUNDS {
+        submitted += target.submit(round, round == ROUNDS, &mut rng).await;
+        tokio::time::sleep(Duration::from_millis(200 + rng.next_u64() % 1300)).await;
+        // Every round has a fault here: alternate, so both kinds land.
+        let fault = if round % 2 == 1 { DatabaseFault::KillPostmaster } else { DatabaseFault::KillBackend };
+        let took = target.inject(fault, round, &mut rng).await;
+        writeln!(report, "round {round:2}: {fault:?}, served again after {}", seconds(took)).unwrap();
+    }
+    let pool = db::connect(pg.connect_options("fairway"), 2).await.unwrap();
+    finish_and_check(&pool, submitted, &replica.log, &mut report).await;
+    pool.close().await;
+    publish("chaos-external.txt", &report);
+    drop(replica);
+    pg.stop().await;
+}
