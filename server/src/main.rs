@@ -70,7 +70,9 @@ enum Command {
         #[arg(long, default_value = "fairway")]
         database: String,
     },
-    /// Exports one billing period of the ledger, as `GET /api/v1/billing/exports` does.
+    /// Exports one billing period of the ledger, as `GET /api/v1/billing/exports` does. Its
+    /// control record (row count, totals, SHA-256) goes to `<output>.control.json`, or to
+    /// standard error when the export goes to standard output.
     Export {
         /// The billing period, YYYY-MM.
         #[arg(long)]
@@ -205,8 +207,16 @@ async fn export(
     if let Some(e) = failed {
         return Err(e).context("writing the export");
     }
-    result?;
+    let control = serde_json::to_string_pretty(&result?)? + "\n";
     out.flush().context("writing the export")?;
+    match output {
+        Some(path) => {
+            let mut name = path.into_os_string();
+            name.push(".control.json");
+            std::fs::write(&name, control).with_context(|| format!("writing {}", name.to_string_lossy()))?;
+        }
+        None => eprint!("{control}"),
+    }
     Ok(())
 }
 

@@ -39,9 +39,9 @@ pub struct ExportParams {
     pub format: Format,
 }
 
-/// Exports one billing period of the ledger. The body streams; its last line is a control
-/// record with the row count, the totals and the SHA-256 of everything before it. A closed
-/// period exports to the same bytes every time.
+/// Exports one billing period of the ledger. The body streams a header and one line per
+/// ledger row, nothing else; its control record (row count, totals, SHA-256 of the file) is
+/// at `/api/v1/billing/exports/control`. A closed period exports to the same bytes every time.
 #[utoipa::path(
     get, path = "/api/v1/billing/exports", tag = "billing", operation_id = "export_billing",
     params(ExportParams),
@@ -70,6 +70,21 @@ pub async fn export_billing(
     }
     headers.insert("x-billing-period-closed", HeaderValue::from_static(if closed { "true" } else { "false" }));
     Ok(response)
+}
+
+/// The control record of an export: its row count, totals and the SHA-256 of the file
+/// `GET /api/v1/billing/exports` serves for the same period and format. A closed period's
+/// describes every download of it; an open period's, the export as it is at this moment.
+#[utoipa::path(
+    get, path = "/api/v1/billing/exports/control", tag = "billing", operation_id = "get_export_control",
+    params(ExportParams),
+    responses((status = 200, body = ops::billing::ExportControl), (status = 422, body = super::error::Problem))
+)]
+pub async fn get_export_control(
+    State(state): State<AppState>,
+    ListQuery(params): ListQuery<ExportParams>,
+) -> Result<Json<ops::billing::ExportControl>, ApiError> {
+    Ok(Json(ops::billing::export_control(&state, &params.period, params.format).await?))
 }
 
 /// A billing period and whether it is closed.

@@ -93,6 +93,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/teams/{team}/statements/{period}", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/budget-status", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/billing/exports", Policy::Finance),
+    route("GET", "/api/v1/billing/exports/control", Policy::Finance),
     route("GET", "/api/v1/billing/periods", Policy::Finance),
     route("GET", "/api/v1/billing/utilisation", Policy::Finance),
     route("POST", "/api/v1/billing/periods/{period}/close", Policy::Finance),
@@ -185,6 +186,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(billing::get_team_statement))
         .routes(routes!(billing::get_team_budget_status))
         .routes(routes!(billing::export_billing))
+        .routes(routes!(billing::get_export_control))
         .routes(routes!(billing::list_billing_periods))
         .routes(routes!(billing::get_billing_utilisation))
         .routes(routes!(billing::close_billing_period))

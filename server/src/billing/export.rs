@@ -1,10 +1,13 @@
 //! Billing exports: one billing period of the ledger as CSV, JSON lines or FinOps FOCUS.
 //!
-//! An export is a header, one line per ledger row in id order, and a control record: the
-//! row count, the totals and the SHA-256 of every byte before the control record. Nothing in
-//! it depends on when it is made, so a closed period (whose rows can no longer change)
-//! exports to the same bytes every time. Rows are read a page at a time and written as they
-//! come ([`stream`]), so memory stays bounded however large the period.
+//! An export is a header and one line per ledger row in id order, nothing else: a FOCUS or
+//! CSV reader sees data rows only. Its [`Control`] record (the row count, the totals and the
+//! SHA-256 of every byte) travels beside it: the API serves it at
+//! `/api/v1/billing/exports/control`, the CLI writes it to `<file>.control.json`. Nothing in
+//! an export depends on when it is made, so a closed period (whose rows can no longer change)
+//! exports to the same bytes, and the same control record, every time. Rows are read a page
+//! at a time and written as they come ([`stream`]), so memory stays bounded however large the
+//! period.
 //!
 //! The FOCUS format follows the FinOps Open Cost and Usage Specification 1.1 column set; GPU
 //! time travels exactly in the `x_GpuMilliMs` extension column beside the decimal GPU-hours.
@@ -27,7 +30,7 @@ use crate::{
 pub enum Format {
     /// Fairway's own columns, one row per ledger row.
     Csv,
-    /// JSON lines: one object per ledger row, then `{"control": ...}`.
+    /// JSON lines: one object per ledger row.
     Json,
     /// FinOps FOCUS 1.1 columns as CSV.
     Focus,
@@ -89,8 +92,10 @@ const CSV_COLUMNS: [&str; 26] = [
     "labels",
 ];
 
-/// FOCUS 1.1 columns, then Fairway's `x_` extension columns.
-pub const FOCUS_COLUMNS: [&str; 45] = [
+/// FOCUS 1.1 columns, then Fairway's `x_` extension columns. `BillingAccountType` and
+/// `SubAccountType` are left out: FOCUS asks for them only where a provider has more than one
+/// kind of account, and Fairway has one of each (the organisation, its teams).
+pub const FOCUS_COLUMNS: [&str; 55] = [
     "AvailabilityZone",
     "BilledCost",
     "BillingAccountId",
@@ -98,6 +103,8 @@ pub const FOCUS_COLUMNS: [&str; 45] = [
     "BillingCurrency",
     "BillingPeriodEnd",
     "BillingPeriodStart",
+    "CapacityReservationId",
+    "CapacityReservationStatus",
     "ChargeCategory",
     "ChargeClass",
     "ChargeDescription",
@@ -106,6 +113,11 @@ pub const FOCUS_COLUMNS: [&str; 45] = [
     "ChargePeriodStart",
     "CommitmentDiscountCategory",
     "CommitmentDiscountId",
+    "CommitmentDiscountName",
+    "CommitmentDiscountQuantity",
+    "CommitmentDiscountStatus",
+    "CommitmentDiscountType",
+    "CommitmentDiscountUnit",
     "ConsumedQuantity",
     "ConsumedUnit",
     "ContractedCost",
@@ -126,7 +138,10 @@ pub const FOCUS_COLUMNS: [&str; 45] = [
     "ResourceType",
     "ServiceCategory",
     "ServiceName",
+    "ServiceSubcategory",
     "SkuId",
+    "SkuMeter",
+    "SkuPriceDetails",
     "SkuPriceId",
     "SubAccountId",
     "SubAccountName",
@@ -137,6 +152,31 @@ pub const FOCUS_COLUMNS: [&str; 45] = [
     "x_LedgerId",
     "x_CorrectsLedgerId",
 ];
+
+/// What a reader checks an export against: it counts and sums the rows and hashes every
+/// byte of the file.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+pub struct Control {
+    /// The billing period, `YYYY-MM`.
+    pub period: String,
+    /// `csv`, `json` or `focus`.
+    pub format: String,
+    /// Data rows (ledger rows), not counting the header.
+    pub rows: u64,
+    /// Sum of the rows' GPU time, in thousandths of a GPU times milliseconds (a decimal string:
+    /// exact at any size).
+    pub gpu_milli_ms: String,
+    /// The same in GPU-hours.
+    pub gpu_hours: String,
+    /// Sum of the rows' list cost.
+    pub list_cost: String,
+    /// Sum of the rows' billed cost.
+    pub billed_cost: String,
+    /// ISO 4217 code of the costs.
+    pub currency: String,
+    /// SHA-256 of the whole file, lowercase hex.
+    pub sha256: String,
+}
 
 /// Writes an export piece by piece, hashing what it writes.
 pub struct Exporter {
@@ -202,30 +242,20 @@ impl Exporter {
         self.emit(text)
     }
 
-    /// The control record, closing the export.
-    pub fn control(mut self) -> Vec<u8> {
-        let digest = self.hasher.finalize_reset();
-        let sha256: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        let control = json!({
-            "period": super::period_name(self.period),
-            "format": self.format.as_str(),
-            "rows": self.rows,
-            "gpu_milli_ms": self.gpu_milli_ms.to_string(),
-            "gpu_hours": gpu_hours_decimal(i64::try_from(self.gpu_milli_ms).unwrap_or(i64::MAX)),
-            "list_cost": micros_decimal(i64::try_from(self.list_cost_micros).unwrap_or(i64::MAX)),
-            "billed_cost": micros_decimal(i64::try_from(self.billed_cost_micros).unwrap_or(i64::MAX)),
-            "currency": self.currency,
-            "sha256": sha256,
-        });
-        match self.format {
-            Format::Json => format!("{}\n", json!({ "control": control })).into_bytes(),
-            // One quoted field after the data, so a spreadsheet or CSV reader shows it as a
-            // single last cell.
-            Format::Csv | Format::Focus => {
-                let mut line = String::new();
-                csv_line(&mut line, &[format!("# control {control}")]);
-                line.into_bytes()
-            }
+    /// The control record of everything written.
+    pub fn control(self) -> Control {
+        let digest = self.hasher.finalize();
+        let total = |sum: i128| i64::try_from(sum).unwrap_or(i64::MAX);
+        Control {
+            period: super::period_name(self.period),
+            format: self.format.as_str().to_owned(),
+            rows: self.rows,
+            gpu_milli_ms: self.gpu_milli_ms.to_string(),
+            gpu_hours: gpu_hours_decimal(total(self.gpu_milli_ms)),
+            list_cost: micros_decimal(total(self.list_cost_micros)),
+            billed_cost: micros_decimal(total(self.billed_cost_micros)),
+            currency: self.currency,
+            sha256: digest.iter().map(|b| format!("{b:02x}")).collect(),
         }
     }
 }
@@ -300,8 +330,12 @@ fn focus_fields(r: &ExportRow, period: NaiveDate) -> Vec<String> {
     let (period_start, period_end) = period_bounds(period);
     // A correction, or usage of a period already closed when it was booked.
     let correction = r.kind == "correction" || r.charge_start < period_start;
-    // Pricing is per unit of the class (a MIG slice is one unit); consumption is in
-    // physical GPU-hours.
+    let reservation = r.kind == "reservation";
+    // Pricing is per unit of the class: a whole GPU, or a slice of one (a MIG profile or a
+    // time-slice share), so a slice's price and quantity are in slice-hours. Consumption is
+    // always in physical GPU-hours (a slice counts as its fraction of the GPU).
+    let whole = r.fraction_milli == 1000;
+    let pricing_unit = if whole { "GPU-Hours" } else { "Slice-Hours" };
     let pricing_quantity = gpu_hours_decimal(i64::from(r.gpus) * r.duration_ms * 1000);
     let contracted_price =
         crate::metering::cost_micros(1, HOUR_MS, r.rate_micros_per_gpu_hour, r.price_multiplier_milli);
@@ -311,7 +345,6 @@ fn focus_fields(r: &ExportRow, period: NaiveDate) -> Vec<String> {
     }
     tags.insert("fairway/priority-class".into(), Value::String(r.priority_class.clone()));
     tags.insert("fairway/borrowing".into(), Value::String(r.borrowing.to_string()));
-    let reservation = r.kind == "reservation";
     let description = match (&r.job_name, r.attempt) {
         (Some(name), Some(attempt)) => format!("{} x {} for job {name} (attempt {attempt})", r.gpus, r.gpu_class),
         _ => format!("reserved quota of {} x {}", r.gpus, r.gpu_class),
@@ -321,55 +354,79 @@ fn focus_fields(r: &ExportRow, period: NaiveDate) -> Vec<String> {
         _ => format!("fairway:quota/{}/{}", r.team_id, r.gpu_class),
     };
     let resource_name = r.job_name.clone().unwrap_or_else(|| format!("{} reserved {}", r.team_name, r.gpu_class));
-    vec![
-        String::new(),
-        micros_decimal(r.billed_cost_micros),
-        "fairway".into(),
-        "Fairway GPU platform".into(),
-        r.currency.clone(),
-        ts(period_end),
-        ts(period_start),
+    // A team's reserved quota is guaranteed capacity: its hourly charge is the reservation,
+    // and usage inside it (not borrowing) consumes it.
+    let (capacity_reservation, capacity_status) = if reservation {
+        (format!("fairway:quota/{}/{}", r.team_id, r.gpu_class), "")
+    } else if !r.borrowing {
+        (format!("fairway:quota/{}/{}", r.team_id, r.gpu_class), "Used")
+    } else {
+        (String::new(), "")
+    };
+    let sku_meter = match (reservation, whole) {
+        (true, _) => "Reserved GPU Time",
+        (false, true) => "GPU Time",
+        (false, false) => "GPU Slice Time",
+    };
+    let sku_price_details = json!({
+        "GpuClass": r.gpu_class,
+        "GpuFraction": format!("{}.{:03}", r.fraction_milli / 1000, r.fraction_milli % 1000),
+    });
+    let mut fields: std::collections::HashMap<&str, String> = [
+        ("BilledCost", micros_decimal(r.billed_cost_micros)),
+        ("BillingAccountId", "fairway".into()),
+        ("BillingAccountName", "Fairway GPU platform".into()),
+        ("BillingCurrency", r.currency.clone()),
+        ("BillingPeriodEnd", ts(period_end)),
+        ("BillingPeriodStart", ts(period_start)),
+        ("CapacityReservationId", capacity_reservation),
+        ("CapacityReservationStatus", capacity_status.into()),
         // A reservation is capacity bought by the hour whether used or not.
-        if reservation { "Purchase".into() } else { "Usage".into() },
-        if correction { "Correction".into() } else { String::new() },
-        text(&description),
-        if reservation { "Recurring".into() } else { "Usage-Based".into() },
-        ts(r.charge_end),
-        ts(r.charge_start),
-        String::new(),
-        String::new(),
+        ("ChargeCategory", if reservation { "Purchase".into() } else { "Usage".into() }),
+        ("ChargeClass", if correction { "Correction".into() } else { String::new() }),
+        ("ChargeDescription", text(&description)),
+        ("ChargeFrequency", if reservation { "Recurring".into() } else { "Usage-Based".into() }),
+        ("ChargePeriodEnd", ts(r.charge_end)),
+        ("ChargePeriodStart", ts(r.charge_start)),
         // FOCUS: consumption is given for usage only.
-        if reservation { String::new() } else { gpu_hours_decimal(r.gpu_milli_ms) },
-        if reservation { String::new() } else { "GPU-Hours".into() },
-        micros_decimal(r.billed_cost_micros),
-        micros_decimal(contracted_price),
-        micros_decimal(r.billed_cost_micros),
-        "Fairway".into(),
-        micros_decimal(r.list_cost_micros),
-        micros_decimal(r.rate_micros_per_gpu_hour),
-        "Standard".into(),
-        pricing_quantity,
-        "GPU-Hours".into(),
-        "Fairway".into(),
-        "Fairway".into(),
-        String::new(),
-        String::new(),
-        resource_id,
-        text(&resource_name),
-        "GPU Job".into(),
-        "AI and Machine Learning".into(),
-        "Fairway GPU Jobs".into(),
-        r.gpu_class.clone(),
-        format!("{}:{}", r.gpu_class, r.rate_micros_per_gpu_hour),
-        r.team_id.to_string(),
-        text(&r.team_name),
-        text(&Value::Object(tags).to_string()),
-        r.gpu_milli_ms.to_string(),
-        r.gpus.to_string(),
-        r.fraction_milli.to_string(),
-        r.id.to_string(),
-        r.corrects.map(|c| c.to_string()).unwrap_or_default(),
+        ("ConsumedQuantity", if reservation { String::new() } else { gpu_hours_decimal(r.gpu_milli_ms) }),
+        ("ConsumedUnit", if reservation { String::new() } else { "GPU-Hours".into() }),
+        ("ContractedCost", micros_decimal(r.billed_cost_micros)),
+        ("ContractedUnitPrice", micros_decimal(contracted_price)),
+        ("EffectiveCost", micros_decimal(r.billed_cost_micros)),
+        ("InvoiceIssuerName", "Fairway".into()),
+        ("ListCost", micros_decimal(r.list_cost_micros)),
+        ("ListUnitPrice", micros_decimal(r.rate_micros_per_gpu_hour)),
+        ("PricingCategory", "Standard".into()),
+        ("PricingQuantity", pricing_quantity),
+        ("PricingUnit", pricing_unit.into()),
+        ("ProviderName", "Fairway".into()),
+        ("PublisherName", "Fairway".into()),
+        ("ResourceId", resource_id),
+        ("ResourceName", text(&resource_name)),
+        ("ResourceType", "GPU Job".into()),
+        ("ServiceCategory", "AI and Machine Learning".into()),
+        ("ServiceName", "Fairway GPU Jobs".into()),
+        ("ServiceSubcategory", "Machine Learning".into()),
+        ("SkuId", r.gpu_class.clone()),
+        ("SkuMeter", sku_meter.into()),
+        ("SkuPriceDetails", sku_price_details.to_string()),
+        ("SkuPriceId", format!("{}:{}", r.gpu_class, r.rate_micros_per_gpu_hour)),
+        ("SubAccountId", r.team_id.to_string()),
+        ("SubAccountName", text(&r.team_name)),
+        ("Tags", text(&Value::Object(tags).to_string())),
+        ("x_GpuMilliMs", r.gpu_milli_ms.to_string()),
+        ("x_Gpus", r.gpus.to_string()),
+        ("x_GpuFractionMilli", r.fraction_milli.to_string()),
+        ("x_LedgerId", r.id.to_string()),
+        ("x_CorrectsLedgerId", r.corrects.map(|c| c.to_string()).unwrap_or_default()),
     ]
+    .into_iter()
+    .collect();
+    // Columns not named above (availability zone, region, commitment discounts) are null.
+    let row = FOCUS_COLUMNS.iter().map(|column| fields.remove(column).unwrap_or_default()).collect();
+    debug_assert!(fields.is_empty(), "values for columns the header lacks: {:?}", fields.keys());
+    row
 }
 
 /// User-supplied text made safe for spreadsheets: a leading `=`, `+`, `-`, `@`, tab or
@@ -404,14 +461,15 @@ fn csv_line(out: &mut String, fields: &[String]) {
 pub const PAGE: i64 = 5_000;
 
 /// Writes the export of `period` to `sink` page by page, reading in one repeatable-read
-/// transaction so the rows and the control record describe one state of the ledger.
+/// transaction so the rows and the control record describe one state of the ledger; returns
+/// the control record.
 pub async fn write<F, Fut>(
     pool: &sqlx::PgPool,
     period: NaiveDate,
     format: Format,
     currency: &str,
     mut sink: F,
-) -> Result<(), ExportError>
+) -> Result<Control, ExportError>
 where
     F: FnMut(Vec<u8>) -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -435,10 +493,18 @@ where
         }
     }
     tx.commit().await?;
-    if !sink(exporter.control()).await {
-        return Err(ExportError::Closed);
-    }
-    Ok(())
+    Ok(exporter.control())
+}
+
+/// The control record of the export of `period` as it would be written now, without keeping
+/// its bytes. For a closed period it is the record of every download.
+pub async fn control(
+    pool: &sqlx::PgPool,
+    period: NaiveDate,
+    format: Format,
+    currency: &str,
+) -> Result<Control, ExportError> {
+    write(pool, period, format, currency, |_| std::future::ready(true)).await
 }
 
 /// Why an export stopped.
@@ -468,7 +534,7 @@ pub fn stream(
         if let Err(ExportError::Db(e)) = write(&pool, period, format, &currency, sink).await {
             tracing::error!(error = %e, "billing export failed midway");
             // The body ends with an error, so the client sees a broken transfer rather than
-            // a short file that looks complete (it also lacks the control record).
+            // a short file that looks complete (and its control record would not match).
             let _ = tx.send(Err(std::io::Error::other("the export failed"))).await;
         }
     });
@@ -515,12 +581,19 @@ mod tests {
         }
     }
 
-    fn export(format: Format, rows: &[ExportRow]) -> String {
+    fn export_with_control(format: Format, rows: &[ExportRow]) -> (String, Control) {
         let mut e = Exporter::new(format, NaiveDate::from_ymd_opt(2026, 11, 1).unwrap(), "USD");
         let mut bytes = e.header();
         bytes.extend(e.rows(rows));
-        bytes.extend(e.control());
-        String::from_utf8(bytes).unwrap()
+        (String::from_utf8(bytes).unwrap(), e.control())
+    }
+
+    fn export(format: Format, rows: &[ExportRow]) -> String {
+        export_with_control(format, rows).0
+    }
+
+    fn mig_row(id: i64) -> ExportRow {
+        ExportRow { gpu_class: "a100-80gb.mig-3g.40gb".into(), fraction_milli: 428, ..row(id, "mig") }
     }
 
     #[test]
@@ -571,19 +644,62 @@ mod tests {
         assert_eq!(fields(lines[2]), FOCUS_COLUMNS.len(), "{}", lines[2]);
         assert!(lines[1].contains("2026-11-01T00:00:00.000Z"), "{}", lines[1]);
         assert!(lines[1].contains(",GPU-Hours,"), "{}", lines[1]);
-        assert!(lines[3].starts_with("\"# control {\"\"billed_cost\"\":"), "{}", lines[3]);
+        // Data rows and nothing else: the control record travels beside the file.
+        assert_eq!(lines.len(), 4, "{text}");
+        assert_eq!(lines[3], "");
+    }
+
+    /// The value of `column` in the first data row of a FOCUS export.
+    fn focus_value(text: &str, column: &str) -> String {
+        let at = FOCUS_COLUMNS.iter().position(|c| *c == column).unwrap();
+        let line = text.split("\r\n").nth(1).unwrap();
+        let mut fields = Vec::new();
+        let (mut field, mut quoted, mut chars) = (String::new(), false, line.chars().peekable());
+        while let Some(c) = chars.next() {
+            match c {
+                '"' if quoted && chars.peek() == Some(&'"') => {
+                    field.push('"');
+                    chars.next();
+                }
+                '"' => quoted = !quoted,
+                ',' if !quoted => fields.push(std::mem::take(&mut field)),
+                c => field.push(c),
+            }
+        }
+        fields.push(field);
+        fields[at].clone()
     }
 
     #[test]
-    fn the_control_record_counts_the_rows_and_hashes_what_came_before() {
-        let text = export(Format::Json, &[row(1, "a"), row(2, "b")]);
-        let (data, control) = text.trim_end().rsplit_once('\n').unwrap();
-        let control: Value = serde_json::from_str(control).unwrap();
-        assert_eq!(control["control"]["rows"], 2);
-        assert_eq!(control["control"]["billed_cost"], "2.000000");
-        let digest = Sha256::digest(format!("{data}\n").as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        assert_eq!(control["control"]["sha256"], hex.as_str());
+    fn a_mig_row_is_priced_in_slice_hours_and_consumes_its_fraction_of_gpu_hours() {
+        let text = export(Format::Focus, &[mig_row(1)]);
+        // Two 3g.40gb slices for half an hour: one slice-hour priced, 0.428 GPU-hours used.
+        assert_eq!(focus_value(&text, "PricingUnit"), "Slice-Hours");
+        assert_eq!(focus_value(&text, "PricingQuantity"), "1.000000000");
+        assert_eq!(focus_value(&text, "ConsumedUnit"), "GPU-Hours");
+        assert_eq!(focus_value(&text, "ConsumedQuantity"), "0.428000000");
+        assert_eq!(focus_value(&text, "SkuMeter"), "GPU Slice Time");
+        let details: Value = serde_json::from_str(&focus_value(&text, "SkuPriceDetails")).unwrap();
+        assert_eq!(details, json!({"GpuClass": "a100-80gb.mig-3g.40gb", "GpuFraction": "0.428"}));
+        let whole = ExportRow { fraction_milli: 1000, gpu_milli_ms: 2 * 1000 * 1_800_000, ..row(2, "whole") };
+        let whole = export(Format::Focus, &[whole]);
+        assert_eq!(focus_value(&whole, "PricingUnit"), "GPU-Hours");
+        assert_eq!(focus_value(&whole, "PricingQuantity"), focus_value(&whole, "ConsumedQuantity"));
+        assert_eq!(focus_value(&whole, "SkuMeter"), "GPU Time");
+    }
+
+    #[test]
+    fn the_control_record_counts_the_rows_and_hashes_the_whole_file() {
+        for format in [Format::Csv, Format::Json, Format::Focus] {
+            let (text, control) = export_with_control(format, &[row(1, "a"), row(2, "b")]);
+            assert_eq!(control.rows, 2);
+            assert_eq!(control.billed_cost, "2.000000");
+            assert_eq!(control.gpu_milli_ms, (2 * 2 * 428 * 1_800_000_i64).to_string());
+            assert_eq!(control.format, format.as_str());
+            let digest = Sha256::digest(text.as_bytes());
+            let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+            assert_eq!(control.sha256, hex);
+        }
     }
 
     #[test]

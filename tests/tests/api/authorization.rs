@@ -124,6 +124,10 @@ fn matrix() -> Vec<Row> {
             allowed_problem: Some((422, "validation_failed")),
             ..row("GET", "/api/v1/billing/exports", FINANCE, None)
         },
+        Row {
+            allowed_problem: Some((422, "validation_failed")),
+            ..row("GET", "/api/v1/billing/exports/control", FINANCE, None)
+        },
         row("GET", "/api/v1/billing/periods", FINANCE, None),
         // Without `?period=` an allowed caller is told which parameter is missing.
         Row {

@@ -10,6 +10,7 @@ use fairway::domain::{GpuClassId, JobId, TeamId};
 use fairway::{db, metering, rng::SplitMix64};
 use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
+use sha2::Digest as _;
 
 const H100_RATE: i64 = 2_500_000;
 const MIG_RATE: i64 = 900_000;
@@ -134,12 +135,42 @@ async fn export(s: &Setup, period: &str, format: &str) -> String {
     String::from_utf8(r.body.clone()).expect("UTF-8")
 }
 
-/// The control record of a CSV export (its last line, one quoted field) as JSON.
-fn control(csv: &str) -> Value {
-    let last = csv.trim_end().lines().last().expect("a control line");
-    let field =
-        last.strip_prefix('"').and_then(|l| l.strip_suffix('"')).expect("one quoted field").replace("\"\"", "\"");
-    serde_json::from_str(field.strip_prefix("# control ").expect("a control record")).expect("control JSON")
+/// The fields of one RFC 4180 line: quoted fields may hold commas and doubled quotes.
+fn csv_fields(line: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
+/// The control record served beside the export of `period` in `format`, checked against the
+/// export's own bytes (`export`) first: its SHA-256 is that of the file.
+async fn control(s: &Setup, period: &str, format: &str, export: &str) -> Value {
+    let r = s
+        .app
+        .send(
+            call("GET", &format!("/api/v1/billing/exports/control?period={period}&format={format}")).token(&s.finance),
+        )
+        .await;
+    r.assert_status(200);
+    let control = r.json();
+    let digest = sha2::Sha256::digest(export.as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(control["sha256"], hex.as_str(), "{control}");
+    assert_eq!(control["period"], period);
+    assert_eq!(control["format"], format);
+    control
 }
 
 #[tokio::test]
@@ -236,13 +267,11 @@ async fn two_thousand_jobs_book_exactly_their_gpu_time_and_ledger_rollups_and_ex
     let lines: Vec<&str> = csv.lines().collect();
     let header: Vec<&str> = lines[0].split(',').collect();
     let column = header.iter().position(|c| *c == "gpu_milli_ms").expect("gpu_milli_ms column");
-    let exported: i64 = lines[1..lines.len() - 1]
-        .iter()
-        .map(|l| l.split(',').nth(column).expect("field").parse::<i64>().expect("an integer"))
-        .sum();
+    let exported: i64 =
+        lines[1..].iter().map(|l| l.split(',').nth(column).expect("field").parse::<i64>().expect("an integer")).sum();
     assert_eq!(exported, october_truth);
-    let c = control(&csv);
-    assert_eq!(c["rows"].as_u64(), Some((lines.len() - 2) as u64));
+    let c = control(&s, "2026-10", "csv", &csv).await;
+    assert_eq!(c["rows"].as_u64(), Some((lines.len() - 1) as u64));
     assert_eq!(c["gpu_milli_ms"], october_truth.to_string());
     let billed =
         scalar(pool, "select sum(billed_cost_micros)::int8 from usage_ledger where billing_period = '2026-10-01'")
@@ -343,15 +372,19 @@ async fn a_closed_period_re_exports_byte_for_byte_and_late_usage_lands_in_the_ne
     run_and_close(&s.app.pool, late, t("2026-10-20T00:00:00Z"), t("2026-10-20T01:00:00Z")).await;
     let again = export(&s, "2026-10", "focus").await;
     assert_eq!(first, again, "a closed period's export never changes");
-    assert_eq!(control(&first)["rows"], 2);
+    let c = control(&s, "2026-10", "focus", &again).await;
+    assert_eq!(c["rows"], 2);
+    assert_eq!(c["closed"], true);
 
     let november = export(&s, "2026-11", "focus").await;
     let lines: Vec<&str> = november.lines().collect();
-    assert_eq!(lines.len(), 3, "{november}");
+    assert_eq!(lines.len(), 2, "the header and the correction, nothing else: {november}");
+    assert_eq!(control(&s, "2026-11", "focus", &november).await["closed"], false);
     let header: Vec<&str> = lines[0].split(',').collect();
+    let row = csv_fields(lines[1]);
     let field = |name: &str| {
         let i = header.iter().position(|c| *c == name).unwrap_or_else(|| panic!("no column {name}"));
-        lines[1].split(',').nth(i).unwrap_or_default().to_owned()
+        row[i].clone()
     };
     assert_eq!(field("ChargeClass"), "Correction");
     assert_eq!(field("ChargePeriodStart"), "2026-10-20T00:00:00.000Z");
@@ -514,7 +547,8 @@ async fn under_reserved_plus_burst_a_team_pays_its_reservation_hourly_and_only_b
     let focus = export(&s, "2026-10", "focus").await;
     let header: Vec<&str> = focus.lines().next().unwrap().split(',').collect();
     let category = header.iter().position(|c| *c == "ChargeCategory").unwrap();
-    let purchases = focus.lines().filter(|l| l.split(',').nth(category) == Some("Purchase")).count();
+    let purchases =
+        focus.lines().filter(|l| csv_fields(l).get(category).map(String::as_str) == Some("Purchase")).count();
     assert_eq!(purchases, 4, "one line per reservation piece");
 }
 
@@ -611,4 +645,70 @@ async fn an_export_is_gzipped_for_a_client_that_accepts_it_and_inflates_to_the_s
     // Without Accept-Encoding nothing changes.
     let r = s.app.send(call("GET", path).token(&s.finance)).await;
     assert_eq!(r.header("content-encoding"), None);
+}
+
+/// Runs `.ci/check-focus` (the FinOps Foundation's focus-validator from PyPI, FOCUS 1.1
+/// rules) over `csv`; returns whether it passed, and what it printed.
+fn focus_validator(name: &str, csv: &str) -> (bool, String) {
+    let path = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}.csv", uuid::Uuid::new_v4()));
+    std::fs::write(&path, csv).expect("write the export");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/check-focus");
+    let out = std::process::Command::new("bash").arg(script).arg(&path).output().expect("run .ci/check-focus");
+    let _ = std::fs::remove_file(&path);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), text)
+}
+
+#[tokio::test]
+async fn focus_exports_of_every_kind_of_row_pass_the_finops_foundations_focus_validator() {
+    let s = setup().await;
+    let (ml, h100) = (s.teams[0].1, s.classes[0].1);
+    let mig = s.classes[1].1;
+    let pricing = metering::Pricing { currency: "USD".into(), chargeback: metering::Chargeback::ReservedPlusBurst };
+    // Reserved quota (hourly purchases), usage inside it and on borrowed GPUs, MIG slices.
+    sqlx::query("insert into quota_history (team_id, gpu_class_id, effective_from, reserved) values ($1, $2, $3, 2)")
+        .bind(ml)
+        .bind(h100)
+        .bind(t("2026-10-07T06:00:00Z"))
+        .execute(&s.app.pool)
+        .await
+        .expect("quota history");
+    metering::reservations::book(&s.app.pool, t("2026-10-07T00:00:00Z"), t("2026-10-07T09:00:00Z"), &pricing)
+        .await
+        .expect("book reservations");
+    let within = admitted_job(&s, ml, h100, 2, "within").await;
+    let borrowed = admitted_job(&s, ml, h100, 2, "=borrowed,\"quoted\"").await;
+    sqlx::query("update jobs set borrowing = true where id = $1").bind(borrowed).execute(&s.app.pool).await.unwrap();
+    let slices = admitted_job(&s, ml, mig, 3, "slices").await;
+    for job in [within, borrowed, slices] {
+        let mut tx = s.app.pool.begin().await.unwrap();
+        db::attempts::open_intervals(&mut tx, &[(job, 1, t("2026-10-07T06:00:00Z"))]).await.unwrap();
+        db::attempts::close_intervals(&mut tx, &[(job, 1, t("2026-10-07T07:30:00Z"))]).await.unwrap();
+        metering::ledger::book(&mut tx, job, 1, None, &pricing).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+    // October closed, then October usage reported late: a correction in November.
+    s.app.send(call("POST", "/api/v1/billing/periods/2026-10/close").token(&s.finance)).await.assert_status(200);
+    let late = admitted_job(&s, ml, h100, 1, "late").await;
+    run_and_close(&s.app.pool, late, t("2026-10-20T00:00:00Z"), t("2026-10-20T01:00:00Z")).await;
+
+    let october = export(&s, "2026-10", "focus").await;
+    let november = export(&s, "2026-11", "focus").await;
+    for (period, csv, kinds) in
+        [("2026-10", &october, ["Purchase", "Usage"]), ("2026-11", &november, ["Correction", "Usage"])]
+    {
+        for kind in kinds {
+            assert!(csv.contains(&format!(",{kind},")), "{period} has {kind} rows:\n{csv}");
+        }
+        let (passed, report) = focus_validator(period, csv);
+        assert!(passed, "{period} fails focus-validator:\n{report}");
+        assert!(report.contains("rows pass all"), "{report}");
+    }
+    assert!(october.contains(",Slice-Hours,"), "MIG rows are priced per slice-hour:\n{october}");
+
+    // The check can fail: a charge category FOCUS does not define is found.
+    let broken = october.replacen(",Usage,", ",Use,", 1);
+    let (passed, report) = focus_validator("broken", &broken);
+    assert!(!passed, "a made-up ChargeCategory passed:\n{report}");
+    assert!(report.contains("ChargeCategory_Enum failed"), "{report}");
 }
