@@ -117,10 +117,34 @@ impl Metrics {
         }
     }
 
-    /// Records whether this process leads the control loop.
+    /// Records whether this process leads the control loop. A replica that stops leading
+    /// withdraws the gauges only the leader keeps current (pending jobs, allocation, budget
+    /// spend): exported stale, they would be summed with the new leader's by a dashboard.
     pub fn leader(&self, leading: bool) {
         if let Ok(mut m) = self.scheduler.lock() {
             m.leader = leading;
+            if !leading {
+                m.pending.clear();
+                m.allocation.clear();
+            }
+        }
+        if !leading {
+            if let Ok(mut m) = self.budgets.lock() {
+                m.spent_ratio.clear();
+            }
+        }
+    }
+
+    /// Declares the label values of the scheduler's counters, so each series exists (at 0)
+    /// before its first event: `rate()` and alerts then see a zero, not a missing series.
+    pub fn declare(&self, preemption_reasons: &[&str], outcomes: &[&str]) {
+        if let Ok(mut m) = self.scheduler.lock() {
+            for reason in preemption_reasons {
+                m.preemptions.entry((*reason).to_owned()).or_default();
+            }
+            for outcome in outcomes {
+                m.outcomes.entry((*outcome).to_owned()).or_default();
+            }
         }
     }
 
@@ -247,6 +271,10 @@ impl Metrics {
     /// The Prometheus text exposition. `pool` is (open, idle) database connections.
     pub fn render(&self, pool: (u32, usize), tenants: Tenants) -> String {
         let mut out = String::new();
+        out.push_str("# HELP fairway_build_info The running build: 1, labelled with its version.\n");
+        out.push_str("# TYPE fairway_build_info gauge\n");
+        let _ = writeln!(out, "fairway_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        render_process(&mut out);
         out.push_str("# HELP fairway_http_requests_total HTTP requests by method, route and status.\n");
         out.push_str("# TYPE fairway_http_requests_total counter\n");
         if let Ok(requests) = self.requests.lock() {
@@ -278,6 +306,47 @@ impl Metrics {
     }
 }
 
+/// The standard `process_*` metrics, read from `/proc/self` (Linux); any that cannot be read
+/// are left out.
+fn render_process(out: &mut String) {
+    // Linux reports memory in pages and CPU time in USER_HZ ticks: 4 KiB and 100 on every
+    // architecture Fairway is built for (x86-64, arm64).
+    let page = 4096.0;
+    let ticks = 100.0;
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after `pid (comm) `, numbered from 3 (state) as in proc(5).
+    let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, rest)| rest.split(' ').collect()).unwrap_or_default();
+    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+    if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+        out.push_str("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n");
+        out.push_str("# TYPE process_cpu_seconds_total counter\n");
+        let _ = writeln!(out, "process_cpu_seconds_total {}", (utime + stime) / ticks);
+    }
+    if let Some(rss) = field(24) {
+        out.push_str("# HELP process_resident_memory_bytes Resident memory size in bytes.\n");
+        out.push_str("# TYPE process_resident_memory_bytes gauge\n");
+        let _ = writeln!(out, "process_resident_memory_bytes {}", rss * page);
+    }
+    if let Some(vsize) = field(23) {
+        out.push_str("# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n");
+        out.push_str("# TYPE process_virtual_memory_bytes gauge\n");
+        let _ = writeln!(out, "process_virtual_memory_bytes {vsize}");
+    }
+    let boot = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok())));
+    if let (Some(boot), Some(start)) = (boot, field(22)) {
+        out.push_str("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n");
+        out.push_str("# TYPE process_start_time_seconds gauge\n");
+        let _ = writeln!(out, "process_start_time_seconds {}", boot + start / ticks);
+    }
+    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+        out.push_str("# HELP process_open_fds Number of open file descriptors.\n");
+        out.push_str("# TYPE process_open_fds gauge\n");
+        let _ = writeln!(out, "process_open_fds {}", fds.count());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,6 +360,56 @@ mod tests {
         let hidden = metrics.render((1, 1), Tenants::Hidden);
         assert!(!hidden.contains("secret-project") && !hidden.contains("team="), "{hidden}");
         assert!(hidden.contains("fairway_scheduler_leader"), "the rest is still there");
+    }
+
+    #[test]
+    fn a_replica_that_stops_leading_withdraws_the_leaders_gauges_and_keeps_its_counters() {
+        let metrics = Metrics::default();
+        metrics.leader(true);
+        let pending = vec![(("ml".to_owned(), "h100".to_owned()), 3)];
+        metrics.cycle(Duration::from_millis(5), pending, vec![("h100".into(), 4, 8)], &[], &[], &["priority"]);
+        metrics.budgets(BTreeMap::from([("ml".to_owned(), 0.5)]));
+        let leading = metrics.render((1, 1), Tenants::Named);
+        assert!(leading.contains("fairway_pending_jobs{team=\"ml\",gpu_class=\"h100\"} 3"), "{leading}");
+        assert!(leading.contains("fairway_gpus_allocated{gpu_class=\"h100\"} 4"), "{leading}");
+        assert!(leading.contains("fairway_budget_spent_ratio{team=\"ml\"} 0.5"), "{leading}");
+        metrics.leader(false);
+        let standing_by = metrics.render((1, 1), Tenants::Named);
+        assert!(standing_by.contains("fairway_scheduler_leader 0"), "{standing_by}");
+        for gone in [
+            "fairway_pending_jobs{",
+            "fairway_gpus_allocated{",
+            "fairway_gpus_capacity{",
+            "fairway_budget_spent_ratio{",
+        ] {
+            assert!(!standing_by.contains(gone), "{gone} is stale after leadership is lost:\n{standing_by}");
+        }
+        assert!(standing_by.contains("fairway_preemptions_total{reason=\"priority\"} 1"), "counters stay");
+    }
+
+    #[test]
+    fn declared_counters_are_zero_before_their_first_event_and_build_and_process_metrics_are_there() {
+        let metrics = Metrics::default();
+        metrics.declare(&["priority", "reclaim"], &["succeeded", "node_lost"]);
+        let text = metrics.render((1, 1), Tenants::Hidden);
+        for series in [
+            "fairway_preemptions_total{reason=\"reclaim\"} 0",
+            "fairway_job_attempts_total{outcome=\"node_lost\"} 0",
+            &format!("fairway_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION")),
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+        let value = |name: &str| -> f64 {
+            let prefix = format!("{name} ");
+            let line = text.lines().find(|l| l.starts_with(&prefix)).unwrap_or_else(|| panic!("{name} missing"));
+            line[prefix.len()..].parse().unwrap()
+        };
+        assert!(value("process_cpu_seconds_total") >= 0.0);
+        assert!(value("process_resident_memory_bytes") > 1e6, "a running test binary holds megabytes");
+        assert!(value("process_open_fds") >= 3.0, "stdin, stdout and stderr at least");
+        let started = value("process_start_time_seconds");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+        assert!(started <= now + 1.0 && now - started < 3600.0, "started {started}, now {now}");
     }
 
     #[test]

@@ -83,6 +83,10 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome's [`Outcome::code`], for metrics that show each from the start.
+    pub const CODES: [&'static str; 6] =
+        ["succeeded", "app_failed", "preempted", "capacity_unavailable", "node_lost", "stopped"];
+
     /// Stable code for events and metrics.
     pub fn code(&self) -> &'static str {
         match self {
@@ -312,6 +316,20 @@ pub trait Backend: Send + Sync {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_list_of_outcome_codes_names_every_outcome_once() {
+        let every = [
+            Outcome::Succeeded,
+            Outcome::AppFailed { exit_code: Some(1), reason: "Error".into() },
+            Outcome::Preempted,
+            Outcome::CapacityUnavailable,
+            Outcome::NodeLost,
+            Outcome::Stopped,
+        ];
+        let codes: Vec<&str> = every.iter().map(Outcome::code).collect();
+        assert_eq!(codes, Outcome::CODES);
+    }
 
     #[test]
     fn object_names_are_stable_per_attempt_and_valid_dns_labels() {

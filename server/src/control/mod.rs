@@ -115,6 +115,8 @@ pub struct Ctx {
 /// database as the pool; `holder` names this process (its sessions carry it as their
 /// application name, so a successor can end them).
 pub fn spawn(ctx: Ctx, options: sqlx::postgres::PgConnectOptions, holder: String) -> tokio::task::JoinHandle<()> {
+    let reasons = crate::scheduler::PreemptReason::ALL.map(crate::scheduler::PreemptReason::code);
+    ctx.metrics.declare(&reasons, &crate::backends::Outcome::CODES);
     let (tx, mut rx) = watch::channel(None);
     tokio::spawn(leader::run(options, holder, ctx.config.lease, tx));
     tokio::spawn(async move {

@@ -30,6 +30,9 @@ pub enum PreemptReason {
 }
 
 impl PreemptReason {
+    /// Every reason, for metrics that show each from the start.
+    pub const ALL: [PreemptReason; 3] = [PreemptReason::Priority, PreemptReason::Reclaim, PreemptReason::FairShare];
+
     /// Stable code.
     pub fn code(self) -> &'static str {
         match self {
