@@ -1,11 +1,25 @@
 //! Logging and metrics. Logs are compact text locally and JSON lines in clusters
-//! (`FAIRWAY_LOG_FORMAT=json`); metrics are Prometheus text at `/metrics`. The request
-//! middleware that feeds them lives in `http::trace`.
-//!
-//! The metrics registry is a handful of counters and one histogram kept under a mutex: the
-//! request rate of a control-plane API does not justify a metrics crate and its dependencies.
+//! (`FAIRWAY_LOG_FORMAT=json`); metrics are OpenMetrics text at `/metrics`, kept and encoded
+//! by `prometheus-client` (the Prometheus project's Rust client). The request middleware that
+//! feeds them lives in `http::trace`.
 
-use std::{collections::BTreeMap, fmt::Write as _, sync::Mutex, time::Duration};
+use std::{collections::BTreeMap, sync::atomic::AtomicU64, time::Duration};
+
+use prometheus_client::{
+    collector::Collector,
+    encoding::{
+        text::{encode_eof, encode_registry},
+        DescriptorEncoder, EncodeLabelSet, EncodeMetric as _,
+    },
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::Histogram,
+        info::Info,
+    },
+    registry::Registry,
+};
 
 /// Installs the global tracing subscriber once (levels from `RUST_LOG`, else `default_filter`);
 /// later calls are no-ops.
@@ -21,8 +35,14 @@ pub fn init(json: bool, default_filter: &str) {
 
 /// Upper bounds of the HTTP latency histogram, in seconds.
 const BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// Upper bounds of the scheduling-cycle histogram, in seconds.
+const CYCLE_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+/// Upper bounds of the admission-latency and queue-wait histograms, in seconds.
+const WAIT_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 43_200.0, 86_400.0];
 
-/// Request counters and latencies by route, and the control loop's figures.
+/// The media type of [`Metrics::render`]: OpenMetrics text, which Prometheus scrapes.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
 /// Whether a rendering may name teams: only for a caller holding the metrics token, since a
 /// team's existence must not leak to anyone else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,317 +53,353 @@ pub enum Tenants {
     Hidden,
 }
 
-#[derive(Default)]
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    method: String,
+    route: String,
+    status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    method: String,
+    route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClassLabels {
+    gpu_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TeamClassLabels {
+    team: String,
+    gpu_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WaitLabels {
+    gpu_class: String,
+    priority_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterKindLabels {
+    cluster: String,
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TeamLabels {
+    team: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TeamThresholdLabels {
+    team: String,
+    threshold: i32,
+}
+
+type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// A job admitted in a cycle, for the wait histograms: how long it waited, and the labels
+/// operators slice waits by.
+#[derive(Debug, Clone)]
+pub struct Waited {
+    /// The job's GPU class.
+    pub gpu_class: String,
+    /// The job's priority class.
+    pub priority_class: String,
+    /// Seconds waited.
+    pub seconds: f64,
+}
+
+/// Request counters and latencies by route, the control loop's figures, and budget spend, as
+/// `prometheus-client` families in two registries: `public` for series that name no team,
+/// `tenants` for those that do (rendered only for the metrics token's holder).
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), u64>>,
-    latency: Mutex<BTreeMap<(String, String), Buckets>>,
-    scheduler: Mutex<SchedulerMetrics>,
-    budgets: Mutex<BudgetMetrics>,
+    public: Registry,
+    tenants: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Histograms<RouteLabels>,
+    db_connections: Family<StateLabels, Gauge>,
+    leader: Gauge,
+    pending: Family<TeamClassLabels, Gauge>,
+    allocated: Family<ClassLabels, Gauge>,
+    capacity: Family<ClassLabels, Gauge>,
+    cycles: Histogram,
+    admission_latency: Histograms<WaitLabels>,
+    queue_wait: Histograms<WaitLabels>,
+    preemptions: Family<ReasonLabels, Counter>,
+    dispatch_errors: Family<ClusterKindLabels, Counter>,
+    outcomes: Family<OutcomeLabels, Counter>,
+    budget_spent_ratio: Family<TeamLabels, Gauge<f64, AtomicU64>>,
+    budget_alerts: Family<TeamThresholdLabels, Counter>,
 }
 
-/// What the metering pass reports of budgets.
-#[derive(Default)]
-struct BudgetMetrics {
-    /// Per team: spent ÷ budget of the current period, in the budget's unit.
-    spent_ratio: BTreeMap<String, f64>,
-    /// Alerts raised since start, by team and threshold (percent).
-    alerts: BTreeMap<(String, i32), u64>,
-}
-
-/// Upper bounds of the scheduling-cycle histogram, in seconds.
-const CYCLE_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
-/// Upper bounds of the admission-latency and queue-wait histograms, in seconds.
-const WAIT_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 43_200.0, 86_400.0];
-
-/// A histogram over fixed bounds.
-#[derive(Default, Clone)]
-struct Buckets {
-    counts: Vec<u64>,
-    count: u64,
-    sum: f64,
-}
-
-impl Buckets {
-    fn observe(&mut self, bounds: &[f64], value: f64) {
-        if self.counts.len() != bounds.len() {
-            self.counts = vec![0; bounds.len()];
-        }
-        for (i, bound) in bounds.iter().enumerate() {
-            if value <= *bound {
-                self.counts[i] += 1;
-            }
-        }
-        self.count += 1;
-        self.sum += value;
+impl Default for Metrics {
+    fn default() -> Self {
+        let latency: Histograms<RouteLabels> = Family::new_with_constructor(|| Histogram::new(BUCKETS));
+        let waits = || -> Histograms<WaitLabels> { Family::new_with_constructor(|| Histogram::new(WAIT_BUCKETS)) };
+        let m = Self {
+            public: Registry::default(),
+            tenants: Registry::default(),
+            requests: Family::default(),
+            latency,
+            db_connections: Family::default(),
+            leader: Gauge::default(),
+            pending: Family::default(),
+            allocated: Family::default(),
+            capacity: Family::default(),
+            cycles: Histogram::new(CYCLE_BUCKETS),
+            admission_latency: waits(),
+            queue_wait: waits(),
+            preemptions: Family::default(),
+            dispatch_errors: Family::default(),
+            outcomes: Family::default(),
+            budget_spent_ratio: Family::default(),
+            budget_alerts: Family::default(),
+        };
+        m.registered()
     }
-
-    /// Writes the series of `name`; `labels` (e.g. `method="GET",`) go before `le`.
-    fn render(&self, out: &mut String, name: &str, labels: &str, bounds: &[f64]) {
-        for (i, bound) in bounds.iter().enumerate() {
-            let n = self.counts.get(i).copied().unwrap_or(0);
-            let _ = writeln!(out, "{name}_bucket{{{labels}le=\"{bound}\"}} {n}");
-        }
-        let _ = writeln!(out, "{name}_bucket{{{labels}le=\"+Inf\"}} {}", self.count);
-        let labels = labels.trim_end_matches(',');
-        let labels = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
-        let _ = writeln!(out, "{name}_sum{labels} {}", self.sum);
-        let _ = writeln!(out, "{name}_count{labels} {}", self.count);
-    }
-}
-
-/// What the control loop reports: gauges from the last cycle, counters since start.
-#[derive(Default)]
-struct SchedulerMetrics {
-    leader: bool,
-    pending: Vec<((String, String), u64)>,
-    allocation: Vec<(String, u64, u64)>,
-    cycles: Buckets,
-    admission_latency: Buckets,
-    queue_wait: Buckets,
-    preemptions: BTreeMap<String, u64>,
-    dispatch_errors: BTreeMap<(String, String), u64>,
-    outcomes: BTreeMap<String, u64>,
 }
 
 impl Metrics {
+    fn registered(mut self) -> Self {
+        let p = &mut self.public;
+        p.register(
+            "fairway_build",
+            "The running build, labelled with its version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        p.register_collector(Box::new(Process));
+        p.register("fairway_http_requests", "HTTP requests by method, route and status", self.requests.clone());
+        p.register("fairway_http_request_duration_seconds", "HTTP request latency", self.latency.clone());
+        p.register("fairway_db_connections", "Database pool connections by state", self.db_connections.clone());
+        p.register(
+            "fairway_scheduler_leader",
+            "Whether this process runs the scheduler (1) or stands by (0)",
+            self.leader.clone(),
+        );
+        p.register("fairway_gpus_allocated", "GPUs held by admitted jobs, by GPU class", self.allocated.clone());
+        p.register("fairway_gpus_capacity", "GPUs the clusters offer, by GPU class", self.capacity.clone());
+        p.register(
+            "fairway_scheduling_cycle_duration_seconds",
+            "Snapshot, engine and commit of one cycle",
+            self.cycles.clone(),
+        );
+        p.register(
+            "fairway_admission_latency_seconds",
+            "Time from submission to first admission, by GPU class and priority class",
+            self.admission_latency.clone(),
+        );
+        p.register(
+            "fairway_queue_wait_seconds",
+            "Time from entering the queue (or re-entering it) to admission, by GPU class and priority class",
+            self.queue_wait.clone(),
+        );
+        p.register("fairway_preemptions", "Jobs preempted, by reason", self.preemptions.clone());
+        p.register(
+            "fairway_dispatch_errors",
+            "Failed backend calls, by cluster and kind",
+            self.dispatch_errors.clone(),
+        );
+        p.register("fairway_job_attempts", "Ended job attempts, by outcome", self.outcomes.clone());
+        let t = &mut self.tenants;
+        t.register("fairway_pending_jobs", "Jobs waiting for admission, by team and GPU class", self.pending.clone());
+        t.register(
+            "fairway_budget_spent_ratio",
+            "Spend of the current period over its budget, per team",
+            self.budget_spent_ratio.clone(),
+        );
+        t.register(
+            "fairway_budget_alerts",
+            "Budget alerts raised, per team and threshold (percent)",
+            self.budget_alerts.clone(),
+        );
+        self
+    }
+
     /// Records one finished request.
     pub fn observe(&self, method: &str, route: &str, status: u16, elapsed: Duration) {
-        let key = (method.to_owned(), route.to_owned());
-        if let Ok(mut requests) = self.requests.lock() {
-            *requests.entry((key.0.clone(), key.1.clone(), status)).or_default() += 1;
-        }
-        if let Ok(mut latency) = self.latency.lock() {
-            latency.entry(key).or_default().observe(&BUCKETS, elapsed.as_secs_f64());
-        }
+        let (method, route) = (method.to_owned(), route.to_owned());
+        self.latency
+            .get_or_create(&RouteLabels { method: method.clone(), route: route.clone() })
+            .observe(elapsed.as_secs_f64());
+        self.requests.get_or_create(&RequestLabels { method, route, status }).inc();
     }
 
     /// Records whether this process leads the control loop. A replica that stops leading
     /// withdraws the gauges only the leader keeps current (pending jobs, allocation, budget
     /// spend): exported stale, they would be summed with the new leader's by a dashboard.
     pub fn leader(&self, leading: bool) {
-        if let Ok(mut m) = self.scheduler.lock() {
-            m.leader = leading;
-            if !leading {
-                m.pending.clear();
-                m.allocation.clear();
-            }
-        }
+        self.leader.set(i64::from(leading));
         if !leading {
-            if let Ok(mut m) = self.budgets.lock() {
-                m.spent_ratio.clear();
-            }
+            self.pending.clear();
+            self.allocated.clear();
+            self.capacity.clear();
+            self.budget_spent_ratio.clear();
         }
     }
 
     /// Declares the label values of the scheduler's counters, so each series exists (at 0)
     /// before its first event: `rate()` and alerts then see a zero, not a missing series.
     pub fn declare(&self, preemption_reasons: &[&str], outcomes: &[&str]) {
-        if let Ok(mut m) = self.scheduler.lock() {
-            for reason in preemption_reasons {
-                m.preemptions.entry((*reason).to_owned()).or_default();
-            }
-            for outcome in outcomes {
-                m.outcomes.entry((*outcome).to_owned()).or_default();
-            }
+        // Creating the series is the point; the guard each call returns is dropped at once.
+        for reason in preemption_reasons {
+            drop(self.preemptions.get_or_create(&ReasonLabels { reason: (*reason).to_owned() }));
+        }
+        for outcome in outcomes {
+            drop(self.outcomes.get_or_create(&OutcomeLabels { outcome: (*outcome).to_owned() }));
         }
     }
 
-    /// Records one scheduling cycle: its duration, the pending jobs and allocation after it,
-    /// the admitted jobs' waits (since submission, and since they last entered the queue)
-    /// and the preemptions by reason.
+    /// Records one scheduling cycle: its duration, the pending jobs and allocation after it
+    /// (replacing the last), the admitted jobs' waits (since submission, and since they last
+    /// entered the queue) and the preemptions by reason.
     pub fn cycle(
         &self,
         duration: Duration,
         pending: Vec<((String, String), u64)>,
         allocation: Vec<(String, u64, u64)>,
-        admission_latencies: &[f64],
-        queue_waits: &[f64],
+        admission_latencies: &[Waited],
+        queue_waits: &[Waited],
         preemptions: &[&str],
     ) {
-        if let Ok(mut m) = self.scheduler.lock() {
-            m.cycles.observe(&CYCLE_BUCKETS, duration.as_secs_f64());
-            m.pending = pending;
-            m.allocation = allocation;
-            for v in admission_latencies {
-                m.admission_latency.observe(&WAIT_BUCKETS, *v);
+        self.cycles.observe(duration.as_secs_f64());
+        // Replaced whole: a team or class with nothing pending any more has no series.
+        self.pending.clear();
+        for ((team, gpu_class), n) in pending {
+            self.pending.get_or_create(&TeamClassLabels { team, gpu_class }).set(gauge_value(n));
+        }
+        for (gpu_class, allocated, capacity) in allocation {
+            let labels = ClassLabels { gpu_class };
+            self.allocated.get_or_create(&labels).set(gauge_value(allocated));
+            self.capacity.get_or_create(&labels).set(gauge_value(capacity));
+        }
+        for (family, waits) in [(&self.admission_latency, admission_latencies), (&self.queue_wait, queue_waits)] {
+            for w in waits {
+                let labels = WaitLabels { gpu_class: w.gpu_class.clone(), priority_class: w.priority_class.clone() };
+                family.get_or_create(&labels).observe(w.seconds);
             }
-            for v in queue_waits {
-                m.queue_wait.observe(&WAIT_BUCKETS, *v);
-            }
-            for r in preemptions {
-                *m.preemptions.entry((*r).to_owned()).or_default() += 1;
-            }
+        }
+        for reason in preemptions {
+            self.preemptions.get_or_create(&ReasonLabels { reason: (*reason).to_owned() }).inc();
         }
     }
 
     /// Records every budgeted team's spent ratio for the current period (replacing the last).
     pub fn budgets(&self, spent_ratio: BTreeMap<String, f64>) {
-        if let Ok(mut m) = self.budgets.lock() {
-            m.spent_ratio = spent_ratio;
+        self.budget_spent_ratio.clear();
+        for (team, ratio) in spent_ratio {
+            self.budget_spent_ratio.get_or_create(&TeamLabels { team }).set(ratio);
         }
     }
 
     /// Counts a budget alert.
     pub fn budget_alert(&self, team: &str, threshold: i32) {
-        if let Ok(mut m) = self.budgets.lock() {
-            *m.alerts.entry((team.to_owned(), threshold)).or_default() += 1;
-        }
-    }
-
-    fn render_budgets(&self, out: &mut String) {
-        let Ok(m) = self.budgets.lock() else { return };
-        out.push_str("# HELP fairway_budget_spent_ratio Spend of the current period over its budget, per team.\n");
-        out.push_str("# TYPE fairway_budget_spent_ratio gauge\n");
-        for (team, ratio) in &m.spent_ratio {
-            let _ = writeln!(out, "fairway_budget_spent_ratio{{team=\"{team}\"}} {ratio}");
-        }
-        out.push_str("# HELP fairway_budget_alerts_total Budget alerts raised, per team and threshold (percent).\n");
-        out.push_str("# TYPE fairway_budget_alerts_total counter\n");
-        for ((team, threshold), n) in &m.alerts {
-            let _ = writeln!(out, "fairway_budget_alerts_total{{team=\"{team}\",threshold=\"{threshold}\"}} {n}");
-        }
+        self.budget_alerts.get_or_create(&TeamThresholdLabels { team: team.to_owned(), threshold }).inc();
     }
 
     /// Counts a failed backend call.
     pub fn dispatch_error(&self, cluster: &str, kind: &str) {
-        if let Ok(mut m) = self.scheduler.lock() {
-            *m.dispatch_errors.entry((cluster.to_owned(), kind.to_owned())).or_default() += 1;
-        }
+        self.dispatch_errors
+            .get_or_create(&ClusterKindLabels { cluster: cluster.to_owned(), kind: kind.to_owned() })
+            .inc();
     }
 
     /// Counts an ended attempt by outcome.
     pub fn outcome(&self, outcome: &str) {
-        if let Ok(mut m) = self.scheduler.lock() {
-            *m.outcomes.entry(outcome.to_owned()).or_default() += 1;
-        }
+        self.outcomes.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }).inc();
     }
 
-    fn render_scheduler(&self, out: &mut String, tenants: Tenants) {
-        let Ok(m) = self.scheduler.lock() else { return };
-        out.push_str("# HELP fairway_scheduler_leader Whether this process runs the scheduler (1) or stands by (0).\n");
-        out.push_str("# TYPE fairway_scheduler_leader gauge\n");
-        let _ = writeln!(out, "fairway_scheduler_leader {}", u8::from(m.leader));
-        if tenants == Tenants::Named {
-            out.push_str("# HELP fairway_pending_jobs Jobs waiting for admission, by team and GPU class.\n");
-            out.push_str("# TYPE fairway_pending_jobs gauge\n");
-            for ((team, class), n) in &m.pending {
-                let _ = writeln!(out, "fairway_pending_jobs{{team=\"{team}\",gpu_class=\"{class}\"}} {n}");
-            }
-        }
-        out.push_str("# HELP fairway_gpus_allocated GPUs held by admitted jobs, by GPU class.\n");
-        out.push_str("# TYPE fairway_gpus_allocated gauge\n");
-        for (class, allocated, _) in &m.allocation {
-            let _ = writeln!(out, "fairway_gpus_allocated{{gpu_class=\"{class}\"}} {allocated}");
-        }
-        out.push_str("# HELP fairway_gpus_capacity GPUs the clusters offer, by GPU class.\n");
-        out.push_str("# TYPE fairway_gpus_capacity gauge\n");
-        for (class, _, capacity) in &m.allocation {
-            let _ = writeln!(out, "fairway_gpus_capacity{{gpu_class=\"{class}\"}} {capacity}");
-        }
-        out.push_str("# HELP fairway_scheduling_cycle_duration_seconds Snapshot, engine and commit of one cycle.\n");
-        out.push_str("# TYPE fairway_scheduling_cycle_duration_seconds histogram\n");
-        m.cycles.render(out, "fairway_scheduling_cycle_duration_seconds", "", &CYCLE_BUCKETS);
-        out.push_str("# HELP fairway_admission_latency_seconds Time from submission to first admission.\n");
-        out.push_str("# TYPE fairway_admission_latency_seconds histogram\n");
-        m.admission_latency.render(out, "fairway_admission_latency_seconds", "", &WAIT_BUCKETS);
-        out.push_str(
-            "# HELP fairway_queue_wait_seconds Time from entering the queue (or re-entering it) to admission.\n",
-        );
-        out.push_str("# TYPE fairway_queue_wait_seconds histogram\n");
-        m.queue_wait.render(out, "fairway_queue_wait_seconds", "", &WAIT_BUCKETS);
-        out.push_str("# HELP fairway_preemptions_total Jobs preempted, by reason.\n");
-        out.push_str("# TYPE fairway_preemptions_total counter\n");
-        for (reason, n) in &m.preemptions {
-            let _ = writeln!(out, "fairway_preemptions_total{{reason=\"{reason}\"}} {n}");
-        }
-        out.push_str("# HELP fairway_dispatch_errors_total Failed backend calls, by cluster and kind.\n");
-        out.push_str("# TYPE fairway_dispatch_errors_total counter\n");
-        for ((cluster, kind), n) in &m.dispatch_errors {
-            let _ = writeln!(out, "fairway_dispatch_errors_total{{cluster=\"{cluster}\",kind=\"{kind}\"}} {n}");
-        }
-        out.push_str("# HELP fairway_job_attempts_total Ended job attempts, by outcome.\n");
-        out.push_str("# TYPE fairway_job_attempts_total counter\n");
-        for (outcome, n) in &m.outcomes {
-            let _ = writeln!(out, "fairway_job_attempts_total{{outcome=\"{outcome}\"}} {n}");
-        }
-    }
-
-    /// The Prometheus text exposition. `pool` is (open, idle) database connections.
+    /// The OpenMetrics text exposition ([`CONTENT_TYPE`]). `pool` is (open, idle) database
+    /// connections.
     pub fn render(&self, pool: (u32, usize), tenants: Tenants) -> String {
-        let mut out = String::new();
-        out.push_str("# HELP fairway_build_info The running build: 1, labelled with its version.\n");
-        out.push_str("# TYPE fairway_build_info gauge\n");
-        let _ = writeln!(out, "fairway_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
-        render_process(&mut out);
-        out.push_str("# HELP fairway_http_requests_total HTTP requests by method, route and status.\n");
-        out.push_str("# TYPE fairway_http_requests_total counter\n");
-        if let Ok(requests) = self.requests.lock() {
-            for ((method, route, status), n) in requests.iter() {
-                let _ = writeln!(
-                    out,
-                    "fairway_http_requests_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} {n}"
-                );
-            }
-        }
-        out.push_str("# HELP fairway_http_request_duration_seconds HTTP request latency.\n");
-        out.push_str("# TYPE fairway_http_request_duration_seconds histogram\n");
-        if let Ok(latency) = self.latency.lock() {
-            for ((method, route), h) in latency.iter() {
-                let labels = format!("method=\"{method}\",route=\"{route}\",");
-                h.render(&mut out, "fairway_http_request_duration_seconds", &labels, &BUCKETS);
-            }
-        }
         let (open, idle) = pool;
-        out.push_str("# HELP fairway_db_connections Database pool connections by state.\n");
-        out.push_str("# TYPE fairway_db_connections gauge\n");
-        let _ = writeln!(out, "fairway_db_connections{{state=\"idle\"}} {idle}");
-        let _ = writeln!(out, "fairway_db_connections{{state=\"in_use\"}} {}", (open as usize).saturating_sub(idle));
-        self.render_scheduler(&mut out, tenants);
+        self.db_connections.get_or_create(&StateLabels { state: "idle" }).set(gauge_value(idle));
+        self.db_connections
+            .get_or_create(&StateLabels { state: "in_use" })
+            .set(gauge_value((open as usize).saturating_sub(idle)));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode_registry(&mut out, &self.public);
         if tenants == Tenants::Named {
-            self.render_budgets(&mut out);
+            let _ = encode_registry(&mut out, &self.tenants);
         }
+        let _ = encode_eof(&mut out);
         out
     }
 }
 
-/// The standard `process_*` metrics, read from `/proc/self` (Linux); any that cannot be read
-/// are left out.
-fn render_process(out: &mut String) {
-    // Linux reports memory in pages and CPU time in USER_HZ ticks: 4 KiB and 100 on every
-    // architecture Fairway is built for (x86-64, arm64).
-    let page = 4096.0;
-    let ticks = 100.0;
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after `pid (comm) `, numbered from 3 (state) as in proc(5).
-    let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, rest)| rest.split(' ').collect()).unwrap_or_default();
-    let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
-    if let (Some(utime), Some(stime)) = (field(14), field(15)) {
-        out.push_str("# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n");
-        out.push_str("# TYPE process_cpu_seconds_total counter\n");
-        let _ = writeln!(out, "process_cpu_seconds_total {}", (utime + stime) / ticks);
-    }
-    if let Some(rss) = field(24) {
-        out.push_str("# HELP process_resident_memory_bytes Resident memory size in bytes.\n");
-        out.push_str("# TYPE process_resident_memory_bytes gauge\n");
-        let _ = writeln!(out, "process_resident_memory_bytes {}", rss * page);
-    }
-    if let Some(vsize) = field(23) {
-        out.push_str("# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n");
-        out.push_str("# TYPE process_virtual_memory_bytes gauge\n");
-        let _ = writeln!(out, "process_virtual_memory_bytes {vsize}");
-    }
-    let boot = std::fs::read_to_string("/proc/stat")
-        .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok())));
-    if let (Some(boot), Some(start)) = (boot, field(22)) {
-        out.push_str("# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n");
-        out.push_str("# TYPE process_start_time_seconds gauge\n");
-        let _ = writeln!(out, "process_start_time_seconds {}", boot + start / ticks);
-    }
-    if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
-        out.push_str("# HELP process_open_fds Number of open file descriptors.\n");
-        out.push_str("# TYPE process_open_fds gauge\n");
-        let _ = writeln!(out, "process_open_fds {}", fds.count());
+/// A count as a gauge value (gauges are signed).
+fn gauge_value(n: impl TryInto<i64>) -> i64 {
+    n.try_into().unwrap_or(i64::MAX)
+}
+
+/// The standard `process_*` metrics, read from `/proc/self` on each scrape (Linux); any that
+/// cannot be read are left out.
+#[derive(Debug)]
+struct Process;
+
+impl Collector for Process {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        // Linux reports memory in pages and CPU time in USER_HZ ticks: 4 KiB and 100 on every
+        // architecture Fairway is built for (x86-64, arm64).
+        let page = 4096.0;
+        let ticks = 100.0;
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        // Fields after `pid (comm) `, numbered from 3 (state) as in proc(5).
+        let fields: Vec<&str> = stat.rsplit_once(") ").map(|(_, rest)| rest.split(' ').collect()).unwrap_or_default();
+        let field = |n: usize| fields.get(n - 3).and_then(|v| v.parse::<f64>().ok());
+        if let (Some(utime), Some(stime)) = (field(14), field(15)) {
+            let cpu = ConstCounter::new((utime + stime) / ticks);
+            cpu.encode(encoder.encode_descriptor(
+                "process_cpu_seconds",
+                "Total user and system CPU time spent in seconds",
+                None,
+                cpu.metric_type(),
+            )?)?;
+        }
+        let mut gauge = |name: &str, help: &str, value: f64| -> std::fmt::Result {
+            let g = ConstGauge::new(value);
+            g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+        };
+        if let Some(rss) = field(24) {
+            gauge("process_resident_memory_bytes", "Resident memory size in bytes", rss * page)?;
+        }
+        if let Some(vsize) = field(23) {
+            gauge("process_virtual_memory_bytes", "Virtual memory size in bytes", vsize)?;
+        }
+        let boot = std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().find_map(|l| l.strip_prefix("btime ").and_then(|v| v.trim().parse::<f64>().ok())));
+        if let (Some(boot), Some(start)) = (boot, field(22)) {
+            gauge(
+                "process_start_time_seconds",
+                "Start time of the process since unix epoch in seconds",
+                boot + start / ticks,
+            )?;
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            gauge("process_open_fds", "Number of open file descriptors", fds.count() as f64)?;
+        }
+        Ok(())
     }
 }
 
@@ -417,14 +473,16 @@ mod tests {
         let metrics = Metrics::default();
         metrics.observe("GET", "/api/v1/teams", 200, Duration::from_millis(30));
         metrics.observe("GET", "/api/v1/teams", 200, Duration::from_millis(3));
-        metrics.cycle(Duration::from_millis(20), Vec::new(), Vec::new(), &[2.0], &[], &[]);
+        let waited = Waited { gpu_class: "h100".into(), priority_class: "batch".into(), seconds: 2.0 };
+        metrics.cycle(Duration::from_millis(20), Vec::new(), Vec::new(), &[waited], &[], &[]);
         let text = metrics.render((1, 1), Tenants::Named);
         let route = "method=\"GET\",route=\"/api/v1/teams\"";
-        assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{{route},le=\"0.005\"}} 1")));
-        assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{{route},le=\"0.05\"}} 2")));
+        assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{le=\"0.005\",{route}}} 1")));
+        assert!(text.contains(&format!("fairway_http_request_duration_seconds_bucket{{le=\"0.05\",{route}}} 2")));
         assert!(text.contains(&format!("fairway_http_request_duration_seconds_count{{{route}}} 2")));
-        assert!(text.contains("fairway_admission_latency_seconds_bucket{le=\"1\"} 0"), "{text}");
-        assert!(text.contains("fairway_admission_latency_seconds_bucket{le=\"5\"} 1"), "{text}");
+        let wait = "gpu_class=\"h100\",priority_class=\"batch\"";
+        assert!(text.contains(&format!("fairway_admission_latency_seconds_bucket{{le=\"1.0\",{wait}}} 0")), "{text}");
+        assert!(text.contains(&format!("fairway_admission_latency_seconds_bucket{{le=\"5.0\",{wait}}} 1")), "{text}");
         assert!(text.contains("fairway_scheduling_cycle_duration_seconds_count 1"), "{text}");
     }
 }

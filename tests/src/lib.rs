@@ -267,6 +267,16 @@ impl TestApp {
         TestResponse { status: parts.status, headers: parts.headers, body }
     }
 
+    /// Serves the app on a real socket on a free loopback port (with the peer address, as
+    /// `fairway serve` does) until the test ends; returns the address.
+    pub async fn listen(&self) -> std::net::SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+        let addr = listener.local_addr().expect("local address");
+        let service = self.router.clone().into_make_service_with_connect_info::<std::net::SocketAddr>();
+        tokio::spawn(async move { axum::serve(listener, service).await.expect("serve") });
+        addr
+    }
+
     /// Signs in with a password and returns the access token.
     pub async fn login(&self, username: &str, password: &str) -> String {
         let r = self

@@ -35,7 +35,7 @@ pub async fn get_readyz(State(state): State<AppState>) -> (StatusCode, &'static 
 pub async fn get_metrics(State(state): State<AppState>, headers: HeaderMap) -> impl IntoResponse {
     let pool = (state.db.size(), state.db.num_idle());
     let tenants = if holds_metrics_token(&state, &headers) { Tenants::Named } else { Tenants::Hidden };
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render(pool, tenants))
+    ([(header::CONTENT_TYPE, crate::telemetry::CONTENT_TYPE)], state.metrics.render(pool, tenants))
 }
 
 /// Whether the request carries the configured metrics token. Digests are compared, so the

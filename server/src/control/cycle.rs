@@ -12,9 +12,10 @@ use crate::{
     db::{
         self,
         decisions::{AdmitRow, PendingRow, PreemptRow},
-        snapshot::LiveJobs,
+        snapshot::{LiveJob, LiveJobs},
     },
     scheduler::{self, decision::Decisions},
+    telemetry::Waited,
 };
 
 /// What a cycle did.
@@ -31,10 +32,10 @@ pub struct CycleReport {
     pub engine: Duration,
     /// and the transaction that records the decisions.
     pub write: Duration,
-    /// Submit → first admission of each job admitted for the first time, in seconds.
-    pub admission_latencies: Vec<f64>,
-    /// Time since each admitted job last entered the queue, in seconds.
-    pub queue_waits: Vec<f64>,
+    /// Submit → first admission of each job admitted for the first time.
+    pub admission_latencies: Vec<Waited>,
+    /// Time since each admitted job last entered the queue.
+    pub queue_waits: Vec<Waited>,
     /// Reason codes of the preemptions.
     pub preemption_reasons: Vec<&'static str>,
     /// GPUs allocated and capacity per class name after the cycle.
@@ -128,10 +129,14 @@ pub async fn run_with(
     let now = world.snapshot.now_ms;
     let admitted: std::collections::HashSet<crate::domain::JobId> = admitted.into_iter().collect();
     let admitted_jobs: Vec<_> = world.jobs.values().filter(|j| admitted.contains(&j.id)).collect();
-    let seconds_since = |t: chrono::DateTime<Utc>| (now - t.timestamp_millis()).max(0) as f64 / 1000.0;
+    let waited = |j: &LiveJob, since: chrono::DateTime<Utc>| Waited {
+        gpu_class: world.class_name_of(j.gpu_class_id),
+        priority_class: j.priority_class.clone(),
+        seconds: (now - since.timestamp_millis()).max(0) as f64 / 1000.0,
+    };
     let admission_latencies =
-        admitted_jobs.iter().filter(|j| j.attempt == 0).map(|j| seconds_since(j.submitted_at)).collect();
-    let queue_waits = admitted_jobs.iter().map(|j| seconds_since(j.queued_at)).collect();
+        admitted_jobs.iter().filter(|j| j.attempt == 0).map(|j| waited(j, j.submitted_at)).collect();
+    let queue_waits = admitted_jobs.iter().map(|j| waited(j, j.queued_at)).collect();
     let preempted: std::collections::HashSet<crate::domain::JobId> = preempted.into_iter().collect();
     let preemption_reasons = decisions
         .preemptions

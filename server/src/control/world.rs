@@ -271,6 +271,12 @@ impl World {
         self.team_names.get(team as usize).cloned().unwrap_or_default()
     }
 
+    /// A GPU class's name by id.
+    pub fn class_name_of(&self, class: domain::GpuClassId) -> String {
+        let index = self.class_index.get(&class).map(|&c| usize::from(c));
+        index.and_then(|c| self.snapshot.classes.get(c)).map(|c| c.name.clone()).unwrap_or_default()
+    }
+
     /// A team's name by id.
     pub fn team_name_of(&self, team: domain::TeamId) -> String {
         self.team_index.get(&team).map(|&t| self.team_name(t)).unwrap_or_default()

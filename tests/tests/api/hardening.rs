@@ -120,15 +120,6 @@ async fn hsts_is_sent_when_a_proxy_says_the_client_used_https_and_not_otherwise(
     assert_eq!(direct.header("strict-transport-security"), None);
 }
 
-/// The app on a real socket: what hyper does with the connection is part of the behaviour.
-async fn listen(app: &TestApp) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let service = app.router.clone().into_make_service_with_connect_info::<SocketAddr>();
-    tokio::spawn(async move { axum::serve(listener, service).await.unwrap() });
-    addr
-}
-
 /// Writes `head` and `body` on a fresh connection and reads until the server closes it or
 /// goes quiet for two seconds; returns what was read and whether the connection closed.
 async fn exchange(addr: SocketAddr, head: &str, body: &[u8]) -> (String, bool) {
@@ -152,7 +143,8 @@ async fn an_early_refusal_of_an_unread_body_says_connection_close_and_a_served_r
     app.user(&admin, "vic", None).await;
     app.member(&admin, "ml", "vic", "viewer").await;
     let viewer = app.login("vic", fairway_tests::USER_PASSWORD).await;
-    let addr = listen(&app).await;
+    // On a real socket: what hyper does with the connection is part of the behaviour.
+    let addr = app.listen().await;
 
     // A viewer uploads a large job: refused (403) before the body is read. Only part of the
     // promised body is sent, as a client mid-upload would have.
