@@ -9,6 +9,10 @@
 //! - On an external PostgreSQL (one this test runs, restarted by its own supervisor when
 //!   killed), 12 rounds of the same database faults under a server that is never restarted:
 //!   its pool and its scheduler leadership must recover through the outage.
+//! - Against a real Kubernetes API server (`common::kube_peer`) reached through a proxy, the
+//!   network is cut 8 times for 1 to 3 s while jobs dispatch and pods run and end (the test
+//!   plays the kubelet, which keeps working during the cut): no duplicate gang, no orphan, no
+//!   attempt dispatched twice, and each job's usage booked exactly once.
 //!
 //! What was injected and checked is printed and written to `target/tmp/chaos-*.txt` (CI shows
 //! them).
@@ -22,11 +26,21 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{embedded::Server, fresh_dir, ledger, Replica};
+use common::{
+    embedded::Server,
+    fresh_dir,
+    kube_peer::{self, h100_node, Kubelet},
+    ledger,
+    platform::Platform,
+    proxy::Proxy,
+    Replica,
+};
 use fairway::{
     db::{self, embedded::EmbeddedPostgres},
     rng::SplitMix64,
 };
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
 use serde_json::json;
 
 const JOBS_PER_ROUND: usize = 4;
@@ -370,4 +384,141 @@ async fn an_external_database_killed_under_a_running_server_is_reconnected_to_an
     publish("chaos-external.txt", &report);
     drop(replica);
     pg.stop().await;
+}
+
+/// The pods of this test's cluster, as the API server has them.
+async fn cluster_pods(kube: &kube::Client, cluster: &str) -> Vec<Pod> {
+    let pods: Api<Pod> = Api::all(kube.clone());
+    pods.list(&ListParams::default().labels(&format!("fairway.dev/cluster={cluster}"))).await.unwrap().items
+}
+
+/// One pass of the kubelet over every pod: a pending one starts, a running one ends well.
+/// Asserts on the way that no job ever has pods of two attempts (a duplicate gang).
+async fn kubelet_pass(kubelet: &Kubelet, cluster: &str) {
+    let pods = cluster_pods(&kubelet.client, cluster).await;
+    let mut attempts: std::collections::BTreeMap<String, std::collections::BTreeSet<String>> = Default::default();
+    for pod in &pods {
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        attempts.entry(labels["fairway.dev/job-id"].clone()).or_default().insert(labels["fairway.dev/attempt"].clone());
+    }
+    assert!(attempts.values().all(|a| a.len() == 1), "one gang per job at a time: {attempts:?}");
+    for pod in pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+        match phase.as_str() {
+            "Pending" if pod.metadata.deletion_timestamp.is_none() => kubelet.run(&pod).await,
+            "Running" => kubelet.exit(&pod, 0, "Completed").await,
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubernetes_api_cut_off_again_and_again_loses_doubles_and_orphans_nothing() {
+    const CUTS: usize = 8;
+    const SEED: u64 = 0x0c07_0ff5;
+    let test = "netcut";
+    let peer = kube_peer::peer();
+    peer.grant_dispatcher().await;
+    for i in 0..4 {
+        let (mut labels, allocatable) = h100_node("r1");
+        labels["fairway-test"] = json!(test);
+        peer.gpu_node(&format!("{test}-n{i}"), labels, allocatable).await;
+    }
+    let upstream = peer.url.trim_start_matches("https://").parse().expect("the API server's address");
+    let proxy = Proxy::start(upstream).await;
+    let clusters = format!(
+        r#"[[cluster]]
+name = "{test}"
+kind = "kubernetes"
+server = "https://{}"
+token_file = "{}"
+insecure_skip_tls_verify = true
+namespace_prefix = "{test}-"
+node_selector = "fairway-test={test}"
+rack_label = "fairway.dev/rack"
+node_lost_after_seconds = 30
+
+[cluster.gpu_products]
+"NVIDIA-H100-80GB-HBM3" = "h100-80gb"
+"#,
+        proxy.addr,
+        peer.dispatcher_token_file.display()
+    );
+    let platform = Platform::start(test, &clusters, &[]).await;
+    platform.team("ml", "h100-80gb", 32, 0).await;
+    let kubelet = Kubelet { client: peer.admin().await };
+
+    let mut rng = SplitMix64(SEED);
+    let mut report = format!(
+        "chaos, Kubernetes API behind a cut-able link: {CUTS} cuts, seed {SEED:#x}, 3 two-pod jobs submitted per round\n"
+    );
+    let mut submitted = 0;
+    for round in 1..=CUTS {
+        for i in 0..3 {
+            let body = json!({"name": format!("r{round}-{i}"), "gpu_class": "h100-80gb", "replicas": 2,
+                              "gpus_per_replica": 1 + (i % 2), "image": "nvcr.io/nvidia/pytorch:24.05-py3"});
+            platform.submit("ml", body).await;
+            submitted += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(100 + rng.next_u64() % 900)).await;
+        kubelet_pass(&kubelet, test).await;
+        let outage = Duration::from_millis(1000 + rng.next_u64() % 2000);
+        proxy.cut();
+        let cut_at = Instant::now();
+        // The cluster goes on without Fairway: pods start and end.
+        while cut_at.elapsed() < outage {
+            kubelet_pass(&kubelet, test).await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        proxy.restore();
+        writeln!(report, "round {round}: link cut for {}", seconds(outage)).unwrap();
+    }
+    let finishing = Instant::now();
+    platform
+        .wait("every job to succeed and its pods to be cleaned up", Duration::from_secs(120), || async {
+            kubelet_pass(&kubelet, test).await;
+            let done = ledger::count(&platform.pool, "select count(*) from jobs where state = 'succeeded'").await;
+            (done == submitted && cluster_pods(&kubelet.client, test).await.is_empty()).then_some(())
+        })
+        .await;
+    writeln!(report, "after the last cut all {submitted} jobs succeeded within {}", seconds(finishing.elapsed()))
+        .unwrap();
+    let pool = &platform.pool;
+    assert_eq!(
+        ledger::count(pool, "select count(*) from jobs where attempt <> 1").await,
+        0,
+        "no job was admitted twice"
+    );
+    assert_eq!(
+        ledger::count(
+            pool,
+            "select count(*) from (select job_id, attempt from job_events where kind = 'dispatched'
+                                   group by 1, 2 having count(*) > 1) d"
+        )
+        .await,
+        0,
+        "no attempt was dispatched twice"
+    );
+    assert_eq!(ledger::count(pool, "select count(*) from job_events where kind = 'orphan_removed'").await, 0);
+    assert_eq!(ledger::count(pool, "select count(*) from dispatch_outbox where done_at is null").await, 0);
+    assert_eq!(
+        ledger::count(pool, "select count(*) from usage_intervals where ended_at is not null").await,
+        submitted,
+        "one closed usage interval per job"
+    );
+    // Each job's ledger is exactly its interval: GPUs × 1000 × milliseconds run.
+    let wrong = ledger::count(
+        pool,
+        "select count(*) from usage_intervals u
+         left join (select job_id, sum(gpu_milli_ms) as booked from usage_ledger group by job_id) l on l.job_id = u.job_id
+         where coalesce(l.booked, 0) <> u.gpus::int8 * u.fraction_milli
+                                        * (extract(epoch from u.ended_at - u.started_at) * 1000)::int8",
+    )
+    .await;
+    assert_eq!(wrong, 0, "jobs whose ledger differs from their usage interval");
+    writeln!(report, "checked: one gang per job at every kubelet pass, each job admitted and dispatched once").unwrap();
+    writeln!(report, "checked: no orphan removed, outbox empty, one closed usage interval per job, booked exactly")
+        .unwrap();
+    publish("chaos-network.txt", &report);
+    platform.stop().await;
 }

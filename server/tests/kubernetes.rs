@@ -13,7 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{kube_peer, platform::Platform};
+use common::{
+    kube_peer::{self, h100_node as h100},
+    platform::Platform,
+};
 use fairway::backends::kubernetes::rbac::RULES;
 use k8s_openapi::api::{
     core::v1::{Namespace, Pod, ResourceQuota, Service},
@@ -115,15 +118,6 @@ node_lost_after_seconds = 5
     async fn stop(self) {
         self.platform.stop().await;
     }
-}
-
-fn h100(rack: &str) -> (Value, Value) {
-    (
-        json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
-               "nvidia.com/gpu.count": "8", "fairway.dev/rack": rack, "topology.kubernetes.io/zone": "zone-a",
-               "fairway.dev/nvlink-domain-size": "8"}),
-        json!({"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti", "pods": "110"}),
-    )
 }
 
 fn node_of(pod: &Pod) -> String {

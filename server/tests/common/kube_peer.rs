@@ -271,6 +271,17 @@ impl KubePeer {
     }
 }
 
+/// The labels and allocatable resources of a node with eight H100s in `rack`, as NVIDIA's
+/// GPU feature discovery labels it.
+pub fn h100_node(rack: &str) -> (Value, Value) {
+    (
+        json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559",
+               "nvidia.com/gpu.count": "8", "fairway.dev/rack": rack, "topology.kubernetes.io/zone": "zone-a",
+               "fairway.dev/nvlink-domain-size": "8"}),
+        json!({"nvidia.com/gpu": "8", "cpu": "96", "memory": "1Ti", "pods": "110"}),
+    )
+}
+
 /// A pod deleted (404) or already bound (409) while the kubelet acted: it raced Fairway,
 /// as a real kubelet can, and there is nothing left to do.
 fn gone(e: kube::Error) -> Result<(), kube::Error> {

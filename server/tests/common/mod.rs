@@ -19,6 +19,7 @@ pub mod kube_peer;
 pub mod ledger;
 pub mod moto;
 pub mod platform;
+pub mod proxy;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_fairway");
 
