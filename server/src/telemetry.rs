@@ -29,7 +29,14 @@ pub fn init(json: bool, default_filter: &str) {
     use std::io::IsTerminal as _;
     // Colour only for a person at a terminal, never into files or log pipelines.
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
+    // A log line that cannot be written (stderr on a full disk) is dropped. Left on, the
+    // subscriber reports it with `eprintln!`, which panics when stderr fails too: every task
+    // that logs, the scheduler's included, would die of a full disk.
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi)
+        .log_internal_errors(false);
     let _ = if json { builder.json().flatten_event(true).try_init() } else { builder.compact().try_init() };
 }
 

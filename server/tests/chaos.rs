@@ -13,6 +13,11 @@
 //!   network is cut 8 times for 1 to 3 s while jobs dispatch and pods run and end (the test
 //!   plays the kubelet, which keeps working during the cut): no duplicate gang, no orphan, no
 //!   attempt dispatched twice, and each job's usage booked exactly once.
+//! - On an embedded PostgreSQL whose data directory is a small filesystem (a tmpfs; mounting
+//!   one needs root, so elsewhere this test says so and does nothing), the disk is filled while
+//!   jobs are submitted and run: every answer is 201 or 503, never a 500; once space is freed
+//!   the service writes again by itself; a job answered 503 does not exist, one answered 201
+//!   ran once and was booked exactly. The server's own log is on that disk too.
 //!
 //! What was injected and checked is printed and written to `target/tmp/chaos-*.txt` (CI shows
 //! them).
@@ -521,4 +526,154 @@ node_lost_after_seconds = 30
         .unwrap();
     publish("chaos-network.txt", &report);
     platform.stop().await;
+}
+
+/// A small tmpfs mounted at a directory while it lives: a disk that can be filled.
+struct SmallDisk {
+    dir: PathBuf,
+}
+
+impl SmallDisk {
+    /// Mounts `size_mib` MiB at `dir`, or says why not (only root may mount).
+    fn mount(dir: &Path, size_mib: u32) -> Result<Self, String> {
+        fs::create_dir_all(dir).unwrap();
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size_mib}m,mode=0755"), "tmpfs"])
+            .arg(dir)
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !out.status.success() {
+            return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+        }
+        Ok(Self { dir: dir.to_owned() })
+    }
+
+    /// Writes a file of zeros until the disk has no space left; returns its path and size.
+    fn fill(&self) -> (PathBuf, u64) {
+        use std::io::Write as _;
+        let path = self.dir.join("filler");
+        let mut file = fs::File::create(&path).unwrap();
+        let chunk = vec![0u8; 1 << 20];
+        let mut written = 0u64;
+        loop {
+            match file.write(&chunk) {
+                Ok(0) => break,
+                Ok(n) => written += n as u64,
+                Err(e) if e.raw_os_error() == Some(28) => break,
+                Err(e) => panic!("filling the disk: {e}"),
+            }
+        }
+        let _ = file.flush();
+        (path, written)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = fs::copy(self.dir.join("server.log"), self.dir.with_file_name("server.log"));
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_under_the_embedded_database_answers_503_and_the_service_writes_again_once_space_is_freed() {
+    let dir = fresh_dir("chaos-disk");
+    let data = dir.join("data");
+    let disk = match SmallDisk::mount(&data, 256) {
+        Ok(disk) => disk,
+        Err(why) => {
+            let report = format!("chaos, disk full: not run: cannot mount a small filesystem here ({why})\n");
+            publish("chaos-disk.txt", &report);
+            return;
+        }
+    };
+    // The server's log is on the small disk too, as a service's often is: a log line that
+    // cannot be written must stop nothing (it once killed every task that logged). The log
+    // is copied out before the disk goes, for a failure's message.
+    let log = data.join("server.log");
+    let server = Server::start_with(&data, log.to_str().unwrap(), &ENV).await;
+    let token = server.sign_in().await;
+    let pgdata = data.join("postgres");
+    let target = Target {
+        http: &server.http.clone(),
+        base: server.base.clone(),
+        log: server.log.clone(),
+        token,
+        pgdata: &pgdata,
+    };
+    target.create_team().await;
+    let mut rng = SplitMix64(0xd15c_f011);
+    let mut report = String::from("chaos, disk full: the embedded database's data directory on a 256 MiB tmpfs\n");
+    let mut accepted = 0;
+    for round in 1..=3 {
+        accepted += target.submit(round, false, &mut rng).await;
+    }
+
+    let (filler, size) = disk.fill();
+    writeln!(report, "filled the disk: {} MiB of filler", size >> 20).unwrap();
+    // While it is full: batches of 50 jobs for 5 s, each answered 201 (stored whole) or 503.
+    let (mut created, mut unavailable) = (0, 0);
+    let started = Instant::now();
+    let mut batch = 0;
+    while started.elapsed() < Duration::from_secs(5) {
+        batch += 1;
+        let jobs: Vec<_> = (0..50)
+            .map(|i| {
+                json!({"name": format!("full-{batch}-{i}"), "gpu_class": "h100-80gb", "image": "x",
+                            "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "10"}})
+            })
+            .collect();
+        let answer = target
+            .http
+            .post(target.url("/api/v1/teams/ml/jobs:batch"))
+            .bearer_auth(&target.token)
+            .json(&json!({"jobs": jobs}))
+            .send()
+            .await;
+        match answer.as_ref().map(reqwest::Response::status) {
+            Ok(reqwest::StatusCode::CREATED) => {
+                created += 1;
+                accepted += 50;
+            }
+            Ok(reqwest::StatusCode::SERVICE_UNAVAILABLE) => unavailable += 1,
+            // The server may drop a request while its database restarts; never a 500.
+            Err(_) => unavailable += 1,
+            Ok(other) => panic!("batch {batch} on a full disk answered {other}:\n{}", target.log()),
+        }
+    }
+    writeln!(report, "while full: {created} batches of 50 stored, {unavailable} answered 503").unwrap();
+    assert!(unavailable > 0, "a full disk refused no write: the fault did not land");
+
+    fs::remove_file(&filler).unwrap();
+    let freed = Instant::now();
+    loop {
+        let answer = target
+            .http
+            .post(target.url("/api/v1/teams/ml/jobs:batch"))
+            .bearer_auth(&target.token)
+            .timeout(Duration::from_secs(2))
+            .json(&json!({"jobs": [{"name": "after", "gpu_class": "h100-80gb", "image": "x",
+                                    "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "10"}}]}))
+            .send()
+            .await;
+        if answer.is_ok_and(|r| r.status() == reqwest::StatusCode::CREATED) {
+            accepted += 1;
+            break;
+        }
+        assert!(freed.elapsed() < BACK_WITHIN, "no write {BACK_WITHIN:?} after space was freed:\n{}", target.log());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    writeln!(report, "space freed: writes served again after {}", seconds(freed.elapsed())).unwrap();
+
+    let options =
+        sqlx::postgres::PgConnectOptions::new().socket(&pgdata).port(5432).username("fairway").database("fairway");
+    let pool = db::connect(options, 2).await.expect("connect to the embedded database");
+    // Exactly the accepted jobs exist: a refused batch left nothing behind.
+    assert_eq!(ledger::count(&pool, "select count(*) from jobs").await, accepted, "jobs stored");
+    finish_and_check(&pool, accepted, &server.log, &mut report).await;
+    pool.close().await;
+    publish("chaos-disk.txt", &report);
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "fairway serve exited with {status} after SIGTERM:\n{log}");
+    drop(disk);
 }

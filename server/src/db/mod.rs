@@ -57,17 +57,19 @@ pub async fn ping(pool: &PgPool) -> bool {
     sqlx::query!("select 1 as one").fetch_one(pool).await.is_ok()
 }
 
-/// True when `error` means the database cannot be reached right now (connection refused or
-/// lost, pool exhausted or closed, server starting or shutting down), as opposed to a query
-/// that failed: the first is a 503 worth retrying, the second a bug.
+/// True when `error` means the database cannot serve right now (connection refused or lost,
+/// pool exhausted or closed, server starting or shutting down, out of disk, memory or
+/// connections), as opposed to a query that failed: the first is a 503 worth retrying, the
+/// second a bug.
 pub fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
         sqlx::Error::WorkerCrashed => true,
         sqlx::Error::Database(e) => e.code().is_some_and(|code| {
-            // Class 08: connection exception; 57P01-03: admin or crash shutdown, cannot
-            // connect now; 53300: too many connections.
-            code.starts_with("08") || matches!(&*code, "57P01" | "57P02" | "57P03" | "53300")
+            // Class 08: connection exception; class 53: insufficient resources (disk full,
+            // out of memory, too many connections); 57P01-03: admin or crash shutdown,
+            // cannot connect now.
+            code.starts_with("08") || code.starts_with("53") || matches!(&*code, "57P01" | "57P02" | "57P03")
         }),
         _ => false,
     }
