@@ -259,36 +259,16 @@ impl Config {
                 reason: format!("{model:?} is neither \"usage\" nor \"reserved-plus-burst\""),
             })?;
         }
-        config.log_json = match env("FAIRWAY_LOG_FORMAT").or(file.log_format).as_deref() {
-            None | Some("text") => false,
-            Some("json") => true,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: "FAIRWAY_LOG_FORMAT",
-                    reason: format!("{other:?} is neither \"text\" nor \"json\""),
-                })
-            }
-        };
-        config.trust_forwarded_for = match env("FAIRWAY_TRUST_FORWARDED_FOR").or(file.trust_forwarded_for).as_deref() {
-            None | Some("off") => false,
-            Some("on") => true,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: "FAIRWAY_TRUST_FORWARDED_FOR",
-                    reason: format!("{other:?} is neither \"on\" nor \"off\""),
-                })
-            }
-        };
-        config.scheduler = match env("FAIRWAY_SCHEDULER").or(file.scheduler).as_deref() {
-            None | Some("on") => true,
-            Some("off") => false,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: "FAIRWAY_SCHEDULER",
-                    reason: format!("{other:?} is neither \"on\" nor \"off\""),
-                })
-            }
-        };
+        config.log_json =
+            choice("FAIRWAY_LOG_FORMAT", env("FAIRWAY_LOG_FORMAT").or(file.log_format), ("text", "json"), false)?;
+        config.trust_forwarded_for = choice(
+            "FAIRWAY_TRUST_FORWARDED_FOR",
+            env("FAIRWAY_TRUST_FORWARDED_FOR").or(file.trust_forwarded_for),
+            ("off", "on"),
+            false,
+        )?;
+        config.scheduler =
+            choice("FAIRWAY_SCHEDULER", env("FAIRWAY_SCHEDULER").or(file.scheduler), ("off", "on"), true)?;
         if let Some(ms) = number("FAIRWAY_CYCLE_INTERVAL_MS", file.cycle_interval_ms)? {
             config.cycle_interval = Duration::from_millis(ms.clamp(10, 600_000));
         }
@@ -349,6 +329,22 @@ pub fn decode_signing_key(name: &'static str, key: &Secret) -> Result<Vec<u8>, C
     Ok(bytes)
 }
 
+/// A setting with two spellings, `(no, yes)`: `false` for the first, `true` for the second,
+/// `default` when unset, and an error naming the setting for anything else.
+fn choice(
+    name: &'static str,
+    value: Option<String>,
+    (no, yes): (&str, &str),
+    default: bool,
+) -> Result<bool, ConfigError> {
+    match value.as_deref() {
+        None => Ok(default),
+        Some(v) if v == no => Ok(false),
+        Some(v) if v == yes => Ok(true),
+        Some(other) => Err(ConfigError::Invalid { name, reason: format!("{other:?} is neither {no:?} nor {yes:?}") }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -388,6 +384,24 @@ mod tests {
         let env = env_of(&[("FAIRWAY_LISTEN", "not-an-address")]);
         let err = Config::from_layers(FileConfig::default(), &env).unwrap_err();
         assert!(err.to_string().starts_with("FAIRWAY_LISTEN"), "{err}");
+    }
+
+    #[test]
+    fn two_way_settings_take_their_two_spellings_default_when_unset_and_name_themselves_otherwise() {
+        let config = |pairs: &[(&str, &str)]| Config::from_layers(FileConfig::default(), &env_of(pairs));
+        let defaults = config(&[]).unwrap();
+        assert!(defaults.scheduler && !defaults.trust_forwarded_for && !defaults.log_json);
+        let set = config(&[
+            ("FAIRWAY_SCHEDULER", "off"),
+            ("FAIRWAY_TRUST_FORWARDED_FOR", "on"),
+            ("FAIRWAY_LOG_FORMAT", "json"),
+        ])
+        .unwrap();
+        assert!(!set.scheduler && set.trust_forwarded_for && set.log_json);
+        for name in ["FAIRWAY_SCHEDULER", "FAIRWAY_TRUST_FORWARDED_FOR", "FAIRWAY_LOG_FORMAT"] {
+            let err = config(&[(name, "yes")]).unwrap_err().to_string();
+            assert!(err.starts_with(name) && err.contains("\"yes\" is neither"), "{err}");
+        }
     }
 
     #[test]
