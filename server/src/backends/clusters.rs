@@ -113,7 +113,19 @@ pub fn parse(text: &str) -> Result<Vec<ClusterConfig>, ClustersError> {
         match cluster {
             ClusterConfig::AwsBatch(c) => c.validate().map_err(ClustersError)?,
             ClusterConfig::GcpBatch(c) => c.validate().map_err(ClustersError)?,
-            _ => {}
+            // The speed-up replaces the inventory's own, which is held to the same rule: every
+            // simulated duration is divided by it, and the simulator refuses every job of a
+            // cluster whose speed-up is 0, negative or NaN. Refused here, the server does not
+            // start with it.
+            ClusterConfig::Sim(c) => {
+                if let Some(speedup) = c.speedup.filter(|s| !(s.is_finite() && *s > 0.0)) {
+                    return Err(ClustersError(format!(
+                        "cluster {:?}: speedup {speedup} is not a positive number",
+                        c.name
+                    )));
+                }
+            }
+            ClusterConfig::Kubernetes(_) => {}
         }
     }
     Ok(file.clusters)
@@ -168,5 +180,9 @@ mod tests {
         assert!(parse("").unwrap_err().to_string().contains("no [[cluster]]"));
         let name = parse("[[cluster]]\nname = \"Bad Name\"\nkind = \"sim\"\n").unwrap_err();
         assert!(name.to_string().contains("name"), "{name}");
+        for speedup in ["0.0", "-1.0", "nan", "inf"] {
+            let bad = parse(&format!("[[cluster]]\nname = \"a\"\nkind = \"sim\"\nspeedup = {speedup}\n")).unwrap_err();
+            assert!(bad.to_string().contains("cluster \"a\": speedup"), "{bad}");
+        }
     }
 }

@@ -205,7 +205,11 @@ impl SimConfig {
         let file: SimConfigFile = serde_path_to_error::deserialize(toml::Deserializer::new(text)).map_err(|err| {
             let path = err.path().to_string();
             let inner = err.into_inner();
-            let message = inner.message().trim().to_owned();
+            // Some TOML syntax errors carry no words, only their position.
+            let message = match inner.message().trim() {
+                "" => "not valid TOML".to_owned(),
+                words => words.to_owned(),
+            };
             let line = inner.span().map(|span| line_of(text, span.start));
             // serde reports a missing key at its parent's path: name the key itself.
             let missing = message.starts_with("missing field").then(|| message.split('`').nth(1)).flatten();
@@ -799,6 +803,12 @@ mod tests {
         assert_eq!(error_key("[[class]]\nname = \"x\"\nkind = \"whole-ish\"\nmemory_mib = 1\n").0, "class[0].kind");
         let (key, _) = error_key("cluster = \"unterminated\n");
         assert_eq!(key, "line 1");
+        assert_eq!(error_key("speedup = 2\nname =").0, "line 2");
+        assert_eq!(
+            error_key("speedup = 2\nname =").1,
+            "not valid TOML",
+            "a syntax error without words still says what"
+        );
     }
 
     #[test]

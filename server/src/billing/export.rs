@@ -431,10 +431,12 @@ fn focus_fields(r: &ExportRow, period: NaiveDate) -> Vec<String> {
 
 /// User-supplied text made safe for spreadsheets: a leading `=`, `+`, `-`, `@`, tab or
 /// carriage return would make a spreadsheet evaluate the cell as a formula (CSV injection),
-/// so such text gets a leading apostrophe, as OWASP recommends.
+/// so such text gets a leading apostrophe, as OWASP recommends. Text that already starts with
+/// an apostrophe gets one too, so a reader takes the text back exactly by dropping one
+/// leading apostrophe where there is one: `=x` and `'=x` stay two different names.
 fn text(s: &str) -> String {
     match s.chars().next() {
-        Some('=' | '+' | '-' | '@' | '\t' | '\r') => format!("'{s}"),
+        Some('=' | '+' | '-' | '@' | '\t' | '\r' | '\'') => format!("'{s}"),
         _ => s.to_owned(),
     }
 }
@@ -708,5 +710,7 @@ mod tests {
         let line = text.split("\r\n").nth(1).unwrap();
         assert!(line.contains("\"'=HYPERLINK(\"\"http://x\"\")\""), "{line}");
         assert!(line.contains("\"{\"\"project\"\":\"\"llama, v2\"\"}\""), "{line}");
+        let quoted = export(Format::Csv, &[row(1, "'=x")]);
+        assert!(quoted.split("\r\n").nth(1).unwrap().contains(",''=x,"), "{quoted}");
     }
 }

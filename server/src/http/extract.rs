@@ -66,7 +66,8 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         match inner.classify() {
             serde_json::error::Category::Data => {
                 let message = inner.to_string();
-                let message = message.split(" at line ").next().unwrap_or(&message).to_owned();
+                // serde_json puts the position last; a key may hold the same words.
+                let message = message.rsplit_once(" at line ").map_or(message.as_str(), |(m, _)| m).to_owned();
                 let field_name = field.clone().unwrap_or_else(|| "body".into());
                 let code = if message.starts_with("unknown field") {
                     "unknown_field"
@@ -77,7 +78,7 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
                 };
                 // serde reports an unknown or missing field at its parent's path; name the
                 // field itself so the client sees exactly which key is wrong.
-                let field_name = match (code, message.split('`').nth(1), &field) {
+                let field_name = match (code, named_field(&message), &field) {
                     ("unknown_field" | "missing_field", Some(key), None) => key.to_owned(),
                     ("unknown_field" | "missing_field", Some(key), Some(path))
                         if path != key && !path.ends_with(&format!(".{key}")) =>
@@ -95,6 +96,17 @@ pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     de.end()
         .map_err(|e| ApiError::MalformedBody { field: None, detail: format!("the body is not valid JSON: {e}") })?;
     Ok(value)
+}
+
+/// The field serde's "unknown field `x`, expected ..." or "missing field `x`" names. A JSON key
+/// may itself hold backticks, so the name runs to the last backtick before serde's own words.
+fn named_field(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("unknown field `").or_else(|| message.strip_prefix("missing field `"))?;
+    let end = rest
+        .rfind("`, expected")
+        .or_else(|| rest.rfind("`, there are no fields"))
+        .or_else(|| rest.strip_suffix('`').map(str::len))?;
+    Some(&rest[..end])
 }
 
 /// The entity tag of a resource at `version`.
@@ -247,6 +259,13 @@ mod tests {
         assert_eq!(field_of(err), "quota.extra");
         let err = parse_json::<Body>(br#"{"name":"a","nme":"b","quota":{"reserved":1}}"#).unwrap_err();
         assert_eq!(field_of(err), "nme");
+        // A key with backticks in it is named whole, not cut at its first backtick.
+        let err = parse_json::<Body>(br#"{"name":"a","a`b, expected `c`":1,"quota":{"reserved":1}}"#).unwrap_err();
+        assert_eq!(field_of(err), "a`b, expected `c`");
+        let err = parse_json::<Body>(br#"{"name":"a","quota":{"reserved":1,"`":2}}"#).unwrap_err();
+        assert_eq!(field_of(err), "quota.`");
+        let err = parse_json::<Body>(br#"{"name":"a","b at line 1 column 2":1}"#).unwrap_err();
+        assert!(err.problem().detail.contains("unknown field `b at line 1 column 2`"), "{}", err.problem().detail);
     }
 
     #[test]

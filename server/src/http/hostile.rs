@@ -65,27 +65,30 @@ pub fn json_has_nul(bytes: &[u8]) -> bool {
 
 /// The JSON path (`a.b[2]`) of the first string, or object key, holding a NUL.
 pub fn nul_path(value: &serde_json::Value) -> Option<String> {
+    nul_suffix(value).map(|mut path| {
+        if path.starts_with('.') {
+            path.remove(0);
+        }
+        path
+    })
+}
+
+/// The path below `value` of its first NUL, each step with its separator (`.key`, `[2]`), so
+/// that a string under an empty key (`env.`) is told apart from the map holding it (`env`).
+fn nul_suffix(value: &serde_json::Value) -> Option<String> {
     use serde_json::Value;
     match value {
         Value::String(s) => s.contains('\0').then(String::new),
         Value::Array(items) => {
-            items.iter().enumerate().find_map(|(i, v)| nul_path(v).map(|rest| format!("[{i}]{}", dotted(&rest))))
+            items.iter().enumerate().find_map(|(i, v)| nul_suffix(v).map(|rest| format!("[{i}]{rest}")))
         }
         Value::Object(map) => map.iter().find_map(|(k, v)| {
             if k.contains('\0') {
-                return Some(k.replace('\0', "\\u0000"));
+                return Some(format!(".{}", k.replace('\0', "\\u0000")));
             }
-            nul_path(v).map(|rest| format!("{k}{}", dotted(&rest)))
+            nul_suffix(v).map(|rest| format!(".{k}{rest}"))
         }),
         _ => None,
-    }
-}
-
-fn dotted(rest: &str) -> String {
-    if rest.is_empty() || rest.starts_with('[') {
-        rest.to_owned()
-    } else {
-        format!(".{rest}")
     }
 }
 
@@ -111,5 +114,9 @@ mod tests {
         let value: serde_json::Value =
             serde_json::from_str(r#"{"jobs": [{"name": "a"}, {"labels": {"k": "v\u0000"}}]}"#).unwrap();
         assert_eq!(nul_path(&value).as_deref(), Some("jobs[1].labels.k"));
+        let empty_key: serde_json::Value = serde_json::from_str(r#"{"env": {"": "\u0000"}}"#).unwrap();
+        assert_eq!(nul_path(&empty_key).as_deref(), Some("env."));
+        let nul_key: serde_json::Value = serde_json::from_str(r#"{"env": {"A\u0000": "x"}}"#).unwrap();
+        assert_eq!(nul_path(&nul_key).as_deref(), Some("env.A\\u0000"));
     }
 }
