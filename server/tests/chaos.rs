@@ -19,8 +19,8 @@
 //!   the service writes again by itself; a job answered 503 does not exist, one answered 201
 //!   ran once and was booked exactly. The server's own log is on that disk too.
 //!
-//! What was injected and checked is printed and written to `target/tmp/chaos-*.txt` (CI shows
-//! them).
+//! What was injected and checked is printed and written to `chaos-*.txt` in cargo's test
+//! temp directory, `CARGO_TARGET_TMPDIR` (CI shows them).
 
 mod common;
 
