@@ -21,7 +21,7 @@ use std::{
 use crate::rng::SplitMix64;
 use crate::scheduler::{
     self, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, NodeId, Policy, PriorityClass, PriorityId,
-    Quota, ReplicaPlacement, RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
+    Quota, ReplicaPlacement, RunningJob, Snapshot, StartTimeModel, Team, TeamId, Topology, UNIT,
 };
 
 pub mod export;
@@ -251,6 +251,7 @@ pub fn synthetic_snapshot(seed: u64, pending: usize) -> Snapshot {
         priorities,
         running,
         pending: pending_jobs,
+        history: Default::default(),
         config: Config::default(),
     }
 }
@@ -399,6 +400,8 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         submitted_ms: NOW_MS,
         max_runtime_ms: 0,
         allow_spot: false,
+        kind: None,
+        expected_runtime_ms: None,
     }
 }
 
@@ -527,10 +530,12 @@ fn chain(teams: &[Team], team: TeamId) -> Vec<TeamId> {
     chain
 }
 
-/// The configurations measured side by side.
-fn variants() -> [(&'static str, Config); 3] {
+/// The configurations measured side by side: `fairway, max ETA` estimates starts with the
+/// naive maximum-runtime model instead of the forecast.
+fn variants() -> [(&'static str, Config); 4] {
     [
         ("fairway", Config::default()),
+        ("fairway, max ETA", Config { start_time_model: StartTimeModel::MaxRuntime, ..Config::default() }),
         ("fairway, no ETA", Config { estimate_start_times: false, ..Config::default() }),
         ("fifo", Config { policy: Policy::Fifo, ..Config::default() }),
     ]

@@ -54,6 +54,11 @@ enum Command {
         /// server/data/traces].
         #[arg(long)]
         traces_dir: Option<PathBuf>,
+        /// Measure expected starts instead: replay under Fairway with forecasts and print
+        /// their calibration beside the naive maximum-runtime estimate (at shrink 8 and
+        /// compression 512 unless given).
+        #[arg(long)]
+        eta: bool,
     },
     /// Places the Alibaba placement-only pod lists until the first failure, with Fairway's
     /// placement and with plain best-fit, and prints GPUs allocated and stranded.
@@ -133,9 +138,9 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             print!("{}", fairway::api::openapi_json());
             Ok(())
         }
-        Command::Simulate { trace, cluster, compress, shrink, traces_dir } => {
+        Command::Simulate { trace, cluster, compress, shrink, traces_dir, eta } => {
             let traces = fairway::simulate::traces::Traces::from_dir(traces_dir);
-            let options = fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces };
+            let options = fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces, eta };
             fairway::simulate::simulate_command(&options, &mut std::io::stdout().lock())
         }
         Command::Fragmentation { traces_dir } => {

@@ -16,7 +16,8 @@ use std::{
 
 use fairway::scheduler::{
     schedule, Admission, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, PendingReason, Policy,
-    PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
+    PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot, Team, TeamId, Topology,
+    UNIT,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
 
@@ -275,6 +276,7 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
         priorities,
         running: Vec::new(),
         pending: Vec::new(),
+        history: Default::default(),
         config: Config {
             min_runtime_before_preemption_ms: raw.min_runtime_ms,
             policy,
@@ -341,6 +343,8 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         submitted_ms: NOW_MS - r.age_s * 1_000,
         max_runtime_ms: r.runtime_min * 60_000,
         allow_spot: r.age_s % 2 == 0,
+        kind: None,
+        expected_runtime_ms: None,
     }
 }
 
@@ -536,6 +540,28 @@ fn apply(s: &Snapshot, d: &Decisions) -> Snapshot {
     next.pending = s.pending.iter().filter(|job| !admitted.contains_key(&job.id)).cloned().collect();
     next.pending.extend(s.running.iter().filter(|r| victims.contains(&r.spec.id)).map(|r| r.spec.clone()));
     next
+}
+
+/// Every expected start is an interval `earliest <= expected <= latest`, none before now; a
+/// job blocked by something no forecast knows (quota or budget changes, capacity) has none and
+/// says so.
+fn check_expected_starts(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
+    for p in &d.pending {
+        let unforeseeable = matches!(
+            p.reason,
+            PendingReason::NeverFits | PendingReason::ExceedsQuota { .. } | PendingReason::BudgetExhausted
+        );
+        prop_assert_eq!(p.unforeseeable.is_some(), unforeseeable, "job {}: {:?}", p.job, p);
+        match (p.earliest_start_ms, p.expected_start_ms, p.latest_start_ms) {
+            (Some(a), Some(b), Some(c)) => {
+                prop_assert!(s.now_ms <= a && a <= b && b <= c, "job {}: {:?}", p.job, p);
+                prop_assert!(!unforeseeable);
+            }
+            (None, None, None) => {}
+            _ => prop_assert!(false, "job {}: a partial interval {:?}", p.job, p),
+        }
+    }
+    Ok(())
 }
 
 fn pending_by_id(s: &Snapshot) -> BTreeMap<JobId, &JobSpec> {
@@ -992,6 +1018,8 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
     let id = 10_000;
     s.pending.push(JobSpec {
         allow_spot: false,
+        kind: None,
+        expected_runtime_ms: None,
         id,
         team,
         class,
@@ -1101,6 +1129,24 @@ proptest! {
                 );
             }
         }
+    }
+
+    #[test]
+    fn expected_starts_are_intervals_from_now_on_or_say_why_no_forecast_can_give_one(
+        s in snapshots(&ALL_POLICIES),
+    ) {
+        let mut s = s;
+        s.config.estimate_start_times = true;
+        // Some history, so that estimates come from it and from its fallbacks alike.
+        let mut history = RuntimeHistory::default();
+        for (i, r) in s.running.iter().enumerate() {
+            for k in 1..=6 {
+                history.record(r.spec.team, None, r.spec.max_runtime_ms * k / 7 + i as i64);
+            }
+        }
+        s.history = std::sync::Arc::new(history);
+        let d = schedule(&s);
+        check_expected_starts(&s, &d)?;
     }
 
     #[test]

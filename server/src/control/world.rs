@@ -164,6 +164,7 @@ impl World {
                 priorities,
                 running: Vec::new(),
                 pending: Vec::new(),
+                history: Default::default(),
                 config,
             },
             jobs: HashMap::new(),
@@ -206,6 +207,8 @@ impl World {
             submitted_ms: millis(job.submitted_at),
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
+            kind: None,
+            expected_runtime_ms: None,
         })
     }
 
@@ -223,6 +226,8 @@ impl World {
             submitted_ms: self.snapshot.now_ms,
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
+            kind: None,
+            expected_runtime_ms: None,
         })
     }
 

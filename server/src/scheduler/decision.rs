@@ -140,9 +140,50 @@ pub struct Pending {
     /// 1-based rank in the admission order of this cycle.
     pub position: u32,
     pub reason: PendingReason,
-    /// When it is expected to start, playing the queue forward on the running jobs' maximum
-    /// runtimes; `None` when it cannot be foreseen (budget, quota, never fits).
+    /// When it is expected to start: the median of the forecast (see [`eta`](super::eta));
+    /// `None` when it cannot be foreseen (`unforeseeable` says why) or was not estimated.
     pub expected_start_ms: Option<i64>,
+    /// The early end of the interval it is expected to start in (p10); with
+    /// `expected_start_ms` and `latest_start_ms`, `earliest <= expected <= latest`.
+    pub earliest_start_ms: Option<i64>,
+    /// The late end of that interval (p90).
+    pub latest_start_ms: Option<i64>,
+    /// Why no forecast can say when it starts, when none can.
+    pub unforeseeable: Option<Unforeseeable>,
+}
+
+/// What a job's start waits for that no forecast can know.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unforeseeable {
+    /// The job is larger than a quota of its team (or an ancestor): it starts only once an
+    /// admin raises that quota.
+    QuotaChange { team: TeamId },
+    /// A hard budget cannot cover it: it starts only once the budget is raised or renewed.
+    BudgetChange,
+    /// No cluster can hold the gang: it starts only once capacity is added.
+    CapacityChange,
+}
+
+impl Unforeseeable {
+    /// Stable code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Unforeseeable::QuotaChange { .. } => "quota_change",
+            Unforeseeable::BudgetChange => "budget_change",
+            Unforeseeable::CapacityChange => "capacity_change",
+        }
+    }
+
+    /// A sentence for people.
+    pub fn message(self, team_name: &dyn Fn(TeamId) -> String) -> String {
+        match self {
+            Unforeseeable::QuotaChange { team } => {
+                format!("it starts only after team {}'s quota for this GPU class is raised", team_name(team))
+            }
+            Unforeseeable::BudgetChange => "it starts only after the team's hard budget is raised or renewed".into(),
+            Unforeseeable::CapacityChange => "it starts only after GPUs of this class are added".into(),
+        }
+    }
 }
 
 /// How fragmented a class's free capacity is after the cycle.

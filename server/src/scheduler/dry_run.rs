@@ -1,7 +1,7 @@
 //! "If I submitted this job now": the same engine, on the same snapshot plus the job.
 
 use super::{
-    decision::{PendingReason, Preemption},
+    decision::{PendingReason, Preemption, Unforeseeable},
     engine::cost_micros,
     snapshot::{JobSpec, ReplicaPlacement, Snapshot},
 };
@@ -17,8 +17,13 @@ pub struct DryRun {
     pub reason: Option<PendingReason>,
     /// Its rank among pending jobs.
     pub position: Option<u32>,
-    /// When it would be expected to start (now, if admitted).
+    /// When it would be expected to start (now, if admitted): the forecast's median.
     pub expected_start_ms: Option<i64>,
+    /// The interval it would be expected to start in (p10 and p90 of the forecast).
+    pub earliest_start_ms: Option<i64>,
+    pub latest_start_ms: Option<i64>,
+    /// Why no forecast can say when it would start, when none can.
+    pub unforeseeable: Option<Unforeseeable>,
     /// Its maximum cost in micro-units (GPUs × rate × max runtime × multiplier).
     pub max_cost_micros: i64,
 }
@@ -40,6 +45,9 @@ pub fn dry_run(snapshot: &Snapshot, job: &JobSpec) -> DryRun {
         reason: pending.map(|p| p.reason.clone()),
         position: pending.map(|p| p.position),
         expected_start_ms: if admission.is_some() { Some(s.now_ms) } else { pending.and_then(|p| p.expected_start_ms) },
+        earliest_start_ms: if admission.is_some() { Some(s.now_ms) } else { pending.and_then(|p| p.earliest_start_ms) },
+        latest_start_ms: if admission.is_some() { Some(s.now_ms) } else { pending.and_then(|p| p.latest_start_ms) },
+        unforeseeable: pending.and_then(|p| p.unforeseeable),
         max_cost_micros: cost_micros(&s, &job, job.max_runtime_ms),
     }
 }

@@ -13,7 +13,7 @@ use super::{
     inventory::Inventory,
     preemption,
     quota::Ledger,
-    snapshot::{ClassId, JobId, JobSpec, Policy, ReplicaPlacement, Snapshot, TeamId, Topology},
+    snapshot::{ClassId, JobId, JobSpec, Policy, ReplicaPlacement, Snapshot, StartTimeModel, TeamId, Topology},
 };
 
 pub use super::{
@@ -105,7 +105,13 @@ pub fn run(snapshot: &Snapshot) -> Decisions {
                 *h += placement.iter().flat_map(|r| r.units.iter()).map(|&(_, m)| u64::from(m)).sum::<u64>();
             }
         }
-        super::eta::estimate(snapshot, &cycle.inv, &held, &cycle.victims, &mut decisions);
+        let free: Vec<u64> = (0..snapshot.classes.len())
+            .map(|c| cycle.inv.free_milli(c as ClassId) + held.get(c).copied().unwrap_or(0))
+            .collect();
+        match snapshot.config.start_time_model {
+            StartTimeModel::Forecast => super::eta::forecast(snapshot, &free, &cycle.victims, &mut decisions),
+            StartTimeModel::MaxRuntime => super::eta::naive(snapshot, &free, &cycle.victims, &mut decisions),
+        }
     }
     decisions
 }
@@ -185,7 +191,15 @@ impl<'a> Cycle<'a> {
 
     /// Records that the job waits, at the current queue position, and why.
     pub(super) fn pend(&mut self, job: &JobSpec, reason: PendingReason) {
-        self.decisions.pending.push(Pending { job: job.id, position: self.position, reason, expected_start_ms: None });
+        self.decisions.pending.push(Pending {
+            job: job.id,
+            position: self.position,
+            reason,
+            expected_start_ms: None,
+            earliest_start_ms: None,
+            latest_start_ms: None,
+            unforeseeable: None,
+        });
     }
 
     /// True when the job cannot be admitted now whatever the order: it never fits, its

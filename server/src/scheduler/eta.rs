@@ -1,26 +1,571 @@
-//! Expected start times: the queue played forward on the running jobs' maximum runtimes.
+//! Expected starts: the cycle's waiting jobs played forward, as an interval.
 //!
-//! A class-level model: GPUs of a class are given back when jobs reach their maximum
-//! runtime (victims when their grace period ends), and the waiting jobs of that class start
-//! in the order of this cycle, each as soon as the class has enough free GPUs for it. A job
-//! that does not fit blocks those behind it, as a reservation would. Topology and quotas
-//! are not replayed, so the estimate is the earliest plausible start, not a promise; jobs
-//! blocked by quota, budget or size get none.
+//! # The forecast
+//!
+//! Every running job gets an expected end from its runtime estimate ([`runtime`](super::runtime):
+//! history of jobs like it, conditioned on how long it has already run, bounded by its
+//! maximum runtime); victims of this cycle and jobs already stopping end when their grace
+//! period does. Time then jumps from end to end. At each, the waiting jobs of the class that
+//! freed GPUs are taken in this cycle's order, as the engine would rank them, and a job starts
+//! when
+//! - its team and every ancestor stay within reserved + burst, and a non-preemptible job
+//!   within its team's reserved quota: a job blocked by quota starts when its own team's jobs
+//!   free that quota, which is as foreseeable as any end;
+//! - the class has enough free GPUs (those held for waiting jobs count as free), and the GPUs
+//!   held for the first blocked gang of two or more GPUs (its reservation, until the running
+//!   jobs' maximum runtimes free enough for it) are used only by a job whose maximum runtime
+//!   ends before then (EASY backfill), as in the engine; under FIFO the first job that does
+//!   not fit blocks all behind it.
+//!
+//! A started job ends after its own estimated runtime. A job within its team's reserved quota
+//! may also reclaim: preemptible jobs of borrowing teams (or lower-priority jobs of its own
+//! team) become victims once they have run the engine's minimum runtime, and their GPUs are
+//! free a grace period later; if the job has not started by then, it starts then.
+//!
+//! The play runs three times, with every runtime at its p10, p50 and p90 estimate: the
+//! earliest, expected and latest start. Jobs that arrive later are not foreseen, so a late
+//! arrival ranked ahead can delay a start beyond the interval.
+//!
+//! Three waits cannot be foreseen and say so ([`Unforeseeable`]): a job larger than a quota
+//! (it starts when the quota is raised), a job its hard budget cannot cover (when the budget
+//! is raised or renewed) and a gang no cluster can hold (when GPUs are added).
+//!
+//! Topology and fragmentation are not played: the class is a pool of GPUs. The naive model
+//! ([`naive`]), running jobs ending at their maximum runtime and no quotas, is kept to compare
+//! against (`fairway simulate --eta`).
 
-use std::{cmp::Reverse, collections::BTreeSet, collections::BinaryHeap, collections::VecDeque};
-
-use super::{
-    decision::{Decisions, PendingReason},
-    inventory::Inventory,
-    snapshot::{ClassId, JobId, Snapshot},
+use std::{
+    cmp::Reverse,
+    collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque},
 };
 
-/// Fills `expected_start_ms` of the pending jobs that wait for capacity.
-/// `held` is, per class, milli held for waiting jobs (free for this purpose).
-pub fn estimate(s: &Snapshot, inv: &Inventory, held: &[u64], victims: &BTreeSet<usize>, decisions: &mut Decisions) {
+use super::{
+    decision::{Decisions, PendingReason, Unforeseeable},
+    quota::Ledger,
+    snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, TeamId, UNIT},
+};
+
+/// At each event, the most waiting jobs of a class looked at, in order; a job further back
+/// waits in the play for the ones ahead to start (so its estimate may be late). Bounds a
+/// cycle's cost with tens of thousands of waiting jobs.
+const SCAN_LIMIT: usize = 512;
+
+/// No next item in a queue.
+const END: usize = usize::MAX;
+
+/// Kinds of events, in the order they apply at one instant: ends free GPUs first.
+const ENDS: u8 = 0;
+const RECLAIMS: u8 = 1;
+
+/// Something holding GPUs in the play: a running job, a job admitted this cycle, or a job
+/// started by the play.
+#[derive(Debug, Clone)]
+struct Holder {
+    class: ClassId,
+    milli: u64,
+    team: TeamId,
+    /// Counts against its team's quota (not a victim or a stopping job).
+    quota: bool,
+    /// When it ends in this play.
+    end_ms: i64,
+    /// When its maximum runtime ends: what the engine's reservations count on.
+    max_end_ms: i64,
+    /// Whether it still holds its GPUs.
+    alive: bool,
+}
+
+/// A waiting job in the play.
+#[derive(Debug, Clone)]
+struct Waiting<'a> {
+    /// Index into `decisions.pending`.
+    pending: usize,
+    spec: &'a JobSpec,
+    /// Runtime at each quantile.
+    runtime: [i64; 3],
+    preemptible: bool,
+    /// Victims it reclaims and when, if it has not started by then.
+    reclaim: Option<(i64, Vec<usize>)>,
+}
+
+/// Fills the expected starts (an interval) of the waiting jobs, or says why none can be
+/// foreseen. `free` is, per class, the milli free after this cycle plus those held for
+/// waiting jobs; `victims` the running jobs this cycle preempts.
+pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &mut Decisions) {
+    let specs: BTreeMap<JobId, &JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
+    let grace = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.preemption_grace_ms);
+    let preemptible = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).is_some_and(|p| p.preemptible);
+    let priority = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.priority);
+    let mut ledger = Ledger::new(s);
+    // Per quantile, the holders' ends; the rest of a holder is the same in every play.
+    let mut holders: Vec<Holder> = Vec::new();
+    let mut ends: Vec<[i64; 3]> = Vec::new();
+    // Running jobs a within-reserved job may reclaim: (holder, running index).
+    let mut reclaimable: Vec<(usize, usize)> = Vec::new();
+    for (i, r) in s.running.iter().enumerate() {
+        let leaving = r.terminating || victims.contains(&i);
+        let end = if leaving {
+            [s.now_ms + grace(&r.spec); 3]
+        } else {
+            let left = s.history.remaining(&r.spec, s.now_ms - r.started_ms);
+            left.map(|l| s.now_ms.saturating_add(l))
+        };
+        let quota = !leaving && (r.spec.team as usize) < s.teams.len();
+        if quota {
+            ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), false);
+            if preemptible(&r.spec) {
+                reclaimable.push((holders.len(), i));
+            }
+        }
+        holders.push(Holder {
+            class: r.spec.class,
+            milli: r.spec.total_milli(),
+            team: r.spec.team,
+            quota,
+            end_ms: end[1].max(s.now_ms),
+            max_end_ms: r.started_ms.saturating_add(r.spec.max_runtime_ms).max(s.now_ms),
+            alive: true,
+        });
+        ends.push(end.map(|e| e.max(s.now_ms)));
+    }
+    for a in &decisions.admissions {
+        let Some(&job) = specs.get(&a.job) else { continue };
+        let runtime = s.history.remaining(job, 0);
+        let quota = (job.team as usize) < s.teams.len();
+        if quota {
+            ledger.add(job.team, job.class, job.total_milli(), false);
+        }
+        holders.push(Holder {
+            class: job.class,
+            milli: job.total_milli(),
+            team: job.team,
+            quota,
+            end_ms: s.now_ms.saturating_add(runtime[1]),
+            max_end_ms: s.now_ms.saturating_add(job.max_runtime_ms),
+            alive: true,
+        });
+        ends.push(runtime.map(|r| s.now_ms.saturating_add(r)));
+    }
+
+    // The waiting jobs, in this cycle's order; those no forecast can place say why.
+    let mut order: Vec<usize> = (0..decisions.pending.len()).collect();
+    order.sort_by_key(|&i| decisions.pending[i].position);
+    let mut waiting: Vec<Waiting> = Vec::new();
+    for i in order {
+        let p = &mut decisions.pending[i];
+        let cause = match p.reason {
+            PendingReason::NeverFits => Some(Unforeseeable::CapacityChange),
+            PendingReason::ExceedsQuota { team } => Some(Unforeseeable::QuotaChange { team }),
+            PendingReason::BudgetExhausted => Some(Unforeseeable::BudgetChange),
+            _ => None,
+        };
+        if cause.is_some() {
+            p.unforeseeable = cause;
+            continue;
+        }
+        let Some(&spec) = specs.get(&p.job) else { continue };
+        if usize::from(spec.class) >= s.classes.len() || (spec.team as usize) >= s.teams.len() {
+            continue;
+        }
+        waiting.push(Waiting {
+            pending: i,
+            spec,
+            runtime: s.history.remaining(spec, 0),
+            preemptible: preemptible(spec),
+            reclaim: None,
+        });
+    }
+    if waiting.is_empty() {
+        return;
+    }
+
+    // Reclaim plans, made once at the start: a job within its team's reserved quota that
+    // does not fit takes the cheapest victims in order of when they may be preempted.
+    if s.config.policy != Policy::Fifo {
+        let mut claimed: BTreeSet<usize> = BTreeSet::new();
+        let mut unclaimed_free: Vec<u64> = free.to_vec();
+        for w in &mut waiting {
+            let (job, n, c) = (w.spec, w.spec.total_milli(), usize::from(w.spec.class));
+            let have = unclaimed_free.get(c).copied().unwrap_or(0);
+            if n <= have || ledger.beyond_reserved(job.team, job.class, n).is_some() {
+                continue;
+            }
+            let mut candidates: Vec<(i64, JobId, usize)> = reclaimable
+                .iter()
+                .filter(|&&(h, _)| !claimed.contains(&h))
+                .filter_map(|&(h, i)| {
+                    let r = &s.running[i];
+                    let other_borrower = r.spec.team != job.team && ledger.borrowed(r.spec.team, job.class) > 0;
+                    let lower = r.spec.team == job.team && priority(&r.spec) < priority(job);
+                    if r.spec.class != job.class || !(other_borrower || lower) {
+                        return None;
+                    }
+                    let eligible = (r.started_ms + s.config.min_runtime_before_preemption_ms).max(s.now_ms);
+                    let gone = eligible.saturating_add(grace(&r.spec));
+                    (gone < holders[h].end_ms).then_some((gone, r.spec.id, h))
+                })
+                .collect();
+            candidates.sort_unstable();
+            let mut freed = have;
+            let mut chosen = Vec::new();
+            for (gone, _, h) in candidates {
+                if freed >= n {
+                    break;
+                }
+                freed += holders[h].milli;
+                chosen.push((gone, h));
+            }
+            if freed >= n {
+                let at = chosen.iter().map(|c| c.0).max().unwrap_or(s.now_ms);
+                claimed.extend(chosen.iter().map(|c| c.1));
+                unclaimed_free[c] = 0;
+                w.reclaim = Some((at, chosen.into_iter().map(|c| c.1).collect()));
+            }
+        }
+    }
+
+    let mut starts: Vec<[Option<i64>; 3]> = vec![[None; 3]; waiting.len()];
+    for q in 0..3 {
+        let mut holders = holders.clone();
+        for (h, e) in holders.iter_mut().zip(&ends) {
+            h.end_ms = e[q];
+        }
+        let play = Play::new(s, free, ledger.clone(), holders, &waiting, q);
+        for (slot, start) in starts.iter_mut().zip(play.run()) {
+            slot[q] = start;
+        }
+    }
+    for (w, start) in waiting.iter().zip(starts) {
+        let Some(expected) = start[1] else { continue };
+        let mut all: Vec<i64> = start.iter().flatten().copied().collect();
+        all.sort_unstable();
+        let p = &mut decisions.pending[w.pending];
+        // Shorter runtimes can, rarely, start a job later (a reservation taken earlier):
+        // the interval is what the three plays span.
+        p.earliest_start_ms = all.first().copied();
+        p.latest_start_ms = all.last().copied();
+        p.expected_start_ms = Some(if all.len() == 3 { all[1] } else { expected });
+    }
+}
+
+/// One play of the forecast at one runtime quantile.
+struct Play<'s, 'w> {
+    s: &'s Snapshot,
+    q: usize,
+    free: Vec<u64>,
+    ledger: Ledger,
+    holders: Vec<Holder>,
+    waiting: &'w [Waiting<'s>],
+    /// Alive holders per class by maximum end, for reservations' shadow times.
+    by_max_end: Vec<BTreeSet<(i64, usize)>>,
+    /// (time, kind, holder or waiting index).
+    events: BinaryHeap<Reverse<(i64, u8, usize)>>,
+    /// Per queue (a class, or one for FIFO): waiting indices in order, linked.
+    queues: Vec<Queue>,
+    start: Vec<Option<i64>>,
+    left: usize,
+    /// Per class, the reservation of the scan under way: (waiting index, shadow time).
+    reservations: Vec<Option<(usize, i64)>>,
+    /// Per class, the last reservation's shadow time, kept across scans.
+    shadows: Vec<Option<(usize, i64)>>,
+}
+
+/// A linked list over waiting jobs in cycle order, with the smallest demand from each
+/// item on (a lower bound once items leave) so a scan stops when nothing behind can fit.
+struct Queue {
+    items: Vec<usize>,
+    next: Vec<usize>,
+    head: usize,
+    min_need: Vec<u64>,
+}
+
+impl Queue {
+    fn new(items: Vec<usize>, waiting: &[Waiting]) -> Self {
+        let n = items.len();
+        let mut min_need = vec![u64::MAX; n];
+        let mut m = u64::MAX;
+        for k in (0..n).rev() {
+            m = m.min(waiting[items[k]].spec.total_milli());
+            min_need[k] = m;
+        }
+        let next = (1..=n).map(|k| if k == n { END } else { k }).collect();
+        Queue { items, next, head: if n == 0 { END } else { 0 }, min_need }
+    }
+}
+
+impl<'s, 'w> Play<'s, 'w> {
+    fn new(
+        s: &'s Snapshot,
+        free: &[u64],
+        ledger: Ledger,
+        holders: Vec<Holder>,
+        waiting: &'w [Waiting<'s>],
+        q: usize,
+    ) -> Self {
+        let classes = s.classes.len();
+        let fifo = s.config.policy == Policy::Fifo;
+        let mut by_max_end = vec![BTreeSet::new(); classes];
+        let mut events = BinaryHeap::with_capacity(holders.len() + waiting.len());
+        for (h, holder) in holders.iter().enumerate() {
+            if let Some(set) = by_max_end.get_mut(usize::from(holder.class)) {
+                set.insert((holder.max_end_ms, h));
+            }
+            events.push(Reverse((holder.end_ms, ENDS, h)));
+        }
+        let mut items: Vec<Vec<usize>> = vec![Vec::new(); if fifo { 1 } else { classes }];
+        for (k, w) in waiting.iter().enumerate() {
+            items[if fifo { 0 } else { usize::from(w.spec.class) }].push(k);
+            if let Some((at, _)) = &w.reclaim {
+                events.push(Reverse((*at, RECLAIMS, k)));
+            }
+        }
+        let queues = items.into_iter().map(|i| Queue::new(i, waiting)).collect();
+        let mut f = free.to_vec();
+        f.resize(classes, 0);
+        Play {
+            s,
+            q,
+            free: f,
+            ledger,
+            holders,
+            waiting,
+            by_max_end,
+            events,
+            queues,
+            start: vec![None; waiting.len()],
+            left: waiting.len(),
+            reservations: vec![None; classes],
+            shadows: vec![None; classes],
+        }
+    }
+
+    fn run(mut self) -> Vec<Option<i64>> {
+        let fifo = self.s.config.policy == Policy::Fifo;
+        let mut dirty: BTreeSet<usize> = BTreeSet::new();
+        while let Some(Reverse((t, kind, k))) = self.events.pop() {
+            match kind {
+                ENDS => {
+                    if let Some(class) = self.end(k, t) {
+                        dirty.insert(if fifo { 0 } else { usize::from(class) });
+                    }
+                }
+                _ => {
+                    if let Some(class) = self.reclaim(k, t) {
+                        dirty.insert(if fifo { 0 } else { usize::from(class) });
+                    }
+                }
+            }
+            if self.events.peek().is_some_and(|Reverse(e)| e.0 == t) {
+                continue;
+            }
+            while let Some(queue) = dirty.pop_first() {
+                self.scan(queue, t);
+            }
+            if self.left == 0 {
+                break;
+            }
+        }
+        self.start
+    }
+
+    /// A holder's GPUs and quota come back at `t`; the class, if it was still holding.
+    fn end(&mut self, h: usize, t: i64) -> Option<ClassId> {
+        let holder = &mut self.holders[h];
+        if !holder.alive || holder.end_ms != t {
+            return None;
+        }
+        holder.alive = false;
+        let (class, milli, team, quota, max_end) =
+            (holder.class, holder.milli, holder.team, holder.quota, holder.max_end_ms);
+        if let Some(f) = self.free.get_mut(usize::from(class)) {
+            *f += milli;
+        }
+        if quota {
+            self.ledger.add(team, class, milli, true);
+        }
+        if let Some(set) = self.by_max_end.get_mut(usize::from(class)) {
+            set.remove(&(max_end, h));
+        }
+        Some(class)
+    }
+
+    /// The time a waiting job's victims are gone: if it has not started, they end now and it
+    /// starts on their GPUs.
+    fn reclaim(&mut self, k: usize, t: i64) -> Option<ClassId> {
+        if self.start[k].is_some() {
+            return None;
+        }
+        let waiting = self.waiting;
+        let w = &waiting[k];
+        let victims = w.reclaim.as_ref().map(|r| r.1.clone()).unwrap_or_default();
+        for h in victims {
+            if self.holders[h].alive {
+                self.holders[h].end_ms = t;
+                self.end(h, t);
+            }
+        }
+        let c = usize::from(w.spec.class);
+        let n = w.spec.total_milli();
+        if self.free[c] >= n && self.ledger.over_limit(w.spec.team, w.spec.class, n).is_none() {
+            self.begin(k, t);
+            self.unlink(k);
+        }
+        Some(w.spec.class)
+    }
+
+    /// Removes a started job from its queue (a walk: only for reclaims, which are few).
+    fn unlink(&mut self, k: usize) {
+        let fifo = self.s.config.policy == Policy::Fifo;
+        let index = if fifo { 0 } else { usize::from(self.waiting[k].spec.class) };
+        let queue = &mut self.queues[index];
+        let (mut prev, mut i) = (END, queue.head);
+        while i != END {
+            if queue.items[i] == k {
+                if prev == END {
+                    queue.head = queue.next[i];
+                } else {
+                    queue.next[prev] = queue.next[i];
+                }
+                return;
+            }
+            prev = i;
+            i = queue.next[i];
+        }
+    }
+
+    /// Starts waiting job `k` at `t`.
+    fn begin(&mut self, k: usize, t: i64) {
+        let waiting = self.waiting;
+        let w = &waiting[k];
+        let (class, n) = (w.spec.class, w.spec.total_milli());
+        self.free[usize::from(class)] -= n;
+        self.ledger.add(w.spec.team, class, n, false);
+        let h = self.holders.len();
+        let end = t.saturating_add(w.runtime[self.q]);
+        let max_end = t.saturating_add(w.spec.max_runtime_ms);
+        self.holders.push(Holder {
+            class,
+            milli: n,
+            team: w.spec.team,
+            quota: true,
+            end_ms: end,
+            max_end_ms: max_end,
+            alive: true,
+        });
+        self.by_max_end[usize::from(class)].insert((max_end, h));
+        self.events.push(Reverse((end, ENDS, h)));
+        self.start[k] = Some(t);
+        self.left -= 1;
+        if self.reservations[usize::from(class)].is_some_and(|r| r.0 == k) {
+            self.reservations[usize::from(class)] = None;
+        }
+    }
+
+    /// When the engine would expect a gang of `need` to fit in `class`: the running jobs'
+    /// maximum runtimes freeing GPUs in order.
+    fn shadow(&self, class: usize, need: u64, t: i64) -> i64 {
+        let mut freed = self.free[class];
+        for &(max_end, h) in &self.by_max_end[class] {
+            if freed >= need {
+                break;
+            }
+            freed += self.holders[h].milli;
+            if freed >= need {
+                return max_end.max(t);
+            }
+        }
+        t
+    }
+
+    /// Starts what can start at `t` in one queue, in order (see the module docs).
+    fn scan(&mut self, queue: usize, t: i64) {
+        let s = self.s;
+        let fifo = s.config.policy == Policy::Fifo;
+        // Teams found over quota at this instant: (team, preemptible) → smallest demand.
+        let mut over: BTreeMap<(TeamId, bool), u64> = BTreeMap::new();
+        // The engine gives the first blocked gang in its order a reservation, afresh each
+        // cycle; its shadow time is kept while the same gang holds it (ends only move it
+        // earlier, so the kept one is the engine's or later).
+        if !fifo {
+            self.reservations[queue] = None;
+        }
+        let waiting = self.waiting;
+        let (mut prev, mut i) = (END, self.queues[queue].head);
+        let mut visited = 0;
+        while i != END && visited < SCAN_LIMIT {
+            visited += 1;
+            let k = self.queues[queue].items[i];
+            let next = self.queues[queue].next[i];
+            let w = &waiting[k];
+            let (c, n) = (usize::from(w.spec.class), w.spec.total_milli());
+            if !fifo && self.free[c] < self.queues[queue].min_need[i] {
+                break;
+            }
+            let key = (w.spec.team, w.preemptible);
+            // Too large for what is free, or its team found over quota for as much: it cannot
+            // start now (under FIFO, a job too large blocks the rest).
+            let could_reserve =
+                s.config.policy == Policy::Fairway && n >= 2 * u64::from(UNIT) && self.reservations[c].is_none();
+            if (!fifo && n > self.free[c] && !could_reserve) || over.get(&key).is_some_and(|&m| n >= m) {
+                prev = i;
+                i = next;
+                continue;
+            }
+            let quota_ok = fifo
+                || (self.ledger.over_limit(w.spec.team, w.spec.class, n).is_none()
+                    && (w.preemptible || self.ledger.beyond_reserved(w.spec.team, w.spec.class, n).is_none()));
+            if !quota_ok {
+                let m = over.entry(key).or_insert(n);
+                *m = (*m).min(n);
+                prev = i;
+                i = next;
+                continue;
+            }
+            let fits = match self.reservations[c] {
+                Some((holder, _)) if holder == k => n <= self.free[c],
+                Some((holder, shadow)) => {
+                    let held = self.waiting[holder].spec.total_milli().min(self.free[c]);
+                    n <= self.free[c] - held || (n <= self.free[c] && t.saturating_add(w.spec.max_runtime_ms) <= shadow)
+                }
+                None => n <= self.free[c],
+            };
+            if fits {
+                self.begin(k, t);
+                let queue = &mut self.queues[queue];
+                if prev == END {
+                    queue.head = next;
+                } else {
+                    queue.next[prev] = next;
+                }
+                i = next;
+                continue;
+            }
+            if fifo {
+                break;
+            }
+            if s.config.policy == Policy::Fairway && n >= 2 * u64::from(UNIT) && self.reservations[c].is_none() {
+                let shadow = match self.shadows[c] {
+                    Some((holder, shadow)) if holder == k && shadow >= t => shadow,
+                    _ => self.shadow(c, n, t),
+                };
+                self.shadows[c] = Some((k, shadow));
+                self.reservations[c] = Some((k, shadow));
+            }
+            prev = i;
+            i = next;
+        }
+    }
+}
+
+/// The naive model: the queue played forward on the running jobs' maximum runtimes.
+///
+/// GPUs of a class are given back when jobs reach their maximum runtime (victims when their
+/// grace period ends), and the waiting jobs of that class start in the order of this cycle,
+/// each as soon as the class has enough free GPUs for it. A job that does not fit blocks
+/// those behind it, as a reservation would. Topology and quotas are not replayed; jobs
+/// blocked by quota, budget or size get none. `free` is as for [`forecast`].
+pub fn naive(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &mut Decisions) {
     let classes = s.classes.len();
-    let mut free: Vec<u64> =
-        (0..classes).map(|c| inv.free_milli(c as ClassId) + held.get(c).copied().unwrap_or(0)).collect();
+    let mut free: Vec<u64> = (0..classes).map(|c| free.get(c).copied().unwrap_or(0)).collect();
     let mut events: BinaryHeap<Reverse<(i64, ClassId, u64)>> = BinaryHeap::new();
     for (i, r) in s.running.iter().enumerate() {
         let end = if r.terminating || victims.contains(&i) {
@@ -30,7 +575,7 @@ pub fn estimate(s: &Snapshot, inv: &Inventory, held: &[u64], victims: &BTreeSet<
         };
         events.push(Reverse((end.max(s.now_ms), r.spec.class, r.spec.total_milli())));
     }
-    let specs: std::collections::BTreeMap<JobId, (ClassId, u64, i64)> =
+    let specs: BTreeMap<JobId, (ClassId, u64, i64)> =
         s.pending.iter().map(|j| (j.id, (j.class, j.total_milli(), j.max_runtime_ms))).collect();
     for a in &decisions.admissions {
         if let Some(&(class, milli, runtime)) = specs.get(&a.job) {
@@ -69,7 +614,10 @@ pub fn estimate(s: &Snapshot, inv: &Inventory, held: &[u64], victims: &BTreeSet<
                 break;
             }
             free[c] -= need;
-            decisions.pending[i].expected_start_ms = Some(t);
+            let p = &mut decisions.pending[i];
+            p.expected_start_ms = Some(t);
+            p.earliest_start_ms = Some(t);
+            p.latest_start_ms = Some(t);
             events.push(Reverse((t.saturating_add(runtime), class, need)));
             queues[c].pop_front();
         }

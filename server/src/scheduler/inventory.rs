@@ -512,6 +512,8 @@ mod tests {
             submitted_ms: 0,
             max_runtime_ms: 1,
             allow_spot: false,
+            kind: None,
+            expected_runtime_ms: None,
         }
     }
 

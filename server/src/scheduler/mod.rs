@@ -25,7 +25,8 @@
 //! 4. **Preemption** when it does not fit (below), else a **reservation**: the first gang of
 //!    a class blocked by capacity gets a shadow time (when enough GPUs return by maximum
 //!    runtimes) and later jobs backfill only if they end before it, so no gang starves.
-//! 5. **Expected starts** ([`eta`]) by playing the queue forward.
+//! 5. **Expected starts** ([`eta`]) by playing the queue forward on runtimes estimated from
+//!    history ([`runtime`]), as an interval.
 //!
 //! # Preemption, and why it cannot loop
 //!
@@ -82,12 +83,16 @@ pub mod inventory;
 mod preemption;
 mod queue;
 pub mod quota;
+pub mod runtime;
 pub mod snapshot;
 
 #[cfg(test)]
 mod tests;
 
-pub use decision::{Admission, Decisions, Fragmentation, Pending, PendingReason, PreemptReason, Preemption};
+pub use decision::{
+    Admission, Decisions, Fragmentation, Pending, PendingReason, PreemptReason, Preemption, Unforeseeable,
+};
+pub use runtime::{KindId, RuntimeHistory};
 pub use snapshot::*;
 
 /// Runs one admission cycle over a snapshot.

@@ -152,6 +152,11 @@ pub struct JobSpec {
     pub max_runtime_ms: i64,
     /// The job tolerates spot capacity (interruptions requeue it).
     pub allow_spot: bool,
+    /// What the job is for runtime history (a hash of its name, see
+    /// [`runtime::kind_of`](super::runtime::kind_of)); `None` when it has none.
+    pub kind: Option<super::runtime::KindId>,
+    /// The runtime the job declares it expects (ms): the median of its runtime estimate.
+    pub expected_runtime_ms: Option<i64>,
 }
 
 impl JobSpec {
@@ -193,6 +198,20 @@ pub struct Config {
     pub policy: Policy,
     /// Compute expected start times of pending jobs (the costliest part of a cycle).
     pub estimate_start_times: bool,
+    /// How expected start times are computed.
+    pub start_time_model: StartTimeModel,
+}
+
+/// How the engine foresees when waiting jobs start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StartTimeModel {
+    /// The forecast of [`eta`](super::eta): runtimes from history, quotas, reservations and
+    /// reclaim played forward at p10, p50 and p90 runtimes.
+    #[default]
+    Forecast,
+    /// The naive model: running jobs end at their maximum runtime, waiting jobs start in
+    /// order per class as GPUs free up; no interval. Kept to compare against.
+    MaxRuntime,
 }
 
 impl Default for Config {
@@ -202,6 +221,7 @@ impl Default for Config {
             min_runtime_before_preemption_ms: 5 * 60 * 1000,
             policy: Policy::Fairway,
             estimate_start_times: true,
+            start_time_model: StartTimeModel::Forecast,
         }
     }
 }
@@ -230,5 +250,8 @@ pub struct Snapshot {
     pub priorities: Vec<PriorityClass>,
     pub running: Vec<RunningJob>,
     pub pending: Vec<JobSpec>,
+    /// Runtimes of finished jobs, for the expected starts of waiting jobs (shared: a dry
+    /// run copies the snapshot).
+    pub history: std::sync::Arc<super::runtime::RuntimeHistory>,
     pub config: Config,
 }

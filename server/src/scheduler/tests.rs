@@ -57,6 +57,7 @@ fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
         priorities: priorities(),
         running: Vec::new(),
         pending: Vec::new(),
+        history: Default::default(),
         config: Config::default(),
     }
 }
@@ -73,6 +74,8 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         submitted_ms: NOW - HOUR + id as i64,
         max_runtime_ms: 4 * HOUR,
         allow_spot: false,
+        kind: None,
+        expected_runtime_ms: None,
     }
 }
 
@@ -243,8 +246,94 @@ fn a_blocked_gang_gets_a_reservation_and_only_short_jobs_backfill() {
     assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
     assert_eq!(reason_of(&d, 11), PendingReason::ReservedFor { job: 10 });
     assert_eq!(admitted(&d), vec![12], "ends before the gang's reservation");
+    // No history: the running jobs' 3 hours left are uniform, so they end in 0.3, 1.5 and
+    // 2.7 hours at p10, p50 and p90, and the gang starts then.
+    let gang = d.pending.iter().find(|p| p.job == 10).unwrap();
+    let interval = (gang.earliest_start_ms, gang.expected_start_ms, gang.latest_start_ms);
+    assert_eq!(interval, (Some(NOW + 3 * HOUR / 10), Some(NOW + 3 * HOUR / 2), Some(NOW + 27 * HOUR / 10)));
+    s.config.start_time_model = StartTimeModel::MaxRuntime;
+    let d = schedule(&s);
     let gang_eta = d.pending.iter().find(|p| p.job == 10).and_then(|p| p.expected_start_ms);
-    assert_eq!(gang_eta, Some(NOW + 3 * HOUR));
+    assert_eq!(gang_eta, Some(NOW + 3 * HOUR), "the naive model waits for the maximum runtimes");
+}
+
+fn pending_of(d: &Decisions, id: JobId) -> &Pending {
+    d.pending.iter().find(|p| p.job == id).expect("pending")
+}
+
+#[test]
+fn a_job_at_its_teams_burst_limit_is_expected_when_its_teams_own_jobs_free_the_quota() {
+    let mut s = cluster(1, vec![team("a", 4, 0), team("b", 0, 8)]);
+    start(&mut s, job(1, 0, 4, 1), HOUR); // 3 hours left of 4
+    s.pending = vec![job(2, 0, 4, 1)];
+    let d = schedule(&s);
+    let p = pending_of(&d, 2);
+    assert_eq!(p.reason, PendingReason::BurstLimit { team: 0 });
+    assert_eq!(p.unforeseeable, None);
+    assert_eq!(p.expected_start_ms, Some(NOW + 3 * HOUR / 2));
+}
+
+#[test]
+fn a_job_larger_than_its_quota_says_it_waits_for_a_quota_change() {
+    let mut s = cluster(1, vec![team("a", 2, 0)]);
+    s.pending = vec![job(1, 0, 4, 1)];
+    let d = schedule(&s);
+    let p = pending_of(&d, 1);
+    assert_eq!(p.reason, PendingReason::ExceedsQuota { team: 0 });
+    assert_eq!(p.unforeseeable, Some(Unforeseeable::QuotaChange { team: 0 }));
+    assert_eq!((p.earliest_start_ms, p.expected_start_ms, p.latest_start_ms), (None, None, None));
+    let name = |_| "a".to_owned();
+    assert!(Unforeseeable::QuotaChange { team: 0 }.message(&name).contains("quota"));
+}
+
+#[test]
+fn a_job_its_budget_cannot_cover_says_it_waits_for_a_budget_change() {
+    let mut a = team("a", 8, 0);
+    a.hard_budget_left_micros = Some(1);
+    let mut s = cluster(1, vec![a]);
+    s.pending = vec![job(1, 0, 4, 1)];
+    let d = schedule(&s);
+    assert_eq!(pending_of(&d, 1).unforeseeable, Some(Unforeseeable::BudgetChange));
+}
+
+#[test]
+fn history_of_jobs_like_the_running_one_brings_the_expected_start_forward() {
+    let mut s = cluster(1, vec![team("a", 8, 8)]);
+    let mut running = job(1, 0, 8, 1);
+    running.kind = Some(7);
+    running.max_runtime_ms = 24 * HOUR;
+    start(&mut s, running, HOUR / 6);
+    let mut history = RuntimeHistory::default();
+    for m in 50..70 {
+        history.record(0, Some(7), m * 60_000);
+    }
+    s.history = std::sync::Arc::new(history);
+    s.pending = vec![job(2, 0, 8, 1)];
+    let d = schedule(&s);
+    let p = pending_of(&d, 2);
+    let (earliest, expected, latest) = (p.earliest_start_ms.unwrap(), p.expected_start_ms.unwrap(), p.latest_start_ms.unwrap());
+    assert!(NOW < earliest && earliest <= expected && expected <= latest && latest <= NOW + HOUR, "{p:?}");
+    s.config.start_time_model = StartTimeModel::MaxRuntime;
+    let naive = schedule(&s);
+    assert_eq!(pending_of(&naive, 2).expected_start_ms, Some(NOW + 24 * HOUR - HOUR / 6));
+}
+
+#[test]
+fn a_dry_run_needing_victims_inside_their_minimum_runtime_is_expected_once_they_may_be_preempted() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 0, 8)]);
+    start(&mut s, job(1, 1, 8, 1), 60_000); // b borrows all 8 GPUs, for a minute so far
+    let answer = dry_run::dry_run(&s, &job(10, 0, 4, 0));
+    assert!(answer.victims.is_empty(), "too young to preempt: {answer:?}");
+    // Preemptible after 5 minutes, then 30 seconds of grace.
+    let at = NOW + 4 * 60_000 + 30_000;
+    assert_eq!((answer.earliest_start_ms, answer.expected_start_ms, answer.latest_start_ms), (Some(at), Some(at), Some(at)));
+}
+
+#[test]
+fn a_job_admitted_now_is_expected_now() {
+    let answer = dry_run::dry_run(&cluster(1, vec![team("a", 4, 4)]), &job(11, 0, 2, 0));
+    assert!(answer.placement.is_some());
+    assert_eq!((answer.earliest_start_ms, answer.expected_start_ms, answer.latest_start_ms), (Some(NOW), Some(NOW), Some(NOW)));
 }
 
 #[test]

@@ -203,6 +203,8 @@ impl Place for FairwayPlacer {
             submitted_ms: 0,
             max_runtime_ms: 1,
             allow_spot: false,
+            kind: None,
+            expected_runtime_ms: None,
         };
         match self.inventory.find(&job) {
             Some(placement) => {

@@ -11,7 +11,9 @@
 //!   preemption losses and fairness; [`experiment`] runs the three policies at a contended
 //!   load, measures each team's sharing anomaly and prints the tables.
 //! - [`fragmentation`] compares Fairway's placement with plain best-fit.
+//! - [`calibration`] (`fairway simulate --eta`) measures expected starts against real ones.
 
+pub mod calibration;
 pub mod cluster;
 pub mod experiment;
 pub mod fragmentation;
@@ -170,6 +172,8 @@ pub struct SimulateOptions {
     pub shrink: Option<u32>,
     /// Where the public traces are read from.
     pub traces: traces::Traces,
+    /// Measure expected starts instead ([`calibration`]), at the given load or the default.
+    pub eta: bool,
 }
 
 /// `fairway simulate`: loads the workload, finds (or takes) the load, replays it under every
@@ -180,6 +184,16 @@ pub fn simulate_command(options: &SimulateOptions, out: &mut dyn Write) -> anyho
     }
     anyhow::ensure!(options.shrink != Some(0), "--shrink must be at least 1");
     let workload = load_workload(options)?;
+    if options.eta {
+        let shrink = options.shrink.unwrap_or(calibration::DEFAULT_SHRINK);
+        let compression = options.compress.unwrap_or(calibration::DEFAULT_COMPRESSION);
+        let loaded = workload.shrunk(shrink).compressed(compression);
+        writeln!(out, "Replaying {} compressed {compression}x with expected starts", loaded.name)?;
+        out.flush()?;
+        let c = calibration::calibrate(&loaded)?;
+        write!(out, "{}", calibration::render(&c))?;
+        return Ok(());
+    }
     writeln!(
         out,
         "Replaying {} ({} jobs, {} GPUs) under {} policies",

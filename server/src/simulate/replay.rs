@@ -25,12 +25,26 @@ use std::{
 
 use super::{TraceJob, Workload};
 use crate::scheduler::{
-    schedule, ClassId, Config, Decisions, JobId, JobSpec, PendingReason, Policy, PreemptReason, ReplicaPlacement,
-    RunningJob, Snapshot, Topology, UNIT,
+    runtime::kind_of, schedule, ClassId, Config, Decisions, JobId, JobSpec, KindId, PendingReason, Policy,
+    PreemptReason, ReplicaPlacement, RunningJob, Snapshot, StartTimeModel, Topology, UNIT,
 };
 
 /// Simulated jobs checkpoint after every this much runtime.
 pub const CHECKPOINT_INTERVAL_MS: i64 = 30 * 60 * 1000;
+
+/// What a job was told, at the first cycle it waited, about when it would start (only in a
+/// replay that forecasts, see [`replay_with_forecasts`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Prediction {
+    /// When it was told.
+    pub at_ms: i64,
+    /// The forecast: earliest, expected and latest start; `None` without one.
+    pub forecast: Option<[i64; 3]>,
+    /// The forecast said no forecast can know (a quota, budget or capacity change).
+    pub unforeseeable: bool,
+    /// The naive model's start (running jobs end at their maximum runtimes).
+    pub naive: Option<i64>,
+}
 
 /// What happened to one job.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -69,6 +83,9 @@ pub struct ReplayOutcome {
     pub engine_time: Duration,
     /// Why the replay ended before every job completed, if it did.
     pub stopped: Option<String>,
+    /// By job id, what it was told at the first cycle it waited; empty unless the replay
+    /// forecasts.
+    pub predictions: Vec<Option<Prediction>>,
 }
 
 /// The pending reasons' codes, in the order of [`ReplayOutcome::waiting_ms_by_reason`].
@@ -116,6 +133,23 @@ pub fn replay(workload: &Workload, policy: Policy) -> Result<ReplayOutcome, BadD
     let mut state = Replay::new(workload, policy);
     state.run()?;
     Ok(state.into_outcome())
+}
+
+/// Replays a workload under a policy as [`replay`] does, and records for every job that
+/// waits at its arrival what the forecast and the naive model said about its start
+/// ([`ReplayOutcome::predictions`]). The forecast learns runtimes online: the engine's
+/// history holds the jobs that completed earlier in the replay, nothing later.
+pub fn replay_with_forecasts(workload: &Workload, policy: Policy) -> Result<ReplayOutcome, BadDecision> {
+    let mut state = Replay::new(workload, policy);
+    state.predictions = Some(vec![None; workload.jobs.len()]);
+    state.run()?;
+    Ok(state.into_outcome())
+}
+
+/// A trace job's kind for runtime history: its priority class and shape, the labels a trace
+/// has (the Alibaba pods' names say nothing).
+pub fn trace_kind(job: &TraceJob) -> KindId {
+    kind_of(&format!("p{}:{}x{}", job.priority, job.replicas, job.milli_per_replica))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -175,6 +209,10 @@ struct Replay<'a> {
     cycles: u64,
     engine_time: Duration,
     stopped: Option<String>,
+    /// Predictions by job when the replay forecasts.
+    predictions: Option<Vec<Option<Prediction>>>,
+    /// Whether a job arrived at the current instant (its cycle forecasts).
+    arrived: bool,
 }
 
 impl<'a> Replay<'a> {
@@ -188,6 +226,7 @@ impl<'a> Replay<'a> {
             priorities: cluster.priorities.clone(),
             running: Vec::new(),
             pending: Vec::new(),
+            history: Default::default(),
             config: Config { policy, estimate_start_times: false, ..Config::default() },
         };
         let free = cluster.nodes.iter().map(|n| vec![UNIT; usize::from(n.units)]).collect();
@@ -230,6 +269,8 @@ impl<'a> Replay<'a> {
             cycles: 0,
             engine_time: Duration::ZERO,
             stopped: None,
+            predictions: None,
+            arrived: false,
         }
     }
 
@@ -238,6 +279,7 @@ impl<'a> Replay<'a> {
         let preemption_limit = 20 * self.workload.jobs.len() as u64 + 1000;
         while let Some(&Reverse(next)) = self.events.peek() {
             self.advance_to(next.at_ms);
+            self.arrived = false;
             while let Some(&Reverse(event)) = self.events.peek() {
                 if event.at_ms != next.at_ms {
                     break;
@@ -340,9 +382,15 @@ impl<'a> Replay<'a> {
             EventKind::Arrival => {
                 let spec = self.spec(event.job);
                 self.snapshot.pending.push(spec);
+                self.arrived = true;
             }
             EventKind::Completion => {
                 if self.current_run(event) {
+                    if self.predictions.is_some() {
+                        let job = &self.workload.jobs[event.job as usize];
+                        let history = std::sync::Arc::make_mut(&mut self.snapshot.history);
+                        history.record(job.team, Some(trace_kind(job)), job.duration_ms);
+                    }
                     self.stop(event.job);
                     self.remaining_ms[event.job as usize] = 0;
                     self.outcomes[event.job as usize].completion_ms = Some(event.at_ms);
@@ -416,6 +464,8 @@ impl<'a> Replay<'a> {
             submitted_ms: j.submit_ms,
             max_runtime_ms: j.max_runtime_ms,
             allow_spot: false,
+            kind: Some(trace_kind(j)),
+            expected_runtime_ms: None,
         }
     }
 
@@ -426,11 +476,51 @@ impl<'a> Replay<'a> {
             job.last_checkpoint_ms = (ran >= CHECKPOINT_INTERVAL_MS)
                 .then(|| job.started_ms + ran / CHECKPOINT_INTERVAL_MS * CHECKPOINT_INTERVAL_MS);
         }
+        let forecast = self.predictions.is_some() && self.arrived;
+        self.snapshot.config.estimate_start_times = forecast;
         let started = Instant::now();
         let decisions = schedule(&self.snapshot);
         self.engine_time += started.elapsed();
         self.cycles += 1;
+        if forecast {
+            self.predict(&decisions);
+        }
         decisions
+    }
+
+    /// Records what the jobs waiting for the first time were told, by the forecast in
+    /// `decisions` and by the naive model on the same snapshot.
+    fn predict(&mut self, decisions: &Decisions) {
+        let now = self.snapshot.now_ms;
+        let Some(predictions) = &self.predictions else { return };
+        let new: Vec<usize> = decisions
+            .pending
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| predictions[p.job as usize].is_none() && self.outcomes[p.job as usize].first_start_ms.is_none())
+            .map(|(i, _)| i)
+            .collect();
+        if new.is_empty() {
+            return;
+        }
+        self.snapshot.config.start_time_model = StartTimeModel::MaxRuntime;
+        let naive = schedule(&self.snapshot);
+        self.snapshot.config.start_time_model = StartTimeModel::Forecast;
+        let naive: HashMap<JobId, Option<i64>> = naive.pending.iter().map(|p| (p.job, p.expected_start_ms)).collect();
+        let Some(predictions) = &mut self.predictions else { return };
+        for i in new {
+            let p = &decisions.pending[i];
+            let forecast = match (p.earliest_start_ms, p.expected_start_ms, p.latest_start_ms) {
+                (Some(a), Some(b), Some(c)) => Some([a, b, c]),
+                _ => None,
+            };
+            predictions[p.job as usize] = Some(Prediction {
+                at_ms: now,
+                forecast,
+                unforeseeable: p.unforeseeable.is_some(),
+                naive: naive.get(&p.job).copied().flatten(),
+            });
+        }
     }
 
     fn bad(&self, message: String) -> BadDecision {
@@ -595,6 +685,7 @@ impl<'a> Replay<'a> {
             cycles: self.cycles,
             engine_time: self.engine_time,
             stopped: self.stopped,
+            predictions: self.predictions.unwrap_or_default(),
         }
     }
 }
