@@ -59,6 +59,9 @@ enum Command {
         /// compression 512 unless given).
         #[arg(long)]
         eta: bool,
+        /// With --eta, predict every this many jobs only (by id), to save time.
+        #[arg(long, default_value_t = 1)]
+        eta_every: u64,
     },
     /// Places the Alibaba placement-only pod lists until the first failure, with Fairway's
     /// placement and with plain best-fit, and prints GPUs allocated and stranded.
@@ -138,9 +141,10 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
             print!("{}", fairway::api::openapi_json());
             Ok(())
         }
-        Command::Simulate { trace, cluster, compress, shrink, traces_dir, eta } => {
+        Command::Simulate { trace, cluster, compress, shrink, traces_dir, eta, eta_every } => {
             let traces = fairway::simulate::traces::Traces::from_dir(traces_dir);
-            let options = fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces, eta };
+            let options =
+                fairway::simulate::SimulateOptions { trace, cluster, compress, shrink, traces, eta, eta_every };
             fairway::simulate::simulate_command(&options, &mut std::io::stdout().lock())
         }
         Command::Fragmentation { traces_dir } => {

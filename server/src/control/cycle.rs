@@ -229,7 +229,11 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
             let row = PendingRow {
                 job_id: job.id,
                 reason: code,
-                message: world.pending_message(&p.reason),
+                // A wait no forecast can foresee says what it waits for instead of a time.
+                message: match p.unforeseeable {
+                    Some(u) => format!("{}: {}", world.pending_message(&p.reason), u.message(&|t| world.team_name(t))),
+                    None => world.pending_message(&p.reason),
+                },
                 position: i32::try_from(p.position).unwrap_or(i32::MAX),
                 expected_start_at: p.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
             };

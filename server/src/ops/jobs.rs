@@ -382,7 +382,18 @@ pub struct DryRunResult {
     pub reason: Option<String>,
     pub message: Option<String>,
     pub position: Option<u32>,
+    /// When it would be expected to start: the forecast's median (now, if it fits now).
     pub expected_start_at: Option<DateTime<Utc>>,
+    /// The interval it would be expected to start in: with p10 runtimes of the jobs ahead
+    /// and of the running jobs...
+    pub earliest_start_at: Option<DateTime<Utc>>,
+    /// ...and with their p90 runtimes.
+    pub latest_start_at: Option<DateTime<Utc>>,
+    /// Why no forecast can say when it would start, when none can: `quota_change`,
+    /// `budget_change` or `capacity_change`.
+    pub start_unforeseeable: Option<String>,
+    /// The same, in a sentence.
+    pub start_unforeseeable_message: Option<String>,
     /// Most it can cost: GPUs × rate × maximum runtime × the priority's multiplier, in
     /// micro-units of the platform currency.
     pub max_cost_micros: i64,
@@ -436,6 +447,10 @@ pub async fn dry_run(
         message,
         position: answer.position,
         expected_start_at: answer.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
+        earliest_start_at: answer.earliest_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
+        latest_start_at: answer.latest_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
+        start_unforeseeable: answer.unforeseeable.map(|u| u.code().to_owned()),
+        start_unforeseeable_message: answer.unforeseeable.map(|u| u.message(&|t| world.team_name(t))),
         max_cost_micros: answer.max_cost_micros,
         currency: state.config.currency.clone(),
     })

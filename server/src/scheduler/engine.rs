@@ -109,7 +109,9 @@ pub fn run(snapshot: &Snapshot) -> Decisions {
             .map(|c| cycle.inv.free_milli(c as ClassId) + held.get(c).copied().unwrap_or(0))
             .collect();
         match snapshot.config.start_time_model {
-            StartTimeModel::Forecast => super::eta::forecast(snapshot, &free, &cycle.victims, &mut decisions),
+            StartTimeModel::Forecast | StartTimeModel::QuantileForecast => {
+                super::eta::forecast(snapshot, &free, &cycle.victims, &mut decisions)
+            }
             StartTimeModel::MaxRuntime => super::eta::naive(snapshot, &free, &cycle.victims, &mut decisions),
         }
     }

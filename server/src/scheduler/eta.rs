@@ -17,14 +17,23 @@
 //!   ends before then (EASY backfill), as in the engine; under FIFO the first job that does
 //!   not fit blocks all behind it.
 //!
-//! A started job ends after its own estimated runtime. A job within its team's reserved quota
-//! may also reclaim: preemptible jobs of borrowing teams (or lower-priority jobs of its own
-//! team) become victims once they have run the engine's minimum runtime, and their GPUs are
-//! free a grace period later; if the job has not started by then, it starts then.
+//! A started job ends after its own estimated runtime. A waiting job may also preempt, as
+//! planned at the start of the play: lower-priority preemptible jobs of its own team, and,
+//! within its team's reserved quota, preemptible jobs of borrowing teams, become victims once
+//! they have run the engine's minimum runtime, and their GPUs are free a grace period later;
+//! if the job has not started by then, it starts then. Fair-share preemption is not played.
 //!
-//! The play runs three times, with every runtime at its p10, p50 and p90 estimate: the
-//! earliest, expected and latest start. Jobs that arrive later are not foreseen, so a late
-//! arrival ranked ahead can delay a start beyond the interval.
+//! The play runs several times, each with its own runtimes. By default
+//! ([`StartTimeModel::Forecast`]) each of [`SAMPLED_PLAYS`] plays draws every job's runtime
+//! from its estimated distribution (a quantile drawn from the job's id and the play's number,
+//! so the same job gets the same draws in every cycle); a job's expected start is the median
+//! of its starts over the plays, its interval the earliest and the latest. Nine independent
+//! plays put a tenth outcome between their earliest and latest with probability 8/10: the
+//! interval is a p10-p90 interval when the runtime model is right. A sum of many runtimes
+//! varies much less than each one, which playing every job at its own p10 or p90 would
+//! miss; [`StartTimeModel::QuantileForecast`] does exactly that (three plays, every
+//! runtime at its p10, p50 and p90), kept to compare against. Jobs that arrive later are not
+//! foreseen, so a late arrival ranked ahead can delay a start beyond the interval.
 //!
 //! Three waits cannot be foreseen and say so ([`Unforeseeable`]): a job larger than a quota
 //! (it starts when the quota is raised), a job its hard budget cannot cover (when the budget
@@ -42,13 +51,20 @@ use std::{
 use super::{
     decision::{Decisions, PendingReason, Unforeseeable},
     quota::Ledger,
-    snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, TeamId, UNIT},
+    snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, StartTimeModel, TeamId, UNIT},
 };
+use crate::rng::SplitMix64;
 
-/// At each event, the most waiting jobs of a class looked at, in order; a job further back
-/// waits in the play for the ones ahead to start (so its estimate may be late). Bounds a
-/// cycle's cost with tens of thousands of waiting jobs.
-const SCAN_LIMIT: usize = 512;
+/// Plays of the sampled forecast (see the module docs).
+pub const SAMPLED_PLAYS: usize = 9;
+
+/// Mixed into the job id to seed its runtime draws.
+const DRAW_SEED: u64 = 0xE7A5_F0CA_57ED_0001;
+
+/// At each event, the most waiting jobs of a class looked at, in order, that do not start; a
+/// job further back waits in the play for the ones ahead to start (so its estimate may be
+/// late). Bounds a cycle's cost with tens of thousands of waiting jobs.
+const SCAN_LIMIT: usize = 128;
 
 /// No next item in a queue.
 const END: usize = usize::MAX;
@@ -80,8 +96,6 @@ struct Waiting<'a> {
     /// Index into `decisions.pending`.
     pending: usize,
     spec: &'a JobSpec,
-    /// Runtime at each quantile.
-    runtime: [i64; 3],
     preemptible: bool,
     /// Victims it reclaims and when, if it has not started by then.
     reclaim: Option<(i64, Vec<usize>)>,
@@ -91,23 +105,40 @@ struct Waiting<'a> {
 /// foreseen. `free` is, per class, the milli free after this cycle plus those held for
 /// waiting jobs; `victims` the running jobs this cycle preempts.
 pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &mut Decisions) {
+    let sampled = s.config.start_time_model != StartTimeModel::QuantileForecast;
+    let plays = if sampled { SAMPLED_PLAYS } else { 3 };
+    // A job's remaining runtime in each play.
+    let runtimes = |job: &JobSpec, elapsed: i64| -> Vec<i64> {
+        if sampled {
+            let mut rng = SplitMix64(job.id ^ DRAW_SEED);
+            let qs: [f64; SAMPLED_PLAYS] = std::array::from_fn(|_| (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64);
+            s.history.remaining_at(job, elapsed, qs).to_vec()
+        } else {
+            s.history.remaining(job, elapsed).to_vec()
+        }
+    };
     let specs: BTreeMap<JobId, &JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
     let grace = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.preemption_grace_ms);
     let preemptible = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).is_some_and(|p| p.preemptible);
     let priority = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.priority);
     let mut ledger = Ledger::new(s);
-    // Per quantile, the holders' ends; the rest of a holder is the same in every play.
+    // The holders' ends in each play (holder × plays + play); the rest of a holder is the
+    // same in every play, its `end_ms` the median end until a play sets its own.
     let mut holders: Vec<Holder> = Vec::new();
-    let mut ends: Vec<[i64; 3]> = Vec::new();
+    let mut ends: Vec<i64> = Vec::new();
+    let median = |v: &[i64]| {
+        let mut v = v.to_vec();
+        v.sort_unstable();
+        v[v.len() / 2]
+    };
     // Running jobs a within-reserved job may reclaim: (holder, running index).
     let mut reclaimable: Vec<(usize, usize)> = Vec::new();
     for (i, r) in s.running.iter().enumerate() {
         let leaving = r.terminating || victims.contains(&i);
-        let end = if leaving {
-            [s.now_ms + grace(&r.spec); 3]
+        let end: Vec<i64> = if leaving {
+            vec![s.now_ms + grace(&r.spec); plays]
         } else {
-            let left = s.history.remaining(&r.spec, s.now_ms - r.started_ms);
-            left.map(|l| s.now_ms.saturating_add(l))
+            runtimes(&r.spec, s.now_ms - r.started_ms).into_iter().map(|l| s.now_ms.saturating_add(l)).collect()
         };
         let quota = !leaving && (r.spec.team as usize) < s.teams.len();
         if quota {
@@ -121,15 +152,15 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             milli: r.spec.total_milli(),
             team: r.spec.team,
             quota,
-            end_ms: end[1].max(s.now_ms),
+            end_ms: median(end.as_slice()).max(s.now_ms),
             max_end_ms: r.started_ms.saturating_add(r.spec.max_runtime_ms).max(s.now_ms),
             alive: true,
         });
-        ends.push(end.map(|e| e.max(s.now_ms)));
+        ends.extend(end.into_iter().map(|e| e.max(s.now_ms)));
     }
     for a in &decisions.admissions {
         let Some(&job) = specs.get(&a.job) else { continue };
-        let runtime = s.history.remaining(job, 0);
+        let runtime = runtimes(job, 0);
         let quota = (job.team as usize) < s.teams.len();
         if quota {
             ledger.add(job.team, job.class, job.total_milli(), false);
@@ -139,17 +170,19 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             milli: job.total_milli(),
             team: job.team,
             quota,
-            end_ms: s.now_ms.saturating_add(runtime[1]),
+            end_ms: s.now_ms.saturating_add(median(runtime.as_slice())),
             max_end_ms: s.now_ms.saturating_add(job.max_runtime_ms),
             alive: true,
         });
-        ends.push(runtime.map(|r| s.now_ms.saturating_add(r)));
+        ends.extend(runtime.into_iter().map(|r| s.now_ms.saturating_add(r)));
     }
 
     // The waiting jobs, in this cycle's order; those no forecast can place say why.
     let mut order: Vec<usize> = (0..decisions.pending.len()).collect();
     order.sort_by_key(|&i| decisions.pending[i].position);
     let mut waiting: Vec<Waiting> = Vec::new();
+    // Each waiting job's runtime in each play (job × plays + play).
+    let mut waiting_runtimes: Vec<i64> = Vec::new();
     for i in order {
         let p = &mut decisions.pending[i];
         let cause = match p.reason {
@@ -166,13 +199,8 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
         if usize::from(spec.class) >= s.classes.len() || (spec.team as usize) >= s.teams.len() {
             continue;
         }
-        waiting.push(Waiting {
-            pending: i,
-            spec,
-            runtime: s.history.remaining(spec, 0),
-            preemptible: preemptible(spec),
-            reclaim: None,
-        });
+        waiting.push(Waiting { pending: i, spec, preemptible: preemptible(spec), reclaim: None });
+        waiting_runtimes.extend(runtimes(spec, 0));
     }
     if waiting.is_empty() {
         return;
@@ -186,7 +214,8 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
         for w in &mut waiting {
             let (job, n, c) = (w.spec, w.spec.total_milli(), usize::from(w.spec.class));
             let have = unclaimed_free.get(c).copied().unwrap_or(0);
-            if n <= have || ledger.beyond_reserved(job.team, job.class, n).is_some() {
+            let within = ledger.beyond_reserved(job.team, job.class, n).is_none();
+            if n <= have {
                 continue;
             }
             let mut candidates: Vec<(i64, JobId, usize)> = reclaimable
@@ -194,7 +223,8 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
                 .filter(|&&(h, _)| !claimed.contains(&h))
                 .filter_map(|&(h, i)| {
                     let r = &s.running[i];
-                    let other_borrower = r.spec.team != job.team && ledger.borrowed(r.spec.team, job.class) > 0;
+                    let other_borrower =
+                        within && r.spec.team != job.team && ledger.borrowed(r.spec.team, job.class) > 0;
                     let lower = r.spec.team == job.team && priority(&r.spec) < priority(job);
                     if r.spec.class != job.class || !(other_borrower || lower) {
                         return None;
@@ -223,34 +253,44 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
         }
     }
 
-    let mut starts: Vec<[Option<i64>; 3]> = vec![[None; 3]; waiting.len()];
-    for q in 0..3 {
+    // Each waiting job's start in each play (job × plays + play).
+    let mut starts: Vec<Option<i64>> = vec![None; waiting.len() * plays];
+    for play in 0..plays {
         let mut holders = holders.clone();
-        for (h, e) in holders.iter_mut().zip(&ends) {
-            h.end_ms = e[q];
+        for (h, holder) in holders.iter_mut().enumerate() {
+            holder.end_ms = ends[h * plays + play];
         }
-        let play = Play::new(s, free, ledger.clone(), holders, &waiting, q);
-        for (slot, start) in starts.iter_mut().zip(play.run()) {
-            slot[q] = start;
+        let runtimes = Runtimes { all: &waiting_runtimes, plays, play };
+        let started = Play::new(s, free, ledger.clone(), holders, &waiting, runtimes).run();
+        for (k, start) in started.into_iter().enumerate() {
+            starts[k * plays + play] = start;
         }
     }
-    for (w, start) in waiting.iter().zip(starts) {
-        let Some(expected) = start[1] else { continue };
-        let mut all: Vec<i64> = start.iter().flatten().copied().collect();
-        all.sort_unstable();
+    for (k, w) in waiting.iter().enumerate() {
+        // A play in which the job does not start sorts last.
+        let mut v: Vec<Option<i64>> = starts[k * plays..(k + 1) * plays].to_vec();
+        v.sort_unstable_by_key(|x| x.unwrap_or(i64::MAX));
+        let Some(expected) = v[plays / 2] else { continue };
         let p = &mut decisions.pending[w.pending];
-        // Shorter runtimes can, rarely, start a job later (a reservation taken earlier):
-        // the interval is what the three plays span.
-        p.earliest_start_ms = all.first().copied();
-        p.latest_start_ms = all.last().copied();
-        p.expected_start_ms = Some(if all.len() == 3 { all[1] } else { expected });
+        p.earliest_start_ms = v[0].or(Some(expected));
+        p.expected_start_ms = Some(expected);
+        p.latest_start_ms = v.iter().rev().flatten().next().copied().or(Some(expected));
     }
+}
+
+/// The waiting jobs' runtimes in the play under way.
+#[derive(Debug, Clone, Copy)]
+struct Runtimes<'w> {
+    /// Job × plays + play.
+    all: &'w [i64],
+    plays: usize,
+    play: usize,
 }
 
 /// One play of the forecast at one runtime quantile.
 struct Play<'s, 'w> {
     s: &'s Snapshot,
-    q: usize,
+    runtimes: Runtimes<'w>,
     free: Vec<u64>,
     ledger: Ledger,
     holders: Vec<Holder>,
@@ -299,7 +339,7 @@ impl<'s, 'w> Play<'s, 'w> {
         ledger: Ledger,
         holders: Vec<Holder>,
         waiting: &'w [Waiting<'s>],
-        q: usize,
+        runtimes: Runtimes<'w>,
     ) -> Self {
         let classes = s.classes.len();
         let fifo = s.config.policy == Policy::Fifo;
@@ -323,7 +363,7 @@ impl<'s, 'w> Play<'s, 'w> {
         f.resize(classes, 0);
         Play {
             s,
-            q,
+            runtimes,
             free: f,
             ledger,
             holders,
@@ -342,17 +382,9 @@ impl<'s, 'w> Play<'s, 'w> {
         let fifo = self.s.config.policy == Policy::Fifo;
         let mut dirty: BTreeSet<usize> = BTreeSet::new();
         while let Some(Reverse((t, kind, k))) = self.events.pop() {
-            match kind {
-                ENDS => {
-                    if let Some(class) = self.end(k, t) {
-                        dirty.insert(if fifo { 0 } else { usize::from(class) });
-                    }
-                }
-                _ => {
-                    if let Some(class) = self.reclaim(k, t) {
-                        dirty.insert(if fifo { 0 } else { usize::from(class) });
-                    }
-                }
+            let class = if kind == ENDS { self.end(k, t) } else { self.reclaim(k, t) };
+            if let Some(class) = class.filter(|&c| usize::from(c) < self.free.len()) {
+                dirty.insert(if fifo { 0 } else { usize::from(class) });
             }
             if self.events.peek().is_some_and(|Reverse(e)| e.0 == t) {
                 continue;
@@ -440,7 +472,8 @@ impl<'s, 'w> Play<'s, 'w> {
         self.free[usize::from(class)] -= n;
         self.ledger.add(w.spec.team, class, n, false);
         let h = self.holders.len();
-        let end = t.saturating_add(w.runtime[self.q]);
+        let r = self.runtimes;
+        let end = t.saturating_add(r.all[k * r.plays + r.play]);
         let max_end = t.saturating_add(w.spec.max_runtime_ms);
         self.holders.push(Holder {
             class,
@@ -490,9 +523,9 @@ impl<'s, 'w> Play<'s, 'w> {
         }
         let waiting = self.waiting;
         let (mut prev, mut i) = (END, self.queues[queue].head);
-        let mut visited = 0;
-        while i != END && visited < SCAN_LIMIT {
-            visited += 1;
+        let mut missed = 0;
+        while i != END && missed < SCAN_LIMIT {
+            missed += 1;
             let k = self.queues[queue].items[i];
             let next = self.queues[queue].next[i];
             let w = &waiting[k];
@@ -529,6 +562,7 @@ impl<'s, 'w> Play<'s, 'w> {
                 None => n <= self.free[c],
             };
             if fits {
+                missed -= 1;
                 self.begin(k, t);
                 let queue = &mut self.queues[queue];
                 if prev == END {

@@ -76,34 +76,40 @@ impl RuntimeHistory {
     /// The job's remaining runtime at each of [`QUANTILES`], having run `elapsed_ms` already
     /// (0 for a job not started): non-decreasing, each within `[0, max runtime - elapsed]`.
     pub fn remaining(&self, job: &JobSpec, elapsed_ms: i64) -> [i64; 3] {
+        let mut out = self.remaining_at(job, elapsed_ms, QUANTILES);
+        // Rounding and capping keep the order; make sure of it.
+        out[1] = out[1].max(out[0]);
+        out[2] = out[2].max(out[1]);
+        out
+    }
+
+    /// The job's remaining runtime at each quantile of `qs` (each in `[0, 1)`), having run
+    /// `elapsed_ms` already, within `[0, max runtime - elapsed]`.
+    pub fn remaining_at<const N: usize>(&self, job: &JobSpec, elapsed_ms: i64, qs: [f64; N]) -> [i64; N] {
         let elapsed = elapsed_ms.max(0);
         let left = job.max_runtime_ms.saturating_sub(elapsed).max(0);
         let total = if let Some(declared) = job.expected_runtime_ms.filter(|&d| d > 0) {
-            QUANTILES.map(|q| {
+            qs.map(|q| {
                 // A factor of two either way at p10 and p90, log-linear between.
                 let factor = 2f64.powf((q - 0.5) / 0.4);
                 let at = (declared as f64 * factor).round() as i64;
                 if at > elapsed {
                     at
                 } else {
-                    elapsed + pareto_remaining(elapsed, q)
+                    elapsed.saturating_add(pareto_remaining(elapsed, q))
                 }
             })
         } else if let Some(tail) =
             self.levels(job).map(|v| &v[v.partition_point(|&x| x <= elapsed)..]).find(|t| t.len() >= MIN_SAMPLES)
         {
-            QUANTILES.map(|q| quantile(tail, q))
+            qs.map(|q| quantile(tail, q))
         } else if self.all.is_empty() {
             // No history at all: uniform over what is left of the maximum runtime.
-            QUANTILES.map(|q| elapsed + (left as f64 * q).round() as i64)
+            qs.map(|q| elapsed + (left as f64 * q).round() as i64)
         } else {
-            QUANTILES.map(|q| elapsed + pareto_remaining(elapsed, q))
+            qs.map(|q| elapsed.saturating_add(pareto_remaining(elapsed, q)))
         };
-        let mut out = total.map(|t| (t - elapsed).clamp(0, left));
-        // Rounding and capping keep the order; make sure of it.
-        out[1] = out[1].max(out[0]);
-        out[2] = out[2].max(out[1]);
-        out
+        total.map(|t| t.saturating_sub(elapsed).clamp(0, left))
     }
 }
 
@@ -111,7 +117,8 @@ impl RuntimeHistory {
 /// index 1: `P(T > t | T > e) = e / t`, so `t_q = e / (1 - q)`; at least a minute.
 fn pareto_remaining(elapsed_ms: i64, q: f64) -> i64 {
     let e = elapsed_ms.max(60_000) as f64;
-    (e * q / (1.0 - q)).round() as i64
+    // Saturates (to i64::MAX) as q nears 1; the caller caps it at the maximum runtime.
+    (e * q / (1.0 - q).max(f64::MIN_POSITIVE)).round() as i64
 }
 
 /// The `q` quantile of sorted values, linearly interpolated; `values` is not empty.

@@ -206,9 +206,11 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StartTimeModel {
     /// The forecast of [`eta`](super::eta): runtimes from history, quotas, reservations and
-    /// reclaim played forward at p10, p50 and p90 runtimes.
+    /// reclaim played forward several times with runtimes drawn from their estimates.
     #[default]
     Forecast,
+    /// The same forecast played three times, with every runtime at its p10, p50 and p90.
+    QuantileForecast,
     /// The naive model: running jobs end at their maximum runtime, waiting jobs start in
     /// order per class as GPUs free up; no interval. Kept to compare against.
     MaxRuntime,

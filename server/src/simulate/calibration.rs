@@ -2,7 +2,7 @@
 //!
 //! The workload is replayed once under Fairway's policy with forecasts on
 //! ([`replay_with_forecasts`]): at the first cycle a job waits (its arrival), the engine's
-//! forecast (an interval and its median) and the naive model (running jobs end at their
+//! forecasts (an interval and its median) and the naive model (running jobs end at their
 //! maximum runtimes) are recorded on the same snapshot, with runtime history learnt only from
 //! the jobs that completed before. When the replay is over, each prediction is compared with
 //! the job's actual first start:
@@ -15,8 +15,10 @@
 //!   actual wait`, waits counted from the prediction;
 //! - the median absolute error, in minutes.
 //!
-//! Each model is measured over the jobs it gave an estimate for, and both over the jobs both
-//! gave one for (the fair comparison). Jobs the forecast calls unforeseeable (a quota, budget
+//! Three models are measured: the forecast (runtimes drawn in nine plays), the same forecast
+//! with every runtime at its p10, p50 and p90, and the naive model. Each is measured over the
+//! jobs it gave an estimate for, and all three over the jobs all gave one for (the fair
+//! comparison). Jobs the forecast calls unforeseeable (a quota, budget
 //! or capacity change) are counted apart.
 
 use std::fmt::Write as _;
@@ -53,6 +55,8 @@ pub struct ModelRow {
 pub struct Calibration {
     pub workload: String,
     pub jobs: usize,
+    /// Jobs predicted (every how many by id).
+    pub every: u64,
     /// Jobs that waited at their arrival (and so got a prediction).
     pub waited: usize,
     /// Of those, the ones the forecast called unforeseeable.
@@ -65,10 +69,10 @@ pub struct Calibration {
     pub stopped: Option<String>,
 }
 
-/// Replays the workload (already loaded as wanted) under Fairway with forecasts and measures
-/// them.
-pub fn calibrate(workload: &Workload) -> Result<Calibration, BadDecision> {
-    let outcome = replay_with_forecasts(workload, Policy::Fairway)?;
+/// Replays the workload (already loaded as wanted) under Fairway with forecasts for every
+/// `every`-th job and measures them.
+pub fn calibrate(workload: &Workload, every: u64) -> Result<Calibration, BadDecision> {
+    let outcome = replay_with_forecasts(workload, Policy::Fairway, every)?;
     // (prediction, actual start) of the jobs that waited and started.
     let observed: Vec<(Prediction, i64)> = outcome
         .predictions
@@ -82,20 +86,27 @@ pub fn calibrate(workload: &Workload) -> Result<Calibration, BadDecision> {
         .predictions
         .iter()
         .flatten()
-        .filter(|p| !p.unforeseeable && p.forecast.is_none() && p.naive.is_none())
+        .filter(|p| !p.unforeseeable && p.forecast.is_none() && p.quantile_forecast.is_none() && p.naive.is_none())
         .count();
     let forecast = |p: &Prediction| p.forecast;
+    let quantiles = |p: &Prediction| p.quantile_forecast;
     let naive = |p: &Prediction| p.naive.map(|t| [t; 3]);
-    let both: Vec<(Prediction, i64)> =
-        observed.iter().copied().filter(|(p, _)| p.forecast.is_some() && p.naive.is_some()).collect();
+    let all: Vec<(Prediction, i64)> = observed
+        .iter()
+        .copied()
+        .filter(|(p, _)| p.forecast.is_some() && p.quantile_forecast.is_some() && p.naive.is_some())
+        .collect();
     let rows = vec![
-        row("forecast, its jobs", &observed, &forecast),
+        row("forecast (sampled runtimes), its jobs", &observed, &forecast),
+        row("forecast (p10/p50/p90 runtimes), its jobs", &observed, &quantiles),
         row("naive (max runtime), its jobs", &observed, &naive),
-        row("forecast, jobs both estimate", &both, &forecast),
-        row("naive (max runtime), jobs both estimate", &both, &naive),
+        row("forecast (sampled runtimes), jobs all estimate", &all, &forecast),
+        row("forecast (p10/p50/p90 runtimes), jobs all estimate", &all, &quantiles),
+        row("naive (max runtime), jobs all estimate", &all, &naive),
     ];
     let waits: Vec<f64> = observed.iter().map(|(p, start)| (start - p.at_ms) as f64 / 60_000.0).collect();
     Ok(Calibration {
+        every,
         workload: workload.name.clone(),
         jobs: workload.jobs.len(),
         waited,
@@ -155,6 +166,9 @@ fn median(mut values: Vec<f64>) -> f64 {
 pub fn render(c: &Calibration) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "ETA calibration on {} ({} jobs), Fairway policy", c.workload, c.jobs);
+    if c.every > 1 {
+        let _ = writeln!(out, "Predictions for every {}th job by id", c.every);
+    }
     let _ = writeln!(
         out,
         "Jobs that waited at arrival: {} (median wait {:.1} min); the forecast calls {} unforeseeable; {} got no estimate",
@@ -204,7 +218,7 @@ mod tests {
         let cluster = parse_cluster(
             "[[classes]]\nname = \"gpu\"\nrate_per_gpu_hour = 1.0\n\
              [[nodes]]\nname_prefix = \"n\"\ncount = 1\nclass = \"gpu\"\ngpus = 1\n\
-             [[teams]]\nname = \"a\"\nreserved = { gpu = 1 }\nburst = { gpu = 0 }\n",
+             [[teams]]\nname = \"a\"\nreserved = { gpu = 1 }\nburst = { gpu = 1 }\n",
         )
         .unwrap();
         let jobs = (0..40)
@@ -219,10 +233,10 @@ mod tests {
                 max_runtime_ms: 240 * MINUTE,
             })
             .collect();
-        let c = calibrate(&Workload { name: "queue".into(), cluster, jobs }).unwrap();
+        let c = calibrate(&Workload { name: "queue".into(), cluster, jobs }, 1).unwrap();
         assert!(c.waited > 20, "{c:?}");
-        let forecast = &c.rows[2];
-        let naive = &c.rows[3];
+        let forecast = &c.rows[3];
+        let naive = &c.rows[5];
         assert_eq!(forecast.jobs, naive.jobs, "the same jobs");
         assert!(forecast.median_relative_error < naive.median_relative_error, "{c:?}");
         let text = render(&c);

@@ -174,6 +174,8 @@ pub struct SimulateOptions {
     pub traces: traces::Traces,
     /// Measure expected starts instead ([`calibration`]), at the given load or the default.
     pub eta: bool,
+    /// With `eta`, predict every this many jobs (by id) only, to save time.
+    pub eta_every: u64,
 }
 
 /// `fairway simulate`: loads the workload, finds (or takes) the load, replays it under every
@@ -190,7 +192,7 @@ pub fn simulate_command(options: &SimulateOptions, out: &mut dyn Write) -> anyho
         let loaded = workload.shrunk(shrink).compressed(compression);
         writeln!(out, "Replaying {} compressed {compression}x with expected starts", loaded.name)?;
         out.flush()?;
-        let c = calibration::calibrate(&loaded)?;
+        let c = calibration::calibrate(&loaded, options.eta_every)?;
         write!(out, "{}", calibration::render(&c))?;
         return Ok(());
     }

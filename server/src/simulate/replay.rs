@@ -40,6 +40,9 @@ pub struct Prediction {
     pub at_ms: i64,
     /// The forecast: earliest, expected and latest start; `None` without one.
     pub forecast: Option<[i64; 3]>,
+    /// The same from the forecast with every runtime at its p10, p50 and p90
+    /// ([`StartTimeModel::QuantileForecast`]).
+    pub quantile_forecast: Option<[i64; 3]>,
     /// The forecast said no forecast can know (a quota, budget or capacity change).
     pub unforeseeable: bool,
     /// The naive model's start (running jobs end at their maximum runtimes).
@@ -136,14 +139,24 @@ pub fn replay(workload: &Workload, policy: Policy) -> Result<ReplayOutcome, BadD
 }
 
 /// Replays a workload under a policy as [`replay`] does, and records for every job that
-/// waits at its arrival what the forecast and the naive model said about its start
-/// ([`ReplayOutcome::predictions`]). The forecast learns runtimes online: the engine's
-/// history holds the jobs that completed earlier in the replay, nothing later.
-pub fn replay_with_forecasts(workload: &Workload, policy: Policy) -> Result<ReplayOutcome, BadDecision> {
+/// waits at its arrival (every `every`-th job by id, to save time) what the forecasts and the
+/// naive model said about its start ([`ReplayOutcome::predictions`]). The forecast learns
+/// runtimes online: the engine's history holds the jobs that completed earlier in the
+/// replay, nothing later. Forecasting changes no decision.
+pub fn replay_with_forecasts(workload: &Workload, policy: Policy, every: u64) -> Result<ReplayOutcome, BadDecision> {
     let mut state = Replay::new(workload, policy);
     state.predictions = Some(vec![None; workload.jobs.len()]);
+    state.predict_every = every.max(1);
     state.run()?;
     Ok(state.into_outcome())
+}
+
+/// A waiting job's (earliest, expected, latest) start, when it has one.
+fn interval(p: &crate::scheduler::Pending) -> Option<[i64; 3]> {
+    match (p.earliest_start_ms, p.expected_start_ms, p.latest_start_ms) {
+        (Some(a), Some(b), Some(c)) => Some([a, b, c]),
+        _ => None,
+    }
 }
 
 /// A trace job's kind for runtime history: its priority class and shape, the labels a trace
@@ -211,8 +224,10 @@ struct Replay<'a> {
     stopped: Option<String>,
     /// Predictions by job when the replay forecasts.
     predictions: Option<Vec<Option<Prediction>>>,
-    /// Whether a job arrived at the current instant (its cycle forecasts).
-    arrived: bool,
+    /// The jobs to predict that arrived at the current instant (their cycle forecasts).
+    arrived: Vec<JobId>,
+    /// Predict every this many jobs by id.
+    predict_every: u64,
 }
 
 impl<'a> Replay<'a> {
@@ -270,7 +285,8 @@ impl<'a> Replay<'a> {
             engine_time: Duration::ZERO,
             stopped: None,
             predictions: None,
-            arrived: false,
+            arrived: Vec::new(),
+            predict_every: 1,
         }
     }
 
@@ -279,7 +295,7 @@ impl<'a> Replay<'a> {
         let preemption_limit = 20 * self.workload.jobs.len() as u64 + 1000;
         while let Some(&Reverse(next)) = self.events.peek() {
             self.advance_to(next.at_ms);
-            self.arrived = false;
+            self.arrived.clear();
             while let Some(&Reverse(event)) = self.events.peek() {
                 if event.at_ms != next.at_ms {
                     break;
@@ -382,7 +398,9 @@ impl<'a> Replay<'a> {
             EventKind::Arrival => {
                 let spec = self.spec(event.job);
                 self.snapshot.pending.push(spec);
-                self.arrived = true;
+                if self.predictions.is_some() && event.job % self.predict_every == 0 {
+                    self.arrived.push(event.job);
+                }
             }
             EventKind::Completion => {
                 if self.current_run(event) {
@@ -476,7 +494,7 @@ impl<'a> Replay<'a> {
             job.last_checkpoint_ms = (ran >= CHECKPOINT_INTERVAL_MS)
                 .then(|| job.started_ms + ran / CHECKPOINT_INTERVAL_MS * CHECKPOINT_INTERVAL_MS);
         }
-        let forecast = self.predictions.is_some() && self.arrived;
+        let forecast = !self.arrived.is_empty();
         self.snapshot.config.estimate_start_times = forecast;
         let started = Instant::now();
         let decisions = schedule(&self.snapshot);
@@ -497,26 +515,28 @@ impl<'a> Replay<'a> {
             .pending
             .iter()
             .enumerate()
-            .filter(|(_, p)| predictions[p.job as usize].is_none() && self.outcomes[p.job as usize].first_start_ms.is_none())
+            .filter(|(_, p)| predictions[p.job as usize].is_none() && self.arrived.contains(&p.job))
             .map(|(i, _)| i)
             .collect();
         if new.is_empty() {
             return;
         }
+        let model = self.snapshot.config.start_time_model;
         self.snapshot.config.start_time_model = StartTimeModel::MaxRuntime;
         let naive = schedule(&self.snapshot);
-        self.snapshot.config.start_time_model = StartTimeModel::Forecast;
+        self.snapshot.config.start_time_model = StartTimeModel::QuantileForecast;
+        let quantiles = schedule(&self.snapshot);
+        self.snapshot.config.start_time_model = model;
         let naive: HashMap<JobId, Option<i64>> = naive.pending.iter().map(|p| (p.job, p.expected_start_ms)).collect();
+        let quantiles: HashMap<JobId, Option<[i64; 3]>> =
+            quantiles.pending.iter().map(|p| (p.job, interval(p))).collect();
         let Some(predictions) = &mut self.predictions else { return };
         for i in new {
             let p = &decisions.pending[i];
-            let forecast = match (p.earliest_start_ms, p.expected_start_ms, p.latest_start_ms) {
-                (Some(a), Some(b), Some(c)) => Some([a, b, c]),
-                _ => None,
-            };
             predictions[p.job as usize] = Some(Prediction {
                 at_ms: now,
-                forecast,
+                forecast: interval(p),
+                quantile_forecast: quantiles.get(&p.job).copied().flatten(),
                 unforeseeable: p.unforeseeable.is_some(),
                 naive: naive.get(&p.job).copied().flatten(),
             });

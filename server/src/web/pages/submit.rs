@@ -199,7 +199,11 @@ fn preview_of(answer: ops::jobs::DryRunResult) -> PreviewView {
         cluster: answer.cluster,
         reason: answer.message.unwrap_or_default(),
         position: answer.position,
-        expected_start: answer.expected_start_at.map_or_else(|| "not foreseeable".into(), when),
+        expected_start: match (answer.earliest_start_at, answer.expected_start_at, answer.latest_start_at) {
+            (Some(a), Some(b), Some(c)) if a != c => format!("{} (between {} and {})", when(b), when(a), when(c)),
+            (_, Some(b), _) => when(b),
+            _ => answer.start_unforeseeable_message.unwrap_or_else(|| "not foreseeable".into()),
+        },
         max_cost: format!("{} {}", crate::metering::micros_decimal(answer.max_cost_micros), answer.currency),
         would_preempt: answer
             .would_preempt
