@@ -4,8 +4,9 @@
 //! Jobs are alike when they share a team and a *kind* (a hash of the job's name, or of the
 //! labels a trace has): a team's `nightly-eval` runs like its last `nightly-eval`s, as
 //! Tiresias and Slurm users rely on. With too few samples of the kind in the team, the
-//! estimate falls back to the kind in every team, then to the team, then to every job, and
-//! with no history at all to a runtime uniform over `[0, max runtime]`. A job that declares
+//! estimate falls back to the kind in every team, then to the team, then to every job (the
+//! few samples there are, below [`MIN_SAMPLES`]), and with no history at all to a runtime
+//! uniform over `[0, max runtime]`. A job that declares
 //! an expected runtime gets it as its median, with a spread of a factor of two either way.
 //!
 //! A running job's remaining time is conditioned on the time it has already run: the
@@ -103,8 +104,12 @@ impl RuntimeHistory {
             self.levels(job).map(|v| &v[v.partition_point(|&x| x <= elapsed)..]).find(|t| t.len() >= MIN_SAMPLES)
         {
             qs.map(|q| quantile(tail, q))
-        } else if self.all.is_empty() {
-            // No history at all: uniform over what is left of the maximum runtime.
+        } else if let Some(tail) = Some(&self.all[self.all.partition_point(|&x| x <= elapsed)..]).filter(|t| !t.is_empty())
+        {
+            // Too few samples anywhere: the few there are.
+            qs.map(|q| quantile(tail, q))
+        } else if self.all.is_empty() || elapsed == 0 {
+            // No history: uniform over what is left of the maximum runtime.
             qs.map(|q| elapsed + (left as f64 * q).round() as i64)
         } else {
             qs.map(|q| elapsed.saturating_add(pareto_remaining(elapsed, q)))
