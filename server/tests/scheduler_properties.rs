@@ -16,8 +16,8 @@ use std::{
 
 use fairway::scheduler::{
     schedule, Admission, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, PendingReason, Policy,
-    PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot, Team, TeamId, Topology,
-    UNIT,
+    PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot, Team, TeamId,
+    Topology, UNIT,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
 

@@ -110,7 +110,7 @@ pub fn run(snapshot: &Snapshot) -> Decisions {
             .collect();
         match snapshot.config.start_time_model {
             StartTimeModel::Forecast | StartTimeModel::QuantileForecast => {
-                super::eta::forecast(snapshot, &free, &cycle.victims, &mut decisions)
+                super::eta::forecast(snapshot, &free, &cycle.victims, &mut decisions);
             }
             StartTimeModel::MaxRuntime => super::eta::naive(snapshot, &free, &cycle.victims, &mut decisions),
         }

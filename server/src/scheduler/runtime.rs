@@ -104,7 +104,8 @@ impl RuntimeHistory {
             self.levels(job).map(|v| &v[v.partition_point(|&x| x <= elapsed)..]).find(|t| t.len() >= MIN_SAMPLES)
         {
             qs.map(|q| quantile(tail, q))
-        } else if let Some(tail) = Some(&self.all[self.all.partition_point(|&x| x <= elapsed)..]).filter(|t| !t.is_empty())
+        } else if let Some(tail) =
+            Some(&self.all[self.all.partition_point(|&x| x <= elapsed)..]).filter(|t| !t.is_empty())
         {
             // Too few samples anywhere: the few there are.
             qs.map(|q| quantile(tail, q))

@@ -318,7 +318,8 @@ fn history_of_jobs_like_the_running_one_brings_the_expected_start_forward() {
     s.pending = vec![job(2, 0, 8, 1)];
     let d = schedule(&s);
     let p = pending_of(&d, 2);
-    let (earliest, expected, latest) = (p.earliest_start_ms.unwrap(), p.expected_start_ms.unwrap(), p.latest_start_ms.unwrap());
+    let (earliest, expected, latest) =
+        (p.earliest_start_ms.unwrap(), p.expected_start_ms.unwrap(), p.latest_start_ms.unwrap());
     assert!(NOW < earliest && earliest <= expected && expected <= latest && latest <= NOW + HOUR, "{p:?}");
     s.config.start_time_model = StartTimeModel::MaxRuntime;
     let naive = schedule(&s);
@@ -341,7 +342,10 @@ fn a_dry_run_needing_victims_inside_their_minimum_runtime_is_expected_once_they_
 fn a_job_admitted_now_is_expected_now() {
     let answer = dry_run::dry_run(&cluster(1, vec![team("a", 4, 4)]), &job(11, 0, 2, 0));
     assert!(answer.placement.is_some());
-    assert_eq!((answer.earliest_start_ms, answer.expected_start_ms, answer.latest_start_ms), (Some(NOW), Some(NOW), Some(NOW)));
+    assert_eq!(
+        (answer.earliest_start_ms, answer.expected_start_ms, answer.latest_start_ms),
+        (Some(NOW), Some(NOW), Some(NOW))
+    );
 }
 
 #[test]

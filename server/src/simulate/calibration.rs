@@ -74,12 +74,8 @@ pub struct Calibration {
 pub fn calibrate(workload: &Workload, every: u64) -> Result<Calibration, BadDecision> {
     let outcome = replay_with_forecasts(workload, Policy::Fairway, every)?;
     // (prediction, actual start) of the jobs that waited and started.
-    let observed: Vec<(Prediction, i64)> = outcome
-        .predictions
-        .iter()
-        .zip(&outcome.jobs)
-        .filter_map(|(p, o)| Some(((*p)?, o.first_start_ms?)))
-        .collect();
+    let observed: Vec<(Prediction, i64)> =
+        outcome.predictions.iter().zip(&outcome.jobs).filter_map(|(p, o)| Some(((*p)?, o.first_start_ms?))).collect();
     let waited = outcome.predictions.iter().flatten().count();
     let unforeseeable = outcome.predictions.iter().flatten().filter(|p| p.unforeseeable).count();
     let without = outcome

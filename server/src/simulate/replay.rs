@@ -398,7 +398,7 @@ impl<'a> Replay<'a> {
             EventKind::Arrival => {
                 let spec = self.spec(event.job);
                 self.snapshot.pending.push(spec);
-                if self.predictions.is_some() && event.job % self.predict_every == 0 {
+                if self.predictions.is_some() && event.job.is_multiple_of(self.predict_every) {
                     self.arrived.push(event.job);
                 }
             }
