@@ -64,7 +64,7 @@ const DRAW_SEED: u64 = 0xE7A5_F0CA_57ED_0001;
 /// At each event, the most waiting jobs of a class looked at, in order, that do not start; a
 /// job further back waits in the play for the ones ahead to start (so its estimate may be
 /// late). Bounds a cycle's cost with tens of thousands of waiting jobs.
-const SCAN_LIMIT: usize = 128;
+const SCAN_LIMIT: usize = 16;
 
 /// No next item in a queue.
 const END: usize = usize::MAX;
@@ -295,8 +295,6 @@ struct Play<'s, 'w> {
     ledger: Ledger,
     holders: Vec<Holder>,
     waiting: &'w [Waiting<'s>],
-    /// Alive holders per class by maximum end, for reservations' shadow times.
-    by_max_end: Vec<BTreeSet<(i64, usize)>>,
     /// (time, kind, holder or waiting index).
     events: BinaryHeap<Reverse<(i64, u8, usize)>>,
     /// Per queue (a class, or one for FIFO): waiting indices in order, linked.
@@ -343,12 +341,8 @@ impl<'s, 'w> Play<'s, 'w> {
     ) -> Self {
         let classes = s.classes.len();
         let fifo = s.config.policy == Policy::Fifo;
-        let mut by_max_end = vec![BTreeSet::new(); classes];
         let mut events = BinaryHeap::with_capacity(holders.len() + waiting.len());
         for (h, holder) in holders.iter().enumerate() {
-            if let Some(set) = by_max_end.get_mut(usize::from(holder.class)) {
-                set.insert((holder.max_end_ms, h));
-            }
             events.push(Reverse((holder.end_ms, ENDS, h)));
         }
         let mut items: Vec<Vec<usize>> = vec![Vec::new(); if fifo { 1 } else { classes }];
@@ -368,7 +362,6 @@ impl<'s, 'w> Play<'s, 'w> {
             ledger,
             holders,
             waiting,
-            by_max_end,
             events,
             queues,
             start: vec![None; waiting.len()],
@@ -406,16 +399,12 @@ impl<'s, 'w> Play<'s, 'w> {
             return None;
         }
         holder.alive = false;
-        let (class, milli, team, quota, max_end) =
-            (holder.class, holder.milli, holder.team, holder.quota, holder.max_end_ms);
+        let (class, milli, team, quota) = (holder.class, holder.milli, holder.team, holder.quota);
         if let Some(f) = self.free.get_mut(usize::from(class)) {
             *f += milli;
         }
         if quota {
             self.ledger.add(team, class, milli, true);
-        }
-        if let Some(set) = self.by_max_end.get_mut(usize::from(class)) {
-            set.remove(&(max_end, h));
         }
         Some(class)
     }
@@ -484,7 +473,6 @@ impl<'s, 'w> Play<'s, 'w> {
             max_end_ms: max_end,
             alive: true,
         });
-        self.by_max_end[usize::from(class)].insert((max_end, h));
         self.events.push(Reverse((end, ENDS, h)));
         self.start[k] = Some(t);
         self.left -= 1;
@@ -497,11 +485,20 @@ impl<'s, 'w> Play<'s, 'w> {
     /// maximum runtimes freeing GPUs in order.
     fn shadow(&self, class: usize, need: u64, t: i64) -> i64 {
         let mut freed = self.free[class];
-        for &(max_end, h) in &self.by_max_end[class] {
-            if freed >= need {
-                break;
-            }
-            freed += self.holders[h].milli;
+        if freed >= need {
+            return t;
+        }
+        // Computed only when a gang first takes a class's reservation: a walk over the
+        // holders is cheaper than keeping them sorted through every end of the play.
+        let mut alive: Vec<(i64, u64)> = self
+            .holders
+            .iter()
+            .filter(|h| h.alive && usize::from(h.class) == class)
+            .map(|h| (h.max_end_ms, h.milli))
+            .collect();
+        alive.sort_unstable();
+        for (max_end, milli) in alive {
+            freed += milli;
             if freed >= need {
                 return max_end.max(t);
             }
