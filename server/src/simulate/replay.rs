@@ -495,7 +495,6 @@ impl<'a> Replay<'a> {
                 .then(|| job.started_ms + ran / CHECKPOINT_INTERVAL_MS * CHECKPOINT_INTERVAL_MS);
         }
         let forecast = !self.arrived.is_empty();
-        self.snapshot.config.estimate_start_times = forecast;
         let started = Instant::now();
         let decisions = schedule(&self.snapshot);
         self.engine_time += started.elapsed();
@@ -521,23 +520,31 @@ impl<'a> Replay<'a> {
         if new.is_empty() {
             return;
         }
-        let model = self.snapshot.config.start_time_model;
-        self.snapshot.config.start_time_model = StartTimeModel::MaxRuntime;
-        let naive = schedule(&self.snapshot);
-        self.snapshot.config.start_time_model = StartTimeModel::QuantileForecast;
-        let quantiles = schedule(&self.snapshot);
-        self.snapshot.config.start_time_model = model;
+        // The same cycle again under each model: only the expected starts differ.
+        let mut run = |model| {
+            self.snapshot.config.estimate_start_times = true;
+            self.snapshot.config.start_time_model = model;
+            let d = schedule(&self.snapshot);
+            self.snapshot.config.estimate_start_times = false;
+            d
+        };
+        let naive = run(StartTimeModel::MaxRuntime);
+        let quantiles = run(StartTimeModel::QuantileForecast);
+        let sampled = run(StartTimeModel::Forecast);
+        self.snapshot.config.start_time_model = StartTimeModel::default();
+        let sampled: HashMap<JobId, &crate::scheduler::Pending> = sampled.pending.iter().map(|p| (p.job, p)).collect();
         let naive: HashMap<JobId, Option<i64>> = naive.pending.iter().map(|p| (p.job, p.expected_start_ms)).collect();
         let quantiles: HashMap<JobId, Option<[i64; 3]>> =
             quantiles.pending.iter().map(|p| (p.job, interval(p))).collect();
         let Some(predictions) = &mut self.predictions else { return };
         for i in new {
             let p = &decisions.pending[i];
+            let s = sampled.get(&p.job);
             predictions[p.job as usize] = Some(Prediction {
                 at_ms: now,
-                forecast: interval(p),
+                forecast: s.copied().and_then(interval),
                 quantile_forecast: quantiles.get(&p.job).copied().flatten(),
-                unforeseeable: p.unforeseeable.is_some(),
+                unforeseeable: s.is_some_and(|s| s.unforeseeable.is_some()),
                 naive: naive.get(&p.job).copied().flatten(),
             });
         }
