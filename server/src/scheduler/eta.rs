@@ -24,16 +24,16 @@
 //! if the job has not started by then, it starts then. Fair-share preemption is not played.
 //!
 //! The play runs several times, each with its own runtimes. By default
-//! ([`StartTimeModel::Forecast`]) each of [`SAMPLED_PLAYS`] plays draws every job's runtime
-//! from its estimated distribution (a quantile drawn from the job's id and the play's number,
-//! so the same job gets the same draws in every cycle); a job's expected start is the median
-//! of its starts over the plays, its interval the earliest and the latest. Nine independent
-//! plays put a tenth outcome between their earliest and latest with probability 8/10: the
-//! interval is a p10-p90 interval when the runtime model is right. A sum of many runtimes
-//! varies much less than each one, which playing every job at its own p10 or p90 would
-//! miss; [`StartTimeModel::QuantileForecast`] does exactly that (three plays, every
-//! runtime at its p10, p50 and p90), kept to compare against. Jobs that arrive later are not
-//! foreseen, so a late arrival ranked ahead can delay a start beyond the interval.
+//! ([`StartTimeModel::QuantileForecast`]) three plays put every runtime at its p10, p50 and
+//! p90 estimate: the earliest, expected and latest start. [`StartTimeModel::Forecast`]
+//! instead draws every job's runtime in each of [`SAMPLED_PLAYS`] plays (a quantile drawn
+//! from the job's id and the play's number, so the same job gets the same draws in every
+//! cycle) and takes the median and the extremes of the starts: nine independent plays put a
+//! tenth outcome between their earliest and latest with probability 8/10 when the runtime
+//! model is right. On the Alibaba replay the three quantile plays calibrate better (both
+//! start too early, see `fairway simulate --eta`), at a third of the cost. Jobs that arrive
+//! later are not foreseen, so a late arrival ranked ahead delays a start beyond the interval:
+//! that is the forecast's main error today.
 //!
 //! Three waits cannot be foreseen and say so ([`Unforeseeable`]): a job larger than a quota
 //! (it starts when the quota is raised), a job its hard budget cannot cover (when the budget
