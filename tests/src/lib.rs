@@ -331,6 +331,17 @@ impl TestApp {
         .assert_status(201);
     }
 
+    /// Sets `team`'s quota of `class`, in GPUs.
+    pub async fn quota(&self, admin: &str, team: &str, class: &str, reserved: i64, burst: i64) {
+        self.send(
+            call("PUT", &format!("/api/v1/teams/{team}/quotas/{class}"))
+                .token(admin)
+                .json(&json!({"reserved": reserved, "burst": burst})),
+        )
+        .await
+        .assert_status(200);
+    }
+
     /// Mints an API token for `team`; returns (id, secret).
     pub async fn api_token(&self, admin: &str, team: &str, role: &str) -> (String, String) {
         let expires = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339();

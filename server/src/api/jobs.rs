@@ -83,6 +83,10 @@ pub struct JobView {
     pub stop_requested_at: Option<DateTime<Utc>>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
     pub version: i64,
+    /// Only in the answer to a submission, and only when there are some: what may keep the
+    /// accepted job from running as asked (e.g. `exceeds_quota` with `wait_for_quota`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<FieldError>,
 }
 
 impl From<db::jobs::JobRow> for JobView {
@@ -132,6 +136,7 @@ impl From<db::jobs::JobRow> for JobView {
             stop_requested_at: r.stop_requested_at,
             last_checkpoint_at: r.last_checkpoint_at,
             version: r.version,
+            warnings: Vec::new(),
         }
     }
 }
@@ -182,8 +187,9 @@ pub async fn create_job(
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
     let check = check.map(|Extension(c)| c);
-    let row = jobs::submit(&state, &access.team, &principal.actor(), spec, version, check).await?;
-    let (headers, body) = with_etag(row.into());
+    let submitted = jobs::submit(&state, &access.team, &principal.actor(), spec, version, check).await?;
+    let view = JobView { warnings: submitted.warnings, ..submitted.job.into() };
+    let (headers, body) = with_etag(view);
     Ok((StatusCode::CREATED, headers, body))
 }
 
@@ -200,6 +206,9 @@ pub struct SubmittedJob {
     pub id: JobId,
     pub name: String,
     pub state: JobState,
+    /// What may keep it from running as asked, when anything does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<FieldError>,
 }
 
 /// The jobs a batch submitted, in request order.
@@ -225,9 +234,12 @@ pub async fn create_jobs_batch(
     Extension(version): Extension<CatalogueVersion>,
     ApiJson(batch): ApiJson<JobBatch>,
 ) -> Result<(StatusCode, Json<BatchResult>), ApiError> {
-    let jobs = jobs::submit_batch(&state, access.team.id, &principal.actor(), &batch.jobs, version).await?;
-    let jobs: Vec<SubmittedJob> =
-        jobs.into_iter().map(|j| SubmittedJob { id: j.id, name: j.name, state: JobState::Pending }).collect();
+    let (jobs, warnings) = jobs::submit_batch(&state, access.team.id, &principal.actor(), &batch.jobs, version).await?;
+    let jobs: Vec<SubmittedJob> = jobs
+        .into_iter()
+        .zip(warnings)
+        .map(|(j, warnings)| SubmittedJob { id: j.id, name: j.name, state: JobState::Pending, warnings })
+        .collect();
     Ok((StatusCode::CREATED, Json(BatchResult { count: jobs.len(), jobs })))
 }
 

@@ -133,9 +133,10 @@ pub struct PendingRow {
 }
 
 /// Refreshes the reason, position and expected start of pending jobs, touching only rows
-/// whose values changed. Rows another transaction holds are skipped, not waited for: what
-/// is written here is for people to read, and the next refresh writes it. Returns the jobs
-/// whose rows were written.
+/// whose values changed, and adds a `waiting` event to the timeline of every job whose
+/// reason changed (its first reason included), so a job's history says why it waited when.
+/// Rows another transaction holds are skipped, not waited for: what is written here is for
+/// people to read, and the next refresh writes it. Returns the jobs whose rows were written.
 pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<JobId>, sqlx::Error> {
     if rows.is_empty() {
         return Ok(Vec::new());
@@ -147,7 +148,8 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Job
     let starts: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.expected_start_at).collect();
     sqlx::query_scalar!(
         r#"with target as (
-             select j.id, u.reason, u.message, u.position, u.start
+             select j.id, j.attempt, u.reason, u.message, u.position, u.start,
+                    j.pending_reason is distinct from u.reason as reason_changed
              from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[])
                   as u(id, reason, message, position, start)
              join jobs j on j.id = u.id
@@ -155,6 +157,9 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Job
                and (j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at)
                    is distinct from (u.reason, u.message, u.position, u.start)
              for update of j skip locked
+         ), events as (
+             insert into job_events (job_id, attempt, kind, reason, message)
+             select t.id, t.attempt, 'waiting', t.reason, t.message from target t where t.reason_changed
          )
          update jobs j set pending_reason = t.reason, pending_message = t.message, queue_position = t.position,
                 expected_start_at = t.start

@@ -7,6 +7,7 @@ use sqlx::{types::Json, PgPool};
 
 use super::Tx;
 use crate::domain::{GpuClassId, JobId, JobState, TeamId, TokenId};
+use uuid::Uuid;
 
 /// A stored job with the names of what it refers to.
 #[derive(Debug, Clone)]
@@ -538,10 +539,30 @@ pub struct SubmitCatalogue {
     pub max_runtime: i32,
     /// Every priority class, by name.
     pub priorities: Vec<String>,
+    /// The priority classes that may be preempted (and so may borrow beyond reserved quota).
+    pub preemptible: Vec<String>,
     /// The asked-for classes that exist, with what the inventory offers of each.
     pub classes: Vec<(String, GpuClassId, ClassCapacity)>,
+    /// The team and its ancestors, nearest first, with their quotas for the asked-for
+    /// classes: every level must hold a job within its reserved + burst.
+    pub chain: Vec<ChainTeam>,
     /// The catalogue's version this was read at (bumped by every change to it).
     pub version: i64,
+}
+
+/// One team of a submitting team's chain, with its quotas for the asked-for classes.
+#[derive(Debug, Clone)]
+pub struct ChainTeam {
+    pub name: String,
+    /// `(class, reserved, burst)` in GPUs; a class not listed has no quota (zero and zero).
+    pub quotas: Vec<(GpuClassId, i32, i32)>,
+}
+
+impl ChainTeam {
+    /// The team's reserved and burst quota of `class`, in GPUs.
+    pub fn quota(&self, class: GpuClassId) -> (i32, i32) {
+        self.quotas.iter().find(|q| q.0 == class).map_or((0, 0), |q| (q.1, q.2))
+    }
 }
 
 /// The catalogue for submissions of team `team_id` asking for `classes`; `None` when the
@@ -557,6 +578,8 @@ pub async fn submit_catalogue(
         r#"select t.max_runtime_seconds,
                   (select v.version from catalogue_version v where v.id = 1) as "version!",
                   (select coalesce(array_agg(name order by name), '{}') from priority_classes) as "priorities!",
+                  (select coalesce(array_agg(name order by name), '{}') from priority_classes where preemptible)
+                      as "preemptible!",
                   exists (select 1 from cluster_nodes) as "inventory_known!",
                   c.id as "class_id?: GpuClassId", c.name as "class_name?",
                   coalesce(sum(cc.gpus), 0)::int8 as "total_gpus!",
@@ -575,7 +598,40 @@ pub async fn submit_catalogue(
     .fetch_all(pool)
     .await?;
     let Some(first) = rows.first() else { return Ok(None) };
-    let (max_runtime, priorities, version) = (first.max_runtime_seconds, first.priorities.clone(), first.version);
+    let (max_runtime, priorities, preemptible, version) =
+        (first.max_runtime_seconds, first.priorities.clone(), first.preemptible.clone(), first.version);
+    let class_ids: Vec<Uuid> = rows.iter().filter_map(|r| r.class_id).map(Uuid::from).collect();
+    // The tree is at most a few levels deep; the depth bound keeps a cycle (which the API
+    // refuses) from looping.
+    let quota_rows = sqlx::query!(
+        r#"with recursive chain (id, name, parent_id, depth) as (
+               select t.id, t.name, t.parent_id, 0 from teams t where t.id = $1
+               union all
+               select t.id, t.name, t.parent_id, c.depth + 1 from teams t join chain c on t.id = c.parent_id
+               where c.depth < 64
+           )
+           select c.name as "name!", c.depth as "depth!", q.gpu_class_id as "class_id?: GpuClassId",
+                  q.reserved as "reserved?", q.burst as "burst?"
+           from chain c left join quotas q on q.team_id = c.id and q.gpu_class_id = any($2::uuid[])
+           order by c.depth"#,
+        team_id as TeamId,
+        &class_ids
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut chain: Vec<ChainTeam> = Vec::new();
+    let mut depth = -1;
+    for r in quota_rows {
+        if r.depth != depth {
+            depth = r.depth;
+            chain.push(ChainTeam { name: r.name, quotas: Vec::new() });
+        }
+        if let (Some(class), Some(reserved), Some(burst), Some(team)) =
+            (r.class_id, r.reserved, r.burst, chain.last_mut())
+        {
+            team.quotas.push((class, reserved, burst));
+        }
+    }
     let classes = rows
         .into_iter()
         .filter_map(|r| {
@@ -590,5 +646,5 @@ pub async fn submit_catalogue(
             Some((r.class_name?, r.class_id?, capacity))
         })
         .collect();
-    Ok(Some(SubmitCatalogue { max_runtime, priorities, classes, version }))
+    Ok(Some(SubmitCatalogue { max_runtime, priorities, preemptible, classes, chain, version }))
 }

@@ -267,6 +267,29 @@ async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_for
 }
 
 #[tokio::test]
+async fn the_submit_form_offers_first_and_selects_a_class_the_team_has_quota_for_and_refuses_one_it_has_none_for() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    // Sorted by name, a100 would come first, and the team has no quota for it.
+    p.app.gpu_class(&admin, "a100").await;
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await);
+    assert!(page.contains("<option value=\"h100\" selected>"), "{page}");
+    assert!(page.find("value=\"h100\"") < page.find("value=\"a100\""), "usable classes first: {page}");
+    let token = csrf_in(&page);
+    let form = format!(
+        "csrf={token}&action=submit&name=elsewhere&gpu_class=a100&replicas=1&gpus_per_replica=1\
+         &priority_class=experiment&max_runtime_seconds=3600&image=train%3A2&command="
+    );
+    let r =
+        p.app.send(call("POST", "/teams/ml/jobs/new").header("cookie", &session).raw(FORM, form.into_bytes())).await;
+    assert_eq!(r.status.as_u16(), 422);
+    assert!(body(&r).contains("team ml has no quota for GPU class a100"), "{}", body(&r));
+    let jobs: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&p.app.pool).await.unwrap();
+    assert_eq!(jobs, 1, "nothing more is queued");
+}
+
+#[tokio::test]
 async fn the_live_preview_answers_with_the_engines_verdict_as_a_fragment_and_names_what_is_incomplete() {
     let p = setup().await;
     let session = sign_in(&p.app, "alice").await;
