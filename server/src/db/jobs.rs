@@ -78,6 +78,11 @@ pub struct NewJob {
     pub allow_spot: bool,
 }
 
+/// How many jobs wait for admission, over all teams.
+pub async fn pending_count(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(r#"select count(*) as "n!" from jobs where state = 'pending'"#).fetch_one(pool).await
+}
+
 /// The channel the scheduler listens on for work.
 pub const SCHEDULE_CHANNEL: &str = "fairway_schedule";
 
