@@ -23,7 +23,7 @@ use crate::{
     },
     backends::ReplicaSlot,
     db,
-    domain::{check_range, FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish},
+    domain::{check_range, FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish, WaitFigures},
     ops::jobs::{self, DryRunResult, JobSpec},
     state::AppState,
 };
@@ -31,10 +31,15 @@ use crate::{
 /// Why a pending job waits.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PendingInfo {
-    /// Stable code of the first rule that blocks it, e.g. `fair_share_behind:ml-research`.
+    /// Stable code of the first rule that blocks it, one of `never_fits`, `burst_limit`,
+    /// `exceeds_quota`, `reserved_quota_exhausted`, `budget_exhausted`, `no_topology_fit`,
+    /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
+    /// `behind_head_of_line`.
     pub reason: Option<String>,
-    /// The same in words.
+    /// The same in words, with the numbers.
     pub message: Option<String>,
+    /// The numbers behind the reason.
+    pub figures: Option<WaitFigures>,
     /// 1-based rank in the admission order of the last cycle.
     pub position: Option<i32>,
     /// When it is expected to start, if that can be foreseen.
@@ -117,6 +122,7 @@ impl From<db::jobs::JobRow> for JobView {
             pending: (state == JobState::Pending).then_some(PendingInfo {
                 reason: r.pending_reason,
                 message: r.pending_message,
+                figures: r.pending_figures.map(|f| f.0),
                 position: r.queue_position,
                 expected_start_at: r.expected_start_at,
             }),
@@ -452,6 +458,8 @@ pub struct QueueEntry {
     pub position: Option<i32>,
     pub reason: Option<String>,
     pub message: Option<String>,
+    /// The numbers behind the reason.
+    pub figures: Option<WaitFigures>,
     pub expected_start_at: Option<DateTime<Utc>>,
 }
 
@@ -491,6 +499,7 @@ pub async fn get_queue(
                 position: r.queue_position,
                 reason: r.pending_reason,
                 message: r.pending_message,
+                figures: r.pending_figures.map(|f| f.0),
                 expected_start_at: r.expected_start_at,
             })
             .collect(),

@@ -234,6 +234,7 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
                 job_id: job.id,
                 reason: code.to_owned(),
                 message: world.pending_message(job.gpu_class_id, &p.reason, &p.figures),
+                figures: world.pending_figures(&p.reason, &p.figures),
                 position: i32::try_from(p.position).unwrap_or(i32::MAX),
                 expected_start_at: p.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
             };

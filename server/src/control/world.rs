@@ -359,6 +359,38 @@ impl World {
     }
 }
 
+impl World {
+    /// The numbers behind a pending reason, for clients (the sentence carries the same).
+    pub fn pending_figures(&self, reason: &PendingReason, f: &Figures) -> domain::WaitFigures {
+        let units = |milli: u64| milli as f64 / f64::from(UNIT);
+        let job_id = |j: &u64| self.jobs.get(j).map(|j| j.id);
+        let (team, blocking_job) = match reason {
+            PendingReason::BurstLimit { team }
+            | PendingReason::ExceedsQuota { team }
+            | PendingReason::ReservedQuotaExhausted { team }
+            | PendingReason::FairShareBehind { team } => (Some(self.team_name(*team)), None),
+            PendingReason::BudgetExhausted => (f.budget.map(|b| self.team_name(b.team)), None),
+            PendingReason::ReservedFor { job } | PendingReason::BehindHeadOfLine { job } => (None, job_id(job)),
+            _ => (None, None),
+        };
+        let budget = f.budget.map(|b| {
+            let (unit, scale) =
+                if b.gpu_time { (domain::BudgetUnit::GpuHours, 3_600_000) } else { (domain::BudgetUnit::Money, 1) };
+            domain::BudgetShortfall { unit, needs: b.needs / scale, left: b.left.max(0) / scale }
+        });
+        domain::WaitFigures {
+            needs_gpus: units(f.needs),
+            free_gpus: units(f.free),
+            team,
+            in_use_gpus: f.quota.map(|(_, holds)| units(holds)),
+            reserved_gpus: f.quota.map(|(q, _)| units(q.reserved)),
+            burst_gpus: f.quota.map(|(q, _)| units(q.burst)),
+            budget,
+            blocking_job,
+        }
+    }
+}
+
 /// Milli-units as a number of GPUs: whole when whole, else with up to three decimals.
 fn gpus(milli: u64) -> String {
     if milli.is_multiple_of(u64::from(UNIT)) {

@@ -6,7 +6,7 @@ use serde_json::Value;
 use sqlx::{types::Json, PgPool};
 
 use super::Tx;
-use crate::domain::{GpuClassId, JobId, JobState, TeamId, TokenId};
+use crate::domain::{GpuClassId, JobId, JobState, TeamId, TokenId, WaitFigures};
 use uuid::Uuid;
 
 /// A stored job with the names of what it refers to.
@@ -40,6 +40,7 @@ pub struct JobRow {
     pub borrowing: bool,
     pub pending_reason: Option<String>,
     pub pending_message: Option<String>,
+    pub pending_figures: Option<Json<WaitFigures>>,
     pub queue_position: Option<i32>,
     pub expected_start_at: Option<DateTime<Utc>>,
     pub stop_requested_at: Option<DateTime<Utc>>,
@@ -231,6 +232,7 @@ impl JobRow {
             borrowing: false,
             pending_reason: None,
             pending_message: None,
+            pending_figures: None,
             queue_position: None,
             expected_start_at: None,
             stop_requested_at: None,
@@ -278,8 +280,8 @@ macro_rules! select_jobs {
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
                   j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state as "state: JobState", j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
-                  j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
-                  j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
+                  j.pending_reason, j.pending_message, j.pending_figures as "pending_figures: Json<WaitFigures>",
+                  j.queue_position, j.expected_start_at, j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
                   j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
                   j.version
            from jobs j
@@ -348,6 +350,7 @@ pub struct QueueRow {
     pub queue_position: Option<i32>,
     pub pending_reason: Option<String>,
     pub pending_message: Option<String>,
+    pub pending_figures: Option<Json<WaitFigures>>,
     pub expected_start_at: Option<DateTime<Utc>>,
 }
 
@@ -356,7 +359,8 @@ pub async fn queue(pool: &PgPool, team_id: TeamId, limit: i64) -> Result<Vec<Que
     sqlx::query_as!(
         QueueRow,
         r#"select j.id as "id: JobId", j.name, c.name as gpu_class, j.priority_class, j.replicas * j.gpus_per_replica as "gpus!",
-                  j.submitted_at, j.queue_position, j.pending_reason, j.pending_message, j.expected_start_at
+                  j.submitted_at, j.queue_position, j.pending_reason, j.pending_message,
+                  j.pending_figures as "pending_figures: Json<WaitFigures>", j.expected_start_at
            from jobs j join gpu_classes c on c.id = j.gpu_class_id
            where j.team_id = $1 and j.state = 'pending'
            order by j.queue_position nulls last, j.seq
@@ -491,7 +495,8 @@ pub async fn mark_cancelled(
         "update jobs set state = 'cancelled',
                 stop_requested_at = case when holds_gpus then coalesce(stop_requested_at, now()) end,
                 finished_at = case when holds_gpus then null else now() end,
-                pending_reason = null, pending_message = null, queue_position = null, expected_start_at = null,
+                pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,
+                expected_start_at = null,
                 updated_at = now(), version = version + 1
          where id = $1",
         id as JobId

@@ -173,7 +173,10 @@ async fn a_ci_token_submits_a_job_and_reads_it_back_pending_with_its_fields() {
         ("placement", Value::Null),
         ("borrowing", json!(false)),
         // No scheduling cycle has looked at it yet.
-        ("pending", json!({"reason": null, "message": null, "position": null, "expected_start_at": null})),
+        (
+            "pending",
+            json!({"reason": null, "message": null, "position": null, "expected_start_at": null, "figures": null}),
+        ),
         ("exit_code", Value::Null),
         ("preemptions", json!(0)),
         ("submitted_by", json!(format!("token:ml/ci ({})", s.ml_ci_id))),

@@ -210,6 +210,12 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
         message.contains("team ml holds 8 of the 8 GPUs of a100-80gb its quota allows (8 reserved + 0 burst), and this job needs 8 more"),
         "{message}"
     );
+    assert_eq!(
+        waiting["pending"]["figures"],
+        json!({"needs_gpus": 8.0, "free_gpus": 0.0, "team": "ml", "in_use_gpus": 8.0, "reserved_gpus": 8.0,
+               "burst_gpus": 0.0}),
+        "{waiting:#}"
+    );
     let r = app.send(call("POST", &format!("/api/v1/jobs/{first}/cancel")).token(&ci)).await;
     r.assert_status(200);
     assert_eq!(r.json()["state"], "cancelled");
