@@ -294,7 +294,10 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     // view without scrolling sideways.
     for label in ["Why it waits", "Position in team", "Position overall", "Expected start", why] {
         let shown = phone.shown(label).await;
-        assert!(shown.iter().any(fairway_tests::browser::Shown::in_view), "{label} is not in view at 390 px: {shown:?}");
+        assert!(
+            shown.iter().any(fairway_tests::browser::Shown::in_view),
+            "{label} is not in view at 390 px: {shown:?}"
+        );
     }
     phone.screenshot(&dir, "job-waiting-390").await;
     phone.open(&format!("{base}/teams/ml")).await;

@@ -855,10 +855,8 @@ async fn the_billing_page_the_period_page_a_statement_and_the_focus_export_agree
 
     // The FOCUS export, in full precision: the truth the pages must agree with.
     let finance = p.app.login("fin", USER_PASSWORD).await;
-    let export = p
-        .app
-        .send(call("GET", &format!("/api/v1/billing/exports?period={month}&format=focus")).token(&finance))
-        .await;
+    let export =
+        p.app.send(call("GET", &format!("/api/v1/billing/exports?period={month}&format=focus")).token(&finance)).await;
     export.assert_status(200);
     let export = body(&export);
     let mut lines = export.lines();
@@ -890,8 +888,9 @@ async fn the_billing_page_the_period_page_a_statement_and_the_focus_export_agree
     assert_eq!(billed_after(&period, "All teams"), all);
     // Each team's statement: its total.
     for (name, total) in [("ml", &ml), ("vision", &vision)] {
-        let statement =
-            body(&p.app.send(call("GET", &format!("/teams/{name}/statements/{month}")).header("cookie", &session)).await);
+        let statement = body(
+            &p.app.send(call("GET", &format!("/teams/{name}/statements/{month}")).header("cookie", &session)).await,
+        );
         assert_eq!(&billed_after(&statement, "<tr class=\"total\">"), total, "{name}: {statement}");
     }
     // The API's statement keeps the export's precision.
@@ -900,7 +899,8 @@ async fn the_billing_page_the_period_page_a_statement_and_the_focus_export_agree
 }
 
 #[tokio::test]
-async fn a_waiting_jobs_page_and_the_dashboard_show_its_reason_its_positions_in_team_and_overall_and_its_expected_start() {
+async fn a_waiting_jobs_page_and_the_dashboard_show_its_reason_its_positions_in_team_and_overall_and_its_expected_start(
+) {
     let p = setup().await;
     let alice = p.app.login("alice", USER_PASSWORD).await;
     // A second waiting job of ml, ahead of the first in the whole queue (position 1 of the
@@ -914,7 +914,9 @@ async fn a_waiting_jobs_page_and_the_dashboard_show_its_reason_its_positions_in_
     second.assert_status(201);
     let second = second.json()["id"].as_str().expect("id").to_owned();
     let held_for = format!("GPUs are held for job {second}, an earlier gang that would otherwise starve");
-    for (id, position, message) in [(&p.job_id, 7, held_for.as_str()), (&second, 3, "not enough free GPUs of this class")] {
+    for (id, position, message) in
+        [(&p.job_id, 7, held_for.as_str()), (&second, 3, "not enough free GPUs of this class")]
+    {
         sqlx::query(
             "update jobs set pending_reason = 'x', pending_message = $3, queue_position = $2,
                              expected_start_at = '2031-05-06T07:08:00Z' where id = $1::uuid",

@@ -172,7 +172,12 @@ fn require_finance(user: &SessionUser) -> Result<(), PageError> {
 
 /// A period's line from its teams' lines: the one place a period's totals are summed, so the
 /// per-team table, the period's line and its page cannot disagree.
-fn period_line(period: chrono::NaiveDate, status: String, teams: &[db::billing::TeamPeriodTotal], currency: &str) -> PeriodLine {
+fn period_line(
+    period: chrono::NaiveDate,
+    status: String,
+    teams: &[db::billing::TeamPeriodTotal],
+    currency: &str,
+) -> PeriodLine {
     PeriodLine {
         period: crate::billing::period_name(period),
         status,

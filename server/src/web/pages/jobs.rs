@@ -199,7 +199,12 @@ pub async fn job(
     let names = super::mentioned_jobs(&state, job.team_id, texts).await?;
     let events = events
         .into_iter()
-        .map(|e| EventLine { at: when(e.at), kind: e.kind, reason: e.reason, message: super::mentions(&e.message, &names) })
+        .map(|e| EventLine {
+            at: when(e.at),
+            kind: e.kind,
+            reason: e.reason,
+            message: super::mentions(&e.message, &names),
+        })
         .collect();
     let finished = matches!(job.state, JobState::Succeeded | JobState::Failed | JobState::Cancelled);
     let spend = crate::billing::budgets::job_cost(&state.db, job.id, Utc::now(), state.config.chargeback).await?;

@@ -342,7 +342,12 @@ async fn mentioned_jobs<'a>(
     if ids.is_empty() {
         return Ok(HashMap::new());
     }
-    Ok(db::jobs::names(&state.db, &ids).await?.into_iter().filter(|j| j.team_id == team).map(|j| (j.id, j.name)).collect())
+    Ok(db::jobs::names(&state.db, &ids)
+        .await?
+        .into_iter()
+        .filter(|j| j.team_id == team)
+        .map(|j| (j.id, j.name))
+        .collect())
 }
 
 /// Validation errors as one sentence: `field: message; field: message`.
@@ -416,7 +421,11 @@ mod tests {
         let names = HashMap::from([(ours, "train-llm".to_owned())]);
         assert_eq!(
             mentions(&format!("job {ours} at the head of the queue is waiting"), &names),
-            vec![text("job "), Mention { text: "train-llm".into(), job: Some(ours) }, text(" at the head of the queue is waiting")]
+            vec![
+                text("job "),
+                Mention { text: "train-llm".into(), job: Some(ours) },
+                text(" at the head of the queue is waiting")
+            ]
         );
         assert_eq!(
             mentions(&format!("preempted for job {theirs} of team ml: team ml reclaims its reserved quota"), &names),
@@ -425,10 +434,8 @@ mod tests {
         let plain = "the job is larger than team ml's quota for this GPU class allows";
         assert_eq!(mentions(plain, &names), vec![text(plain)]);
         // No id in a page's sentence is left as a raw uuid.
-        let shown: String = mentions(&format!("held for job {theirs}, then {ours}"), &names)
-            .into_iter()
-            .map(|m| m.text)
-            .collect();
+        let shown: String =
+            mentions(&format!("held for job {theirs}, then {ours}"), &names).into_iter().map(|m| m.text).collect();
         assert!(!shown.contains(&theirs.to_string()) && !shown.contains(&ours.to_string()), "{shown}");
     }
 }

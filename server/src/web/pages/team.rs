@@ -223,7 +223,8 @@ pub async fn team(
     running.sort_by(|a, b| a.name.cmp(&b.name));
     // The team's queue in admission order: a job's place in it is its position in the team.
     let queue = db::jobs::queue(&state.db, team.id, 500).await?;
-    let mentioned = super::mentioned_jobs(&state, team.id, queue.iter().filter_map(|j| j.pending_message.as_deref())).await?;
+    let mentioned =
+        super::mentioned_jobs(&state, team.id, queue.iter().filter_map(|j| j.pending_message.as_deref())).await?;
     let pending = queue
         .into_iter()
         .enumerate()
