@@ -547,7 +547,7 @@ async fn admins_read_the_audit_log_with_what_each_change_changed_and_others_do_n
     p.app.member(&admin, "ml", "carol", "admin").await;
     let carol = sign_in(&p.app, "carol").await;
     let page = body(&p.app.send(call("GET", "/teams/ml/audit").header("cookie", &carol)).await);
-    assert!(page.contains("<td>quota.put</td>"), "{page}");
+    assert!(page.contains("<td data-label=\"Action\">quota.put</td>"), "{page}");
     assert!(page.contains("reserved: 8 → 12"), "{page}");
     // Team admins see their team's log; the platform log is for platform admins only.
     p.app.send(call("GET", "/audit").header("cookie", &carol)).await.assert_status(403);
@@ -686,7 +686,7 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
     assert!(home.contains("href=\"/admin\""), "{home}");
     let page = body(&p.app.send(call("GET", "/admin").header("cookie", &ops)).await);
     let csrf = csrf_in(&page);
-    assert!(page.contains("<td>h100</td>"), "the rate card lists h100: {page}");
+    assert!(page.contains("<td data-label=\"GPU class\">h100</td>"), "the rate card lists h100: {page}");
 
     // A team under ml, and a name that is not a DNS label.
     let created =
