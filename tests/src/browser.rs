@@ -60,16 +60,23 @@ impl Browser {
             .expect("start chromedriver");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
         let base = format!("http://127.0.0.1:{port}");
+        let mut options = json!({"args": [
+            "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            format!("--window-size={width},{height}"),
+        ],
+        "prefs": {
+            "download.default_directory": downloads.canonicalize().expect("download directory"),
+            "download.prompt_for_download": false,
+        }});
+        // A window is at least 500 pixels wide; a phone's viewport is drawn by emulating its
+        // screen, so a page is laid out at exactly `width` CSS pixels.
+        if width < 500 {
+            options["mobileEmulation"] =
+                json!({"deviceMetrics": {"width": width, "height": height, "pixelRatio": 1.0}});
+        }
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
-            "goog:chromeOptions": {"args": [
-                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                format!("--window-size={width},{height}"),
-            ],
-            "prefs": {
-                "download.default_directory": downloads.canonicalize().expect("download directory"),
-                "download.prompt_for_download": false,
-            }},
+            "goog:chromeOptions": options,
         }}});
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let session = loop {

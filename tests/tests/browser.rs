@@ -294,6 +294,7 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     // view without scrolling sideways.
     for label in ["Why it waits", "Position in team", "Position overall", "Expected start", why] {
         let shown = phone.shown(label).await;
+        assert!(shown.iter().all(|s| s.viewport == 390.0), "laid out 390 pixels wide: {shown:?}");
         assert!(
             shown.iter().any(fairway_tests::browser::Shown::in_view),
             "{label} is not in view at 390 px: {shown:?}"
