@@ -372,6 +372,40 @@ pub async fn queue(pool: &PgPool, team_id: TeamId, limit: i64) -> Result<Vec<Que
     .await
 }
 
+/// Where pending job `job_id` stands among its team's pending jobs (1 first), in the order
+/// [`queue`] lists them; `None` when it is not pending.
+pub async fn team_position(pool: &PgPool, team_id: TeamId, job_id: JobId) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select q.position as "position!" from (
+               select id, row_number() over (order by queue_position nulls last, seq) as position
+               from jobs where team_id = $1 and state = 'pending') q
+           where q.id = $2"#,
+        team_id as TeamId,
+        job_id as JobId
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// A job's name and team, for pages that mention jobs by id.
+#[derive(Debug, Clone)]
+pub struct JobName {
+    pub id: JobId,
+    pub name: String,
+    pub team_id: TeamId,
+}
+
+/// The names and teams of the jobs in `ids` that exist.
+pub async fn names(pool: &PgPool, ids: &[JobId]) -> Result<Vec<JobName>, sqlx::Error> {
+    sqlx::query_as!(
+        JobName,
+        r#"select id as "id: JobId", name, team_id as "team_id: TeamId" from jobs where id = any($1)"#,
+        ids as &[JobId]
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// One entry of a job's timeline.
 #[derive(Debug, Clone)]
 pub struct EventRow {

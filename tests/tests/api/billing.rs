@@ -585,6 +585,36 @@ async fn idle_capacity_is_reported_per_class_and_shared_out_to_teams_by_their_us
 }
 
 #[tokio::test]
+async fn idle_time_in_the_hour_a_rate_card_starts_is_priced_at_that_rate_not_at_zero() {
+    let s = setup().await;
+    let ml = s.teams[0].1;
+    // A class whose only rate ($2.50) and whose capacity (8 GPUs) both start at 10:30.
+    let r = s
+        .app
+        .send(call("POST", "/api/v1/gpu-classes").token(&s.admin).json(&json!({
+            "name": "b200", "kind": "whole", "memory_mib": 10240, "fraction_milli": 1000,
+            "rate_micros_per_gpu_hour": H100_RATE, "rate_effective_from": "2026-10-08T10:30:00Z",
+        })))
+        .await;
+    r.assert_status(201);
+    let b200: GpuClassId = r.json()["id"].as_str().expect("id").parse().expect("uuid");
+    sqlx::query("insert into capacity_history (gpu_class_id, effective_from, gpus) values ($1, $2, 8)")
+        .bind(b200)
+        .bind(t("2026-10-08T10:30:00Z"))
+        .execute(&s.app.pool)
+        .await
+        .expect("capacity");
+    // ml uses 2 of them for the half hour: 1 GPU-hour allocated, 3 idle, all of it ml's share.
+    let job = admitted_job(&s, ml, b200, 2, "first-half-hour").await;
+    run_and_close(&s.app.pool, job, t("2026-10-08T10:30:00Z"), t("2026-10-08T11:00:00Z")).await;
+    db::metering::roll_up(&s.app.pool, t("2026-10-08T12:00:00Z")).await.expect("roll up");
+    let statement = s.app.send(call("GET", "/api/v1/teams/ml/statements/2026-10").token(&s.admin)).await.json();
+    assert_eq!(statement["billed_cost"], "2.500000");
+    assert_eq!(statement["idle_share_gpu_hours"], "3.000000000");
+    assert_eq!(statement["idle_share_cost"], "7.500000", "3 idle GPU-hours at $2.50: {statement}");
+}
+
+#[tokio::test]
 async fn reservation_charges_start_at_the_hour_the_model_is_switched_on_and_follow_each_completed_hour() {
     let s = setup().await;
     let (ml, h100) = (s.teams[0].1, s.classes[0].1);

@@ -218,7 +218,7 @@ fn preview_of(answer: ops::jobs::DryRunResult) -> PreviewView {
         reason: answer.message.unwrap_or_default(),
         position: answer.position,
         expected_start: answer.expected_start_at.map_or_else(|| "not foreseeable".into(), when),
-        max_cost: format!("{} {}", crate::metering::micros_decimal(answer.max_cost_micros), answer.currency),
+        max_cost: crate::web::figures::money(answer.max_cost_micros, &answer.currency),
         would_preempt: answer
             .would_preempt
             .into_iter()
