@@ -132,7 +132,8 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     assert!(text.contains("user:alice"), "{text}");
     browser.screenshot(&dir, "job-cancelled-1280").await;
 
-    // A job larger than the team's quota waits, and says why, on its page and the dashboard.
+    // A job larger than the team's quota could never run: the form refuses it, naming the
+    // limit, and nothing is queued.
     browser.open(&format!("{base}/teams/ml/jobs/new")).await;
     browser.fill("input[name=name]", "too-big").await;
     browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
@@ -140,8 +141,18 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     browser.fill("input[name=gpus_per_replica]", "8").await;
     browser.fill("input[name=image]", "registry.example/train:1").await;
     browser.click("button[value=submit]").await;
-    browser.wait_for_url(&format!("{base}/jobs/"), Duration::from_secs(20)).await;
-    let why = "the job is larger than team ml's quota for this GPU class allows";
+    let text = browser.wait_for_text("so it could never run", Duration::from_secs(20)).await;
+    assert!(text.contains("team ml may hold at most 24 (16 reserved + 8 burst)"), "{text}");
+    browser.screenshot(&dir, "submit-refused-1280").await;
+    // Asked to wait for a quota change (through the API), it waits, and says why, on its page
+    // and the dashboard.
+    let too_big = json!({"name": "too-big", "gpu_class": "h100-80gb", "replicas": 4, "gpus_per_replica": 8,
+                         "image": "registry.example/train:1", "wait_for_quota": true});
+    let r = app.send(call("POST", "/api/v1/teams/ml/jobs").token(&admin).json(&too_big)).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["warnings"][0]["code"], "exceeds_quota");
+    browser.open(&format!("{base}/jobs/{}", r.json()["id"].as_str().expect("id"))).await;
+    let why = "more than team ml's quota allows at all";
     let text = browser.wait_for_text(why, Duration::from_secs(30)).await;
     assert!(text.contains("Why it waits") && text.contains("pending"), "{text}");
     browser.screenshot(&dir, "job-pending-1280").await;
@@ -282,6 +293,7 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     let waiting = app
         .send(call("POST", "/api/v1/teams/ml/jobs").token(&admin).json(&json!({
             "name": "waits-on-a-phone", "gpu_class": "h100-80gb", "replicas": 4, "gpus_per_replica": 8, "image": "r:1",
+            "wait_for_quota": true,
         })))
         .await;
     waiting.assert_status(201);
