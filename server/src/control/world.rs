@@ -7,6 +7,7 @@ use std::{
 };
 
 use crate::domain;
+use crate::metering::figures::{cents, gpu_hours};
 use serde_json::Value;
 
 use crate::{
@@ -323,15 +324,15 @@ impl World {
                 Some(b) if b.gpu_time => format!(
                     "team {}'s hard budget has {} GPU-hours left this period, and this job may use up to {}; it starts when the budget is raised or the next period begins",
                     self.team_name(b.team),
-                    gpu_hours(b.left),
+                    gpu_hours(b.left.max(0)),
                     gpu_hours(b.needs)
                 ),
                 Some(b) => format!(
                     "team {}'s hard budget has {} {} left this period, and this job may cost up to {}; it starts when the budget is raised or the next period begins",
                     self.team_name(b.team),
-                    money(b.left),
+                    cents(b.left.max(0)),
                     self.currency,
-                    money(b.needs)
+                    cents(b.needs)
                 ),
                 None => "the team's hard budget cannot cover this job's maximum cost".to_owned(),
             },
@@ -401,13 +402,3 @@ fn gpus(milli: u64) -> String {
     }
 }
 
-/// Micro-units of money in cents, rounded half up.
-fn money(micros: i64) -> String {
-    let cents = (micros.max(0) + 5_000) / 10_000;
-    format!("{}.{:02}", cents / 100, cents % 100)
-}
-
-/// Physical GPU-milliseconds × 1000 (the ledger's GPU time) as GPU-hours, two decimals.
-fn gpu_hours(time: i64) -> String {
-    format!("{:.2}", time.max(0) as f64 / 1000.0 / 3_600_000.0)
-}
