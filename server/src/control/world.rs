@@ -401,4 +401,3 @@ fn gpus(milli: u64) -> String {
         text.trim_end_matches('0').to_owned()
     }
 }
-

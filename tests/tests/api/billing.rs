@@ -8,7 +8,7 @@
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use fairway::domain::{GpuClassId, JobId, TeamId};
 use fairway::{db, metering, rng::SplitMix64};
-use fairway_tests::{call, TestApp};
+use fairway_tests::{call, csv_fields, TestApp};
 use serde_json::{json, Value};
 use sha2::Digest as _;
 
@@ -133,25 +133,6 @@ async fn export(s: &Setup, period: &str, format: &str) -> String {
         .await;
     r.assert_status(200);
     String::from_utf8(r.body.clone()).expect("UTF-8")
-}
-
-/// The fields of one RFC 4180 line: quoted fields may hold commas and doubled quotes.
-fn csv_fields(line: &str) -> Vec<String> {
-    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted && chars.peek() == Some(&'"') => {
-                field.push('"');
-                chars.next();
-            }
-            '"' => quoted = !quoted,
-            ',' if !quoted => fields.push(std::mem::take(&mut field)),
-            c => field.push(c),
-        }
-    }
-    fields.push(field);
-    fields
 }
 
 /// The control record served beside the export of `period` in `format`, checked against the

@@ -2,7 +2,7 @@
 //! job list, a job's page, cancelling, and what a cross-site form post or a stranger gets.
 //! (The real-browser test is `tests/browser.rs`.)
 
-use fairway_tests::{call, TestApp, TestResponse, USER_PASSWORD};
+use fairway_tests::{call, csv_fields, TestApp, TestResponse, USER_PASSWORD};
 use serde_json::json;
 
 const FORM: &str = "application/x-www-form-urlencoded";
@@ -94,25 +94,6 @@ fn micros_of(decimal: &str) -> i64 {
     let (whole, frac) = decimal.split_once('.').unwrap_or((decimal, ""));
     let frac = format!("{frac:0<6}");
     whole.parse::<i64>().expect("whole part") * 1_000_000 + frac[..6].parse::<i64>().expect("fraction")
-}
-
-/// The fields of one RFC 4180 line: quoted fields may hold commas and doubled quotes.
-fn csv_fields(line: &str) -> Vec<String> {
-    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted && chars.peek() == Some(&'"') => {
-                field.push('"');
-                chars.next();
-            }
-            '"' => quoted = !quoted,
-            ',' if !quoted => fields.push(std::mem::take(&mut field)),
-            c => field.push(c),
-        }
-    }
-    fields.push(field);
-    fields
 }
 
 /// The text of the first cell of class `billed` after `marker` in `page`.
