@@ -26,8 +26,10 @@ const TEAMS: [(&str, Option<&str>); 4] =
 /// Quotas: (team, class, reserved, burst).
 /// A department's quota bounds its teams' (nested quotas), so it has one for every class
 /// its teams use.
+/// Research may borrow all of prod-inference's idle reserved H100s, so the demo shows them
+/// reclaimed when prod-inference's serving jobs arrive.
 const QUOTAS: [(&str, &str, i32, i32); 9] = [
-    ("research", "h100-80gb", 32, 16),
+    ("research", "h100-80gb", 32, 32),
     ("research", "a100-80gb", 4, 4),
     ("research", "a100-80gb.mig-3g.40gb", 8, 8),
     ("nlp", "h100-80gb", 16, 32),
@@ -101,7 +103,7 @@ pub async fn seed(ctx: &control::Ctx) -> anyhow::Result<()> {
 const SHAPES: [(&str, &str, i32, i32, &str, u32); 8] = [
     ("nlp", "h100-80gb", 2, 8, "experiment", 1800),
     ("nlp", "h100-80gb", 1, 4, "experiment", 600),
-    ("nlp", "h100-80gb", 4, 8, "production", 3600),
+    ("nlp", "h100-80gb", 1, 8, "production", 1800),
     ("vision", "h100-80gb", 1, 8, "experiment", 900),
     ("vision", "a100-80gb", 1, 2, "experiment", 600),
     ("vision", "a100-80gb.mig-3g.40gb", 1, 1, "scavenger", 300),
@@ -109,12 +111,25 @@ const SHAPES: [(&str, &str, i32, i32, &str, u32); 8] = [
     ("prod-inference", "a100-80gb.mig-1g.10gb", 1, 1, "serving", 3600),
 ];
 
-/// Keeps submitting demo jobs, one every `every`, until the process ends.
+/// The demo stops submitting while this many jobs wait: a queue that only grew would make
+/// every wait look endless.
+const MAX_PENDING: i64 = 16;
+
+/// Keeps submitting demo jobs, one every `every` while fewer than [`MAX_PENDING`] wait, until
+/// the process ends.
 pub async fn generate(pool: PgPool, every: Duration) {
     let mut rng = SplitMix64(0x00de_3000);
     let mut n = 0u64;
     loop {
         tokio::time::sleep(every).await;
+        match db::jobs::pending_count(&pool).await {
+            Ok(waiting) if waiting >= MAX_PENDING => continue,
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "demo cannot count the waiting jobs");
+                continue;
+            }
+        }
         n += 1;
         let (team, class, replicas, gpus, priority, seconds) = SHAPES[(rng.next_u64() % SHAPES.len() as u64) as usize];
         let jitter = (rng.next_u64() % u64::from(seconds)) as u32;
@@ -158,4 +173,32 @@ async fn submit(
     db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;
     db::jobs::wake_scheduler(pool).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The priority classes the first migration seeds that cannot be preempted: their jobs
+    /// run only within their team's reserved quota.
+    const NOT_PREEMPTIBLE: [&str; 2] = ["serving", "production"];
+
+    fn quota(team: &str, class: &str) -> (i32, i32) {
+        QUOTAS.iter().find(|q| q.0 == team && q.1 == class).map_or((0, 0), |q| (q.2, q.3))
+    }
+
+    #[test]
+    fn every_demo_job_can_run_under_the_demo_quotas() {
+        for (team, class, replicas, gpus, priority, _) in SHAPES {
+            let need = replicas * gpus;
+            let parent = TEAMS.iter().find(|t| t.0 == team).and_then(|t| t.1);
+            for level in std::iter::once(team).chain(parent) {
+                let (reserved, burst) = quota(level, class);
+                assert!(need <= reserved + burst, "{team}'s {need} × {class} exceeds {level}'s quota");
+            }
+            if NOT_PREEMPTIBLE.contains(&priority) {
+                assert!(need <= quota(team, class).0, "{team}'s {priority} job exceeds its reserved quota");
+            }
+        }
+    }
 }

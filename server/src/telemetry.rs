@@ -147,6 +147,7 @@ pub struct Metrics {
     db_connections: Family<StateLabels, Gauge>,
     leader: Gauge,
     pending: Family<TeamClassLabels, Gauge>,
+    pending_reasons: Family<ReasonLabels, Gauge>,
     allocated: Family<ClassLabels, Gauge>,
     capacity: Family<ClassLabels, Gauge>,
     cycles: Histogram,
@@ -171,6 +172,7 @@ impl Default for Metrics {
             db_connections: Family::default(),
             leader: Gauge::default(),
             pending: Family::default(),
+            pending_reasons: Family::default(),
             allocated: Family::default(),
             capacity: Family::default(),
             cycles: Histogram::new(CYCLE_BUCKETS),
@@ -202,6 +204,11 @@ impl Metrics {
             "fairway_scheduler_leader",
             "Whether this process runs the scheduler (1) or stands by (0)",
             self.leader.clone(),
+        );
+        p.register(
+            "fairway_pending_jobs_by_reason",
+            "Jobs waiting for admission, by the reason the last cycle gave",
+            self.pending_reasons.clone(),
         );
         p.register("fairway_gpus_allocated", "GPUs held by admitted jobs, by GPU class", self.allocated.clone());
         p.register("fairway_gpus_capacity", "GPUs the clusters offer, by GPU class", self.capacity.clone());
@@ -258,6 +265,7 @@ impl Metrics {
         self.leader.set(i64::from(leading));
         if !leading {
             self.pending.clear();
+            self.pending_reasons.clear();
             self.allocated.clear();
             self.capacity.clear();
             self.budget_spent_ratio.clear();
@@ -273,6 +281,14 @@ impl Metrics {
         }
         for outcome in outcomes {
             drop(self.outcomes.get_or_create(&OutcomeLabels { outcome: (*outcome).to_owned() }));
+        }
+    }
+
+    /// Sets the pending jobs per reason after a cycle: every reason of the fixed list, at 0
+    /// when no job waits for it, so a dashboard sees each series throughout.
+    pub fn pending_reasons(&self, by_reason: &[(&str, u64)]) {
+        for &(reason, n) in by_reason {
+            self.pending_reasons.get_or_create(&ReasonLabels { reason: reason.to_owned() }).set(gauge_value(n));
         }
     }
 

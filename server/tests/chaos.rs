@@ -120,15 +120,27 @@ impl Target<'_> {
             .await
             .unwrap();
         assert_eq!(created.status(), reqwest::StatusCode::CREATED, "{}", created.text().await.unwrap());
-        let quota = self
-            .http
-            .put(self.url("/api/v1/teams/ml/quotas/h100-80gb"))
-            .bearer_auth(&self.token)
-            .json(&json!({"reserved": 64, "burst": 0}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(quota.status(), reqwest::StatusCode::OK, "{}", quota.text().await.unwrap());
+        // The class exists once the simulated cluster's first inventory sync has run, which
+        // may come after the server answers ready on a loaded machine.
+        let since = Instant::now();
+        loop {
+            let quota = self
+                .http
+                .put(self.url("/api/v1/teams/ml/quotas/h100-80gb"))
+                .bearer_auth(&self.token)
+                .json(&json!({"reserved": 64, "burst": 0}))
+                .send()
+                .await
+                .unwrap();
+            let status = quota.status();
+            let body = quota.text().await.unwrap();
+            if status == reqwest::StatusCode::OK {
+                return;
+            }
+            let class_missing = status == reqwest::StatusCode::UNPROCESSABLE_ENTITY && body.contains("does not exist");
+            assert!(class_missing && since.elapsed() < BACK_WITHIN, "{status}: {body}\n{}", self.log());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Submits a round's jobs through the API: 1 to 3 s of work each, `last` ones 3 s, so

@@ -60,16 +60,23 @@ impl Browser {
             .expect("start chromedriver");
         let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().expect("client");
         let base = format!("http://127.0.0.1:{port}");
+        let mut options = json!({"args": [
+            "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            format!("--window-size={width},{height}"),
+        ],
+        "prefs": {
+            "download.default_directory": downloads.canonicalize().expect("download directory"),
+            "download.prompt_for_download": false,
+        }});
+        // A window is at least 500 pixels wide; a phone's viewport is drawn by emulating its
+        // screen, so a page is laid out at exactly `width` CSS pixels.
+        if width < 500 {
+            options["mobileEmulation"] =
+                json!({"deviceMetrics": {"width": width, "height": height, "pixelRatio": 1.0}});
+        }
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
-            "goog:chromeOptions": {"args": [
-                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                format!("--window-size={width},{height}"),
-            ],
-            "prefs": {
-                "download.default_directory": downloads.canonicalize().expect("download directory"),
-                "download.prompt_for_download": false,
-            }},
+            "goog:chromeOptions": options,
         }}});
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         let session = loop {
@@ -208,6 +215,99 @@ impl Browser {
             tokio::time::sleep(Duration::from_millis(250)).await;
             self.call(reqwest::Method::POST, "/refresh", Some(json!({}))).await;
         }
+    }
+}
+
+/// Where a piece of the page lies in the window, as the browser laid it out.
+#[derive(Debug, Clone, serde::Deserialize)]
+pub struct Shown {
+    /// Its text as rendered (`innerText`).
+    pub text: String,
+    /// The label drawn before a table cell from its `data-label` (CSS `::before`), when one
+    /// is drawn: `None` where the layout shows the column's header instead.
+    pub label: Option<String>,
+    pub left: f64,
+    pub right: f64,
+    pub width: f64,
+    pub height: f64,
+    /// Neither `display: none` nor `visibility: hidden`, itself or above.
+    pub rendered: bool,
+    /// The window's width in CSS pixels.
+    pub viewport: f64,
+}
+
+impl Shown {
+    /// Whether a person sees it without scrolling sideways: rendered, of non-zero size, and
+    /// wholly within the window's width.
+    pub fn in_view(&self) -> bool {
+        self.rendered && self.width > 0.0 && self.height > 0.0 && self.left >= -0.5 && self.right <= self.viewport + 0.5
+    }
+}
+
+/// The script behind [`Browser::column`] and [`Browser::shown`]: the layout of each match.
+const LAYOUT: &str = r#"
+const [mode, needle] = arguments;
+const viewport = document.documentElement.clientWidth;
+const rendered = (el) => {
+  for (let e = el; e; e = e.parentElement) {
+    const s = getComputedStyle(e);
+    if (s.display === 'none' || s.visibility === 'hidden') return false;
+  }
+  return true;
+};
+const describe = (el, rect) => {
+  const before = getComputedStyle(el, '::before');
+  const content = before.content;
+  let label = null;
+  if (content && content !== 'none' && content !== 'normal' && before.display !== 'none') {
+    // Browsers give `attr(name)` either substituted (a quoted string) or as written.
+    const attr = /^attr\(\s*([\w-]+)\s*\)$/.exec(content);
+    label = attr ? el.getAttribute(attr[1]) : content.startsWith('"') ? JSON.parse(content) : content;
+  }
+  return { text: el.innerText, label, left: rect.left, right: rect.right, width: rect.width, height: rect.height,
+           rendered: rendered(el), viewport };
+};
+const out = [];
+if (mode === 'column') {
+  for (const table of document.querySelectorAll('table')) {
+    const heads = [...table.querySelectorAll('thead th')].map((th) => th.textContent.trim());
+    const index = heads.indexOf(needle);
+    if (index < 0) continue;
+    for (const row of table.querySelectorAll('tbody tr')) {
+      const cell = row.children[index];
+      if (cell) out.push(describe(cell, cell.getBoundingClientRect()));
+    }
+  }
+} else {
+  const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+  while (walker.nextNode()) {
+    const node = walker.currentNode;
+    if (!node.textContent.includes(needle)) continue;
+    const range = document.createRange();
+    range.selectNodeContents(node);
+    out.push(describe(node.parentElement, range.getBoundingClientRect()));
+  }
+}
+return out;
+"#;
+
+impl Browser {
+    /// The cells of every table column headed `header` (exactly), in page order, as laid
+    /// out: on a phone a header row may be hidden, so each cell says what labels it.
+    pub async fn column(&self, header: &str) -> Vec<Shown> {
+        self.layout("column", header).await
+    }
+
+    /// Every run of text on the page that contains `needle`, as laid out.
+    pub async fn shown(&self, needle: &str) -> Vec<Shown> {
+        self.layout("text", needle).await
+    }
+
+    async fn layout(&self, mode: &str, needle: &str) -> Vec<Shown> {
+        let v = self
+            .call(reqwest::Method::POST, "/execute/sync", Some(json!({"script": LAYOUT, "args": [mode, needle]})))
+            .await;
+        serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("a layout ({e}): {v}"))
     }
 }
 

@@ -331,6 +331,17 @@ impl TestApp {
         .assert_status(201);
     }
 
+    /// Sets `team`'s quota of `class`, in GPUs.
+    pub async fn quota(&self, admin: &str, team: &str, class: &str, reserved: i64, burst: i64) {
+        self.send(
+            call("PUT", &format!("/api/v1/teams/{team}/quotas/{class}"))
+                .token(admin)
+                .json(&json!({"reserved": reserved, "burst": burst})),
+        )
+        .await
+        .assert_status(200);
+    }
+
     /// Mints an API token for `team`; returns (id, secret).
     pub async fn api_token(&self, admin: &str, team: &str, role: &str) -> (String, String) {
         let expires = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339();
@@ -352,4 +363,23 @@ impl TestApp {
 pub async fn test_admin_token(app: &TestApp) -> String {
     let admin = fairway::db::users::by_username(&app.pool, "admin").await.expect("query").expect("admin exists");
     app.state.keys.issue(admin.id, chrono::Utc::now().timestamp())
+}
+
+/// The fields of one RFC 4180 line: quoted fields may hold commas and doubled quotes.
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
 }

@@ -3,7 +3,9 @@
 //! dashboard, preview and submit a job through the form, watch it run and finish, cancel
 //! another, see a borrower preempted when the team claims its reserved quota, and, as
 //! finance, download the month's FOCUS export and open the month's statements; as a platform
-//! admin, create a team and give it a member. Screenshots of each page, at 1280 and 390
+//! admin, create a team and give it a member. On a 390-pixel phone, what a waiting job's page
+//! and the dashboard say about it (why it waits, its positions, its expected start) and the
+//! cluster view's free capacity are in view. Screenshots of each page, at 1280 and 390
 //! pixels wide, are saved under `target/portal-screenshots/` as test artefacts.
 
 use std::{path::PathBuf, time::Duration};
@@ -130,7 +132,8 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     assert!(text.contains("user:alice"), "{text}");
     browser.screenshot(&dir, "job-cancelled-1280").await;
 
-    // A job larger than the team's quota waits, and says why, on its page and the dashboard.
+    // A job larger than the team's quota could never run: the form refuses it, naming the
+    // limit, and nothing is queued.
     browser.open(&format!("{base}/teams/ml/jobs/new")).await;
     browser.fill("input[name=name]", "too-big").await;
     browser.click("select[name=gpu_class] option[value='h100-80gb']").await;
@@ -138,8 +141,18 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     browser.fill("input[name=gpus_per_replica]", "8").await;
     browser.fill("input[name=image]", "registry.example/train:1").await;
     browser.click("button[value=submit]").await;
-    browser.wait_for_url(&format!("{base}/jobs/"), Duration::from_secs(20)).await;
-    let why = "the job is larger than team ml's quota for this GPU class allows";
+    let text = browser.wait_for_text("so it could never run", Duration::from_secs(20)).await;
+    assert!(text.contains("team ml may hold at most 24 (16 reserved + 8 burst)"), "{text}");
+    browser.screenshot(&dir, "submit-refused-1280").await;
+    // Asked to wait for a quota change (through the API), it waits, and says why, on its page
+    // and the dashboard.
+    let too_big = json!({"name": "too-big", "gpu_class": "h100-80gb", "replicas": 4, "gpus_per_replica": 8,
+                         "image": "registry.example/train:1", "wait_for_quota": true});
+    let r = app.send(call("POST", "/api/v1/teams/ml/jobs").token(&admin).json(&too_big)).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["warnings"][0]["code"], "exceeds_quota");
+    browser.open(&format!("{base}/jobs/{}", r.json()["id"].as_str().expect("id"))).await;
+    let why = "more than team ml's quota allows at all";
     let text = browser.wait_for_text(why, Duration::from_secs(30)).await;
     assert!(text.contains("Why it waits") && text.contains("pending"), "{text}");
     browser.screenshot(&dir, "job-pending-1280").await;
@@ -276,15 +289,52 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     ops.screenshot(&dir, "cluster-admin-1280").await;
     drop(ops);
 
-    // The same pages on a phone-sized window.
+    // The same pages on a phone-sized window, with a job of ml waiting again.
+    let waiting = app
+        .send(call("POST", "/api/v1/teams/ml/jobs").token(&admin).json(&json!({
+            "name": "waits-on-a-phone", "gpu_class": "h100-80gb", "replicas": 4, "gpus_per_replica": 8, "image": "r:1",
+            "wait_for_quota": true,
+        })))
+        .await;
+    waiting.assert_status(201);
+    let waiting_url = format!("{base}/jobs/{}", waiting.json()["id"].as_str().expect("id"));
     let phone = Browser::start(390, 844, &downloads()).await;
     sign_in(&phone, &base, "alice").await;
+    phone.open(&waiting_url).await;
+    phone.wait_for_text(why, Duration::from_secs(30)).await;
+    // The job's page says why it waits, where it stands and when it should start, all in
+    // view without scrolling sideways.
+    for label in ["Why it waits", "Position in team", "Position overall", "Expected start", why] {
+        let shown = phone.shown(label).await;
+        assert!(shown.iter().all(|s| s.viewport == 390.0), "laid out 390 pixels wide: {shown:?}");
+        assert!(
+            shown.iter().any(fairway_tests::browser::Shown::in_view),
+            "{label} is not in view at 390 px: {shown:?}"
+        );
+    }
+    phone.screenshot(&dir, "job-waiting-390").await;
     phone.open(&format!("{base}/teams/ml")).await;
     assert!(phone.text().await.contains("GPUs by class"));
+    // Every column of the waiting jobs is there on a phone, each cell labelled by its column.
+    for header in ["Position in team", "Position overall", "Job", "Why it waits", "Expected start"] {
+        let cells = phone.column(header).await;
+        assert!(!cells.is_empty(), "no {header} column at 390 px");
+        for cell in &cells {
+            assert!(cell.in_view(), "a {header} cell is not in view at 390 px: {cell:?}");
+            assert_eq!(cell.label.as_deref(), Some(header), "{cell:?}");
+        }
+    }
+    let reasons = phone.column("Why it waits").await;
+    assert!(reasons.iter().any(|c| c.text.contains(why)), "{reasons:?}");
     phone.screenshot(&dir, "dashboard-390").await;
     phone.open(&job_url).await;
     phone.screenshot(&dir, "job-390").await;
     phone.open(&format!("{base}/clusters")).await;
+    let free = phone.column("Free").await;
+    assert!(!free.is_empty(), "no Free column at 390 px");
+    for cell in &free {
+        assert!(cell.in_view() && cell.label.as_deref() == Some("Free"), "the Free cell at 390 px: {cell:?}");
+    }
     phone.screenshot(&dir, "cluster-390").await;
     phone.open(&format!("{base}/teams/ml/jobs/new")).await;
     phone.fill("input[name=name]", "phone").await;
@@ -296,5 +346,9 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     sign_in(&phone, &base, "finn").await;
     phone.open(&format!("{base}/billing")).await;
     assert!(phone.text().await.contains("Periods"));
+    for header in ["Team", "Billed", "Budget this month", "Forecast"] {
+        let cells = phone.column(header).await;
+        assert!(!cells.is_empty() && cells.iter().all(fairway_tests::browser::Shown::in_view), "{header}: {cells:?}");
+    }
     phone.screenshot(&dir, "billing-390").await;
 }

@@ -23,7 +23,7 @@ use crate::{
     },
     backends::ReplicaSlot,
     db,
-    domain::{check_range, FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish},
+    domain::{check_range, FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish, WaitFigures},
     ops::jobs::{self, DryRunResult, JobSpec},
     state::AppState,
 };
@@ -31,10 +31,15 @@ use crate::{
 /// Why a pending job waits.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct PendingInfo {
-    /// Stable code of the first rule that blocks it, e.g. `fair_share_behind:ml-research`.
+    /// Stable code of the first rule that blocks it, one of `never_fits`, `burst_limit`,
+    /// `exceeds_quota`, `reserved_quota_exhausted`, `budget_exhausted`, `no_topology_fit`,
+    /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
+    /// `behind_head_of_line`.
     pub reason: Option<String>,
-    /// The same in words.
+    /// The same in words, with the numbers.
     pub message: Option<String>,
+    /// The numbers behind the reason.
+    pub figures: Option<WaitFigures>,
     /// 1-based rank in the admission order of the last cycle.
     pub position: Option<i32>,
     /// When it is expected to start, if that can be foreseen.
@@ -83,6 +88,10 @@ pub struct JobView {
     pub stop_requested_at: Option<DateTime<Utc>>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
     pub version: i64,
+    /// Only in the answer to a submission, and only when there are some: what may keep the
+    /// accepted job from running as asked (e.g. `exceeds_quota` with `wait_for_quota`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<FieldError>,
 }
 
 impl From<db::jobs::JobRow> for JobView {
@@ -113,6 +122,7 @@ impl From<db::jobs::JobRow> for JobView {
             pending: (state == JobState::Pending).then_some(PendingInfo {
                 reason: r.pending_reason,
                 message: r.pending_message,
+                figures: r.pending_figures.map(|f| f.0),
                 position: r.queue_position,
                 expected_start_at: r.expected_start_at,
             }),
@@ -132,6 +142,7 @@ impl From<db::jobs::JobRow> for JobView {
             stop_requested_at: r.stop_requested_at,
             last_checkpoint_at: r.last_checkpoint_at,
             version: r.version,
+            warnings: Vec::new(),
         }
     }
 }
@@ -182,8 +193,9 @@ pub async fn create_job(
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
     let check = check.map(|Extension(c)| c);
-    let row = jobs::submit(&state, &access.team, &principal.actor(), spec, version, check).await?;
-    let (headers, body) = with_etag(row.into());
+    let submitted = jobs::submit(&state, &access.team, &principal.actor(), spec, version, check).await?;
+    let view = JobView { warnings: submitted.warnings, ..submitted.job.into() };
+    let (headers, body) = with_etag(view);
     Ok((StatusCode::CREATED, headers, body))
 }
 
@@ -200,6 +212,9 @@ pub struct SubmittedJob {
     pub id: JobId,
     pub name: String,
     pub state: JobState,
+    /// What may keep it from running as asked, when anything does.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<FieldError>,
 }
 
 /// The jobs a batch submitted, in request order.
@@ -225,9 +240,12 @@ pub async fn create_jobs_batch(
     Extension(version): Extension<CatalogueVersion>,
     ApiJson(batch): ApiJson<JobBatch>,
 ) -> Result<(StatusCode, Json<BatchResult>), ApiError> {
-    let jobs = jobs::submit_batch(&state, access.team.id, &principal.actor(), &batch.jobs, version).await?;
-    let jobs: Vec<SubmittedJob> =
-        jobs.into_iter().map(|j| SubmittedJob { id: j.id, name: j.name, state: JobState::Pending }).collect();
+    let (jobs, warnings) = jobs::submit_batch(&state, access.team.id, &principal.actor(), &batch.jobs, version).await?;
+    let jobs: Vec<SubmittedJob> = jobs
+        .into_iter()
+        .zip(warnings)
+        .map(|(j, warnings)| SubmittedJob { id: j.id, name: j.name, state: JobState::Pending, warnings })
+        .collect();
     Ok((StatusCode::CREATED, Json(BatchResult { count: jobs.len(), jobs })))
 }
 
@@ -440,6 +458,8 @@ pub struct QueueEntry {
     pub position: Option<i32>,
     pub reason: Option<String>,
     pub message: Option<String>,
+    /// The numbers behind the reason.
+    pub figures: Option<WaitFigures>,
     pub expected_start_at: Option<DateTime<Utc>>,
 }
 
@@ -479,6 +499,7 @@ pub async fn get_queue(
                 position: r.queue_position,
                 reason: r.pending_reason,
                 message: r.pending_message,
+                figures: r.pending_figures.map(|f| f.0),
                 expected_start_at: r.expected_start_at,
             })
             .collect(),

@@ -42,6 +42,8 @@ pub struct CycleReport {
     pub allocation: Vec<(String, u64, u64)>,
     /// Pending jobs per (team, class).
     pub pending_by_team: Vec<((String, String), u64)>,
+    /// Pending jobs per reason code, every code of the fixed list.
+    pub pending_by_reason: Vec<(&'static str, u64)>,
 }
 
 /// Whose reason, position and expected start a cycle records. Under load cycles follow
@@ -63,14 +65,15 @@ pub enum Refresh {
 pub async fn world(
     pool: &sqlx::PgPool,
     config: &scheduler::snapshot::Config,
-    chargeback: crate::metering::Chargeback,
+    pricing: &crate::metering::Pricing,
     live: &mut LiveJobs,
 ) -> Result<World, ControlError> {
     let half_life = config.usage_half_life_ms as f64 / 1000.0;
     let rows = db::snapshot::snapshot_rows(pool, half_life, live).await?;
     let now = rows.now;
     let mut world = World::build(rows, config.clone());
-    world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now, chargeback).await?);
+    world.currency.clone_from(&pricing.currency);
+    world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now, pricing.chargeback).await?);
     Ok(world)
 }
 
@@ -91,7 +94,7 @@ pub async fn run_with(
     live: &mut LiveJobs,
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
-    let world = world(pool, &config.engine, config.pricing.chargeback, live).await?;
+    let world = world(pool, &config.engine, &config.pricing, live).await?;
     let read = started.elapsed();
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
@@ -157,6 +160,7 @@ pub async fn run_with(
         preemption_reasons,
         allocation: allocation(&world, &decisions),
         pending_by_team: pending_by_team(&world, &decisions),
+        pending_by_reason: pending_by_reason(&decisions),
     })
 }
 
@@ -222,18 +226,23 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
         .iter()
         .filter_map(|p| {
             let job = world.jobs.get(&p.job)?;
-            let code = world.pending_code(&p.reason);
-            if refresh == Refresh::Changed && job.pending_reason.as_deref() == Some(code.as_str()) {
+            let code = p.reason.code();
+            if refresh == Refresh::Changed && job.pending_reason.as_deref() == Some(code) {
                 return None;
             }
             let row = PendingRow {
                 job_id: job.id,
-                reason: code,
+                reason: code.to_owned(),
                 // A wait no forecast can foresee says what it waits for instead of a time.
                 message: match p.unforeseeable {
-                    Some(u) => format!("{}: {}", world.pending_message(&p.reason), u.message(&|t| world.team_name(t))),
-                    None => world.pending_message(&p.reason),
+                    Some(u) => format!(
+                        "{}: {}",
+                        world.pending_message(job.gpu_class_id, &p.reason, &p.figures),
+                        u.message(&|t| world.team_name(t))
+                    ),
+                    None => world.pending_message(job.gpu_class_id, &p.reason, &p.figures),
                 },
+                figures: world.pending_figures(&p.reason, &p.figures),
                 position: i32::try_from(p.position).unwrap_or(i32::MAX),
                 expected_start_at: p.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
             };
@@ -270,6 +279,14 @@ fn allocation(world: &World, decisions: &Decisions) -> Vec<(String, u64, u64)> {
     }
     out.retain(|r| r.2 > 0 || r.1 > 0);
     out
+}
+
+fn pending_by_reason(decisions: &Decisions) -> Vec<(&'static str, u64)> {
+    let mut counts = [0u64; scheduler::PendingReason::CODES.len()];
+    for p in &decisions.pending {
+        counts[p.reason.index()] += 1;
+    }
+    scheduler::PendingReason::CODES.into_iter().zip(counts).collect()
 }
 
 fn pending_by_team(world: &World, decisions: &Decisions) -> Vec<((String, String), u64)> {

@@ -219,6 +219,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
                         "scheduling cycle"
                     );
                 }
+                ctx.metrics.pending_reasons(&report.pending_by_reason);
                 ctx.metrics.cycle(
                     report.duration,
                     report.pending_by_team,

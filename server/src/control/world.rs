@@ -7,6 +7,7 @@ use std::{
 };
 
 use crate::domain;
+use crate::metering::figures::{cents, gpu_hours};
 use serde_json::Value;
 
 use crate::{
@@ -18,7 +19,7 @@ use crate::{
     domain::JobState,
     scheduler::{
         self,
-        decision::PendingReason,
+        decision::{Figures, PendingReason},
         snapshot::{
             ClassId, GpuClass, JobSpec, Level, Node, NodeId, PriorityClass, PriorityId, Quota, ReplicaPlacement,
             RunningJob, Snapshot, Team, TeamId, Topology, UNIT,
@@ -34,6 +35,8 @@ pub struct World {
     /// Per engine node: (cluster id, cluster name, node name).
     pub nodes: Vec<(domain::ClusterId, String, String)>,
     pub team_names: Vec<String>,
+    /// The currency budgets are counted in, for sentences.
+    pub currency: String,
     class_index: HashMap<domain::GpuClassId, ClassId>,
     team_index: HashMap<domain::TeamId, TeamId>,
     priority_index: HashMap<String, PriorityId>,
@@ -170,6 +173,7 @@ impl World {
             jobs: HashMap::new(),
             nodes: node_refs,
             team_names: rows.teams.iter().map(|t| t.name.clone()).collect(),
+            currency: String::new(),
             class_index,
             team_index,
             priority_index,
@@ -287,32 +291,118 @@ impl World {
         self.team_index.get(&team).map(|&t| self.team_name(t)).unwrap_or_default()
     }
 
-    /// A pending reason's stable code and sentence, with teams named and other jobs named
-    /// by their ids (the engine's job numbers mean nothing to users).
-    pub fn pending_text(&self, reason: &PendingReason) -> (String, String) {
-        (self.pending_code(reason), self.pending_message(reason))
-    }
-
-    /// A pending reason's stable code.
-    pub fn pending_code(&self, reason: &PendingReason) -> String {
-        match reason {
-            PendingReason::ReservedFor { .. } => "reserved_for_gang".to_owned(),
-            PendingReason::BehindHeadOfLine { .. } => "behind_head_of_line".to_owned(),
-            reason => reason.code(&|t| self.team_name(t)),
-        }
-    }
-
-    /// A pending reason's sentence (see [`World::pending_text`]).
-    pub fn pending_message(&self, reason: &PendingReason) -> String {
+    /// A pending reason's sentence for people, with the numbers behind it: what the job
+    /// needs, what the team holds and may hold, what is free, what a budget has left.
+    /// `class` is the job's GPU class; other jobs are named by their ids (the engine's job
+    /// numbers mean nothing to users).
+    pub fn pending_message(&self, class: domain::GpuClassId, reason: &PendingReason, f: &Figures) -> String {
+        let of = self.class_name_of(class);
+        let (needs, free) = (gpus(f.needs), gpus(f.free));
         let job_id = |j: &u64| self.jobs.get(j).map(|j| j.id.to_string()).unwrap_or_default();
+        let quota = |team: &TeamId| {
+            let (q, holds) = f.quota.unwrap_or_default();
+            (self.team_name(*team), gpus(q.reserved), gpus(q.burst), gpus(q.reserved + q.burst), gpus(holds))
+        };
         match reason {
-            PendingReason::ReservedFor { job } => {
-                format!("GPUs are held for job {}, an earlier gang that would otherwise starve", job_id(job))
+            PendingReason::NeverFits => {
+                format!("no cluster has room for the whole gang: it needs {needs} GPUs of {of}")
             }
+            PendingReason::BurstLimit { team } => {
+                let (team, reserved, burst, limit, holds) = quota(team);
+                format!(
+                    "team {team} holds {holds} of the {limit} GPUs of {of} its quota allows ({reserved} reserved + {burst} burst), and this job needs {needs} more; it starts when the team's jobs free enough"
+                )
+            }
+            PendingReason::ExceedsQuota { team } => {
+                let (team, reserved, burst, limit, _) = quota(team);
+                format!(
+                    "the job needs {needs} GPUs of {of}, more than team {team}'s quota allows at all ({limit}: {reserved} reserved + {burst} burst); it starts only if the quota is raised"
+                )
+            }
+            PendingReason::ReservedQuotaExhausted { team } => {
+                let (team, reserved, _, _, holds) = quota(team);
+                format!(
+                    "its priority class cannot be preempted, so it runs only within reserved quota: team {team} holds {holds} of its {reserved} reserved GPUs of {of}, and this job needs {needs}"
+                )
+            }
+            PendingReason::BudgetExhausted => match f.budget {
+                Some(b) if b.gpu_time => format!(
+                    "team {}'s hard budget has {} GPU-hours left this period, and this job may use up to {}; it starts when the budget is raised or the next period begins",
+                    self.team_name(b.team),
+                    gpu_hours(b.left.max(0)),
+                    gpu_hours(b.needs)
+                ),
+                Some(b) => format!(
+                    "team {}'s hard budget has {} {} left this period, and this job may cost up to {}; it starts when the budget is raised or the next period begins",
+                    self.team_name(b.team),
+                    cents(b.left.max(0)),
+                    self.currency,
+                    cents(b.needs)
+                ),
+                None => "the team's hard budget cannot cover this job's maximum cost".to_owned(),
+            },
+            PendingReason::NoTopologyFit => format!(
+                "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but not within one domain of the topology level it requires"
+            ),
+            PendingReason::FairShareBehind { team } => format!(
+                "it must borrow burst capacity: it needs {needs} GPUs of {of} and {free} are free to it; team {}, the largest borrower, holds no more than its fair share, so none is taken back",
+                self.team_name(*team)
+            ),
+            PendingReason::InsufficientCapacity => {
+                format!("not enough free GPUs of {of}: it needs {needs} and {free} are free to it")
+            }
+            PendingReason::WaitingForReclaim => format!(
+                "preempted jobs are releasing the GPUs it will get: it needs {needs} GPUs of {of} and {free} are free to it now"
+            ),
+            PendingReason::ReservedFor { job } => format!(
+                "GPUs of {of} are held for job {}, an earlier gang that would otherwise starve: it needs {needs} and {free} are free to it",
+                job_id(job)
+            ),
             PendingReason::BehindHeadOfLine { job } => {
-                format!("job {} at the head of the queue is waiting", job_id(job))
+                format!("job {} at the head of the queue is waiting, and jobs start in order", job_id(job))
             }
-            reason => reason.message(&|t| self.team_name(t)),
         }
+    }
+}
+
+impl World {
+    /// The numbers behind a pending reason, for clients (the sentence carries the same).
+    pub fn pending_figures(&self, reason: &PendingReason, f: &Figures) -> domain::WaitFigures {
+        let units = |milli: u64| milli as f64 / f64::from(UNIT);
+        let job_id = |j: &u64| self.jobs.get(j).map(|j| j.id);
+        let (team, blocking_job) = match reason {
+            PendingReason::BurstLimit { team }
+            | PendingReason::ExceedsQuota { team }
+            | PendingReason::ReservedQuotaExhausted { team }
+            | PendingReason::FairShareBehind { team } => (Some(self.team_name(*team)), None),
+            PendingReason::BudgetExhausted => (f.budget.map(|b| self.team_name(b.team)), None),
+            PendingReason::ReservedFor { job } | PendingReason::BehindHeadOfLine { job } => (None, job_id(job)),
+            _ => (None, None),
+        };
+        let budget = f.budget.map(|b| {
+            let (unit, scale) =
+                if b.gpu_time { (domain::BudgetUnit::GpuHours, 3_600_000) } else { (domain::BudgetUnit::Money, 1) };
+            domain::BudgetShortfall { unit, needs: b.needs / scale, left: b.left.max(0) / scale }
+        });
+        domain::WaitFigures {
+            needs_gpus: units(f.needs),
+            free_gpus: units(f.free),
+            team,
+            in_use_gpus: f.quota.map(|(_, holds)| units(holds)),
+            reserved_gpus: f.quota.map(|(q, _)| units(q.reserved)),
+            burst_gpus: f.quota.map(|(q, _)| units(q.burst)),
+            budget,
+            blocking_job,
+        }
+    }
+}
+
+/// Milli-units as a number of GPUs: whole when whole, else with up to three decimals.
+fn gpus(milli: u64) -> String {
+    if milli.is_multiple_of(u64::from(UNIT)) {
+        (milli / u64::from(UNIT)).to_string()
+    } else {
+        let text = format!("{:.3}", milli as f64 / f64::from(UNIT));
+        text.trim_end_matches('0').to_owned()
     }
 }

@@ -1,6 +1,6 @@
 //! What billing reads: ledger rows for exports, spend for budgets, usage over time.
 
-use crate::domain::{JobId, TeamId};
+use crate::domain::{GpuClassId, JobId, TeamId};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde_json::Value;
 use sqlx::{PgConnection, PgPool};
@@ -70,6 +70,37 @@ pub async fn period_totals(pool: &PgPool, period: NaiveDate) -> Result<(i64, i64
     .fetch_one(pool)
     .await?;
     Ok((r.rows, r.gpu, r.cost))
+}
+
+/// One team's ledger rows of a billing period, summed: what its statement totals and what
+/// the period's exports hold for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TeamPeriodTotal {
+    pub team: String,
+    pub rows: i64,
+    pub gpu_milli_ms: i64,
+    pub list_cost_micros: i64,
+    pub billed_cost_micros: i64,
+}
+
+/// Every team's ledger totals of billing period `period`, by team name; teams without a
+/// charge in it are there with zeros. The rows are those of [`period_totals`], split by team
+/// (a team no longer there keeps the name its charges were booked under).
+pub async fn period_by_team(pool: &PgPool, period: NaiveDate) -> Result<Vec<TeamPeriodTotal>, sqlx::Error> {
+    sqlx::query_as!(
+        TeamPeriodTotal,
+        r#"select coalesce(t.name, l.team_name) as "team!", coalesce(l.rows, 0)::int8 as "rows!",
+                  coalesce(l.gpu, 0)::int8 as "gpu_milli_ms!", coalesce(l.list, 0)::int8 as "list_cost_micros!",
+                  coalesce(l.billed, 0)::int8 as "billed_cost_micros!"
+           from (select team_id, min(team_name) as team_name, count(*) as rows, sum(gpu_milli_ms) as gpu,
+                        sum(list_cost_micros) as list, sum(billed_cost_micros) as billed
+                 from usage_ledger where billing_period = $1 group by team_id) l
+           full join teams t on t.id = l.team_id
+           order by 1"#,
+        period
+    )
+    .fetch_all(pool)
+    .await
 }
 
 /// Booked spend of one team: its ledger over a span of charge time.
@@ -338,40 +369,47 @@ pub async fn top_jobs(
     .await
 }
 
-/// A team's pro-rata share of idle capacity over `[from, to)`: in each completed class-hour,
-/// idle time × the team's share of that hour's allocated time; and what that share costs at
-/// the class's rate of the hour. (GPU time, micro-units.)
-pub async fn idle_share(
+/// A team's pro-rata share of the idle capacity of one completed class-hour: the hour's idle
+/// time × the team's share of that hour's allocated time.
+#[derive(Debug, Clone)]
+pub struct IdleShare {
+    pub hour: DateTime<Utc>,
+    pub gpu_class_id: GpuClassId,
+    /// GPU time, rounded down to the ledger's unit.
+    pub gpu_milli_ms: i64,
+    /// Thousandths of a physical GPU in one unit of the class (to price per unit).
+    pub fraction_milli: i32,
+}
+
+/// A team's share of idle capacity in each completed class-hour of `[from, to)` in which it
+/// used the class, oldest first. Pricing it is `billing::statement`'s (at the rates in force
+/// over the hour).
+pub async fn idle_shares(
     pool: &PgPool,
     team_id: TeamId,
     from: DateTime<Utc>,
     to: DateTime<Utc>,
-) -> Result<(i64, i64), sqlx::Error> {
-    let r = sqlx::query!(
+) -> Result<Vec<IdleShare>, sqlx::Error> {
+    sqlx::query_as!(
+        IdleShare,
         r#"with team_hours as (
                select hour, gpu_class_id, sum(gpu_milli_ms) as allocated
                from usage_rollups where team_id = $1 and hour >= $2 and hour < $3
-               group by 1, 2),
-           share as (
-               select ch.idle_milli_ms::numeric * th.allocated / ch.allocated_milli_ms as milli_ms,
-                      g.fraction_milli,
-                      coalesce((select r.rate_micros_per_gpu_hour from gpu_class_rates r
-                                where r.gpu_class_id = ch.gpu_class_id and r.effective_from <= ch.hour
-                                order by r.effective_from desc limit 1), 0) as rate
-               from class_hours ch
-               join team_hours th on th.hour = ch.hour and th.gpu_class_id = ch.gpu_class_id
-               join gpu_classes g on g.id = ch.gpu_class_id
-               where ch.idle_milli_ms > 0 and ch.allocated_milli_ms > 0 and th.allocated > 0)
-           select coalesce(sum(floor(milli_ms)), 0)::int8 as "gpu_milli_ms!",
-                  coalesce(sum(round(milli_ms / fraction_milli * rate / 3600000)), 0)::int8 as "cost_micros!"
-           from share"#,
+               group by 1, 2)
+           select ch.hour, ch.gpu_class_id as "gpu_class_id: GpuClassId",
+                  floor(ch.idle_milli_ms::numeric * th.allocated / ch.allocated_milli_ms)::int8 as "gpu_milli_ms!",
+                  g.fraction_milli
+           from class_hours ch
+           join team_hours th on th.hour = ch.hour and th.gpu_class_id = ch.gpu_class_id
+           join gpu_classes g on g.id = ch.gpu_class_id
+           where ch.idle_milli_ms > 0 and ch.allocated_milli_ms > 0 and th.allocated > 0
+           order by ch.hour, ch.gpu_class_id"#,
         team_id as TeamId,
         from,
         to
     )
-    .fetch_one(pool)
-    .await?;
-    Ok((r.gpu_milli_ms, r.cost_micros))
+    .fetch_all(pool)
+    .await
 }
 
 /// Per GPU class over `[from, to)` of completed hours: capacity, allocated and idle time.

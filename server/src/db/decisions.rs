@@ -38,7 +38,7 @@ pub async fn admit(tx: &mut Tx<'_>, rows: &[AdmitRow]) -> Result<Vec<JobId>, sql
                update jobs j set state = 'admitted', attempt = j.attempt + 1, holds_gpus = true,
                       cluster_id = u.cluster, placement = u.placement, borrowing = u.borrowing,
                       admitted_at = now(), dispatched_at = null, started_at = null, stop_requested_at = null,
-                      exit_code = null, pending_reason = null, pending_message = null, queue_position = null,
+                      exit_code = null, pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,
                       expected_start_at = null, updated_at = now(), version = j.version + 1
                from u where j.id = u.id and j.state = 'pending'
                returning j.id, j.attempt
@@ -128,14 +128,17 @@ pub struct PendingRow {
     pub job_id: JobId,
     pub reason: String,
     pub message: String,
+    /// The numbers behind the reason.
+    pub figures: crate::domain::WaitFigures,
     pub position: i32,
     pub expected_start_at: Option<DateTime<Utc>>,
 }
 
 /// Refreshes the reason, position and expected start of pending jobs, touching only rows
-/// whose values changed. Rows another transaction holds are skipped, not waited for: what
-/// is written here is for people to read, and the next refresh writes it. Returns the jobs
-/// whose rows were written.
+/// whose values changed, and adds a `waiting` event to the timeline of every job whose
+/// reason changed (its first reason included), so a job's history says why it waited when.
+/// Rows another transaction holds are skipped, not waited for: what is written here is for
+/// people to read, and the next refresh writes it. Returns the jobs whose rows were written.
 pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<JobId>, sqlx::Error> {
     if rows.is_empty() {
         return Ok(Vec::new());
@@ -143,28 +146,35 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Job
     let ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
     let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
     let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
+    let figures: Vec<serde_json::Value> =
+        rows.iter().map(|r| serde_json::to_value(&r.figures).unwrap_or(serde_json::Value::Null)).collect();
     let positions: Vec<i32> = rows.iter().map(|r| r.position).collect();
     let starts: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.expected_start_at).collect();
     sqlx::query_scalar!(
         r#"with target as (
-             select j.id, u.reason, u.message, u.position, u.start
-             from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[])
-                  as u(id, reason, message, position, start)
+             select j.id, j.attempt, u.reason, u.message, u.figures, u.position, u.start,
+                    j.pending_reason is distinct from u.reason as reason_changed
+             from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[], $6::jsonb[])
+                  as u(id, reason, message, position, start, figures)
              join jobs j on j.id = u.id
              where j.state = 'pending'
-               and (j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at)
-                   is distinct from (u.reason, u.message, u.position, u.start)
+               and (j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at, j.pending_figures)
+                   is distinct from (u.reason, u.message, u.position, u.start, u.figures)
              for update of j skip locked
+         ), events as (
+             insert into job_events (job_id, attempt, kind, reason, message)
+             select t.id, t.attempt, 'waiting', t.reason, t.message from target t where t.reason_changed
          )
          update jobs j set pending_reason = t.reason, pending_message = t.message, queue_position = t.position,
-                expected_start_at = t.start
+                expected_start_at = t.start, pending_figures = t.figures
          from target t where j.id = t.id
          returning j.id as "id: JobId""#,
         &ids as &[JobId],
         &reasons,
         &messages,
         &positions,
-        &starts as &[Option<DateTime<Utc>>]
+        &starts as &[Option<DateTime<Utc>>],
+        &figures
     )
     .fetch_all(&mut **tx)
     .await

@@ -6,7 +6,8 @@ use serde_json::Value;
 use sqlx::{types::Json, PgPool};
 
 use super::Tx;
-use crate::domain::{GpuClassId, JobId, JobState, TeamId, TokenId};
+use crate::domain::{GpuClassId, JobId, JobState, TeamId, TokenId, WaitFigures};
+use uuid::Uuid;
 
 /// A stored job with the names of what it refers to.
 #[derive(Debug, Clone)]
@@ -39,6 +40,7 @@ pub struct JobRow {
     pub borrowing: bool,
     pub pending_reason: Option<String>,
     pub pending_message: Option<String>,
+    pub pending_figures: Option<Json<WaitFigures>>,
     pub queue_position: Option<i32>,
     pub expected_start_at: Option<DateTime<Utc>>,
     pub stop_requested_at: Option<DateTime<Utc>>,
@@ -75,6 +77,11 @@ pub struct NewJob {
     pub max_retries: i32,
     /// Tolerates spot capacity.
     pub allow_spot: bool,
+}
+
+/// How many jobs wait for admission, over all teams.
+pub async fn pending_count(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(r#"select count(*) as "n!" from jobs where state = 'pending'"#).fetch_one(pool).await
 }
 
 /// The channel the scheduler listens on for work.
@@ -225,6 +232,7 @@ impl JobRow {
             borrowing: false,
             pending_reason: None,
             pending_message: None,
+            pending_figures: None,
             queue_position: None,
             expected_start_at: None,
             stop_requested_at: None,
@@ -272,8 +280,8 @@ macro_rules! select_jobs {
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
                   j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state as "state: JobState", j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
-                  j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at,
-                  j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
+                  j.pending_reason, j.pending_message, j.pending_figures as "pending_figures: Json<WaitFigures>",
+                  j.queue_position, j.expected_start_at, j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
                   j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
                   j.version
            from jobs j
@@ -342,6 +350,7 @@ pub struct QueueRow {
     pub queue_position: Option<i32>,
     pub pending_reason: Option<String>,
     pub pending_message: Option<String>,
+    pub pending_figures: Option<Json<WaitFigures>>,
     pub expected_start_at: Option<DateTime<Utc>>,
 }
 
@@ -350,13 +359,48 @@ pub async fn queue(pool: &PgPool, team_id: TeamId, limit: i64) -> Result<Vec<Que
     sqlx::query_as!(
         QueueRow,
         r#"select j.id as "id: JobId", j.name, c.name as gpu_class, j.priority_class, j.replicas * j.gpus_per_replica as "gpus!",
-                  j.submitted_at, j.queue_position, j.pending_reason, j.pending_message, j.expected_start_at
+                  j.submitted_at, j.queue_position, j.pending_reason, j.pending_message,
+                  j.pending_figures as "pending_figures: Json<WaitFigures>", j.expected_start_at
            from jobs j join gpu_classes c on c.id = j.gpu_class_id
            where j.team_id = $1 and j.state = 'pending'
            order by j.queue_position nulls last, j.seq
            limit $2"#,
         team_id as TeamId,
         limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Where pending job `job_id` stands among its team's pending jobs (1 first), in the order
+/// [`queue`] lists them; `None` when it is not pending.
+pub async fn team_position(pool: &PgPool, team_id: TeamId, job_id: JobId) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select q.position as "position!" from (
+               select id, row_number() over (order by queue_position nulls last, seq) as position
+               from jobs where team_id = $1 and state = 'pending') q
+           where q.id = $2"#,
+        team_id as TeamId,
+        job_id as JobId
+    )
+    .fetch_optional(pool)
+    .await
+}
+
+/// A job's name and team, for pages that mention jobs by id.
+#[derive(Debug, Clone)]
+pub struct JobName {
+    pub id: JobId,
+    pub name: String,
+    pub team_id: TeamId,
+}
+
+/// The names and teams of the jobs in `ids` that exist.
+pub async fn names(pool: &PgPool, ids: &[JobId]) -> Result<Vec<JobName>, sqlx::Error> {
+    sqlx::query_as!(
+        JobName,
+        r#"select id as "id: JobId", name, team_id as "team_id: TeamId" from jobs where id = any($1)"#,
+        ids as &[JobId]
     )
     .fetch_all(pool)
     .await
@@ -485,7 +529,8 @@ pub async fn mark_cancelled(
         "update jobs set state = 'cancelled',
                 stop_requested_at = case when holds_gpus then coalesce(stop_requested_at, now()) end,
                 finished_at = case when holds_gpus then null else now() end,
-                pending_reason = null, pending_message = null, queue_position = null, expected_start_at = null,
+                pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,
+                expected_start_at = null,
                 updated_at = now(), version = version + 1
          where id = $1",
         id as JobId
@@ -538,10 +583,30 @@ pub struct SubmitCatalogue {
     pub max_runtime: i32,
     /// Every priority class, by name.
     pub priorities: Vec<String>,
+    /// The priority classes that may be preempted (and so may borrow beyond reserved quota).
+    pub preemptible: Vec<String>,
     /// The asked-for classes that exist, with what the inventory offers of each.
     pub classes: Vec<(String, GpuClassId, ClassCapacity)>,
+    /// The team and its ancestors, nearest first, with their quotas for the asked-for
+    /// classes: every level must hold a job within its reserved + burst.
+    pub chain: Vec<ChainTeam>,
     /// The catalogue's version this was read at (bumped by every change to it).
     pub version: i64,
+}
+
+/// One team of a submitting team's chain, with its quotas for the asked-for classes.
+#[derive(Debug, Clone)]
+pub struct ChainTeam {
+    pub name: String,
+    /// `(class, reserved, burst)` in GPUs; a class not listed has no quota (zero and zero).
+    pub quotas: Vec<(GpuClassId, i32, i32)>,
+}
+
+impl ChainTeam {
+    /// The team's reserved and burst quota of `class`, in GPUs.
+    pub fn quota(&self, class: GpuClassId) -> (i32, i32) {
+        self.quotas.iter().find(|q| q.0 == class).map_or((0, 0), |q| (q.1, q.2))
+    }
 }
 
 /// The catalogue for submissions of team `team_id` asking for `classes`; `None` when the
@@ -557,6 +622,8 @@ pub async fn submit_catalogue(
         r#"select t.max_runtime_seconds,
                   (select v.version from catalogue_version v where v.id = 1) as "version!",
                   (select coalesce(array_agg(name order by name), '{}') from priority_classes) as "priorities!",
+                  (select coalesce(array_agg(name order by name), '{}') from priority_classes where preemptible)
+                      as "preemptible!",
                   exists (select 1 from cluster_nodes) as "inventory_known!",
                   c.id as "class_id?: GpuClassId", c.name as "class_name?",
                   coalesce(sum(cc.gpus), 0)::int8 as "total_gpus!",
@@ -575,7 +642,40 @@ pub async fn submit_catalogue(
     .fetch_all(pool)
     .await?;
     let Some(first) = rows.first() else { return Ok(None) };
-    let (max_runtime, priorities, version) = (first.max_runtime_seconds, first.priorities.clone(), first.version);
+    let (max_runtime, priorities, preemptible, version) =
+        (first.max_runtime_seconds, first.priorities.clone(), first.preemptible.clone(), first.version);
+    let class_ids: Vec<Uuid> = rows.iter().filter_map(|r| r.class_id).map(Uuid::from).collect();
+    // The tree is at most a few levels deep; the depth bound keeps a cycle (which the API
+    // refuses) from looping.
+    let quota_rows = sqlx::query!(
+        r#"with recursive chain (id, name, parent_id, depth) as (
+               select t.id, t.name, t.parent_id, 0 from teams t where t.id = $1
+               union all
+               select t.id, t.name, t.parent_id, c.depth + 1 from teams t join chain c on t.id = c.parent_id
+               where c.depth < 64
+           )
+           select c.name as "name!", c.depth as "depth!", q.gpu_class_id as "class_id?: GpuClassId",
+                  q.reserved as "reserved?", q.burst as "burst?"
+           from chain c left join quotas q on q.team_id = c.id and q.gpu_class_id = any($2::uuid[])
+           order by c.depth"#,
+        team_id as TeamId,
+        &class_ids
+    )
+    .fetch_all(pool)
+    .await?;
+    let mut chain: Vec<ChainTeam> = Vec::new();
+    let mut depth = -1;
+    for r in quota_rows {
+        if r.depth != depth {
+            depth = r.depth;
+            chain.push(ChainTeam { name: r.name, quotas: Vec::new() });
+        }
+        if let (Some(class), Some(reserved), Some(burst), Some(team)) =
+            (r.class_id, r.reserved, r.burst, chain.last_mut())
+        {
+            team.quotas.push((class, reserved, burst));
+        }
+    }
     let classes = rows
         .into_iter()
         .filter_map(|r| {
@@ -590,5 +690,5 @@ pub async fn submit_catalogue(
             Some((r.class_name?, r.class_id?, capacity))
         })
         .collect();
-    Ok(Some(SubmitCatalogue { max_runtime, priorities, classes, version }))
+    Ok(Some(SubmitCatalogue { max_runtime, priorities, preemptible, classes, chain, version }))
 }

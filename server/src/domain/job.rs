@@ -342,3 +342,42 @@ mod tests {
         assert_eq!(check_image("image", "").unwrap_err().code, "empty");
     }
 }
+
+/// The numbers behind a waiting job's reason, as the scheduling cycle that gave the reason
+/// saw them. GPU amounts are units of the job's GPU class (a MIG slice is one).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct WaitFigures {
+    /// What the job asks for.
+    pub needs_gpus: f64,
+    /// What is free to it now: free GPUs of its class, less those held back for other teams'
+    /// reserved quota and those promised to jobs ahead of it.
+    pub free_gpus: f64,
+    /// The team the reason names: whose quota, budget or borrowing blocks the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// For a quota reason: what that team (with its sub-teams) holds of the class, waiting
+    /// jobs' claims included, and its quota.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_use_gpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_gpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst_gpus: Option<f64>,
+    /// For a budget reason: the hard budget that cannot cover the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetShortfall>,
+    /// The job this one waits for or behind (`reserved_for_gang`, `behind_head_of_line`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blocking_job: Option<super::JobId>,
+}
+
+/// A hard budget smaller than a job's maximum cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct BudgetShortfall {
+    /// What the budget counts.
+    pub unit: super::BudgetUnit,
+    /// The job's maximum cost (micro-units of money) or GPU time (thousandths of a GPU-hour).
+    pub needs: i64,
+    /// What the budget has left this period after the running jobs' remainder, in the same unit.
+    pub left: i64,
+}

@@ -9,7 +9,7 @@ mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
 pub use ids::{ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId};
-pub use job::{JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish};
+pub use job::{BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures};
 pub use names::{ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
 pub use roles::{PlatformRole, TeamRole};
 

@@ -12,6 +12,7 @@
 //! is integer micro-units: no floating point anywhere, so a month of pieces sums to the unit
 //! and the rollups, the exports and the ledger agree.
 
+pub mod figures;
 pub mod ledger;
 pub mod reservations;
 

@@ -79,6 +79,12 @@ pub struct JobSpec {
     /// interruption requeues it without counting as a failure. Default false.
     #[serde(default)]
     pub allow_spot: bool,
+    /// Accept the job even though it can never run under the quotas as they are (larger
+    /// than its team's reserved + burst, or, not preemptible, than its reserved): it waits
+    /// for a quota change, and the answer carries a warning. Default false: such a job is
+    /// refused with 422 naming the limit.
+    #[serde(default)]
+    pub wait_for_quota: bool,
 }
 
 fn one() -> i64 {
@@ -89,7 +95,16 @@ fn one() -> i64 {
 struct Catalogue {
     classes: HashMap<String, (GpuClassId, db::jobs::ClassCapacity)>,
     priorities: Vec<String>,
+    preemptible: Vec<String>,
+    chain: Vec<db::jobs::ChainTeam>,
     max_runtime: i32,
+}
+
+/// A job that passed validation, and what may still keep it from running as asked.
+struct Validated {
+    job: NewJob,
+    /// Accepted despite these (`wait_for_quota`); the answer to the submission shows them.
+    warnings: Vec<FieldError>,
 }
 
 impl Catalogue {
@@ -110,12 +125,72 @@ impl Catalogue {
         Ok(Self {
             classes: catalogue.classes.into_iter().map(|(name, id, capacity)| (name, (id, capacity))).collect(),
             priorities: catalogue.priorities,
+            preemptible: catalogue.preemptible,
+            chain: catalogue.chain,
             max_runtime: catalogue.max_runtime,
         })
     }
 
+    /// Why a job of `gpus` GPUs of `class` can never run under the quotas as they are: at
+    /// some level of the team tree it is larger than reserved + burst (a team with no quota
+    /// for the class at all is said so), or, not preemptible, larger than its team's
+    /// reserved quota. The same rules the engine pends such a job with as `exceeds_quota`.
+    fn quota_problems(
+        &self,
+        at: &dyn Fn(&str) -> String,
+        spec: &JobSpec,
+        class: GpuClassId,
+        gpus: i64,
+    ) -> Vec<FieldError> {
+        let mut problems = Vec::new();
+        let Some(own) = self.chain.first() else { return problems };
+        let limit = |(reserved, burst): (i32, i32)| i64::from(reserved) + i64::from(burst);
+        if let Some(team) = self.chain.iter().find(|t| limit(t.quota(class)) < gpus) {
+            let (reserved, burst) = team.quota(class);
+            let whose = if team.name == own.name {
+                format!("team {}", team.name)
+            } else {
+                format!("team {}'s department {}", own.name, team.name)
+            };
+            problems.push(if reserved == 0 && burst == 0 {
+                FieldError::new(
+                    at("gpu_class"),
+                    "no_quota",
+                    format!("{whose} has no quota for GPU class {}, so the job could never run; a platform admin can grant one", spec.gpu_class),
+                )
+            } else {
+                FieldError::new(
+                    at("replicas"),
+                    "exceeds_quota",
+                    format!(
+                        "the gang needs {gpus} GPUs of {} and {whose} may hold at most {} ({reserved} reserved + {burst} burst), so it could never run",
+                        spec.gpu_class,
+                        limit((reserved, burst))
+                    ),
+                )
+            });
+        }
+        let priority = spec.priority_class.as_deref().unwrap_or("experiment");
+        let (reserved, _) = own.quota(class);
+        if problems.is_empty()
+            && self.priorities.iter().any(|p| p == priority)
+            && !self.preemptible.iter().any(|p| p == priority)
+            && i64::from(reserved) < gpus
+        {
+            problems.push(FieldError::new(
+                at("priority_class"),
+                "exceeds_reserved_quota",
+                format!(
+                    "priority class {priority} cannot be preempted, so it runs only within reserved quota: the gang needs {gpus} GPUs of {} and team {} has {reserved} reserved",
+                    spec.gpu_class, own.name
+                ),
+            ));
+        }
+        problems
+    }
+
     /// Validates one spec, naming failing fields under `prefix`.
-    fn validate(&self, prefix: &str, spec: &JobSpec) -> Result<NewJob, Vec<FieldError>> {
+    fn validate(&self, prefix: &str, spec: &JobSpec) -> Result<Validated, Vec<FieldError>> {
         let at = |f: &str| format!("{prefix}{f}");
         let mut errors = Vec::new();
         let mut check = |r: Result<(), FieldError>| {
@@ -207,6 +282,15 @@ impl Catalogue {
             }
             Some(_) => {}
         }
+        let mut warnings = Vec::new();
+        if let (Some(&(class, _)), true) = (class, errors.is_empty()) {
+            let problems = self.quota_problems(&at, spec, class, spec.replicas.saturating_mul(spec.gpus_per_replica));
+            if spec.wait_for_quota {
+                warnings = problems;
+            } else {
+                errors.extend(problems);
+            }
+        }
         if !errors.is_empty() {
             return Err(errors);
         }
@@ -217,7 +301,7 @@ impl Catalogue {
                 ("preferred", Some(level.as_str().to_owned()))
             }
         };
-        Ok(NewJob {
+        let job = NewJob {
             id: JobId::new(),
             name: spec.name.trim().to_owned(),
             gpu_class_id: class.map(|c| c.0).unwrap_or_default(),
@@ -234,8 +318,15 @@ impl Catalogue {
             preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
             max_retries: spec.max_retries.unwrap_or(0) as i32,
             allow_spot: spec.allow_spot,
-        })
+        };
+        Ok(Validated { job, warnings })
     }
+}
+
+/// A stored job and the warnings it was accepted with.
+pub struct Submitted {
+    pub job: db::jobs::JobRow,
+    pub warnings: Vec<FieldError>,
 }
 
 /// Validates `spec` against the catalogue and queues it for `team` on behalf of `by`; the
@@ -249,24 +340,26 @@ pub async fn submit(
     spec: JobSpec,
     version: CatalogueVersion,
     check: Option<db::jobs::WriteCheck>,
-) -> Result<db::jobs::JobRow> {
+) -> Result<Submitted> {
     let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
-    let job = catalogue.validate("", &spec).map_err(Error::Validation)?;
+    let Validated { job, warnings } = catalogue.validate("", &spec).map_err(Error::Validation)?;
     let stored = state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(Error::CredentialsChanged)?;
     state.wake_scheduler();
-    Ok(db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by))
+    let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by);
+    Ok(Submitted { job, warnings })
 }
 
 /// Validates up to [`MAX_BATCH`] specs against the catalogue and queues them for `team`
 /// on behalf of `by`, atomically: all are stored, or none (every invalid field of every job
-/// is reported, as `jobs[i].field`). The stored jobs, in request order.
+/// is reported, as `jobs[i].field`). The stored jobs, in request order, and the warnings
+/// each was accepted with (named `jobs[i].field` too).
 pub async fn submit_batch(
     state: &AppState,
     team_id: TeamId,
     by: &str,
     specs: &[JobSpec],
     version: CatalogueVersion,
-) -> Result<Vec<NewJob>> {
+) -> Result<(Vec<NewJob>, Vec<Vec<FieldError>>)> {
     if specs.is_empty() || specs.len() > MAX_BATCH {
         return Err(Error::field(FieldError::new(
             "jobs",
@@ -276,10 +369,14 @@ pub async fn submit_batch(
     }
     let catalogue = Catalogue::load(state, team_id, specs, version).await?;
     let mut jobs = Vec::with_capacity(specs.len());
+    let mut warnings = Vec::with_capacity(specs.len());
     let mut errors = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         match catalogue.validate(&format!("jobs[{i}]."), spec) {
-            Ok(job) => jobs.push(job),
+            Ok(v) => {
+                jobs.push(v.job);
+                warnings.push(v.warnings);
+            }
             Err(mut e) => errors.append(&mut e),
         }
     }
@@ -288,7 +385,7 @@ pub async fn submit_batch(
     }
     db::jobs::insert_many(&state.db, team_id, by, &jobs).await?;
     state.wake_scheduler();
-    Ok(jobs)
+    Ok((jobs, warnings))
 }
 
 /// Cancels job `id` on behalf of `actor`: a job that holds GPUs is stopped with its grace
@@ -409,9 +506,11 @@ pub async fn dry_run(
     version: CatalogueVersion,
 ) -> Result<DryRunResult> {
     let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
-    let job = catalogue.validate("", spec).map_err(Error::Validation)?;
+    let Validated { job, .. } = catalogue.validate("", spec).map_err(Error::Validation)?;
     let engine = control::engine_config(&state.config);
-    let world = control::cycle::world(&state.db, &engine, state.config.chargeback, &mut Default::default()).await?;
+    let pricing =
+        crate::metering::Pricing { currency: state.config.currency.clone(), chargeback: state.config.chargeback };
+    let world = control::cycle::world(&state.db, &engine, &pricing, &mut Default::default()).await?;
     let proposed = world
         .proposed(team_id, &job)
         .ok_or_else(|| Error::internal("dry run", "the job does not map onto the snapshot"))?;
@@ -437,7 +536,11 @@ pub async fn dry_run(
             })
         })
         .collect();
-    let (reason, message) = answer.reason.as_ref().map(|r| world.pending_text(r)).unzip();
+    let (reason, message) = answer
+        .reason
+        .as_ref()
+        .map(|(r, figures)| (r.code().to_owned(), world.pending_message(job.gpu_class_id, r, figures)))
+        .unzip();
     Ok(DryRunResult {
         fits_now: placement.is_some(),
         placement,

@@ -3,6 +3,7 @@
 //! snapshot always gives the same answer.
 
 use super::{
+    decision::Shortfall,
     engine::Cycle,
     snapshot::{JobSpec, Snapshot, TeamId},
 };
@@ -35,6 +36,21 @@ pub(super) fn budget_chain(s: &Snapshot, team: TeamId) -> impl Iterator<Item = u
 }
 
 impl Cycle<'_> {
+    /// The first hard budget over the job's team, nearest first, that cannot cover its
+    /// maximum cost (money) or GPU time; `None` when all of them can.
+    pub(super) fn budget_shortfall(&self, job: &JobSpec) -> Option<Shortfall> {
+        let cost = cost_micros(self.s, job, job.max_runtime_ms);
+        let time = gpu_time(self.s, job, job.max_runtime_ms);
+        budget_chain(self.s, job.team).find_map(|t| {
+            let team = t as TeamId;
+            match (self.hard_left[t], self.hard_gpu_left[t]) {
+                (Some(left), _) if left < cost => Some(Shortfall { team, gpu_time: false, needs: cost, left }),
+                (_, Some(left)) if left < time => Some(Shortfall { team, gpu_time: true, needs: time, left }),
+                _ => None,
+            }
+        })
+    }
+
     /// Whether every hard budget over the job's team (its own and its ancestors': a
     /// department's budget covers its whole subtree), in money and in GPU-hours, still covers
     /// the job's maximum cost and GPU time.

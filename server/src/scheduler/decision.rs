@@ -2,7 +2,7 @@
 //! victims and reasons, and for every job left waiting a reason, a position and an
 //! expected start.
 
-use super::snapshot::{JobId, ReplicaPlacement, TeamId};
+use super::snapshot::{JobId, Quota, ReplicaPlacement, TeamId};
 
 /// A job admitted now, with where each replica runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,7 +72,8 @@ pub enum PendingReason {
     BudgetExhausted,
     /// Enough GPUs, but not in one domain of the required topology level.
     NoTopologyFit,
-    /// Not enough free GPUs; others are ahead by fair share.
+    /// Not enough free GPUs for a job that must borrow, and fair share takes nothing back:
+    /// `team`, the largest borrower, holds no more burst than its share.
     FairShareBehind { team: TeamId },
     /// Not enough free GPUs and nothing it may preempt.
     InsufficientCapacity,
@@ -85,52 +86,74 @@ pub enum PendingReason {
 }
 
 impl PendingReason {
-    /// Stable machine-readable code, e.g. `fair_share_behind:ml-research`.
-    pub fn code(&self, team_name: &dyn Fn(TeamId) -> String) -> String {
+    /// Every code, in a fixed order: the taxonomy a gauge per reason shows from the start.
+    pub const CODES: [&'static str; 11] = [
+        "never_fits",
+        "burst_limit",
+        "exceeds_quota",
+        "reserved_quota_exhausted",
+        "budget_exhausted",
+        "no_topology_fit",
+        "fair_share",
+        "insufficient_capacity",
+        "waiting_for_reclaim",
+        "reserved_for_gang",
+        "behind_head_of_line",
+    ];
+
+    /// Its place in [`PendingReason::CODES`].
+    pub fn index(&self) -> usize {
         match self {
-            PendingReason::NeverFits => "never_fits".into(),
-            PendingReason::BurstLimit { .. } => "burst_limit".into(),
-            PendingReason::ExceedsQuota { .. } => "exceeds_quota".into(),
-            PendingReason::ReservedQuotaExhausted { .. } => "reserved_quota_exhausted".into(),
-            PendingReason::BudgetExhausted => "budget_exhausted".into(),
-            PendingReason::NoTopologyFit => "no_topology_fit".into(),
-            PendingReason::FairShareBehind { team } => format!("fair_share_behind:{}", team_name(*team)),
-            PendingReason::InsufficientCapacity => "insufficient_capacity".into(),
-            PendingReason::WaitingForReclaim => "waiting_for_reclaim".into(),
-            PendingReason::ReservedFor { job } => format!("reserved_for:{job}"),
-            PendingReason::BehindHeadOfLine { job } => format!("behind_head_of_line:{job}"),
+            PendingReason::NeverFits => 0,
+            PendingReason::BurstLimit { .. } => 1,
+            PendingReason::ExceedsQuota { .. } => 2,
+            PendingReason::ReservedQuotaExhausted { .. } => 3,
+            PendingReason::BudgetExhausted => 4,
+            PendingReason::NoTopologyFit => 5,
+            PendingReason::FairShareBehind { .. } => 6,
+            PendingReason::InsufficientCapacity => 7,
+            PendingReason::WaitingForReclaim => 8,
+            PendingReason::ReservedFor { .. } => 9,
+            PendingReason::BehindHeadOfLine { .. } => 10,
         }
     }
 
-    /// A sentence for people.
-    pub fn message(&self, team_name: &dyn Fn(TeamId) -> String) -> String {
-        match self {
-            PendingReason::NeverFits => "no cluster has enough GPUs of this class for the whole gang".into(),
-            PendingReason::BurstLimit { team } => {
-                format!("team {} is at its reserved plus burst quota for this GPU class", team_name(*team))
-            }
-            PendingReason::ExceedsQuota { team } => {
-                format!("the job is larger than team {}'s quota for this GPU class allows", team_name(*team))
-            }
-            PendingReason::ReservedQuotaExhausted { team } => format!(
-                "non-preemptible jobs run only within reserved quota, and team {} has used all of its",
-                team_name(*team)
-            ),
-            PendingReason::BudgetExhausted => "the team's hard budget cannot cover this job's maximum cost".into(),
-            PendingReason::NoTopologyFit => {
-                "enough GPUs are free, but not within one domain of the required topology level".into()
-            }
-            PendingReason::FairShareBehind { team } => {
-                format!("waiting for burst capacity: team {} is ahead by fair share", team_name(*team))
-            }
-            PendingReason::InsufficientCapacity => "not enough free GPUs of this class".into(),
-            PendingReason::WaitingForReclaim => "preempted jobs are releasing the GPUs this job will get".into(),
-            PendingReason::ReservedFor { job } => {
-                format!("GPUs are held for job {job}, an earlier gang that would otherwise starve")
-            }
-            PendingReason::BehindHeadOfLine { job } => format!("job {job} at the head of the queue is waiting"),
-        }
+    /// Stable machine-readable code, one of [`PendingReason::CODES`]. The team or job a
+    /// reason names is in its sentence and figures, never in the code, so clients can match
+    /// codes exactly.
+    pub fn code(&self) -> &'static str {
+        Self::CODES[self.index()]
     }
+}
+
+/// The numbers behind a waiting job's reason, as the cycle saw them when it decided.
+/// GPU amounts are milli-units of the job's class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// What the job asks for: replicas × per-replica share.
+    pub needs: u64,
+    /// Free capacity of the class the job may use: free GPUs, less those held back for other
+    /// teams' unlent reserved quota and those promised to jobs ranked before it.
+    pub free: u64,
+    /// For a quota reason: the quota of the team the reason names, and what that team (with
+    /// its sub-teams) holds of the class, claims of waiting jobs included.
+    pub quota: Option<(Quota, u64)>,
+    /// For a budget reason: the hard budget that cannot cover the job.
+    pub budget: Option<Shortfall>,
+}
+
+/// A hard budget smaller than a job's maximum cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shortfall {
+    /// The team whose budget it is (the job's own, or a department above it).
+    pub team: TeamId,
+    /// True for a GPU-hour budget (amounts in physical GPU-milliseconds × 1000), false for
+    /// money (micro-units).
+    pub gpu_time: bool,
+    /// The job's maximum cost or GPU time.
+    pub needs: i64,
+    /// What the budget has left this period, after the running jobs' remainder.
+    pub left: i64,
 }
 
 /// A job left waiting.
@@ -140,6 +163,8 @@ pub struct Pending {
     /// 1-based rank in the admission order of this cycle.
     pub position: u32,
     pub reason: PendingReason,
+    /// The numbers behind the reason.
+    pub figures: Figures,
     /// When it is expected to start: the median of the forecast (see [`eta`](super::eta));
     /// `None` when it cannot be foreseen (`unforeseeable` says why) or was not estimated.
     pub expected_start_ms: Option<i64>,

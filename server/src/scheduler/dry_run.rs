@@ -1,7 +1,7 @@
 //! "If I submitted this job now": the same engine, on the same snapshot plus the job.
 
 use super::{
-    decision::{PendingReason, Preemption, Unforeseeable},
+    decision::{Figures, PendingReason, Preemption, Unforeseeable},
     engine::cost_micros,
     snapshot::{JobSpec, ReplicaPlacement, Snapshot},
 };
@@ -13,8 +13,8 @@ pub struct DryRun {
     pub placement: Option<Vec<ReplicaPlacement>>,
     /// Running jobs that would be preempted to make room for it.
     pub victims: Vec<Preemption>,
-    /// Why it would wait, if it would.
-    pub reason: Option<PendingReason>,
+    /// Why it would wait, if it would, and the numbers behind the reason.
+    pub reason: Option<(PendingReason, Figures)>,
     /// Its rank among pending jobs.
     pub position: Option<u32>,
     /// When it would be expected to start (now, if admitted): the forecast's median.
@@ -42,7 +42,7 @@ pub fn dry_run(snapshot: &Snapshot, job: &JobSpec) -> DryRun {
     DryRun {
         placement: admission.map(|a| a.placement.clone()),
         victims: decisions.preemptions.iter().filter(|p| p.for_job == job.id).cloned().collect(),
-        reason: pending.map(|p| p.reason.clone()),
+        reason: pending.map(|p| (p.reason.clone(), p.figures)),
         position: pending.map(|p| p.position),
         expected_start_ms: if admission.is_some() { Some(s.now_ms) } else { pending.and_then(|p| p.expected_start_ms) },
         earliest_start_ms: if admission.is_some() { Some(s.now_ms) } else { pending.and_then(|p| p.earliest_start_ms) },

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     backfill::Reservation,
     budget::budget_chain,
-    decision::{Admission, Decisions, Pending, PendingReason},
+    decision::{Admission, Decisions, Figures, Pending, PendingReason},
     inventory::Inventory,
     preemption,
     quota::Ledger,
@@ -191,17 +191,39 @@ impl<'a> Cycle<'a> {
         self.s.priorities.get(usize::from(job.priority)).is_some_and(|p| p.preemptible)
     }
 
-    /// Records that the job waits, at the current queue position, and why.
+    /// Records that the job waits, at the current queue position, why, and the numbers
+    /// behind the reason.
     pub(super) fn pend(&mut self, job: &JobSpec, reason: PendingReason) {
+        let figures = self.figures(job, &reason);
         self.decisions.pending.push(Pending {
             job: job.id,
             position: self.position,
             reason,
+            figures,
             expected_start_ms: None,
             earliest_start_ms: None,
             latest_start_ms: None,
             unforeseeable: None,
         });
+    }
+
+    /// The numbers behind `reason` for `job`, as the cycle stands now.
+    fn figures(&self, job: &JobSpec, reason: &PendingReason) -> Figures {
+        let known_team = (job.team as usize) < self.s.teams.len();
+        let free = if known_team { self.available(job) } else { self.inv.free_milli(job.class) };
+        let quota = match *reason {
+            PendingReason::BurstLimit { team }
+            | PendingReason::ExceedsQuota { team }
+            | PendingReason::ReservedQuotaExhausted { team } => {
+                Some((self.ledger.quota(team, job.class), self.ledger.usage(team, job.class)))
+            }
+            _ => None,
+        };
+        let budget = match reason {
+            PendingReason::BudgetExhausted => self.budget_shortfall(job),
+            _ => None,
+        };
+        Figures { needs: job.total_milli(), free, quota, budget }
     }
 
     /// True when the job cannot be admitted now whatever the order: it never fits, its

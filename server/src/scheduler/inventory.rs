@@ -256,7 +256,9 @@ impl Inventory {
     /// The whole gang in the fullest pool of `tier` that holds it.
     fn find_in_one_pool(&mut self, job: &JobSpec, tier: Tier) -> Option<Vec<ReplicaPlacement>> {
         let class = self.classes.get(usize::from(job.class))?;
-        let whole_needed = (job.total_milli() / u64::from(UNIT)).min(64) as usize;
+        // Shares may all fit on partly used units: no whole unit is required of a pool.
+        let whole_needed =
+            if job.milli_per_replica >= UNIT { (job.total_milli() / u64::from(UNIT)).min(64) as usize } else { 0 };
         let candidates: Vec<NodeId> = class
             .buckets
             .iter()
@@ -550,6 +552,18 @@ mod tests {
         let big = [pool("big", 16, false)];
         let p = Inventory::new(&big, 1).find(&job(2, 8000, Topology::Any)).unwrap();
         assert!(p.iter().all(|r| r.node == 0));
+    }
+
+    #[test]
+    fn a_gang_of_shares_fits_on_the_partly_used_units_of_a_cloud_pool() {
+        let mut inv = Inventory::new(&[pool("on-demand", 2, false)], 1);
+        inv.allocate(&[
+            ReplicaPlacement { node: 0, units: vec![(0, 250)] },
+            ReplicaPlacement { node: 0, units: vec![(1, 250)] },
+        ]);
+        let placement = inv.find(&job(2, 500, Topology::Any)).expect("750 free on each unit");
+        assert_eq!(placement.len(), 2);
+        assert!(inv.find(&job(2, 800, Topology::Any)).is_none(), "but not 800 on either");
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! `reserved + burst`. What a team holds beyond its `reserved` is borrowed. Idle reserved
 //! quota is lent out only up to `lendable`: the rest is *held back* for its owner, and no
 //! other team may take it, so the owner can always get its reserved quota without waiting.
+//! A department holds back at least what its sub-teams hold back: a sub-team that lends
+//! nothing keeps its reserved quota from teams outside its department too, whatever the
+//! department itself lends. (Without that, capacity a sibling could not touch went to an
+//! outside borrower, the sibling reclaimed it, and the two took turns preempting each other.)
 
 use super::snapshot::{ClassId, Quota, Snapshot, TeamId};
 
@@ -50,10 +54,14 @@ impl Ledger {
             held_back_children: vec![0; (teams + 1) * classes],
         };
         ledger.break_cycles();
-        for t in 0..teams {
+        // Sub-teams before their departments: a department's held-back sum reads its
+        // sub-teams' (see `held_back`).
+        let mut order: Vec<TeamId> = (0..teams as TeamId).collect();
+        order.sort_by_key(|&t| std::cmp::Reverse(ledger.chain(t).count()));
+        for t in order {
             for c in 0..classes {
-                let hb = ledger.held_back(t as TeamId, c as ClassId);
-                let g = ledger.group(t as TeamId);
+                let hb = ledger.held_back(t, c as ClassId);
+                let g = ledger.group(t);
                 ledger.held_back_children[g * classes + c] += hb;
             }
         }
@@ -100,11 +108,14 @@ impl Ledger {
         self.usage(team, class).saturating_sub(self.quota(team, class).reserved)
     }
 
-    /// Idle reserved quota the team does not lend.
+    /// Idle reserved quota the team does not lend, and at least what its sub-teams hold
+    /// back (see the module docs).
     fn held_back(&self, team: TeamId, class: ClassId) -> u64 {
         let q = self.quota(team, class);
         let idle = q.reserved.saturating_sub(self.usage(team, class));
-        idle.saturating_sub(q.lendable)
+        let own = idle.saturating_sub(q.lendable);
+        let children = self.held_back_children.get(team as usize * self.classes + usize::from(class)).copied();
+        own.max(children.unwrap_or(0))
     }
 
     /// The first team in the chain that `milli` more would push above reserved + burst.
@@ -141,10 +152,15 @@ impl Ledger {
     pub fn add(&mut self, team: TeamId, class: ClassId, milli: u64, release: bool) {
         let chain: Vec<TeamId> = self.chain(team).collect();
         let c = usize::from(class);
-        for t in chain {
-            let before = self.held_back(t, class);
+        // Every level's held-back amount before any changes, since a department's reads its
+        // sub-teams'; then the usage of every level; then, from the team up, each level's
+        // new amount into its department's sum, before that department's is read.
+        let before: Vec<u64> = chain.iter().map(|&t| self.held_back(t, class)).collect();
+        for &t in &chain {
             let slot = &mut self.usage[t as usize * self.classes + c];
             *slot = if release { slot.saturating_sub(milli) } else { *slot + milli };
+        }
+        for (&t, before) in chain.iter().zip(before) {
             let after = self.held_back(t, class);
             let g = self.group(t);
             let sum = &mut self.held_back_children[g * self.classes + c];

@@ -366,8 +366,7 @@ fn burst_capacity_goes_to_the_team_with_less_history() {
     let d = schedule(&s);
     assert_eq!(admitted(&d), vec![2]);
     assert_eq!(reason_of(&d, 1), PendingReason::FairShareBehind { team: 1 });
-    let names = |t: TeamId| s.teams[t as usize].name.clone();
-    assert_eq!(reason_of(&d, 1).code(&names), "fair_share_behind:b");
+    assert_eq!(reason_of(&d, 1).code(), "fair_share");
 }
 
 #[test]
@@ -443,7 +442,7 @@ fn a_dry_run_answers_like_a_real_submission_without_changing_anything() {
     let before = s.clone();
     let answer = dry_run::dry_run(&s, &job(10, 0, 4, 0));
     assert_eq!(answer.placement, None);
-    assert_eq!(answer.reason, Some(PendingReason::WaitingForReclaim));
+    assert_eq!(answer.reason.map(|r| r.0), Some(PendingReason::WaitingForReclaim));
     assert_eq!(answer.victims.len(), 1);
     assert_eq!(answer.victims[0].victim, 1);
     assert_eq!(answer.max_cost_micros, 4 * 2_000_000 * 4);
@@ -468,4 +467,71 @@ fn free_gpus_no_waiting_shape_can_use_are_reported_as_stranded() {
     let d = schedule(&s);
     assert_eq!(admitted(&d), vec![4]);
     assert_eq!(d.fragmentation[0].stranded_milli, 2000, "the 3-GPU job took 3; the 2 left fit no waiting job");
+}
+
+#[test]
+fn a_job_waiting_on_its_teams_quota_carries_what_it_needs_what_the_team_holds_and_its_quota() {
+    let mut s = cluster(2, vec![team("a", 4, 2)]);
+    start(&mut s, job(1, 0, 5, 1), HOUR);
+    s.pending = vec![job(2, 0, 3, 1)];
+    let d = schedule(&s);
+    let waiting = &d.pending[0];
+    assert_eq!(waiting.reason, PendingReason::BurstLimit { team: 0 });
+    let quota = Quota { reserved: 4000, burst: 2000, lendable: 4000 };
+    assert_eq!(waiting.figures.quota, Some((quota, 5000)), "the quota, and the 5 GPUs the team holds");
+    assert_eq!((waiting.figures.needs, waiting.figures.free), (3000, 11_000));
+    assert_eq!(waiting.figures.budget, None);
+}
+
+#[test]
+fn a_job_its_hard_budget_cannot_cover_names_the_budget_and_both_amounts() {
+    let mut s = cluster(1, vec![team("a", 8, 0)]);
+    // 2 GPUs × 2.00 an hour × 4 hours: 16.00, and 10.00 is left.
+    s.teams[0].hard_budget_left_micros = Some(10_000_000);
+    s.pending = vec![job(1, 0, 2, 1)];
+    let d = schedule(&s);
+    assert_eq!(d.pending[0].reason, PendingReason::BudgetExhausted);
+    let shortfall = d.pending[0].figures.budget.expect("a shortfall");
+    assert_eq!(
+        (shortfall.team, shortfall.gpu_time, shortfall.needs, shortfall.left),
+        (0, false, 16_000_000, 10_000_000)
+    );
+}
+
+#[test]
+fn every_reason_has_its_own_code_from_the_fixed_list() {
+    let reasons = [
+        PendingReason::NeverFits,
+        PendingReason::BurstLimit { team: 0 },
+        PendingReason::ExceedsQuota { team: 0 },
+        PendingReason::ReservedQuotaExhausted { team: 0 },
+        PendingReason::BudgetExhausted,
+        PendingReason::NoTopologyFit,
+        PendingReason::FairShareBehind { team: 0 },
+        PendingReason::InsufficientCapacity,
+        PendingReason::WaitingForReclaim,
+        PendingReason::ReservedFor { job: 1 },
+        PendingReason::BehindHeadOfLine { job: 1 },
+    ];
+    let codes: Vec<&str> = reasons.iter().map(PendingReason::code).collect();
+    assert_eq!(codes, PendingReason::CODES);
+}
+
+#[test]
+fn a_sub_team_that_lends_nothing_keeps_its_reserved_quota_from_teams_outside_its_department() {
+    // Department d lends all its reserved quota, but its sub-team strict lends none of its 4.
+    let mut dept = team("d", 8, 0);
+    dept.quotas.insert(0, Quota { reserved: 8000, burst: 0, lendable: 8000 });
+    let mut strict = team("strict", 4, 0);
+    strict.parent = Some(0);
+    strict.quotas.insert(0, Quota { reserved: 4000, burst: 0, lendable: 0 });
+    let mut open = team("open", 4, 0);
+    open.parent = Some(0);
+    let mut s = cluster(1, vec![dept, strict, open, team("outsider", 0, 8)]);
+    s.pending = vec![job(1, 3, 6, 1)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), Vec::<JobId>::new(), "6 GPUs would take 2 of strict's reserved 4");
+    assert_eq!(reason_of(&d, 1), PendingReason::InsufficientCapacity);
+    s.pending = vec![job(2, 3, 4, 1)];
+    assert_eq!(admitted(&schedule(&s)), vec![2], "the 4 GPUs open and d lend are free to borrow");
 }

@@ -92,34 +92,10 @@ pub struct ReplayOutcome {
 }
 
 /// The pending reasons' codes, in the order of [`ReplayOutcome::waiting_ms_by_reason`].
-pub const PENDING_REASONS: [&str; 11] = [
-    "never_fits",
-    "burst_limit",
-    "reserved_quota_exhausted",
-    "budget_exhausted",
-    "no_topology_fit",
-    "fair_share_behind",
-    "insufficient_capacity",
-    "waiting_for_reclaim",
-    "reserved_for",
-    "behind_head_of_line",
-    "exceeds_quota",
-];
+pub const PENDING_REASONS: [&str; 11] = PendingReason::CODES;
 
 fn reason_index(reason: &PendingReason) -> usize {
-    match reason {
-        PendingReason::NeverFits => 0,
-        PendingReason::BurstLimit { .. } => 1,
-        PendingReason::ReservedQuotaExhausted { .. } => 2,
-        PendingReason::BudgetExhausted => 3,
-        PendingReason::NoTopologyFit => 4,
-        PendingReason::FairShareBehind { .. } => 5,
-        PendingReason::InsufficientCapacity => 6,
-        PendingReason::WaitingForReclaim => 7,
-        PendingReason::ReservedFor { .. } => 8,
-        PendingReason::BehindHeadOfLine { .. } => 9,
-        PendingReason::ExceedsQuota { .. } => 10,
-    }
+    reason.index()
 }
 
 /// The engine's decisions could not be applied: a bug in the engine.
@@ -678,11 +654,10 @@ impl<'a> Replay<'a> {
     }
 
     fn stuck_report(&self, decisions: &Decisions) -> String {
-        let name = |t: u32| self.snapshot.teams.get(t as usize).map_or_else(|| t.to_string(), |t| t.name.clone());
         let first = decisions
             .pending
             .first()
-            .map_or_else(String::new, |p| format!("; first: job {} ({})", p.job, p.reason.code(&name)));
+            .map_or_else(String::new, |p| format!("; first: job {} ({})", p.job, p.reason.code()));
         let mut by_reason = [0usize; PENDING_REASONS.len()];
         decisions.pending.iter().for_each(|p| by_reason[reason_index(&p.reason)] += 1);
         let reasons: Vec<String> = PENDING_REASONS

@@ -6,6 +6,7 @@
 
 pub mod charts;
 pub mod cluster;
+pub mod figures;
 pub mod pages;
 pub mod session;
 

@@ -8,7 +8,7 @@
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use fairway::domain::{GpuClassId, JobId, TeamId};
 use fairway::{db, metering, rng::SplitMix64};
-use fairway_tests::{call, TestApp};
+use fairway_tests::{call, csv_fields, TestApp};
 use serde_json::{json, Value};
 use sha2::Digest as _;
 
@@ -133,25 +133,6 @@ async fn export(s: &Setup, period: &str, format: &str) -> String {
         .await;
     r.assert_status(200);
     String::from_utf8(r.body.clone()).expect("UTF-8")
-}
-
-/// The fields of one RFC 4180 line: quoted fields may hold commas and doubled quotes.
-fn csv_fields(line: &str) -> Vec<String> {
-    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted && chars.peek() == Some(&'"') => {
-                field.push('"');
-                chars.next();
-            }
-            '"' => quoted = !quoted,
-            ',' if !quoted => fields.push(std::mem::take(&mut field)),
-            c => field.push(c),
-        }
-    }
-    fields.push(field);
-    fields
 }
 
 /// The control record served beside the export of `period` in `format`, checked against the
@@ -582,6 +563,36 @@ async fn idle_capacity_is_reported_per_class_and_shared_out_to_teams_by_their_us
     assert_eq!(statement["idle_share_gpu_hours"], "3.000000000");
     assert_eq!(statement["idle_share_cost"], "7.500000");
     assert_eq!(statement["billed_cost"], "7.500000");
+}
+
+#[tokio::test]
+async fn idle_time_in_the_hour_a_rate_card_starts_is_priced_at_that_rate_not_at_zero() {
+    let s = setup().await;
+    let ml = s.teams[0].1;
+    // A class whose only rate ($2.50) and whose capacity (8 GPUs) both start at 10:30.
+    let r = s
+        .app
+        .send(call("POST", "/api/v1/gpu-classes").token(&s.admin).json(&json!({
+            "name": "b200", "kind": "whole", "memory_mib": 10240, "fraction_milli": 1000,
+            "rate_micros_per_gpu_hour": H100_RATE, "rate_effective_from": "2026-10-08T10:30:00Z",
+        })))
+        .await;
+    r.assert_status(201);
+    let b200: GpuClassId = r.json()["id"].as_str().expect("id").parse().expect("uuid");
+    sqlx::query("insert into capacity_history (gpu_class_id, effective_from, gpus) values ($1, $2, 8)")
+        .bind(b200)
+        .bind(t("2026-10-08T10:30:00Z"))
+        .execute(&s.app.pool)
+        .await
+        .expect("capacity");
+    // ml uses 2 of them for the half hour: 1 GPU-hour allocated, 3 idle, all of it ml's share.
+    let job = admitted_job(&s, ml, b200, 2, "first-half-hour").await;
+    run_and_close(&s.app.pool, job, t("2026-10-08T10:30:00Z"), t("2026-10-08T11:00:00Z")).await;
+    db::metering::roll_up(&s.app.pool, t("2026-10-08T12:00:00Z")).await.expect("roll up");
+    let statement = s.app.send(call("GET", "/api/v1/teams/ml/statements/2026-10").token(&s.admin)).await.json();
+    assert_eq!(statement["billed_cost"], "2.500000");
+    assert_eq!(statement["idle_share_gpu_hours"], "3.000000000");
+    assert_eq!(statement["idle_share_cost"], "7.500000", "3 idle GPU-hours at $2.50: {statement}");
 }
 
 #[tokio::test]

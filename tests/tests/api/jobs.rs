@@ -8,7 +8,8 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 /// Team `ml` with a member (`alice`) and a CI token; team `cv` with a member (`bob`) and a
-/// CI token; GPU classes `h100` and `a100`. No cluster reports inventory.
+/// CI token; GPU classes `h100` and `a100`, of which each team has 16 reserved and 16 burst.
+/// No cluster reports inventory.
 struct Setup {
     app: TestApp,
     admin: String,
@@ -26,6 +27,9 @@ async fn setup() -> Setup {
     app.gpu_class(&admin, "a100").await;
     app.team(&admin, "ml", None).await;
     app.team(&admin, "cv", None).await;
+    for (team, class) in [("ml", "h100"), ("ml", "a100"), ("cv", "h100"), ("cv", "a100")] {
+        app.quota(&admin, team, class, 16, 16).await;
+    }
     let alice = app.user(&admin, "alice", None).await;
     app.member(&admin, "ml", "alice", "member").await;
     let bob = app.user(&admin, "bob", None).await;
@@ -169,7 +173,10 @@ async fn a_ci_token_submits_a_job_and_reads_it_back_pending_with_its_fields() {
         ("placement", Value::Null),
         ("borrowing", json!(false)),
         // No scheduling cycle has looked at it yet.
-        ("pending", json!({"reason": null, "message": null, "position": null, "expected_start_at": null})),
+        (
+            "pending",
+            json!({"reason": null, "message": null, "position": null, "expected_start_at": null, "figures": null}),
+        ),
         ("exit_code", Value::Null),
         ("preemptions", json!(0)),
         ("submitted_by", json!(format!("token:ml/ci ({})", s.ml_ci_id))),
@@ -286,6 +293,96 @@ async fn a_job_more_than_any_placement_could_ever_give_is_refused_at_submission(
     ] {
         s.submit(&s.alice, "ml", &spec_with("fits", changes)).await.assert_status(201);
     }
+    assert_eq!(s.job_count().await, 4);
+}
+
+#[tokio::test]
+async fn a_job_larger_than_its_teams_quota_is_refused_with_the_limit_and_the_numbers() {
+    let s = setup().await;
+    s.app.quota(&s.admin, "ml", "h100", 2, 2).await;
+    let r = s.submit(&s.ml_ci, "ml", &spec_with("too-big", json!({"replicas": 3, "gpus_per_replica": 2}))).await;
+    assert_field(&r, "replicas", "exceeds_quota");
+    let message = r.json()["errors"][0]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("needs 6 GPUs of h100"), "{message}");
+    assert!(message.contains("team ml may hold at most 4 (2 reserved + 2 burst)"), "{message}");
+    // Exactly the limit is accepted: it can run once the team's other jobs have ended.
+    s.submit(&s.ml_ci, "ml", &spec_with("at-limit", json!({"replicas": 2, "gpus_per_replica": 2})))
+        .await
+        .assert_status(201);
+    assert_eq!(s.job_count().await, 1);
+}
+
+#[tokio::test]
+async fn a_job_of_a_class_its_team_has_no_quota_for_is_refused_naming_the_class() {
+    let s = setup().await;
+    s.app.gpu_class(&s.admin, "l4").await;
+    let r = s.submit(&s.alice, "ml", &spec_with("no-quota", json!({"gpu_class": "l4"}))).await;
+    assert_field(&r, "gpu_class", "no_quota");
+    let message = r.json()["errors"][0]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("team ml has no quota for GPU class l4"), "{message}");
+    assert_eq!(s.job_count().await, 0);
+}
+
+#[tokio::test]
+async fn a_job_larger_than_its_departments_quota_is_refused_naming_the_department() {
+    let s = setup().await;
+    s.app.team(&s.admin, "vision", Some("cv")).await;
+    s.app.member(&s.admin, "vision", "bob", "member").await;
+    s.app.quota(&s.admin, "cv", "h100", 4, 0).await;
+    s.app.quota(&s.admin, "vision", "h100", 4, 8).await;
+    let r = s.submit(&s.bob, "vision", &spec_with("wide", json!({"replicas": 6}))).await;
+    assert_field(&r, "replicas", "exceeds_quota");
+    let message = r.json()["errors"][0]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("team vision's department cv may hold at most 4 (4 reserved + 0 burst)"), "{message}");
+}
+
+#[tokio::test]
+async fn a_job_that_cannot_be_preempted_must_fit_the_reserved_quota_and_is_refused_naming_the_priority_class() {
+    let s = setup().await;
+    s.app.quota(&s.admin, "ml", "h100", 2, 6).await;
+    let production = |replicas: i64| spec_with("prod", json!({"priority_class": "production", "replicas": replicas}));
+    let r = s.submit(&s.alice, "ml", &production(3)).await;
+    assert_field(&r, "priority_class", "exceeds_reserved_quota");
+    let message = r.json()["errors"][0]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("needs 3 GPUs of h100 and team ml has 2 reserved"), "{message}");
+    // A preemptible job of the same size may borrow, so it is accepted.
+    s.submit(&s.alice, "ml", &spec_with("exp", json!({"replicas": 3}))).await.assert_status(201);
+    s.submit(&s.alice, "ml", &production(2)).await.assert_status(201);
+}
+
+#[tokio::test]
+async fn a_job_that_asks_to_wait_for_a_quota_change_is_accepted_with_a_warning_and_a_raised_quota_lets_jobs_in() {
+    let s = setup().await;
+    s.app.quota(&s.admin, "ml", "h100", 1, 1).await;
+    let big = |wait: bool| spec_with("big", json!({"replicas": 4, "wait_for_quota": wait}));
+    // The CI token's catalogue is cached from this submission on.
+    assert_field(&s.submit(&s.ml_ci, "ml", &big(false)).await, "replicas", "exceeds_quota");
+    let r = s.submit(&s.ml_ci, "ml", &big(true)).await;
+    r.assert_status(201);
+    let warnings = r.json()["warnings"].clone();
+    assert_eq!(warnings[0]["code"], "exceeds_quota", "{warnings}");
+    assert_eq!(warnings[0]["field"], "replicas", "{warnings}");
+    assert_eq!(warnings.as_array().unwrap().len(), 1, "{warnings}");
+    // Reading the job back carries no warnings: they belong to the answer to the submission.
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let read = s.get(&s.ml_ci, &format!("/api/v1/jobs/{id}")).await;
+    assert!(read.json().get("warnings").is_none(), "{}", read.json());
+    // A quota change reaches the very next submission through the same cached token.
+    s.app.quota(&s.admin, "ml", "h100", 2, 2).await;
+    let r = s.submit(&s.ml_ci, "ml", &big(false)).await;
+    r.assert_status(201);
+    assert!(r.json().get("warnings").is_none(), "{}", r.json());
+    // In a batch, the refused job is named by its index and nothing is stored.
+    let batch = json!({"jobs": [spec("ok-0"), spec_with("huge-1", json!({"replicas": 5}))]});
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.ml_ci).json(&batch)).await;
+    assert_field(&r, "jobs[1].replicas", "exceeds_quota");
+    assert_eq!(s.job_count().await, 2);
+    let batch = json!({"jobs": [spec("ok-0"), spec_with("huge-1", json!({"replicas": 5, "wait_for_quota": true}))]});
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.ml_ci).json(&batch)).await;
+    r.assert_status(201);
+    let jobs = r.json()["jobs"].clone();
+    assert!(jobs[0].get("warnings").is_none(), "{jobs}");
+    assert_eq!(jobs[1]["warnings"][0]["field"], "jobs[1].replicas", "{jobs}");
     assert_eq!(s.job_count().await, 4);
 }
 

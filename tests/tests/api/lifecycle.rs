@@ -64,16 +64,6 @@ async fn submit(app: &TestApp, token: &str, team: &str, body: Value) -> String {
     r.json()["id"].as_str().expect("id").to_owned()
 }
 
-async fn quota(app: &TestApp, admin: &str, team: &str, class: &str, reserved: i64, burst: i64) {
-    app.send(
-        call("PUT", &format!("/api/v1/teams/{team}/quotas/{class}"))
-            .token(admin)
-            .json(&json!({"reserved": reserved, "burst": burst})),
-    )
-    .await
-    .assert_status(200);
-}
-
 /// Waits until the control loop has written the simulated cluster's inventory (which
 /// also creates its GPU classes).
 async fn wait_for_inventory(app: &TestApp) {
@@ -94,7 +84,7 @@ async fn a_gang_job_goes_from_pending_to_succeeded_with_its_timeline_and_one_usa
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
-    quota(&app, &admin, "ml", "h100-80gb", 16, 0).await;
+    app.quota(&admin, "ml", "h100-80gb", 16, 0).await;
     let (_, ci) = app.api_token(&admin, "ml", "member").await;
     let id = submit(
         &app,
@@ -134,14 +124,15 @@ async fn a_gang_job_goes_from_pending_to_succeeded_with_its_timeline_and_one_usa
 
 #[tokio::test]
 async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_and_requeues() {
-    let app = TestApp::spawn().await;
+    // The API's dry runs decide with the service's configuration, as the control loop does.
+    let app = TestApp::spawn_with(|c| c.min_runtime_before_preemption = Duration::ZERO).await;
     start_control(&app).await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     app.team(&admin, "research", None).await;
     app.team(&admin, "prod", None).await;
-    quota(&app, &admin, "research", "h100-80gb", 0, 64).await;
-    quota(&app, &admin, "prod", "h100-80gb", 64, 0).await;
+    app.quota(&admin, "research", "h100-80gb", 0, 64).await;
+    app.quota(&admin, "prod", "h100-80gb", 64, 0).await;
     let (_, research) = app.api_token(&admin, "research", "member").await;
     let (_, prod) = app.api_token(&admin, "prod", "member").await;
     let mut borrowers = Vec::new();
@@ -155,14 +146,21 @@ async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_
         let j = wait_for(&app, &research, id, Duration::from_secs(30), |j| j["state"] == "running").await;
         assert_eq!(j["borrowing"], true, "{j:#}");
     }
-    let claim = submit(
-        &app,
-        &prod,
-        "prod",
-        json!({"name": "serve-model", "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "prod:1",
-               "priority_class": "production", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"}}),
-    )
-    .await;
+    let body = json!({"name": "serve-model", "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "prod:1",
+                      "priority_class": "production", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"}});
+    // A dry run first: the engine's answer on the same state, which the submission then
+    // bears out. Other teams' jobs are described, not named.
+    let r = app.send(call("POST", "/api/v1/teams/prod/jobs:dry-run").token(&prod).json(&body)).await;
+    r.assert_status(200);
+    let dry = r.json();
+    assert_eq!(dry["fits_now"], false, "{dry:#}");
+    assert_eq!(dry["reason"], "waiting_for_reclaim", "{dry:#}");
+    assert_eq!(
+        dry["would_preempt"],
+        json!([{"team": "research", "job": null, "reason": "reclaim", "gpus": 8}]),
+        "{dry:#}"
+    );
+    let claim = submit(&app, &prod, "prod", body).await;
     let admitted = wait_for(&app, &prod, &claim, Duration::from_secs(30), |j| j["state"] == "running").await;
     assert_eq!(admitted["borrowing"], false);
     // Exactly one borrower gave way, with the reason and the preemptor in its timeline, and
@@ -194,7 +192,7 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
-    quota(&app, &admin, "ml", "a100-80gb", 8, 0).await;
+    app.quota(&admin, "ml", "a100-80gb", 8, 0).await;
     let (_, ci) = app.api_token(&admin, "ml", "member").await;
     let body = |name: &str| {
         json!({"name": name, "gpu_class": "a100-80gb", "gpus_per_replica": 8, "image": "x",
@@ -205,6 +203,19 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     let second = submit(&app, &ci, "ml", body("second")).await;
     let waiting = wait_for(&app, &ci, &second, Duration::from_secs(10), |j| j["pending"]["reason"].is_string()).await;
     assert_eq!(waiting["state"], "pending");
+    // Why it waits, with the numbers behind it.
+    assert_eq!(waiting["pending"]["reason"], "burst_limit", "{waiting:#}");
+    let message = waiting["pending"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("team ml holds 8 of the 8 GPUs of a100-80gb its quota allows (8 reserved + 0 burst), and this job needs 8 more"),
+        "{message}"
+    );
+    assert_eq!(
+        waiting["pending"]["figures"],
+        json!({"needs_gpus": 8.0, "free_gpus": 0.0, "team": "ml", "in_use_gpus": 8.0, "reserved_gpus": 8.0,
+               "burst_gpus": 0.0}),
+        "{waiting:#}"
+    );
     let r = app.send(call("POST", &format!("/api/v1/jobs/{first}/cancel")).token(&ci)).await;
     r.assert_status(200);
     assert_eq!(r.json()["state"], "cancelled");
@@ -214,6 +225,17 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     assert_eq!(cancelled["state"], "cancelled");
     assert!(cancelled["finished_at"].is_string(), "{cancelled:#}");
     assert_eq!(kinds(&events(&app, &ci, &first).await).last().map(String::as_str), Some("cancelled"));
+    // The second job's timeline says when it waited and why, before it was admitted.
+    let timeline = events(&app, &ci, &second).await;
+    assert_eq!(&kinds(&timeline)[..2], ["submitted", "waiting"], "{timeline:#?}");
+    assert_eq!(timeline[1]["reason"], "burst_limit", "{:#}", timeline[1]);
+    assert!(timeline[1]["message"].as_str().unwrap().contains("needs 8 more"), "{:#}", timeline[1]);
+    // Then, while the first job stopped, it may have waited for its GPUs (a reason change is
+    // a new entry), and got them.
+    let reasons: Vec<&str> =
+        timeline.iter().filter(|e| e["kind"] == "waiting").filter_map(|e| e["reason"].as_str()).collect();
+    assert!(reasons[1..].iter().all(|&r| r == "waiting_for_reclaim"), "{timeline:#?}");
+    assert!(kinds(&timeline).contains(&"admitted".to_owned()), "{timeline:#?}");
     let r = app.send(call("POST", &format!("/api/v1/jobs/{first}/cancel")).token(&ci)).await;
     r.assert_status(200);
 }
@@ -226,7 +248,7 @@ async fn without_control_loop() -> (TestApp, control::Ctx, String) {
     control::sync_inventory(&ctx).await.expect("inventory");
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;
-    quota(&app, &admin, "ml", "h100-80gb", 8, 0).await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
     (app, ctx, admin)
 }
 
@@ -259,7 +281,7 @@ async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_n
     for t in 0..50 {
         let team = format!("team-{t:02}");
         app.team(&admin, &team, None).await;
-        quota(&app, &admin, &team, "h100-80gb", 1, 2).await;
+        app.quota(&admin, &team, "h100-80gb", 1, 2).await;
         tokens.push((team.clone(), app.api_token(&admin, &team, "member").await.1));
     }
     // Watches the invariant while the load runs: every team within reserved + burst.

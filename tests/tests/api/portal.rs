@@ -2,7 +2,7 @@
 //! job list, a job's page, cancelling, and what a cross-site form post or a stranger gets.
 //! (The real-browser test is `tests/browser.rs`.)
 
-use fairway_tests::{call, TestApp, TestResponse, USER_PASSWORD};
+use fairway_tests::{call, csv_fields, TestApp, TestResponse, USER_PASSWORD};
 use serde_json::json;
 
 const FORM: &str = "application/x-www-form-urlencoded";
@@ -58,6 +58,50 @@ async fn book(p: &Portal, start: &str, billed_micros: i64) {
          from jobs j where j.id = $1::uuid"
     );
     sqlx::query(&insert).bind(&p.job_id).bind(billed_micros).execute(&p.app.pool).await.expect("a booked piece");
+}
+
+/// Books a 30-minute piece of job `job_id` (any team's) `minutes` after this month began,
+/// billed `billed_micros`: a ledger row of this month's billing period.
+async fn book_piece(app: &TestApp, job_id: &str, minutes: i64, billed_micros: i64) {
+    sqlx::query(
+        "insert into usage_ledger (kind, job_id, attempt, job_name, team_id, team_name, gpu_class_id, gpu_class,
+                                   priority_class, gpus, fraction_milli, borrowing, charge_start, charge_end,
+                                   duration_ms, gpu_milli_ms, rate_micros_per_gpu_hour, price_multiplier_milli,
+                                   list_cost_micros, billed_cost_micros, currency, billing_period)
+         select 'usage', j.id, 1, j.name, j.team_id, t.name, j.gpu_class_id, 'h100', 'experiment', 4, 1000, false,
+                date_trunc('month', now()) + make_interval(mins => $2::int),
+                date_trunc('month', now()) + make_interval(mins => $2::int + 30), 1800000, 7200000000, 2500000, 1000,
+                $3, $3, 'USD', date_trunc('month', now())::date
+         from jobs j join teams t on t.id = j.team_id where j.id = $1::uuid",
+    )
+    .bind(job_id)
+    .bind(minutes)
+    .bind(billed_micros)
+    .execute(&app.pool)
+    .await
+    .expect("a booked piece");
+}
+
+/// Micro-units to the cent, half away from zero, with the currency: written here again, not
+/// taken from the service, so the test checks the pages' arithmetic.
+fn to_the_cent(micros: i64) -> String {
+    let cents = (micros.abs() + 5_000) / 10_000 * micros.signum();
+    format!("{}.{:02} USD", cents / 100, (cents % 100).abs())
+}
+
+/// A decimal such as `1.005000` in micro-units, exactly.
+fn micros_of(decimal: &str) -> i64 {
+    let (whole, frac) = decimal.split_once('.').unwrap_or((decimal, ""));
+    let frac = format!("{frac:0<6}");
+    whole.parse::<i64>().expect("whole part") * 1_000_000 + frac[..6].parse::<i64>().expect("fraction")
+}
+
+/// The text of the first cell of class `billed` after `marker` in `page`.
+fn billed_after(page: &str, marker: &str) -> String {
+    let from = page.find(marker).unwrap_or_else(|| panic!("no {marker:?} in:\n{page}"));
+    let rest = &page[from..];
+    let cell = rest.find("class=\"billed\">").unwrap_or_else(|| panic!("no billed cell after {marker:?}")) + 15;
+    rest[cell..].split('<').next().expect("the cell's text").to_owned()
 }
 
 /// Sets ml's money budget for `month` (`YYYY-MM`) through the API.
@@ -252,7 +296,7 @@ async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_for
     r.assert_status(200);
     let page = body(&r);
     assert!(page.contains("If you submitted it now"), "{page}");
-    assert!(page.contains("It can cost at most 20.000000 USD."), "{page}");
+    assert!(page.contains("It can cost at most 20.00 USD."), "{page}");
     let before: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&p.app.pool).await.unwrap();
     assert_eq!(before, 1, "a preview queues nothing");
     let r = p
@@ -264,6 +308,29 @@ async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_for
     let page = body(&p.app.send(call("GET", &location).header("cookie", &session)).await);
     assert!(page.contains("sweep &#60;b&#62;1&#60;/b&#62;") || page.contains("sweep &lt;b&gt;1&lt;/b&gt;"), "{page}");
     assert!(page.contains("4 × h100"), "{page}");
+}
+
+#[tokio::test]
+async fn the_submit_form_offers_first_and_selects_a_class_the_team_has_quota_for_and_refuses_one_it_has_none_for() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    // Sorted by name, a100 would come first, and the team has no quota for it.
+    p.app.gpu_class(&admin, "a100").await;
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await);
+    assert!(page.contains("<option value=\"h100\" selected>"), "{page}");
+    assert!(page.find("value=\"h100\"") < page.find("value=\"a100\""), "usable classes first: {page}");
+    let token = csrf_in(&page);
+    let form = format!(
+        "csrf={token}&action=submit&name=elsewhere&gpu_class=a100&replicas=1&gpus_per_replica=1\
+         &priority_class=experiment&max_runtime_seconds=3600&image=train%3A2&command="
+    );
+    let r =
+        p.app.send(call("POST", "/teams/ml/jobs/new").header("cookie", &session).raw(FORM, form.into_bytes())).await;
+    assert_eq!(r.status.as_u16(), 422);
+    assert!(body(&r).contains("team ml has no quota for GPU class a100"), "{}", body(&r));
+    let jobs: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&p.app.pool).await.unwrap();
+    assert_eq!(jobs, 1, "nothing more is queued");
 }
 
 #[tokio::test]
@@ -283,7 +350,7 @@ async fn the_live_preview_answers_with_the_engines_verdict_as_a_fragment_and_nam
     let r = p.app.send(preview("4")).await;
     r.assert_status(200);
     let fragment = body(&r);
-    assert!(fragment.contains("If you submitted it now") && fragment.contains("It can cost at most 10.000000 USD."));
+    assert!(fragment.contains("If you submitted it now") && fragment.contains("It can cost at most 10.00 USD."));
     assert!(!fragment.contains("<html"), "a fragment, not a page: {fragment}");
     let half = body(&p.app.send(preview("")).await);
     assert!(half.contains("Preview when the form is complete: gpus_per_replica: must be a whole number"), "{half}");
@@ -314,7 +381,7 @@ async fn the_dashboard_shows_this_months_budget_spent_and_forecast() {
     let session = sign_in(&p.app, "alice").await;
     let page = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await);
     assert!(page.contains("Budget this month"), "{page}");
-    assert!(page.contains("0.000000 USD of 1000.000000 USD spent (soft)"), "{page}");
+    assert!(page.contains("0.00 USD of 1000.00 USD spent (soft)"), "{page}");
 }
 
 #[tokio::test]
@@ -335,19 +402,19 @@ async fn the_job_list_pages_fifty_at_a_time_filters_by_state_and_escapes_names()
         .unwrap();
     let session = sign_in(&p.app, "alice").await;
     let first = body(&p.app.send(call("GET", "/teams/ml/jobs").header("cookie", &session)).await);
-    assert_eq!(first.matches("<tr><td><a href=\"/jobs/").count(), 50, "{first}");
+    assert_eq!(first.matches("<tr><td data-label=\"Job\"><a href=\"/jobs/").count(), 50, "{first}");
     assert!(first.contains("sweep-59"), "newest first");
     assert!(!first.contains("sweep-09"), "the eleventh newest is not on the first page");
     let older = first.split("rel=\"next\" href=\"").nth(1).expect("an older page").split('"').next().unwrap();
     let older = older.replace("&amp;", "&");
     let second = body(&p.app.send(call("GET", &older).header("cookie", &session)).await);
-    assert_eq!(second.matches("<tr><td><a href=\"/jobs/").count(), 11, "{second}");
+    assert_eq!(second.matches("<tr><td data-label=\"Job\"><a href=\"/jobs/").count(), 11, "{second}");
     assert!(second.contains("&#60;script&#62;alert(1)&#60;/script&#62;"), "the name is text: {second}");
     assert!(!second.contains("<script>alert(1)"));
     assert!(!second.contains("rel=\"next\""), "nothing older");
     let failed = body(&p.app.send(call("GET", "/teams/ml/jobs?state=failed").header("cookie", &session)).await);
-    assert_eq!(failed.matches("<tr><td><a href=\"/jobs/").count(), 1, "{failed}");
-    assert!(failed.contains("sweep-07") && failed.contains("<td>3</td>"), "{failed}");
+    assert_eq!(failed.matches("<tr><td data-label=\"Job\"><a href=\"/jobs/").count(), 1, "{failed}");
+    assert!(failed.contains("sweep-07") && failed.contains("<td data-label=\"Exit\">3</td>"), "{failed}");
     let unknown = body(&p.app.send(call("GET", "/teams/ml/jobs?state=lost&before=x").header("cookie", &session)).await);
     assert!(unknown.contains("were not understood"), "{unknown}");
     // A stranger gets no list.
@@ -373,19 +440,22 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     .unwrap();
     let session = sign_in(&p.app, "fin").await;
     let page = body(&p.app.send(call("GET", "/billing").header("cookie", &session)).await);
-    assert!(page.contains(&format!("<title>ml: 2.0 GPU-hours on {today}</title>")), "{page}");
-    assert!(page.contains(&format!("<title>h100: 2.0 GPU-hours on {today}</title>")), "{page}");
+    assert!(page.contains(&format!("<title>ml: 2.00 GPU-hours on {today}</title>")), "{page}");
+    assert!(page.contains(&format!("<title>h100: 2.00 GPU-hours on {today}</title>")), "{page}");
     assert_eq!(page.matches("<rect class=\"series-").count(), 2, "one bar in each chart");
-    assert!(page.contains("<td>ml</td><td>2.0</td><td>5.000000 USD</td>"), "{page}");
-    assert!(page.contains("<td class=\"muted\">none</td>"), "no budget yet: {page}");
+    assert!(page.contains("<td data-label=\"Budget this month\" class=\"muted\">none</td>"), "no budget yet: {page}");
     // A hard budget of 4 USD this month, and 5 USD booked: spent beyond it, and said so.
     let month = today.format("%Y-%m").to_string();
     set_budget(&p, &admin, &month, 4_000_000, "hard").await;
     book(&p, "date_trunc('hour', now())", 5_000_000).await;
     let page = body(&p.app.send(call("GET", "/billing").header("cookie", &session)).await);
-    assert!(page.contains("<td>4.000000 USD (hard)</td>"), "{page}");
-    assert!(page.contains("5.000000 USD<svg") && page.contains("aria-label=\"100% of the budget spent\""), "{page}");
-    assert!(page.contains("<td class=\"error\">5.000000 USD (over)</td>"), "{page}");
+    assert!(
+        page.contains("<td data-label=\"GPU-hours\">2.00</td><td data-label=\"Billed\" class=\"billed\">5.00 USD</td>"),
+        "{page}"
+    );
+    assert!(page.contains("<td data-label=\"Budget this month\">4.00 USD (hard)</td>"), "{page}");
+    assert!(page.contains("5.00 USD<svg") && page.contains("aria-label=\"100% of the budget spent\""), "{page}");
+    assert!(page.contains("<td data-label=\"Forecast\" class=\"error\">5.00 USD (over)</td>"), "{page}");
     let csv = p.app.send(call("GET", "/billing/usage.csv").header("cookie", &session)).await;
     csv.assert_status(200);
     assert!(csv.header("content-type").unwrap().starts_with("text/csv"));
@@ -398,7 +468,12 @@ async fn finance_sees_usage_per_day_by_team_and_class_as_svg_and_downloads_the_s
     // This month's statements: every team, with its cost and a link to its statement.
     assert!(page.contains(&format!("href=\"/billing/periods/{month}\"")), "{page}");
     let period = body(&p.app.send(call("GET", &format!("/billing/periods/{month}")).header("cookie", &session)).await);
-    assert!(period.contains("<tr><td>ml</td><td>2.000000000</td><td>5.000000 USD</td>"), "{period}");
+    assert!(
+        period.contains(
+            "<tr><td data-label=\"Team\">ml</td><td data-label=\"GPU-hours\">2.00</td><td data-label=\"Billed\" class=\"billed\">5.00 USD</td>"
+        ),
+        "{period}"
+    );
     assert!(period.contains(&format!("href=\"/teams/ml/statements/{month}\"")), "{period}");
     assert!(period.contains(&format!("href=\"/billing/exports/{month}/focus\"")), "{period}");
     let statement = p.app.send(call("GET", &format!("/teams/ml/statements/{month}")).header("cookie", &session)).await;
@@ -476,7 +551,7 @@ async fn admins_read_the_audit_log_with_what_each_change_changed_and_others_do_n
     p.app.member(&admin, "ml", "carol", "admin").await;
     let carol = sign_in(&p.app, "carol").await;
     let page = body(&p.app.send(call("GET", "/teams/ml/audit").header("cookie", &carol)).await);
-    assert!(page.contains("<td>quota.put</td>"), "{page}");
+    assert!(page.contains("<td data-label=\"Action\">quota.put</td>"), "{page}");
     assert!(page.contains("reserved: 8 → 12"), "{page}");
     // Team admins see their team's log; the platform log is for platform admins only.
     p.app.send(call("GET", "/audit").header("cookie", &carol)).await.assert_status(403);
@@ -541,8 +616,8 @@ async fn a_member_reads_the_teams_statement_with_its_budget_and_a_stranger_does_
         body(&p.app.send(call("GET", &format!("/teams/ml/statements/{month}")).header("cookie", &session)).await);
     assert!(page.contains(&format!("statement for {month}")), "{page}");
     assert!(page.contains("The period is open"), "{page}");
-    assert!(page.contains("Budget: 2000.000000 USD (hard)."), "{page}");
-    assert!(page.contains("Spent to date, running jobs included: 0.000000 USD"), "{page}");
+    assert!(page.contains("Budget: 2000.00 USD (hard)."), "{page}");
+    assert!(page.contains("Spent to date, running jobs included: 0.00 USD"), "{page}");
     assert!(page.contains("No usage in this period."), "{page}");
     p.app.send(call("GET", "/teams/ml/statements/2026-13").header("cookie", &session)).await.assert_status(404);
     let bob = sign_in(&p.app, "bob").await;
@@ -615,7 +690,7 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
     assert!(home.contains("href=\"/admin\""), "{home}");
     let page = body(&p.app.send(call("GET", "/admin").header("cookie", &ops)).await);
     let csrf = csrf_in(&page);
-    assert!(page.contains("<td>h100</td>"), "the rate card lists h100: {page}");
+    assert!(page.contains("<td data-label=\"GPU class\">h100</td>"), "the rate card lists h100: {page}");
 
     // A team under ml, and a name that is not a DNS label.
     let created =
@@ -707,7 +782,7 @@ async fn a_jobs_page_shows_its_cost_so_far_booked_and_running() {
     // 5 USD booked + about an hour of 4 GPUs at 2.50 × 0.8: 13 USD and a little, 6 GPU-hours.
     let cost = page.split("<dd class=\"cost\">").nth(1).expect("a cost").split("</dd>").next().unwrap();
     assert!(cost.starts_with("13.0") && cost.contains(" USD for 6.00 GPU-hours"), "{cost}");
-    assert!(cost.ends_with("; now 8.000000 USD per hour"), "{cost}");
+    assert!(cost.ends_with("; now 8.00 USD per hour"), "{cost}");
 }
 
 #[tokio::test]
@@ -753,4 +828,127 @@ async fn a_hostile_job_name_is_text_on_every_page_that_shows_it() {
         let shown = page.contains("&#60;script&#62;alert(1)&#60;/script&#62;");
         assert_eq!(shown, names_it, "{path} names the job: {shown}\n{page}");
     }
+}
+
+#[tokio::test]
+async fn the_billing_page_the_period_page_a_statement_and_the_focus_export_agree_to_the_cent() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "fin", Some("finance")).await;
+    p.app.team(&admin, "vision", None).await;
+    p.app
+        .send(call("PUT", "/api/v1/teams/vision/quotas/h100").token(&admin).json(&json!({"reserved": 4, "burst": 0})))
+        .await
+        .assert_status(200);
+    let vision_job = p
+        .app
+        .send(call("POST", "/api/v1/teams/vision/jobs").token(&admin).json(&json!({
+            "name": "segment", "gpu_class": "h100", "gpus_per_replica": 1, "image": "seg:1",
+        })))
+        .await;
+    vision_job.assert_status(201);
+    let vision_job = vision_job.json()["id"].as_str().expect("id").to_owned();
+    // Three pieces of 1.005 USD for ml: each alone rounds to 1.01, together they are 3.015,
+    // which is 3.02 to the cent, not 3.03. And two pieces for vision.
+    for minutes in [0, 30, 60] {
+        book_piece(&p.app, &p.job_id, minutes, 1_005_000).await;
+    }
+    book_piece(&p.app, &vision_job, 0, 2_500_000).await;
+    book_piece(&p.app, &vision_job, 30, 1_234_567).await;
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+
+    // The FOCUS export, in full precision: the truth the pages must agree with.
+    let finance = p.app.login("fin", USER_PASSWORD).await;
+    let export =
+        p.app.send(call("GET", &format!("/api/v1/billing/exports?period={month}&format=focus")).token(&finance)).await;
+    export.assert_status(200);
+    let export = body(&export);
+    let mut lines = export.lines();
+    let header = csv_fields(lines.next().expect("a header"));
+    let column = |name: &str| header.iter().position(|c| c == name).expect(name);
+    let (billed, team) = (column("BilledCost"), column("SubAccountName"));
+    let mut by_team = std::collections::BTreeMap::<String, i64>::new();
+    for line in lines {
+        let fields = csv_fields(line);
+        *by_team.entry(fields[team].clone()).or_default() += micros_of(&fields[billed]);
+    }
+    assert_eq!(by_team.get("ml"), Some(&3_015_000), "{export}");
+    assert_eq!(by_team.get("vision"), Some(&3_734_567), "{export}");
+    let all: i64 = by_team.values().sum();
+    let (ml, vision, all) = (to_the_cent(by_team["ml"]), to_the_cent(by_team["vision"]), to_the_cent(all));
+    assert_eq!((ml.as_str(), vision.as_str(), all.as_str()), ("3.02 USD", "3.73 USD", "6.75 USD"));
+
+    let session = sign_in(&p.app, "fin").await;
+    // The billing page: each team's line, their sum, and the period's line say the same.
+    let page = body(&p.app.send(call("GET", "/billing").header("cookie", &session)).await);
+    assert_eq!(billed_after(&page, &format!("href=\"/teams/ml/statements/{month}\">ml</a>")), ml);
+    assert_eq!(billed_after(&page, &format!("href=\"/teams/vision/statements/{month}\">vision</a>")), vision);
+    assert_eq!(billed_after(&page, "All teams"), all);
+    assert_eq!(billed_after(&page, &format!("data-period=\"{month}\"")), all);
+    // The period's page: the same lines and total.
+    let period = body(&p.app.send(call("GET", &format!("/billing/periods/{month}")).header("cookie", &session)).await);
+    assert_eq!(billed_after(&period, "<td data-label=\"Team\">ml</td>"), ml);
+    assert_eq!(billed_after(&period, "<td data-label=\"Team\">vision</td>"), vision);
+    assert_eq!(billed_after(&period, "All teams"), all);
+    // Each team's statement: its total.
+    for (name, total) in [("ml", &ml), ("vision", &vision)] {
+        let statement = body(
+            &p.app.send(call("GET", &format!("/teams/{name}/statements/{month}")).header("cookie", &session)).await,
+        );
+        assert_eq!(&billed_after(&statement, "<tr class=\"total\">"), total, "{name}: {statement}");
+    }
+    // The API's statement keeps the export's precision.
+    let api = p.app.send(call("GET", &format!("/api/v1/teams/ml/statements/{month}")).token(&admin)).await.json();
+    assert_eq!(api["billed_cost"], "3.015000");
+}
+
+#[tokio::test]
+async fn a_waiting_jobs_page_and_the_dashboard_show_its_reason_its_positions_in_team_and_overall_and_its_expected_start(
+) {
+    let p = setup().await;
+    let alice = p.app.login("alice", USER_PASSWORD).await;
+    // A second waiting job of ml, ahead of the first in the whole queue (position 1 of the
+    // team) while another team's jobs stand between: overall 3 and 7, in the team 1 and 2.
+    let second = p
+        .app
+        .send(call("POST", "/api/v1/teams/ml/jobs").token(&alice).json(&json!({
+            "name": "second", "gpu_class": "h100", "gpus_per_replica": 1, "image": "train:1",
+        })))
+        .await;
+    second.assert_status(201);
+    let second = second.json()["id"].as_str().expect("id").to_owned();
+    let held_for = format!("GPUs are held for job {second}, an earlier gang that would otherwise starve");
+    for (id, position, message) in
+        [(&p.job_id, 7, held_for.as_str()), (&second, 3, "not enough free GPUs of this class")]
+    {
+        sqlx::query(
+            "update jobs set pending_reason = 'x', pending_message = $3, queue_position = $2,
+                             expected_start_at = '2031-05-06T07:08:00Z' where id = $1::uuid",
+        )
+        .bind(id)
+        .bind(position)
+        .bind(message)
+        .execute(&p.app.pool)
+        .await
+        .expect("a scheduling cycle's record");
+    }
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", &format!("/jobs/{}", p.job_id)).header("cookie", &session)).await);
+    assert!(page.contains("<dt>Position in team</dt><dd class=\"team-position\">2</dd>"), "{page}");
+    assert!(page.contains("<dt>Position overall</dt><dd class=\"overall-position\">7</dd>"), "{page}");
+    assert!(page.contains("<dd class=\"expected-start\">2031-05-06 07:08:00Z</dd>"), "{page}");
+    // The job the reason names is named, and linked, not shown as a uuid.
+    assert!(
+        page.contains(&format!(
+            "<dd class=\"reason\">GPUs are held for job <a href=\"/jobs/{second}\">second</a>, an earlier gang"
+        )),
+        "{page}"
+    );
+    assert!(!page.contains(&format!("job {second}")), "{page}");
+    let dashboard = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &session)).await);
+    let rows: Vec<&str> = dashboard.split("<td data-label=\"Position in team\">").skip(1).collect();
+    assert_eq!(rows.len(), 2, "{dashboard}");
+    assert!(rows[0].starts_with("1</td><td data-label=\"Position overall\">3</td>") && rows[0].contains(">second</a>"));
+    assert!(rows[1].starts_with("2</td><td data-label=\"Position overall\">7</td>"), "{dashboard}");
+    assert!(rows[1].contains("<td data-label=\"Expected start\">2031-05-06 07:08:00Z</td>"), "{dashboard}");
 }

@@ -13,7 +13,13 @@ use axum::{
 use chrono::Utc;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn};
-use crate::{auth::policy::team_role, db, db::web_sessions::SessionUser, state::AppState, web::charts};
+use crate::{
+    auth::policy::team_role,
+    db,
+    db::web_sessions::SessionUser,
+    state::AppState,
+    web::{charts, figures},
+};
 
 /// A statement line as the page shows it.
 pub struct StatementRow {
@@ -65,14 +71,11 @@ pub async fn statement(
     let first_day = period.first_day();
     let s = crate::billing::statement::statement(&state.db, team.id, first_day, Utc::now(), state.config.chargeback)
         .await?;
-    let currency = &state.config.currency;
-    let money = |micros: i64| format!("{} {currency}", crate::metering::micros_decimal(micros));
-    let hours = crate::metering::gpu_hours_decimal;
-    let in_unit = |unit: &str, amount: i64| match unit {
-        "gpu-hours" => format!("{amount} GPU-hours"),
-        _ => money(amount),
-    };
+    let currency = state.config.currency.as_str();
+    let money = |micros: i64| figures::money(micros, currency);
+    let hours = figures::gpu_hours;
     let unit = s.budget.as_ref().map_or("money".to_owned(), |b| b.0.clone());
+    let in_unit = |unit: &str, amount: i64| figures::in_budget_unit(unit, amount, currency);
     let page = StatementPage {
         signed_in: Some(signed_in(&user)),
         team: team.name.clone(),
@@ -115,7 +118,7 @@ pub async fn statement(
     Ok(render(&page))
 }
 
-/// A billing period's line.
+/// A billing period's line: the sums of its teams' lines ([`db::billing::period_by_team`]).
 pub struct PeriodLine {
     pub period: String,
     pub status: String,
@@ -124,7 +127,7 @@ pub struct PeriodLine {
     pub billed: String,
 }
 
-/// A team's cost over the charted days.
+/// A team's cost in the current billing period.
 pub struct CostLine {
     pub team: String,
     pub gpu_hours: String,
@@ -154,7 +157,11 @@ struct BillingPage {
     window: String,
     by_team: charts::StackedBars,
     by_class: charts::StackedBars,
+    /// The current billing period, `YYYY-MM`, whose per-team costs are shown.
+    current: String,
     costs: Vec<CostLine>,
+    /// The current period's totals: the sums of `costs`, as its line in `periods` shows them.
+    total: PeriodLine,
 }
 
 /// Billing is finance's and platform admins'; anyone else is told their role does not allow
@@ -163,9 +170,29 @@ fn require_finance(user: &SessionUser) -> Result<(), PageError> {
     principal(user).platform_role().map(|_| ()).ok_or_else(|| crate::ops::Error::Forbidden.into())
 }
 
-/// Finance's page: every billing period with its totals and its exports.
+/// A period's line from its teams' lines: the one place a period's totals are summed, so the
+/// per-team table, the period's line and its page cannot disagree.
+fn period_line(
+    period: chrono::NaiveDate,
+    status: String,
+    teams: &[db::billing::TeamPeriodTotal],
+    currency: &str,
+) -> PeriodLine {
+    PeriodLine {
+        period: crate::billing::period_name(period),
+        status,
+        rows: teams.iter().map(|t| t.rows).sum(),
+        gpu_hours: figures::gpu_hours(teams.iter().map(|t| t.gpu_milli_ms).sum()),
+        billed: figures::money(teams.iter().map(|t| t.billed_cost_micros).sum(), currency),
+    }
+}
+
+/// Finance's page: usage over the last 30 days, the current period's cost per team with
+/// budgets, and every billing period with its totals and its exports. Every total is a sum
+/// of the ledger's rows of a billing period, as statements and exports are.
 pub async fn billing(State(state): State<AppState>, CurrentUser(user): CurrentUser) -> Result<Response, PageError> {
     require_finance(&user)?;
+    let currency = state.config.currency.as_str();
     let closed = db::metering::closed_periods(&state.db).await?;
     let mut periods: Vec<chrono::NaiveDate> = closed.iter().map(|c| c.0).collect();
     let current = crate::billing::budgets::period_of(Utc::now());
@@ -173,27 +200,24 @@ pub async fn billing(State(state): State<AppState>, CurrentUser(user): CurrentUs
         periods.insert(0, current);
     }
     let mut lines = Vec::new();
+    let mut current_teams = Vec::new();
     for period in periods {
-        let (rows, gpu, cost) = db::billing::period_totals(&state.db, period).await?;
+        let teams = db::billing::period_by_team(&state.db, period).await?;
         let status = match closed.iter().find(|c| c.0 == period) {
             Some((_, at, by)) => format!("closed {} by {by}", when(*at)),
             None => "open".into(),
         };
-        lines.push(PeriodLine {
-            period: crate::billing::period_name(period),
-            status,
-            rows,
-            gpu_hours: crate::metering::gpu_hours_decimal(gpu),
-            billed: format!("{} {}", crate::metering::micros_decimal(cost), state.config.currency),
-        });
+        lines.push(period_line(period, status, &teams, currency));
+        if period == current {
+            current_teams = teams;
+        }
     }
+    let total = period_line(current, String::new(), &current_teams, currency);
     let (from, to) = usage_window();
     let usage = db::billing::daily_usage(&state.db, from, to).await?;
-    let currency = state.config.currency.clone();
-    let hours = |v: f64| format!("{v:.1} GPU-hours");
+    let hours = |v: f64| format!("{v:.2} GPU-hours");
     let mut by_team: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
     let mut by_class: BTreeMap<String, BTreeMap<String, f64>> = BTreeMap::new();
-    let mut cost: BTreeMap<String, (f64, i64)> = BTreeMap::new();
     // Every day of the window gets its bar, busy or not.
     let mut day = from;
     while day < to {
@@ -205,24 +229,17 @@ pub async fn billing(State(state): State<AppState>, CurrentUser(user): CurrentUs
         let gpu_hours = u.gpu_milli_ms as f64 / 3_600_000_000.0;
         *by_team.entry(u.day.to_string()).or_default().entry(u.team.clone()).or_default() += gpu_hours;
         *by_class.entry(u.day.to_string()).or_default().entry(u.gpu_class.clone()).or_default() += gpu_hours;
-        let team = cost.entry(u.team.clone()).or_default();
-        team.0 += gpu_hours;
-        team.1 += u.billed_cost_micros;
     }
-    let budgets = budget_uses(&state).await?;
-    for team in budgets.keys() {
-        cost.entry(team.clone()).or_default();
-    }
-    let top = cost.values().map(|c| c.1).max().unwrap_or(0).max(1);
-    let mut budgets = budgets;
-    let costs = cost
-        .into_iter()
-        .map(|(team, (gpu_hours, micros))| CostLine {
-            budget: budgets.remove(&team),
-            team,
-            gpu_hours: format!("{gpu_hours:.1}"),
-            billed: format!("{} {currency}", crate::metering::micros_decimal(micros)),
-            percent: (100 * i128::from(micros) / i128::from(top)) as i64,
+    let mut budgets = budget_uses(&state).await?;
+    let top = current_teams.iter().map(|t| t.billed_cost_micros).max().unwrap_or(0).max(1);
+    let costs = current_teams
+        .iter()
+        .map(|t| CostLine {
+            budget: budgets.remove(&t.team),
+            team: t.team.clone(),
+            gpu_hours: figures::gpu_hours(t.gpu_milli_ms),
+            billed: figures::money(t.billed_cost_micros, currency),
+            percent: (100 * i128::from(t.billed_cost_micros.max(0)) / i128::from(top)) as i64,
         })
         .collect();
     Ok(render(&BillingPage {
@@ -231,7 +248,9 @@ pub async fn billing(State(state): State<AppState>, CurrentUser(user): CurrentUs
         window: format!("{from} to {}", to.pred_opt().unwrap_or(to)),
         by_team: charts::stacked(&by_team, hours),
         by_class: charts::stacked(&by_class, hours),
+        current: crate::billing::period_name(current),
         costs,
+        total,
     }))
 }
 
@@ -249,10 +268,7 @@ async fn budget_uses(state: &AppState) -> Result<BTreeMap<String, BudgetUse>, Pa
         .map(|b| {
             let s = spend.get(&b.team_id).copied().unwrap_or_default();
             let (spent, forecast) = (s.in_unit(&b.unit), s.forecast_in_unit(&b.unit, now, end));
-            let show = |amount: i64| match b.unit.as_str() {
-                "gpu-hours" => format!("{amount} GPU-hours"),
-                _ => format!("{} {currency}", crate::metering::micros_decimal(amount)),
-            };
+            let show = |amount: i64| figures::in_budget_unit(&b.unit, amount, currency);
             let percent = if b.amount > 0 { (100 * i128::from(spent) / i128::from(b.amount)) as i64 } else { 100 };
             let line = BudgetUse {
                 amount: format!("{} ({})", show(b.amount), b.enforcement),
@@ -354,39 +370,27 @@ pub async fn billing_period(
     require_finance(&user)?;
     let period = crate::domain::BudgetPeriod::parse("period", &period).map_err(|_| PageError::not_found())?;
     let first_day = period.first_day();
-    let (_, end) = crate::billing::budgets::period_bounds(first_day);
-    let usage = db::billing::daily_usage(&state.db, first_day, end.date_naive()).await?;
-    let mut by_team: BTreeMap<String, (i64, i64)> = BTreeMap::new();
-    // Every team has a statement, used or not.
-    for team in db::teams::list_all(&state.db, None, 10_000).await? {
-        by_team.entry(team.name).or_default();
-    }
-    for u in &usage {
-        let line = by_team.entry(u.team.clone()).or_default();
-        line.0 += u.gpu_milli_ms;
-        line.1 += u.billed_cost_micros;
-    }
-    let currency = &state.config.currency;
-    let money = |micros: i64| format!("{} {currency}", crate::metering::micros_decimal(micros));
-    let (total_gpu, total_cost) = by_team.values().fold((0, 0), |acc, l| (acc.0 + l.0, acc.1 + l.1));
+    let teams = db::billing::period_by_team(&state.db, first_day).await?;
+    let currency = state.config.currency.as_str();
     let closed = db::metering::closed_periods(&state.db).await?;
     let status = match closed.iter().find(|c| c.0 == first_day) {
         Some((_, at, by)) => format!("closed {} by {by}", when(*at)),
         None => "open: figures change until the period is closed".into(),
     };
+    let total = period_line(first_day, String::new(), &teams, currency);
     Ok(render(&PeriodPage {
         signed_in: Some(signed_in(&user)),
         period: crate::billing::period_name(first_day),
         status,
-        teams: by_team
-            .into_iter()
-            .map(|(team, (gpu, cost))| TeamStatementLine {
-                team,
-                gpu_hours: crate::metering::gpu_hours_decimal(gpu),
-                billed: money(cost),
+        teams: teams
+            .iter()
+            .map(|t| TeamStatementLine {
+                team: t.team.clone(),
+                gpu_hours: figures::gpu_hours(t.gpu_milli_ms),
+                billed: figures::money(t.billed_cost_micros, currency),
             })
             .collect(),
-        total_gpu_hours: crate::metering::gpu_hours_decimal(total_gpu),
-        total_billed: money(total_cost),
+        total_gpu_hours: total.gpu_hours,
+        total_billed: total.billed,
     }))
 }

@@ -16,6 +16,7 @@ use crate::{
     domain::{JobState, TeamRole},
     ops,
     state::AppState,
+    web::figures,
 };
 
 /// One row of the job list.
@@ -149,9 +150,10 @@ pub struct JobDetail {
     pub priority_class: String,
     pub submitted: String,
     pub submitted_by: String,
-    pub waiting: Option<String>,
+    /// Why it waits, its positions and expected start, while it is pending.
+    pub waiting: Option<super::Wait>,
     pub placement: Option<String>,
-    /// Billed so far and GPU time, e.g. `12.500000 USD for 5.0 GPU-hours`.
+    /// Billed so far and GPU time, e.g. `12.50 USD for 5.00 GPU-hours`.
     pub cost: String,
     /// What it costs per hour while it runs.
     pub burn: Option<String>,
@@ -162,7 +164,8 @@ pub struct EventLine {
     pub at: String,
     pub kind: String,
     pub reason: Option<String>,
-    pub message: String,
+    /// What happened, with the jobs it names shown by name.
+    pub message: Vec<super::Mention>,
 }
 
 #[derive(Template)]
@@ -191,21 +194,38 @@ pub async fn job(
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
     let (job, role) = job_for(&state, &user, &id).await?;
-    let events = db::jobs::events(&state.db, job.id, 0, 500)
-        .await?
+    let events = db::jobs::events(&state.db, job.id, 0, 500).await?;
+    let texts = events.iter().map(|e| e.message.as_str()).chain(job.pending_message.as_deref());
+    let names = super::mentioned_jobs(&state, job.team_id, texts).await?;
+    let events = events
         .into_iter()
-        .map(|e| EventLine { at: when(e.at), kind: e.kind, reason: e.reason, message: e.message })
+        .map(|e| EventLine {
+            at: when(e.at),
+            kind: e.kind,
+            reason: e.reason,
+            message: super::mentions(&e.message, &names),
+        })
         .collect();
     let finished = matches!(job.state, JobState::Succeeded | JobState::Failed | JobState::Cancelled);
     let spend = crate::billing::budgets::job_cost(&state.db, job.id, Utc::now(), state.config.chargeback).await?;
     let currency = &state.config.currency;
     let cost = format!(
-        "{} {currency} for {:.2} GPU-hours",
-        crate::metering::micros_decimal(spend.cost_micros),
-        spend.gpu_milli_ms as f64 / 3_600_000_000.0
+        "{} for {} GPU-hours",
+        figures::money(spend.cost_micros, currency),
+        figures::gpu_hours(spend.gpu_milli_ms)
     );
     let burn = (spend.burn_gpu_milli_ms_per_hour > 0)
-        .then(|| format!("{} {currency} per hour", crate::metering::micros_decimal(spend.burn_micros_per_hour)));
+        .then(|| format!("{} per hour", figures::money(spend.burn_micros_per_hour, currency)));
+    let waiting = match job.state {
+        JobState::Pending => Some(super::Wait::new(
+            job.pending_message.as_deref(),
+            db::jobs::team_position(&state.db, job.team_id, job.id).await?,
+            job.queue_position,
+            job.expected_start_at,
+            &names,
+        )),
+        _ => None,
+    };
     // "node (GPUs 0,1,2)" per replica, from the stored placement.
     let placement = job.placement.as_ref().and_then(|p| p.0.as_array().cloned()).map(|slots| {
         slots
@@ -221,7 +241,7 @@ pub async fn job(
     let detail = JobDetail {
         id: job.id,
         gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
-        waiting: (job.state == JobState::Pending).then(|| job.pending_message.clone()).flatten(),
+        waiting,
         // Where it runs now; a requeued job's last placement is history, in the timeline.
         placement: job
             .cluster

@@ -24,6 +24,7 @@ use axum::{
 };
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{de::DeserializeOwned, Deserialize};
+use std::collections::HashMap;
 
 pub use auth::{login, login_form, logout};
 pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
@@ -41,7 +42,7 @@ use super::session::{self, form_allowed};
 use crate::{
     auth::{policy::team_role, Principal},
     db::{self, web_sessions::SessionUser},
-    domain::{PlatformRole, TeamRole},
+    domain::{JobId, PlatformRole, TeamId, TeamRole},
     ops,
     state::AppState,
 };
@@ -243,6 +244,112 @@ fn when(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true).replace('T', " ")
 }
 
+/// Why a pending job waits, where it stands and when it may start, as every page shows it.
+pub struct Wait {
+    /// The scheduler's sentence, with the jobs it names shown by name.
+    pub reason: Vec<Mention>,
+    /// Its place among its team's pending jobs, 1 first.
+    pub team_position: String,
+    /// Its place in the whole queue, every team's pending jobs together.
+    pub overall_position: String,
+    /// When the scheduler expects it to start.
+    pub expected_start: String,
+}
+
+impl Wait {
+    /// From what the scheduler stored: its sentence (`None` before the first cycle that saw
+    /// the job), the job's place in its team's queue and in the whole queue, and its expected
+    /// start; `names` names the jobs the sentence may mention.
+    pub fn new(
+        message: Option<&str>,
+        team_position: Option<i64>,
+        overall_position: Option<i32>,
+        expected_start: Option<DateTime<Utc>>,
+        names: &HashMap<JobId, String>,
+    ) -> Self {
+        let not_yet = || "not known yet".to_owned();
+        Self {
+            reason: mentions(message.unwrap_or("waiting for the next scheduling cycle"), names),
+            team_position: team_position.map_or_else(not_yet, |p| p.to_string()),
+            overall_position: overall_position.map_or_else(not_yet, |p| p.to_string()),
+            expected_start: expected_start.map_or_else(|| "not foreseeable".into(), when),
+        }
+    }
+}
+
+/// A piece of a sentence: text, or a job named and linked to its page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mention {
+    pub text: String,
+    pub job: Option<JobId>,
+}
+
+/// The job ids written out in `text`.
+fn job_ids_in(text: &str) -> Vec<(usize, JobId)> {
+    let mut out = Vec::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while i + 36 <= bytes.len() {
+        let found = text.get(i..i + 36).and_then(|s| s.parse::<JobId>().ok()).filter(|_| {
+            // Only the hyphenated form, whole: not the middle of a longer hex run.
+            let word = |b: u8| b.is_ascii_alphanumeric() || b == b'-';
+            bytes[i + 8] == b'-' && !(i > 0 && word(bytes[i - 1])) && !bytes.get(i + 36).is_some_and(|b| word(*b))
+        });
+        match found {
+            Some(id) => {
+                out.push((i, id));
+                i += 36;
+            }
+            None => i += 1,
+        }
+    }
+    out
+}
+
+/// `text` with every job id in it replaced by the job's name, linked (`job <name>`), when
+/// `names` has it, and by "a job" otherwise (another team's, whose name is not ours to show).
+pub fn mentions(text: &str, names: &HashMap<JobId, String>) -> Vec<Mention> {
+    let mut out = Vec::new();
+    let mut rest = 0;
+    for (at, id) in job_ids_in(text) {
+        let before = &text[rest..at];
+        match names.get(&id) {
+            Some(name) => {
+                out.push(Mention { text: before.to_owned(), job: None });
+                out.push(Mention { text: name.clone(), job: Some(id) });
+            }
+            None => {
+                let before = before.strip_suffix("job ").unwrap_or(before);
+                out.push(Mention { text: format!("{before}a job"), job: None });
+            }
+        }
+        rest = at + 36;
+    }
+    out.push(Mention { text: text[rest..].to_owned(), job: None });
+    out.retain(|m| !m.text.is_empty());
+    out
+}
+
+/// The names of the jobs of team `team` that `texts` mention by id.
+async fn mentioned_jobs<'a>(
+    state: &AppState,
+    team: TeamId,
+    texts: impl Iterator<Item = &'a str>,
+) -> Result<HashMap<JobId, String>, PageError> {
+    let mut ids: Vec<JobId> = texts.flat_map(|t| job_ids_in(t).into_iter().map(|(_, id)| id)).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(HashMap::new());
+    }
+    Ok(db::jobs::names(&state.db, &ids)
+        .await?
+        .into_iter()
+        .filter(|j| j.team_id == team)
+        .map(|j| (j.id, j.name))
+        .collect())
+}
+
 /// Validation errors as one sentence: `field: message; field: message`.
 fn in_words(errors: &[crate::domain::FieldError]) -> String {
     errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ")
@@ -294,4 +401,41 @@ pub async fn preview_script() -> Response {
     const JS: &str = include_str!("../../../../web/static/preview.js");
     ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], JS)
         .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::{mentions, Mention};
+    use crate::domain::JobId;
+
+    fn text(t: &str) -> Mention {
+        Mention { text: t.to_owned(), job: None }
+    }
+
+    #[test]
+    fn a_reason_names_a_job_of_the_team_by_its_linked_name_and_another_teams_job_as_a_job() {
+        let ours = JobId::from_u128(0x1234);
+        let theirs = JobId::from_u128(0x5678);
+        let names = HashMap::from([(ours, "train-llm".to_owned())]);
+        assert_eq!(
+            mentions(&format!("job {ours} at the head of the queue is waiting"), &names),
+            vec![
+                text("job "),
+                Mention { text: "train-llm".into(), job: Some(ours) },
+                text(" at the head of the queue is waiting")
+            ]
+        );
+        assert_eq!(
+            mentions(&format!("preempted for job {theirs} of team ml: team ml reclaims its reserved quota"), &names),
+            vec![text("preempted for a job"), text(" of team ml: team ml reclaims its reserved quota")]
+        );
+        let plain = "the job is larger than team ml's quota for this GPU class allows";
+        assert_eq!(mentions(plain, &names), vec![text(plain)]);
+        // No id in a page's sentence is left as a raw uuid.
+        let shown: String =
+            mentions(&format!("held for job {theirs}, then {ours}"), &names).into_iter().map(|m| m.text).collect();
+        assert!(!shown.contains(&theirs.to_string()) && !shown.contains(&ours.to_string()), "{shown}");
+    }
 }

@@ -12,7 +12,7 @@ use super::{principal, render, signed_in, when, CurrentUser, PageError, PortalFo
 use crate::{
     auth::policy::team_role,
     db::{self, web_sessions::SessionUser},
-    domain::TeamRole,
+    domain::{TeamId, TeamRole},
     ops,
     state::AppState,
 };
@@ -88,17 +88,17 @@ async fn submit_team(state: &AppState, user: &SessionUser, name: &str) -> Result
 async fn submit_page(
     state: &AppState,
     user: &SessionUser,
-    team: &str,
+    team: &db::teams::TeamRow,
     form: SubmitForm,
     errors: Vec<(String, String)>,
     preview: Option<PreviewView>,
 ) -> Result<SubmitPage, PageError> {
-    let classes = db::gpu_classes::list(&state.db, None, 500).await?.into_iter().map(|c| c.name).collect();
+    let classes = usable_classes_first(state, team.id).await?;
     let priorities = db::priority_classes::list(&state.db).await?.into_iter().map(|p| p.name).collect();
     Ok(SubmitPage {
         signed_in: Some(signed_in(user)),
         csrf: user.csrf_token.clone(),
-        team: team.to_owned(),
+        team: team.name.clone(),
         classes,
         priorities,
         form,
@@ -106,6 +106,21 @@ async fn submit_page(
         preview,
         incomplete: None,
     })
+}
+
+/// Every GPU class, those the team has quota for first (in name order): a team cannot run
+/// a job of a class it has no quota for, so the form offers, and defaults to, one it can.
+async fn usable_classes_first(state: &AppState, team: TeamId) -> Result<Vec<String>, PageError> {
+    let all = db::gpu_classes::list(&state.db, None, 500).await?.into_iter().map(|c| c.name);
+    let usable: Vec<String> = db::quotas::list(&state.db, team)
+        .await?
+        .into_iter()
+        .filter(|q| q.reserved + q.burst > 0)
+        .map(|q| q.gpu_class)
+        .collect();
+    let (mut first, rest): (Vec<String>, Vec<String>) = all.partition(|c| usable.contains(c));
+    first.extend(rest);
+    Ok(first)
 }
 
 /// The submit form.
@@ -122,7 +137,10 @@ pub async fn submit_form(
         max_runtime_seconds: "3600".into(),
         ..SubmitForm::default()
     };
-    Ok(render(&submit_page(&state, &user, &team.name, form, Vec::new(), None).await?))
+    let mut page = submit_page(&state, &user, &team, form, Vec::new(), None).await?;
+    // The first class offered is one the team has quota for, when it has any.
+    page.form.gpu_class = page.classes.first().cloned().unwrap_or_default();
+    Ok(render(&page))
 }
 
 /// The form as the API's job spec; the fields that are not numbers, named.
@@ -171,7 +189,7 @@ pub async fn submit(
     let spec = match spec_of(&form) {
         Ok(spec) => spec,
         Err(errors) => {
-            let page = submit_page(&state, &user, &team.name, form, errors, None).await?;
+            let page = submit_page(&state, &user, &team, form, errors, None).await?;
             return Ok((StatusCode::UNPROCESSABLE_ENTITY, render(&page)).into_response());
         }
     };
@@ -181,13 +199,13 @@ pub async fn submit(
             Ok(answer) => (Vec::new(), Some(preview_of(answer))),
             Err(e) => (field_errors(e)?, None),
         };
-        return Ok(render(&submit_page(&state, &user, &team.name, form, errors, preview).await?));
+        return Ok(render(&submit_page(&state, &user, &team, form, errors, preview).await?));
     }
     match ops::jobs::submit(&state, &team, &principal(&user).actor(), spec, version, None).await {
-        Ok(job) => Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response()),
+        Ok(submitted) => Ok(Redirect::to(&format!("/jobs/{}", submitted.job.id)).into_response()),
         Err(e) => {
             let errors = field_errors(e)?;
-            let page = submit_page(&state, &user, &team.name, form, errors, None).await?;
+            let page = submit_page(&state, &user, &team, form, errors, None).await?;
             Ok((StatusCode::UNPROCESSABLE_ENTITY, render(&page)).into_response())
         }
     }
@@ -204,7 +222,7 @@ fn preview_of(answer: ops::jobs::DryRunResult) -> PreviewView {
             (_, Some(b), _) => when(b),
             _ => answer.start_unforeseeable_message.unwrap_or_else(|| "not foreseeable".into()),
         },
-        max_cost: format!("{} {}", crate::metering::micros_decimal(answer.max_cost_micros), answer.currency),
+        max_cost: crate::web::figures::money(answer.max_cost_micros, &answer.currency),
         would_preempt: answer
             .would_preempt
             .into_iter()

@@ -17,6 +17,7 @@ use crate::{
     db::{self, jobs::JobFilter},
     domain::{JobState, PlatformRole, TeamRole},
     state::AppState,
+    web::figures,
 };
 
 /// A team in the list.
@@ -54,13 +55,63 @@ pub async fn home(State(state): State<AppState>, CurrentUser(user): CurrentUser)
     Ok(render(&HomePage { signed_in: Some(signed_in(&user)), teams, finance, platform_admin }))
 }
 
+/// Where a team stands against its reserved GPUs of one class now. One value per class,
+/// computed once from one count of GPUs in use, so a quota bar cannot say that the team
+/// borrows and lends the same class at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Its jobs hold more than its reserved GPUs: this many beyond them are borrowed.
+    Borrowing(i64),
+    /// Its jobs hold fewer than its reserved GPUs, and other teams' borrowers hold this many
+    /// of the idle ones.
+    Lending(i64),
+    /// Neither borrowing nor lending.
+    Within,
+}
+
+impl Standing {
+    /// The standing of a team with `reserved` GPUs of a class, `in_use` of them held by its
+    /// jobs, and `lent` of its idle reserved GPUs held by others (as [`lent_to_others`]
+    /// estimates). A team beyond its reservation has none idle to lend; one within lends at
+    /// most what it leaves idle.
+    pub fn of(reserved: i64, in_use: i64, lent: i64) -> Self {
+        let idle = (reserved - in_use).max(0);
+        if in_use > reserved {
+            Self::Borrowing(in_use - reserved)
+        } else if lent.min(idle) > 0 {
+            Self::Lending(lent.min(idle))
+        } else {
+            Self::Within
+        }
+    }
+
+    /// GPUs borrowed beyond the reservation (0 unless borrowing).
+    pub fn borrowed(self) -> i64 {
+        match self {
+            Self::Borrowing(n) => n,
+            Self::Lending(_) | Self::Within => 0,
+        }
+    }
+
+    /// Idle reserved GPUs others hold (0 unless lending).
+    pub fn lent(self) -> i64 {
+        match self {
+            Self::Lending(n) => n,
+            Self::Borrowing(_) | Self::Within => 0,
+        }
+    }
+}
+
 /// A class's quota and use.
 pub struct QuotaLine {
     pub gpu_class: String,
     pub reserved: i32,
     pub burst: i32,
     pub in_use: i64,
-    /// Idle reserved GPUs of this team that other teams' borrowers hold now.
+    /// GPUs its jobs hold beyond its reservation ([`Standing::borrowed`]).
+    pub borrowed: i64,
+    /// Its idle reserved GPUs that other teams' borrowers hold ([`Standing::lent`]). Both
+    /// come from one [`Standing`], so at least one of the two is 0.
     pub lent: i64,
     pub limit: i64,
     pub reserved_percent: i64,
@@ -86,9 +137,7 @@ pub struct PendingLine {
     pub name: String,
     pub gpus: i64,
     pub gpu_class: String,
-    pub position: String,
-    pub reason: String,
-    pub expected_start: String,
+    pub wait: super::Wait,
 }
 
 /// This month's budget as the dashboard shows it.
@@ -129,13 +178,13 @@ pub async fn team(
     let role = team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
     let quotas = db::quotas::list(&state.db, team.id).await?;
     let mut jobs = Vec::new();
-    for s in [JobState::Running, JobState::Admitted, JobState::Pending] {
+    for s in [JobState::Running, JobState::Admitted] {
         let filter = JobFilter { state: Some(s), ..JobFilter::default() };
         jobs.extend(db::jobs::list(&state.db, team.id, &filter, 500).await?);
     }
     let gpus = |j: &db::jobs::JobRow| i64::from(j.replicas) * i64::from(j.gpus_per_replica);
     let mut in_use: BTreeMap<&str, i64> = BTreeMap::new();
-    for j in jobs.iter().filter(|j| j.state != JobState::Pending) {
+    for j in &jobs {
         *in_use.entry(j.gpu_class.as_str()).or_default() += gpus(j);
     }
     let lent = lent_to_others(&db::quotas::lending(&state.db, team.id).await?, team.id);
@@ -143,25 +192,25 @@ pub async fn team(
         .iter()
         .map(|q| {
             let used = in_use.get(q.gpu_class.as_str()).copied().unwrap_or(0);
-            let lent = lent.get(&q.gpu_class).copied().unwrap_or(0);
+            let standing = Standing::of(i64::from(q.reserved), used, lent.get(&q.gpu_class).copied().unwrap_or(0));
             let limit = (i64::from(q.reserved) + i64::from(q.burst)).max(used).max(1);
             QuotaLine {
                 gpu_class: q.gpu_class.clone(),
                 reserved: q.reserved,
                 burst: q.burst,
                 in_use: used,
-                lent,
+                borrowed: standing.borrowed(),
+                lent: standing.lent(),
                 limit,
                 reserved_percent: 100 * i64::from(q.reserved) / limit,
                 used_percent: 100 * used / limit,
-                lent_x: 100 * used.min(i64::from(q.reserved)) / limit,
-                lent_percent: 100 * lent / limit,
+                lent_x: 100 * used / limit,
+                lent_percent: 100 * standing.lent() / limit,
             }
         })
         .collect();
     let mut running: Vec<RunningLine> = jobs
         .iter()
-        .filter(|j| j.state != JobState::Pending)
         .map(|j| RunningLine {
             id: j.id,
             name: j.name.clone(),
@@ -172,18 +221,25 @@ pub async fn team(
         })
         .collect();
     running.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut waiting: Vec<&db::jobs::JobRow> = jobs.iter().filter(|j| j.state == JobState::Pending).collect();
-    waiting.sort_by_key(|j| (j.queue_position.unwrap_or(i32::MAX), j.seq));
-    let pending = waiting
+    // The team's queue in admission order: a job's place in it is its position in the team.
+    let queue = db::jobs::queue(&state.db, team.id, 500).await?;
+    let mentioned =
+        super::mentioned_jobs(&state, team.id, queue.iter().filter_map(|j| j.pending_message.as_deref())).await?;
+    let pending = queue
         .into_iter()
-        .map(|j| PendingLine {
+        .enumerate()
+        .map(|(i, j)| PendingLine {
             id: j.id,
-            name: j.name.clone(),
-            gpus: gpus(j),
-            gpu_class: j.gpu_class.clone(),
-            position: j.queue_position.map_or_else(|| "–".into(), |p| p.to_string()),
-            reason: j.pending_message.clone().unwrap_or_else(|| "waiting for the next scheduling cycle".into()),
-            expected_start: j.expected_start_at.map_or_else(|| "not foreseeable".into(), when),
+            name: j.name,
+            gpus: i64::from(j.gpus),
+            gpu_class: j.gpu_class,
+            wait: super::Wait::new(
+                j.pending_message.as_deref(),
+                Some(i as i64 + 1),
+                j.queue_position,
+                j.expected_start_at,
+                &mentioned,
+            ),
         })
         .collect();
     let can_submit = role >= TeamRole::Member;
@@ -219,10 +275,7 @@ async fn budget_line(state: &AppState, team_id: TeamId) -> Result<Option<BudgetL
         .unwrap_or_default();
     let end = crate::billing::budgets::period_bounds(period).1;
     let (spent, forecast) = (spend.in_unit(&budget.unit), spend.forecast_in_unit(&budget.unit, now, end));
-    let show = |amount: i64| match budget.unit.as_str() {
-        "gpu-hours" => format!("{amount} GPU-hours"),
-        _ => format!("{} {}", crate::metering::micros_decimal(amount), state.config.currency),
-    };
+    let show = |amount: i64| figures::in_budget_unit(&budget.unit, amount, &state.config.currency);
     let percent = |x: i64| if budget.amount > 0 { (100 * i128::from(x) / i128::from(budget.amount)) as i64 } else { 0 };
     Ok(Some(BudgetLine {
         spent: show(spent),
@@ -267,7 +320,7 @@ mod tests {
     use crate::domain::TeamId;
     use uuid::Uuid;
 
-    use super::lent_to_others;
+    use super::{lent_to_others, Standing};
     use crate::db::quotas::ClassLending;
 
     fn quota(team: u128, reserved: i64, lendable: i64, own: i64) -> ClassLending {
@@ -297,5 +350,27 @@ mod tests {
         let busy = [quota(1, 32, 32, 32), quota(2, 24, 24, 0)];
         assert_eq!(lent_to_others(&busy, TeamId::from(Uuid::from_u128(1)))["h100"], 0);
         assert_eq!(lent_to_others(&busy, TeamId::from(Uuid::from_u128(2)))["h100"], 16);
+    }
+
+    #[test]
+    fn a_quota_bar_says_borrowing_or_lending_never_both() {
+        // 4 reserved, 6 held (2 of them on borrowed GPUs) while the lending estimate, from
+        // another count, still finds 2 idle: the team borrows, and lends nothing.
+        assert_eq!(Standing::of(4, 6, 2), Standing::Borrowing(2));
+        assert_eq!((Standing::of(4, 6, 2).borrowed(), Standing::of(4, 6, 2).lent()), (2, 0));
+        // 16 reserved, none used, all 16 held by borrowers: it lends 16.
+        assert_eq!(Standing::of(16, 0, 16), Standing::Lending(16));
+        // It cannot lend more than it leaves idle.
+        assert_eq!(Standing::of(16, 10, 16), Standing::Lending(6));
+        assert_eq!(Standing::of(16, 16, 3), Standing::Within);
+        assert_eq!(Standing::of(16, 2, 0), Standing::Within);
+        for reserved in 0..6 {
+            for used in 0..8 {
+                for lent in 0..8 {
+                    let s = Standing::of(reserved, used, lent);
+                    assert!(s.borrowed() == 0 || s.lent() == 0, "{s:?}");
+                }
+            }
+        }
     }
 }

@@ -1,0 +1,2 @@
+drop trigger teams_parent_catalogue on teams;
+drop trigger quotas_catalogue on quotas;
