@@ -252,6 +252,7 @@ pub fn synthetic_snapshot(seed: u64, pending: usize) -> Snapshot {
         running,
         pending: pending_jobs,
         history: Default::default(),
+        forecast_errors: Default::default(),
         config: Config::default(),
     }
 }

@@ -277,6 +277,7 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
         running: Vec::new(),
         pending: Vec::new(),
         history: Default::default(),
+        forecast_errors: Default::default(),
         config: Config {
             min_runtime_before_preemption_ms: raw.min_runtime_ms,
             policy,

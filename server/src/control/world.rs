@@ -168,6 +168,7 @@ impl World {
                 running: Vec::new(),
                 pending: Vec::new(),
                 history: Default::default(),
+                forecast_errors: Default::default(),
                 config,
             },
             jobs: HashMap::new(),

@@ -173,6 +173,9 @@ pub struct Pending {
     pub earliest_start_ms: Option<i64>,
     /// The late end of that interval (p90).
     pub latest_start_ms: Option<i64>,
+    /// The play's own median start, before calibration by past errors (see
+    /// [`forecast_errors`](super::forecast_errors)): what the errors are measured against.
+    pub played_start_ms: Option<i64>,
     /// Why no forecast can say when it starts, when none can.
     pub unforeseeable: Option<Unforeseeable>,
 }

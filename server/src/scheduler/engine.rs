@@ -109,7 +109,7 @@ pub fn run(snapshot: &Snapshot) -> Decisions {
             .map(|c| cycle.inv.free_milli(c as ClassId) + held.get(c).copied().unwrap_or(0))
             .collect();
         match snapshot.config.start_time_model {
-            StartTimeModel::Forecast | StartTimeModel::QuantileForecast => {
+            StartTimeModel::QuantileForecast => {
                 super::eta::forecast(snapshot, &free, &cycle.victims, &mut decisions);
             }
             StartTimeModel::MaxRuntime => super::eta::naive(snapshot, &free, &cycle.victims, &mut decisions),
@@ -203,6 +203,7 @@ impl<'a> Cycle<'a> {
             expected_start_ms: None,
             earliest_start_ms: None,
             latest_start_ms: None,
+            played_start_ms: None,
             unforeseeable: None,
         });
     }

@@ -23,17 +23,13 @@
 //! they have run the engine's minimum runtime, and their GPUs are free a grace period later;
 //! if the job has not started by then, it starts then. Fair-share preemption is not played.
 //!
-//! The play runs several times, each with its own runtimes. By default
-//! ([`StartTimeModel::QuantileForecast`]) three plays put every runtime at its p10, p50 and
-//! p90 estimate: the earliest, expected and latest start. [`StartTimeModel::Forecast`]
-//! instead draws every job's runtime in each of [`SAMPLED_PLAYS`] plays (a quantile drawn
-//! from the job's id and the play's number, so the same job gets the same draws in every
-//! cycle) and takes the median and the extremes of the starts: nine independent plays put a
-//! tenth outcome between their earliest and latest with probability 8/10 when the runtime
-//! model is right. On the Alibaba replay the three quantile plays calibrate better (both
-//! start too early, see `fairway simulate --eta`), at a third of the cost. Jobs that arrive
-//! later are not foreseen, so a late arrival ranked ahead delays a start beyond the interval:
-//! that is the forecast's main error today.
+//! The play runs three times, with every runtime at its p10, p50 and p90 estimate: the
+//! earliest, expected and latest start as far as the running and waiting jobs go. Jobs that
+//! arrive later are not foreseen, so a late arrival ranked ahead delays a start beyond that
+//! interval, and the median is early. Once enough jobs have started, the interval and median
+//! are instead the played median corrected by the errors past forecasts made
+//! ([`forecast_errors`](super::forecast_errors)): see `fairway simulate --eta` for how each
+//! fares against what really happened.
 //!
 //! Three waits cannot be foreseen and say so ([`Unforeseeable`]): a job larger than a quota
 //! (it starts when the quota is raised), a job its hard budget cannot cover (when the budget
@@ -51,15 +47,8 @@ use std::{
 use super::{
     decision::{Decisions, PendingReason, Unforeseeable},
     quota::Ledger,
-    snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, StartTimeModel, TeamId, UNIT},
+    snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, TeamId, UNIT},
 };
-use crate::rng::SplitMix64;
-
-/// Plays of the sampled forecast (see the module docs).
-pub const SAMPLED_PLAYS: usize = 9;
-
-/// Mixed into the job id to seed its runtime draws.
-const DRAW_SEED: u64 = 0xE7A5_F0CA_57ED_0001;
 
 /// At each event, the most waiting jobs of a class looked at, in order, that do not start; a
 /// job further back waits in the play for the ones ahead to start (so its estimate may be
@@ -105,18 +94,9 @@ struct Waiting<'a> {
 /// foreseen. `free` is, per class, the milli free after this cycle plus those held for
 /// waiting jobs; `victims` the running jobs this cycle preempts.
 pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &mut Decisions) {
-    let sampled = s.config.start_time_model != StartTimeModel::QuantileForecast;
-    let plays = if sampled { SAMPLED_PLAYS } else { 3 };
+    let plays = 3;
     // A job's remaining runtime in each play.
-    let runtimes = |job: &JobSpec, elapsed: i64| -> Vec<i64> {
-        if sampled {
-            let mut rng = SplitMix64(job.id ^ DRAW_SEED);
-            let qs: [f64; SAMPLED_PLAYS] = std::array::from_fn(|_| (rng.next_u64() >> 11) as f64 / (1u64 << 53) as f64);
-            s.history.remaining_at(job, elapsed, qs).to_vec()
-        } else {
-            s.history.remaining(job, elapsed).to_vec()
-        }
-    };
+    let runtimes = |job: &JobSpec, elapsed: i64| -> Vec<i64> { s.history.remaining(job, elapsed).to_vec() };
     let specs: BTreeMap<JobId, &JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
     let grace = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.preemption_grace_ms);
     let preemptible = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).is_some_and(|p| p.preemptible);
@@ -266,15 +246,21 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             starts[k * plays + play] = start;
         }
     }
+    let calibrator = s.forecast_errors.calibrator();
     for (k, w) in waiting.iter().enumerate() {
         // A play in which the job does not start sorts last.
         let mut v: Vec<Option<i64>> = starts[k * plays..(k + 1) * plays].to_vec();
         v.sort_unstable_by_key(|x| x.unwrap_or(i64::MAX));
         let Some(expected) = v[plays / 2] else { continue };
         let p = &mut decisions.pending[w.pending];
-        p.earliest_start_ms = v[0].or(Some(expected));
-        p.expected_start_ms = Some(expected);
-        p.latest_start_ms = v.iter().rev().flatten().next().copied().or(Some(expected));
+        p.played_start_ms = Some(expected);
+        if let Some(waits) = calibrator.waits(expected - s.now_ms) {
+            [p.earliest_start_ms, p.expected_start_ms, p.latest_start_ms] = waits.map(|w| Some(s.now_ms + w));
+        } else {
+            p.earliest_start_ms = v[0].or(Some(expected));
+            p.expected_start_ms = Some(expected);
+            p.latest_start_ms = v.iter().rev().flatten().next().copied().or(Some(expected));
+        }
     }
 }
 

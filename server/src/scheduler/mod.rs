@@ -79,6 +79,7 @@ pub mod dry_run;
 pub mod engine;
 pub mod eta;
 pub mod fairshare;
+pub mod forecast_errors;
 pub mod inventory;
 mod preemption;
 mod queue;
@@ -92,6 +93,7 @@ mod tests;
 pub use decision::{
     Admission, Decisions, Fragmentation, Pending, PendingReason, PreemptReason, Preemption, Unforeseeable,
 };
+pub use forecast_errors::ForecastErrors;
 pub use runtime::{KindId, RuntimeHistory};
 pub use snapshot::*;
 

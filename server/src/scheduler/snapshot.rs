@@ -206,11 +206,8 @@ pub struct Config {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StartTimeModel {
     /// The forecast of [`eta`](super::eta): runtimes from history, quotas, reservations and
-    /// reclaim played forward several times with runtimes drawn from their estimates.
-    Forecast,
-    /// The same forecast played three times, with every runtime at its p10, p50 and p90:
-    /// the default, better calibrated on the Alibaba replay (`fairway simulate --eta`) and a
-    /// third of the cost.
+    /// reclaim played forward with every runtime at its p10, p50 and p90, calibrated by past
+    /// errors.
     #[default]
     QuantileForecast,
     /// The naive model: running jobs end at their maximum runtime, waiting jobs start in
@@ -257,5 +254,8 @@ pub struct Snapshot {
     /// Runtimes of finished jobs, for the expected starts of waiting jobs (shared: a dry
     /// run copies the snapshot).
     pub history: std::sync::Arc<super::runtime::RuntimeHistory>,
+    /// How wrong past forecasts were, to calibrate the expected starts (shared like
+    /// `history`).
+    pub forecast_errors: std::sync::Arc<super::forecast_errors::ForecastErrors>,
     pub config: Config,
 }

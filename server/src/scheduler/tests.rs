@@ -58,6 +58,7 @@ fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
         running: Vec::new(),
         pending: Vec::new(),
         history: Default::default(),
+        forecast_errors: Default::default(),
         config: Config::default(),
     }
 }

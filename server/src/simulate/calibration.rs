@@ -7,16 +7,17 @@
 //! the jobs that completed before. When the replay is over, each prediction is compared with
 //! the job's actual first start:
 //! - **inside**: the share of jobs that started within their predicted interval, `[earliest,
-//!   latest]` (the starts with p10 and p90 runtimes); the naive model gives a point, so its
-//!   interval is that point;
+//!   latest]`; the naive model gives a point, so its interval is that point;
 //! - **by latest**: the share that started no later than the interval's end (for the naive
 //!   model, its point): how often the estimate is a safe upper bound;
 //! - **median relative error**: the median over jobs of `|expected wait - actual wait| /
 //!   actual wait`, waits counted from the prediction;
 //! - the median absolute error, in minutes.
 //!
-//! Three models are measured: the forecast (runtimes drawn in nine plays), the same forecast
-//! with every runtime at its p10, p50 and p90, and the naive model. Each is measured over the
+//! Three models are measured: the forecast as jobs are told it (calibrated by the errors of
+//! the forecasts made for the jobs that started earlier in the replay, see
+//! [`forecast_errors`](crate::scheduler::forecast_errors)), the same play before calibration
+//! (its starts with every runtime at p10, p50 and p90), and the naive model. Each is measured over the
 //! jobs it gave an estimate for, and all three over the jobs all gave one for (the fair
 //! comparison). Jobs the forecast calls unforeseeable (a quota, budget
 //! or capacity change) are counted apart.
@@ -82,22 +83,22 @@ pub fn calibrate(workload: &Workload, every: u64) -> Result<Calibration, BadDeci
         .predictions
         .iter()
         .flatten()
-        .filter(|p| !p.unforeseeable && p.forecast.is_none() && p.quantile_forecast.is_none() && p.naive.is_none())
+        .filter(|p| !p.unforeseeable && p.forecast.is_none() && p.played.is_none() && p.naive.is_none())
         .count();
     let forecast = |p: &Prediction| p.forecast;
-    let quantiles = |p: &Prediction| p.quantile_forecast;
+    let played = |p: &Prediction| p.played;
     let naive = |p: &Prediction| p.naive.map(|t| [t; 3]);
     let all: Vec<(Prediction, i64)> = observed
         .iter()
         .copied()
-        .filter(|(p, _)| p.forecast.is_some() && p.quantile_forecast.is_some() && p.naive.is_some())
+        .filter(|(p, _)| p.forecast.is_some() && p.played.is_some() && p.naive.is_some())
         .collect();
     let rows = vec![
-        row("forecast (sampled runtimes), its jobs", &observed, &forecast),
-        row("forecast (p10/p50/p90 runtimes), its jobs", &observed, &quantiles),
+        row("forecast (calibrated), its jobs", &observed, &forecast),
+        row("forecast before calibration (p10/p50/p90 runtimes), its jobs", &observed, &played),
         row("naive (max runtime), its jobs", &observed, &naive),
-        row("forecast (sampled runtimes), jobs all estimate", &all, &forecast),
-        row("forecast (p10/p50/p90 runtimes), jobs all estimate", &all, &quantiles),
+        row("forecast (calibrated), jobs all estimate", &all, &forecast),
+        row("forecast before calibration (p10/p50/p90 runtimes), jobs all estimate", &all, &played),
         row("naive (max runtime), jobs all estimate", &all, &naive),
     ];
     let waits: Vec<f64> = observed.iter().map(|(p, start)| (start - p.at_ms) as f64 / 60_000.0).collect();

@@ -38,11 +38,12 @@ pub const CHECKPOINT_INTERVAL_MS: i64 = 30 * 60 * 1000;
 pub struct Prediction {
     /// When it was told.
     pub at_ms: i64,
-    /// The forecast: earliest, expected and latest start; `None` without one.
+    /// The forecast, as a waiting job is told it: earliest, expected and latest start,
+    /// calibrated by the errors of the forecasts made for jobs that started before;
+    /// `None` without one.
     pub forecast: Option<[i64; 3]>,
-    /// The same from the forecast with every runtime at its p10, p50 and p90
-    /// ([`StartTimeModel::QuantileForecast`]).
-    pub quantile_forecast: Option<[i64; 3]>,
+    /// The same play before calibration: its starts with every runtime at p10, p50 and p90.
+    pub played: Option<[i64; 3]>,
     /// The forecast said no forecast can know (a quota, budget or capacity change).
     pub unforeseeable: bool,
     /// The naive model's start (running jobs end at their maximum runtimes).
@@ -218,6 +219,7 @@ impl<'a> Replay<'a> {
             running: Vec::new(),
             pending: Vec::new(),
             history: Default::default(),
+            forecast_errors: Default::default(),
             config: Config { policy, estimate_start_times: false, ..Config::default() },
         };
         let free = cluster.nodes.iter().map(|n| vec![UNIT; usize::from(n.units)]).collect();
@@ -496,31 +498,47 @@ impl<'a> Replay<'a> {
         if new.is_empty() {
             return;
         }
+        // The jobs predicted earlier that still wait count as censored errors.
+        let waiting: Vec<(i64, i64)> = predictions
+            .iter()
+            .zip(&self.outcomes)
+            .filter(|(_, o)| o.first_start_ms.is_none())
+            .filter_map(|(p, _)| match p {
+                Some(Prediction { at_ms, played: Some([_, played, _]), .. }) => Some((played - at_ms, now - at_ms)),
+                _ => None,
+            })
+            .collect();
+        std::sync::Arc::make_mut(&mut self.snapshot.forecast_errors).set_waiting(waiting);
         // The same cycle again under each model: only the expected starts differ.
-        let mut run = |model| {
+        let mut run = |model, calibrated: bool| {
             self.snapshot.config.estimate_start_times = true;
             self.snapshot.config.start_time_model = model;
+            let errors = std::mem::take(&mut self.snapshot.forecast_errors);
+            if calibrated {
+                self.snapshot.forecast_errors = errors.clone();
+            }
             let d = schedule(&self.snapshot);
+            self.snapshot.forecast_errors = errors;
             self.snapshot.config.estimate_start_times = false;
             d
         };
-        let naive = run(StartTimeModel::MaxRuntime);
-        let quantiles = run(StartTimeModel::QuantileForecast);
-        let sampled = run(StartTimeModel::Forecast);
+        let naive = run(StartTimeModel::MaxRuntime, false);
+        let played = run(StartTimeModel::QuantileForecast, false);
+        let forecast = run(StartTimeModel::QuantileForecast, true);
         self.snapshot.config.start_time_model = StartTimeModel::default();
-        let sampled: HashMap<JobId, &crate::scheduler::Pending> = sampled.pending.iter().map(|p| (p.job, p)).collect();
+        let forecast: HashMap<JobId, &crate::scheduler::Pending> =
+            forecast.pending.iter().map(|p| (p.job, p)).collect();
         let naive: HashMap<JobId, Option<i64>> = naive.pending.iter().map(|p| (p.job, p.expected_start_ms)).collect();
-        let quantiles: HashMap<JobId, Option<[i64; 3]>> =
-            quantiles.pending.iter().map(|p| (p.job, interval(p))).collect();
+        let played: HashMap<JobId, Option<[i64; 3]>> = played.pending.iter().map(|p| (p.job, interval(p))).collect();
         let Some(predictions) = &mut self.predictions else { return };
         for i in new {
             let p = &decisions.pending[i];
-            let s = sampled.get(&p.job);
+            let f = forecast.get(&p.job);
             predictions[p.job as usize] = Some(Prediction {
                 at_ms: now,
-                forecast: s.copied().and_then(interval),
-                quantile_forecast: quantiles.get(&p.job).copied().flatten(),
-                unforeseeable: s.is_some_and(|s| s.unforeseeable.is_some()),
+                forecast: f.copied().and_then(interval),
+                played: played.get(&p.job).copied().flatten(),
+                unforeseeable: f.is_some_and(|f| f.unforeseeable.is_some()),
                 naive: naive.get(&p.job).copied().flatten(),
             });
         }
@@ -631,7 +649,16 @@ impl<'a> Replay<'a> {
         self.run_counts[id] += 1;
         let run = Run { started_ms: now, remaining_ms: self.remaining_ms[id], number: self.run_counts[id], index: 0 };
         self.runs[id] = Some(Run { index: self.snapshot.running.len(), ..run });
-        self.outcomes[id].first_start_ms.get_or_insert(now);
+        if self.outcomes[id].first_start_ms.is_none() {
+            self.outcomes[id].first_start_ms = Some(now);
+            // The forecast learns from its errors on the jobs it predicted, as the server's
+            // does from the jobs its leader saw wait and start.
+            if let Some(Prediction { at_ms, played: Some([_, played, _]), .. }) =
+                self.predictions.as_ref().and_then(|p| p[id])
+            {
+                std::sync::Arc::make_mut(&mut self.snapshot.forecast_errors).record(played - at_ms, now - at_ms);
+            }
+        }
         let at_ms = now + self.remaining_ms[id];
         self.events.push(Reverse(Event { at_ms, kind: EventKind::Completion, job: spec.id, run: run.number }));
         let preemptible = self.snapshot.priorities.get(usize::from(spec.priority)).is_some_and(|p| p.preemptible);
