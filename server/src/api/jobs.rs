@@ -42,8 +42,13 @@ pub struct PendingInfo {
     pub figures: Option<WaitFigures>,
     /// 1-based rank in the admission order of the last cycle.
     pub position: Option<i32>,
-    /// When it is expected to start, if that can be foreseen.
+    /// When it is expected to start (the forecast's median), if that can be foreseen;
+    /// `message` says what it waits for when it cannot.
     pub expected_start_at: Option<DateTime<Utc>>,
+    /// The interval it is expected to start in: p10 and p90 of the forecast, calibrated by
+    /// how wrong past forecasts were.
+    pub earliest_start_at: Option<DateTime<Utc>>,
+    pub latest_start_at: Option<DateTime<Utc>>,
 }
 
 /// A job.
@@ -119,12 +124,17 @@ impl From<db::jobs::JobRow> for JobView {
             preemption_grace_seconds: r.preemption_grace_seconds,
             max_retries: r.max_retries,
             allow_spot: r.allow_spot,
-            pending: (state == JobState::Pending).then_some(PendingInfo {
-                reason: r.pending_reason,
-                message: r.pending_message,
-                figures: r.pending_figures.map(|f| f.0),
-                position: r.queue_position,
-                expected_start_at: r.expected_start_at,
+            pending: (state == JobState::Pending).then(|| {
+                let figures = r.pending_figures.map(|f| f.0);
+                PendingInfo {
+                    reason: r.pending_reason,
+                    message: r.pending_message,
+                    earliest_start_at: figures.as_ref().and_then(|f| f.earliest_start_at),
+                    latest_start_at: figures.as_ref().and_then(|f| f.latest_start_at),
+                    figures,
+                    position: r.queue_position,
+                    expected_start_at: r.expected_start_at,
+                }
             }),
             state,
             attempt: r.attempt,
@@ -460,7 +470,11 @@ pub struct QueueEntry {
     pub message: Option<String>,
     /// The numbers behind the reason.
     pub figures: Option<WaitFigures>,
+    /// When it is expected to start (the forecast's median), and the interval around it
+    /// (p10 and p90, calibrated by how wrong past forecasts were).
     pub expected_start_at: Option<DateTime<Utc>>,
+    pub earliest_start_at: Option<DateTime<Utc>>,
+    pub latest_start_at: Option<DateTime<Utc>>,
 }
 
 /// Paging of the queue.
@@ -489,18 +503,23 @@ pub async fn get_queue(
     let rows = db::jobs::queue(&state.db, access.team.id, limit).await?;
     Ok(Json(
         rows.into_iter()
-            .map(|r| QueueEntry {
-                id: r.id,
-                name: r.name,
-                gpu_class: r.gpu_class,
-                priority_class: r.priority_class,
-                gpus: r.gpus,
-                submitted_at: r.submitted_at,
-                position: r.queue_position,
-                reason: r.pending_reason,
-                message: r.pending_message,
-                figures: r.pending_figures.map(|f| f.0),
-                expected_start_at: r.expected_start_at,
+            .map(|r| {
+                let figures = r.pending_figures.map(|f| f.0);
+                QueueEntry {
+                    id: r.id,
+                    name: r.name,
+                    gpu_class: r.gpu_class,
+                    priority_class: r.priority_class,
+                    gpus: r.gpus,
+                    submitted_at: r.submitted_at,
+                    position: r.queue_position,
+                    reason: r.pending_reason,
+                    message: r.pending_message,
+                    earliest_start_at: figures.as_ref().and_then(|f| f.earliest_start_at),
+                    latest_start_at: figures.as_ref().and_then(|f| f.latest_start_at),
+                    figures,
+                    expected_start_at: r.expected_start_at,
+                }
             })
             .collect(),
     ))

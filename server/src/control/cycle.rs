@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 use chrono::{TimeZone, Utc};
 use serde_json::json;
 
-use super::{world::World, ControlError};
+use super::{forecast::ForecastInputs, world::World, ControlError};
 use crate::{
     db::{
         self,
         decisions::{AdmitRow, PendingRow, PreemptRow},
         snapshot::{LiveJob, LiveJobs},
     },
+    domain,
     scheduler::{self, decision::Decisions},
     telemetry::Waited,
 };
@@ -61,12 +62,14 @@ pub enum Refresh {
 }
 
 /// Reads the world at one instant and builds the engine's snapshot. `live` is the copy of
-/// the live jobs kept from the previous read, brought up to date (an empty one reads all).
+/// the live jobs kept from the previous read, brought up to date (an empty one reads all);
+/// `forecast` what the forecast learnt, read again when it is stale.
 pub async fn world(
     pool: &sqlx::PgPool,
     config: &scheduler::snapshot::Config,
     pricing: &crate::metering::Pricing,
     live: &mut LiveJobs,
+    forecast: &mut ForecastInputs,
 ) -> Result<World, ControlError> {
     let half_life = config.usage_half_life_ms as f64 / 1000.0;
     let rows = db::snapshot::snapshot_rows(pool, half_life, live).await?;
@@ -74,27 +77,33 @@ pub async fn world(
     let mut world = World::build(rows, config.clone());
     world.currency.clone_from(&pricing.currency);
     world.set_hard_budgets(&crate::billing::budgets::hard_left(pool, now, pricing.chargeback).await?);
+    if config.estimate_start_times {
+        forecast.refresh(pool).await?;
+        world.set_forecast_inputs(forecast);
+    }
     Ok(world)
 }
 
 /// Runs one cycle as the leader of `epoch`, recording every pending job's reason, position
 /// and expected start.
 pub async fn run(pool: &sqlx::PgPool, epoch: i64, config: &super::ControlConfig) -> Result<CycleReport, ControlError> {
-    run_with(pool, epoch, config, Refresh::All, &mut LiveJobs::default()).await
+    run_with(pool, epoch, config, Refresh::All, &mut LiveJobs::default(), &mut ForecastInputs::default()).await
 }
 
 /// Runs one cycle: one transaction records the admissions, the preemptions and the pending
 /// rows `refresh` asks for. `live` is the leader's copy of the live jobs, kept between
-/// cycles so that each reads only the jobs changed since the one before.
+/// cycles so that each reads only the jobs changed since the one before; `forecast` what the
+/// forecast learnt, kept between cycles too.
 pub async fn run_with(
     pool: &sqlx::PgPool,
     epoch: i64,
     config: &super::ControlConfig,
     refresh: Refresh,
     live: &mut LiveJobs,
+    forecast: &mut ForecastInputs,
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
-    let world = world(pool, &config.engine, &config.pricing, live).await?;
+    let world = world(pool, &config.engine, &config.pricing, live, forecast).await?;
     let read = started.elapsed();
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
@@ -242,14 +251,23 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
                     ),
                     None => world.pending_message(job.gpu_class_id, &p.reason, &p.figures),
                 },
-                figures: world.pending_figures(&p.reason, &p.figures),
+                figures: domain::WaitFigures {
+                    earliest_start_at: p.earliest_start_ms.and_then(at),
+                    latest_start_at: p.latest_start_ms.and_then(at),
+                    ..world.pending_figures(&p.reason, &p.figures)
+                },
                 position: i32::try_from(p.position).unwrap_or(i32::MAX),
-                expected_start_at: p.expected_start_ms.and_then(|ms| Utc.timestamp_millis_opt(ms).single()),
+                expected_start_at: p.expected_start_ms.and_then(at),
+                played_wait_ms: p.played_start_ms.map(|ms| ms - world.snapshot.now_ms),
             };
             Some(row)
         })
         .collect();
     (admit, preempt, pending)
+}
+
+fn at(ms: i64) -> Option<chrono::DateTime<Utc>> {
+    Utc.timestamp_millis_opt(ms).single()
 }
 
 fn join(items: impl Iterator<Item = String>) -> String {

@@ -14,6 +14,7 @@
 
 pub mod cycle;
 pub mod dispatch;
+pub mod forecast;
 pub mod leader;
 pub mod lifecycle;
 pub mod meter;
@@ -194,6 +195,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
     let mut events = listener(&ctx.pool, db::jobs::SCHEDULE_CHANNEL).await;
     let mut refreshed: Option<tokio::time::Instant> = None;
     let mut live = db::snapshot::LiveJobs::default();
+    let mut forecast = forecast::ForecastInputs::default();
     let mut pending = 0;
     loop {
         let refresh = if refreshed.is_none_or(|at| at.elapsed() >= pending_refresh_interval(pending)) {
@@ -201,7 +203,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
         } else {
             cycle::Refresh::Changed
         };
-        match cycle::run_with(&ctx.pool, epoch, &ctx.config, refresh, &mut live).await {
+        match cycle::run_with(&ctx.pool, epoch, &ctx.config, refresh, &mut live, &mut forecast).await {
             Ok(report) => {
                 if refresh == cycle::Refresh::All {
                     refreshed = Some(tokio::time::Instant::now());

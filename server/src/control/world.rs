@@ -212,9 +212,16 @@ impl World {
             submitted_ms: millis(job.submitted_at),
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
-            kind: None,
+            kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: None,
         })
+    }
+
+    /// Gives the engine what the forecast learnt: runtime history and past errors.
+    pub fn set_forecast_inputs(&mut self, inputs: &mut super::forecast::ForecastInputs) {
+        let (history, errors) = inputs.for_snapshot(&self.team_index);
+        self.snapshot.history = history;
+        self.snapshot.forecast_errors = errors;
     }
 
     /// A job as it would be submitted now by `team`, for a dry run.
@@ -231,7 +238,7 @@ impl World {
             submitted_ms: self.snapshot.now_ms,
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
-            kind: None,
+            kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: None,
         })
     }
@@ -394,6 +401,8 @@ impl World {
             burst_gpus: f.quota.map(|(q, _)| units(q.burst)),
             budget,
             blocking_job,
+            earliest_start_at: None,
+            latest_start_at: None,
         }
     }
 }

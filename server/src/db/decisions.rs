@@ -132,6 +132,9 @@ pub struct PendingRow {
     pub figures: crate::domain::WaitFigures,
     pub position: i32,
     pub expected_start_at: Option<DateTime<Utc>>,
+    /// The forecast's played median wait before calibration: kept, with its time, from the
+    /// first refresh of the job's stay in the queue that has one (see `db::forecast`).
+    pub played_wait_ms: Option<i64>,
 }
 
 /// Refreshes the reason, position and expected start of pending jobs, touching only rows
@@ -150,23 +153,28 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Job
         rows.iter().map(|r| serde_json::to_value(&r.figures).unwrap_or(serde_json::Value::Null)).collect();
     let positions: Vec<i32> = rows.iter().map(|r| r.position).collect();
     let starts: Vec<Option<DateTime<Utc>>> = rows.iter().map(|r| r.expected_start_at).collect();
+    let played: Vec<Option<i64>> = rows.iter().map(|r| r.played_wait_ms).collect();
     sqlx::query_scalar!(
         r#"with target as (
-             select j.id, j.attempt, u.reason, u.message, u.figures, u.position, u.start,
-                    j.pending_reason is distinct from u.reason as reason_changed
-             from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[], $6::jsonb[])
-                  as u(id, reason, message, position, start, figures)
+             select j.id, j.attempt, u.reason, u.message, u.figures, u.position, u.start, u.played,
+                    j.pending_reason is distinct from u.reason as reason_changed,
+                    u.played is not null and (j.forecast_at is null or j.forecast_at < j.queued_at) as first_forecast
+             from unnest($1::uuid[], $2::text[], $3::text[], $4::int4[], $5::timestamptz[], $6::jsonb[], $7::int8[])
+                  as u(id, reason, message, position, start, figures, played)
              join jobs j on j.id = u.id
              where j.state = 'pending'
-               and (j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at, j.pending_figures)
+               and ((j.pending_reason, j.pending_message, j.queue_position, j.expected_start_at, j.pending_figures)
                    is distinct from (u.reason, u.message, u.position, u.start, u.figures)
+                   or (u.played is not null and (j.forecast_at is null or j.forecast_at < j.queued_at)))
              for update of j skip locked
          ), events as (
              insert into job_events (job_id, attempt, kind, reason, message)
              select t.id, t.attempt, 'waiting', t.reason, t.message from target t where t.reason_changed
          )
          update jobs j set pending_reason = t.reason, pending_message = t.message, queue_position = t.position,
-                expected_start_at = t.start, pending_figures = t.figures
+                expected_start_at = t.start, pending_figures = t.figures,
+                forecast_at = case when t.first_forecast then now() else j.forecast_at end,
+                forecast_wait_ms = case when t.first_forecast then t.played else j.forecast_wait_ms end
          from target t where j.id = t.id
          returning j.id as "id: JobId""#,
         &ids as &[JobId],
@@ -174,7 +182,8 @@ pub async fn set_pending(tx: &mut Tx<'_>, rows: &[PendingRow]) -> Result<Vec<Job
         &messages,
         &positions,
         &starts as &[Option<DateTime<Utc>>],
-        &figures
+        &figures,
+        &played as &[Option<i64>]
     )
     .fetch_all(&mut **tx)
     .await

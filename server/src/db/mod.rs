@@ -10,6 +10,7 @@ pub mod budgets;
 pub mod clusters;
 pub mod decisions;
 pub mod embedded;
+pub mod forecast;
 pub mod gpu_classes;
 pub mod group_commit;
 pub mod idempotency;

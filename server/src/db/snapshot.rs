@@ -55,6 +55,8 @@ pub struct LiveJob {
     pub id: JobId,
     pub seq: i64,
     pub team_id: TeamId,
+    /// What runtime history knows it by, with its team.
+    pub name: String,
     pub gpu_class_id: GpuClassId,
     pub priority_class: String,
     pub replicas: i32,
@@ -145,7 +147,7 @@ macro_rules! select_live_jobs {
     ($rest:tt $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             LiveJob,
-            r#"select id, seq, team_id, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
+            r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
                       topology_level, max_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot

@@ -369,6 +369,12 @@ pub struct WaitFigures {
     /// The job this one waits for or behind (`reserved_for_gang`, `behind_head_of_line`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blocking_job: Option<super::JobId>,
+    /// The interval it is expected to start in (p10 to p90 of the forecast, calibrated by
+    /// how wrong past forecasts were), around `expected_start_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub earliest_start_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latest_start_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A hard budget smaller than a job's maximum cost.

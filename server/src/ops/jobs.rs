@@ -510,7 +510,8 @@ pub async fn dry_run(
     let engine = control::engine_config(&state.config);
     let pricing =
         crate::metering::Pricing { currency: state.config.currency.clone(), chargeback: state.config.chargeback };
-    let world = control::cycle::world(&state.db, &engine, &pricing, &mut Default::default()).await?;
+    let world =
+        control::cycle::world(&state.db, &engine, &pricing, &mut Default::default(), &mut Default::default()).await?;
     let proposed = world
         .proposed(team_id, &job)
         .ok_or_else(|| Error::internal("dry run", "the job does not map onto the snapshot"))?;

@@ -175,7 +175,8 @@ async fn a_ci_token_submits_a_job_and_reads_it_back_pending_with_its_fields() {
         // No scheduling cycle has looked at it yet.
         (
             "pending",
-            json!({"reason": null, "message": null, "position": null, "expected_start_at": null, "figures": null}),
+            json!({"reason": null, "message": null, "position": null, "expected_start_at": null, "figures": null,
+                   "earliest_start_at": null, "latest_start_at": null}),
         ),
         ("exit_code", Value::Null),
         ("preemptions", json!(0)),

@@ -210,12 +210,21 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
         message.contains("team ml holds 8 of the 8 GPUs of a100-80gb its quota allows (8 reserved + 0 burst), and this job needs 8 more"),
         "{message}"
     );
+    let mut figures = waiting["pending"]["figures"].clone();
+    let interval = [figures["earliest_start_at"].take(), figures["latest_start_at"].take()];
     assert_eq!(
-        waiting["pending"]["figures"],
+        figures,
         json!({"needs_gpus": 8.0, "free_gpus": 0.0, "team": "ml", "in_use_gpus": 8.0, "reserved_gpus": 8.0,
-               "burst_gpus": 0.0}),
+               "burst_gpus": 0.0, "earliest_start_at": null, "latest_start_at": null}),
         "{waiting:#}"
     );
+    // It starts when the first job ends, which the forecast foresees as an interval around
+    // its expected start (RFC 3339 times in UTC compare as strings).
+    let pending = &waiting["pending"];
+    assert_eq!(interval, [pending["earliest_start_at"].clone(), pending["latest_start_at"].clone()]);
+    let [earliest, expected, latest] =
+        ["earliest_start_at", "expected_start_at", "latest_start_at"].map(|k| pending[k].as_str().unwrap_or_default());
+    assert!(!earliest.is_empty() && earliest <= expected && expected <= latest, "{waiting:#}");
     let r = app.send(call("POST", &format!("/api/v1/jobs/{first}/cancel")).token(&ci)).await;
     r.assert_status(200);
     assert_eq!(r.json()["state"], "cancelled");
@@ -396,7 +405,10 @@ async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_eve
     let mut live = LiveJobs::default();
 
     let first = submit(&app, &admin, "ml", body("first")).await;
-    let report = control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::All, &mut live).await.unwrap();
+    let report =
+        control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::All, &mut live, &mut Default::default())
+            .await
+            .unwrap();
     assert_eq!(report.admitted, 1);
     // What others change between two cycles: submissions, a cancellation, a start and a
     // checkpoint (the reconciler, the API).
@@ -409,7 +421,10 @@ async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_eve
     assert_eq!(db::attempts::mark_running(&mut tx, &[(first_id, 1, started)]).await.unwrap(), vec![(first_id, 1)]);
     assert!(db::jobs::checkpoint(&mut tx, first_id, started + chrono::Duration::seconds(1)).await.unwrap());
     tx.commit().await.unwrap();
-    let report = control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live).await.unwrap();
+    let report =
+        control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live, &mut Default::default())
+            .await
+            .unwrap();
     assert_eq!((report.admitted, report.pending), (0, 1), "the second waits for the first's GPUs");
     // The first is lost to a spot interruption and goes back to the queue.
     let mut tx = app.pool.begin().await.unwrap();

@@ -221,7 +221,7 @@ pub async fn job(
             job.pending_message.as_deref(),
             db::jobs::team_position(&state.db, job.team_id, job.id).await?,
             job.queue_position,
-            job.expected_start_at,
+            super::Starts::of(job.expected_start_at, job.pending_figures.as_ref().map(|f| &f.0)),
             &names,
         )),
         _ => None,

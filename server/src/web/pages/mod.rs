@@ -264,7 +264,7 @@ impl Wait {
         message: Option<&str>,
         team_position: Option<i64>,
         overall_position: Option<i32>,
-        expected_start: Option<DateTime<Utc>>,
+        starts: Starts,
         names: &HashMap<JobId, String>,
     ) -> Self {
         let not_yet = || "not known yet".to_owned();
@@ -272,7 +272,35 @@ impl Wait {
             reason: mentions(message.unwrap_or("waiting for the next scheduling cycle"), names),
             team_position: team_position.map_or_else(not_yet, |p| p.to_string()),
             overall_position: overall_position.map_or_else(not_yet, |p| p.to_string()),
-            expected_start: expected_start.map_or_else(|| "not foreseeable".into(), when),
+            expected_start: starts.describe().unwrap_or_else(|| "not foreseeable".into()),
+        }
+    }
+}
+
+/// A waiting job's expected start and the interval around it, as stored.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Starts {
+    pub earliest: Option<DateTime<Utc>>,
+    pub expected: Option<DateTime<Utc>>,
+    pub latest: Option<DateTime<Utc>>,
+}
+
+impl Starts {
+    /// From a stored expected start and the figures that carry its interval.
+    pub fn of(expected: Option<DateTime<Utc>>, figures: Option<&crate::domain::WaitFigures>) -> Self {
+        Self {
+            earliest: figures.and_then(|f| f.earliest_start_at),
+            expected,
+            latest: figures.and_then(|f| f.latest_start_at),
+        }
+    }
+
+    /// "in 12 min (between 4 min and 40 min)"; `None` when no start is foreseen.
+    pub fn describe(self) -> Option<String> {
+        match (self.earliest, self.expected, self.latest) {
+            (Some(a), Some(b), Some(c)) if a != c => Some(format!("{} (between {} and {})", when(b), when(a), when(c))),
+            (_, Some(b), _) => Some(when(b)),
+            _ => None,
         }
     }
 }

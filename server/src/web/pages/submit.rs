@@ -8,7 +8,7 @@ use axum::{
 };
 use serde::Deserialize;
 
-use super::{principal, render, signed_in, when, CurrentUser, PageError, PortalForm, SignedIn};
+use super::{principal, render, signed_in, CurrentUser, PageError, PortalForm, SignedIn};
 use crate::{
     auth::policy::team_role,
     db::{self, web_sessions::SessionUser},
@@ -217,11 +217,14 @@ fn preview_of(answer: ops::jobs::DryRunResult) -> PreviewView {
         cluster: answer.cluster,
         reason: answer.message.unwrap_or_default(),
         position: answer.position,
-        expected_start: match (answer.earliest_start_at, answer.expected_start_at, answer.latest_start_at) {
-            (Some(a), Some(b), Some(c)) if a != c => format!("{} (between {} and {})", when(b), when(a), when(c)),
-            (_, Some(b), _) => when(b),
-            _ => answer.start_unforeseeable_message.unwrap_or_else(|| "not foreseeable".into()),
-        },
+        expected_start: super::Starts {
+            earliest: answer.earliest_start_at,
+            expected: answer.expected_start_at,
+            latest: answer.latest_start_at,
+        }
+        .describe()
+        .or(answer.start_unforeseeable_message)
+        .unwrap_or_else(|| "not foreseeable".into()),
         max_cost: crate::web::figures::money(answer.max_cost_micros, &answer.currency),
         would_preempt: answer
             .would_preempt

@@ -237,7 +237,7 @@ pub async fn team(
                 j.pending_message.as_deref(),
                 Some(i as i64 + 1),
                 j.queue_position,
-                j.expected_start_at,
+                super::Starts::of(j.expected_start_at, j.pending_figures.as_ref().map(|f| &f.0)),
                 &mentioned,
             ),
         })
