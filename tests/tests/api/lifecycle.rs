@@ -230,6 +230,13 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     assert_eq!(r.json()["state"], "cancelled");
     assert!(r.json()["stop_requested_at"].is_string());
     wait_for(&app, &ci, &second, Duration::from_secs(30), |j| j["state"] == "running").await;
+    // The forecast it was given when it first waited is kept beside when it was admitted:
+    // what the next forecasts are calibrated by. (The first job never waited.)
+    let (started, waiting) = db::forecast::errors(&app.pool, 10).await.unwrap();
+    assert_eq!(started.len(), 1, "{started:?}");
+    assert!(waiting.is_empty(), "{waiting:?}");
+    let (forecast_wait_ms, actual_wait_ms) = started[0];
+    assert!(forecast_wait_ms >= 0 && actual_wait_ms >= 0, "{started:?}");
     let cancelled = job(&app, &ci, &first).await;
     assert_eq!(cancelled["state"], "cancelled");
     assert!(cancelled["finished_at"].is_string(), "{cancelled:#}");
