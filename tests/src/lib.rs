@@ -365,21 +365,5 @@ pub async fn test_admin_token(app: &TestApp) -> String {
     app.state.keys.issue(admin.id, chrono::Utc::now().timestamp())
 }
 
-/// The fields of one RFC 4180 line: quoted fields may hold commas and doubled quotes.
-pub fn csv_fields(line: &str) -> Vec<String> {
-    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted && chars.peek() == Some(&'"') => {
-                field.push('"');
-                chars.next();
-            }
-            '"' => quoted = !quoted,
-            ',' if !quoted => fields.push(std::mem::take(&mut field)),
-            c => field.push(c),
-        }
-    }
-    fields.push(field);
-    fields
-}
+/// The fields of one line of a CSV export.
+pub use fairway::billing::export::csv_fields;

@@ -459,6 +459,26 @@ fn csv_line(out: &mut String, fields: &[String]) {
     out.push_str("\r\n");
 }
 
+/// The fields of one line as [`csv_line`] writes it (RFC 4180: quoted fields may hold
+/// commas and doubled quotes): how a consumer, and the tests, read an export back.
+pub fn csv_fields(line: &str) -> Vec<String> {
+    let (mut fields, mut field, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                field.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => fields.push(std::mem::take(&mut field)),
+            c => field.push(c),
+        }
+    }
+    fields.push(field);
+    fields
+}
+
 /// Rows read per page.
 pub const PAGE: i64 = 5_000;
 
@@ -629,19 +649,8 @@ mod tests {
         for column in mandatory {
             assert!(lines[0].split(',').any(|c| c == column), "{column}");
         }
-        // Every data line has as many fields as the header, counting commas outside quotes.
-        let fields = |line: &str| {
-            let mut quoted = false;
-            1 + line
-                .chars()
-                .filter(|c| {
-                    if *c == '"' {
-                        quoted = !quoted;
-                    }
-                    *c == ',' && !quoted
-                })
-                .count()
-        };
+        // Every data line has as many fields as the header.
+        let fields = |line: &str| csv_fields(line).len();
         assert_eq!(fields(lines[1]), FOCUS_COLUMNS.len(), "{}", lines[1]);
         assert_eq!(fields(lines[2]), FOCUS_COLUMNS.len(), "{}", lines[2]);
         assert!(lines[1].contains("2026-11-01T00:00:00.000Z"), "{}", lines[1]);
@@ -655,21 +664,7 @@ mod tests {
     fn focus_value(text: &str, column: &str) -> String {
         let at = FOCUS_COLUMNS.iter().position(|c| *c == column).unwrap();
         let line = text.split("\r\n").nth(1).unwrap();
-        let mut fields = Vec::new();
-        let (mut field, mut quoted, mut chars) = (String::new(), false, line.chars().peekable());
-        while let Some(c) = chars.next() {
-            match c {
-                '"' if quoted && chars.peek() == Some(&'"') => {
-                    field.push('"');
-                    chars.next();
-                }
-                '"' => quoted = !quoted,
-                ',' if !quoted => fields.push(std::mem::take(&mut field)),
-                c => field.push(c),
-            }
-        }
-        fields.push(field);
-        fields[at].clone()
+        csv_fields(line).swap_remove(at)
     }
 
     #[test]
