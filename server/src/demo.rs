@@ -30,11 +30,11 @@ const TEAMS: [(&str, Option<&str>); 4] =
 /// reclaimed when prod-inference's serving jobs arrive.
 const QUOTAS: [(&str, &str, i32, i32); 9] = [
     ("research", "h100-80gb", 32, 32),
-    ("research", "a100-80gb", 4, 4),
+    ("research", "a100-80gb", 4, 12),
     ("research", "a100-80gb.mig-3g.40gb", 8, 8),
     ("nlp", "h100-80gb", 16, 32),
     ("vision", "h100-80gb", 16, 16),
-    ("vision", "a100-80gb", 4, 4),
+    ("vision", "a100-80gb", 4, 12),
     ("vision", "a100-80gb.mig-3g.40gb", 8, 8),
     ("prod-inference", "h100-80gb", 16, 0),
     ("prod-inference", "a100-80gb.mig-1g.10gb", 8, 0),
@@ -57,12 +57,12 @@ const USERS: [(&str, Option<&str>, Option<&str>, &str); 4] = [
     ("finn", Some("finance"), None, "viewer"),
 ];
 
-/// Seeds the demo platform unless teams already exist.
-pub async fn seed(ctx: &control::Ctx) -> anyhow::Result<()> {
+/// Seeds the demo platform unless teams already exist; true when it did.
+pub async fn seed(ctx: &control::Ctx) -> anyhow::Result<bool> {
     let pool = &ctx.pool;
     if !db::teams::list_all(pool, None, 1).await?.is_empty() {
         println!("Demo: teams exist already; not seeding again.");
-        return Ok(());
+        return Ok(false);
     }
     // The simulated cluster's inventory creates the GPU classes the quotas name.
     control::sync_inventory(ctx).await.context("reading the simulated cluster's inventory")?;
@@ -95,29 +95,112 @@ pub async fn seed(ctx: &control::Ctx) -> anyhow::Result<()> {
     tx.commit().await?;
     println!("Demo: seeded teams research/{{nlp,vision}} and prod-inference, quotas, a rate card and users");
     println!("      alice (nlp admin), bob (vision member), carol (prod-inference admin), finn (finance),");
-    println!("      all with password {DEMO_PASSWORD}. Jobs arrive every few seconds.");
-    Ok(())
+    println!("      all with password {DEMO_PASSWORD}. In the first minutes, jobs arrive that show a fair-share");
+    println!("      preemption, a backfill, a reclaim and a priority preemption; then jobs arrive every few seconds.");
+    Ok(true)
 }
 
-/// A demo job shape: (team, class, replicas, GPUs per replica, priority, simulated seconds).
-const SHAPES: [(&str, &str, i32, i32, &str, u32); 8] = [
-    ("nlp", "h100-80gb", 2, 8, "experiment", 1800),
-    ("nlp", "h100-80gb", 1, 4, "experiment", 600),
-    ("nlp", "h100-80gb", 1, 8, "production", 1800),
-    ("vision", "h100-80gb", 1, 8, "experiment", 900),
-    ("vision", "a100-80gb", 1, 2, "experiment", 600),
-    ("vision", "a100-80gb.mig-3g.40gb", 1, 1, "scavenger", 300),
-    ("prod-inference", "h100-80gb", 1, 4, "serving", 7200),
-    ("prod-inference", "a100-80gb.mig-1g.10gb", 1, 1, "serving", 3600),
+/// A demo job: its name, team, class, replicas × GPUs per replica, priority class,
+/// simulated run time and maximum runtime (both in simulated seconds, divided by the
+/// simulator's speed-up).
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    name: &'static str,
+    team: &'static str,
+    class: &'static str,
+    replicas: i32,
+    gpus: i32,
+    priority: &'static str,
+    seconds: u32,
+    max_runtime_seconds: i32,
+}
+
+const DAY: i32 = 86_400;
+
+const fn shape(
+    name: &'static str,
+    team: &'static str,
+    class: &'static str,
+    replicas: i32,
+    gpus: i32,
+    priority: &'static str,
+    seconds: u32,
+) -> Shape {
+    Shape { name, team, class, replicas, gpus, priority, seconds, max_runtime_seconds: DAY }
+}
+
+/// The opening, in acts: each act is submitted once the jobs of the one before all run and
+/// have run past the minimum runtime before preemption, so within a few minutes of a fresh
+/// `serve --demo` every headline decision happens once, whatever the machine's speed.
+///
+/// 1. The H100s fill: prod-inference serves on half its reserved 16, vision runs its reserved
+///    16, nlp its reserved 16 and 24 borrowed (prod-inference's idle 8 and the 16 nobody
+///    reserves). vision starts an A100 fine-tune on half the A100 node.
+/// 2. **Fair share**: vision asks for burst H100s; the cluster is full and nlp holds all the
+///    burst, so one of nlp's borrowing runs is preempted for vision.
+/// 3. **Reclaim**: prod-inference's second serving replica set needs its reserved quota back
+///    from the borrowers.
+/// 4. **Priority**: nlp's nightly production evaluation must run within nlp's reserved quota,
+///    which nlp's own experiments fill; they make room. **Backfill**: a vision A100 gang
+///    cannot fit beside the fine-tune and holds the four free GPUs; a short evaluation ends
+///    (by its maximum runtime) before the gang could start, so it runs on them. Last, as the
+///    gang waits for the fine-tune to end.
+const OPENING: [&[Shape]; 4] = [
+    &[
+        shape("prod-inference-llm-serve", "prod-inference", "h100-80gb", 1, 8, "serving", 7200),
+        shape("vision-detector-a", "vision", "h100-80gb", 1, 8, "experiment", 5400),
+        shape("vision-detector-b", "vision", "h100-80gb", 1, 8, "experiment", 5400),
+        shape("nlp-sweep-1", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
+        shape("nlp-sweep-2", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
+        shape("nlp-sweep-3", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
+        shape("nlp-sweep-4", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
+        shape("nlp-sweep-5", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
+        Shape {
+            max_runtime_seconds: 4 * 3600,
+            ..shape("vision-a100-finetune", "vision", "a100-80gb", 1, 4, "experiment", 7200)
+        },
+    ],
+    &[shape("vision-detector-c", "vision", "h100-80gb", 1, 8, "experiment", 3600)],
+    &[shape("prod-inference-chat-serve", "prod-inference", "h100-80gb", 1, 8, "serving", 7200)],
+    &[
+        shape("nlp-nightly-eval", "nlp", "h100-80gb", 1, 8, "production", 1800),
+        shape("vision-a100-gang", "vision", "a100-80gb", 2, 4, "experiment", 1800),
+        Shape {
+            max_runtime_seconds: 900,
+            ..shape("vision-a100-quick-eval", "vision", "a100-80gb", 1, 2, "experiment", 300)
+        },
+    ],
+];
+
+/// After the opening, jobs drawn from these shapes arrive at random.
+const SHAPES: [Shape; 8] = [
+    shape("nlp-gang", "nlp", "h100-80gb", 2, 8, "experiment", 1800),
+    shape("nlp-run", "nlp", "h100-80gb", 1, 4, "experiment", 600),
+    shape("nlp-run", "nlp", "h100-80gb", 1, 8, "production", 1800),
+    shape("vision-run", "vision", "h100-80gb", 1, 8, "experiment", 900),
+    shape("vision-run", "vision", "a100-80gb", 1, 2, "experiment", 600),
+    shape("vision-run", "vision", "a100-80gb.mig-3g.40gb", 1, 1, "scavenger", 300),
+    shape("prod-inference-run", "prod-inference", "h100-80gb", 1, 4, "serving", 7200),
+    shape("prod-inference-run", "prod-inference", "a100-80gb.mig-1g.10gb", 1, 1, "serving", 3600),
 ];
 
 /// The demo stops submitting while this many jobs wait: a queue that only grew would make
 /// every wait look endless.
 const MAX_PENDING: i64 = 16;
 
-/// Keeps submitting demo jobs, one every `every` while fewer than [`MAX_PENDING`] wait, until
-/// the process ends.
-pub async fn generate(pool: PgPool, every: Duration) {
+/// How long an act waits at most for the one before to start: past it, the demo goes on
+/// (a loaded machine makes the show late, never stuck).
+const ACT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Plays the opening on a freshly seeded platform (`fresh`), then keeps submitting jobs
+/// drawn from [`SHAPES`], one every `every` while fewer than [`MAX_PENDING`] wait, until the
+/// process ends. `min_runtime` is the scheduler's minimum runtime before preemption.
+pub async fn generate(pool: PgPool, every: Duration, fresh: bool, min_runtime: Duration) {
+    if fresh {
+        if let Err(e) = opening(&pool, min_runtime).await {
+            tracing::warn!(error = %e, "the demo's opening stopped");
+        }
+    }
     let mut rng = SplitMix64(0x00de_3000);
     let mut n = 0u64;
     loop {
@@ -131,48 +214,81 @@ pub async fn generate(pool: PgPool, every: Duration) {
             }
         }
         n += 1;
-        let (team, class, replicas, gpus, priority, seconds) = SHAPES[(rng.next_u64() % SHAPES.len() as u64) as usize];
-        let jitter = (rng.next_u64() % u64::from(seconds)) as u32;
-        if let Err(e) = submit(&pool, n, team, class, replicas, gpus, priority, seconds / 2 + jitter).await {
+        let shape = SHAPES[rng.index(SHAPES.len())];
+        let seconds = shape.seconds / 2 + (rng.below(u64::from(shape.seconds)) as u32);
+        let name = format!("{}-{n}", shape.name);
+        if let Err(e) = submit(&pool, &name, Shape { seconds, ..shape }).await {
             tracing::warn!(error = %e, "demo job not submitted");
         }
     }
 }
 
-#[expect(clippy::too_many_arguments, reason = "one job's shape")]
-async fn submit(
-    pool: &PgPool,
-    n: u64,
-    team: &str,
-    class: &str,
-    replicas: i32,
-    gpus: i32,
-    priority: &str,
-    seconds: u32,
-) -> anyhow::Result<()> {
-    let team_row = db::teams::by_name(pool, team).await?.context("demo team missing")?;
-    let class_row = db::gpu_classes::by_name(pool, class).await?.context("demo class missing")?;
+/// Submits the acts of [`OPENING`] in turn.
+async fn opening(pool: &PgPool, min_runtime: Duration) -> anyhow::Result<()> {
+    for (i, act) in OPENING.iter().enumerate() {
+        let mut ids = Vec::with_capacity(act.len());
+        for shape in act.iter() {
+            ids.push(submit(pool, shape.name, *shape).await?);
+        }
+        tracing::info!(act = i + 1, jobs = act.len(), "demo act submitted");
+        if i + 1 < OPENING.len() {
+            started_long_enough(pool, &ids, min_runtime).await?;
+        }
+    }
+    Ok(())
+}
+
+/// Waits until every job of `ids` has started and run for `min_runtime` (and a little more,
+/// for the cycle to see it), or [`ACT_TIMEOUT`] has passed.
+async fn started_long_enough(pool: &PgPool, ids: &[JobId], min_runtime: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + ACT_TIMEOUT;
+    loop {
+        let mut latest = Some(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+        for &id in ids {
+            let started = db::jobs::get(pool, id).await?.and_then(|j| j.started_at);
+            latest = latest.zip(started).map(|(a, b)| a.max(b));
+        }
+        if let Some(latest) = latest {
+            let since = (chrono::Utc::now() - latest).to_std().unwrap_or_default();
+            let wait = (min_runtime + Duration::from_secs(2)).saturating_sub(since);
+            tokio::time::sleep(wait.min(deadline.saturating_duration_since(tokio::time::Instant::now()))).await;
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::warn!("demo act not started in time; going on");
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Submits one demo job and wakes the scheduler.
+async fn submit(pool: &PgPool, name: &str, shape: Shape) -> anyhow::Result<JobId> {
+    let team_row = db::teams::by_name(pool, shape.team).await?.context("demo team missing")?;
+    let class_row = db::gpu_classes::by_name(pool, shape.class).await?.context("demo class missing")?;
+    let gang = shape.replicas > 1;
     let job = NewJob {
         id: JobId::new(),
-        name: format!("{team}-{}-{n}", if replicas > 1 { "gang" } else { "run" }),
+        name: name.to_owned(),
         gpu_class_id: class_row.id,
-        priority_class: priority.to_owned(),
-        replicas,
-        gpus_per_replica: gpus,
-        max_runtime_seconds: 86_400,
+        priority_class: shape.priority.to_owned(),
+        replicas: shape.replicas,
+        gpus_per_replica: shape.gpus,
+        max_runtime_seconds: shape.max_runtime_seconds,
         image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
         command: json!(["python", "train.py"]),
-        env: json!({"FAIRWAY_SIM_RUNTIME_SECONDS": seconds.to_string()}),
+        env: json!({"FAIRWAY_SIM_RUNTIME_SECONDS": shape.seconds.to_string()}),
         labels: json!({"demo": "true"}),
-        topology_mode: if replicas > 1 { "preferred".into() } else { "any".into() },
-        topology_level: (replicas > 1).then(|| "rack".to_owned()),
+        topology_mode: if gang { "preferred".into() } else { "any".into() },
+        topology_level: gang.then(|| "rack".to_owned()),
         preemption_grace_seconds: None,
         max_retries: 0,
         allow_spot: false,
     };
+    let id = job.id;
     db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;
     db::jobs::wake_scheduler(pool).await?;
-    Ok(())
+    Ok(id)
 }
 
 #[cfg(test)]
@@ -189,7 +305,10 @@ mod tests {
 
     #[test]
     fn every_demo_job_can_run_under_the_demo_quotas() {
-        for (team, class, replicas, gpus, priority, _) in SHAPES {
+        for Shape { team, class, replicas, gpus, priority, .. } in
+            OPENING.iter().flat_map(|act| act.iter()).chain(&SHAPES)
+        {
+            let (team, class, priority) = (*team, *class, *priority);
             let need = replicas * gpus;
             let parent = TEAMS.iter().find(|t| t.0 == team).and_then(|t| t.1);
             for level in std::iter::once(team).chain(parent) {

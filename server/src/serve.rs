@@ -231,8 +231,9 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
     if state.config.scheduler {
         let ctx = control_context(&state).await?;
         if demo {
-            crate::demo::seed(&ctx).await?;
-            tokio::spawn(crate::demo::generate(state.db.clone(), Duration::from_secs(3)));
+            let fresh = crate::demo::seed(&ctx).await?;
+            let min_runtime = state.config.min_runtime_before_preemption;
+            tokio::spawn(crate::demo::generate(state.db.clone(), Duration::from_secs(3), fresh, min_runtime));
         }
         control::spawn(ctx, database.options.clone(), database.instance.clone());
     } else if demo {

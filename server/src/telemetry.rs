@@ -154,6 +154,7 @@ pub struct Metrics {
     admission_latency: Histograms<WaitLabels>,
     queue_wait: Histograms<WaitLabels>,
     preemptions: Family<ReasonLabels, Counter>,
+    backfills: Counter,
     dispatch_errors: Family<ClusterKindLabels, Counter>,
     outcomes: Family<OutcomeLabels, Counter>,
     budget_spent_ratio: Family<TeamLabels, Gauge<f64, AtomicU64>>,
@@ -179,6 +180,7 @@ impl Default for Metrics {
             admission_latency: waits(),
             queue_wait: waits(),
             preemptions: Family::default(),
+            backfills: Counter::default(),
             dispatch_errors: Family::default(),
             outcomes: Family::default(),
             budget_spent_ratio: Family::default(),
@@ -228,6 +230,11 @@ impl Metrics {
             self.queue_wait.clone(),
         );
         p.register("fairway_preemptions", "Jobs preempted, by reason", self.preemptions.clone());
+        p.register(
+            "fairway_backfills",
+            "Jobs admitted on GPUs held for a blocked gang, which they end before the gang can start",
+            self.backfills.clone(),
+        );
         p.register(
             "fairway_dispatch_errors",
             "Failed backend calls, by cluster and kind",
@@ -324,6 +331,11 @@ impl Metrics {
         for reason in preemptions {
             self.preemptions.get_or_create(&ReasonLabels { reason: (*reason).to_owned() }).inc();
         }
+    }
+
+    /// Counts jobs admitted on GPUs held for a blocked gang.
+    pub fn backfilled(&self, jobs: usize) {
+        self.backfills.inc_by(jobs as u64);
     }
 
     /// Records every budgeted team's spent ratio for the current period (replacing the last).
@@ -473,6 +485,7 @@ mod tests {
         let text = metrics.render((1, 1), Tenants::Hidden);
         for series in [
             "fairway_preemptions_total{reason=\"reclaim\"} 0",
+            "fairway_backfills_total 0",
             "fairway_job_attempts_total{outcome=\"node_lost\"} 0",
             &format!("fairway_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION")),
         ] {

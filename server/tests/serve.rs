@@ -1,9 +1,11 @@
 //! End-to-end tests of the `fairway` binary over a real socket: the embedded database's
-//! lifecycle across restarts, and the refusals that protect a production deployment.
+//! lifecycle across restarts, the refusals that protect a production deployment, and the
+//! demo a newcomer starts first.
 
 mod common;
 
 use std::{
+    collections::BTreeMap,
     fs,
     process::ExitStatus,
     time::{Duration, Instant},
@@ -14,7 +16,7 @@ use common::{
     embedded::{fairway_serve, read_log, Server, ADMIN_PASSWORD, EXIT_TIMEOUT},
     free_port, fresh_dir,
 };
-use serde_json::json;
+use serde_json::{json, Value};
 
 #[tokio::test]
 async fn serve_uses_the_embedded_database_and_keeps_data_across_restarts() {
@@ -156,4 +158,90 @@ async fn a_short_signing_key_is_refused() {
     assert!(output.contains("FAIRWAY_SIGNING_KEY"), "the error should name FAIRWAY_SIGNING_KEY:\n{output}");
     assert!(output.contains("256"), "the error should state the 256-bit minimum:\n{output}");
     assert!(!output.contains(&short), "the key itself must not be echoed:\n{output}");
+}
+
+/// The value of an unlabelled series, or of one with exactly `labels`, in an OpenMetrics text.
+fn series(metrics: &str, name_and_labels: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name_and_labels).and_then(|rest| rest.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no series {name_and_labels} in:\n{metrics}"))
+}
+
+/// What a newcomer sees in the first minutes of `fairway serve --demo` (the simulator at the
+/// demo's 10×, the demo's 30 s minimum runtime before preemption): the four decisions the
+/// product is about, each counted in `/metrics`, and every waiting job, in every team's
+/// queue, either expected at a time inside its interval or naming what no forecast can know,
+/// from the second cycle after it was first seen.
+#[tokio::test]
+async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preemption_and_every_waiting_job_says_when()
+{
+    const WITHIN: Duration = Duration::from_secs(300);
+    const DECISIONS: [&str; 4] = [
+        "fairway_preemptions_total{reason=\"fair_share\"}",
+        "fairway_backfills_total",
+        "fairway_preemptions_total{reason=\"reclaim\"}",
+        "fairway_preemptions_total{reason=\"priority\"}",
+    ];
+    let data_dir = fresh_dir("serve-demo");
+    let server = Server::start_demo(&data_dir, "demo.log").await;
+    let token = server.sign_in().await;
+    let started = Instant::now();
+    // Jobs seen waiting with neither an expected start nor a cause, and the number of cycles
+    // that had run then.
+    let mut unanswered: BTreeMap<String, f64> = BTreeMap::new();
+    let mut checked = 0usize;
+    loop {
+        let metrics = server.http.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
+        let cycles = series(&metrics, "fairway_scheduling_cycle_duration_seconds_count");
+        for team in ["nlp", "vision", "prod-inference", "research"] {
+            let r = server
+                .http
+                .get(server.url(&format!("/api/v1/teams/{team}/queue?limit=1000")))
+                .bearer_auth(&token)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), reqwest::StatusCode::OK);
+            let queue: Value = r.json().await.unwrap();
+            for job in queue.as_array().expect("the queue is a list") {
+                let id = job["id"].as_str().unwrap().to_owned();
+                let expected = job["expected_start_at"].as_str();
+                let cause = job["figures"]["unforeseeable"].as_str();
+                if let Some(expected) = expected {
+                    let (earliest, latest) = (job["earliest_start_at"].as_str(), job["latest_start_at"].as_str());
+                    let at = |t: Option<&str>| chrono::DateTime::parse_from_rfc3339(t.expect("an interval")).unwrap();
+                    assert!(at(earliest) <= at(Some(expected)) && at(Some(expected)) <= at(latest), "{job}");
+                    assert!(cause.is_none(), "an expected start and a cause: {job}");
+                    checked += 1;
+                } else if let Some(cause) = cause {
+                    assert!(["quota_change", "budget_change", "capacity_change"].contains(&cause), "{job}");
+                    assert!(job["message"].as_str().is_some_and(|m| !m.is_empty()), "the cause in words: {job}");
+                    checked += 1;
+                } else {
+                    let seen = *unanswered.entry(id).or_insert(cycles);
+                    assert!(
+                        cycles < seen + 3.0,
+                        "{job} waits two cycles after it was seen with no expected start and no cause\n{}",
+                        read_log(&server.log)
+                    );
+                }
+            }
+        }
+        let counts: Vec<f64> = DECISIONS.iter().map(|d| series(&metrics, d)).collect();
+        if counts.iter().all(|&n| n >= 1.0) {
+            break;
+        }
+        assert!(
+            started.elapsed() < WITHIN,
+            "in {WITHIN:?} of the demo, {:?} happened {counts:?} times\n{}",
+            DECISIONS,
+            read_log(&server.log)
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert!(checked > 0, "no waiting job was ever seen: the demo showed no queue");
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "fairway serve --demo exited with {status}:\n{log}");
 }

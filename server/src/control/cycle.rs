@@ -39,6 +39,8 @@ pub struct CycleReport {
     pub queue_waits: Vec<Waited>,
     /// Reason codes of the preemptions.
     pub preemption_reasons: Vec<&'static str>,
+    /// Jobs admitted on GPUs held for a blocked gang.
+    pub backfills: usize,
     /// GPUs allocated and capacity per class name after the cycle.
     pub allocation: Vec<(String, u64, u64)>,
     /// Pending jobs per (team, class).
@@ -167,6 +169,13 @@ pub async fn run_with(
         admission_latencies,
         queue_waits,
         preemption_reasons,
+        backfills: decisions
+            .admissions
+            .iter()
+            .filter(|a| {
+                a.backfilled_ahead_of.is_some() && world.jobs.get(&a.job).is_some_and(|j| admitted.contains(&j.id))
+            })
+            .count(),
         allocation: allocation(&world, &decisions),
         pending_by_team: pending_by_team(&world, &decisions),
         pending_by_reason: pending_by_reason(&decisions),
@@ -182,10 +191,15 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
         let Some((cluster_id, cluster, slots)) = world.stored_placement(&a.placement) else { continue };
         let nodes: Vec<String> =
             slots.iter().map(|s| format!("{} (GPUs {})", s.node, join(s.gpus.iter().map(u8::to_string)))).collect();
+        let gang = a.backfilled_ahead_of.and_then(|g| world.jobs.get(&g));
         let message = format!(
-            "admitted on cluster {cluster}, {}{}",
+            "admitted on cluster {cluster}, {}{}{}",
             nodes.join(", "),
-            if a.borrowing { "; borrowing burst capacity, so it may be preempted to give it back" } else { "" }
+            if a.borrowing { "; borrowing burst capacity, so it may be preempted to give it back" } else { "" },
+            gang.map_or(String::new(), |g| format!(
+                "; backfilled on GPUs held for job {}, a gang it ends before by its maximum runtime",
+                g.id
+            )),
         );
         admit.push(AdmitRow {
             job_id: job.id,
@@ -199,6 +213,7 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
                 "borrowing": a.borrowing,
                 "max_cost_micros": a.max_cost_micros,
                 "exceeds_soft_budget": a.exceeds_soft_budget,
+                "backfilled_ahead_of": gang.map(|g| g.id),
             }),
         });
     }
@@ -254,6 +269,7 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
                 figures: domain::WaitFigures {
                     earliest_start_at: p.earliest_start_ms.and_then(at),
                     latest_start_at: p.latest_start_ms.and_then(at),
+                    unforeseeable: p.unforeseeable.map(|u| u.code().to_owned()),
                     ..world.pending_figures(&p.reason, &p.figures)
                 },
                 position: i32::try_from(p.position).unwrap_or(i32::MAX),

@@ -230,6 +230,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
                     &report.queue_waits,
                     &report.preemption_reasons,
                 );
+                ctx.metrics.backfilled(report.backfills);
                 if ctx.config.check_invariants {
                     match db::decisions::quota_violations(&ctx.pool).await {
                         Ok(v) if v.is_empty() => {}

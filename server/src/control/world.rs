@@ -403,6 +403,7 @@ impl World {
             blocking_job,
             earliest_start_at: None,
             latest_start_at: None,
+            unforeseeable: None,
         }
     }
 }

@@ -375,6 +375,10 @@ pub struct WaitFigures {
     pub earliest_start_at: Option<chrono::DateTime<chrono::Utc>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latest_start_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// What its start waits for that no forecast can know, when that is what it waits for:
+    /// `quota_change`, `budget_change` or `capacity_change`. It then has no expected start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unforeseeable: Option<String>,
 }
 
 /// A hard budget smaller than a job's maximum cost.

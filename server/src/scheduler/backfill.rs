@@ -60,8 +60,9 @@ impl Cycle<'_> {
 
     /// Places a job on GPUs held by its class's reservation, if it ends before the reserved
     /// gang can start (EASY backfill).
-    pub(super) fn backfill(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
+    pub(super) fn backfill(&mut self, job: &JobSpec) -> Option<(Vec<ReplicaPlacement>, JobId)> {
         let reservation = self.reservations.get(&job.class)?;
+        let gang = reservation.job;
         if self.s.now_ms.saturating_add(job.max_runtime_ms) > reservation.shadow_ms {
             return None;
         }
@@ -79,7 +80,7 @@ impl Cycle<'_> {
         } else {
             self.inv.allocate(&held);
         }
-        found
+        found.map(|placement| (placement, gang))
     }
 
     /// The waiting job whose held GPUs keep `job` from fitting, if that is what blocks it:

@@ -16,6 +16,9 @@ pub struct Admission {
     pub max_cost_micros: i64,
     /// The soft budget this job would exceed, if any (admitted anyway, flagged).
     pub exceeds_soft_budget: bool,
+    /// The blocked gang whose held GPUs this job runs on, when it was backfilled: it ends
+    /// (by its maximum runtime) before that gang is expected to fit.
+    pub backfilled_ahead_of: Option<JobId>,
 }
 
 /// Why a running job is preempted.

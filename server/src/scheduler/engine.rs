@@ -264,11 +264,11 @@ impl<'a> Cycle<'a> {
         let available = self.available(job);
         if available >= n {
             if let Some(placement) = self.place(job) {
-                return self.admit(job, placement, beyond.is_some());
+                return self.admit(job, placement, beyond.is_some(), None);
             }
         }
-        if let Some(placement) = self.backfill(job) {
-            return self.admit(job, placement, beyond.is_some());
+        if let Some((placement, gang)) = self.backfill(job) {
+            return self.admit(job, placement, beyond.is_some(), Some(gang));
         }
         if self.claim_stopping(job, available) {
             return self.pend(job, PendingReason::WaitingForReclaim);
@@ -395,7 +395,13 @@ impl<'a> Cycle<'a> {
 
     /// Admits the job on `placement`: allocates its GPUs, counts its quota, spends its
     /// maximum cost from every budget over its team, and notes when it ends for reservations.
-    pub(super) fn admit(&mut self, job: &JobSpec, placement: Vec<ReplicaPlacement>, borrowing: bool) {
+    pub(super) fn admit(
+        &mut self,
+        job: &JobSpec,
+        placement: Vec<ReplicaPlacement>,
+        borrowing: bool,
+        backfilled_ahead_of: Option<JobId>,
+    ) {
         let s = self.s;
         self.inv.allocate(&placement);
         let n = job.total_milli();
@@ -426,6 +432,7 @@ impl<'a> Cycle<'a> {
             borrowing,
             max_cost_micros: cost,
             exceeds_soft_budget,
+            backfilled_ahead_of,
         });
     }
 }

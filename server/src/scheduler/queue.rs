@@ -69,7 +69,7 @@ impl<'a> Cycle<'a> {
                 continue;
             }
             match self.inv.find(job) {
-                Some(placement) => self.admit(job, placement, false),
+                Some(placement) => self.admit(job, placement, false, None),
                 None => {
                     head = Some(job.id);
                     self.pend(job, PendingReason::InsufficientCapacity);

@@ -247,6 +247,7 @@ fn a_blocked_gang_gets_a_reservation_and_only_short_jobs_backfill() {
     assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
     assert_eq!(reason_of(&d, 11), PendingReason::ReservedFor { job: 10 });
     assert_eq!(admitted(&d), vec![12], "ends before the gang's reservation");
+    assert_eq!(d.admissions[0].backfilled_ahead_of, Some(10), "the admission names the gang it runs ahead of");
     // No history: the running jobs' 3 hours left are uniform, so the gang starts within them.
     let gang = pending_of(&d, 10);
     let (earliest, expected, latest) =

@@ -53,9 +53,19 @@ impl Server {
 
     /// [`Server::start`] with extra environment variables.
     pub async fn start_with(data_dir: &Path, log_name: &str, extra: &[(&str, &str)]) -> Self {
+        Self::start_args(data_dir, log_name, &[], extra).await
+    }
+
+    /// `fairway serve --demo`, as a newcomer runs it.
+    pub async fn start_demo(data_dir: &Path, log_name: &str) -> Self {
+        Self::start_args(data_dir, log_name, &["--demo"], &[]).await
+    }
+
+    async fn start_args(data_dir: &Path, log_name: &str, args: &[&str], extra: &[(&str, &str)]) -> Self {
         let port = free_port();
         let log = data_dir.join(log_name);
         let child = fairway_serve(&log)
+            .args(args)
             .env("FAIRWAY_DATA_DIR", data_dir)
             .env("FAIRWAY_LISTEN", format!("127.0.0.1:{port}"))
             .env("FAIRWAY_ADMIN_PASSWORD", ADMIN_PASSWORD)
