@@ -4,8 +4,8 @@
 //! another, see a borrower preempted when the team claims its reserved quota, and, as
 //! finance, download the month's FOCUS export and open the month's statements; as a platform
 //! admin, create a team and give it a member. On a 390-pixel phone, what a waiting job's page
-//! and the dashboard say about it (why it waits, its positions, its expected start) and the
-//! cluster view's free capacity are in view. Screenshots of each page, at 1280 and 390
+//! and the dashboard say about it (why it waits, its positions, its expected start and the
+//! interval around it) and the cluster view's free capacity are in view. Screenshots of each page, at 1280 and 390
 //! pixels wide, are saved under `target/portal-screenshots/` as test artefacts.
 
 use std::{path::PathBuf, time::Duration};
@@ -327,6 +327,20 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     let reasons = phone.column("Why it waits").await;
     assert!(reasons.iter().any(|c| c.text.contains(why)), "{reasons:?}");
     phone.screenshot(&dir, "dashboard-390").await;
+    // One more research job waits for research's running borrowers to free its quota: its
+    // page on a phone gives the interval it should start in, in view.
+    let behind = app
+        .send(call("POST", "/api/v1/teams/research/jobs").token(&admin).json(&json!({
+            "name": "behind-the-borrowers", "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "r:1",
+            "priority_class": "experiment",
+        })))
+        .await;
+    behind.assert_status(201);
+    phone.open(&format!("{base}/jobs/{}", behind.json()["id"].as_str().expect("id"))).await;
+    phone.wait_for_text("(between ", Duration::from_secs(30)).await;
+    let interval = phone.shown("(between ").await;
+    assert!(interval.iter().any(fairway_tests::browser::Shown::in_view), "the start interval at 390 px: {interval:?}");
+    phone.screenshot(&dir, "job-expected-390").await;
     phone.open(&job_url).await;
     phone.screenshot(&dir, "job-390").await;
     phone.open(&format!("{base}/clusters")).await;
