@@ -160,6 +160,7 @@ async fn submit(
         replicas,
         gpus_per_replica: gpus,
         max_runtime_seconds: 86_400,
+        expected_runtime_seconds: None,
         image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
         command: json!(["python", "train.py"]),
         env: json!({"FAIRWAY_SIM_RUNTIME_SECONDS": seconds.to_string()}),

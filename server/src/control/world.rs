@@ -213,7 +213,7 @@ impl World {
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
-            expected_runtime_ms: None,
+            expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 
@@ -239,7 +239,7 @@ impl World {
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
-            expected_runtime_ms: None,
+            expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 

@@ -785,6 +785,7 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             replicas: 1,
             gpus_per_replica: 1,
             max_runtime_seconds: 3600,
+            expected_runtime_seconds: None,
             image: "registry.example/train:1".into(),
             command: json!([]),
             env: json!({}),
