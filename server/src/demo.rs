@@ -192,19 +192,32 @@ const MAX_PENDING: i64 = 16;
 /// (a loaded machine makes the show late, never stuck).
 const ACT_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// How the demo runs against the service's settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Pace {
+    /// Time between two random jobs.
+    pub every: Duration,
+    /// The scheduler's minimum runtime before preemption: how long an act waits for the one
+    /// before to become preemptible.
+    pub min_runtime: Duration,
+    /// The simulated cluster's speed-up: jobs declare the expected runtime they will take
+    /// in real time, as a user who knows their job would.
+    pub speedup: f64,
+}
+
 /// Plays the opening on a freshly seeded platform (`fresh`), then keeps submitting jobs
-/// drawn from [`SHAPES`], one every `every` while fewer than [`MAX_PENDING`] wait, until the
-/// process ends. `min_runtime` is the scheduler's minimum runtime before preemption.
-pub async fn generate(pool: PgPool, every: Duration, fresh: bool, min_runtime: Duration) {
+/// drawn from [`SHAPES`], one every `pace.every` while fewer than [`MAX_PENDING`] wait,
+/// until the process ends.
+pub async fn generate(pool: PgPool, pace: Pace, fresh: bool) {
     if fresh {
-        if let Err(e) = opening(&pool, min_runtime).await {
+        if let Err(e) = opening(&pool, pace).await {
             tracing::warn!(error = %e, "the demo's opening stopped");
         }
     }
     let mut rng = SplitMix64(0x00de_3000);
     let mut n = 0u64;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(pace.every).await;
         match db::jobs::pending_count(&pool).await {
             Ok(waiting) if waiting >= MAX_PENDING => continue,
             Ok(_) => {}
@@ -215,24 +228,25 @@ pub async fn generate(pool: PgPool, every: Duration, fresh: bool, min_runtime: D
         }
         n += 1;
         let shape = SHAPES[rng.index(SHAPES.len())];
-        let seconds = shape.seconds / 2 + (rng.below(u64::from(shape.seconds)) as u32);
+        // Runs vary around what their users expect: from half to one and a half times it.
+        let ran = shape.seconds / 2 + (rng.below(u64::from(shape.seconds)) as u32);
         let name = format!("{}-{n}", shape.name);
-        if let Err(e) = submit(&pool, &name, Shape { seconds, ..shape }).await {
+        if let Err(e) = submit(&pool, &name, shape, ran, pace.speedup).await {
             tracing::warn!(error = %e, "demo job not submitted");
         }
     }
 }
 
 /// Submits the acts of [`OPENING`] in turn.
-async fn opening(pool: &PgPool, min_runtime: Duration) -> anyhow::Result<()> {
+async fn opening(pool: &PgPool, pace: Pace) -> anyhow::Result<()> {
     for (i, act) in OPENING.iter().enumerate() {
         let mut ids = Vec::with_capacity(act.len());
         for shape in act.iter() {
-            ids.push(submit(pool, shape.name, *shape).await?);
+            ids.push(submit(pool, shape.name, *shape, shape.seconds, pace.speedup).await?);
         }
         tracing::info!(act = i + 1, jobs = act.len(), "demo act submitted");
         if i + 1 < OPENING.len() {
-            started_long_enough(pool, &ids, min_runtime).await?;
+            started_long_enough(pool, &ids, pace.min_runtime).await?;
         }
     }
     Ok(())
@@ -262,8 +276,9 @@ async fn started_long_enough(pool: &PgPool, ids: &[JobId], min_runtime: Duration
     }
 }
 
-/// Submits one demo job and wakes the scheduler.
-async fn submit(pool: &PgPool, name: &str, shape: Shape) -> anyhow::Result<JobId> {
+/// Submits one demo job that runs `ran` simulated seconds and declares the shape's expected
+/// runtime, in real time at `speedup`, and wakes the scheduler.
+async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64) -> anyhow::Result<JobId> {
     let team_row = db::teams::by_name(pool, shape.team).await?.context("demo team missing")?;
     let class_row = db::gpu_classes::by_name(pool, shape.class).await?.context("demo class missing")?;
     let gang = shape.replicas > 1;
@@ -275,9 +290,10 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape) -> anyhow::Result<JobId
         replicas: shape.replicas,
         gpus_per_replica: shape.gpus,
         max_runtime_seconds: shape.max_runtime_seconds,
+        expected_runtime_seconds: Some(((f64::from(shape.seconds) / speedup).ceil() as i32).max(1)),
         image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
         command: json!(["python", "train.py"]),
-        env: json!({"FAIRWAY_SIM_RUNTIME_SECONDS": shape.seconds.to_string()}),
+        env: json!({"FAIRWAY_SIM_RUNTIME_SECONDS": ran.to_string()}),
         labels: json!({"demo": "true"}),
         topology_mode: if gang { "preferred".into() } else { "any".into() },
         topology_level: gang.then(|| "rack".to_owned()),

@@ -232,8 +232,12 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
         let ctx = control_context(&state).await?;
         if demo {
             let fresh = crate::demo::seed(&ctx).await?;
-            let min_runtime = state.config.min_runtime_before_preemption;
-            tokio::spawn(crate::demo::generate(state.db.clone(), Duration::from_secs(3), fresh, min_runtime));
+            let pace = crate::demo::Pace {
+                every: Duration::from_secs(3),
+                min_runtime: state.config.min_runtime_before_preemption,
+                speedup: state.config.sim_speedup.unwrap_or(1.0),
+            };
+            tokio::spawn(crate::demo::generate(state.db.clone(), pace, fresh));
         }
         control::spawn(ctx, database.options.clone(), database.instance.clone());
     } else if demo {

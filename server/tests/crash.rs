@@ -55,6 +55,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 replicas: 1 + (i % 2) as i32,
                 gpus_per_replica: 1 + (i % 4) as i32,
                 max_runtime_seconds: 3600,
+                expected_runtime_seconds: None,
                 image: "x".into(),
                 command: json!([]),
                 env: json!({"FAIRWAY_SIM_RUNTIME_SECONDS": runtime}),

@@ -28,7 +28,7 @@ use fairway::{
     db::billing::ExportRow,
     domain::{
         check_range,
-        job::{check_command, check_env, check_grace, check_image, check_labels, check_name},
+        job::{check_command, check_env, check_expected_runtime, check_grace, check_image, check_labels, check_name},
         ClusterName, FieldError, JobId, TeamId,
     },
     http::{
@@ -398,6 +398,7 @@ const JOB_SPEC: BodyType = BodyType {
         "gpus_per_replica",
         "priority_class",
         "max_runtime_seconds",
+        "expected_runtime_seconds",
         "image",
         "command",
         "env",
@@ -416,6 +417,7 @@ const JOB_SPEC: BodyType = BodyType {
         ("gpus_per_replica", Kind::Int),
         ("priority_class", Kind::Text),
         ("max_runtime_seconds", Kind::Int),
+        ("expected_runtime_seconds", Kind::Int),
         ("image", Kind::Text),
         ("command", Kind::Texts),
         ("env", Kind::TextMap),
@@ -914,9 +916,9 @@ fn job_specs() -> impl Strategy<Value = Value> {
     let count = || prop_oneof![4 => 0_i64..80, 1 => -2_i64..1100, 1 => any::<i64>()];
     (
         (name, image, vec(arg(), 0..4), btree_map(env_name, arg(), 0..4), btree_map(label_key, label_value, 0..4)),
-        (count(), count(), option::of(count()), option::of(count()), option::of(count())),
+        (count(), count(), option::of(count()), option::of(count()), option::of(count()), option::of(count())),
     )
-        .prop_map(|((name, image, command, env, labels), (replicas, gpus, runtime, grace, retries))| {
+        .prop_map(|((name, image, command, env, labels), (replicas, gpus, runtime, grace, retries, expected))| {
             json!({
                 "name": name,
                 "gpu_class": "h100-80gb",
@@ -927,6 +929,7 @@ fn job_specs() -> impl Strategy<Value = Value> {
                 "replicas": replicas,
                 "gpus_per_replica": gpus,
                 "max_runtime_seconds": runtime,
+                "expected_runtime_seconds": expected,
                 "preemption_grace_seconds": grace,
                 "max_retries": retries,
             })
@@ -999,6 +1002,13 @@ fn expected_refusals(spec: &JobSpec) -> BTreeMap<&'static str, Vec<String>> {
             bad.entry(field).or_default().push(field.into());
         }
     }
+    // Against the maximum runtime it names; the catalogue's default when it names none is
+    // not this test's business.
+    if let (Some(expected), Some(max)) = (spec.expected_runtime_seconds, spec.max_runtime_seconds) {
+        if !(1..=max).contains(&expected) {
+            bad.entry("expected_runtime_seconds").or_default().push("expected_runtime_seconds".into());
+        }
+    }
     bad
 }
 
@@ -1015,7 +1025,7 @@ fn job_specs_that_parse_are_accepted_or_refused_by_each_rule_with_the_offending_
         let bytes = serde_json::to_vec(&value).expect("a value serializes");
         // Refusals of the body itself are the JSON properties' business.
         let Ok(spec) = parse_json::<JobSpec>(&bytes) else { return Ok(()) };
-        let checks: [(&str, Result<(), FieldError>); 9] = [
+        let checks: [(&str, Result<(), FieldError>); 10] = [
             ("name", check_name("name", &spec.name)),
             ("image", check_image("image", &spec.image)),
             ("command", check_command("command", &spec.command)),
@@ -1028,6 +1038,13 @@ fn job_specs_that_parse_are_accepted_or_refused_by_each_rule_with_the_offending_
                 spec.preemption_grace_seconds.map_or(Ok(()), |g| check_grace("preemption_grace_seconds", g)),
             ),
             ("max_retries", spec.max_retries.map_or(Ok(()), |r| check_range("max_retries", r, 0, 100))),
+            (
+                "expected_runtime_seconds",
+                match (spec.expected_runtime_seconds, spec.max_runtime_seconds) {
+                    (Some(e), Some(max)) => check_expected_runtime("expected_runtime_seconds", e, max),
+                    _ => Ok(()),
+                },
+            ),
         ];
         let expected = expected_refusals(&spec);
         for (rule, result) in checks {

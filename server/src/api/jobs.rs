@@ -62,6 +62,10 @@ pub struct JobView {
     pub replicas: i32,
     pub gpus_per_replica: i32,
     pub max_runtime_seconds: i32,
+    /// What the job expects to run, in seconds; the forecast of expected starts uses it as
+    /// this job's median runtime instead of its team's history. At most max_runtime_seconds.
+    /// Null when the job declared none.
+    pub expected_runtime_seconds: Option<i32>,
     pub image: String,
     pub command: Vec<String>,
     pub env: Value,
@@ -116,6 +120,7 @@ impl From<db::jobs::JobRow> for JobView {
             replicas: r.replicas,
             gpus_per_replica: r.gpus_per_replica,
             max_runtime_seconds: r.max_runtime_seconds,
+            expected_runtime_seconds: r.expected_runtime_seconds,
             image: r.image,
             command: r.command.0,
             env: r.env.0,

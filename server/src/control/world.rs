@@ -213,7 +213,7 @@ impl World {
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
-            expected_runtime_ms: None,
+            expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 
@@ -239,7 +239,7 @@ impl World {
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
-            expected_runtime_ms: None,
+            expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 
@@ -415,5 +415,113 @@ fn gpus(milli: u64) -> String {
     } else {
         let text = format!("{:.3}", milli as f64 / f64::from(UNIT));
         text.trim_end_matches('0').to_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::snapshot::{ClassRow, PriorityRow, TeamRow};
+    use chrono::Utc;
+
+    /// A world of one team and one class holding `jobs`.
+    fn world_of(jobs: Vec<LiveJob>) -> World {
+        let rows = SnapshotRows {
+            now: Utc::now(),
+            classes: vec![ClassRow { id: class(), name: "h100".into(), rate: 0, fraction_milli: 1000 }],
+            nodes: Vec::new(),
+            teams: vec![TeamRow { id: team(), name: "ml".into(), parent_id: None, fair_share_weight_milli: 1000 }],
+            quotas: Vec::new(),
+            priorities: vec![PriorityRow {
+                name: "experiment".into(),
+                priority: 0,
+                preemptible: true,
+                usage_factor_milli: 1000,
+                price_multiplier_milli: 1000,
+                preemption_grace_seconds: 30,
+            }],
+            history: Vec::new(),
+            jobs: jobs.into_iter().map(Arc::new).collect(),
+        };
+        World::build(rows, scheduler::snapshot::Config::default())
+    }
+
+    fn team() -> domain::TeamId {
+        domain::TeamId::from_u128(1)
+    }
+
+    fn class() -> domain::GpuClassId {
+        domain::GpuClassId::from_u128(2)
+    }
+
+    fn live(seq: i64, state: JobState, expected_runtime_seconds: Option<i32>) -> LiveJob {
+        LiveJob {
+            id: domain::JobId::from_u128(100 + seq as u128),
+            seq,
+            team_id: team(),
+            name: "train".into(),
+            gpu_class_id: class(),
+            priority_class: "experiment".into(),
+            replicas: 1,
+            gpus_per_replica: 1,
+            topology_mode: "any".into(),
+            topology_level: None,
+            max_runtime_seconds: 3600,
+            expected_runtime_seconds,
+            preemption_grace_seconds: None,
+            state,
+            attempt: i32::from(state == JobState::Running),
+            holds_gpus: state == JobState::Running,
+            cluster_id: None,
+            placement: None,
+            submitted_at: Utc::now(),
+            queued_at: Utc::now(),
+            admitted_at: None,
+            started_at: None,
+            last_checkpoint_at: None,
+            pending_reason: None,
+            allow_spot: false,
+        }
+    }
+
+    #[test]
+    fn the_engine_sees_the_runtime_running_and_waiting_jobs_declared_in_milliseconds() {
+        let world = world_of(vec![
+            live(1, JobState::Running, Some(600)),
+            live(2, JobState::Running, None),
+            live(3, JobState::Pending, Some(1800)),
+            live(4, JobState::Pending, None),
+        ]);
+        let running: Vec<Option<i64>> = world.snapshot.running.iter().map(|r| r.spec.expected_runtime_ms).collect();
+        assert_eq!(running, [Some(600_000), None]);
+        let pending: Vec<Option<i64>> = world.snapshot.pending.iter().map(|j| j.expected_runtime_ms).collect();
+        assert_eq!(pending, [Some(1_800_000), None]);
+    }
+
+    #[test]
+    fn a_dry_run_proposes_the_runtime_the_job_declares() {
+        let world = world_of(Vec::new());
+        let job = NewJob {
+            id: domain::JobId::new(),
+            name: "what if".into(),
+            gpu_class_id: class(),
+            priority_class: "experiment".into(),
+            replicas: 1,
+            gpus_per_replica: 1,
+            max_runtime_seconds: 3600,
+            expected_runtime_seconds: Some(900),
+            image: "x".into(),
+            command: serde_json::json!([]),
+            env: serde_json::json!({}),
+            labels: serde_json::json!({}),
+            topology_mode: "any".into(),
+            topology_level: None,
+            preemption_grace_seconds: None,
+            max_retries: 0,
+            allow_spot: false,
+        };
+        assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));
+        let undeclared = NewJob { expected_runtime_seconds: None, ..job };
+        assert_eq!(world.proposed(team(), &undeclared).map(|j| j.expected_runtime_ms), Some(None));
     }
 }

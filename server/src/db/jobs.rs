@@ -23,6 +23,8 @@ pub struct JobRow {
     pub replicas: i32,
     pub gpus_per_replica: i32,
     pub max_runtime_seconds: i32,
+    /// The runtime the job declared it expects; `None` when it declared none.
+    pub expected_runtime_seconds: Option<i32>,
     pub image: String,
     pub command: Json<Vec<String>>,
     pub env: Json<Value>,
@@ -67,6 +69,9 @@ pub struct NewJob {
     pub replicas: i32,
     pub gpus_per_replica: i32,
     pub max_runtime_seconds: i32,
+    /// The runtime the job declares it expects, at most `max_runtime_seconds`: the median of
+    /// its runtime forecast. `None`: the forecast learns it from history.
+    pub expected_runtime_seconds: Option<i32>,
     pub image: String,
     pub command: Value,
     pub env: Value,
@@ -151,20 +156,22 @@ pub async fn insert_submissions(
     let tokens: Vec<Option<TokenId>> = submissions.iter().map(|s| s.check.map(|c| c.token_id)).collect();
     let team_versions: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.team_version)).collect();
     let catalogues: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.catalogue_version)).collect();
+    let expected: Vec<Option<i32>> = submissions.iter().map(|s| s.job.expected_runtime_seconds).collect();
     sqlx::query_as!(
         Stored,
         r#"with j as (
                insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
                                  max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
-                                 preemption_grace_seconds, max_retries, allow_spot, submitted_by)
+                                 preemption_grace_seconds, max_retries, allow_spot, submitted_by,
+                                 expected_runtime_seconds)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
-                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by
+                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
-                           $20::int8[], $21::int8[])
+                           $20::int8[], $21::int8[], $22::int4[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
-                         mode, level, grace, retries, spot, token, team_version, catalogue)
+                         mode, level, grace, retries, spot, token, team_version, catalogue, expected)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -194,6 +201,7 @@ pub async fn insert_submissions(
         &tokens as &[Option<TokenId>],
         &team_versions as &[Option<i64>],
         &catalogues as &[Option<i64>],
+        &expected as &[Option<i32>],
     )
     .fetch_all(db)
     .await
@@ -215,6 +223,7 @@ impl JobRow {
             replicas: job.replicas,
             gpus_per_replica: job.gpus_per_replica,
             max_runtime_seconds: job.max_runtime_seconds,
+            expected_runtime_seconds: job.expected_runtime_seconds,
             image: job.image,
             command: Json(serde_json::from_value(job.command).unwrap_or_default()),
             env: Json(job.env),
@@ -275,7 +284,7 @@ macro_rules! select_jobs {
             JobRow,
             r#"select j.id as "id: JobId", j.seq, j.team_id as "team_id: TeamId", t.name as team, j.name,
                   j.gpu_class_id as "gpu_class_id: GpuClassId", c.name as gpu_class,
-                  j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.image,
+                  j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.expected_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
                   j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state as "state: JobState", j.attempt, j.holds_gpus,

@@ -64,6 +64,8 @@ pub struct LiveJob {
     pub topology_mode: String,
     pub topology_level: Option<String>,
     pub max_runtime_seconds: i32,
+    /// The runtime it declared it expects, if any: the median of its runtime forecast.
+    pub expected_runtime_seconds: Option<i32>,
     pub preemption_grace_seconds: Option<i32>,
     pub state: JobState,
     pub attempt: i32,
@@ -148,7 +150,7 @@ macro_rules! select_live_jobs {
         sqlx::query_as!(
             LiveJob,
             r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
-                      topology_level, max_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
+                      topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot
                from jobs

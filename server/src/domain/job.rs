@@ -293,6 +293,23 @@ pub fn check_grace(field: &str, seconds: i64) -> Result<(), FieldError> {
     check_range(field, seconds, 0, 86_400)
 }
 
+/// Checks the runtime a job declares it expects, in seconds, against the job's maximum
+/// runtime: a job stopped at its maximum cannot be expected to run longer, and a declared
+/// runtime of nothing would forecast every job behind it to start at once.
+pub fn check_expected_runtime(field: &str, seconds: i64, max_runtime_seconds: i64) -> Result<(), FieldError> {
+    if seconds < 1 {
+        return Err(FieldError::new(field, "too_small", "must be at least 1"));
+    }
+    if seconds > max_runtime_seconds {
+        return Err(FieldError::new(
+            field,
+            "exceeds_max_runtime",
+            format!("must be at most the job's max_runtime_seconds, {max_runtime_seconds}"),
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,6 +350,17 @@ mod tests {
         let err = check_labels("labels", &map(&[("bad key", "x")])).unwrap_err();
         assert_eq!(err.field, "labels.bad key");
         assert_eq!(check_labels("labels", &map(&[("ok", "-no")])).unwrap_err().code, "invalid_value");
+    }
+
+    #[test]
+    fn an_expected_runtime_is_positive_and_at_most_the_maximum_runtime() {
+        assert!(check_expected_runtime("expected_runtime_seconds", 1, 3600).is_ok());
+        assert!(check_expected_runtime("expected_runtime_seconds", 3600, 3600).is_ok());
+        assert_eq!(check_expected_runtime("expected_runtime_seconds", 0, 3600).unwrap_err().code, "too_small");
+        assert_eq!(check_expected_runtime("expected_runtime_seconds", -5, 3600).unwrap_err().code, "too_small");
+        let e = check_expected_runtime("expected_runtime_seconds", 3601, 3600).unwrap_err();
+        assert_eq!((e.field.as_str(), e.code.as_str()), ("expected_runtime_seconds", "exceeds_max_runtime"));
+        assert!(e.message.contains("3600"), "{}", e.message);
     }
 
     #[test]

@@ -52,6 +52,11 @@ pub struct JobSpec {
     /// Longest the job may run; at most the team's limit. Default a day (or the limit).
     #[serde(default)]
     pub max_runtime_seconds: Option<i64>,
+    /// What the job expects to run, in seconds; the forecast of expected starts uses it as
+    /// this job's median runtime instead of its team's history. At most max_runtime_seconds.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    pub expected_runtime_seconds: Option<i64>,
     /// Container image.
     pub image: String,
     /// Command and arguments.
@@ -222,6 +227,16 @@ impl Catalogue {
                 format!("must be at most the team's limit of {} seconds", self.max_runtime),
             )));
         }
+        if let Some(expected) = spec.expected_runtime_seconds {
+            // Held to the maximum the job will have: the one it names, or the default. A
+            // maximum that is itself wrong is reported alone; the team's limit bounds both.
+            let max = if (1..=i64::from(self.max_runtime)).contains(&max_runtime) {
+                max_runtime
+            } else {
+                i64::from(self.max_runtime)
+            };
+            check(job::check_expected_runtime(&at("expected_runtime_seconds"), expected, max));
+        }
         let priority = spec.priority_class.clone().unwrap_or_else(|| "experiment".into());
         if !self.priorities.contains(&priority) {
             check(Err(FieldError::new(
@@ -309,6 +324,8 @@ impl Catalogue {
             replicas: spec.replicas as i32,
             gpus_per_replica: spec.gpus_per_replica as i32,
             max_runtime_seconds: max_runtime as i32,
+            // Checked above: within 1 and the maximum runtime, an `i32`.
+            expected_runtime_seconds: spec.expected_runtime_seconds.map(|e| e as i32),
             image: spec.image.clone(),
             command: serde_json::json!(spec.command),
             env: serde_json::json!(spec.env),

@@ -68,6 +68,7 @@ async fn admitted_job(s: &Setup, team: TeamId, class: GpuClassId, gpus: i32, nam
         replicas: 1,
         gpus_per_replica: gpus,
         max_runtime_seconds: 2_592_000,
+        expected_runtime_seconds: None,
         image: "registry.example/train:1".into(),
         command: json!([]),
         env: json!({}),

@@ -261,6 +261,65 @@ async fn an_invalid_job_is_refused_naming_the_field_and_nothing_is_queued() {
 }
 
 #[tokio::test]
+async fn a_job_that_declares_its_expected_runtime_reads_it_back_and_one_that_does_not_reads_null() {
+    let s = setup().await;
+    let declared = spec_with("declared", json!({"max_runtime_seconds": 3600, "expected_runtime_seconds": 1800}));
+    let created = s.submit(&s.alice, "ml", &declared).await;
+    created.assert_status(201);
+    assert_eq!(created.json()["expected_runtime_seconds"], 1800, "{}", created.json());
+    let id = created.json()["id"].as_str().unwrap().to_owned();
+    let read = s.get(&s.alice, &format!("/api/v1/jobs/{id}")).await;
+    read.assert_status(200);
+    assert_eq!(read.json()["expected_runtime_seconds"], 1800);
+    // Its maximum itself is allowed.
+    let whole =
+        s.submit_ok(&spec_with("whole", json!({"max_runtime_seconds": 600, "expected_runtime_seconds": 600}))).await;
+    let undeclared = s.submit_ok(&spec("undeclared")).await;
+    let r = s.get(&s.alice, "/api/v1/teams/ml/jobs?limit=10").await;
+    r.assert_status(200);
+    let listed: Vec<(String, Value)> = r.json()["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|j| (j["id"].as_str().unwrap().to_owned(), j["expected_runtime_seconds"].clone()))
+        .collect();
+    assert_eq!(listed, [(undeclared, Value::Null), (whole, json!(600)), (id, json!(1800))]);
+}
+
+#[tokio::test]
+async fn an_expected_runtime_of_nothing_or_longer_than_the_maximum_runtime_is_refused_naming_the_field() {
+    let s = setup().await;
+    for (changes, code) in [
+        (json!({"expected_runtime_seconds": 0}), "too_small"),
+        (json!({"expected_runtime_seconds": -60}), "too_small"),
+        (json!({"max_runtime_seconds": 3600, "expected_runtime_seconds": 3601}), "exceeds_max_runtime"),
+        // With no maximum named, the default one (a day) bounds it.
+        (json!({"expected_runtime_seconds": 86_401}), "exceeds_max_runtime"),
+    ] {
+        let r = s.submit(&s.alice, "ml", &spec_with("bad", changes.clone())).await;
+        let doc = r.assert_problem(422, "validation_failed");
+        assert_eq!(
+            (doc["field"].as_str(), doc["errors"][0]["code"].as_str()),
+            (Some("expected_runtime_seconds"), Some(code)),
+            "{changes}: {doc}"
+        );
+        // A dry run of it is refused alike.
+        let r = s
+            .app
+            .send(
+                call("POST", "/api/v1/teams/ml/jobs:dry-run").token(&s.alice).json(&spec_with("bad", changes.clone())),
+            )
+            .await;
+        assert_field(&r, "expected_runtime_seconds", code);
+    }
+    // In a batch, the job is named.
+    let batch = json!({"jobs": [spec("fine"), spec_with("bad", json!({"max_runtime_seconds": 60, "expected_runtime_seconds": 61}))]});
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.alice).json(&batch)).await;
+    assert_field(&r, "jobs[1].expected_runtime_seconds", "exceeds_max_runtime");
+    assert_eq!(s.job_count().await, 0);
+}
+
+#[tokio::test]
 async fn a_job_more_than_any_placement_could_ever_give_is_refused_at_submission() {
     let s = setup().await;
     two_nodes_of_eight(&s.app).await;
@@ -785,6 +844,7 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             replicas: 1,
             gpus_per_replica: 1,
             max_runtime_seconds: 3600,
+            expected_runtime_seconds: None,
             image: "registry.example/train:1".into(),
             command: json!([]),
             env: json!({}),

@@ -286,6 +286,41 @@ async fn a_cycle_of_a_deposed_leader_commits_nothing() {
     assert_eq!(job(&app, &admin, &id).await["state"], "admitted");
 }
 
+#[tokio::test]
+async fn a_job_waiting_behind_one_that_declared_a_short_runtime_is_expected_to_start_sooner_than_behind_a_long_one() {
+    let (app, ctx, admin) = without_control_loop().await;
+    app.team(&admin, "cv", None).await;
+    app.quota(&admin, "cv", "h100-80gb", 8, 0).await;
+    // Each team's whole quota in one job, so the next job of the team waits for it to end.
+    let body = |name: &str, expected: Value| {
+        json!({"name": name, "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "x",
+               "max_runtime_seconds": 86_400, "expected_runtime_seconds": expected})
+    };
+    let mut conn = app.pool.acquire().await.unwrap();
+    let epoch = db::leader::take_leadership(&mut conn, "test").await.unwrap();
+    submit(&app, &admin, "ml", body("short", json!(600))).await;
+    submit(&app, &admin, "cv", body("long", json!(36_000))).await;
+    let report = control::cycle::run(&app.pool, epoch, &ctx.config).await.expect("cycle");
+    assert_eq!(report.admitted, 2);
+    // The jobs behind them declare nothing: their own runtime does not matter to when they start.
+    let behind_short = submit(&app, &admin, "ml", body("next", Value::Null)).await;
+    let behind_long = submit(&app, &admin, "cv", body("next", Value::Null)).await;
+    let now = chrono::Utc::now();
+    control::cycle::run(&app.pool, epoch, &ctx.config).await.expect("cycle");
+    let expected_start = |job: Value| {
+        assert_eq!(job["pending"]["reason"], "burst_limit", "{job:#}");
+        let at = job["pending"]["expected_start_at"].as_str().unwrap_or_else(|| panic!("no expected start: {job:#}"));
+        chrono::DateTime::parse_from_rfc3339(at).unwrap().with_timezone(&chrono::Utc) - now
+    };
+    let short = expected_start(job(&app, &admin, &behind_short).await);
+    let long = expected_start(job(&app, &admin, &behind_long).await);
+    // The declared runtimes are the medians the starts are forecast from: about 10 minutes
+    // and 10 hours away, not the day the maximum runtimes would allow.
+    assert!(short < long, "behind the short job in {short}, behind the long one in {long}");
+    assert!((5..=15).contains(&short.num_minutes()), "behind the short job in {short}");
+    assert!((9 * 60..=11 * 60).contains(&long.num_minutes()), "behind the long job in {long}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_submissions_from_fifty_teams_never_exceed_quota_nor_admit_twice() {
     let app = std::sync::Arc::new(TestApp::spawn().await);

@@ -363,6 +363,43 @@ async fn the_live_preview_answers_with_the_engines_verdict_as_a_fragment_and_nam
 }
 
 #[tokio::test]
+async fn a_member_declares_an_expected_runtime_on_the_form_the_preview_checks_it_and_the_job_page_shows_it() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await);
+    assert!(page.contains("name=\"expected_runtime_seconds\""), "{page}");
+    let token = csrf_in(&page);
+    let form = |action: &str, expected: &str| {
+        format!(
+            "csrf={token}&action={action}&name=timed&gpu_class=h100&replicas=1&gpus_per_replica=1\
+             &priority_class=production&max_runtime_seconds=7200&expected_runtime_seconds={expected}&image=train%3A2&command="
+        )
+    };
+    let send = |path: &'static str, form: String| {
+        p.app.send(call("POST", path).header("cookie", &session).raw(FORM, form.into_bytes()))
+    };
+    // The live preview holds it to the maximum runtime, as a submission would.
+    let fragment = body(&send("/teams/ml/jobs/preview", form("preview", "7201")).await);
+    assert!(fragment.contains("expected_runtime_seconds: must be at most"), "{fragment}");
+    let fragment = body(&send("/teams/ml/jobs/preview", form("preview", "soon")).await);
+    assert!(fragment.contains("expected_runtime_seconds: must be a whole number"), "{fragment}");
+    let fragment = body(&send("/teams/ml/jobs/preview", form("preview", "1800")).await);
+    assert!(fragment.contains("If you submitted it now"), "{fragment}");
+    let r = send("/teams/ml/jobs/new", form("submit", "1800")).await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let page = body(&p.app.send(call("GET", &r.header("location").unwrap()).header("cookie", &session)).await);
+    assert!(
+        page.contains("<dt>Expected runtime</dt><dd class=\"expected-runtime\">1800 seconds (at most 7200)</dd>"),
+        "{page}"
+    );
+    // Left empty, the job declares none, and its page says nothing of it.
+    let r = send("/teams/ml/jobs/new", form("submit", "")).await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let page = body(&p.app.send(call("GET", &r.header("location").unwrap()).header("cookie", &session)).await);
+    assert!(!page.contains("Expected runtime"), "{page}");
+}
+
+#[tokio::test]
 async fn an_unknown_page_is_a_friendly_page_and_an_unknown_api_path_a_problem() {
     let p = setup().await;
     let r = p.app.send(call("GET", "/no/such/page")).await;

@@ -150,6 +150,8 @@ pub struct JobDetail {
     pub priority_class: String,
     pub submitted: String,
     pub submitted_by: String,
+    /// The runtime it declared it expects, with its maximum, when it declared one.
+    pub expected_runtime: Option<String>,
     /// Why it waits, its positions and expected start, while it is pending.
     pub waiting: Option<super::Wait>,
     pub placement: Option<String>,
@@ -249,6 +251,9 @@ pub async fn job(
             .filter(|_| job.holds_gpus)
             .map(|c| format!("{c}: {}", placement.unwrap_or_default())),
         submitted: when(job.submitted_at),
+        expected_runtime: job
+            .expected_runtime_seconds
+            .map(|e| format!("{e} seconds (at most {})", job.max_runtime_seconds)),
         cost,
         burn,
         name: job.name,

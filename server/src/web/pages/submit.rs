@@ -32,6 +32,9 @@ pub struct SubmitForm {
     pub priority_class: String,
     #[serde(default)]
     pub max_runtime_seconds: String,
+    /// Optional: empty declares none.
+    #[serde(default)]
+    pub expected_runtime_seconds: String,
     #[serde(default)]
     pub image: String,
     #[serde(default)]
@@ -156,7 +159,12 @@ fn spec_of(form: &SubmitForm) -> Result<ops::jobs::JobSpec, Vec<(String, String)
     let replicas = number("replicas", &form.replicas);
     let gpus = number("gpus_per_replica", &form.gpus_per_replica);
     let runtime = number("max_runtime_seconds", &form.max_runtime_seconds);
-    let (Some(replicas), Some(gpus_per_replica), Some(runtime)) = (replicas, gpus, runtime) else {
+    let expected = match form.expected_runtime_seconds.trim() {
+        "" => Some(None),
+        typed => number("expected_runtime_seconds", typed).map(Some),
+    };
+    let (Some(replicas), Some(gpus_per_replica), Some(runtime), Some(expected)) = (replicas, gpus, runtime, expected)
+    else {
         return Err(errors);
     };
     let spec = serde_json::json!({
@@ -166,6 +174,7 @@ fn spec_of(form: &SubmitForm) -> Result<ops::jobs::JobSpec, Vec<(String, String)
         "gpus_per_replica": gpus_per_replica,
         "priority_class": form.priority_class,
         "max_runtime_seconds": runtime,
+        "expected_runtime_seconds": expected,
         "image": form.image,
         "command": form.command.split_whitespace().collect::<Vec<_>>(),
     });

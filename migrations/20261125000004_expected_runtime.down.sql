@@ -1,0 +1,1 @@
+alter table jobs drop column expected_runtime_seconds;
