@@ -34,7 +34,7 @@ pub struct PendingInfo {
     /// Stable code of the first rule that blocks it, one of `never_fits`, `burst_limit`,
     /// `exceeds_quota`, `reserved_quota_exhausted`, `budget_exhausted`, `no_topology_fit`,
     /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
-    /// `behind_head_of_line`.
+    /// `behind_head_of_line`, `victims_in_minimum_runtime`.
     pub reason: Option<String>,
     /// The same in words, with the numbers.
     pub message: Option<String>,

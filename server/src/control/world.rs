@@ -9,6 +9,7 @@ use std::{
 use crate::domain;
 use crate::metering::figures::{cents, gpu_hours};
 use serde_json::Value;
+use chrono::{TimeZone as _, Utc};
 
 use crate::{
     backends::ReplicaSlot,
@@ -369,6 +370,10 @@ impl World {
             PendingReason::BehindHeadOfLine { job } => {
                 format!("job {} at the head of the queue is waiting, and jobs start in order", job_id(job))
             }
+            PendingReason::VictimsInMinimumRuntime { at_ms } => format!(
+                "not enough free GPUs of {of}: it needs {needs} and {free} are free to it; the jobs it may preempt for the rest have not yet run the minimum runtime before preemption, and enough of them have at {}",
+                Utc.timestamp_millis_opt(*at_ms).single().map_or_else(String::new, |t| t.format("%H:%M:%S UTC").to_string())
+            ),
         }
     }
 }
@@ -404,6 +409,10 @@ impl World {
             earliest_start_at: None,
             latest_start_at: None,
             unforeseeable: None,
+            victims_preemptible_at: match reason {
+                PendingReason::VictimsInMinimumRuntime { at_ms } => Utc.timestamp_millis_opt(*at_ms).single(),
+                _ => None,
+            },
         }
     }
 }

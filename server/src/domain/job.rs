@@ -407,6 +407,10 @@ pub struct WaitFigures {
     /// `quota_change`, `budget_change` or `capacity_change`. It then has no expected start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unforeseeable: Option<String>,
+    /// For `victims_in_minimum_runtime`: when enough of the jobs it may preempt have run the
+    /// minimum runtime before preemption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub victims_preemptible_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A hard budget smaller than a job's maximum cost.

@@ -86,11 +86,15 @@ pub enum PendingReason {
     ReservedFor { job: JobId },
     /// Strict FIFO: an earlier job is blocked at the head of the queue.
     BehindHeadOfLine { job: JobId },
+    /// Not enough free GPUs, but jobs it may preempt (its team's lower-priority work, or,
+    /// within its reserved quota, borrowers of it) free enough once they have run the
+    /// minimum runtime before preemption, which enough of them have at `at_ms`.
+    VictimsInMinimumRuntime { at_ms: i64 },
 }
 
 impl PendingReason {
     /// Every code, in a fixed order: the taxonomy a gauge per reason shows from the start.
-    pub const CODES: [&'static str; 11] = [
+    pub const CODES: [&'static str; 12] = [
         "never_fits",
         "burst_limit",
         "exceeds_quota",
@@ -102,6 +106,7 @@ impl PendingReason {
         "waiting_for_reclaim",
         "reserved_for_gang",
         "behind_head_of_line",
+        "victims_in_minimum_runtime",
     ];
 
     /// Its place in [`PendingReason::CODES`].
@@ -118,6 +123,7 @@ impl PendingReason {
             PendingReason::WaitingForReclaim => 8,
             PendingReason::ReservedFor { .. } => 9,
             PendingReason::BehindHeadOfLine { .. } => 10,
+            PendingReason::VictimsInMinimumRuntime { .. } => 11,
         }
     }
 

@@ -308,6 +308,49 @@ impl<'a> Cycle<'a> {
         }
     }
 
+    /// When `job`, `available` short of what it needs, could take the rest from jobs still
+    /// within the minimum runtime before preemption: its team's lower-priority jobs, or,
+    /// `within_reserved`, jobs of teams borrowing at a level its team does not share (the
+    /// priority and reclaim rules; fair share waits for no one). The time enough of them have
+    /// run their minimum, or `None` when all of them would not do. Judged by amount, like
+    /// [`Self::held_for`]: it explains a wait, it decides nothing.
+    fn victims_in_minimum_runtime(&self, job: &JobSpec, available: u64, within_reserved: bool) -> Option<i64> {
+        let s = self.s;
+        if s.config.policy == Policy::Fifo || (job.team as usize) >= s.teams.len() {
+            return None;
+        }
+        let min = s.config.min_runtime_before_preemption_ms;
+        let chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
+        let priority = self.priority(job);
+        let mut young: Vec<(i64, u64)> = s
+            .running
+            .iter()
+            .enumerate()
+            .filter(|&(i, r)| {
+                r.spec.class == job.class
+                    && !r.terminating
+                    && !self.victim[i]
+                    && s.now_ms - r.started_ms < min
+                    && s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible)
+                    && if r.spec.team == job.team {
+                        self.priority(&r.spec) < priority
+                    } else {
+                        within_reserved && self.reclaimable(job.class, &chain, r.spec.team)
+                    }
+            })
+            .map(|(_, r)| (r.started_ms.saturating_add(min), r.spec.total_milli()))
+            .collect();
+        young.sort_unstable();
+        let mut freed = available;
+        for (at_ms, milli) in young {
+            freed += milli;
+            if freed >= job.total_milli() {
+                return Some(at_ms);
+            }
+        }
+        None
+    }
+
     /// GPUs of jobs already stopping go to the first jobs that need them: preempting more
     /// before they are gone would lose work for nothing. If the job's class has enough of
     /// them, with what is free, they are claimed for it, with its quota and the free part of
@@ -333,6 +376,8 @@ impl<'a> Cycle<'a> {
             PendingReason::ReservedFor { job: holder }
         } else if available >= job.total_milli() && matches!(job.topology, Topology::Required(_)) {
             PendingReason::NoTopologyFit
+        } else if let Some(at_ms) = self.victims_in_minimum_runtime(job, available, beyond.is_none()) {
+            PendingReason::VictimsInMinimumRuntime { at_ms }
         } else if beyond.is_some() {
             match self.largest_borrower(job.class, job.team) {
                 Some(team) if self.s.config.policy == Policy::Fairway => PendingReason::FairShareBehind { team },

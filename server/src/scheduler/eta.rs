@@ -613,6 +613,7 @@ pub fn naive(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &
                 | PendingReason::ReservedFor { .. }
                 | PendingReason::NoTopologyFit
                 | PendingReason::BehindHeadOfLine { .. }
+                | PendingReason::VictimsInMinimumRuntime { .. }
         );
         if let (true, Some(&(class, milli, runtime))) = (waits_for_capacity, specs.get(&p.job)) {
             if let Some(q) = queues.get_mut(usize::from(class)) {

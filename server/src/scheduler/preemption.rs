@@ -340,7 +340,7 @@ impl Cycle<'_> {
 
     /// Whether `victim_team` borrows the class at a level `chain` (the preemptor's) does not
     /// share: the capacity it holds there is someone else's reserved quota.
-    fn reclaimable(&self, class: ClassId, chain: &[TeamId], victim_team: TeamId) -> bool {
+    pub(super) fn reclaimable(&self, class: ClassId, chain: &[TeamId], victim_team: TeamId) -> bool {
         self.ledger.chain(victim_team).find(|t| !chain.contains(t)).is_some_and(|t| self.ledger.borrowed(t, class) > 0)
     }
 

@@ -163,7 +163,8 @@ fn jobs_younger_than_the_minimum_runtime_are_not_preempted() {
     s.pending = vec![job(10, 0, 4, 0)];
     let d = schedule(&s);
     assert!(d.preemptions.is_empty());
-    assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
+    // It says what it waits for: the borrower's minimum runtime, over in 4 minutes.
+    assert_eq!(reason_of(&d, 10), PendingReason::VictimsInMinimumRuntime { at_ms: NOW + 4 * 60_000 });
 }
 
 #[test]
@@ -514,6 +515,7 @@ fn every_reason_has_its_own_code_from_the_fixed_list() {
         PendingReason::WaitingForReclaim,
         PendingReason::ReservedFor { job: 1 },
         PendingReason::BehindHeadOfLine { job: 1 },
+        PendingReason::VictimsInMinimumRuntime { at_ms: NOW },
     ];
     let codes: Vec<&str> = reasons.iter().map(PendingReason::code).collect();
     assert_eq!(codes, PendingReason::CODES);
@@ -536,4 +538,43 @@ fn a_sub_team_that_lends_nothing_keeps_its_reserved_quota_from_teams_outside_its
     assert_eq!(reason_of(&d, 1), PendingReason::InsufficientCapacity);
     s.pending = vec![job(2, 3, 4, 1)];
     assert_eq!(admitted(&schedule(&s)), vec![2], "the 4 GPUs open and d lend are free to borrow");
+}
+
+#[test]
+fn a_reclaim_that_waits_for_the_borrowers_minimum_runtime_says_so_and_when_then_happens() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 4, 4)]);
+    // b runs production work on its reserved 4 GPUs and borrows a's idle 4 with two jobs
+    // started 1 and 2 minutes ago; the minimum runtime before preemption is 5 minutes.
+    let minute = 60_000;
+    start(&mut s, job(1, 1, 4, 0), HOUR);
+    start(&mut s, job(2, 1, 2, 1), minute);
+    start(&mut s, job(3, 1, 2, 1), 2 * minute);
+    s.pending = vec![job(10, 0, 4, 1)];
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "neither borrower has run its minimum");
+    // Both are needed: the later of their minimum runtimes' ends.
+    assert_eq!(reason_of(&d, 10), PendingReason::VictimsInMinimumRuntime { at_ms: NOW + 4 * minute });
+    let pending = pending_of(&d, 10);
+    assert_eq!((pending.figures.needs, pending.figures.free), (4000, 0));
+    assert!(pending.expected_start_ms.is_some_and(|t| t >= NOW + 4 * minute), "{pending:?}");
+    // Once they have, the reclaim happens.
+    s.now_ms += 4 * minute;
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
+    assert_eq!(d.preemptions.len(), 2);
+}
+
+#[test]
+fn a_job_no_young_victim_could_make_room_for_waits_for_capacity() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 4, 4)]);
+    // b's young jobs are within its own reserved quota: no one may take them.
+    start(&mut s, job(1, 1, 4, 1), 60_000);
+    start(&mut s, job(2, 0, 4, 1), HOUR);
+    s.pending = vec![job(10, 0, 4, 1)];
+    let d = schedule(&s);
+    assert!(
+        matches!(reason_of(&d, 10), PendingReason::InsufficientCapacity | PendingReason::FairShareBehind { .. }),
+        "{:?}",
+        reason_of(&d, 10)
+    );
 }
