@@ -8,8 +8,8 @@ use std::{
 
 use crate::domain;
 use crate::metering::figures::{cents, gpu_hours};
-use serde_json::Value;
 use chrono::{TimeZone as _, Utc};
+use serde_json::Value;
 
 use crate::{
     backends::ReplicaSlot,

@@ -80,3 +80,59 @@ pub async fn delete(tx: &mut Tx<'_>, team_id: TeamId, period: NaiveDate) -> Resu
         .await?;
     Ok(())
 }
+
+/// A budget over a submitting team, for the check at submission.
+#[derive(Debug, Clone)]
+pub struct ChainBudget {
+    pub team_id: TeamId,
+    pub team: String,
+    pub unit: String,
+    pub amount: i64,
+    pub enforcement: String,
+}
+
+/// The budgets of `team_id` and its ancestors for `period`, nearest first: a job spends
+/// from each.
+pub async fn of_chain(pool: &PgPool, team_id: TeamId, period: NaiveDate) -> Result<Vec<ChainBudget>, sqlx::Error> {
+    // The depth bound keeps a cycle (which the API refuses) from looping.
+    sqlx::query_as!(
+        ChainBudget,
+        r#"with recursive chain (id, parent_id, depth) as (
+               select t.id, t.parent_id, 0 from teams t where t.id = $1
+               union all
+               select t.id, t.parent_id, c.depth + 1 from teams t join chain c on t.id = c.parent_id
+               where c.depth < 64
+           )
+           select b.team_id as "team_id: TeamId", t.name as team, b.unit, b.amount, b.enforcement
+           from chain c join budgets b on b.team_id = c.id and b.period = $2
+           join teams t on t.id = b.team_id
+           order by c.depth"#,
+        team_id as TeamId,
+        period
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// What a job of `class` at `priority` costs per GPU-hour now: the class's rate in force
+/// (0 with none yet), its share of a physical GPU in thousandths, and the priority class's
+/// price multiplier in thousandths.
+pub async fn price_now(
+    pool: &PgPool,
+    class: crate::domain::GpuClassId,
+    priority: &str,
+) -> Result<(i64, i32, i32), sqlx::Error> {
+    let row = sqlx::query!(
+        r#"select coalesce((select r.rate_micros_per_gpu_hour from gpu_class_rates r
+                            where r.gpu_class_id = $1 and r.effective_from <= now()
+                            order by r.effective_from desc limit 1), 0) as "rate!",
+                  coalesce((select c.fraction_milli from gpu_classes c where c.id = $1), 1000) as "fraction!",
+                  coalesce((select p.price_multiplier_milli from priority_classes p where p.name = $2), 1000)
+                      as "multiplier!""#,
+        class as crate::domain::GpuClassId,
+        priority
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((row.rate, row.fraction, row.multiplier))
+}

@@ -4,6 +4,7 @@
 
 use crate::domain::TeamId;
 use crate::domain::{GpuClassId, JobId};
+use crate::metering::HOUR_MS;
 use std::collections::{BTreeMap, HashMap};
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -84,10 +85,11 @@ pub struct JobSpec {
     /// interruption requeues it without counting as a failure. Default false.
     #[serde(default)]
     pub allow_spot: bool,
-    /// Accept the job even though it can never run under the quotas as they are (larger
-    /// than its team's reserved + burst, or, not preemptible, than its reserved): it waits
-    /// for a quota change, and the answer carries a warning. Default false: such a job is
-    /// refused with 422 naming the limit.
+    /// Accept the job even though it can never run under the quotas and budgets as they are
+    /// (larger than its team's reserved + burst, or, not preemptible, than its reserved; or
+    /// costing more than a hard budget holds for the whole month): it waits for a quota or
+    /// budget change, and the answer carries a warning. Default false: such a job is refused
+    /// with 422 naming the limit.
     #[serde(default)]
     pub wait_for_quota: bool,
 }
@@ -340,6 +342,117 @@ impl Catalogue {
     }
 }
 
+/// The budgets over a submitting team this period, with what each has left, and the prices
+/// of the classes its jobs ask for (read once per request, priced per class and priority).
+struct Budgets {
+    /// Nearest first, each with what it has left (in its own unit) after this period's spend.
+    chain: Vec<(db::budgets::ChainBudget, i64)>,
+    prices: HashMap<(GpuClassId, String), (i64, i32, i32)>,
+}
+
+impl Budgets {
+    async fn read(state: &AppState, team_id: TeamId) -> Result<Self> {
+        let now = Utc::now();
+        let chain = db::budgets::of_chain(&state.db, team_id, crate::billing::budgets::period_of(now)).await?;
+        let mut out = Self { chain: Vec::with_capacity(chain.len()), prices: HashMap::new() };
+        if chain.is_empty() {
+            return Ok(out);
+        }
+        let teams: Vec<TeamId> = chain.iter().map(|b| b.team_id).collect();
+        let spent = crate::billing::budgets::spend(&state.db, &teams, now, state.config.chargeback).await?;
+        for b in chain {
+            let s = spent.get(&b.team_id).copied().unwrap_or_default();
+            let left = if b.unit == "gpu-hours" {
+                b.amount.saturating_mul(1000 * HOUR_MS).saturating_sub(s.gpu_milli_ms)
+            } else {
+                b.amount.saturating_sub(s.cost_micros)
+            };
+            out.chain.push((b, left.max(0)));
+        }
+        Ok(out)
+    }
+
+    /// What the budgets say about `job` (fields named under `at`): refusals, for a hard
+    /// budget smaller than the job's maximum cost (or GPU time) even unspent, so that it can
+    /// never run this period; and warnings, for a hard budget whose remainder cannot cover it
+    /// now (it waits) and a soft budget it would exceed (it runs, flagged).
+    async fn problems(
+        &mut self,
+        state: &AppState,
+        at: &str,
+        job: &NewJob,
+    ) -> Result<(Vec<FieldError>, Vec<FieldError>)> {
+        let (mut refusals, mut warnings) = (Vec::new(), Vec::new());
+        if self.chain.is_empty() {
+            return Ok((refusals, warnings));
+        }
+        let key = (job.gpu_class_id, job.priority_class.clone());
+        let (rate, fraction, multiplier) = match self.prices.get(&key) {
+            Some(&p) => p,
+            None => {
+                let p = db::budgets::price_now(&state.db, job.gpu_class_id, &job.priority_class).await?;
+                self.prices.insert(key, p);
+                p
+            }
+        };
+        let units = job.replicas.saturating_mul(job.gpus_per_replica);
+        let ms = i64::from(job.max_runtime_seconds) * 1000;
+        let cost = crate::metering::cost_micros(units, ms, rate, multiplier);
+        let time = crate::metering::gpu_milli_ms(units, fraction, ms);
+        let field = format!("{at}max_runtime_seconds");
+        let currency = &state.config.currency;
+        for (b, left) in &self.chain {
+            let gpu_hours = b.unit == "gpu-hours";
+            let (needs, amount, left) = if gpu_hours {
+                (time, b.amount.saturating_mul(1000 * HOUR_MS), *left)
+            } else {
+                (cost, b.amount, *left)
+            };
+            let show = |v: i64| {
+                if gpu_hours {
+                    format!("{} GPU-hours", crate::metering::figures::gpu_hours(v))
+                } else {
+                    format!("{} {currency}", crate::metering::figures::cents(v))
+                }
+            };
+            let what = if gpu_hours { "use up to" } else { "cost up to" };
+            let team = &b.team;
+            if b.enforcement == "hard" && needs > amount {
+                refusals.push(FieldError::new(
+                    &field,
+                    "exceeds_budget",
+                    format!(
+                        "the job may {what} {} over its maximum runtime, more than team {team}'s hard budget of {} for this month: it could never start; shorten max_runtime_seconds, ask for fewer GPUs or a larger budget",
+                        show(needs),
+                        show(amount)
+                    ),
+                ));
+            } else if b.enforcement == "hard" && needs > left {
+                warnings.push(FieldError::new(
+                    &field,
+                    "budget_exhausted",
+                    format!(
+                        "the job may {what} {} and team {team}'s hard budget has {} left this month: it waits until running jobs end below it, the budget is raised or the next month begins",
+                        show(needs),
+                        show(left)
+                    ),
+                ));
+            } else if b.enforcement == "soft" && needs > left {
+                warnings.push(FieldError::new(
+                    &field,
+                    "exceeds_soft_budget",
+                    format!(
+                        "the job may {what} {} and team {team}'s soft budget has {} left this month: it runs, and its spend is flagged",
+                        show(needs),
+                        show(left)
+                    ),
+                ));
+            }
+        }
+        Ok((refusals, warnings))
+    }
+}
+
 /// A stored job and the warnings it was accepted with.
 pub struct Submitted {
     pub job: db::jobs::JobRow,
@@ -359,7 +472,13 @@ pub async fn submit(
     check: Option<db::jobs::WriteCheck>,
 ) -> Result<Submitted> {
     let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
-    let Validated { job, warnings } = catalogue.validate("", &spec).map_err(Error::Validation)?;
+    let Validated { job, mut warnings } = catalogue.validate("", &spec).map_err(Error::Validation)?;
+    let mut budgets = Budgets::read(state, team.id).await?;
+    let (refusals, soft) = budgets.problems(state, "", &job).await?;
+    if !refusals.is_empty() && !spec.wait_for_quota {
+        return Err(Error::Validation(refusals));
+    }
+    warnings.extend(refusals.into_iter().chain(soft));
     let stored = state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(Error::CredentialsChanged)?;
     state.wake_scheduler();
     let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by);
@@ -385,12 +504,21 @@ pub async fn submit_batch(
         )));
     }
     let catalogue = Catalogue::load(state, team_id, specs, version).await?;
+    let mut budgets = Budgets::read(state, team_id).await?;
     let mut jobs = Vec::with_capacity(specs.len());
     let mut warnings = Vec::with_capacity(specs.len());
     let mut errors = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
-        match catalogue.validate(&format!("jobs[{i}]."), spec) {
-            Ok(v) => {
+        let at = format!("jobs[{i}].");
+        match catalogue.validate(&at, spec) {
+            Ok(mut v) => {
+                let (mut refusals, soft) = budgets.problems(state, &at, &v.job).await?;
+                if spec.wait_for_quota {
+                    v.warnings.append(&mut refusals);
+                } else {
+                    errors.append(&mut refusals);
+                }
+                v.warnings.extend(soft);
                 jobs.push(v.job);
                 warnings.push(v.warnings);
             }

@@ -411,6 +411,64 @@ async fn a_job_that_cannot_be_preempted_must_fit_the_reserved_quota_and_is_refus
 }
 
 #[tokio::test]
+async fn a_job_no_hard_budget_could_ever_cover_is_refused_with_the_numbers_and_one_a_budget_holds_back_is_accepted_with_a_warning(
+) {
+    let s = setup().await;
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    let budget = |unit: &str, amount: i64, enforcement: &str| {
+        call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
+            .token(&s.admin)
+            .json(&json!({"unit": unit, "amount": amount, "enforcement": enforcement}))
+    };
+    s.app.send(budget("money", 10_000_000, "hard")).await.assert_status(200);
+    // One H100 at 2.50 USD per GPU-hour, as an experiment (0.8×): 2.00 USD an hour at most.
+    let hours = |name: &str, hours: i64, wait: bool| {
+        spec_with(
+            name,
+            json!({"priority_class": "experiment", "max_runtime_seconds": hours * 3600, "wait_for_quota": wait}),
+        )
+    };
+    let r = s.submit(&s.ml_ci, "ml", &hours("ten-hours", 10, false)).await;
+    assert_field(&r, "max_runtime_seconds", "exceeds_budget");
+    let message = r.json()["errors"][0]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("may cost up to 20.00 USD"), "{message}");
+    assert!(message.contains("team ml's hard budget of 10.00 USD for this month"), "{message}");
+    assert_eq!(s.job_count().await, 0);
+    // Exactly the budget fits: it can start.
+    let r = s.submit(&s.ml_ci, "ml", &hours("five-hours", 5, false)).await;
+    r.assert_status(201);
+    assert!(r.json().get("warnings").is_none(), "{}", r.json());
+    // Asked to wait for a change, it is accepted, with the refusal as a warning.
+    let r = s.submit(&s.ml_ci, "ml", &hours("ten-hours", 10, true)).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["warnings"][0]["code"], "exceeds_budget", "{}", r.json());
+    // In a batch the refused job is named by its index, and nothing is stored.
+    let batch = json!({"jobs": [hours("ok", 1, false), hours("long", 100, false)]});
+    let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.ml_ci).json(&batch)).await;
+    assert_field(&r, "jobs[1].max_runtime_seconds", "exceeds_budget");
+    assert_eq!(s.job_count().await, 2);
+    // A soft budget the job would exceed lets it in, and says so.
+    s.app.send(budget("money", 5_000_000, "soft")).await.assert_status(200);
+    let r = s.submit(&s.ml_ci, "ml", &hours("over-soft", 5, false)).await;
+    r.assert_status(201);
+    let warning = &r.json()["warnings"][0];
+    assert_eq!(
+        (warning["code"].as_str(), warning["field"].as_str()),
+        (Some("exceeds_soft_budget"), Some("max_runtime_seconds"))
+    );
+    assert!(warning["message"].as_str().unwrap().contains("soft budget has 5.00 USD left this month"), "{warning}");
+    // A GPU-hour budget is held to the job's GPU time.
+    s.app.send(budget("gpu-hours", 2, "hard")).await.assert_status(200);
+    let r = s.submit(&s.ml_ci, "ml", &hours("three-hours", 3, false)).await;
+    assert_field(&r, "max_runtime_seconds", "exceeds_budget");
+    let message = r.json()["errors"][0]["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("may use up to 3.00 GPU-hours") && message.contains("hard budget of 2.00 GPU-hours"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
 async fn a_job_that_asks_to_wait_for_a_quota_change_is_accepted_with_a_warning_and_a_raised_quota_lets_jobs_in() {
     let s = setup().await;
     s.app.quota(&s.admin, "ml", "h100", 1, 1).await;
