@@ -39,6 +39,10 @@ pub struct AppState {
     pub submissions: db::group_commit::SubmissionQueue,
     /// Password sign-in failures, for throttling guesses.
     pub sign_in_throttle: Arc<crate::auth::throttle::SignInThrottle>,
+    /// What dry runs forecast expected starts from, read at most every
+    /// [`control::forecast::REFRESH`] as the leader reads its own: a form's live preview
+    /// asks for a dry run at every change.
+    pub forecast: Arc<tokio::sync::Mutex<control::forecast::ForecastInputs>>,
 }
 
 impl AppState {
@@ -61,6 +65,7 @@ impl AppState {
             wake: control::wake::SchedulerWake::default(),
             catalogues: Arc::default(),
             sign_in_throttle: Arc::default(),
+            forecast: Arc::default(),
         })
     }
 

@@ -1,7 +1,8 @@
 //! What the expected starts learn from, read from the database: the runtimes of recently
 //! finished jobs (`scheduler::runtime`) and the errors of recent forecasts
 //! (`scheduler::forecast_errors`). Both change slowly, so the leader reads them at most every
-//! [`REFRESH`]; a dry run reads them afresh, so that it answers as the next cycle will.
+//! [`REFRESH`], and so does each replica for its dry runs (`AppState::forecast`), which then
+//! answer from inputs as recent as the leader's.
 
 use std::{
     collections::HashMap,
@@ -26,11 +27,11 @@ pub const RUNTIMES: i64 = 5_000;
 /// [`scheduler::forecast_errors::WINDOW`](crate::scheduler::forecast_errors::WINDOW)).
 pub const ERRORS: i64 = 5_000;
 
-/// The forecast's inputs as last read.
-#[derive(Debug, Default)]
+/// The forecast's inputs as last read. Cloning shares what was read.
+#[derive(Debug, Default, Clone)]
 pub struct ForecastInputs {
     read_at: Option<Instant>,
-    runtimes: Vec<db::forecast::Runtime>,
+    runtimes: Arc<Vec<db::forecast::Runtime>>,
     errors: Arc<ForecastErrors>,
     /// The history built from `runtimes` for the engine's team numbering it was built with.
     built: Option<(HashMap<TeamId, u32>, Arc<RuntimeHistory>)>,
@@ -42,7 +43,7 @@ impl ForecastInputs {
         if self.read_at.is_some_and(|at| at.elapsed() < REFRESH) {
             return Ok(());
         }
-        self.runtimes = db::forecast::recent_runtimes(pool, RUNTIMES).await?;
+        self.runtimes = Arc::new(db::forecast::recent_runtimes(pool, RUNTIMES).await?);
         let (started, waiting) = db::forecast::errors(pool, ERRORS).await?;
         let mut errors = ForecastErrors::default();
         // Oldest first: the window keeps the newest.
@@ -62,7 +63,7 @@ impl ForecastInputs {
             Some((index, history)) if index == team_index => history.clone(),
             _ => {
                 let mut history = RuntimeHistory::default();
-                for r in &self.runtimes {
+                for r in self.runtimes.iter() {
                     if let Some(&team) = team_index.get(&r.team_id) {
                         history.record(team, Some(kind_of(&r.name)), r.runtime_ms);
                     }

@@ -655,8 +655,14 @@ pub async fn dry_run(
     let engine = control::engine_config(&state.config);
     let pricing =
         crate::metering::Pricing { currency: state.config.currency.clone(), chargeback: state.config.chargeback };
-    let world =
-        control::cycle::world(&state.db, &engine, &pricing, &mut Default::default(), &mut Default::default()).await?;
+    // The shared inputs, brought up to date if stale, then copied out (their contents are
+    // shared), so that dry runs wait on each other only while they are read.
+    let mut forecast = {
+        let mut shared = state.forecast.lock().await;
+        shared.refresh(&state.db).await?;
+        shared.clone()
+    };
+    let world = control::cycle::world(&state.db, &engine, &pricing, &mut Default::default(), &mut forecast).await?;
     let proposed = world
         .proposed(team_id, &job)
         .ok_or_else(|| Error::internal("dry run", "the job does not map onto the snapshot"))?;
