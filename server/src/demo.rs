@@ -300,6 +300,7 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64)
         preemption_grace_seconds: None,
         max_retries: 0,
         allow_spot: false,
+        accepted_despite: Vec::new(),
     };
     let id = job.id;
     db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;

@@ -65,6 +65,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 preemption_grace_seconds: None,
                 max_retries: 0,
                 allow_spot: false,
+                accepted_despite: Vec::new(),
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &jobs).await.unwrap();

@@ -528,6 +528,7 @@ mod tests {
             preemption_grace_seconds: None,
             max_retries: 0,
             allow_spot: false,
+            accepted_despite: Vec::new(),
         };
         assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));
         let undeclared = NewJob { expected_runtime_seconds: None, ..job };

@@ -82,6 +82,9 @@ pub struct NewJob {
     pub max_retries: i32,
     /// Tolerates spot capacity.
     pub allow_spot: bool,
+    /// What it was accepted despite (a quota or budget it waits for, a soft budget it
+    /// overruns), in words: kept in its `submitted` event, so its timeline says so.
+    pub accepted_despite: Vec<String>,
 }
 
 /// How many jobs wait for admission, over all teams.
@@ -157,6 +160,10 @@ pub async fn insert_submissions(
     let team_versions: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.team_version)).collect();
     let catalogues: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.catalogue_version)).collect();
     let expected: Vec<Option<i32>> = submissions.iter().map(|s| s.job.expected_runtime_seconds).collect();
+    let despite: Vec<Option<String>> = submissions
+        .iter()
+        .map(|s| (!s.job.accepted_despite.is_empty()).then(|| s.job.accepted_despite.join("; ")))
+        .collect();
     sqlx::query_as!(
         Stored,
         r#"with j as (
@@ -177,7 +184,8 @@ pub async fn insert_submissions(
            ),
            e as (
                insert into job_events (job_id, kind, attempt, message)
-               select id, 'submitted', 0, 'submitted by ' || submitted_by from j
+               select j.id, 'submitted', 0, 'submitted by ' || j.submitted_by || coalesce('; accepted despite: ' || w.despite, '')
+               from j join unnest($3::uuid[], $23::text[]) as w(id, despite) on w.id = j.id
            )
            select id as "id: JobId", seq, submitted_at from j"#,
         &teams as &[TeamId],
@@ -202,6 +210,7 @@ pub async fn insert_submissions(
         &team_versions as &[Option<i64>],
         &catalogues as &[Option<i64>],
         &expected as &[Option<i32>],
+        &despite as &[Option<String>],
     )
     .fetch_all(db)
     .await

@@ -337,6 +337,7 @@ impl Catalogue {
             preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
             max_retries: spec.max_retries.unwrap_or(0) as i32,
             allow_spot: spec.allow_spot,
+            accepted_despite: Vec::new(),
         };
         Ok(Validated { job, warnings })
     }
@@ -479,6 +480,7 @@ pub async fn submit(
         return Err(Error::Validation(refusals));
     }
     warnings.extend(refusals.into_iter().chain(soft));
+    let job = NewJob { accepted_despite: warnings.iter().map(|w| w.message.clone()).collect(), ..job };
     let stored = state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(Error::CredentialsChanged)?;
     state.wake_scheduler();
     let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by);
@@ -519,6 +521,7 @@ pub async fn submit_batch(
                     errors.append(&mut refusals);
                 }
                 v.warnings.extend(soft);
+                v.job.accepted_despite = v.warnings.iter().map(|w| w.message.clone()).collect();
                 jobs.push(v.job);
                 warnings.push(v.warnings);
             }

@@ -78,6 +78,7 @@ async fn admitted_job(s: &Setup, team: TeamId, class: GpuClassId, gpus: i32, nam
         preemption_grace_seconds: None,
         max_retries: 0,
         allow_spot: false,
+        accepted_despite: Vec::new(),
     };
     let id = job.id;
     db::jobs::insert_many(&s.app.pool, team, "test", &[job]).await.expect("insert job");

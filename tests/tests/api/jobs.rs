@@ -442,6 +442,11 @@ async fn a_job_no_hard_budget_could_ever_cover_is_refused_with_the_numbers_and_o
     let r = s.submit(&s.ml_ci, "ml", &hours("ten-hours", 10, true)).await;
     r.assert_status(201);
     assert_eq!(r.json()["warnings"][0]["code"], "exceeds_budget", "{}", r.json());
+    // Its timeline keeps what it was accepted despite, for the job page and the API alike.
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let events = s.get(&s.ml_ci, &format!("/api/v1/jobs/{id}/events")).await.json();
+    let submitted = events[0]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(submitted.contains("accepted despite: the job may cost up to 20.00 USD"), "{events}");
     // In a batch the refused job is named by its index, and nothing is stored.
     let batch = json!({"jobs": [hours("ok", 1, false), hours("long", 100, false)]});
     let r = s.app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&s.ml_ci).json(&batch)).await;
@@ -912,6 +917,7 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             preemption_grace_seconds: None,
             max_retries: 0,
             allow_spot: false,
+            accepted_despite: Vec::new(),
         };
         writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });
     }
