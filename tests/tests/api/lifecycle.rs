@@ -186,6 +186,41 @@ async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_
 }
 
 #[tokio::test]
+async fn the_start_interval_a_dry_run_gives_brackets_when_the_job_it_described_then_starts() {
+    let app = TestApp::spawn().await;
+    start_control(&app).await;
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "a100-80gb", 8, 0).await;
+    let (_, ci) = app.api_token(&admin, "ml", "member").await;
+    // The first job takes the team's whole quota for 20 s (200 simulated seconds at 10×)
+    // and says so; the second, described by a dry run, waits for it.
+    let first = json!({"name": "first", "gpu_class": "a100-80gb", "gpus_per_replica": 8, "image": "x",
+                       "expected_runtime_seconds": 20, "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "200"}});
+    let first = submit(&app, &ci, "ml", first).await;
+    wait_for(&app, &ci, &first, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let second = json!({"name": "second", "gpu_class": "a100-80gb", "gpus_per_replica": 8, "image": "x"});
+    let r = app.send(call("POST", "/api/v1/teams/ml/jobs:dry-run").token(&ci).json(&second)).await;
+    r.assert_status(200);
+    let dry = r.json();
+    assert_eq!((dry["fits_now"].as_bool(), dry["reason"].as_str()), (Some(false), Some("burst_limit")), "{dry:#}");
+    let at = |key: &str| {
+        let t = dry[key].as_str().unwrap_or_else(|| panic!("no {key}: {dry:#}"));
+        chrono::DateTime::parse_from_rfc3339(t).unwrap().with_timezone(&chrono::Utc)
+    };
+    let (earliest, latest) = (at("earliest_start_at"), at("latest_start_at"));
+    assert!(earliest <= at("expected_start_at") && at("expected_start_at") <= latest, "{dry:#}");
+    let second = submit(&app, &ci, "ml", second).await;
+    let started = wait_for(&app, &ci, &second, Duration::from_secs(90), |j| j["started_at"].is_string()).await;
+    let started_at = chrono::DateTime::parse_from_rfc3339(started["started_at"].as_str().unwrap()).unwrap();
+    assert!(
+        earliest <= started_at && started_at <= latest,
+        "started at {started_at}, outside the dry run's [{earliest}, {latest}]: {dry:#}"
+    );
+}
+
+#[tokio::test]
 async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     let app = TestApp::spawn().await;
     start_control(&app).await;
