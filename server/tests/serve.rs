@@ -245,3 +245,109 @@ async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preem
     let (status, log) = server.terminate().await;
     assert!(status.success(), "fairway serve --demo exited with {status}:\n{log}");
 }
+
+/// The README, read when the test is built: its examples are the test's script.
+const README: &str = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"));
+
+/// The request id of the test's own polling, so that the log's tail can leave it out.
+const WAITING: &str = "readme-test-waiting";
+
+/// The last 60 lines of the server's log, without the test's own polling.
+fn log_tail(server: &Server) -> String {
+    let log = read_log(&server.log);
+    let lines: Vec<&str> = log.lines().filter(|l| !l.contains(WAITING)).collect();
+    lines[lines.len().saturating_sub(60)..].join("\n")
+}
+
+/// Waits until job `id`, as the README's CI token `ci` reads it, has started `runs` times:
+/// the moment the README's timeline shows, whenever this machine gets there.
+async fn wait_until_started(server: &Server, id: &str, ci: &str, runs: usize, within: Duration) -> Result<(), String> {
+    let started = Instant::now();
+    let mut events = Value::Null;
+    while started.elapsed() < within {
+        let url = server.url(&format!("/api/v1/jobs/{id}/events"));
+        let r = server.http.get(url).bearer_auth(ci).header("x-request-id", WAITING).send().await;
+        if let Ok(r) = r {
+            events = r.json().await.unwrap_or(Value::Null);
+            let running = events.as_array().map_or(0, |e| e.iter().filter(|e| e["kind"] == "running").count());
+            if running >= runs {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("job {id} had not started {runs} times within {within:?}; its events:\n{events:#}"))
+}
+
+/// The tour and "Jobs end to end", as a newcomer runs them on a fresh `fairway serve` started
+/// as the README says: every block in one bash, in order, each printing what the README shows
+/// beneath it (or nothing where it shows nothing), with ids, times and secrets matched by kind.
+#[tokio::test]
+async fn the_readmes_tour_and_jobs_examples_print_what_the_readme_shows() {
+    use common::readme::{blocks, compare, examples, Bindings, Shell, README_ADDRESS};
+    const BLOCK_LIMIT: Duration = Duration::from_secs(60);
+
+    let tools = std::process::Command::new("bash").args(["-c", "command -v curl && command -v jq"]).output();
+    assert!(
+        tools.is_ok_and(|o| o.status.success()),
+        "the README's examples need bash, curl and jq on PATH (apt-get install curl jq)"
+    );
+    let readme = examples(blocks(README, "## Five-minute tour with curl", "### How a job moves"));
+    assert!(
+        README.contains(&format!("API={README_ADDRESS}/api/v1")),
+        "the tour no longer sets API={README_ADDRESS}/api/v1, which this test points at its server"
+    );
+
+    let data_dir = fresh_dir("serve-readme");
+    let env: Vec<(&str, &str)> = readme.serve_env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let server = Server::start_with(&data_dir, "serve.log", &env).await;
+    let shell_dir = data_dir.join("shell");
+    fs::create_dir_all(&shell_dir).unwrap();
+    let mut shell = Shell::start(&shell_dir).await;
+    let mut bindings = Bindings::default();
+    let mut failures: Vec<String> = Vec::new();
+    let mut timeline_waited = false;
+    for example in &readme.examples {
+        let script = example.commands.text.replace(README_ADDRESS, &server.base);
+        // The events block shows the reclaim's whole timeline, which ends when the sweep has
+        // the GPUs back (its second start); a reader runs it later than a script would.
+        if script.contains("$ID/events") {
+            let ids = shell.run(r#"printf '%s\n' "$ID" "$CI""#, BLOCK_LIMIT).await.unwrap();
+            let (id, ci) = ids.split_once('\n').unwrap_or_else(|| panic!("no $ID and $CI in the shell: {ids:?}"));
+            if let Err(why) = wait_until_started(&server, id, ci, 2, Duration::from_secs(90)).await {
+                panic!("{why}\n\nserver log:\n{}", log_tail(&server));
+            }
+            timeline_waited = true;
+        }
+        let shown = example.shown.as_ref().map_or("(no output)", |b| b.text.as_str());
+        let printed = match shell.run(&script, BLOCK_LIMIT).await {
+            Ok(printed) => printed,
+            Err(why) => panic!(
+                "README line {}: the block\n{}\n{why}\n\nthe README shows:\n{shown}\n\nserver log:\n{}",
+                example.commands.line,
+                example.commands.text,
+                log_tail(&server)
+            ),
+        };
+        let outcome = compare(example.shown.as_ref(), &printed, &mut bindings);
+        println!("README line {}: {}", example.commands.line, if outcome.is_ok() { "as shown" } else { "differs" });
+        if let Err(why) = outcome {
+            failures.push(format!(
+                "README line {}: the block\n{}\nthe README shows:\n{shown}\nthe server printed:\n{printed}\n\n{why}",
+                example.commands.line, example.commands.text
+            ));
+        }
+    }
+    shell.stop().await;
+    assert!(timeline_waited, "the README no longer reads the sweep's events ($ID/events); this test waits for them");
+    assert!(
+        failures.is_empty(),
+        "{} of the README's {} examples print something else:\n\n{}\n\nserver log:\n{}",
+        failures.len(),
+        readme.examples.len(),
+        failures.join("\n\n----------------\n\n"),
+        log_tail(&server)
+    );
+    let (status, log) = server.terminate().await;
+    assert!(status.success(), "fairway serve exited with {status}:\n{log}");
+}

@@ -20,6 +20,7 @@ pub mod ledger;
 pub mod moto;
 pub mod platform;
 pub mod proxy;
+pub mod readme;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_fairway");
 
