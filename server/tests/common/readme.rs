@@ -236,11 +236,13 @@ impl Bindings {
     }
 }
 
-/// Values that differ from run to run, by kind, and the README's elisions.
+/// Values that differ from run to run, by kind (a time of day in a sentence among them), and
+/// the README's elisions.
 static VOLATILE: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(concat!(
         r"(?P<uuid>[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})",
         r"|(?P<time>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2}))",
+        r"|(?P<clock>[0-9]{2}:[0-9]{2}:[0-9]{2} UTC)",
         r"|(?P<object>fw-[0-9a-f]{32})",
         r"|(?P<secret>fwy_[A-Za-z0-9]+)",
         r"|(?P<elided>…|\.\.\.)",
@@ -253,6 +255,7 @@ fn kind_pattern(kind: &str) -> &'static str {
     match kind {
         "uuid" => r"([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})",
         "time" => r"([0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]+)?(?:Z|[+-][0-9]{2}:[0-9]{2}))",
+        "clock" => r"([0-9]{2}:[0-9]{2}:[0-9]{2} UTC)",
         "object" => r"(fw-[0-9a-f]{32})",
         "secret" => r"(fwy_[A-Za-z0-9]+)",
         "elided" => r"(?s:.*?)",
@@ -268,7 +271,10 @@ fn same_string(shown: &str, printed: &str, bindings: &mut Bindings) -> Result<()
     for caps in VOLATILE.captures_iter(shown) {
         let whole = caps.get(0).unwrap();
         pattern.push_str(&regex::escape(&shown[at..whole.start()]));
-        let kind = ["uuid", "time", "object", "secret", "elided"].into_iter().find(|k| caps.name(k).is_some()).unwrap();
+        let kind = ["uuid", "time", "clock", "object", "secret", "elided"]
+            .into_iter()
+            .find(|k| caps.name(k).is_some())
+            .unwrap();
         pattern.push_str(kind_pattern(kind));
         if kind != "elided" {
             values.push(whole.as_str());
