@@ -403,6 +403,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         allow_spot: false,
         kind: None,
         expected_runtime_ms: None,
+        grace_ms: None,
     }
 }
 

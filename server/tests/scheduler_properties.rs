@@ -346,6 +346,7 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         allow_spot: r.age_s % 2 == 0,
         kind: None,
         expected_runtime_ms: None,
+        grace_ms: None,
     }
 }
 
@@ -1021,6 +1022,7 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         allow_spot: false,
         kind: None,
         expected_runtime_ms: None,
+        grace_ms: None,
         id,
         team,
         class,

@@ -230,7 +230,8 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
                 format!("team {for_team} is below its fair share of burst capacity and this job's team above it")
             }
         };
-        let grace_ms = victim.preemption_grace_seconds.map_or(p.grace_ms, |s| i64::from(s) * 1000);
+        // The engine's: the victim's own grace period, or its priority class's.
+        let grace_ms = p.grace_ms;
         preempt.push(PreemptRow {
             job_id: victim.id,
             grace_ms,

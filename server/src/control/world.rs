@@ -215,6 +215,7 @@ impl World {
             allow_spot: job.allow_spot,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
+            grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 
@@ -241,6 +242,7 @@ impl World {
             allow_spot: job.allow_spot,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
+            grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 

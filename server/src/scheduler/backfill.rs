@@ -32,7 +32,7 @@ impl Cycle<'_> {
             .filter(|(_, r)| r.spec.class == job.class)
             .map(|(i, r)| {
                 let end = if r.terminating || self.victims.contains(&i) {
-                    s.now_ms + s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms)
+                    s.now_ms + s.grace_ms(&r.spec)
                 } else {
                     r.started_ms.saturating_add(r.spec.max_runtime_ms)
                 };

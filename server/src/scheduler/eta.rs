@@ -98,7 +98,7 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
     // A job's remaining runtime in each play.
     let runtimes = |job: &JobSpec, elapsed: i64| -> Vec<i64> { s.history.remaining(job, elapsed).to_vec() };
     let specs: BTreeMap<JobId, &JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
-    let grace = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.preemption_grace_ms);
+    let grace = |j: &JobSpec| s.grace_ms(j);
     let preemptible = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).is_some_and(|p| p.preemptible);
     let priority = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.priority);
     let mut ledger = Ledger::new(s);
@@ -586,7 +586,7 @@ pub fn naive(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &
     let mut events: BinaryHeap<Reverse<(i64, ClassId, u64)>> = BinaryHeap::new();
     for (i, r) in s.running.iter().enumerate() {
         let end = if r.terminating || victims.contains(&i) {
-            s.now_ms + s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms)
+            s.now_ms + s.grace_ms(&r.spec)
         } else {
             r.started_ms.saturating_add(r.spec.max_runtime_ms)
         };

@@ -516,6 +516,7 @@ mod tests {
             allow_spot: false,
             kind: None,
             expected_runtime_ms: None,
+            grace_ms: None,
         }
     }
 

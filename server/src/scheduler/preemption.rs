@@ -283,13 +283,13 @@ impl Cycle<'_> {
     }
 
     /// Marks running job `index` as a victim for the rest of the cycle and tells it to stop,
-    /// with its priority class's grace period to checkpoint.
+    /// with its grace period to checkpoint (its own, or its priority class's).
     fn record_victim(&mut self, for_job: &JobSpec, index: usize, reason: PreemptReason) {
         let s = self.s;
         let r = &s.running[index];
         self.victims.insert(index);
         self.victim[index] = true;
-        let grace_ms = s.priorities.get(usize::from(r.spec.priority)).map_or(0, |p| p.preemption_grace_ms);
+        let grace_ms = s.grace_ms(&r.spec);
         self.decisions.preemptions.push(Preemption {
             victim: r.spec.id,
             for_job: for_job.id,

@@ -162,6 +162,7 @@ mod tests {
             allow_spot: false,
             kind,
             expected_runtime_ms: None,
+            grace_ms: None,
         }
     }
 

@@ -157,6 +157,9 @@ pub struct JobSpec {
     pub kind: Option<super::runtime::KindId>,
     /// The runtime the job declares it expects (ms): the median of its runtime estimate.
     pub expected_runtime_ms: Option<i64>,
+    /// Its own grace period to checkpoint when preempted (ms), overriding its priority
+    /// class's; see [`Snapshot::grace_ms`].
+    pub grace_ms: Option<i64>,
 }
 
 impl JobSpec {
@@ -258,4 +261,13 @@ pub struct Snapshot {
     /// `history`).
     pub forecast_errors: std::sync::Arc<super::forecast_errors::ForecastErrors>,
     pub config: Config,
+}
+
+impl Snapshot {
+    /// How long `spec` has to checkpoint once told to stop: its own grace period, or its
+    /// priority class's.
+    pub fn grace_ms(&self, spec: &JobSpec) -> i64 {
+        spec.grace_ms
+            .unwrap_or_else(|| self.priorities.get(usize::from(spec.priority)).map_or(0, |p| p.preemption_grace_ms))
+    }
 }

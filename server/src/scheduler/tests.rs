@@ -77,6 +77,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         allow_spot: false,
         kind: None,
         expected_runtime_ms: None,
+        grace_ms: None,
     }
 }
 
@@ -577,4 +578,23 @@ fn a_job_no_young_victim_could_make_room_for_waits_for_capacity() {
         "{:?}",
         reason_of(&d, 10)
     );
+}
+
+#[test]
+fn a_victims_own_grace_period_is_what_it_gets_and_what_the_reclaimers_start_waits_for() {
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 4, 4)]);
+    // b borrows a's idle 4 GPUs with a job that asks for 2 s to checkpoint, not its
+    // priority class's 30.
+    start(&mut s, job(1, 1, 4, 0), HOUR);
+    let mut borrower = job(2, 1, 4, 1);
+    borrower.grace_ms = Some(2_000);
+    start(&mut s, borrower, HOUR);
+    s.pending = vec![job(10, 0, 4, 1)];
+    let d = schedule(&s);
+    assert_eq!(d.preemptions.len(), 1);
+    assert_eq!((d.preemptions[0].victim, d.preemptions[0].grace_ms), (2, 2_000));
+    let pending = pending_of(&d, 10);
+    assert_eq!(pending.reason, PendingReason::WaitingForReclaim);
+    let expected = pending.expected_start_ms.expect("an expected start");
+    assert!(expected <= NOW + 2_000, "expected at {} ms from now, after the victim's own grace", expected - NOW);
 }

@@ -205,6 +205,7 @@ impl Place for FairwayPlacer {
             allow_spot: false,
             kind: None,
             expected_runtime_ms: None,
+            grace_ms: None,
         };
         match self.inventory.find(&job) {
             Some(placement) => {

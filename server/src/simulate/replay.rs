@@ -462,6 +462,7 @@ impl<'a> Replay<'a> {
             allow_spot: false,
             kind: Some(trace_kind(j)),
             expected_runtime_ms: None,
+            grace_ms: None,
         }
     }
 
