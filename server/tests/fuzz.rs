@@ -982,9 +982,13 @@ fn expected_refusals(spec: &JobSpec) -> BTreeMap<&'static str, Vec<String>> {
         let key_ok = match key.rsplit_once('/') {
             None => label_segment_ok(key),
             Some((prefix, name)) => {
-                !prefix.is_empty()
-                    && prefix.len() <= 253
-                    && prefix.split('.').all(label_segment_ok)
+                prefix.len() <= 253
+                    && prefix.split('.').all(|part| {
+                        !part.is_empty()
+                            && part.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                            && !part.starts_with('-')
+                            && !part.ends_with('-')
+                    })
                     && label_segment_ok(name)
             }
         };

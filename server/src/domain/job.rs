@@ -261,10 +261,18 @@ pub fn check_labels(field: &str, labels: &BTreeMap<String, String>) -> Result<()
             && s.as_bytes()[0].is_ascii_alphanumeric()
             && s.as_bytes()[s.len() - 1].is_ascii_alphanumeric()
     };
+    // A prefix is a DNS subdomain: lower-case letters, digits and '-' between dots. The
+    // Kubernetes backend would drop a label whose prefix is not, so it is refused here.
+    let dns_label = |s: &str| {
+        !s.is_empty()
+            && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !s.starts_with('-')
+            && !s.ends_with('-')
+    };
     for (key, value) in labels {
         let at = format!("{field}.{key}");
         let name = key.rsplit_once('/').map_or(key.as_str(), |(prefix, name)| {
-            if prefix.is_empty() || prefix.len() > 253 || !prefix.split('.').all(segment) {
+            if prefix.len() > 253 || !prefix.split('.').all(dns_label) {
                 ""
             } else {
                 name
@@ -350,6 +358,11 @@ mod tests {
         let err = check_labels("labels", &map(&[("bad key", "x")])).unwrap_err();
         assert_eq!(err.field, "labels.bad key");
         assert_eq!(check_labels("labels", &map(&[("ok", "-no")])).unwrap_err().code, "invalid_value");
+        // A prefix is a DNS subdomain, as Kubernetes requires: no capitals, no '_'.
+        for key in ["Team.example.com/project", "team_x.example.com/project", "-team.example.com/p", "/p"] {
+            let err = check_labels("labels", &map(&[(key, "x")])).unwrap_err();
+            assert_eq!((err.field, err.code.as_str()), (format!("labels.{key}"), "invalid_name"), "{key}");
+        }
     }
 
     #[test]
