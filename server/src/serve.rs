@@ -243,6 +243,9 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
     } else if demo {
         anyhow::bail!("--demo needs the scheduler: unset FAIRWAY_SCHEDULER=off");
     }
+    if !demo {
+        tokio::spawn(say_which_classes_have_no_price(state.db.clone()));
+    }
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, "fairway listening");
     // The peer address reaches handlers (sign-in throttling keys on it).
@@ -250,6 +253,28 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
     axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Says, once the catalogue has GPU classes (the clusters' inventories create them), which
+/// have no price: their use is metered but billed at 0 until an admin sets a rate, which a
+/// fresh server's operator would otherwise find out from a statement.
+async fn say_which_classes_have_no_price(pool: sqlx::PgPool) {
+    for _ in 0..120 {
+        match db::gpu_classes::count(&pool).await {
+            Ok(n) if n > 0 => break,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            Err(_) => return,
+        }
+    }
+    if let Ok(names) = db::gpu_classes::unpriced(&pool).await {
+        if !names.is_empty() {
+            tracing::warn!(
+                classes = %names.join(", "),
+                "GPU classes without a price: their use is metered but billed at 0 until a rate is set \
+                 (POST /api/v1/gpu-classes/{{class}}/rates with rate_micros_per_gpu_hour, or the portal's platform page)"
+            );
+        }
+    }
 }
 
 /// The control loop's context: the clusters' backends and the loop's timings. With no

@@ -351,3 +351,23 @@ async fn the_readmes_tour_and_jobs_examples_print_what_the_readme_shows() {
     let (status, log) = server.terminate().await;
     assert!(status.success(), "fairway serve exited with {status}:\n{log}");
 }
+
+/// A fresh server's simulated cluster brings GPU classes with no price: the server says so,
+/// and how to set one, instead of billing 0 in silence.
+#[tokio::test]
+async fn a_fresh_server_says_which_gpu_classes_have_no_price_and_how_to_set_one() {
+    let data_dir = fresh_dir("serve-unpriced");
+    let server = Server::start(&data_dir, "serve.log").await;
+    let started = Instant::now();
+    let line = loop {
+        if let Some(line) = read_log(&server.log).lines().find(|l| l.contains("GPU classes without a price")) {
+            break line.to_owned();
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "never said:\n{}", read_log(&server.log));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(line.contains("h100-80gb") && line.contains("l4-24gb"), "{line}");
+    assert!(line.contains("POST /api/v1/gpu-classes/{class}/rates"), "{line}");
+    let (status, _) = server.terminate().await;
+    assert!(status.success());
+}

@@ -143,3 +143,19 @@ pub async fn update(tx: &mut Tx<'_>, id: GpuClassId, memory_mib: i32, descriptio
     .await?;
     Ok(())
 }
+
+/// Names of the GPU classes that have no rate at all, not even a future one.
+pub async fn unpriced(pool: &PgPool) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar!(
+        "select c.name from gpu_classes c
+         where not exists (select 1 from gpu_class_rates r where r.gpu_class_id = c.id)
+         order by c.name"
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// How many GPU classes the catalogue has.
+pub async fn count(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(r#"select count(*) as "n!" from gpu_classes"#).fetch_one(pool).await
+}
