@@ -608,6 +608,9 @@ pub struct SubmitCatalogue {
     /// The team and its ancestors, nearest first, with their quotas for the asked-for
     /// classes: every level must hold a job within its reserved + burst.
     pub chain: Vec<ChainTeam>,
+    /// Whether any team of the chain has a budget, of any month: only then is a submission
+    /// checked against budgets (read fresh, since spend moves all the time).
+    pub budgeted: bool,
     /// The catalogue's version this was read at (bumped by every change to it).
     pub version: i64,
 }
@@ -673,7 +676,8 @@ pub async fn submit_catalogue(
                where c.depth < 64
            )
            select c.name as "name!", c.depth as "depth!", q.gpu_class_id as "class_id?: GpuClassId",
-                  q.reserved as "reserved?", q.burst as "burst?"
+                  q.reserved as "reserved?", q.burst as "burst?",
+                  exists (select 1 from budgets b where b.team_id = c.id) as "budgeted!"
            from chain c left join quotas q on q.team_id = c.id and q.gpu_class_id = any($2::uuid[])
            order by c.depth"#,
         team_id as TeamId,
@@ -683,6 +687,7 @@ pub async fn submit_catalogue(
     .await?;
     let mut chain: Vec<ChainTeam> = Vec::new();
     let mut depth = -1;
+    let budgeted = quota_rows.iter().any(|r| r.budgeted);
     for r in quota_rows {
         if r.depth != depth {
             depth = r.depth;
@@ -708,5 +713,5 @@ pub async fn submit_catalogue(
             Some((r.class_name?, r.class_id?, capacity))
         })
         .collect();
-    Ok(Some(SubmitCatalogue { max_runtime, priorities, preemptible, classes, chain, version }))
+    Ok(Some(SubmitCatalogue { max_runtime, priorities, preemptible, classes, chain, budgeted, version }))
 }

@@ -1,0 +1,1 @@
+drop trigger budgets_catalogue on budgets;
