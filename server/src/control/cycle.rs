@@ -262,10 +262,10 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
                 message: match p.unforeseeable {
                     Some(u) => format!(
                         "{}: {}",
-                        world.pending_message(job.gpu_class_id, &p.reason, &p.figures),
+                        world.pending_message(job.team_id, job.gpu_class_id, &p.reason, &p.figures),
                         u.message(&|t| world.team_name(t))
                     ),
-                    None => world.pending_message(job.gpu_class_id, &p.reason, &p.figures),
+                    None => world.pending_message(job.team_id, job.gpu_class_id, &p.reason, &p.figures),
                 },
                 figures: domain::WaitFigures {
                     earliest_start_at: p.earliest_start_ms.and_then(at),

@@ -306,7 +306,13 @@ impl World {
     /// needs, what the team holds and may hold, what is free, what a budget has left.
     /// `class` is the job's GPU class; other jobs are named by their ids (the engine's job
     /// numbers mean nothing to users).
-    pub fn pending_message(&self, class: domain::GpuClassId, reason: &PendingReason, f: &Figures) -> String {
+    pub fn pending_message(
+        &self,
+        job_team: domain::TeamId,
+        class: domain::GpuClassId,
+        reason: &PendingReason,
+        f: &Figures,
+    ) -> String {
         let of = self.class_name_of(class);
         let (needs, free) = (gpus(f.needs), gpus(f.free));
         let job_id = |j: &u64| self.jobs.get(j).map(|j| j.id.to_string()).unwrap_or_default();
@@ -355,10 +361,21 @@ impl World {
             PendingReason::NoTopologyFit => format!(
                 "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but not within one domain of the topology level it requires"
             ),
-            PendingReason::FairShareBehind { team } => format!(
-                "it must borrow burst capacity: it needs {needs} GPUs of {of} and {free} are free to it; team {}, the largest borrower, holds no more than its fair share, so none is taken back",
-                self.team_name(*team)
-            ),
+            PendingReason::FairShareBehind { team } => {
+                // The largest borrower may be the job's own team or department: said so, it
+                // cannot read as another team's priority.
+                let own = self.team_index.get(&job_team).copied();
+                let chain = std::iter::successors(own, |&t| self.snapshot.teams.get(t as usize).and_then(|x| x.parent))
+                    .take(self.snapshot.teams.len());
+                let whose = match chain.enumerate().find(|&(_, t)| t == *team).map(|(depth, _)| depth) {
+                    Some(0) => format!("its own team {}", self.team_name(*team)),
+                    Some(_) => format!("its department {}", self.team_name(*team)),
+                    None => format!("team {}", self.team_name(*team)),
+                };
+                format!(
+                    "it must borrow burst capacity: it needs {needs} GPUs of {of} and {free} are free to it; the largest borrower, {whose}, holds no more than its fair share, so none is taken back"
+                )
+            }
             PendingReason::InsufficientCapacity => {
                 format!("not enough free GPUs of {of}: it needs {needs} and {free} are free to it")
             }
@@ -535,5 +552,36 @@ mod tests {
         assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));
         let undeclared = NewJob { expected_runtime_seconds: None, ..job };
         assert_eq!(world.proposed(team(), &undeclared).map(|j| j.expected_runtime_ms), Some(None));
+    }
+
+    #[test]
+    fn a_fair_share_wait_names_the_largest_borrower_as_the_jobs_own_team_its_department_or_another_team() {
+        let dept = domain::TeamId::from_u128(10);
+        let other = domain::TeamId::from_u128(11);
+        let row =
+            |id, name: &str, parent_id| TeamRow { id, name: name.into(), parent_id, fair_share_weight_milli: 1000 };
+        let rows = SnapshotRows {
+            teams: vec![row(dept, "research", None), row(team(), "ml", Some(dept)), row(other, "prod", None)],
+            now: Utc::now(),
+            classes: vec![ClassRow { id: class(), name: "h100".into(), rate: 0, fraction_milli: 1000 }],
+            nodes: Vec::new(),
+            quotas: Vec::new(),
+            priorities: Vec::new(),
+            history: Vec::new(),
+            jobs: Vec::new(),
+        };
+        let world = World::build(rows, scheduler::snapshot::Config::default());
+        let said = |borrower: domain::TeamId| {
+            let largest = world.team_index[&borrower];
+            world.pending_message(
+                team(),
+                class(),
+                &PendingReason::FairShareBehind { team: largest },
+                &Figures::default(),
+            )
+        };
+        assert!(said(team()).contains("the largest borrower, its own team ml, holds no more"), "{}", said(team()));
+        assert!(said(dept).contains("the largest borrower, its department research, holds"), "{}", said(dept));
+        assert!(said(other).contains("the largest borrower, team prod, holds"), "{}", said(other));
     }
 }

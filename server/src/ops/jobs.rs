@@ -702,7 +702,7 @@ pub async fn dry_run(
     let (reason, message) = answer
         .reason
         .as_ref()
-        .map(|(r, figures)| (r.code().to_owned(), world.pending_message(job.gpu_class_id, r, figures)))
+        .map(|(r, figures)| (r.code().to_owned(), world.pending_message(team_id, job.gpu_class_id, r, figures)))
         .unzip();
     Ok(DryRunResult {
         fits_now: placement.is_some(),
