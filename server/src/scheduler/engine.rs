@@ -39,6 +39,10 @@ pub(super) struct Cycle<'a> {
     /// Per class, the running jobs that may ever be victims this cycle (preemptible, past
     /// the minimum runtime, not stopping), least work lost first, then largest.
     pub(super) victim_order: BTreeMap<ClassId, Vec<usize>>,
+    /// Per class, the preemptible running jobs not stopping that are still within the
+    /// minimum runtime before preemption, soonest preemptible first: only what a wait for
+    /// them is explained by, so a blocked job walks these few, not every running job.
+    young: BTreeMap<ClassId, Vec<usize>>,
     /// Milli per class held by jobs that were told to stop in earlier cycles and are not
     /// yet claimed by a job ranked earlier in this cycle.
     stopping_unclaimed: BTreeMap<ClassId, u64>,
@@ -162,6 +166,7 @@ impl<'a> Cycle<'a> {
             victims: BTreeSet::new(),
             victim: vec![false; s.running.len()],
             victim_order: preemption::victim_order(s),
+            young: preemption::young(s),
             stopping_unclaimed,
             largest_borrowers: BTreeMap::new(),
             claimed_free: BTreeMap::new(),
@@ -319,33 +324,24 @@ impl<'a> Cycle<'a> {
         if s.config.policy == Policy::Fifo || (job.team as usize) >= s.teams.len() {
             return None;
         }
+        let young = self.young.get(&job.class)?;
         let min = s.config.min_runtime_before_preemption_ms;
         let chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
         let priority = self.priority(job);
-        let mut young: Vec<(i64, u64)> = s
-            .running
-            .iter()
-            .enumerate()
-            .filter(|&(i, r)| {
-                r.spec.class == job.class
-                    && !r.terminating
-                    && !self.victim[i]
-                    && s.now_ms - r.started_ms < min
-                    && s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible)
-                    && if r.spec.team == job.team {
-                        self.priority(&r.spec) < priority
-                    } else {
-                        within_reserved && self.reclaimable(job.class, &chain, r.spec.team)
-                    }
-            })
-            .map(|(_, r)| (r.started_ms.saturating_add(min), r.spec.total_milli()))
-            .collect();
-        young.sort_unstable();
         let mut freed = available;
-        for (at_ms, milli) in young {
-            freed += milli;
-            if freed >= job.total_milli() {
-                return Some(at_ms);
+        for &i in young {
+            let r = &s.running[i];
+            let may = !self.victim[i]
+                && if r.spec.team == job.team {
+                    self.priority(&r.spec) < priority
+                } else {
+                    within_reserved && self.reclaimable(job.class, &chain, r.spec.team)
+                };
+            if may {
+                freed += r.spec.total_milli();
+                if freed >= job.total_milli() {
+                    return Some(r.started_ms.saturating_add(min));
+                }
             }
         }
         None

@@ -45,6 +45,29 @@ pub(super) fn victim_order(s: &Snapshot) -> BTreeMap<ClassId, Vec<usize>> {
     victim_order
 }
 
+/// Per class, the preemptible running jobs not stopping that are still within the minimum
+/// runtime before preemption, soonest preemptible first (ties by job id): what
+/// `victims_in_minimum_runtime` walks to explain a wait.
+pub(super) fn young(s: &Snapshot) -> BTreeMap<ClassId, Vec<usize>> {
+    let mut keyed: Vec<(ClassId, i64, JobId, usize)> = s
+        .running
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| {
+            !r.terminating
+                && s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible)
+                && s.now_ms - r.started_ms < s.config.min_runtime_before_preemption_ms
+        })
+        .map(|(i, r)| (r.spec.class, r.started_ms, r.spec.id, i))
+        .collect();
+    keyed.sort_unstable();
+    let mut young: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
+    for (class, _, _, i) in keyed {
+        young.entry(class).or_default().push(i);
+    }
+    young
+}
+
 /// The burst demand at the start of a cycle: the borrowed value (money per hour) in use over
 /// top-level teams, and the total fair-share weight of the teams that want burst (borrowing
 /// now, or with a pending job beyond their reserved quota). Fair-share preemption splits the
