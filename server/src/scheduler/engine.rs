@@ -156,6 +156,7 @@ impl<'a> Cycle<'a> {
             *stopping_unclaimed.entry(r.spec.class).or_default() += r.spec.total_milli();
         }
         let (burst_value, burst_weight) = preemption::burst_demand(s, &ledger);
+        let (victim_order, young) = preemption::candidates(s);
         Self {
             s,
             inv,
@@ -165,8 +166,8 @@ impl<'a> Cycle<'a> {
             hard_gpu_left,
             victims: BTreeSet::new(),
             victim: vec![false; s.running.len()],
-            victim_order: preemption::victim_order(s),
-            young: preemption::young(s),
+            victim_order,
+            young,
             stopping_unclaimed,
             largest_borrowers: BTreeMap::new(),
             claimed_free: BTreeMap::new(),

@@ -23,49 +23,34 @@ pub fn lost_work(now_ms: i64, r: &RunningJob) -> u64 {
 }
 
 /// Per class, the running jobs that may ever be victims in a cycle (preemptible, past the
-/// minimum runtime, not stopping), least work lost first, then largest, then by job id. Sorted
-/// once per cycle, so that every attempt walks the cheapest victims first without sorting.
-pub(super) fn victim_order(s: &Snapshot) -> BTreeMap<ClassId, Vec<usize>> {
+/// minimum runtime, not stopping), least work lost first, then largest, then by job id; and
+/// per class those still within the minimum runtime, soonest preemptible first (ties by job
+/// id), which only explain a wait (`victims_in_minimum_runtime`). Sorted once per cycle, so
+/// that every attempt walks the cheapest victims first without sorting.
+pub(super) fn candidates(s: &Snapshot) -> (BTreeMap<ClassId, Vec<usize>>, BTreeMap<ClassId, Vec<usize>>) {
+    let mut past: Vec<(ClassId, u64, u64, JobId, usize)> = Vec::new();
+    let mut young: Vec<(ClassId, i64, JobId, usize)> = Vec::new();
+    for (i, r) in s.running.iter().enumerate() {
+        if r.terminating || !s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible) {
+            continue;
+        }
+        if s.now_ms - r.started_ms >= s.config.min_runtime_before_preemption_ms {
+            past.push((r.spec.class, lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i));
+        } else {
+            young.push((r.spec.class, r.started_ms, r.spec.id, i));
+        }
+    }
+    past.sort_unstable();
+    young.sort_unstable();
     let mut victim_order: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
-    let mut keyed: Vec<(ClassId, u64, u64, JobId, usize)> = s
-        .running
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| {
-            !r.terminating
-                && s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible)
-                && s.now_ms - r.started_ms >= s.config.min_runtime_before_preemption_ms
-        })
-        .map(|(i, r)| (r.spec.class, lost_work(s.now_ms, r), u64::MAX - r.spec.total_milli(), r.spec.id, i))
-        .collect();
-    keyed.sort_unstable();
-    for (class, _, _, _, i) in keyed {
+    for (class, _, _, _, i) in past {
         victim_order.entry(class).or_default().push(i);
     }
-    victim_order
-}
-
-/// Per class, the preemptible running jobs not stopping that are still within the minimum
-/// runtime before preemption, soonest preemptible first (ties by job id): what
-/// `victims_in_minimum_runtime` walks to explain a wait.
-pub(super) fn young(s: &Snapshot) -> BTreeMap<ClassId, Vec<usize>> {
-    let mut keyed: Vec<(ClassId, i64, JobId, usize)> = s
-        .running
-        .iter()
-        .enumerate()
-        .filter(|(_, r)| {
-            !r.terminating
-                && s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible)
-                && s.now_ms - r.started_ms < s.config.min_runtime_before_preemption_ms
-        })
-        .map(|(i, r)| (r.spec.class, r.started_ms, r.spec.id, i))
-        .collect();
-    keyed.sort_unstable();
-    let mut young: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
-    for (class, _, _, i) in keyed {
-        young.entry(class).or_default().push(i);
+    let mut young_order: BTreeMap<ClassId, Vec<usize>> = BTreeMap::new();
+    for (class, _, _, i) in young {
+        young_order.entry(class).or_default().push(i);
     }
-    young
+    (victim_order, young_order)
 }
 
 /// The burst demand at the start of a cycle: the borrowed value (money per hour) in use over
