@@ -13,7 +13,7 @@ use std::{
 use crate::{
     db,
     domain::TeamId,
-    scheduler::{runtime::kind_of, ForecastErrors, RuntimeHistory},
+    scheduler::{runtime::kind_of, ForecastErrors, PriorityId, RuntimeHistory},
 };
 
 /// How long what was read stands before it is read again.
@@ -32,9 +32,20 @@ pub const ERRORS: i64 = 5_000;
 pub struct ForecastInputs {
     read_at: Option<Instant>,
     runtimes: Arc<Vec<db::forecast::Runtime>>,
+    /// Errors of started jobs (newest first) and of waiting ones.
+    errors: Arc<(Vec<db::forecast::ForecastError>, Vec<db::forecast::ForecastError>)>,
+    /// The history and errors built from what was read, for the engine's numbering of teams
+    /// and priority classes they were built with.
+    built: Option<Built>,
+}
+
+/// See [`ForecastInputs::built`].
+#[derive(Debug, Clone)]
+struct Built {
+    team_index: HashMap<TeamId, u32>,
+    priority_index: HashMap<String, PriorityId>,
+    history: Arc<RuntimeHistory>,
     errors: Arc<ForecastErrors>,
-    /// The history built from `runtimes` for the engine's team numbering it was built with.
-    built: Option<(HashMap<TeamId, u32>, Arc<RuntimeHistory>)>,
 }
 
 impl ForecastInputs {
@@ -44,35 +55,49 @@ impl ForecastInputs {
             return Ok(());
         }
         self.runtimes = Arc::new(db::forecast::recent_runtimes(pool, RUNTIMES).await?);
-        let (started, waiting) = db::forecast::errors(pool, ERRORS).await?;
-        let mut errors = ForecastErrors::default();
-        // Oldest first: the window keeps the newest.
-        for &(forecast, actual) in started.iter().rev() {
-            errors.record(forecast, actual);
-        }
-        errors.set_waiting(waiting);
-        self.errors = Arc::new(errors);
+        self.errors = Arc::new(db::forecast::errors(pool, ERRORS).await?);
         self.built = None;
         self.read_at = Some(Instant::now());
         Ok(())
     }
 
-    /// Runtime history with teams as the engine numbers them (`team_index`), and the errors.
-    pub fn for_snapshot(&mut self, team_index: &HashMap<TeamId, u32>) -> (Arc<RuntimeHistory>, Arc<ForecastErrors>) {
-        let history = match &self.built {
-            Some((index, history)) if index == team_index => history.clone(),
-            _ => {
-                let mut history = RuntimeHistory::default();
-                for r in self.runtimes.iter() {
-                    if let Some(&team) = team_index.get(&r.team_id) {
-                        history.record(team, Some(kind_of(&r.name)), r.runtime_ms);
-                    }
-                }
-                let history = Arc::new(history);
-                self.built = Some((team_index.clone(), history.clone()));
-                history
+    /// Runtime history and forecast errors with teams and priority classes as the engine
+    /// numbers them (`team_index`, `priority_index`).
+    pub fn for_snapshot(
+        &mut self,
+        team_index: &HashMap<TeamId, u32>,
+        priority_index: &HashMap<String, PriorityId>,
+    ) -> (Arc<RuntimeHistory>, Arc<ForecastErrors>) {
+        if let Some(b) = &self.built {
+            if &b.team_index == team_index && &b.priority_index == priority_index {
+                return (b.history.clone(), b.errors.clone());
             }
+        }
+        let mut history = RuntimeHistory::default();
+        for r in self.runtimes.iter() {
+            if let Some(&team) = team_index.get(&r.team_id) {
+                history.record(team, Some(kind_of(&r.name)), r.runtime_ms);
+            }
+        }
+        let (started, waiting) = &*self.errors;
+        let mut errors = ForecastErrors::default();
+        // Oldest first: the window keeps the newest.
+        for e in started.iter().rev() {
+            if let Some(&priority) = priority_index.get(&e.priority_class) {
+                errors.record(priority, e.forecast_ms, e.actual_ms);
+            }
+        }
+        errors.set_waiting(
+            waiting.iter().filter_map(|e| Some((*priority_index.get(&e.priority_class)?, e.forecast_ms, e.actual_ms))),
+        );
+        let built = Built {
+            team_index: team_index.clone(),
+            priority_index: priority_index.clone(),
+            history: Arc::new(history),
+            errors: Arc::new(errors),
         };
-        (history, self.errors.clone())
+        let out = (built.history.clone(), built.errors.clone());
+        self.built = Some(built);
+        out
     }
 }

@@ -221,7 +221,7 @@ impl World {
 
     /// Gives the engine what the forecast learnt: runtime history and past errors.
     pub fn set_forecast_inputs(&mut self, inputs: &mut super::forecast::ForecastInputs) {
-        let (history, errors) = inputs.for_snapshot(&self.team_index);
+        let (history, errors) = inputs.for_snapshot(&self.team_index, &self.priority_index);
         self.snapshot.history = history;
         self.snapshot.forecast_errors = errors;
     }

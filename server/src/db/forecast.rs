@@ -30,13 +30,23 @@ pub async fn recent_runtimes(pool: &PgPool, limit: i64) -> Result<Vec<Runtime>, 
     .await
 }
 
-/// Recent forecast errors: `(forecast wait, actual wait)` in ms of the `limit` jobs admitted
-/// last after a forecast, and `(forecast wait, waited so far)` of up to `limit` jobs still
-/// waiting on one.
-pub async fn errors(pool: &PgPool, limit: i64) -> Result<(Vec<(i64, i64)>, Vec<(i64, i64)>), sqlx::Error> {
-    let started = sqlx::query!(
-        r#"select forecast_wait_ms as "forecast!",
-                  (extract(epoch from (admitted_at - forecast_at)) * 1000)::int8 as "actual!"
+/// One job's forecast error: the wait forecast when it first waited and the wait it had
+/// (for a job still waiting, the wait so far), in ms, and its priority class, whose
+/// forecasts err in their own way.
+#[derive(Debug, Clone)]
+pub struct ForecastError {
+    pub priority_class: String,
+    pub forecast_ms: i64,
+    pub actual_ms: i64,
+}
+
+/// Recent forecast errors: those of the `limit` jobs admitted last after a forecast, newest
+/// first, and those of up to `limit` jobs still waiting on one.
+pub async fn errors(pool: &PgPool, limit: i64) -> Result<(Vec<ForecastError>, Vec<ForecastError>), sqlx::Error> {
+    let started = sqlx::query_as!(
+        ForecastError,
+        r#"select priority_class, forecast_wait_ms as "forecast_ms!",
+                  (extract(epoch from (admitted_at - forecast_at)) * 1000)::int8 as "actual_ms!"
            from jobs
            where forecast_at is not null and forecast_wait_ms is not null and admitted_at >= forecast_at
            order by admitted_at desc
@@ -45,9 +55,10 @@ pub async fn errors(pool: &PgPool, limit: i64) -> Result<(Vec<(i64, i64)>, Vec<(
     )
     .fetch_all(pool)
     .await?;
-    let waiting = sqlx::query!(
-        r#"select forecast_wait_ms as "forecast!",
-                  (extract(epoch from (now() - forecast_at)) * 1000)::int8 as "waited!"
+    let waiting = sqlx::query_as!(
+        ForecastError,
+        r#"select priority_class, forecast_wait_ms as "forecast_ms!",
+                  (extract(epoch from (now() - forecast_at)) * 1000)::int8 as "actual_ms!"
            from jobs
            where state = 'pending' and forecast_at is not null and forecast_wait_ms is not null
            limit $1"#,
@@ -55,8 +66,5 @@ pub async fn errors(pool: &PgPool, limit: i64) -> Result<(Vec<(i64, i64)>, Vec<(
     )
     .fetch_all(pool)
     .await?;
-    Ok((
-        started.into_iter().map(|r| (r.forecast, r.actual)).collect(),
-        waiting.into_iter().map(|r| (r.forecast, r.waited)).collect(),
-    ))
+    Ok((started, waiting))
 }

@@ -254,7 +254,7 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
         let Some(expected) = v[plays / 2] else { continue };
         let p = &mut decisions.pending[w.pending];
         p.played_start_ms = Some(expected);
-        if let Some(waits) = calibrator.waits(expected - s.now_ms) {
+        if let Some(waits) = calibrator.waits(w.spec.priority, expected - s.now_ms) {
             [p.earliest_start_ms, p.expected_start_ms, p.latest_start_ms] = waits.map(|w| Some(s.now_ms + w));
         } else {
             p.earliest_start_ms = v[0].or(Some(expected));

@@ -26,7 +26,7 @@ use std::{
 use super::{TraceJob, Workload};
 use crate::scheduler::{
     runtime::kind_of, schedule, ClassId, Config, Decisions, JobId, JobSpec, KindId, PendingReason, Policy,
-    PreemptReason, ReplicaPlacement, RunningJob, Snapshot, StartTimeModel, Topology, UNIT,
+    PreemptReason, PriorityId, ReplicaPlacement, RunningJob, Snapshot, StartTimeModel, Topology, UNIT,
 };
 
 /// Simulated jobs checkpoint after every this much runtime.
@@ -500,12 +500,15 @@ impl<'a> Replay<'a> {
             return;
         }
         // The jobs predicted earlier that still wait count as censored errors.
-        let waiting: Vec<(i64, i64)> = predictions
+        let waiting: Vec<(PriorityId, i64, i64)> = predictions
             .iter()
             .zip(&self.outcomes)
-            .filter(|(_, o)| o.first_start_ms.is_none())
-            .filter_map(|(p, _)| match p {
-                Some(Prediction { at_ms, played: Some([_, played, _]), .. }) => Some((played - at_ms, now - at_ms)),
+            .zip(&self.workload.jobs)
+            .filter(|((_, o), _)| o.first_start_ms.is_none())
+            .filter_map(|((p, _), job)| match p {
+                Some(Prediction { at_ms, played: Some([_, played, _]), .. }) => {
+                    Some((job.priority, played - at_ms, now - at_ms))
+                }
                 _ => None,
             })
             .collect();
@@ -657,7 +660,7 @@ impl<'a> Replay<'a> {
             if let Some(Prediction { at_ms, played: Some([_, played, _]), .. }) =
                 self.predictions.as_ref().and_then(|p| p[id])
             {
-                std::sync::Arc::make_mut(&mut self.snapshot.forecast_errors).record(played - at_ms, now - at_ms);
+                std::sync::Arc::make_mut(&mut self.snapshot.forecast_errors).record(spec.priority, played - at_ms, now - at_ms);
             }
         }
         let at_ms = now + self.remaining_ms[id];
