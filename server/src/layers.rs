@@ -16,11 +16,15 @@ const LAYERS: &[&[&str]] = &[
     &["state"],
     &["ops", "demo"],
     &["http"],
-    &["api", "web"],
+    &["api", "web", "client"],
     &["serve"],
     // Benchmarks run the whole service.
     &["bench"],
 ];
+
+/// Modules that name no other module of the crate at all, whatever their layer: the client
+/// talks to the server only over HTTP, so that it could move to a binary of its own.
+const STANDALONE: &[&str] = &["client"];
 
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&module))
@@ -188,6 +192,10 @@ fn violations() -> Vec<String> {
                 continue;
             }
             match layer_of(&named) {
+                Some(layer) if STANDALONE.contains(&top.as_str()) => found.push(format!(
+                    "{}: `{top}` names `{named}` (layer {layer}), but it talks to the server only over HTTP",
+                    relative.display()
+                )),
                 Some(layer) if layer < own => {}
                 Some(layer) => found.push(format!(
                     "{}: `{top}` (layer {own}) names `{named}` (layer {layer}), which is not below it",

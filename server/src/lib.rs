@@ -6,6 +6,8 @@
 //!
 //! - [`serve`], [`bench`]: the service's wiring and lifecycle; benchmark commands.
 //! - [`api`], [`web`]: the faces, REST handlers and portal pages. Thin.
+//! - [`client`]: the face for CI pipelines and terminals (`fairway submit`, ...), which talks
+//!   to a server over HTTP only and names no other module.
 //! - [`http`]: what the faces share about HTTP: problems, extractors, idempotency,
 //!   authentication and authorization middleware, request ids.
 //! - [`ops`], [`demo`]: the use cases, called alike by every face.
@@ -21,6 +23,7 @@ pub mod auth;
 pub mod backends;
 pub mod bench;
 pub mod billing;
+pub mod client;
 pub mod config;
 pub mod control;
 pub mod db;

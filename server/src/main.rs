@@ -1,10 +1,11 @@
-//! The `fairway` command: serve the API, migrate the database, print the OpenAPI document.
+//! The `fairway` command: serve the API, migrate the database, print the OpenAPI document;
+//! and, as a client of a running server, submit jobs and follow them (`fairway submit`, ...).
 
 use std::{path::PathBuf, process::ExitCode};
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
-use fairway::{config::Config, db, serve, telemetry};
+use clap::{CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
+use fairway::{client, config::Config, db, serve, telemetry};
 
 #[derive(Parser)]
 #[command(name = "fairway", version, about = "Multi-tenant GPU platform")]
@@ -12,8 +13,37 @@ struct Cli {
     /// TOML configuration file (also FAIRWAY_CONFIG).
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    #[command(flatten)]
+    client: client::config::Flags,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The command line. Clap gives a global flag to every subcommand that has no argument of the
+/// same id; a hidden argument with that id, which refuses any value, keeps the client's flags
+/// (`--url`, `--output text|json`, ...) off the server's commands (where `export` has an
+/// `--output FILE` of its own) and the server's `--config` off the client's.
+fn command_line() -> clap::Command {
+    use clap::Subcommand as _;
+    let client_commands = client::Command::augment_subcommands(clap::Command::new("client"));
+    let is_client = |name: &str| client_commands.find_subcommand(name).is_some();
+    let mut root = Cli::command();
+    let names: Vec<String> = root.get_subcommands().map(|c| c.get_name().to_owned()).collect();
+    for name in names {
+        let foreign: &[&'static str] = if is_client(&name) { &["config"] } else { &client::config::IDS };
+        root = root.mut_subcommand(&name, |command| foreign.iter().fold(command, |command, id| command.arg(placeholder(id))));
+    }
+    root
+}
+
+/// A hidden argument that takes the id `id` in a subcommand the global flag of that id is
+/// not for. Its flag is the id itself, so `fairway serve --url ...` is refused with a
+/// sentence rather than accepted and ignored.
+fn placeholder(id: &'static str) -> clap::Arg {
+    clap::Arg::new(id)
+        .long(id)
+        .hide(true)
+        .value_parser(|_: &str| Err::<String, _>("not an option of this command"))
 }
 
 #[derive(Subcommand)]
@@ -98,6 +128,8 @@ enum Command {
         #[arg(value_enum)]
         what: fairway::bench::Target,
     },
+    #[command(flatten)]
+    Client(client::Command),
 }
 
 #[derive(Subcommand)]
@@ -112,9 +144,33 @@ enum Direction {
     },
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    let matches = command_line().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // The client reads neither the server's configuration nor its logging, and needs no
+    // thread pool: one thread starts faster, which a CI step calling it often notices.
+    if let Command::Client(command) = cli.command {
+        let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                eprintln!("fairway: cannot start: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let finish = runtime.block_on(client::run(command, cli.client, command_line));
+        return ExitCode::from(finish.code());
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("fairway: cannot start: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(server_main(cli))
+}
+
+async fn server_main(cli: Cli) -> ExitCode {
     let config = match Config::load(cli.config) {
         Ok(c) => c,
         Err(e) => {
@@ -136,6 +192,8 @@ async fn main() -> ExitCode {
 
 async fn run(command: Command, config: Config) -> anyhow::Result<()> {
     match command {
+        // Dispatched in `main`, before the server's configuration is read.
+        Command::Client(_) => Ok(()),
         Command::Serve { demo } => serve::serve(config, demo).await,
         Command::Openapi => {
             print!("{}", fairway::api::openapi_json());
@@ -241,4 +299,33 @@ async fn migrate(pool: &sqlx::PgPool, direction: Direction) -> anyhow::Result<()
         },
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::FromArgMatches as _;
+
+    use super::{command_line, Cli, Command};
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let matches = command_line().try_get_matches_from(args)?;
+        Cli::from_arg_matches(&matches)
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        command_line().debug_assert();
+    }
+
+    #[test]
+    fn each_sides_flags_stay_on_its_own_commands() {
+        // `export --output` is a file, the client's `--output` a format; neither takes the other.
+        let export = parse(&["fairway", "export", "--period", "2026-01", "--output", "x.csv"]).unwrap();
+        assert!(matches!(export.command, Command::Export { output: Some(ref p), .. } if p.as_os_str() == "x.csv"));
+        assert_eq!(export.client.output, None);
+        assert!(parse(&["fairway", "serve", "--url", "http://x"]).is_err());
+        assert!(parse(&["fairway", "submit", "--config", "server.toml"]).is_err());
+        let client = parse(&["fairway", "list", "--output", "json"]).unwrap();
+        assert_eq!(client.client.output.as_deref(), Some("json"));
+    }
 }

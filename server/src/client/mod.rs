@@ -1,0 +1,458 @@
+//! The client for CI pipelines and terminals: `fairway submit`, `status`, `wait`, `cancel`,
+//! `list`, `queue`, `dry-run`, `logs` and `completions`, subcommands of the same binary as
+//! `fairway serve` (as Nomad and Vault ship theirs).
+//!
+//! A face that talks only HTTP: it names no other module of the crate, so it could move to a
+//! binary of its own (the `layers` test holds it to that). Its settings come from flags,
+//! `FAIRWAY_*` variables and `~/.config/fairway/client.toml` ([`config`]); its exit statuses are
+//! [`exit::Exit`], documented in `fairway submit --help`.
+
+pub mod ci;
+pub mod config;
+pub mod duration;
+pub mod exit;
+pub mod http;
+pub mod output;
+pub mod spec;
+pub mod sse;
+pub mod wait;
+
+use std::io::Write as _;
+
+use chrono::Utc;
+use reqwest::{header, Method};
+use serde_json::Value;
+
+use self::{
+    config::{Flags, Output, Settings},
+    exit::{Exit, Finish},
+    http::{Api, Error, Repeat},
+    spec::JobArgs,
+};
+
+/// The client's subcommands, flattened into the binary's.
+#[derive(clap::Subcommand, Debug)]
+pub enum Command {
+    /// Submits a job; with --wait, follows it to its end and exits with its outcome.
+    #[command(after_help = SUBMIT_HELP)]
+    Submit(Box<SubmitArgs>),
+    /// Shows a job: why it waits and when it should start, or how it ended.
+    #[command(after_help = "Examples:\n  fairway status 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e\n  fairway status $JOB --output json | jq -r .state")]
+    Status {
+        /// The job's id, as `fairway submit` prints it.
+        #[arg(value_parser = job_id, value_name = "JOB")]
+        job: String,
+    },
+    /// Cancels a job: a waiting job ends at once, a running one is stopped.
+    #[command(after_help = "Example:\n  fairway cancel 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e")]
+    Cancel {
+        /// The job's id.
+        #[arg(value_parser = job_id, value_name = "JOB")]
+        job: String,
+    },
+    /// Lists the team's jobs, newest first.
+    #[command(after_help = "Examples:\n  fairway list\n  fairway list --state running --limit 20\n  fairway list --team vision --output json | jq -r '.items[].id'")]
+    List {
+        /// Only jobs in this state: pending, admitted, running, succeeded, failed,
+        /// cancelled or preempted.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many jobs.
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+    },
+    /// Shows the team's waiting jobs in admission order, with why each waits and when it
+    /// should start.
+    #[command(after_help = "Example:\n  fairway queue --team vision")]
+    Queue,
+    /// Asks what the scheduler would do with a job submitted now (where it would run, whom it
+    /// would preempt, when it would start, what it may cost) without submitting it.
+    #[command(after_help = "Example:\n  fairway dry-run --gpu-class h100-80gb --gpus 8 --replicas 4 --priority production \\\n    --name pretrain --image ghcr.io/acme/train:1")]
+    DryRun(Box<JobArgs>),
+    /// Prints a job's log (from servers that keep logs).
+    #[command(after_help = "Examples:\n  fairway logs $JOB\n  fairway logs $JOB -f --replica 0\n  fairway logs $JOB --attempt 1")]
+    Logs {
+        /// The job's id.
+        #[arg(value_parser = job_id, value_name = "JOB")]
+        job: String,
+        /// Keep printing as the job writes.
+        #[arg(short, long)]
+        follow: bool,
+        /// Only this replica [server's default: every replica].
+        #[arg(long, value_name = "N")]
+        replica: Option<u32>,
+        /// This attempt [server's default: the latest].
+        #[arg(long, value_name = "K")]
+        attempt: Option<u32>,
+    },
+    /// Waits for an existing job to end, as `submit --wait` does, and exits with its outcome.
+    #[command(after_help = WAIT_HELP)]
+    Wait {
+        /// The job's id.
+        #[arg(value_parser = job_id, value_name = "JOB")]
+        job: String,
+        #[command(flatten)]
+        options: WaitArgs,
+    },
+    /// Prints a shell completion script.
+    #[command(after_help = "Examples:\n  fairway completions bash > ~/.local/share/bash-completion/completions/fairway\n  fairway completions zsh > \"${fpath[1]}/_fairway\"\n  fairway completions fish > ~/.config/fish/completions/fairway.fish")]
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+}
+
+/// `fairway submit`'s own flags.
+#[derive(clap::Args, Debug)]
+pub struct SubmitArgs {
+    #[command(flatten)]
+    job: JobArgs,
+    /// Makes retries safe: a second submission with the same key returns the first job.
+    /// In GitHub Actions, GitLab CI, Jenkins and Buildkite it defaults to one derived from
+    /// the CI job and the request, so a retried step never submits twice.
+    #[arg(long, env = "FAIRWAY_IDEMPOTENCY_KEY", value_name = "KEY")]
+    idempotency_key: Option<String>,
+    /// Follow the job to its end, printing its events to standard error, and exit with
+    /// its outcome.
+    #[arg(long)]
+    wait: bool,
+    #[command(flatten)]
+    options: WaitArgs,
+}
+
+/// How a wait may end early.
+#[derive(clap::Args, Debug, Clone, Copy)]
+pub struct WaitArgs {
+    /// Stop waiting after this long (exit 124) and leave the job running: seconds, or e.g.
+    /// 30m, 2h.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    timeout: Option<std::time::Duration>,
+    /// On SIGINT or SIGTERM, leave the job running instead of cancelling it.
+    #[arg(long)]
+    detach: bool,
+}
+
+const SUBMIT_HELP: &str = concat!(
+    "Examples:
+  fairway submit --name resnet --gpu-class a100-80gb --gpus 4 --image ghcr.io/acme/train:1 \\
+    --max-runtime 2h --env SEED=1 -- python train.py --epochs 10
+  fairway submit -f job.toml --priority production --wait --timeout 3h
+  JOB=$(fairway submit -f job.yaml) && fairway status \"$JOB\"
+
+The job file (TOML, YAML or JSON) holds the API's fields: name, gpu_class, image,
+gpus_per_replica, replicas, priority_class, max_runtime_seconds, command, env, labels, ...
+Flags override them. Without --wait, standard output gets the job's id (or, with
+--output json, the job); warnings go to standard error. With --wait, events go to standard
+error as they happen; SIGINT or SIGTERM (a CI system cancelling the step) cancels the job,
+waits up to 60s for it to end, and exits 130 or 143.
+
+",
+    exit::exit_status_help!()
+);
+
+const WAIT_HELP: &str = concat!(
+    "Examples:
+  fairway wait 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e
+  fairway wait $JOB --timeout 30m --detach
+
+",
+    "Exit status: as `fairway submit --wait` (see `fairway submit --help`): 0 succeeded, the
+job's own exit code, 124 --timeout, 125 cancelled, 126 preempted, 127 failed without a code,
+130/143 interrupted."
+);
+
+/// A job reference: the job's UUID.
+fn job_id(text: &str) -> Result<String, String> {
+    uuid::Uuid::parse_str(text.trim())
+        .map(|id| id.to_string())
+        .map_err(|_| format!("`{text}` is not a job id (the UUID `fairway submit` prints)"))
+}
+
+/// Runs a client command and says how the process should exit. `root` builds the whole
+/// command line, for completion scripts.
+pub async fn run(command: Command, flags: Flags, root: impl FnOnce() -> clap::Command) -> Finish {
+    if let Command::Completions { shell } = command {
+        let mut root = root();
+        clap_complete::generate(shell, &mut root, "fairway", &mut std::io::stdout());
+        return Exit::Success.into();
+    }
+    match execute(command, &flags).await {
+        Ok(finish) => finish,
+        Err(error) => {
+            eprintln!("{}", error.report());
+            error.exit().into()
+        }
+    }
+}
+
+/// What every command needs: the settings and the API.
+struct Context {
+    settings: Settings,
+    api: Api,
+}
+
+impl Context {
+    /// The team to act for: the one named, else the API token's own.
+    async fn team(&self) -> Result<String, Error> {
+        if let Some(team) = &self.settings.team {
+            return Ok(team.clone());
+        }
+        let me = self.api.get(self.api.url(&["me"])).await?;
+        match me.get("team").and_then(Value::as_str) {
+            Some(team) => Ok(team.to_owned()),
+            None => Err(Error::Usage(format!(
+                "{} `{}` is not scoped to a team: name one with --team, FAIRWAY_TEAM or `team` in client.toml",
+                if me.get("kind").and_then(Value::as_str) == Some("user") { "the user" } else { "the caller" },
+                output::field(&me, "name")
+            ))),
+        }
+    }
+
+    /// Prints the server's JSON, or the text made of it.
+    fn print(&self, value: &Value, text: impl FnOnce(&Value) -> String) {
+        match self.settings.output {
+            Output::Json => stdout(&format!("{value}\n")),
+            Output::Text => stdout(&text(value)),
+        }
+    }
+}
+
+/// Writes to standard output; a closed pipe (`fairway list | head -1`) is not an error.
+fn stdout(text: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+}
+
+async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
+    let file = config::load(|name| std::env::var(name).ok()).map_err(Error::Usage)?;
+    let settings = config::resolve(flags, &file).map_err(Error::Usage)?;
+    if settings.token.is_none() {
+        return Err(Error::Unauthenticated(
+            "no token: give one with --token, FAIRWAY_TOKEN or `token` in client.toml".to_owned(),
+        ));
+    }
+    let api = Api::new(&settings)?;
+    let ctx = Context { settings, api };
+    let api = &ctx.api;
+    let now = Utc::now();
+    match command {
+        Command::Submit(args) => submit(&ctx, args).await,
+        Command::Status { job } => {
+            let job = api.get(api.url(&["jobs", &job])).await?;
+            ctx.print(&job, |j| output::job(j, now));
+            Ok(Exit::Success.into())
+        }
+        Command::Cancel { job: id } => {
+            let job = api.post(api.url(&["jobs", &id, "cancel"]), None, None, Repeat::Safe).await?;
+            ctx.print(&job, |j| {
+                let stopping = j.get("stop_requested_at").is_some_and(|s| !s.is_null()) && !j["finished_at"].is_string();
+                let state = output::field(j, "state");
+                if stopping {
+                    format!("{id}: stopping ({state})\n")
+                } else {
+                    format!("{id}: {state}\n")
+                }
+            });
+            Ok(Exit::Success.into())
+        }
+        Command::List { state, limit } => {
+            let mut url = api.url(&["teams", &ctx.team().await?, "jobs"]);
+            if let Some(state) = state {
+                url.query_pairs_mut().append_pair("state", &state);
+            }
+            if let Some(limit) = limit {
+                url.query_pairs_mut().append_pair("limit", &limit.to_string());
+            }
+            let page = api.get(url).await?;
+            ctx.print(&page, |p| output::jobs(p.get("items").and_then(Value::as_array).map_or(&[], Vec::as_slice), now));
+            if ctx.settings.output == Output::Text && page.get("next_cursor").is_some_and(Value::is_string) {
+                eprintln!("(more jobs: raise --limit, or use --output json and the API's cursor)");
+            }
+            Ok(Exit::Success.into())
+        }
+        Command::Queue => {
+            let queue = api.get(api.url(&["teams", &ctx.team().await?, "queue"])).await?;
+            ctx.print(&queue, |q| output::queue(q.as_array().map_or(&[], Vec::as_slice), now));
+            Ok(Exit::Success.into())
+        }
+        Command::DryRun(job) => {
+            let body = serde_json::to_vec(&spec::body(&job)?).map_err(|e| Error::Usage(e.to_string()))?;
+            let url = api.url(&["teams", &ctx.team().await?, "jobs:dry-run"]);
+            let result = api.post(url, Some(&body), None, Repeat::Safe).await?;
+            ctx.print(&result, |r| output::dry_run(r, now));
+            Ok(Exit::Success.into())
+        }
+        Command::Logs { job, follow, replica, attempt } => logs(api, &job, follow, replica, attempt).await,
+        Command::Wait { job, options } => {
+            let mut signals = wait::Signals::install()?;
+            let ended = wait::wait(api, &job, options.into(), &mut signals).await?;
+            print_final(&ctx, &job, ended.job).await;
+            Ok(ended.finish)
+        }
+        Command::Completions { .. } => Ok(Exit::Success.into()),
+    }
+}
+
+impl From<WaitArgs> for wait::Options {
+    fn from(args: WaitArgs) -> Self {
+        wait::Options { timeout: args.timeout, detach: args.detach }
+    }
+}
+
+async fn submit(ctx: &Context, args: Box<SubmitArgs>) -> Result<Finish, Error> {
+    let api = &ctx.api;
+    let body = serde_json::to_vec(&spec::body(&args.job)?).map_err(|e| Error::Usage(e.to_string()))?;
+    let key = match args.idempotency_key.filter(|k| !k.is_empty()) {
+        Some(key) => Some(key),
+        None => match ci::idempotency_key(|name| std::env::var(name).ok(), &body) {
+            ci::Detected::Key(key) => Some(key),
+            ci::Detected::None => None,
+            ci::Detected::Incomplete { system, missing } => {
+                eprintln!("fairway: warning: {system} CI without {missing}: submitting without an idempotency key");
+                None
+            }
+        },
+    };
+    let url = api.url(&["teams", &ctx.team().await?, "jobs"]);
+    // Caught before the job exists, so an interruption from here on cancels it.
+    let mut signals = if args.wait { Some(wait::Signals::install()?) } else { None };
+    let repeat = if key.is_some() { Repeat::Safe } else { Repeat::Unsafe };
+    let build = || {
+        let request = api.request(Method::POST, url.clone()).header(header::CONTENT_TYPE, "application/json");
+        let request = request.body(body.clone()).timeout(std::time::Duration::from_secs(30));
+        match &key {
+            Some(key) => request.header("idempotency-key", key),
+            None => request,
+        }
+    };
+    let response = api.send(build, repeat).await?;
+    let replayed = response.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
+    let job = http::json(response).await?;
+    let Some(id) = job.get("id").and_then(Value::as_str).map(str::to_owned) else {
+        return Err(Error::Unavailable(format!("the server's answer names no job: {job}")));
+    };
+    if replayed {
+        eprintln!("fairway: job {id} was submitted by an earlier try with the same idempotency key");
+    }
+    for warning in job.get("warnings").and_then(Value::as_array).into_iter().flatten() {
+        eprintln!("fairway: warning: {}: {}", output::field(warning, "field"), output::field(warning, "message"));
+    }
+    let Some(signals) = signals.as_mut() else {
+        ctx.print(&job, |_| format!("{id}\n"));
+        return Ok(Exit::Success.into());
+    };
+    // The id first, so a script has it even if the wait is cut short; JSON waits for the end.
+    if ctx.settings.output == Output::Text {
+        stdout(&format!("{id}\n"));
+    }
+    let ended = wait::wait(api, &id, args.options.into(), signals).await?;
+    print_final(ctx, &id, ended.job).await;
+    Ok(ended.finish)
+}
+
+/// With `--output json`, a wait prints the job as it ended, or as it is now when the wait
+/// was cut short.
+async fn print_final(ctx: &Context, id: &str, last: Option<Value>) {
+    if ctx.settings.output != Output::Json {
+        return;
+    }
+    let job = match last {
+        Some(job) => Some(job),
+        None => ctx.api.get(ctx.api.url(&["jobs", id])).await.ok(),
+    };
+    if let Some(job) = job {
+        stdout(&format!("{job}\n"));
+    }
+}
+
+async fn logs(api: &Api, job: &str, follow: bool, replica: Option<u32>, attempt: Option<u32>) -> Result<Finish, Error> {
+    let mut url = api.url(&["jobs", job, "logs"]);
+    {
+        let mut query = url.query_pairs_mut();
+        if let Some(attempt) = attempt {
+            query.append_pair("attempt", &attempt.to_string());
+        }
+        if let Some(replica) = replica {
+            query.append_pair("replica", &replica.to_string());
+        }
+        query.append_pair("follow", if follow { "true" } else { "false" });
+    }
+    let mut response = api.send(|| api.request(Method::GET, url.clone()), Repeat::Safe).await?;
+    let mut out = std::io::stdout().lock();
+    loop {
+        match response.chunk().await {
+            Ok(Some(bytes)) => {
+                // A closed pipe (`| head`) ends the command quietly.
+                if out.write_all(&bytes).and_then(|()| out.flush()).is_err() {
+                    return Ok(Exit::Success.into());
+                }
+            }
+            Ok(None) => return Ok(Exit::Success.into()),
+            Err(e) => return Err(api.unreachable(&e)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory as _, Parser};
+
+    use super::*;
+
+    /// The client's part of the binary's command line.
+    #[derive(Parser, Debug)]
+    #[command(name = "fairway")]
+    struct Cli {
+        #[command(flatten)]
+        flags: Flags,
+        #[command(subcommand)]
+        command: Command,
+    }
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn connection_flags_go_before_or_after_the_command() {
+        let before = Cli::try_parse_from(["fairway", "--team", "a", "--output", "json", "status", "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e"]).unwrap();
+        let after = Cli::try_parse_from(["fairway", "status", "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e", "--team", "a", "--output", "json"]).unwrap();
+        assert_eq!(before.flags, after.flags);
+        assert_eq!(before.flags.team.as_deref(), Some("a"));
+        assert_eq!(before.flags.output.as_deref(), Some("json"));
+    }
+
+    #[test]
+    fn a_job_is_named_by_its_uuid() {
+        assert!(Cli::try_parse_from(["fairway", "status", "not-a-job"]).is_err());
+        let Command::Status { job } = Cli::try_parse_from(["fairway", "status", "0B9C6D6E-5A8F-4A53-9D4C-5D2B0A4F1C7E"]).unwrap().command else {
+            panic!("not status");
+        };
+        assert_eq!(job, "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e");
+    }
+
+    #[test]
+    fn submit_takes_the_command_after_a_double_dash_and_repeated_pairs() {
+        let cli = Cli::try_parse_from([
+            "fairway", "submit", "--name", "n", "--env", "A=1", "--env", "B=2", "--max-runtime", "90m", "--wait", "--timeout", "1h",
+            "--", "python", "train.py", "--epochs", "3",
+        ])
+        .unwrap();
+        let Command::Submit(args) = cli.command else { panic!("not submit") };
+        assert_eq!(args.job.command, ["python", "train.py", "--epochs", "3"]);
+        assert_eq!(args.job.env.len(), 2);
+        assert_eq!(args.job.max_runtime.map(|d| d.as_secs()), Some(5_400));
+        assert!(args.wait);
+        assert_eq!(args.options.timeout.map(|d| d.as_secs()), Some(3_600));
+    }
+
+    #[test]
+    fn submit_help_documents_every_exit_status() {
+        let help = Cli::command().find_subcommand_mut("submit").unwrap().render_long_help().to_string();
+        for line in exit::HELP.lines().skip(1) {
+            assert!(help.contains(line), "`fairway submit --help` lacks `{line}`");
+        }
+    }
+}

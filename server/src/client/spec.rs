@@ -1,0 +1,218 @@
+//! A job's request body, from a file (TOML, YAML or JSON, holding the API's fields) and flags
+//! over it. The client checks only what it must to build the body; the server judges the
+//! job, and its problem names any field it refuses.
+
+use std::{io::Read as _, path::PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::{duration, http::Error};
+
+/// The flags that describe a job, shared by `submit` and `dry-run`.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct JobArgs {
+    /// A file holding the job's API fields: .toml, .yaml/.yml or .json (`-` reads YAML or JSON
+    /// from standard input). Flags override its fields.
+    #[arg(short = 'f', long, value_name = "FILE")]
+    pub file: Option<PathBuf>,
+    /// Name shown to people.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// GPU class, e.g. `h100-80gb`.
+    #[arg(long, value_name = "CLASS")]
+    pub gpu_class: Option<String>,
+    /// GPUs per replica [server's default: 1].
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<u32>,
+    /// Replicas of the gang, all or none running [server's default: 1].
+    #[arg(long, value_name = "N")]
+    pub replicas: Option<u32>,
+    /// Priority class [server's default: experiment].
+    #[arg(long, value_name = "CLASS")]
+    pub priority: Option<String>,
+    /// Container image.
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Longest the job may run: seconds, or e.g. 90m, 2h, 1h30m.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub max_runtime: Option<std::time::Duration>,
+    /// What the job expects to run (feeds its expected start): seconds, or e.g. 45m.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub expected_runtime: Option<std::time::Duration>,
+    /// An environment variable of the job; repeat for more.
+    #[arg(long = "env", value_name = "K=V", value_parser = pair)]
+    pub env: Vec<(String, String)>,
+    /// A label of the job; repeat for more.
+    #[arg(long = "label", value_name = "K=V", value_parser = pair)]
+    pub labels: Vec<(String, String)>,
+    /// Times to rerun the job after it fails [server's default: 0].
+    #[arg(long, value_name = "N")]
+    pub max_retries: Option<u32>,
+    /// The job may run on spot capacity (cheaper; an interruption requeues it).
+    #[arg(long)]
+    pub allow_spot: bool,
+    /// Accept the job even when it exceeds the team's quota now; it waits for quota.
+    #[arg(long)]
+    pub wait_for_quota: bool,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+/// `K=V`, with `K` not empty (`V` may be).
+fn pair(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(format!("`{text}` is not KEY=VALUE")),
+    }
+}
+
+/// The body: the file's fields, then each flag given. Serialized by the caller, once: the
+/// bytes sent are the bytes a CI key is derived from.
+pub fn body(args: &JobArgs) -> Result<Value, Error> {
+    let mut job = match &args.file {
+        Some(path) => read_file(path)?,
+        None => Map::new(),
+    };
+    let mut set = |field: &str, value: Option<Value>| {
+        if let Some(value) = value {
+            job.insert(field.to_owned(), value);
+        }
+    };
+    set("name", args.name.clone().map(Value::from));
+    set("gpu_class", args.gpu_class.clone().map(Value::from));
+    set("gpus_per_replica", args.gpus.map(Value::from));
+    set("replicas", args.replicas.map(Value::from));
+    set("priority_class", args.priority.clone().map(Value::from));
+    set("image", args.image.clone().map(Value::from));
+    set("max_runtime_seconds", args.max_runtime.map(|d| Value::from(d.as_secs())));
+    set("expected_runtime_seconds", args.expected_runtime.map(|d| Value::from(d.as_secs())));
+    set("max_retries", args.max_retries.map(Value::from));
+    set("allow_spot", args.allow_spot.then_some(Value::Bool(true)));
+    set("wait_for_quota", args.wait_for_quota.then_some(Value::Bool(true)));
+    if !args.command.is_empty() {
+        set("command", Some(Value::from(args.command.clone())));
+    }
+    // `--env` and `--label` add to the file's maps, a flag winning over the file's value.
+    for (field, pairs) in [("env", &args.env), ("labels", &args.labels)] {
+        if pairs.is_empty() {
+            continue;
+        }
+        let map = job.entry(field).or_insert_with(|| Value::Object(Map::new()));
+        let Some(map) = map.as_object_mut() else {
+            return Err(Error::Usage(format!("the job file's `{field}` is not a table of strings")));
+        };
+        for (key, value) in pairs {
+            map.insert(key.clone(), Value::from(value.clone()));
+        }
+    }
+    Ok(Value::Object(job))
+}
+
+/// Reads a job file into its fields, by its extension.
+fn read_file(path: &std::path::Path) -> Result<Map<String, Value>, Error> {
+    let shown = path.display();
+    let text = if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::stdin().read_to_string(&mut text).map_err(|e| Error::Usage(format!("reading standard input: {e}")))?;
+        text
+    } else {
+        std::fs::read_to_string(path).map_err(|e| Error::Usage(format!("cannot read {shown}: {e}")))?
+    };
+    let extension = path.extension().and_then(|e| e.to_str()).unwrap_or_default().to_ascii_lowercase();
+    let value: Value = match extension.as_str() {
+        "toml" => toml::from_str(&text).map_err(|e| Error::Usage(format!("{shown}: {e}")))?,
+        "json" => serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{shown}: {e}")))?,
+        // YAML reads JSON too, so standard input may hold either.
+        "yaml" | "yml" | "" => serde_yaml::from_str(&text).map_err(|e| Error::Usage(format!("{shown}: {e}")))?,
+        other => return Err(Error::Usage(format!("{shown}: unknown job file type `.{other}`; use .toml, .yaml or .json"))),
+    };
+    match value {
+        Value::Object(fields) => Ok(fields),
+        _ => Err(Error::Usage(format!("{shown} does not hold a table of job fields"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn file(name: &str, text: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("fairway-client-spec-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn flags_make_the_apis_fields() {
+        let args = JobArgs {
+            name: Some("train".to_owned()),
+            gpu_class: Some("h100-80gb".to_owned()),
+            gpus: Some(8),
+            replicas: Some(2),
+            priority: Some("production".to_owned()),
+            image: Some("ghcr.io/acme/train:1".to_owned()),
+            max_runtime: Some(duration::parse("2h").unwrap()),
+            expected_runtime: Some(duration::parse("90m").unwrap()),
+            env: vec![("SEED".to_owned(), "1".to_owned())],
+            labels: vec![("project".to_owned(), "vision".to_owned())],
+            max_retries: Some(2),
+            allow_spot: true,
+            wait_for_quota: true,
+            command: vec!["python".to_owned(), "train.py".to_owned()],
+            file: None,
+        };
+        assert_eq!(
+            body(&args).unwrap(),
+            json!({
+                "name": "train", "gpu_class": "h100-80gb", "gpus_per_replica": 8, "replicas": 2,
+                "priority_class": "production", "image": "ghcr.io/acme/train:1",
+                "max_runtime_seconds": 7200, "expected_runtime_seconds": 5400,
+                "env": {"SEED": "1"}, "labels": {"project": "vision"}, "max_retries": 2,
+                "allow_spot": true, "wait_for_quota": true, "command": ["python", "train.py"]
+            })
+        );
+    }
+
+    #[test]
+    fn flags_override_the_files_fields_and_add_to_its_maps() {
+        let toml = file(
+            "job.toml",
+            "name = \"from-file\"\ngpu_class = \"a100-80gb\"\nimage = \"img\"\ncommand = [\"a\"]\n[env]\nA = \"1\"\nB = \"2\"\n",
+        );
+        let args = JobArgs {
+            file: Some(toml),
+            name: Some("from-flag".to_owned()),
+            env: vec![("B".to_owned(), "3".to_owned())],
+            ..JobArgs::default()
+        };
+        assert_eq!(
+            body(&args).unwrap(),
+            json!({"name": "from-flag", "gpu_class": "a100-80gb", "image": "img", "command": ["a"], "env": {"A": "1", "B": "3"}})
+        );
+    }
+
+    #[test]
+    fn yaml_and_json_files_read_alike_and_other_files_are_refused() {
+        let yaml = file("job.yaml", "name: y\ngpu_class: l4-24gb\nreplicas: 2\n");
+        let json_file = file("job.json", r#"{"name": "y", "gpu_class": "l4-24gb", "replicas": 2}"#);
+        let read = |path| body(&JobArgs { file: Some(path), ..JobArgs::default() }).unwrap();
+        assert_eq!(read(yaml), read(json_file));
+        let list = file("list.yaml", "- a\n- b\n");
+        assert!(body(&JobArgs { file: Some(list), ..JobArgs::default() }).unwrap_err().report().contains("table"));
+        let ini = file("job.ini", "name=x");
+        assert!(body(&JobArgs { file: Some(ini), ..JobArgs::default() }).unwrap_err().report().contains(".ini"));
+    }
+
+    #[test]
+    fn a_pair_needs_a_key_and_an_equals_sign() {
+        assert_eq!(pair("A=b=c"), Ok(("A".to_owned(), "b=c".to_owned())));
+        assert_eq!(pair("A="), Ok(("A".to_owned(), String::new())));
+        assert!(pair("=b").is_err());
+        assert!(pair("A").is_err());
+    }
+}
