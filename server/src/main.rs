@@ -31,7 +31,8 @@ fn command_line() -> clap::Command {
     let names: Vec<String> = root.get_subcommands().map(|c| c.get_name().to_owned()).collect();
     for name in names {
         let foreign: &[&'static str] = if is_client(&name) { &["config"] } else { &client::config::IDS };
-        root = root.mut_subcommand(&name, |command| foreign.iter().fold(command, |command, id| command.arg(placeholder(id))));
+        root = root
+            .mut_subcommand(&name, |command| foreign.iter().fold(command, |command, id| command.arg(placeholder(id))));
     }
     root
 }
@@ -40,10 +41,7 @@ fn command_line() -> clap::Command {
 /// not for. Its flag is the id itself, so `fairway serve --url ...` is refused with a
 /// sentence rather than accepted and ignored.
 fn placeholder(id: &'static str) -> clap::Arg {
-    clap::Arg::new(id)
-        .long(id)
-        .hide(true)
-        .value_parser(|_: &str| Err::<String, _>("not an option of this command"))
+    clap::Arg::new(id).long(id).hide(true).value_parser(|_: &str| Err::<String, _>("not an option of this command"))
 }
 
 #[derive(Subcommand)]

@@ -104,7 +104,9 @@ pub fn resolve(flags: &Flags, file: &File) -> Result<Settings, String> {
     let output = match pick(flags.output.as_ref(), file.output.as_ref()).as_deref() {
         None | Some("text") => Output::Text,
         Some("json") => Output::Json,
-        Some(other) => return Err(format!("output `{other}` is neither text nor json (--output, FAIRWAY_OUTPUT, `output`)")),
+        Some(other) => {
+            return Err(format!("output `{other}` is neither text nor json (--output, FAIRWAY_OUTPUT, `output`)"))
+        }
     };
     Ok(Settings {
         url: url.trim_end_matches('/').to_owned(),
@@ -120,7 +122,8 @@ pub fn path(var: impl Fn(&str) -> Option<String>) -> Option<(PathBuf, bool)> {
     if let Some(explicit) = var("FAIRWAY_CLIENT_CONFIG") {
         return Some((PathBuf::from(explicit), true));
     }
-    let base = var("XDG_CONFIG_HOME").map(PathBuf::from).or_else(|| var("HOME").map(|h| Path::new(&h).join(".config")))?;
+    let base =
+        var("XDG_CONFIG_HOME").map(PathBuf::from).or_else(|| var("HOME").map(|h| Path::new(&h).join(".config")))?;
     Some((base.join("fairway").join("client.toml"), false))
 }
 
@@ -137,10 +140,7 @@ pub fn load(var: impl Fn(&str) -> Option<String>) -> Result<File, String> {
     if file.token.is_some() {
         use std::os::unix::fs::PermissionsExt as _;
         if std::fs::metadata(&path).is_ok_and(|m| m.permissions().mode() & 0o077 != 0) {
-            eprintln!(
-                "fairway: warning: {} holds a token and others may read it; `chmod 600` it",
-                path.display()
-            );
+            eprintln!("fairway: warning: {} holds a token and others may read it; `chmod 600` it", path.display());
         }
     }
     Ok(file)
@@ -158,7 +158,12 @@ mod tests {
 
     #[test]
     fn a_flag_or_its_variable_beats_the_file_which_beats_the_default() {
-        let file = File { url: some("http://file:1"), token: some("file-token"), team: some("file-team"), output: some("json") };
+        let file = File {
+            url: some("http://file:1"),
+            token: some("file-token"),
+            team: some("file-team"),
+            output: some("json"),
+        };
         let flags = Flags { url: some("http://flag:2/"), token: None, team: some("flag-team"), output: None };
         let settings = resolve(&flags, &file).unwrap();
         assert_eq!(
@@ -202,7 +207,10 @@ mod tests {
         // The server's variable is not the client's.
         let xdg = env(&[("FAIRWAY_CONFIG", "/etc/fairway.toml"), ("XDG_CONFIG_HOME", "/x"), ("HOME", "/home/a")]);
         assert_eq!(path(xdg), Some((PathBuf::from("/x/fairway/client.toml"), false)));
-        assert_eq!(path(env(&[("HOME", "/home/a")])), Some((PathBuf::from("/home/a/.config/fairway/client.toml"), false)));
+        assert_eq!(
+            path(env(&[("HOME", "/home/a")])),
+            Some((PathBuf::from("/home/a/.config/fairway/client.toml"), false))
+        );
         assert_eq!(path(env(&[])), None);
     }
 

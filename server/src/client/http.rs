@@ -106,12 +106,18 @@ impl Error {
     /// The message for standard error: the problem's detail, then each failing field.
     pub fn report(&self) -> String {
         match self {
-            Error::Usage(message) | Error::Unauthenticated(message) | Error::Unavailable(message) => format!("fairway: {message}"),
+            Error::Usage(message) | Error::Unauthenticated(message) | Error::Unavailable(message) => {
+                format!("fairway: {message}")
+            }
             Error::Refused { status, problem } | Error::NotAllowed { status, problem } => {
                 let code = if problem.code.is_empty() { String::new() } else { format!(", {}", problem.code) };
                 let mut text = format!("fairway: {} ({}{code})", problem.detail, status.as_u16());
                 for e in &problem.errors {
-                    text.push_str(&format!("\n  {}: {}", e.field, e.message));
+                    let line = format!("{}: {}", e.field, e.message);
+                    // A problem about one field often says it whole in its detail.
+                    if line != problem.detail {
+                        text.push_str(&format!("\n  {line}"));
+                    }
                 }
                 if *status == StatusCode::UNAUTHORIZED {
                     text.push_str("\n  check the token: --token, FAIRWAY_TOKEN or `token` in client.toml");
@@ -174,7 +180,8 @@ impl Api {
 
     /// GETs JSON.
     pub async fn get(&self, url: Url) -> Result<Value, Error> {
-        let response = self.send(|| self.request(Method::GET, url.clone()).timeout(REQUEST_TIMEOUT), Repeat::Safe).await?;
+        let response =
+            self.send(|| self.request(Method::GET, url.clone()).timeout(REQUEST_TIMEOUT), Repeat::Safe).await?;
         json(response).await
     }
 

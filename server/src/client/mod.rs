@@ -37,7 +37,9 @@ pub enum Command {
     #[command(after_help = SUBMIT_HELP)]
     Submit(Box<SubmitArgs>),
     /// Shows a job: why it waits and when it should start, or how it ended.
-    #[command(after_help = "Examples:\n  fairway status 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e\n  fairway status $JOB --output json | jq -r .state")]
+    #[command(
+        after_help = "Examples:\n  fairway status 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e\n  fairway status $JOB --output json | jq -r .state"
+    )]
     Status {
         /// The job's id, as `fairway submit` prints it.
         #[arg(value_parser = job_id, value_name = "JOB")]
@@ -51,7 +53,9 @@ pub enum Command {
         job: String,
     },
     /// Lists the team's jobs, newest first.
-    #[command(after_help = "Examples:\n  fairway list\n  fairway list --state running --limit 20\n  fairway list --team vision --output json | jq -r '.items[].id'")]
+    #[command(
+        after_help = "Examples:\n  fairway list\n  fairway list --state running --limit 20\n  fairway list --team vision --output json | jq -r '.items[].id'"
+    )]
     List {
         /// Only jobs in this state: pending, admitted, running, succeeded, failed,
         /// cancelled or preempted.
@@ -67,10 +71,14 @@ pub enum Command {
     Queue,
     /// Asks what the scheduler would do with a job submitted now (where it would run, whom it
     /// would preempt, when it would start, what it may cost) without submitting it.
-    #[command(after_help = "Example:\n  fairway dry-run --gpu-class h100-80gb --gpus 8 --replicas 4 --priority production \\\n    --name pretrain --image ghcr.io/acme/train:1")]
+    #[command(
+        after_help = "Example:\n  fairway dry-run --gpu-class h100-80gb --gpus 8 --replicas 4 --priority production \\\n    --name pretrain --image ghcr.io/acme/train:1"
+    )]
     DryRun(Box<JobArgs>),
     /// Prints a job's log (from servers that keep logs).
-    #[command(after_help = "Examples:\n  fairway logs $JOB\n  fairway logs $JOB -f --replica 0\n  fairway logs $JOB --attempt 1")]
+    #[command(
+        after_help = "Examples:\n  fairway logs $JOB\n  fairway logs $JOB -f --replica 0\n  fairway logs $JOB --attempt 1"
+    )]
     Logs {
         /// The job's id.
         #[arg(value_parser = job_id, value_name = "JOB")]
@@ -95,7 +103,9 @@ pub enum Command {
         options: WaitArgs,
     },
     /// Prints a shell completion script.
-    #[command(after_help = "Examples:\n  fairway completions bash > ~/.local/share/bash-completion/completions/fairway\n  fairway completions zsh > \"${fpath[1]}/_fairway\"\n  fairway completions fish > ~/.config/fish/completions/fairway.fish")]
+    #[command(
+        after_help = "Examples:\n  fairway completions bash > ~/.local/share/bash-completion/completions/fairway\n  fairway completions zsh > \"${fpath[1]}/_fairway\"\n  fairway completions fish > ~/.config/fish/completions/fairway.fish"
+    )]
     Completions {
         /// The shell.
         #[arg(value_enum)]
@@ -246,13 +256,11 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
         Command::Cancel { job: id } => {
             let job = api.post(api.url(&["jobs", &id, "cancel"]), None, None, Repeat::Safe).await?;
             ctx.print(&job, |j| {
-                let stopping = j.get("stop_requested_at").is_some_and(|s| !s.is_null()) && !j["finished_at"].is_string();
-                let state = output::field(j, "state");
-                if stopping {
-                    format!("{id}: stopping ({state})\n")
-                } else {
-                    format!("{id}: {state}\n")
-                }
+                // A running job is marked cancelled at once; its replicas take their grace
+                // period to stop.
+                let stopping =
+                    j.get("stop_requested_at").is_some_and(|s| !s.is_null()) && !j["finished_at"].is_string();
+                format!("{id}: {}{}\n", output::field(j, "state"), if stopping { ", stopping" } else { "" })
             });
             Ok(Exit::Success.into())
         }
@@ -265,7 +273,9 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
                 url.query_pairs_mut().append_pair("limit", &limit.to_string());
             }
             let page = api.get(url).await?;
-            ctx.print(&page, |p| output::jobs(p.get("items").and_then(Value::as_array).map_or(&[], Vec::as_slice), now));
+            ctx.print(&page, |p| {
+                output::jobs(p.get("items").and_then(Value::as_array).map_or(&[], Vec::as_slice), now)
+            });
             if ctx.settings.output == Output::Text && page.get("next_cursor").is_some_and(Value::is_string) {
                 eprintln!("(more jobs: raise --limit, or use --output json and the API's cursor)");
             }
@@ -417,8 +427,26 @@ mod tests {
 
     #[test]
     fn connection_flags_go_before_or_after_the_command() {
-        let before = Cli::try_parse_from(["fairway", "--team", "a", "--output", "json", "status", "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e"]).unwrap();
-        let after = Cli::try_parse_from(["fairway", "status", "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e", "--team", "a", "--output", "json"]).unwrap();
+        let before = Cli::try_parse_from([
+            "fairway",
+            "--team",
+            "a",
+            "--output",
+            "json",
+            "status",
+            "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e",
+        ])
+        .unwrap();
+        let after = Cli::try_parse_from([
+            "fairway",
+            "status",
+            "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e",
+            "--team",
+            "a",
+            "--output",
+            "json",
+        ])
+        .unwrap();
         assert_eq!(before.flags, after.flags);
         assert_eq!(before.flags.team.as_deref(), Some("a"));
         assert_eq!(before.flags.output.as_deref(), Some("json"));
@@ -427,7 +455,9 @@ mod tests {
     #[test]
     fn a_job_is_named_by_its_uuid() {
         assert!(Cli::try_parse_from(["fairway", "status", "not-a-job"]).is_err());
-        let Command::Status { job } = Cli::try_parse_from(["fairway", "status", "0B9C6D6E-5A8F-4A53-9D4C-5D2B0A4F1C7E"]).unwrap().command else {
+        let Command::Status { job } =
+            Cli::try_parse_from(["fairway", "status", "0B9C6D6E-5A8F-4A53-9D4C-5D2B0A4F1C7E"]).unwrap().command
+        else {
             panic!("not status");
         };
         assert_eq!(job, "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e");
@@ -436,8 +466,24 @@ mod tests {
     #[test]
     fn submit_takes_the_command_after_a_double_dash_and_repeated_pairs() {
         let cli = Cli::try_parse_from([
-            "fairway", "submit", "--name", "n", "--env", "A=1", "--env", "B=2", "--max-runtime", "90m", "--wait", "--timeout", "1h",
-            "--", "python", "train.py", "--epochs", "3",
+            "fairway",
+            "submit",
+            "--name",
+            "n",
+            "--env",
+            "A=1",
+            "--env",
+            "B=2",
+            "--max-runtime",
+            "90m",
+            "--wait",
+            "--timeout",
+            "1h",
+            "--",
+            "python",
+            "train.py",
+            "--epochs",
+            "3",
         ])
         .unwrap();
         let Command::Submit(args) = cli.command else { panic!("not submit") };

@@ -95,7 +95,8 @@ pub fn job(job: &Value, now: DateTime<Utc>) -> String {
         ("team", field(job, "team")),
         ("state", field(job, "state")),
     ];
-    let gpus = match (job.get("replicas").and_then(Value::as_i64), job.get("gpus_per_replica").and_then(Value::as_i64)) {
+    let gpus = match (job.get("replicas").and_then(Value::as_i64), job.get("gpus_per_replica").and_then(Value::as_i64))
+    {
         (Some(r), Some(g)) if r > 1 => format!("{r} × {g} {}", field(job, "gpu_class")),
         (_, Some(g)) => format!("{g} {}", field(job, "gpu_class")),
         _ => field(job, "gpu_class"),
@@ -138,10 +139,11 @@ pub fn jobs(items: &[Value], now: DateTime<Utc>) -> String {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|j| {
-            let gpus = match (j.get("replicas").and_then(Value::as_i64), j.get("gpus_per_replica").and_then(Value::as_i64)) {
-                (Some(r), Some(g)) => (r * g).to_string(),
-                _ => "-".to_owned(),
-            };
+            let gpus =
+                match (j.get("replicas").and_then(Value::as_i64), j.get("gpus_per_replica").and_then(Value::as_i64)) {
+                    (Some(r), Some(g)) => (r * g).to_string(),
+                    _ => "-".to_owned(),
+                };
             let submitted = time(j, "submitted_at").map_or_else(|| "-".to_owned(), |t| relative(t, now));
             vec![field(j, "id"), field(j, "state"), field(j, "gpu_class"), gpus, submitted, field(j, "name")]
         })
@@ -155,7 +157,15 @@ pub fn queue(entries: &[Value], now: DateTime<Utc>) -> String {
         .iter()
         .map(|e| {
             let expected = time(e, "expected_start_at").map_or_else(|| "-".to_owned(), |t| relative(t, now));
-            vec![field(e, "position"), field(e, "id"), field(e, "gpu_class"), field(e, "gpus"), expected, field(e, "reason"), field(e, "name")]
+            vec![
+                field(e, "position"),
+                field(e, "id"),
+                field(e, "gpu_class"),
+                field(e, "gpus"),
+                expected,
+                field(e, "reason"),
+                field(e, "name"),
+            ]
         })
         .collect();
     table(&["POS", "ID", "CLASS", "GPUS", "EXPECTED", "REASON", "NAME"], &rows)
@@ -213,7 +223,10 @@ mod tests {
 
     #[test]
     fn columns_align_and_the_last_is_not_padded() {
-        let rows = vec![vec!["a".to_owned(), "long cell".to_owned(), "x".to_owned()], vec!["bbb".to_owned(), "c".to_owned(), "yy".to_owned()]];
+        let rows = vec![
+            vec!["a".to_owned(), "long cell".to_owned(), "x".to_owned()],
+            vec!["bbb".to_owned(), "c".to_owned(), "yy".to_owned()],
+        ];
         assert_eq!(table(&["H1", "H2", "H3"], &rows), "H1   H2         H3\na    long cell  x\nbbb  c          yy\n");
     }
 
@@ -238,7 +251,10 @@ mod tests {
 
     #[test]
     fn a_finished_job_shows_its_exit_code() {
-        let text = job(&json!({"id": "j", "state": "failed", "exit_code": 3, "attempt": 1, "finished_at": "2026-05-01T11:58:00Z"}), now());
+        let text = job(
+            &json!({"id": "j", "state": "failed", "exit_code": 3, "attempt": 1, "finished_at": "2026-05-01T11:58:00Z"}),
+            now(),
+        );
         assert!(text.contains("state      failed\n"), "{text}");
         assert!(text.contains("exit code  3\n"), "{text}");
         assert!(text.contains("finished   2m ago\n"), "{text}");
@@ -246,9 +262,13 @@ mod tests {
 
     #[test]
     fn an_event_is_one_line_with_time_kind_and_sentence() {
-        let line = event_line(&json!({"id": 4, "at": "2026-05-01T12:00:07.5Z", "kind": "failed", "attempt": 1, "message": "exited with code 3"}));
+        let line = event_line(
+            &json!({"id": 4, "at": "2026-05-01T12:00:07.5Z", "kind": "failed", "attempt": 1, "message": "exited with code 3"}),
+        );
         assert_eq!(line, "12:00:07  failed     exited with code 3");
-        let retried = event_line(&json!({"at": "2026-05-01T12:00:07Z", "kind": "running", "attempt": 2, "message": "", "reason": "started"}));
+        let retried = event_line(
+            &json!({"at": "2026-05-01T12:00:07Z", "kind": "running", "attempt": 2, "message": "", "reason": "started"}),
+        );
         assert_eq!(retried, "12:00:07  running    started (attempt 2)");
     }
 

@@ -125,7 +125,9 @@ fn read_file(path: &std::path::Path) -> Result<Map<String, Value>, Error> {
         "json" => serde_json::from_str(&text).map_err(|e| Error::Usage(format!("{shown}: {e}")))?,
         // YAML reads JSON too, so standard input may hold either.
         "yaml" | "yml" | "" => serde_yaml::from_str(&text).map_err(|e| Error::Usage(format!("{shown}: {e}")))?,
-        other => return Err(Error::Usage(format!("{shown}: unknown job file type `.{other}`; use .toml, .yaml or .json"))),
+        other => {
+            return Err(Error::Usage(format!("{shown}: unknown job file type `.{other}`; use .toml, .yaml or .json")))
+        }
     };
     match value {
         Value::Object(fields) => Ok(fields),

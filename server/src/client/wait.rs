@@ -300,13 +300,21 @@ async fn follow(api: Api, job: String, tx: mpsc::Sender<Item>) {
                     }
                 }
             }
-            // No stream here: a server older than this client, or no such job. Polling
-            // tells them apart (the job's read answers 404 too).
-            Err(e) if e.is_not_found() => return poll(&api, &job, after, &tx).await,
+            // No stream here: no such job, or a server older than this client, which is
+            // asked every few seconds instead.
+            Err(e) if e.is_not_found() => {
+                if let Err(error) = api.get(api.url(&["jobs", &job])).await {
+                    let _ = tx.send(Item::Failed(error)).await;
+                    return;
+                }
+                eprintln!("fairway: the server has no event stream; asking every {}s instead", POLL_EVERY.as_secs());
+                return poll(&api, &job, after, &tx).await;
+            }
             Err(Error::Unavailable(message)) => {
                 let since = *unreachable_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > MAX_OUTAGE {
-                    let message = format!("{message}; gave up after {}s (job {job} may still run)", MAX_OUTAGE.as_secs());
+                    let message =
+                        format!("{message}; gave up after {}s (job {job} may still run)", MAX_OUTAGE.as_secs());
                     let _ = tx.send(Item::Failed(Error::Unavailable(message))).await;
                     return;
                 }
