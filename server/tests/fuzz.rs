@@ -1,6 +1,6 @@
 //! Fuzzing the parsers that face the internet (issue 20): the path and query of every request,
-//! JSON bodies, job specs, the clusters file and the simulated inventory, and the billing
-//! export writers.
+//! JSON bodies, job specs, the clusters file and the simulated inventory, the billing
+//! export writers, and the client's event-stream parser.
 //!
 //! Each property first runs the seed inputs kept in `tests/fuzz/<target>/` (among them every
 //! input that once found a bug), then `FAIRWAY_FUZZ_CASES` random cases (default
@@ -1586,6 +1586,51 @@ fn every_json_line_is_a_row_with_its_text_as_written_and_the_control_record_coun
             let gpu_milli_ms: i128 = rows.iter().map(|r| i128::from(r.gpu_milli_ms)).sum();
             prop_assert_eq!(&control.gpu_milli_ms, &gpu_milli_ms.to_string());
             prop_assert_eq!(&control.format, format.as_str());
+        }
+        Ok(())
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// The client's event-stream parser: `client::sse`, fed what a server (or anything at its
+// address) sends, in whatever chunks the network cuts.
+// ---------------------------------------------------------------------------------------------
+
+/// A piece of an event stream: field lines, comments, blank lines, line ends of every kind,
+/// and bytes that are none of these.
+fn stream_pieces() -> impl Strategy<Value = Vec<u8>> {
+    let piece = Union::new(vec![
+        select(vec!["id: ", "event: ", "data: ", "data:", "retry: 5", ": keepalive", "id", "data", "event: end"])
+            .prop_map(|s| s.as_bytes().to_vec())
+            .boxed(),
+        select(vec!["\n", "\r\n", "\r", "\n\n", "\r\n\r\n"]).prop_map(|s| s.as_bytes().to_vec()).boxed(),
+        "[a-z0-9{}\":, é☕]{0,12}".prop_map(String::into_bytes).boxed(),
+        vec(any::<u8>(), 0..6).boxed(),
+    ]);
+    vec(piece, 0..40).prop_map(|pieces| pieces.concat())
+}
+
+#[test]
+fn an_event_stream_cut_anywhere_parses_into_the_same_frames_as_whole() {
+    use fairway::client::sse::Parser;
+    let seeds = corpus("sse").into_iter().map(|(name, bytes)| (name, (bytes, vec![1usize, 7, 64]))).collect();
+    fuzz(seeds, (stream_pieces(), vec(1usize..64, 0..8)), |(bytes, cuts)| {
+        let mut whole = Parser::default();
+        let expected = whole.push(&bytes);
+        let mut parser = Parser::default();
+        let mut frames = Vec::new();
+        let mut rest = bytes.as_slice();
+        for cut in cuts {
+            let (chunk, after) = rest.split_at(cut.min(rest.len()));
+            frames.extend(parser.push(chunk));
+            rest = after;
+        }
+        frames.extend(parser.push(rest));
+        prop_assert_eq!(&frames, &expected);
+        prop_assert_eq!(parser.last_id(), whole.last_id());
+        for frame in &frames {
+            prop_assert!(!frame.event.contains(['\n', '\r']), "an event name spans lines: {:?}", frame);
+            prop_assert!(!frame.data.contains('\r'), "data kept a line end: {:?}", frame);
         }
         Ok(())
     });
