@@ -249,8 +249,15 @@ async fn run(database: &Database, config: Config, key: &[u8], demo: bool) -> any
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(address = %listener.local_addr()?, "fairway listening");
     // The peer address reaches handlers (sign-in throttling keys on it).
+    let feed = state.feed.clone();
     let app = app(state).into_make_service_with_connect_info::<std::net::SocketAddr>();
-    axum::serve(listener, app).with_graceful_shutdown(shutdown_signal()).await?;
+    // Open event streams end when draining starts, or they would hold the drain until their
+    // jobs ended; their clients reconnect elsewhere with the last id they saw.
+    let drained = async move {
+        shutdown_signal().await;
+        feed.close();
+    };
+    axum::serve(listener, app).with_graceful_shutdown(drained).await?;
     tracing::info!("shut down");
     Ok(())
 }

@@ -43,6 +43,8 @@ pub struct AppState {
     /// [`control::forecast::REFRESH`] as the leader reads its own: a form's live preview
     /// asks for a dry run at every change.
     pub forecast: Arc<tokio::sync::Mutex<control::forecast::ForecastInputs>>,
+    /// Wakes open event streams when jobs' timelines grow, and ends them at shutdown.
+    pub feed: control::feed::EventFeed,
 }
 
 impl AppState {
@@ -66,6 +68,7 @@ impl AppState {
             catalogues: Arc::default(),
             sign_in_throttle: Arc::default(),
             forecast: Arc::default(),
+            feed: control::feed::EventFeed::default(),
         })
     }
 

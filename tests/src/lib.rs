@@ -262,8 +262,18 @@ impl TestApp {
             .await
             .expect("request took over 60 s")
             .expect("infallible");
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await.expect("body").to_bytes().to_vec();
+        let (parts, mut body) = response.into_parts();
+        let streamed = parts.headers.get(header::CONTENT_TYPE).is_some_and(|v| v.as_bytes() == b"text/event-stream");
+        let body = if streamed {
+            // An event stream ends only when its job does: take what it sends at once.
+            let mut read = Vec::new();
+            while let Ok(Some(frame)) = tokio::time::timeout(Duration::from_millis(500), body.frame()).await {
+                read.extend_from_slice(frame.expect("body").data_ref().map_or(&[][..], |d| &d[..]));
+            }
+            read
+        } else {
+            body.collect().await.expect("body").to_bytes().to_vec()
+        };
         TestResponse { status: parts.status, headers: parts.headers, body }
     }
 

@@ -5,11 +5,14 @@ use crate::domain::JobId;
 use axum::{
     extract::State,
     http::{header, HeaderMap, HeaderValue, StatusCode},
+    response::sse::{Event as SseEvent, KeepAlive, Sse},
     Extension, Json,
 };
 use chrono::{DateTime, Utc};
+use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::convert::Infallible;
 use utoipa::{IntoParams, ToSchema};
 
 use super::{
@@ -24,7 +27,10 @@ use crate::{
     backends::ReplicaSlot,
     db,
     domain::{check_range, FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish, WaitFigures},
-    ops::jobs::{self, DryRunResult, JobSpec},
+    ops::{
+        jobs::{self, DryRunResult, JobSpec},
+        timeline::{self, Followed},
+    },
     state::AppState,
 };
 
@@ -416,19 +422,89 @@ pub async fn list_job_events(
     let limit = params.limit.unwrap_or(500);
     check_range("limit", limit, 1, 1000)?;
     let rows = db::jobs::events(&state.db, job.id, params.after.unwrap_or(0), limit).await?;
-    Ok(Json(
-        rows.into_iter()
-            .map(|e| JobEvent {
-                id: e.id,
-                at: e.at,
-                kind: e.kind,
-                attempt: e.attempt,
-                reason: e.reason,
-                message: e.message,
-                data: e.data,
-            })
-            .collect(),
-    ))
+    Ok(Json(rows.into_iter().map(JobEvent::from).collect()))
+}
+
+impl From<db::jobs::EventRow> for JobEvent {
+    fn from(e: db::jobs::EventRow) -> Self {
+        Self {
+            id: e.id,
+            at: e.at,
+            kind: e.kind,
+            attempt: e.attempt,
+            reason: e.reason,
+            message: e.message,
+            data: e.data,
+        }
+    }
+}
+
+/// Where a stream of the timeline starts.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StreamParams {
+    /// Only events after this id. A reconnecting client sends the last id it saw, here or
+    /// as `Last-Event-ID` (what browsers send); the later of the two counts.
+    #[param(minimum = 0)]
+    pub after: Option<i64>,
+}
+
+/// Follows a job's timeline as a server-sent event stream (`text/event-stream`), instead of
+/// polling: each event as a frame `id: <event id>`, `event: job_event`, `data: <JobEvent>`;
+/// once the job has ended and every event was sent, a last frame `event: end` whose data is
+/// the job, and the stream closes. A comment line every 15 s keeps proxies from closing an
+/// idle stream. A stream that closes without `end` (the server restarting) is resumed by
+/// reconnecting with the last id seen. A job of another team is a 404, as everywhere.
+#[utoipa::path(
+    get, path = "/api/v1/jobs/{job}/events:stream", tag = "jobs", operation_id = "stream_job_events",
+    params(("job" = Uuid, Path, description = "Job id"), StreamParams,
+           ("Last-Event-ID" = Option<String>, Header, description = "The last event id seen, when reconnecting")),
+    responses(
+        (status = 200, description = "Frames `job_event` (data: a JobEvent), then `end` (data: the Job)",
+         content_type = "text/event-stream", body = String),
+        (status = 404, description = "No such job, or not visible to the caller", body = super::error::Problem)
+    )
+)]
+pub async fn stream_job_events(
+    State(state): State<AppState>,
+    Extension(job): Extension<JobAccess>,
+    headers: HeaderMap,
+    ListQuery(params): ListQuery<StreamParams>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let after = params.after.unwrap_or(0);
+    check_range("after", after, 0, i64::MAX)?;
+    let last_seen = match headers.get("last-event-id") {
+        None => 0,
+        Some(v) => {
+            v.to_str().ok().and_then(|v| v.trim().parse::<i64>().ok()).filter(|&id| id >= 0).ok_or_else(|| {
+                FieldError::new("Last-Event-ID", "invalid", "must be an event id, a whole number of at least 0")
+            })?
+        }
+    };
+    let frames = timeline::follow(&state, job.id, after.max(last_seen)).map(|item| {
+        Ok(match item {
+            Ok(Followed::Event(e)) => {
+                let id = e.id;
+                sse_json(SseEvent::default().id(id.to_string()).event("job_event"), &JobEvent::from(e))
+            }
+            Ok(Followed::End(job)) => sse_json(SseEvent::default().event("end"), &JobView::from(*job)),
+            Err(e) => {
+                tracing::warn!(error = %e, "a job's event stream stopped");
+                SseEvent::default().event("error").data("the stream stopped; reconnect with the last event id")
+            }
+        })
+    });
+    Ok(Sse::new(frames).keep_alive(KeepAlive::default()))
+}
+
+/// A frame carrying `value` as JSON; serialising our own wire types cannot fail, and if it
+/// did the frame says so rather than the stream breaking.
+fn sse_json(frame: SseEvent, value: &impl Serialize) -> SseEvent {
+    match serde_json::to_string(value) {
+        Ok(json) => frame.data(json),
+        Err(_) => frame.event("error").data("an event could not be written"),
+    }
 }
 
 /// A checkpoint a running job reports: work before it survives a preemption, and the

@@ -14,6 +14,7 @@
 
 pub mod cycle;
 pub mod dispatch;
+pub mod feed;
 pub mod forecast;
 pub mod leader;
 pub mod lifecycle;

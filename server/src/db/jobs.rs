@@ -450,6 +450,12 @@ pub async fn events(pool: &PgPool, job_id: JobId, after: i64, limit: i64) -> Res
     .await
 }
 
+/// The id of the newest event of any job (0 when there is none); ids only grow, so a change
+/// says some timeline grew.
+pub async fn newest_event_id(pool: &PgPool) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(r#"select coalesce(max(id), 0)::int8 as "id!" from job_events"#).fetch_one(pool).await
+}
+
 /// Appends one event to a job's timeline.
 pub async fn add_event(
     tx: &mut Tx<'_>,

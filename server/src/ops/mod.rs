@@ -16,6 +16,7 @@ pub mod priority_classes;
 pub mod quotas;
 pub mod sign_in;
 pub mod teams;
+pub mod timeline;
 pub mod tokens;
 pub mod users;
 

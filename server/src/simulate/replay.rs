@@ -660,7 +660,11 @@ impl<'a> Replay<'a> {
             if let Some(Prediction { at_ms, played: Some([_, played, _]), .. }) =
                 self.predictions.as_ref().and_then(|p| p[id])
             {
-                std::sync::Arc::make_mut(&mut self.snapshot.forecast_errors).record(spec.priority, played - at_ms, now - at_ms);
+                std::sync::Arc::make_mut(&mut self.snapshot.forecast_errors).record(
+                    spec.priority,
+                    played - at_ms,
+                    now - at_ms,
+                );
             }
         }
         let at_ms = now + self.remaining_ms[id];

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 /// Starts the control loop of `app` with fast timings: 50 ms cycles, preemption allowed at
 /// once, a simulated cluster running at 10× speed.
-async fn start_control(app: &TestApp) {
+pub(crate) async fn start_control(app: &TestApp) {
     start_control_with(app, 0).await;
 }
 
@@ -58,7 +58,7 @@ fn kinds(events: &[Value]) -> Vec<String> {
     events.iter().map(|e| e["kind"].as_str().unwrap_or_default().to_owned()).collect()
 }
 
-async fn submit(app: &TestApp, token: &str, team: &str, body: Value) -> String {
+pub(crate) async fn submit(app: &TestApp, token: &str, team: &str, body: Value) -> String {
     let r = app.send(call("POST", &format!("/api/v1/teams/{team}/jobs")).token(token).json(&body)).await;
     r.assert_status(201);
     r.json()["id"].as_str().expect("id").to_owned()
@@ -66,7 +66,7 @@ async fn submit(app: &TestApp, token: &str, team: &str, body: Value) -> String {
 
 /// Waits until the control loop has written the simulated cluster's inventory (which
 /// also creates its GPU classes).
-async fn wait_for_inventory(app: &TestApp) {
+pub(crate) async fn wait_for_inventory(app: &TestApp) {
     for _ in 0..200 {
         let n: i64 = sqlx::query_scalar("select count(*) from cluster_nodes").fetch_one(&app.pool).await.unwrap();
         if n > 0 {
@@ -270,8 +270,8 @@ async fn cancelling_a_running_job_stops_it_and_frees_its_gpus_for_the_next() {
     let (started, waiting) = db::forecast::errors(&app.pool, 10).await.unwrap();
     assert_eq!(started.len(), 1, "{started:?}");
     assert!(waiting.is_empty(), "{waiting:?}");
-    let (forecast_wait_ms, actual_wait_ms) = started[0];
-    assert!(forecast_wait_ms >= 0 && actual_wait_ms >= 0, "{started:?}");
+    assert!(started[0].forecast_ms >= 0 && started[0].actual_ms >= 0, "{started:?}");
+    assert_eq!(started[0].priority_class, "experiment", "errors are learnt per priority class");
     let cancelled = job(&app, &ci, &first).await;
     assert_eq!(cancelled["state"], "cancelled");
     assert!(cancelled["finished_at"].is_string(), "{cancelled:#}");
