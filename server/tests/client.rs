@@ -192,6 +192,7 @@ async fn a_job_that_exits_3_makes_submit_wait_exit_3() {
     let flags = job_flags("fails", 20, 3);
     let run = p.run(&mut p.fairway(&args(&["submit", "--wait"], &flags))).await;
     assert_eq!(run.code, Some(3), "{run}\n{}", p.log_tail());
+    assert!(!run.stderr.contains("no event stream"), "the client polled instead of following the stream: {run}");
     let id = run.stdout.trim();
     assert!(uuid::Uuid::parse_str(id).is_ok(), "stdout is not the job's id: {run}");
     let failed = run.stderr.lines().find(|l| l.split_whitespace().nth(1) == Some("failed"));
@@ -206,6 +207,7 @@ async fn a_successful_job_makes_submit_wait_exit_0() {
     let flags = job_flags("succeeds", 20, 0);
     let run = p.run(&mut p.fairway(&args(&["submit", "--wait"], &flags))).await;
     assert_eq!(run.code, Some(0), "{run}\n{}", p.log_tail());
+    assert!(!run.stderr.contains("no event stream"), "the client polled instead of following the stream: {run}");
     let id = run.stdout.trim().to_owned();
     for kind in ["submitted", "running", "succeeded"] {
         assert!(run.stderr.lines().any(|l| l.split_whitespace().nth(1) == Some(kind)), "no {kind} event: {run}");
