@@ -28,6 +28,7 @@ use crate::{
     db,
     domain::{check_range, FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish, WaitFigures},
     ops::{
+        self,
         jobs::{self, DryRunResult, JobSpec},
         timeline::{self, Followed},
     },
@@ -381,6 +382,9 @@ pub async fn cancel_job(
 #[derive(Debug, Serialize, ToSchema)]
 pub struct JobEvent {
     pub id: i64,
+    /// The job it belongs to.
+    #[schema(value_type = uuid::Uuid)]
+    pub job: JobId,
     pub at: DateTime<Utc>,
     /// `submitted`, `admitted`, `dispatched`, `running`, `preempted`, `requeued`,
     /// `cancel_requested`, `cancelled`, `succeeded`, `failed`, `checkpoint`,
@@ -429,6 +433,7 @@ impl From<db::jobs::EventRow> for JobEvent {
     fn from(e: db::jobs::EventRow) -> Self {
         Self {
             id: e.id,
+            job: e.job_id,
             at: e.at,
             kind: e.kind,
             attempt: e.attempt,
@@ -472,30 +477,65 @@ pub async fn stream_job_events(
     headers: HeaderMap,
     ListQuery(params): ListQuery<StreamParams>,
 ) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
-    let after = params.after.unwrap_or(0);
-    check_range("after", after, 0, i64::MAX)?;
+    let after = resume_after(&params, &headers)?.unwrap_or(0);
+    let frames = timeline::follow(&state, job.id, after).map(frame);
+    Ok(Sse::new(frames).keep_alive(KeepAlive::default()))
+}
+
+/// Follows the timelines of every job of a team as one server-sent event stream: frames
+/// `job_event` as [`stream_job_events`] sends them (each event names its `job`), from now on,
+/// or after the event id given as `after` or `Last-Event-ID`. It has no end: the client
+/// closes it. A team the caller cannot see is a 404.
+#[utoipa::path(
+    get, path = "/api/v1/teams/{team}/events:stream", tag = "jobs", operation_id = "stream_team_events",
+    params(("team" = String, Path, description = "Team name"), StreamParams,
+           ("Last-Event-ID" = Option<String>, Header, description = "The last event id seen, when reconnecting")),
+    responses(
+        (status = 200, description = "Frames `job_event` (data: a JobEvent)", content_type = "text/event-stream", body = String),
+        (status = 404, description = "No such team, or not visible to the caller", body = super::error::Problem)
+    )
+)]
+pub async fn stream_team_events(
+    State(state): State<AppState>,
+    Extension(access): Extension<TeamAccess>,
+    headers: HeaderMap,
+    ListQuery(params): ListQuery<StreamParams>,
+) -> Result<Sse<impl Stream<Item = Result<SseEvent, Infallible>>>, ApiError> {
+    let after = resume_after(&params, &headers)?;
+    let frames = timeline::follow_team(&state, access.team.id, after).await?.map(frame);
+    Ok(Sse::new(frames).keep_alive(KeepAlive::default()))
+}
+
+/// Where a stream resumes: the later of `after` and `Last-Event-ID`, or `None` when neither
+/// was sent.
+fn resume_after(params: &StreamParams, headers: &HeaderMap) -> Result<Option<i64>, ApiError> {
+    if let Some(after) = params.after {
+        check_range("after", after, 0, i64::MAX)?;
+    }
     let last_seen = match headers.get("last-event-id") {
-        None => 0,
+        None => None,
         Some(v) => {
-            v.to_str().ok().and_then(|v| v.trim().parse::<i64>().ok()).filter(|&id| id >= 0).ok_or_else(|| {
+            Some(v.to_str().ok().and_then(|v| v.trim().parse::<i64>().ok()).filter(|&id| id >= 0).ok_or_else(|| {
                 FieldError::new("Last-Event-ID", "invalid", "must be an event id, a whole number of at least 0")
-            })?
+            })?)
         }
     };
-    let frames = timeline::follow(&state, job.id, after.max(last_seen)).map(|item| {
-        Ok(match item {
-            Ok(Followed::Event(e)) => {
-                let id = e.id;
-                sse_json(SseEvent::default().id(id.to_string()).event("job_event"), &JobEvent::from(e))
-            }
-            Ok(Followed::End(job)) => sse_json(SseEvent::default().event("end"), &JobView::from(*job)),
-            Err(e) => {
-                tracing::warn!(error = %e, "a job's event stream stopped");
-                SseEvent::default().event("error").data("the stream stopped; reconnect with the last event id")
-            }
-        })
-    });
-    Ok(Sse::new(frames).keep_alive(KeepAlive::default()))
+    Ok(params.after.max(last_seen))
+}
+
+/// One item of a followed timeline as a frame.
+fn frame(item: ops::Result<Followed>) -> Result<SseEvent, Infallible> {
+    Ok(match item {
+        Ok(Followed::Event(e)) => {
+            let id = e.id;
+            sse_json(SseEvent::default().id(id.to_string()).event("job_event"), &JobEvent::from(e))
+        }
+        Ok(Followed::End(job)) => sse_json(SseEvent::default().event("end"), &JobView::from(*job)),
+        Err(e) => {
+            tracing::warn!(error = %e, "an event stream stopped");
+            SseEvent::default().event("error").data("the stream stopped; reconnect with the last event id")
+        }
+    })
 }
 
 /// A frame carrying `value` as JSON; serialising our own wire types cannot fail, and if it

@@ -76,6 +76,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("POST", "/api/v1/jobs/{job}/cancel", Job(TeamRole::Member)),
     route("GET", "/api/v1/jobs/{job}/events", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/jobs/{job}/events:stream", Job(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/events:stream", Team(TeamRole::Viewer)),
     route("POST", "/api/v1/jobs/{job}/checkpoint", Job(TeamRole::Member)),
     route("GET", "/api/v1/gpu-classes", Authenticated),
     route("POST", "/api/v1/gpu-classes", PlatformAdmin),
@@ -170,6 +171,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::cancel_job))
         .routes(routes!(jobs::list_job_events))
         .routes(routes!(jobs::stream_job_events))
+        .routes(routes!(jobs::stream_team_events))
         .routes(routes!(jobs::report_checkpoint))
         .routes(routes!(quotas::list_quotas))
         .routes(routes!(quotas::get_quota, quotas::put_quota, quotas::delete_quota))

@@ -428,6 +428,7 @@ pub async fn names(pool: &PgPool, ids: &[JobId]) -> Result<Vec<JobName>, sqlx::E
 #[derive(Debug, Clone)]
 pub struct EventRow {
     pub id: i64,
+    pub job_id: JobId,
     pub at: DateTime<Utc>,
     pub kind: String,
     pub attempt: i32,
@@ -440,9 +441,24 @@ pub struct EventRow {
 pub async fn events(pool: &PgPool, job_id: JobId, after: i64, limit: i64) -> Result<Vec<EventRow>, sqlx::Error> {
     sqlx::query_as!(
         EventRow,
-        "select id, at, kind, attempt, reason, message, data from job_events
-         where job_id = $1 and id > $2 order by id limit $3",
+        r#"select id, job_id as "job_id: JobId", at, kind, attempt, reason, message, data from job_events
+           where job_id = $1 and id > $2 order by id limit $3"#,
         job_id as JobId,
+        after,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The events of every job of team `team_id` in order, after event `after`.
+pub async fn team_events(pool: &PgPool, team_id: TeamId, after: i64, limit: i64) -> Result<Vec<EventRow>, sqlx::Error> {
+    sqlx::query_as!(
+        EventRow,
+        r#"select e.id, e.job_id as "job_id: JobId", e.at, e.kind, e.attempt, e.reason, e.message, e.data
+           from job_events e join jobs j on j.id = e.job_id
+           where j.team_id = $1 and e.id > $2 order by e.id limit $3"#,
+        team_id as TeamId,
         after,
         limit
     )

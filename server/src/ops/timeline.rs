@@ -1,10 +1,13 @@
-//! Following a job's timeline as it grows: what a CI client waiting on its job, and the
-//! portal's live job page, read instead of polling the job.
+//! Following timelines as they grow: one job's, what a CI client waiting on its job reads
+//! instead of polling it, or every job's of a team, what a dashboard or a team's own tooling
+//! watches.
 //!
-//! A follower gets every event after the one it names, in order, then each new one as it is
-//! written, and last the job itself once it has ended and every event before its end was
-//! given. Reading the events before the job, and again after seeing it ended, means an end
-//! committed between the two reads cannot be reported before the events it committed with.
+//! A job's follower gets every event after the one it names, in order, then each new one as
+//! it is written, and last the job itself once it has ended and every event before its end
+//! was given. Reading the events before the job, and again after seeing it ended, means an
+//! end committed between the two reads cannot be reported before the events it committed
+//! with. A team's follower gets its jobs' events after the one it names (by default, from
+//! now on) until it leaves.
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -14,7 +17,7 @@ use super::Result;
 use crate::{
     control::feed::{Subscription, Wake},
     db::{self, jobs::EventRow, jobs::JobRow},
-    domain::JobId,
+    domain::{JobId, TeamId},
     state::AppState,
 };
 
@@ -34,9 +37,16 @@ pub enum Followed {
     End(Box<JobRow>),
 }
 
+/// Whose timeline is followed.
+#[derive(Debug, Clone, Copy)]
+enum Scope {
+    Job(JobId),
+    Team(TeamId),
+}
+
 struct Follower {
     state: AppState,
-    job: JobId,
+    scope: Scope,
     after: i64,
     ready: VecDeque<Followed>,
     feed: Subscription,
@@ -48,8 +58,25 @@ struct Follower {
 /// for shutdown or after an error (the last item); the follower resumes elsewhere from the
 /// last event id it saw. `job` must already be known visible to the caller.
 pub fn follow(state: &AppState, job: JobId, after: i64) -> impl Stream<Item = Result<Followed>> + Send + 'static {
-    let feed = state.feed.subscribe(&state.db);
-    let follower = Follower { state: state.clone(), job, after, ready: VecDeque::new(), feed, done: false };
+    stream(Follower::new(state, Scope::Job(job), after))
+}
+
+/// The events of every job of `team` after event id `after` (`None`: those written from now
+/// on), as they are written. It never ends by itself: only when the process drains or after
+/// an error, as [`follow`]. `team` must already be known visible to the caller.
+pub async fn follow_team(
+    state: &AppState,
+    team: TeamId,
+    after: Option<i64>,
+) -> Result<impl Stream<Item = Result<Followed>> + Send + 'static> {
+    let after = match after {
+        Some(after) => after,
+        None => db::jobs::newest_event_id(&state.db).await?,
+    };
+    Ok(stream(Follower::new(state, Scope::Team(team), after)))
+}
+
+fn stream(follower: Follower) -> impl Stream<Item = Result<Followed>> + Send + 'static {
     futures_util::stream::unfold(follower, |mut f| async move {
         match f.next().await {
             Ok(Some(item)) => Some((Ok(item), f)),
@@ -64,6 +91,11 @@ pub fn follow(state: &AppState, job: JobId, after: i64) -> impl Stream<Item = Re
 }
 
 impl Follower {
+    fn new(state: &AppState, scope: Scope, after: i64) -> Self {
+        let feed = state.feed.subscribe(&state.db);
+        Self { state: state.clone(), scope, after, ready: VecDeque::new(), feed, done: false }
+    }
+
     async fn next(&mut self) -> Result<Option<Followed>> {
         loop {
             if let Some(item) = self.ready.pop_front() {
@@ -75,19 +107,21 @@ impl Follower {
             if self.read_events().await? {
                 continue;
             }
-            let job = db::jobs::get(&self.state.db, self.job).await?;
-            match job {
-                Some(job) if job.finished_at.is_some() => {
-                    // Its end committed with its last events: take any that came in between.
-                    if !self.read_events().await? {
-                        self.ready.push_back(Followed::End(Box::new(job)));
-                        self.done = true;
+            // A team's timeline never ends; a job's ends with the job.
+            if let Scope::Job(job) = self.scope {
+                match db::jobs::get(&self.state.db, job).await? {
+                    Some(job) if job.finished_at.is_some() => {
+                        // Its end committed with its last events: take any that came in between.
+                        if !self.read_events().await? {
+                            self.ready.push_back(Followed::End(Box::new(job)));
+                            self.done = true;
+                        }
+                        continue;
                     }
-                    continue;
+                    // Deleted with its team: nothing more will come.
+                    None => return Ok(None),
+                    Some(_) => {}
                 }
-                // Deleted with its team: nothing more will come.
-                None => return Ok(None),
-                Some(_) => {}
             }
             if self.feed.changed(REREAD).await == Wake::Closing {
                 return Ok(None);
@@ -97,7 +131,10 @@ impl Follower {
 
     /// Queues the next page of events; whether there were any.
     async fn read_events(&mut self) -> Result<bool> {
-        let rows = db::jobs::events(&self.state.db, self.job, self.after, PAGE).await?;
+        let rows = match self.scope {
+            Scope::Job(job) => db::jobs::events(&self.state.db, job, self.after, PAGE).await?,
+            Scope::Team(team) => db::jobs::team_events(&self.state.db, team, self.after, PAGE).await?,
+        };
         let Some(last) = rows.last() else { return Ok(false) };
         self.after = last.id;
         self.ready.extend(rows.into_iter().map(Followed::Event));

@@ -169,3 +169,30 @@ async fn open_streams_end_when_the_server_drains_so_shutdown_is_not_held_by_them
     let r = app.send(call("POST", &format!("/api/v1/jobs/{id}/cancel")).token(&token)).await;
     r.assert_status(200);
 }
+
+#[tokio::test]
+async fn a_teams_stream_carries_its_jobs_events_as_they_happen_and_nothing_of_another_team() {
+    let (app, token, base) = platform().await;
+    let admin = app.admin().await;
+    app.team(&admin, "vision", None).await;
+    app.quota(&admin, "vision", "h100-80gb", 8, 0).await;
+    let (_, other) = app.api_token(&admin, "vision", "member").await;
+    app.send(call("GET", "/api/v1/teams/ml/events:stream").token(&other)).await.assert_problem(404, "not_found");
+    // Opened before either job exists: it carries what is written from now on.
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let response =
+        http.get(format!("{base}/api/v1/teams/ml/events:stream")).bearer_auth(&token).send().await.expect("open");
+    assert_eq!(response.status(), 200);
+    let mut stream = Stream { response, buffer: String::new() };
+    let theirs = submit(&app, &other, "vision", job_body(1)).await;
+    let ours = submit(&app, &token, "ml", job_body(1)).await;
+    let mut frames = Vec::new();
+    while !frames.iter().any(|f: &Frame| f.data["kind"] == "succeeded") {
+        frames.push(stream.next().await.expect("the team's stream stays open"));
+    }
+    assert!(
+        frames.iter().all(|f| f.data["job"] == ours.as_str()),
+        "only team ml's job ({ours}, not {theirs}): {frames:#?}"
+    );
+    assert_eq!(kinds(&frames), ["submitted", "admitted", "dispatched", "running", "succeeded"], "{frames:#?}");
+}
