@@ -199,6 +199,13 @@ async fn a_job_that_exits_3_makes_submit_wait_exit_3() {
     assert!(failed.is_some(), "no failed event on stderr: {run}");
     assert!(run.stderr.contains(&format!("job {id} failed with exit code 3")), "{run}");
     assert_eq!(p.job(id).await["exit_code"], 3);
+    // Run again, it fails the same way: a new job, asking for what the first asked for.
+    let rerun = p.run(&mut p.fairway(&["rerun", id, "--wait"])).await;
+    assert_eq!(rerun.code, Some(3), "{rerun}");
+    let again = rerun.stdout.trim();
+    assert_ne!(again, id, "{rerun}");
+    let again = p.job(again).await;
+    assert_eq!((again["exit_code"].as_i64(), again["labels"]["fairway.dev/rerun-of"].as_str()), (Some(3), Some(id)));
 }
 
 #[tokio::test]

@@ -26,7 +26,7 @@ use crate::{
     },
     backends::ReplicaSlot,
     db,
-    domain::{check_range, FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish, WaitFigures},
+    domain::{check_range, FieldError, JobState, TopologyWish, WaitFigures},
     ops::{
         self,
         jobs::{self, DryRunResult, JobSpec},
@@ -113,11 +113,7 @@ pub struct JobView {
 impl From<db::jobs::JobRow> for JobView {
     fn from(r: db::jobs::JobRow) -> Self {
         let state = r.state;
-        let topology = match (r.topology_mode.as_str(), r.topology_level.as_deref().and_then(TopologyLevel::parse)) {
-            ("required", Some(level)) => Some(TopologyWish { level, mode: TopologyMode::Required }),
-            ("preferred", Some(level)) => Some(TopologyWish { level, mode: TopologyMode::Preferred }),
-            _ => None,
-        };
+        let topology = r.topology();
         Self {
             id: r.id,
             team: r.team,
@@ -216,6 +212,34 @@ pub async fn create_job(
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
     let check = check.map(|Extension(c)| c);
     let submitted = jobs::submit(&state, &access.team, &principal.actor(), spec, version, check).await?;
+    let view = JobView { warnings: submitted.warnings, ..submitted.job.into() };
+    let (headers, body) = with_etag(view);
+    Ok((StatusCode::CREATED, headers, body))
+}
+
+/// Runs a job again: a new job asking for exactly what this one asked for (image, command,
+/// environment, labels, resources, limits), submitted by the caller and checked as any new
+/// submission; its label `fairway.dev/rerun-of` names this job. Send an `Idempotency-Key` so
+/// a retried request cannot run it twice.
+#[utoipa::path(
+    post, path = "/api/v1/jobs/{job}/rerun", tag = "jobs", operation_id = "rerun_job",
+    params(("job" = Uuid, Path, description = "The job to run again"),
+           ("Idempotency-Key" = Option<String>, Header, description = "Makes retries safe")),
+    responses(
+        (status = 201, description = "The new job", body = JobView),
+        (status = 404, description = "No such job, or not visible to the caller", body = super::error::Problem),
+        (status = 422, description = "It could not run now as asked (a quota or budget changed)", body = super::error::Problem)
+    )
+)]
+pub async fn rerun_job(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Extension(access): Extension<TeamAccess>,
+    Extension(job): Extension<JobAccess>,
+    Extension(version): Extension<CatalogueVersion>,
+) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
+    let job = db::jobs::get(&state.db, job.id).await?.ok_or(ApiError::NotFound("job"))?;
+    let submitted = jobs::rerun(&state, &access.team, &principal.actor(), &job, version).await?;
     let view = JobView { warnings: submitted.warnings, ..submitted.job.into() };
     let (headers, body) = with_etag(view);
     Ok((StatusCode::CREATED, headers, body))

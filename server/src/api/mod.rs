@@ -74,6 +74,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/teams/{team}/queue", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/jobs/{job}", Job(TeamRole::Viewer)),
     route("POST", "/api/v1/jobs/{job}/cancel", Job(TeamRole::Member)),
+    route("POST", "/api/v1/jobs/{job}/rerun", Job(TeamRole::Member)),
     route("GET", "/api/v1/jobs/{job}/events", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/jobs/{job}/events:stream", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/events:stream", Team(TeamRole::Viewer)),
@@ -169,6 +170,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::get_queue))
         .routes(routes!(jobs::get_job))
         .routes(routes!(jobs::cancel_job))
+        .routes(routes!(jobs::rerun_job))
         .routes(routes!(jobs::list_job_events))
         .routes(routes!(jobs::stream_job_events))
         .routes(routes!(jobs::stream_team_events))

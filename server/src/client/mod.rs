@@ -36,6 +36,10 @@ pub enum Command {
     /// Submits a job; with --wait, follows it to its end and exits with its outcome.
     #[command(after_help = SUBMIT_HELP)]
     Submit(Box<SubmitArgs>),
+    /// Runs a job again: a new job asking for what this one asked for, submitted by you;
+    /// with --wait, follows it to its end and exits with its outcome.
+    #[command(after_help = RERUN_HELP)]
+    Rerun(RerunArgs),
     /// Shows a job: why it waits and when it should start, or how it ended.
     #[command(
         after_help = "Examples:\n  fairway status 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e\n  fairway status $JOB --output json | jq -r .state"
@@ -131,6 +135,24 @@ pub struct SubmitArgs {
     options: WaitArgs,
 }
 
+/// `fairway rerun`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct RerunArgs {
+    /// The job to run again.
+    #[arg(value_parser = job_id, value_name = "JOB")]
+    job: String,
+    /// Makes retries safe: a second rerun with the same key returns the first new job. In
+    /// GitHub Actions, GitLab CI, Jenkins and Buildkite it defaults to one derived from the
+    /// CI job and the job run again.
+    #[arg(long, env = "FAIRWAY_IDEMPOTENCY_KEY", value_name = "KEY")]
+    idempotency_key: Option<String>,
+    /// Follow the new job to its end, as `submit --wait` does.
+    #[arg(long)]
+    wait: bool,
+    #[command(flatten)]
+    options: WaitArgs,
+}
+
 /// How a wait may end early.
 #[derive(clap::Args, Debug, Clone, Copy)]
 pub struct WaitArgs {
@@ -160,6 +182,13 @@ waits up to 60s for it to end, and exits 130 or 143.
 ",
     exit::exit_status_help!()
 );
+
+const RERUN_HELP: &str = "Examples:
+  fairway rerun 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e
+  fairway rerun $JOB --wait --timeout 2h
+
+The new job has the label fairway.dev/rerun-of=<JOB>. It is checked as a new submission:
+quotas and budgets as they are now. Standard output and exit status: as `fairway submit`.";
 
 const WAIT_HELP: &str = concat!(
     "Examples:
@@ -248,6 +277,7 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
     let now = Utc::now();
     match command {
         Command::Submit(args) => submit(&ctx, args).await,
+        Command::Rerun(args) => rerun(&ctx, args).await,
         Command::Status { job } => {
             let job = api.get(api.url(&["jobs", &job])).await?;
             ctx.print(&job, |j| output::job(j, now));
@@ -311,26 +341,52 @@ impl From<WaitArgs> for wait::Options {
 }
 
 async fn submit(ctx: &Context, args: Box<SubmitArgs>) -> Result<Finish, Error> {
-    let api = &ctx.api;
     let body = serde_json::to_vec(&spec::body(&args.job)?).map_err(|e| Error::Usage(e.to_string()))?;
-    let key = match args.idempotency_key.filter(|k| !k.is_empty()) {
-        Some(key) => Some(key),
-        None => match ci::idempotency_key(|name| std::env::var(name).ok(), &body) {
-            ci::Detected::Key(key) => Some(key),
-            ci::Detected::None => None,
-            ci::Detected::Incomplete { system, missing } => {
-                eprintln!("fairway: warning: {system} CI without {missing}: submitting without an idempotency key");
-                None
-            }
-        },
-    };
-    let url = api.url(&["teams", &ctx.team().await?, "jobs"]);
+    let key = idempotency_key(args.idempotency_key, &body);
+    let url = ctx.api.url(&["teams", &ctx.team().await?, "jobs"]);
+    create(ctx, url, Some(body), key, args.wait.then_some(args.options)).await
+}
+
+async fn rerun(ctx: &Context, args: RerunArgs) -> Result<Finish, Error> {
+    // In CI the key is derived from the job run again: a retried step reruns it once.
+    let key = idempotency_key(args.idempotency_key, args.job.as_bytes());
+    let url = ctx.api.url(&["jobs", &args.job, "rerun"]);
+    create(ctx, url, None, key, args.wait.then_some(args.options)).await
+}
+
+/// The key given, else one derived from the CI job and `request`, else none.
+fn idempotency_key(given: Option<String>, request: &[u8]) -> Option<String> {
+    if let Some(key) = given.filter(|k| !k.is_empty()) {
+        return Some(key);
+    }
+    match ci::idempotency_key(|name| std::env::var(name).ok(), request) {
+        ci::Detected::Key(key) => Some(key),
+        ci::Detected::None => None,
+        ci::Detected::Incomplete { system, missing } => {
+            eprintln!("fairway: warning: {system} CI without {missing}: submitting without an idempotency key");
+            None
+        }
+    }
+}
+
+/// Posts to `url` what creates a job (`body`, when the request has one), prints it, and
+/// with `wait` follows it to its end.
+async fn create(
+    ctx: &Context,
+    url: reqwest::Url,
+    body: Option<Vec<u8>>,
+    key: Option<String>,
+    wait: Option<WaitArgs>,
+) -> Result<Finish, Error> {
+    let api = &ctx.api;
     // Caught before the job exists, so an interruption from here on cancels it.
-    let mut signals = if args.wait { Some(wait::Signals::install()?) } else { None };
+    let mut signals = if wait.is_some() { Some(wait::Signals::install()?) } else { None };
     let repeat = if key.is_some() { Repeat::Safe } else { Repeat::Unsafe };
     let build = || {
-        let request = api.request(Method::POST, url.clone()).header(header::CONTENT_TYPE, "application/json");
-        let request = request.body(body.clone()).timeout(std::time::Duration::from_secs(30));
+        let mut request = api.request(Method::POST, url.clone()).timeout(std::time::Duration::from_secs(30));
+        if let Some(body) = &body {
+            request = request.header(header::CONTENT_TYPE, "application/json").body(body.clone());
+        }
         match &key {
             Some(key) => request.header("idempotency-key", key),
             None => request,
@@ -348,7 +404,7 @@ async fn submit(ctx: &Context, args: Box<SubmitArgs>) -> Result<Finish, Error> {
     for warning in job.get("warnings").and_then(Value::as_array).into_iter().flatten() {
         eprintln!("fairway: warning: {}: {}", output::field(warning, "field"), output::field(warning, "message"));
     }
-    let Some(signals) = signals.as_mut() else {
+    let (Some(signals), Some(options)) = (signals.as_mut(), wait) else {
         ctx.print(&job, |_| format!("{id}\n"));
         return Ok(Exit::Success.into());
     };
@@ -356,7 +412,7 @@ async fn submit(ctx: &Context, args: Box<SubmitArgs>) -> Result<Finish, Error> {
     if ctx.settings.output == Output::Text {
         stdout(&format!("{id}\n"));
     }
-    let ended = wait::wait(api, &id, args.options.into(), signals).await?;
+    let ended = wait::wait(api, &id, options.into(), signals).await?;
     print_final(ctx, &id, ended.job).await;
     Ok(ended.finish)
 }

@@ -6,7 +6,9 @@ use serde_json::Value;
 use sqlx::{types::Json, PgPool};
 
 use super::Tx;
-use crate::domain::{GpuClassId, JobId, JobState, TeamId, TokenId, WaitFigures};
+use crate::domain::{
+    GpuClassId, JobId, JobState, TeamId, TokenId, TopologyLevel, TopologyMode, TopologyWish, WaitFigures,
+};
 use uuid::Uuid;
 
 /// A stored job with the names of what it refers to.
@@ -435,6 +437,18 @@ pub struct EventRow {
     pub reason: Option<String>,
     pub message: String,
     pub data: Option<Value>,
+}
+
+impl JobRow {
+    /// The topology the job asked for, if any.
+    pub fn topology(&self) -> Option<TopologyWish> {
+        let level = self.topology_level.as_deref().and_then(TopologyLevel::parse)?;
+        match self.topology_mode.as_str() {
+            "required" => Some(TopologyWish { level, mode: TopologyMode::Required }),
+            "preferred" => Some(TopologyWish { level, mode: TopologyMode::Preferred }),
+            _ => None,
+        }
+    }
 }
 
 /// A job's events in order, after event `after`.

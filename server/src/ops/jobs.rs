@@ -468,6 +468,46 @@ pub struct Submitted {
     pub warnings: Vec<FieldError>,
 }
 
+/// The label a job run again carries: the id of the job it repeats.
+pub const RERUN_OF_LABEL: &str = "fairway.dev/rerun-of";
+
+/// Submits `job` of `team` again, as it was asked for (image, command, environment, labels,
+/// resources, limits), on behalf of `by`: what a person does after a failure they fixed
+/// outside the job, or to repeat a run. It is checked as any new submission (quotas and
+/// budgets as they are now), and its label [`RERUN_OF_LABEL`] names the job it repeats.
+pub async fn rerun(
+    state: &AppState,
+    team: &db::teams::TeamRow,
+    by: &str,
+    job: &db::jobs::JobRow,
+    version: CatalogueVersion,
+) -> Result<Submitted> {
+    // Stored from a validated spec: maps of strings, or the job could not have been stored.
+    let strings =
+        |v: &serde_json::Value| serde_json::from_value::<BTreeMap<String, String>>(v.clone()).unwrap_or_default();
+    let mut labels = strings(&job.labels.0);
+    labels.insert(RERUN_OF_LABEL.to_owned(), job.id.to_string());
+    let spec = JobSpec {
+        name: job.name.clone(),
+        gpu_class: job.gpu_class.clone(),
+        replicas: job.replicas.into(),
+        gpus_per_replica: job.gpus_per_replica.into(),
+        priority_class: Some(job.priority_class.clone()),
+        max_runtime_seconds: Some(job.max_runtime_seconds.into()),
+        expected_runtime_seconds: job.expected_runtime_seconds.map(i64::from),
+        image: job.image.clone(),
+        command: job.command.0.clone(),
+        env: strings(&job.env.0),
+        labels,
+        topology: job.topology(),
+        preemption_grace_seconds: job.preemption_grace_seconds.map(i64::from),
+        max_retries: Some(job.max_retries.into()),
+        allow_spot: job.allow_spot,
+        wait_for_quota: false,
+    };
+    submit(state, team, by, spec, version, None).await
+}
+
 /// Validates `spec` against the catalogue and queues it for `team` on behalf of `by`; the
 /// stored job. The API and the portal both submit through this. With a `check` (the caller
 /// was authorised from cached credentials) nothing is stored unless the write finds it

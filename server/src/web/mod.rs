@@ -45,6 +45,7 @@ pub fn router() -> Router<AppState> {
         .route("/teams/{team}/jobs/preview", post(pages::preview))
         .route("/jobs/{job}", get(pages::job))
         .route("/jobs/{job}/cancel", post(pages::cancel))
+        .route("/jobs/{job}/rerun", post(pages::rerun))
         .route("/clusters", get(pages::clusters))
         .route("/billing", get(pages::billing))
         .route("/billing/usage.csv", get(pages::billing_usage_csv))

@@ -110,6 +110,7 @@ fn matrix() -> Vec<Row> {
         row("GET", "/api/v1/jobs/{job}", TEAM_READ, None),
         // The job is pending: the first allowed cancel cancels it, the next finds it cancelled.
         row("POST", "/api/v1/jobs/{job}/cancel", TEAM_MEMBER, None),
+        row("POST", "/api/v1/jobs/{job}/rerun", TEAM_MEMBER, None),
         row("GET", "/api/v1/jobs/{job}/events", TEAM_READ, None),
         row("GET", "/api/v1/jobs/{job}/events:stream", TEAM_READ, None),
         row("GET", "/api/v1/teams/{team}/events:stream", TEAM_READ, None),

@@ -1016,3 +1016,58 @@ async fn reading_an_unchanged_job_with_its_etag_answers_304_and_any_change_answe
         .await
         .assert_status(200);
 }
+
+#[tokio::test]
+async fn running_a_job_again_submits_what_it_asked_for_labelled_with_the_job_it_repeats() {
+    let s = setup().await;
+    let asked = spec_with(
+        "train",
+        json!({"replicas": 2, "gpus_per_replica": 4, "priority_class": "production", "max_runtime_seconds": 7200,
+               "expected_runtime_seconds": 600, "command": ["python", "train.py"], "env": {"SEED": "7"},
+               "labels": {"project": "llm"}, "topology": {"level": "rack", "mode": "preferred"},
+               "preemption_grace_seconds": 45, "max_retries": 2, "allow_spot": true}),
+    );
+    let r = s.submit(&s.ml_ci, "ml", &asked).await;
+    r.assert_status(201);
+    let first = r.json();
+    let id = first["id"].as_str().unwrap().to_owned();
+    let rerun = format!("/api/v1/jobs/{id}/rerun");
+    let r = s.app.send(call("POST", &rerun).token(&s.alice).header("idempotency-key", "rerun-1")).await;
+    r.assert_status(201);
+    let again = r.json();
+    assert_ne!(again["id"], first["id"]);
+    assert_eq!(again["submitted_by"], "user:alice");
+    assert_eq!(again["state"], "pending");
+    for field in [
+        "name",
+        "gpu_class",
+        "priority_class",
+        "replicas",
+        "gpus_per_replica",
+        "max_runtime_seconds",
+        "expected_runtime_seconds",
+        "image",
+        "command",
+        "env",
+        "topology",
+        "preemption_grace_seconds",
+        "max_retries",
+        "allow_spot",
+    ] {
+        assert_eq!(again[field], first[field], "{field}");
+    }
+    assert_eq!(again["labels"], json!({"project": "llm", "fairway.dev/rerun-of": id}));
+    // A retried request runs it again once.
+    let r = s.app.send(call("POST", &rerun).token(&s.alice).header("idempotency-key", "rerun-1")).await;
+    r.assert_status(201);
+    assert_eq!(r.json()["id"], again["id"]);
+    // Another team's member cannot see it, so cannot run it.
+    s.app.send(call("POST", &rerun).token(&s.cv_ci)).await.assert_problem(404, "not_found");
+    // The runs of a job are found by its label.
+    let r = s
+        .app
+        .send(call("GET", &format!("/api/v1/teams/ml/jobs?label=fairway.dev/rerun-of%3D{id}")).token(&s.ml_ci))
+        .await;
+    r.assert_status(200);
+    assert_eq!(ids(&r.json()["items"]), [again["id"].as_str().unwrap()]);
+}

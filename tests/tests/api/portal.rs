@@ -989,3 +989,37 @@ async fn a_waiting_jobs_page_and_the_dashboard_show_its_reason_its_positions_in_
     assert!(rows[1].starts_with("2</td><td data-label=\"Position overall\">7</td>"), "{dashboard}");
     assert!(rows[1].contains("<td data-label=\"Expected start\">2031-05-06 07:08:00Z</td>"), "{dashboard}");
 }
+
+#[tokio::test]
+async fn run_again_on_a_jobs_page_submits_the_same_job_and_shows_the_new_one() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let page = p.app.send(call("GET", &format!("/jobs/{}", p.job_id)).header("cookie", &session)).await;
+    let html = body(&page);
+    assert!(html.contains(&format!("action=\"/jobs/{}/rerun\"", p.job_id)), "a member sees Run again: {html}");
+    let token = csrf_in(&html);
+    let r = p
+        .app
+        .send(
+            call("POST", &format!("/jobs/{}/rerun", p.job_id))
+                .header("cookie", &session)
+                .raw(FORM, format!("csrf={token}").into_bytes()),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let location = r.header("location").expect("to the new job");
+    let again = location.strip_prefix("/jobs/").expect("a job page").to_owned();
+    assert_ne!(again, p.job_id);
+    let (name, by, rerun_of): (String, String, String) =
+        sqlx::query_as("select name, submitted_by, labels->>'fairway.dev/rerun-of' from jobs where id = $1::uuid")
+            .bind(&again)
+            .fetch_one(&p.app.pool)
+            .await
+            .unwrap();
+    let original: String = sqlx::query_scalar("select name from jobs where id = $1::uuid")
+        .bind(&p.job_id)
+        .fetch_one(&p.app.pool)
+        .await
+        .unwrap();
+    assert_eq!((name, by, rerun_of), (original, "user:alice".to_owned(), p.job_id.clone()));
+}

@@ -178,6 +178,8 @@ struct JobPage {
     job: JobDetail,
     events: Vec<EventLine>,
     can_cancel: bool,
+    /// Members may run it again.
+    can_rerun: bool,
 }
 
 /// The job and the user's role in its team; not found when the user may not see it.
@@ -269,6 +271,7 @@ pub async fn job(
         job: detail,
         events,
         can_cancel: role >= TeamRole::Member && !finished,
+        can_rerun: role >= TeamRole::Member,
     };
     Ok(render(&page))
 }
@@ -285,4 +288,20 @@ pub async fn cancel(
     }
     ops::jobs::cancel(&state, &principal(&user).actor(), job.id).await?;
     Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
+}
+
+/// Runs a job again from its page and shows the new one.
+pub async fn rerun(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    PortalForm { user, .. }: PortalForm<NoFields>,
+) -> Result<Response, PageError> {
+    let (job, role) = job_for(&state, &user, &id).await?;
+    if role < TeamRole::Member {
+        return Err(PageError::from(ops::Error::Forbidden));
+    }
+    let team = db::teams::by_id(&state.db, job.team_id).await?.ok_or_else(PageError::not_found)?;
+    let version = crate::auth::CatalogueVersion(None);
+    let again = ops::jobs::rerun(&state, &team, &principal(&user).actor(), &job, version).await?;
+    Ok(Redirect::to(&format!("/jobs/{}", again.job.id)).into_response())
 }

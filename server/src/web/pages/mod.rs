@@ -29,7 +29,7 @@ use std::collections::HashMap;
 pub use auth::{login, login_form, logout};
 pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
 pub use clusters::clusters;
-pub use jobs::{cancel, job, team_jobs};
+pub use jobs::{cancel, job, rerun, team_jobs};
 pub use members::{remove_member, set_member, team_members};
 pub use platform_admin::{admin, create_team, save_priority_class, set_rate};
 pub use submit::{preview, submit, submit_form};
