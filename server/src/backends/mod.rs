@@ -250,6 +250,29 @@ pub struct Tenant {
     pub gpu_limits: BTreeMap<String, u32>,
 }
 
+/// One line an application wrote to its standard output or error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogLine {
+    /// When the backend received it.
+    pub at: DateTime<Utc>,
+    /// The line without its newline; may be long, the collector caps what it keeps.
+    pub text: String,
+}
+
+/// Which part of one replica's log to read ([`Backend::logs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogQuery {
+    /// The object ([`object_name`]).
+    pub object: String,
+    /// The replica's rank in the gang, from 0.
+    pub replica: u32,
+    /// Lines at or after this instant; from the start when `None`. A backend whose filter is
+    /// coarser (whole seconds) may give earlier lines too: the collector drops what it has.
+    pub since: Option<DateTime<Utc>>,
+    /// At most this many lines, the oldest first.
+    pub limit: usize,
+}
+
 /// A failed backend call.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -302,6 +325,13 @@ pub trait Backend: Send + Sync {
 
     /// Removes a finished or unknown object for good. Succeeds when it is already gone.
     async fn delete(&self, object: &str) -> Result<(), BackendError>;
+
+    /// The lines one replica of an object wrote, as [`LogQuery`] asks, oldest first. Empty
+    /// when the replica has not started or its log is gone; the collector
+    /// (`control::logs`) keeps what it read, so nothing here needs to last.
+    async fn logs(&self, _query: &LogQuery) -> Result<Vec<LogLine>, BackendError> {
+        Ok(Vec::new())
+    }
 
     /// Removes several objects, as [`Backend::delete`] does each; backends that can remove
     /// many in one call do.
