@@ -109,6 +109,9 @@ pub struct Config {
     /// Check the quota invariant after every cycle and log breaches
     /// (`FAIRWAY_CHECK_INVARIANTS=1`; for tests).
     pub check_invariants: bool,
+    /// Lines of each replica's log kept per attempt, the newest (`FAIRWAY_LOG_TAIL_LINES`,
+    /// 1 to 1,000,000; lines are cut at 4 KiB).
+    pub log_tail_lines: u32,
 }
 
 impl Default for Config {
@@ -139,6 +142,7 @@ impl Default for Config {
             clusters: None,
             min_runtime_before_preemption: Duration::from_secs(300),
             check_invariants: false,
+            log_tail_lines: 5_000,
         }
     }
 }
@@ -172,6 +176,7 @@ struct FileConfig {
     sim_speedup: Option<f64>,
     clusters: Option<PathBuf>,
     min_runtime_before_preemption_seconds: Option<u64>,
+    log_tail_lines: Option<u64>,
 }
 
 impl Config {
@@ -303,6 +308,11 @@ impl Config {
             number("FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS", file.min_runtime_before_preemption_seconds)?
         {
             config.min_runtime_before_preemption = Duration::from_secs(s.min(7 * 86_400));
+        }
+        if let Some(n) = number("FAIRWAY_LOG_TAIL_LINES", file.log_tail_lines)? {
+            config.log_tail_lines = u32::try_from(n).ok().filter(|n| (1..=1_000_000).contains(n)).ok_or_else(|| {
+                ConfigError::Invalid { name: "FAIRWAY_LOG_TAIL_LINES", reason: "must be from 1 to 1000000".into() }
+            })?;
         }
         config.check_invariants = env("FAIRWAY_CHECK_INVARIANTS").is_some_and(|v| v == "1" || v == "true");
         Ok(config)

@@ -68,7 +68,19 @@ pub fn app(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         // gzip when the client accepts it and the body is worth it: billing exports reach
         // hundreds of MiB, and streamed bodies (no length) are compressed as they stream.
-        .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(SizeAbove::new(1024))))
+        .layer(CompressionLayer::new().compress_when(DefaultPredicate::new().and(SizeAbove::new(1024)).and(
+            |_: axum::http::StatusCode,
+             _: axum::http::Version,
+             headers: &axum::http::HeaderMap,
+             _: &axum::http::Extensions| {
+                // A response that asks not to be transformed (a followed log, whose lines must
+                // not wait in a compressor's buffer) is sent as it is.
+                !headers
+                    .get(axum::http::header::CACHE_CONTROL)
+                    .and_then(|v| v.to_str().ok())
+                    .is_some_and(|v| v.contains("no-transform"))
+            },
+        )))
         .layer(middleware::from_fn_with_state(state.clone(), timeout))
         .layer(middleware::from_fn(http::hostile::refuse_unstorable_text))
         .layer(middleware::from_fn(http::edge::door))
@@ -347,6 +359,7 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         lease: state.config.leader_lease,
         check_invariants: state.config.check_invariants,
         engine: control::engine_config(&state.config),
+        log_tail_lines: state.config.log_tail_lines,
         pricing: crate::metering::Pricing {
             currency: state.config.currency.clone(),
             chargeback: state.config.chargeback,

@@ -5,7 +5,10 @@ use crate::domain::JobId;
 use axum::{
     extract::State,
     http::{header, HeaderMap, HeaderValue, StatusCode},
-    response::sse::{Event as SseEvent, KeepAlive, Sse},
+    response::{
+        sse::{Event as SseEvent, KeepAlive, Sse},
+        IntoResponse as _,
+    },
     Extension, Json,
 };
 use chrono::{DateTime, Utc};
@@ -528,6 +531,71 @@ pub async fn stream_team_events(
     let after = resume_after(&params, &headers)?;
     let frames = timeline::follow_team(&state, access.team.id, after).await?.map(frame);
     Ok(Sse::new(frames).keep_alive(KeepAlive::default()))
+}
+
+/// Which part of a job's log to read.
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct LogParams {
+    /// The attempt, from 1; the job's latest by default.
+    #[param(minimum = 1)]
+    pub attempt: Option<i64>,
+    /// One replica's lines, from 0; by default every replica's, each line prefixed
+    /// `[replica N] ` when the job has more than one.
+    #[param(minimum = 0)]
+    pub replica: Option<i64>,
+    /// Go on with each new line as it is kept, until the attempt is over (as `kubectl logs
+    /// -f`); a job that has not started yet is waited for.
+    pub follow: Option<bool>,
+    /// Start each line with the time the backend received it (RFC 3339, microseconds).
+    pub timestamps: Option<bool>,
+}
+
+/// A job's log as plain text, one line per line the application wrote (standard output and
+/// error, as its backend keeps them), oldest first. Fairway keeps the newest lines of each
+/// replica and attempt (`FAIRWAY_LOG_TAIL_LINES`, 5,000 by default) after the backend's
+/// object is gone; a first line says how many older ones were let go. With `follow=true` the
+/// response goes on until the attempt is over. Lines reach Fairway every few seconds while a
+/// job runs, and all of them before its end is recorded. A job of another team is a 404.
+#[utoipa::path(
+    get, path = "/api/v1/jobs/{job}/logs", tag = "jobs", operation_id = "job_logs",
+    params(("job" = Uuid, Path, description = "Job id"), LogParams),
+    responses(
+        (status = 200, description = "The log's lines", content_type = "text/plain", body = String),
+        (status = 404, description = "No such job, or not visible to the caller", body = super::error::Problem),
+        (status = 422, description = "An attempt or replica the job does not have", body = super::error::Problem)
+    )
+)]
+pub async fn job_logs(
+    State(state): State<AppState>,
+    Extension(job): Extension<JobAccess>,
+    ListQuery(params): ListQuery<LogParams>,
+) -> Result<axum::response::Response, ApiError> {
+    let request = ops::logs::LogRequest {
+        attempt: params.attempt,
+        replica: params.replica,
+        follow: params.follow.unwrap_or(false),
+        timestamps: params.timestamps.unwrap_or(false),
+    };
+    let reader = ops::logs::open(&state, job.id, request).await?;
+    // An error after the first bytes cannot become a status: the body ends abruptly
+    // instead, so that a reader never takes a cut log for a whole one.
+    let chunks = reader.stream().map(|chunk| {
+        chunk.map_err(|e| {
+            tracing::warn!(error = %e, "reading a log failed mid-response");
+            std::io::Error::other("reading the log failed")
+        })
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8")),
+            // `no-transform`: not compressed, which would hold followed lines back.
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store, no-transform")),
+        ],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response())
 }
 
 /// Where a stream resumes: the later of `after` and `Last-Event-ID`, or `None` when neither

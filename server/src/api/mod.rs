@@ -77,6 +77,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("POST", "/api/v1/jobs/{job}/rerun", Job(TeamRole::Member)),
     route("GET", "/api/v1/jobs/{job}/events", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/jobs/{job}/events:stream", Job(TeamRole::Viewer)),
+    route("GET", "/api/v1/jobs/{job}/logs", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/events:stream", Team(TeamRole::Viewer)),
     route("POST", "/api/v1/jobs/{job}/checkpoint", Job(TeamRole::Member)),
     route("GET", "/api/v1/gpu-classes", Authenticated),
@@ -173,6 +174,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::rerun_job))
         .routes(routes!(jobs::list_job_events))
         .routes(routes!(jobs::stream_job_events))
+        .routes(routes!(jobs::job_logs))
         .routes(routes!(jobs::stream_team_events))
         .routes(routes!(jobs::report_checkpoint))
         .routes(routes!(quotas::list_quotas))

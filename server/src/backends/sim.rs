@@ -52,6 +52,13 @@
 //! | `FAIRWAY_SIM_EXIT_CODE` | its exit code (0 = success) | 0 |
 //! | `FAIRWAY_SIM_LOSE_NODE_AFTER_SECONDS` | a node of the gang disappears after this long | never |
 //! | `FAIRWAY_SIM_CHECKPOINT_SECONDS` | time to checkpoint and exit after SIGTERM | 1 |
+//! | `FAIRWAY_SIM_LOG_EVERY_SECONDS` | a progress line per replica this often (0: none) | 10 |
+//! | `FAIRWAY_SIM_FAIL_MESSAGE` | the error a failing job prints before a non-zero exit | a CUDA error |
+//!
+//! Each replica writes a log as a training job does ([`log_lines`]): where it runs and from
+//! which step, a progress line (step, loss, throughput) every `FAIRWAY_SIM_LOG_EVERY_SECONDS`,
+//! what it does on SIGTERM, and how it ends (a traceback with the failure message before a
+//! non-zero exit). Like the phase, the log is a function of the stored object and the clock.
 //!
 //! Every duration (these and the job's maximum runtime) is divided by `speedup`; the start
 //! delay and a stop's grace period are real time.
@@ -67,7 +74,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 use serde::Deserialize;
 use sqlx::PgPool;
 
-use super::{Backend, BackendError, ClassDecl, Gang, InventoryNode, ObjectStatus, Outcome, Phase};
+use super::{Backend, BackendError, ClassDecl, Gang, InventoryNode, LogLine, LogQuery, ObjectStatus, Outcome, Phase};
 use crate::{
     db::{
         self,
@@ -87,6 +94,13 @@ pub const EXIT_CODE_HINT: &str = "FAIRWAY_SIM_EXIT_CODE";
 pub const LOSE_NODE_HINT: &str = "FAIRWAY_SIM_LOSE_NODE_AFTER_SECONDS";
 /// Seconds a job takes to checkpoint and exit after SIGTERM.
 pub const CHECKPOINT_HINT: &str = "FAIRWAY_SIM_CHECKPOINT_SECONDS";
+/// Seconds between two progress lines of a replica's log; 0 for none.
+pub const LOG_EVERY_HINT: &str = "FAIRWAY_SIM_LOG_EVERY_SECONDS";
+/// The error a job that exits non-zero prints last.
+pub const FAIL_MESSAGE_HINT: &str = "FAIRWAY_SIM_FAIL_MESSAGE";
+
+const DEFAULT_LOG_EVERY_SECONDS: f64 = 10.0;
+const DEFAULT_FAIL_MESSAGE: &str = "CUDA error: an illegal memory access was encountered";
 
 const DEFAULT_CHECKPOINT_SECONDS: f64 = 1.0;
 const MAX_GPUS_PER_NODE: u32 = 64;
@@ -458,6 +472,14 @@ impl Backend for SimBackend {
             .collect())
     }
 
+    async fn logs(&self, query: &LogQuery) -> Result<Vec<LogLine>, BackendError> {
+        let Some((row, spec)) = db::sim::find(&self.pool, &self.config.cluster, &query.object).await? else {
+            return Ok(Vec::new());
+        };
+        let Some(log) = SimLog::of(&row, &spec, query.replica) else { return Ok(Vec::new()) };
+        Ok(log_lines(&row, &log, Utc::now(), query.since, query.limit))
+    }
+
     async fn delete(&self, object: &str) -> Result<(), BackendError> {
         let found = db::sim::delete(&self.pool, &self.config.cluster, object).await?;
         tracing::debug!(object, found, "sim object deleted");
@@ -483,6 +505,7 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
     let exit_code = hint::<i32>(gang, EXIT_CODE_HINT)?.unwrap_or(0);
     let lose_node_after = duration_hint(gang, LOSE_NODE_HINT)?;
     let checkpoint = duration_hint(gang, CHECKPOINT_HINT)?.unwrap_or(DEFAULT_CHECKPOINT_SECONDS);
+    let log_every = duration_hint(gang, LOG_EVERY_HINT)?.unwrap_or(DEFAULT_LOG_EVERY_SECONDS);
     let scale = |seconds: f64| scaled_ms(seconds, config.speedup);
     let deadline_ms = scale(gang.max_runtime.as_secs_f64());
     let start_delay_ms = i64::try_from(config.start_delay_ms).unwrap_or(i64::MAX);
@@ -493,6 +516,9 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
         "speedup": config.speedup,
         "start_delay_ms": start_delay_ms,
         "deadline_ms": deadline_ms,
+        // At least a millisecond apart: a speed-up must not turn a log into a flood.
+        "log_every_ms": if log_every > 0.0 { scaled_ms(log_every, config.speedup).max(1) } else { 0 },
+        "fail_message": gang.env.get(FAIL_MESSAGE_HINT).map_or(DEFAULT_FAIL_MESSAGE, String::as_str),
     });
     Ok(NewSimObject {
         name: gang.object.clone(),
@@ -650,6 +676,147 @@ pub fn next_change(row: &SimObjectRow, now: DateTime<Utc>) -> Option<DateTime<Ut
         .flatten()
         .filter(|at| *at > now && first_end.is_none_or(|end| *at <= end))
         .min()
+}
+
+/// What one replica's log is made of, from the object's stored spec.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SimLog {
+    pub job_name: String,
+    pub attempt: i32,
+    pub replica: u32,
+    pub world_size: usize,
+    pub node: String,
+    pub gpus: Vec<u8>,
+    /// Real milliseconds between progress lines; 0 for none.
+    pub every_ms: i64,
+    /// Simulated seconds per real millisecond times 1000: the speed-up, for step numbers.
+    pub speedup: f64,
+    pub fail_message: String,
+}
+
+impl SimLog {
+    /// Replica `replica`'s log of an object created from `spec`; `None` when the gang has no
+    /// such replica.
+    pub fn of(row: &SimObjectRow, spec: &serde_json::Value, replica: u32) -> Option<Self> {
+        let gang: Gang = serde_json::from_value(spec.get("gang")?.clone()).ok()?;
+        let slot = gang.replicas.get(usize::try_from(replica).ok()?)?;
+        Some(Self {
+            job_name: gang.job_name.clone(),
+            attempt: row.attempt,
+            replica,
+            world_size: gang.replicas.len(),
+            node: slot.node.clone(),
+            gpus: slot.gpus.clone(),
+            every_ms: spec.get("log_every_ms").and_then(serde_json::Value::as_i64).unwrap_or(0),
+            speedup: spec.get("speedup").and_then(serde_json::Value::as_f64).unwrap_or(1.0),
+            fail_message: spec
+                .get("fail_message")
+                .and_then(serde_json::Value::as_str)
+                .unwrap_or(DEFAULT_FAIL_MESSAGE)
+                .to_owned(),
+        })
+    }
+}
+
+/// The lines one replica of the object has written by `now`, from `since` on (every line
+/// when `None`), the oldest first, at most `limit`: its start, a progress line every
+/// `every_ms`, a SIGTERM and a checkpoint when it was stopped, and its end. Nothing before it
+/// starts; a replica that lost its node or hit its deadline just stops writing.
+pub fn log_lines(
+    row: &SimObjectRow,
+    log: &SimLog,
+    now: DateTime<Utc>,
+    since: Option<DateTime<Utc>>,
+    limit: usize,
+) -> Vec<LogLine> {
+    let (phase, _) = phase_at(row, now);
+    let (start, end, outcome) = match phase {
+        Phase::Pending | Phase::Finished { started_at: None, .. } => return Vec::new(),
+        Phase::Running { started_at } => (started_at, now, None),
+        Phase::Finished { started_at: Some(started_at), ended_at, outcome } => (started_at, ended_at, Some(outcome)),
+    };
+    let rank = log.replica;
+    let line = |at: DateTime<Utc>, text: String| LogLine { at, text };
+    let gpus: Vec<String> = log.gpus.iter().map(u8::to_string).collect();
+    let mut head = vec![
+        line(
+            start,
+            format!(
+                "[rank {rank}/{}] {} attempt {} on {} GPUs [{}]",
+                log.world_size,
+                log.job_name,
+                log.attempt,
+                log.node,
+                gpus.join(",")
+            ),
+        ),
+        line(
+            start,
+            if log.attempt > 1 {
+                format!("[rank {rank}] resuming from the last checkpoint")
+            } else {
+                format!("[rank {rank}] no checkpoint found, starting from step 0")
+            },
+        ),
+    ];
+    let running = outcome.is_none();
+    let stop = row.stop_requested_at.filter(|at| *at >= start && *at <= end);
+    let mut tail = Vec::new();
+    if let Some(at) = stop {
+        tail.push(line(at, format!("[rank {rank}] received SIGTERM, saving a checkpoint")));
+    }
+    let steps_at = |at: DateTime<Utc>| ((at - start).num_milliseconds().max(0) as f64 * log.speedup / 100.0) as u64;
+    match outcome {
+        Some(Outcome::Succeeded) => {
+            tail.push(line(end, format!("[rank {rank}] finished: {} steps", steps_at(end))));
+        }
+        Some(Outcome::AppFailed { exit_code: Some(code), .. }) => {
+            if rank == 0 {
+                tail.extend([
+                    line(end, "Traceback (most recent call last):".into()),
+                    line(end, "  File \"train.py\", line 214, in <module>".into()),
+                    line(end, "    loss.backward()".into()),
+                    line(end, format!("RuntimeError: {}", log.fail_message)),
+                ]);
+            } else {
+                tail.push(line(end, format!("[rank {rank}] rank 0 failed, leaving the process group")));
+            }
+            tail.push(line(end, format!("[rank {rank}] exit code {code}")));
+        }
+        Some(Outcome::Stopped) if stop.is_some() && after(stop.unwrap_or(end), row.checkpoint_ms) == Some(end) => {
+            tail.push(line(end, format!("[rank {rank}] checkpoint saved at step {}, exiting", steps_at(end))));
+        }
+        _ => {}
+    }
+    let mut lines = Vec::new();
+    lines.append(&mut head);
+    if log.every_ms > 0 {
+        // Only the progress lines from `since` on: a long run's log is not rebuilt per read.
+        let first = since.map_or(1, |since| {
+            let ms = (since - start).num_milliseconds();
+            (ms.max(0) + log.every_ms - 1) / log.every_ms
+        });
+        for k in first.max(1).. {
+            let Some(at) = after(start, k * log.every_ms).filter(|at| *at < end || (running && *at <= end)) else {
+                break;
+            };
+            // Shared by the ranks, varied by the step: a curve that looks like training.
+            let seconds = (k * log.every_ms) as f64 * log.speedup / 1000.0;
+            let wobble = ((k as f64 * 12.9898).sin() * 43_758.545).fract() * 0.02;
+            let loss = 0.3 + 2.2 * (-seconds / 600.0).exp() + wobble;
+            let throughput = 1_850.0 + 60.0 * (k as f64 * 0.7).sin();
+            lines.push(line(
+                at,
+                format!("[rank {rank}] step {} loss {loss:.4} {throughput:.0} samples/s", steps_at(at)),
+            ));
+            if lines.len() >= limit + 2 {
+                break;
+            }
+        }
+    }
+    lines.append(&mut tail);
+    lines.sort_by_key(|l| l.at);
+    lines.into_iter().filter(|l| since.is_none_or(|since| l.at >= since)).take(limit).collect()
 }
 
 #[cfg(test)]
@@ -1025,5 +1192,84 @@ mod tests {
         assert!(rejected_message(plan_object(&g, &config, t0())).contains("placed twice"));
         g.replicas.clear();
         assert!(rejected_message(plan_object(&g, &config, t0())).contains("no replicas"));
+    }
+
+    fn log(replica: u32, every_ms: i64) -> SimLog {
+        SimLog {
+            job_name: "train".into(),
+            attempt: 1,
+            replica,
+            world_size: 2,
+            node: "r1-h100-1".into(),
+            gpus: vec![0, 1],
+            every_ms,
+            speedup: 1.0,
+            fail_message: "CUDA out of memory".into(),
+        }
+    }
+
+    fn texts(lines: &[LogLine]) -> Vec<&str> {
+        lines.iter().map(|l| l.text.as_str()).collect()
+    }
+
+    #[test]
+    fn a_replica_writes_nothing_before_it_starts_then_its_start_and_a_line_per_interval() {
+        assert!(log_lines(&row(), &log(0, 1_000), t0() + ms(100), None, 100).is_empty());
+        let lines = log_lines(&row(), &log(0, 1_000), t0() + ms(3_200), None, 100);
+        assert_eq!(lines.len(), 5, "{:?}", texts(&lines));
+        assert_eq!(lines[0].text, "[rank 0/2] train attempt 1 on r1-h100-1 GPUs [0,1]");
+        assert_eq!(lines[0].at, t0() + ms(200));
+        assert!(lines[2].text.starts_with("[rank 0] step 10 loss "), "{}", lines[2].text);
+        assert_eq!(lines[4].at, t0() + ms(3_200));
+        assert!(lines.windows(2).all(|w| w[0].at <= w[1].at));
+    }
+
+    #[test]
+    fn a_successful_run_ends_with_its_step_count() {
+        let lines = log_lines(&row(), &log(1, 0), t0() + ms(60_000), None, 100);
+        assert_eq!(texts(&lines).last(), Some(&"[rank 1] finished: 100 steps"));
+        assert_eq!(lines.last().unwrap().at, t0() + ms(10_200));
+    }
+
+    #[test]
+    fn a_failing_run_prints_a_traceback_with_its_message_and_exit_code_on_rank_zero() {
+        let failing = SimObjectRow { exit_code: 3, ..row() };
+        let lines = log_lines(&failing, &log(0, 1_000), t0() + ms(60_000), None, 100);
+        let end: Vec<&str> = texts(&lines).into_iter().rev().take(3).collect();
+        assert_eq!(end, ["[rank 0] exit code 3", "RuntimeError: CUDA out of memory", "    loss.backward()"]);
+        let other = log_lines(&failing, &log(1, 1_000), t0() + ms(60_000), None, 100);
+        assert_eq!(texts(&other).last(), Some(&"[rank 1] exit code 3"));
+        assert!(!texts(&other).iter().any(|t| t.starts_with("RuntimeError")));
+    }
+
+    #[test]
+    fn a_stopped_run_says_it_checkpoints_and_exits() {
+        let stopped = SimObjectRow { stop_requested_at: Some(t0() + ms(5_200)), grace_ms: 30_000, ..row() };
+        let lines = log_lines(&stopped, &log(0, 0), t0() + ms(60_000), None, 100);
+        assert_eq!(
+            texts(&lines)[2..],
+            ["[rank 0] received SIGTERM, saving a checkpoint", "[rank 0] checkpoint saved at step 60, exiting"]
+        );
+    }
+
+    #[test]
+    fn a_read_from_an_instant_gets_the_lines_from_it_on_and_at_most_the_limit() {
+        let all = log_lines(&row(), &log(0, 500), t0() + ms(60_000), None, 1_000);
+        let since = all[7].at;
+        let later = log_lines(&row(), &log(0, 500), t0() + ms(60_000), Some(since), 1_000);
+        assert_eq!(later, all[7..]);
+        let capped = log_lines(&row(), &log(0, 500), t0() + ms(60_000), Some(since), 3);
+        assert_eq!(capped, all[7..10]);
+    }
+
+    #[test]
+    fn the_log_hints_are_stored_scaled_and_checked() {
+        let config = SimConfig { speedup: 10.0, ..SimConfig::default() };
+        let object =
+            plan_object(&gang(&[(LOG_EVERY_HINT, "30"), (FAIL_MESSAGE_HINT, "NCCL timeout")]), &config, t0()).unwrap();
+        assert_eq!(object.spec["log_every_ms"], 3_000);
+        assert_eq!(object.spec["fail_message"], "NCCL timeout");
+        let message = rejected_message(plan_object(&gang(&[(LOG_EVERY_HINT, "-1")]), &config, t0()));
+        assert!(message.contains(LOG_EVERY_HINT), "{message}");
     }
 }

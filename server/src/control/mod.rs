@@ -18,6 +18,7 @@ pub mod feed;
 pub mod forecast;
 pub mod leader;
 pub mod lifecycle;
+pub mod logs;
 pub mod meter;
 pub mod reconcile;
 pub mod wake;
@@ -71,6 +72,10 @@ pub struct ControlConfig {
     pub metering_interval: Duration,
     /// How bookings are priced: the currency and the chargeback model.
     pub pricing: crate::metering::Pricing,
+    /// How often running attempts' new log lines are read from the backends.
+    pub log_interval: Duration,
+    /// Lines of each replica's log kept per attempt.
+    pub log_tail_lines: u32,
 }
 
 impl Default for ControlConfig {
@@ -85,6 +90,8 @@ impl Default for ControlConfig {
             check_invariants: false,
             metering_interval: Duration::from_secs(60),
             pricing: crate::metering::Pricing::default(),
+            log_interval: Duration::from_secs(2),
+            log_tail_lines: 5_000,
         }
     }
 }
@@ -153,6 +160,7 @@ async fn lead(ctx: &Ctx, epoch: i64) {
     workers.spawn(reconciler(ctx.clone(), epoch));
     workers.spawn(inventory(ctx.clone()));
     workers.spawn(meter::run(ctx.clone()));
+    workers.spawn(logs::run(ctx.clone(), epoch));
     for _ in 0..ctx.config.dispatch_workers.max(1) {
         workers.spawn(dispatcher(ctx.clone(), epoch));
     }

@@ -112,8 +112,23 @@ pub async fn reconcile(
             }),
         }
     }
-    let finished_objects: Vec<String> = ended.iter().map(|e| e.object.clone()).collect();
-    report.ended = finished_objects.len();
+    // Their last lines first: once the end is recorded, a client that saw it reads the log,
+    // and once the object is deleted the backend may have nothing left to read.
+    let ran: Vec<(JobId, i32)> =
+        ended.iter().filter(|e| e.started_at.is_some()).map(|e| (e.job_id, e.attempt)).collect();
+    let unread: HashSet<(JobId, i32)> = match super::logs::read_last(ctx, epoch, backend, &ran).await {
+        Ok(unread) => unread.into_iter().collect(),
+        Err(ControlError::NotLeader) => return Err(ControlError::NotLeader),
+        Err(e) => {
+            tracing::warn!(cluster, error = %e, "reading ended attempts' logs failed");
+            ran.into_iter().collect()
+        }
+    };
+    // An object whose log could not be read stays one more pass, which reads again (as an
+    // object of an ended attempt, see `collect_orphan`) and then deletes it regardless.
+    let finished_objects: Vec<String> =
+        ended.iter().filter(|e| !unread.contains(&(e.job_id, e.attempt))).map(|e| e.object.clone()).collect();
+    report.ended = ended.len();
     for job in held.iter().filter(|j| !seen.contains(&j.id) && !j.submit_pending) {
         let outcome = match job.dispatched_at {
             // Created before we listed, yet not listed: it vanished.
@@ -194,7 +209,19 @@ async fn collect_orphan(
 ) -> Result<(), ControlError> {
     let known = db::attempts::job_attempt(&ctx.pool, obj.job_id).await?;
     match (&obj.phase, &known) {
-        (Phase::Finished { .. }, Some(_)) => backend.delete(&obj.object).await?,
+        (Phase::Finished { started_at, .. }, Some(_)) => {
+            if started_at.is_some() {
+                match super::logs::read_last(ctx, epoch, backend, &[(obj.job_id, obj.attempt)]).await {
+                    Ok(unread) if !unread.is_empty() => {
+                        tracing::warn!(cluster, object = %obj.object, "the last lines of a log could not be read");
+                    }
+                    Err(ControlError::NotLeader) => return Err(ControlError::NotLeader),
+                    Err(e) => tracing::warn!(cluster, object = %obj.object, error = %e, "reading a log failed"),
+                    Ok(_) => {}
+                }
+            }
+            backend.delete(&obj.object).await?;
+        }
         (Phase::Finished { .. }, None) => {
             backend.delete(&obj.object).await?;
             report.orphans += 1;

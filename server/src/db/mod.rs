@@ -17,6 +17,7 @@ pub mod idempotency;
 pub mod inventory;
 pub mod jobs;
 pub mod leader;
+pub mod logs;
 pub mod members;
 pub mod metering;
 pub mod outbox;

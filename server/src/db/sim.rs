@@ -117,6 +117,44 @@ pub async fn list(pool: &PgPool, cluster: &str) -> Result<Vec<SimObjectRow>, sql
     .await
 }
 
+/// One object with the spec it was created from (what its log lines are made of); `None`
+/// when it does not exist.
+pub async fn find(
+    pool: &PgPool,
+    cluster: &str,
+    name: &str,
+) -> Result<Option<(SimObjectRow, serde_json::Value)>, sqlx::Error> {
+    let row = sqlx::query!(
+        r#"select name, job_id as "job_id: JobId", attempt, created_at,
+                  coalesce((spec->>'start_delay_ms')::bigint, 0) as "start_delay_ms!",
+                  run_ms, exit_code,
+                  (spec->>'deadline_ms')::bigint as deadline_ms,
+                  lost_after_ms, stop_requested_at, grace_ms, checkpoint_ms, spec
+           from sim_objects where cluster = $1 and name = $2"#,
+        cluster,
+        name
+    )
+    .fetch_optional(pool)
+    .await?;
+    Ok(row.map(|r| {
+        let object = SimObjectRow {
+            name: r.name,
+            job_id: r.job_id,
+            attempt: r.attempt,
+            created_at: r.created_at,
+            start_delay_ms: r.start_delay_ms,
+            run_ms: r.run_ms,
+            exit_code: r.exit_code,
+            deadline_ms: r.deadline_ms,
+            lost_after_ms: r.lost_after_ms,
+            stop_requested_at: r.stop_requested_at,
+            grace_ms: r.grace_ms,
+            checkpoint_ms: r.checkpoint_ms,
+        };
+        (object, r.spec)
+    }))
+}
+
 /// Removes the object. True when it existed.
 pub async fn delete(pool: &PgPool, cluster: &str, name: &str) -> Result<bool, sqlx::Error> {
     let done =

@@ -12,6 +12,7 @@ pub mod clusters;
 pub mod error;
 pub mod gpu_classes;
 pub mod jobs;
+pub mod logs;
 pub mod priority_classes;
 pub mod quotas;
 pub mod sign_in;

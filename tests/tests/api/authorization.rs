@@ -113,6 +113,7 @@ fn matrix() -> Vec<Row> {
         row("POST", "/api/v1/jobs/{job}/rerun", TEAM_MEMBER, None),
         row("GET", "/api/v1/jobs/{job}/events", TEAM_READ, None),
         row("GET", "/api/v1/jobs/{job}/events:stream", TEAM_READ, None),
+        row("GET", "/api/v1/jobs/{job}/logs", TEAM_READ, None),
         row("GET", "/api/v1/teams/{team}/events:stream", TEAM_READ, None),
         // Nothing runs in the harness, so an allowed caller learns that the job is not running.
         Row {

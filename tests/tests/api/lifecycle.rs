@@ -36,7 +36,13 @@ async fn job(app: &TestApp, token: &str, id: &str) -> Value {
 }
 
 /// Polls the job until `done` holds, failing with the job's last state after `within`.
-async fn wait_for(app: &TestApp, token: &str, id: &str, within: Duration, done: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_for(
+    app: &TestApp,
+    token: &str,
+    id: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     let deadline = tokio::time::Instant::now() + within;
     loop {
         let j = job(app, token, id).await;

@@ -9,6 +9,7 @@ mod hardening;
 mod idempotency;
 mod jobs;
 mod lifecycle;
+mod logs;
 mod migrations;
 mod observability;
 mod openapi;

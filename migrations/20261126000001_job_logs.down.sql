@@ -1,0 +1,2 @@
+drop table job_log_cursors;
+drop table job_logs;
