@@ -47,6 +47,8 @@ pub const STOP_DEADLINE_ANNOTATION: &str = "fairway.dev/stop-deadline";
 pub const NODE_ANNOTATION: &str = "fairway.dev/node";
 /// The field manager of every server-side apply.
 pub const FIELD_MANAGER: &str = "fairway";
+/// The name of the one container of every pod we write: whose log is the replica's.
+pub const CONTAINER: &str = "main";
 /// The port rank 0 listens on for rendezvous (`MASTER_PORT`).
 pub const RENDEZVOUS_PORT: u16 = 29500;
 /// Name of the per-team GPU quota.
@@ -225,7 +227,7 @@ pub fn pod(
     let env: Vec<Value> = env.into_iter().map(|(name, value)| json!({ "name": name, "value": value })).collect();
     let quantity = target.count.to_string();
     let mut container = json!({
-        "name": "main",
+        "name": CONTAINER,
         "image": gang.image,
         "env": env,
         "resources": {

@@ -174,3 +174,85 @@ async fn stopping_a_gang_the_cluster_never_had_succeeds_without_writing() {
     backend(client).stop("fw-00000000000000000000000000000009-1", Duration::from_secs(30)).await.unwrap();
     assert!(seen.lock().unwrap().is_empty());
 }
+
+/// A server that knows one gang, in namespace `fw-vision`, and answers its pods' logs with
+/// `(status, text)`; records the log requests' paths and queries.
+fn log_server(status: u16, text: &'static str) -> (Client, Arc<Mutex<Vec<(String, String)>>>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Some((request, respond)) = handle.next_request().await {
+            let (path, query) = (request.uri().path().to_owned(), request.uri().query().unwrap_or_default().to_owned());
+            if query.contains("watch=true") {
+                std::mem::forget(respond);
+                continue;
+            }
+            let (status, content_type, body) = if path.ends_with("/log") {
+                record.lock().unwrap().push((path, query));
+                let body = if status == 200 {
+                    text.as_bytes().to_vec()
+                } else {
+                    serde_json::to_vec(&status_body(status, text)).unwrap()
+                };
+                (status, if status == 200 { "text/plain" } else { "application/json" }, body)
+            } else if path == "/api/v1/services" && query.contains("fairway.dev%2Fobject") {
+                let service = json!({"metadata": {"name": gang(1).object, "namespace": "fw-vision"}});
+                let list = json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": [service]});
+                (200, "application/json", serde_json::to_vec(&list).unwrap())
+            } else {
+                let list =
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "1"}, "items": []});
+                (200, "application/json", serde_json::to_vec(&list).unwrap())
+            };
+            let response = Response::builder()
+                .status(StatusCode::from_u16(status).unwrap())
+                .header("content-type", content_type)
+                .body(Body::from(body))
+                .unwrap();
+            respond.send_response(response);
+        }
+    });
+    (Client::new(service, "default"), seen)
+}
+
+fn log_query(replica: u32, since: Option<chrono::DateTime<Utc>>) -> LogQuery {
+    LogQuery { object: gang(1).object, replica, since, limit: 100 }
+}
+
+#[tokio::test]
+async fn a_replicas_log_is_its_pods_main_container_read_with_timestamps_from_the_second_of_since() {
+    let text = "2026-11-25T10:00:00.250Z step 1\n2026-11-25T10:00:00.750Z step 2\n";
+    let (client, seen) = log_server(200, text);
+    // Half past the second: the server is asked from the second itself, never the next.
+    let since = chrono::DateTime::parse_from_rfc3339("2026-11-25T10:00:00.600Z").unwrap().with_timezone(&Utc);
+    let lines = backend(client).logs(&log_query(1, Some(since))).await.unwrap();
+    let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+    assert_eq!(texts, ["step 1", "step 2"]);
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let (path, query) = &seen[0];
+    assert_eq!(path, &format!("/api/v1/namespaces/fw-vision/pods/{}-1/log", gang(1).object));
+    let mut pairs: Vec<&str> = query.split('&').filter(|p| !p.is_empty()).collect();
+    pairs.sort_unstable();
+    assert_eq!(
+        pairs,
+        ["container=main", "limitBytes=1048576", "sinceTime=2026-11-25T10%3A00%3A00Z", "timestamps=true"]
+    );
+}
+
+#[tokio::test]
+async fn a_pod_that_is_gone_or_not_started_has_no_lines_and_a_server_error_is_transient() {
+    let (client, _) = log_server(404, "pods \"x\" not found");
+    assert_eq!(backend(client).logs(&log_query(0, None)).await.unwrap(), []);
+    let (client, _) = log_server(400, "container \"main\" in pod \"x\" is waiting to start: ContainerCreating");
+    assert_eq!(backend(client).logs(&log_query(0, None)).await.unwrap(), []);
+    let (client, _) = log_server(500, "Get \"https://10.0.0.7:10250/containerLogs\": dial tcp: i/o timeout");
+    let err = backend(client).logs(&log_query(0, None)).await.unwrap_err();
+    assert!(matches!(err, BackendError::Transient(_)), "{err}");
+    assert!(err.to_string().contains("read pod log"), "{err}");
+}
+
+fn status_body(code: u16, message: &str) -> Value {
+    status(code, if code == 404 { "NotFound" } else { "BadRequest" }, message)
+}

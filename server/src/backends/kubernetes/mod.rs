@@ -41,7 +41,7 @@ use k8s_openapi::api::{
     networking::v1::NetworkPolicy,
 };
 use kube::{
-    api::{Api, DeleteParams, ListParams, Patch, PatchParams},
+    api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams},
     runtime::{reflector, reflector::Store, watcher, WatchStreamExt as _},
     Client, Resource, ResourceExt as _,
 };
@@ -53,7 +53,13 @@ use self::{
     inventory::{InventorySettings, NodeGpus},
     manifest::{PodSettings, ReplicaTarget},
 };
-use super::{Backend, BackendError, ClassDecl, Gang, InventoryNode, ObjectStatus, Outcome, Phase, Tenant};
+use super::{
+    Backend, BackendError, ClassDecl, Gang, InventoryNode, LogLine, LogQuery, ObjectStatus, Outcome, Phase, Tenant,
+};
+
+/// The most of a pod's log read at once: a replica that writes faster is read over several
+/// passes.
+const LOG_READ_BYTES: i64 = 1 << 20;
 
 /// A `kubernetes` cluster's settings, from the clusters file (`FAIRWAY_CLUSTERS`).
 #[derive(Debug, Clone, Deserialize)]
@@ -509,6 +515,32 @@ impl Backend for KubeBackend {
 
     async fn objects(&self) -> Result<Vec<ObjectStatus>, BackendError> {
         self.gang_statuses().await
+    }
+
+    async fn logs(&self, query: &LogQuery) -> Result<Vec<LogLine>, BackendError> {
+        let Some(namespace) = self.namespace_of(&query.object).await? else { return Ok(Vec::new()) };
+        let pod = manifest::pod_name(&query.object, usize::try_from(query.replica).unwrap_or(usize::MAX));
+        let params = LogParams {
+            container: Some(manifest::CONTAINER.to_owned()),
+            timestamps: true,
+            // Whole seconds, rounded down: the API server filters by the second (and kube
+            // would round to the nearest, losing the lines of a second's second half).
+            since_time: query
+                .since
+                .map(|at| k8s_openapi::jiff::Timestamp::from_second(at.timestamp()))
+                .transpose()
+                .ok()
+                .flatten(),
+            limit_bytes: Some(LOG_READ_BYTES),
+            ..LogParams::default()
+        };
+        match Api::<Pod>::namespaced(self.client.clone(), &namespace).logs(&pod, &params).await {
+            Ok(text) => Ok(status::log_lines(&text, LOG_READ_BYTES, query.limit)),
+            // No such pod (deleted), or a container not started yet or without a node: nothing
+            // to read now.
+            Err(kube::Error::Api(e)) if e.code == 400 || e.code == 404 => Ok(Vec::new()),
+            Err(e) => Err(api_error(&self.config.name, "read pod log", e)),
+        }
     }
 
     async fn delete(&self, object: &str) -> Result<(), BackendError> {

@@ -20,4 +20,6 @@ pub const RULES: &[Rule] = &[
     ("", "services", &["get", "list", "watch", "create", "patch", "delete"]),
     // Replicas: applied, watched, found by label, stopped with grace as a collection.
     ("", "pods", &["list", "watch", "create", "patch", "deletecollection"]),
+    // Each replica's log, read while it runs and once more at its end.
+    ("", "pods/log", &["get"]),
 ];

@@ -180,6 +180,33 @@ fn failure(pod: &Pod, now: DateTime<Utc>) -> Option<(Outcome, Option<DateTime<Ut
     FATAL_WAITING.contains(&reason).then(|| (Outcome::AppFailed { exit_code: None, reason: reason.to_owned() }, None))
 }
 
+/// A pod log read with `timestamps=true` as lines: each starts with an RFC 3339 time and a
+/// space. A read cut at `limit_bytes` may end in a partial line, which is left for the next
+/// read; a line without a time (none should come) takes its predecessor's. At most `limit`.
+pub fn log_lines(text: &str, limit_bytes: i64, limit: usize) -> Vec<crate::backends::LogLine> {
+    let cut = usize::try_from(limit_bytes).is_ok_and(|limit| text.len() >= limit) && !text.ends_with('\n');
+    let mut lines: Vec<&str> = text.lines().collect();
+    if cut {
+        lines.pop();
+    }
+    let mut last = None;
+    lines
+        .into_iter()
+        .filter_map(|line| {
+            let parsed = line
+                .split_once(' ')
+                .and_then(|(at, rest)| Some((DateTime::parse_from_rfc3339(at).ok()?.with_timezone(&Utc), rest)));
+            let (at, text) = match parsed {
+                Some((at, text)) => (at, text),
+                None => (last?, line),
+            };
+            last = Some(at);
+            Some(crate::backends::LogLine { at, text: text.to_owned() })
+        })
+        .take(limit)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -381,5 +408,33 @@ mod tests {
             phase,
             Phase::Finished { started_at: None, ended_at: t("2026-11-23T11:59:30Z"), outcome: Outcome::Stopped }
         );
+    }
+
+    #[test]
+    fn a_timestamped_pod_log_becomes_lines_with_their_times() {
+        let text = "2026-11-25T10:00:00.123456789Z step 1\n2026-11-25T10:00:01Z step 2 \n2026-11-25T10:00:02.5Z ";
+        let lines = log_lines(text, 1 << 20, 100);
+        let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+        assert_eq!(texts, ["step 1", "step 2 ", ""]);
+        assert_eq!(lines[0].at.timestamp_subsec_nanos(), 123_456_789);
+        assert_eq!(lines[2].at.to_rfc3339(), "2026-11-25T10:00:02.500+00:00");
+    }
+
+    #[test]
+    fn a_read_cut_at_its_byte_limit_leaves_the_partial_line_for_the_next() {
+        let text = "2026-11-25T10:00:00Z whole\n2026-11-25T10:00:01Z par";
+        let lines = log_lines(text, text.len() as i64, 100);
+        assert_eq!(lines.len(), 1);
+        assert_eq!(lines[0].text, "whole");
+        assert_eq!(log_lines(text, 1 << 20, 100).len(), 2, "an uncut read keeps its last line");
+        assert_eq!(log_lines(text, 1 << 20, 1).len(), 1, "at most the limit");
+    }
+
+    #[test]
+    fn a_line_without_a_time_takes_its_predecessors() {
+        let lines = log_lines("no time first\n2026-11-25T10:00:00Z a\ncontinued", 1 << 20, 100);
+        let texts: Vec<&str> = lines.iter().map(|l| l.text.as_str()).collect();
+        assert_eq!(texts, ["a", "continued"]);
+        assert_eq!(lines[1].at, lines[0].at);
     }
 }
