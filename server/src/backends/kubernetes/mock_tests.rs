@@ -175,9 +175,12 @@ async fn stopping_a_gang_the_cluster_never_had_succeeds_without_writing() {
     assert!(seen.lock().unwrap().is_empty());
 }
 
+/// The log requests a fake server saw: path and query.
+type LogRequests = Arc<Mutex<Vec<(String, String)>>>;
+
 /// A server that knows one gang, in namespace `fw-vision`, and answers its pods' logs with
 /// `(status, text)`; records the log requests' paths and queries.
-fn log_server(status: u16, text: &'static str) -> (Client, Arc<Mutex<Vec<(String, String)>>>) {
+fn log_server(status: u16, text: &'static str) -> (Client, LogRequests) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let record = seen.clone();
