@@ -198,6 +198,11 @@ async fn a_job_that_exits_3_makes_submit_wait_exit_3() {
     let failed = run.stderr.lines().find(|l| l.split_whitespace().nth(1) == Some("failed"));
     assert!(failed.is_some(), "no failed event on stderr: {run}");
     assert!(run.stderr.contains(&format!("job {id} failed with exit code 3")), "{run}");
+    // Then the end of its log, what a CI page shows to say why: the simulated job's traceback.
+    let log = run.stderr.split_once("lines of attempt 1's log ---\n").map(|(_, log)| log);
+    let log = log.unwrap_or_else(|| panic!("no log after the outcome: {run}"));
+    assert!(log.contains("RuntimeError: CUDA error: an illegal memory access was encountered\n"), "{run}");
+    assert!(log.ends_with("[rank 0] exit code 3\n"), "{run}");
     assert_eq!(p.job(id).await["exit_code"], 3);
     // Run again, it fails the same way: a new job, asking for what the first asked for.
     let rerun = p.run(&mut p.fairway(&["rerun", id, "--wait"])).await;
