@@ -198,11 +198,13 @@ async fn a_job_that_exits_3_makes_submit_wait_exit_3() {
     let failed = run.stderr.lines().find(|l| l.split_whitespace().nth(1) == Some("failed"));
     assert!(failed.is_some(), "no failed event on stderr: {run}");
     assert!(run.stderr.contains(&format!("job {id} failed with exit code 3")), "{run}");
-    // Then the end of its log, what a CI page shows to say why: the simulated job's traceback.
-    let log = run.stderr.split_once("lines of attempt 1's log ---\n").map(|(_, log)| log);
-    let log = log.unwrap_or_else(|| panic!("no log after the outcome: {run}"));
-    assert!(log.contains("RuntimeError: CUDA error: an illegal memory access was encountered\n"), "{run}");
-    assert!(log.ends_with("[rank 0] exit code 3\n"), "{run}");
+    // Its log streamed while it ran, its last lines before the outcome: what a CI page shows
+    // to say why, the simulated job's traceback.
+    let (log, _) = run.stderr.split_once(&format!("job {id} failed with exit code 3")).unwrap();
+    assert!(log.contains("[rank 0/1] fails attempt 1 on "), "the log from its first line: {run}");
+    assert!(log.contains("\nRuntimeError: CUDA error: an illegal memory access was encountered\n"), "{run}");
+    assert!(log.contains("\n[rank 0] exit code 3\n"), "{run}");
+    assert!(!run.stderr.contains("lines of attempt 1's log ---"), "streamed whole, so no tail again: {run}");
     assert_eq!(p.job(id).await["exit_code"], 3);
     // Run again, it fails the same way: a new job, asking for what the first asked for.
     let rerun = p.run(&mut p.fairway(&["rerun", id, "--wait"])).await;
@@ -397,7 +399,7 @@ async fn a_dropped_stream_resumes_after_the_last_event_and_the_logs_tail_follows
     .await;
     let home = fresh_dir("client-scripted");
     let output =
-        tokio::time::timeout(LIMIT, client(&base, "fwy_test", &home, &["wait", id]).output()).await.unwrap().unwrap();
+        tokio::time::timeout(LIMIT, client(&base, "fwy_test", &home, &["wait", id, "--logs", "tail"]).output()).await.unwrap().unwrap();
     let run = Run::from(output);
     assert_eq!(run.code, Some(7), "{run}");
     let requests = served.await.unwrap();

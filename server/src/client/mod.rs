@@ -163,6 +163,11 @@ pub struct WaitArgs {
     /// On SIGINT or SIGTERM, leave the job running instead of cancelling it.
     #[arg(long)]
     detach: bool,
+    /// The job's log while waiting: `follow` streams each attempt's lines to standard error
+    /// as they are written, `tail` shows only the last lines once the job ended, `none`
+    /// shows none.
+    #[arg(long, value_enum, default_value_t = wait::Logs::Follow)]
+    logs: wait::Logs,
 }
 
 const SUBMIT_HELP: &str = concat!(
@@ -175,8 +180,9 @@ const SUBMIT_HELP: &str = concat!(
 The job file (TOML, YAML or JSON) holds the API's fields: name, gpu_class, image,
 gpus_per_replica, replicas, priority_class, max_runtime_seconds, command, env, labels, ...
 Flags override them. Without --wait, standard output gets the job's id (or, with
---output json, the job); warnings go to standard error. With --wait, events go to standard
-error as they happen; SIGINT or SIGTERM (a CI system cancelling the step) cancels the job,
+--output json, the job); warnings go to standard error. With --wait, events and the job's
+log lines go to standard error as they happen (--logs tail: only the log's last lines once
+it ended); SIGINT or SIGTERM (a CI system cancelling the step) cancels the job,
 waits up to 60s for it to end, and exits 130 or 143.
 
 ",
@@ -336,7 +342,7 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
 
 impl From<WaitArgs> for wait::Options {
     fn from(args: WaitArgs) -> Self {
-        wait::Options { timeout: args.timeout, detach: args.detach }
+        wait::Options { timeout: args.timeout, detach: args.detach, logs: args.logs }
     }
 }
 

@@ -40,13 +40,31 @@ const POLL_EVERY: Duration = Duration::from_secs(2);
 /// Lines of the last attempt's log shown after the job ends.
 const LOG_TAIL_LINES: usize = 50;
 
-/// What a wait may end on besides the job's end.
+/// How long the end of the job waits for its log's last lines to be printed: the server
+/// keeps them before it records the end, so they are normally there at once.
+const LOG_DRAIN: Duration = Duration::from_secs(10);
+
+/// What a wait may end on besides the job's end, and what it shows.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Options {
     /// Stop waiting after this long (exit 124), leaving the job running.
     pub timeout: Option<Duration>,
     /// On SIGINT/SIGTERM, leave the job alone instead of cancelling it.
     pub detach: bool,
+    /// What of the job's log to show.
+    pub logs: Logs,
+}
+
+/// What of the job's log a wait shows on standard error.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Logs {
+    /// Each attempt's lines as they are written, from its start.
+    #[default]
+    Follow,
+    /// The last lines of the last attempt, once the job ended.
+    Tail,
+    /// None.
+    None,
 }
 
 /// The signal that interrupted a wait.
@@ -143,18 +161,35 @@ pub async fn wait(api: &Api, job: &str, options: Options, signals: &mut Signals)
             return Ok(ended);
         }
     }
+    // The attempts whose logs are being streamed, the newest last.
+    let mut streams: Vec<(i64, tokio::task::JoinHandle<Streamed>)> = Vec::new();
     loop {
         let until = interrupted.map(|(_, by)| by).or(deadline);
         tokio::select! {
             item = rx.recv() => match item {
-                Some(Item::Event(event)) => eprintln!("{}", output::event_line(&event)),
+                Some(Item::Event(event)) => {
+                    eprintln!("{}", output::event_line(&event));
+                    let attempt = event.get("attempt").and_then(Value::as_i64).unwrap_or(0);
+                    let running = event.get("kind").and_then(Value::as_str) == Some("running");
+                    if options.logs == Logs::Follow && running && !streams.iter().any(|(a, _)| *a == attempt) {
+                        streams.push((attempt, tokio::spawn(stream_log(api.clone(), job.to_owned(), attempt))));
+                    }
+                }
                 Some(Item::End(last)) => {
+                    // The log's last lines before the outcome: they say why.
+                    let mut streamed = Streamed::Broken;
+                    for (attempt, stream) in streams.drain(..) {
+                        let done = timeout(LOG_DRAIN, stream).await.ok().and_then(Result::ok);
+                        if Some(attempt) == last.get("attempt").and_then(Value::as_i64) {
+                            streamed = done.unwrap_or(Streamed::Broken);
+                        }
+                    }
                     eprintln!("{}", summary(job, &last));
                     let finish = match interrupted {
                         Some((signal, _)) => signal.exit().into(),
                         None => outcome(&last),
                     };
-                    if interrupted.is_none() {
+                    if interrupted.is_none() && options.logs != Logs::None && streamed != Streamed::Whole {
                         log_tail(api, job, &last).await;
                     }
                     return Ok(Ended { finish, job: Some(last) });
@@ -376,6 +411,39 @@ async fn poll_once(api: &Api, job: &str, after: &mut i64, tx: &mpsc::Sender<Item
         }
     }
     Ok(is_final(&current).then_some(current))
+}
+
+/// How streaming an attempt's log ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Streamed {
+    /// To the attempt's end, with at least one line.
+    Whole,
+    /// Cut short, refused (a server without logs) or empty: the tail is worth showing.
+    Broken,
+}
+
+/// Streams one attempt's log to standard error as it is written, until the attempt is over.
+async fn stream_log(api: Api, job: String, attempt: i64) -> Streamed {
+    let mut url = api.url(&["jobs", &job, "logs"]);
+    url.query_pairs_mut().append_pair("attempt", &attempt.to_string()).append_pair("follow", "true");
+    let Ok(mut response) = api.send(|| api.request(Method::GET, url.clone()), Repeat::Safe).await else {
+        return Streamed::Broken;
+    };
+    let mut wrote = false;
+    let mut err = std::io::stderr();
+    loop {
+        match timeout(IDLE, response.chunk()).await {
+            Ok(Ok(Some(bytes))) => {
+                use std::io::Write as _;
+                wrote |= !bytes.is_empty();
+                if err.write_all(&bytes).and_then(|()| err.flush()).is_err() {
+                    return Streamed::Broken;
+                }
+            }
+            Ok(Ok(None)) if wrote => return Streamed::Whole,
+            _ => return Streamed::Broken,
+        }
+    }
 }
 
 /// Prints the end of the last attempt's log to standard error. A server without logs
