@@ -308,3 +308,151 @@ async fn a_pool_whose_queue_or_compute_environment_is_not_as_configured_is_not_o
     let elsewhere = backend(config(ON_DEMAND_QUEUE, "other-env")).await.inventory().await.unwrap_err().to_string();
     assert!(elsewhere.contains("does not draw from compute environment other-env"), "{elsewhere}");
 }
+
+/// A backend of one on-demand pool on moto, reading logs from `log_group` (Batch's default
+/// when `None`).
+async fn logs_backend(moto: &Moto, log_group: Option<&str>) -> fairway::backends::aws_batch::AwsBatchBackend {
+    use fairway::backends::aws_batch::{AwsBatchBackend, AwsBatchConfig};
+    moto.queue(ON_DEMAND_QUEUE).await;
+    let group = log_group.map(|g| format!("log_group = \"{g}\"\n")).unwrap_or_default();
+    let config: AwsBatchConfig = toml::from_str(&format!(
+        "name = \"aws\"\nregion = \"us-east-1\"\nendpoint_url = \"{}\"\n{group}\
+         [[pool]]\nname = \"aws-h100\"\njob_queue = \"{ON_DEMAND_QUEUE}\"\ninstance_type = \"p5.48xlarge\"\n\
+         gpu_class = \"h100-80gb\"\ngpus_per_instance = 8\nmax_instances = 2\nprice_per_gpu_hour = 6.5\n",
+        moto.url
+    ))
+    .unwrap();
+    AwsBatchBackend::new(moto.client().await, config).with_logs(moto.logs_client().await)
+}
+
+/// A gang of `replicas` 8-GPU replicas placed on the on-demand pool.
+fn placed_gang(replicas: usize) -> fairway::backends::Gang {
+    let job = fairway::domain::JobId::new();
+    fairway::backends::Gang {
+        object: fairway::backends::object_name(job, 1),
+        job_id: job,
+        attempt: 1,
+        team: "ml".into(),
+        job_name: "train".into(),
+        gpu_class: "h100-80gb".into(),
+        priority_class: "experiment".into(),
+        image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
+        command: vec!["python".into(), "train.py".into()],
+        env: BTreeMap::new(),
+        labels: BTreeMap::new(),
+        max_runtime: Duration::from_secs(3600),
+        replicas: (0..replicas)
+            .map(|_| fairway::backends::ReplicaSlot { node: "aws-h100".into(), gpus: (0..8).collect() })
+            .collect(),
+    }
+}
+
+fn log_query(
+    object: &str,
+    replica: u32,
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    limit: usize,
+) -> fairway::backends::LogQuery {
+    fairway::backends::LogQuery { object: object.to_owned(), replica, since, limit }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_jobs_log_is_its_cloudwatch_stream_oldest_first_from_an_instant_and_at_most_a_limit() {
+    use fairway::backends::Backend;
+    let dir = fresh_dir("cloud-logs");
+    let moto = Moto::start(&dir, None).await;
+    let backend = logs_backend(&moto, None).await;
+    let gang = placed_gang(1);
+    // No job of that name: nothing to read, and no error.
+    assert_eq!(backend.logs(&log_query(&gang.object, 0, None, 100)).await.unwrap(), vec![]);
+    backend.submit(&gang).await.unwrap();
+    let job = moto.job(ON_DEMAND_QUEUE, &gang.object).await;
+    let stream = job.container().and_then(|c| c.log_stream_name()).expect("moto names the stream").to_owned();
+    // The job is known but its stream does not exist yet: still nothing, and no error.
+    assert_eq!(backend.logs(&log_query(&gang.object, 0, None, 100)).await.unwrap(), vec![]);
+    // CloudWatch keeps what is at most 14 days old; its times have milliseconds.
+    let ago = chrono::Utc::now() - chrono::Duration::minutes(10);
+    let t0 = chrono::DateTime::from_timestamp_millis(ago.timestamp_millis()).unwrap();
+    let at = |ms: i64| t0 + chrono::Duration::milliseconds(ms);
+    moto.write_log("/aws/batch/job", &stream, &[(at(0), "loading data\n"), (at(1000), "epoch 1 loss 2.31")]).await;
+    moto.write_log("/aws/batch/job", &stream, &[(at(2000), "epoch 2 loss 1.87"), (at(3500), "saved checkpoint")]).await;
+    let read = |since, limit| {
+        let (backend, query) = (&backend, log_query(&gang.object, 0, since, limit));
+        async move { backend.logs(&query).await }
+    };
+    let all = read(None, 100).await.unwrap();
+    let shown: Vec<(chrono::DateTime<chrono::Utc>, &str)> = all.iter().map(|l| (l.at, l.text.as_str())).collect();
+    assert_eq!(
+        shown,
+        [
+            (at(0), "loading data"),
+            (at(1000), "epoch 1 loss 2.31"),
+            (at(2000), "epoch 2 loss 1.87"),
+            (at(3500), "saved checkpoint")
+        ],
+        "oldest first, with their times, without the newline"
+    );
+    let texts = |lines: Vec<fairway::backends::LogLine>| lines.into_iter().map(|l| l.text).collect::<Vec<_>>();
+    assert_eq!(
+        texts(read(Some(at(1000)), 100).await.unwrap()),
+        ["epoch 1 loss 2.31", "epoch 2 loss 1.87", "saved checkpoint"],
+        "a line written at the instant is included"
+    );
+    assert_eq!(texts(read(Some(at(1001)), 100).await.unwrap()), ["epoch 2 loss 1.87", "saved checkpoint"]);
+    assert_eq!(texts(read(None, 2).await.unwrap()), ["loading data", "epoch 1 loss 2.31"]);
+    assert_eq!(texts(read(Some(at(1500)), 1).await.unwrap()), ["epoch 2 loss 1.87"]);
+    assert_eq!(read(Some(at(4000)), 100).await.unwrap(), vec![], "nothing written since");
+    // A container job has one replica.
+    assert_eq!(backend.logs(&log_query(&gang.object, 1, None, 100)).await.unwrap(), vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gang_ranks_log_is_read_from_its_node_job_never_from_the_parent_jobs_stream() {
+    use fairway::backends::Backend;
+    let dir = fresh_dir("cloud-logs-gang");
+    let moto = Moto::start(&dir, None).await;
+    let backend = logs_backend(&moto, None).await;
+    let gang = placed_gang(2);
+    backend.submit(&gang).await.unwrap();
+    let job = moto.job(ON_DEMAND_QUEUE, &gang.object).await;
+    assert!(job.node_properties().is_some(), "a multi-node parallel job: {job:?}");
+    // moto names a stream on the parent job, which no container of a real gang writes to, and
+    // describes no node job `<id>#<rank>`: every rank reads as not started.
+    let parent = job.container().and_then(|c| c.log_stream_name()).expect("moto names a stream").to_owned();
+    moto.write_log("/aws/batch/job", &parent, &[(chrono::Utc::now(), "not any rank's line")]).await;
+    for rank in 0..2 {
+        assert_eq!(backend.logs(&log_query(&gang.object, rank, None, 100)).await.unwrap(), vec![], "rank {rank}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_log_group_is_named_in_the_job_definition_and_read_from() {
+    use fairway::backends::Backend;
+    let dir = fresh_dir("cloud-logs-group");
+    let moto = Moto::start(&dir, None).await;
+    let backend = logs_backend(&moto, Some("/fairway/jobs")).await;
+    let gang = placed_gang(1);
+    backend.submit(&gang).await.unwrap();
+    let job = moto.job(ON_DEMAND_QUEUE, &gang.object).await;
+    let definitions = moto
+        .client()
+        .await
+        .describe_job_definitions()
+        .job_definitions(job.job_definition().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let logging = definitions.job_definitions()[0]
+        .container_properties()
+        .and_then(|c| c.log_configuration())
+        .expect("a log configuration")
+        .clone();
+    assert_eq!(logging.log_driver(), Some(&aws_sdk_batch::types::LogDriver::Awslogs));
+    assert_eq!(logging.options().and_then(|o| o.get("awslogs-group")).map(String::as_str), Some("/fairway/jobs"));
+    let stream = job.container().and_then(|c| c.log_stream_name()).expect("moto names the stream").to_owned();
+    let now = chrono::Utc::now();
+    moto.write_log("/aws/batch/job", &stream, &[(now, "in the default group")]).await;
+    moto.write_log("/fairway/jobs", &stream, &[(now, "in the configured group")]).await;
+    let lines = backend.logs(&log_query(&gang.object, 0, None, 100)).await.unwrap();
+    assert_eq!(lines.iter().map(|l| l.text.as_str()).collect::<Vec<_>>(), ["in the configured group"]);
+}

@@ -229,3 +229,126 @@ fn the_contract_check_catches_bodies_that_break_googles_schema() {
     assert!(has("provisioningModel: \"CHEAP\" is not one of"), "{errors:#?}");
     assert!(has("Job.status: output-only field sent in a request"), "{errors:#?}");
 }
+
+/// A backend of one pool on the fake, Batch and Cloud Logging alike.
+fn logs_backend(fake: &GcpFake, test: &str) -> fairway::backends::gcp_batch::GcpBatchBackend {
+    let dir = fresh_dir(&format!("gcp-{test}-files"));
+    let token = dir.join("token");
+    std::fs::write(&token, &fake.token).unwrap();
+    let config: fairway::backends::gcp_batch::GcpBatchConfig = toml::from_str(&format!(
+        "name = \"gcp\"\nproject = \"ml-platform\"\nlocation = \"us-central1\"\nendpoint = \"{url}\"\n\
+         logging_endpoint = \"{url}\"\naccess_token_file = \"{}\"\n\
+         [[pool]]\nname = \"gcp-h100\"\nmachine_type = \"a3-highgpu-8g\"\naccelerator_type = \"nvidia-h100-80gb\"\n\
+         gpu_class = \"h100-80gb\"\ngpus_per_instance = 8\nmax_instances = 2\nprice_per_gpu_hour = 7.2\n",
+        token.display(),
+        url = fake.url,
+    ))
+    .unwrap();
+    fairway::backends::gcp_batch::GcpBatchBackend::new(config)
+}
+
+/// A gang of `replicas` 8-GPU replicas placed on the pool.
+fn placed_gang(replicas: usize) -> fairway::backends::Gang {
+    let job = fairway::domain::JobId::new();
+    fairway::backends::Gang {
+        object: fairway::backends::object_name(job, 1),
+        job_id: job,
+        attempt: 1,
+        team: "ml".into(),
+        job_name: "llama".into(),
+        gpu_class: "h100-80gb".into(),
+        priority_class: "experiment".into(),
+        image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
+        command: vec!["torchrun".into(), "train.py".into()],
+        env: Default::default(),
+        labels: Default::default(),
+        max_runtime: Duration::from_secs(3600),
+        replicas: (0..replicas)
+            .map(|_| fairway::backends::ReplicaSlot { node: "gcp-h100".into(), gpus: (0..8).collect() })
+            .collect(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_tasks_log_is_read_from_cloud_logging_by_job_uid_and_task_index_oldest_first_from_an_instant() {
+    use fairway::backends::{Backend, LogLine, LogQuery};
+    let fake = GcpFake::start("ml-platform", "us-central1").await;
+    let backend = logs_backend(&fake, "logs");
+    let gang = placed_gang(2);
+    let query = |replica, since, limit| LogQuery { object: gang.object.clone(), replica, since, limit };
+    // No job of that name: nothing to read, and no error.
+    assert_eq!(backend.logs(&query(0, None, 100)).await.unwrap(), vec![]);
+    backend.submit(&gang).await.unwrap();
+    let uid = fake.jobs()[&gang.object]["uid"].as_str().unwrap().to_owned();
+    // Started, nothing written yet.
+    assert_eq!(backend.logs(&query(0, None, 100)).await.unwrap(), vec![]);
+    let t0: chrono::DateTime<chrono::Utc> = "2026-03-01T10:00:00.000000250Z".parse().unwrap();
+    let at = |ms: i64| t0 + chrono::Duration::milliseconds(ms);
+    // Written out of order across the ranks, and another job's task 0 beside them.
+    fake.write_log(&uid, 0, at(2000), "rank 0 epoch 2");
+    fake.write_log(&uid, 1, at(500), "rank 1 starting");
+    fake.write_log(&uid, 0, at(0), "rank 0 starting\n");
+    fake.write_log("another-job-uid", 0, at(100), "not this job");
+    fake.write_log(&uid, 0, at(1000), r#"{"message": "rank 0 epoch 1", "loss": 2.31}"#);
+    fake.write_log(&uid, 0, at(3000), "rank 0 done");
+    let texts = |lines: Vec<LogLine>| lines.into_iter().map(|l| l.text).collect::<Vec<_>>();
+    let all = backend.logs(&query(0, None, 100)).await.unwrap();
+    assert_eq!(
+        all.iter().map(|l| (l.at, l.text.as_str())).collect::<Vec<_>>(),
+        [
+            (at(0), "rank 0 starting"),
+            (at(1000), "rank 0 epoch 1"),
+            (at(2000), "rank 0 epoch 2"),
+            (at(3000), "rank 0 done")
+        ],
+        "oldest first, with their times, a JSON line by its message"
+    );
+    assert_eq!(texts(backend.logs(&query(1, None, 100)).await.unwrap()), ["rank 1 starting"]);
+    assert_eq!(
+        texts(backend.logs(&query(0, Some(at(1000)), 100)).await.unwrap()),
+        ["rank 0 epoch 1", "rank 0 epoch 2", "rank 0 done"],
+        "a line written at the instant is included, to the nanosecond"
+    );
+    let just_after = at(1000) + chrono::Duration::nanoseconds(1);
+    assert_eq!(texts(backend.logs(&query(0, Some(just_after), 100)).await.unwrap()), ["rank 0 epoch 2", "rank 0 done"]);
+    assert_eq!(texts(backend.logs(&query(0, None, 2)).await.unwrap()), ["rank 0 starting", "rank 0 epoch 1"]);
+    assert_eq!(backend.logs(&query(0, Some(at(4000)), 100)).await.unwrap(), vec![], "nothing written since");
+    assert_eq!(backend.logs(&query(2, None, 100)).await.unwrap(), vec![], "no third task");
+    // What Fairway asked: the task log of this project, this job by its uid, one task.
+    let requests = fake.log_requests();
+    let last = requests.last().unwrap();
+    assert_eq!(last["resourceNames"], json!(["projects/ml-platform"]));
+    assert_eq!(last["orderBy"], "timestamp asc");
+    assert_eq!(last["pageSize"], 100);
+    let filter = last["filter"].as_str().unwrap();
+    assert!(filter.contains(r#"logName="projects/ml-platform/logs/batch_task_logs""#), "{filter}");
+    assert!(filter.contains(&format!(r#"labels.job_uid="{uid}""#)), "{filter}");
+    assert!(filter.contains("-group0-2(/|$)"), "{filter}");
+    // The job's uid was read once, then remembered, so the finished job's late lines are still
+    // found after Fairway deleted the job.
+    backend.delete(&gang.object).await.unwrap();
+    assert!(!fake.jobs().contains_key(&gang.object));
+    fake.write_log(&uid, 1, at(4000), "rank 1 late line");
+    assert_eq!(texts(backend.logs(&query(1, Some(at(4000)), 100)).await.unwrap()), ["rank 1 late line"]);
+    assert_eq!(fake.violations(), Vec::<String>::new());
+}
+
+/// The logging contract is checked as the Batch one is: a request or answer that breaks
+/// Google's `ListLogEntries` schemas is caught.
+#[test]
+fn the_contract_check_catches_log_listings_that_break_googles_schema() {
+    let doc = gcp_fake::logging_discovery();
+    let ok = json!({"resourceNames": ["projects/p"], "filter": "logName=\"x\"", "orderBy": "timestamp asc",
+                    "pageSize": 10});
+    assert_eq!(gcp_fake::validate(&doc, "ListLogEntriesRequest", &ok, Direction::Request), Vec::<String>::new());
+    let bad = json!({"resourceNames": "projects/p", "pageSize": "10", "order": "timestamp asc"});
+    let errors = gcp_fake::validate(&doc, "ListLogEntriesRequest", &bad, Direction::Request);
+    let has = |needle: &str| errors.iter().any(|e| e.contains(needle));
+    assert!(has("ListLogEntriesRequest.resourceNames: expected an array"), "{errors:#?}");
+    assert!(has("ListLogEntriesRequest.pageSize: expected an integer"), "{errors:#?}");
+    assert!(has("ListLogEntriesRequest.order: no such field"), "{errors:#?}");
+    let answer = json!({"entries": [{"timestamp": "yesterday", "textPayload": "x", "severity": "LOUD"}]});
+    let errors = gcp_fake::validate(&doc, "ListLogEntriesResponse", &answer, Direction::Response);
+    assert!(errors.iter().any(|e| e.contains("timestamp: \"yesterday\" is not an RFC 3339 time")), "{errors:#?}");
+    assert!(errors.iter().any(|e| e.contains("severity: \"LOUD\" is not one of")), "{errors:#?}");
+}

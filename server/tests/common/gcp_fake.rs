@@ -4,6 +4,11 @@
 //! body Fairway sends and every answer this fake gives is validated against the schemas of
 //! the official discovery document (`batch.v1.json`, fetched by `.ci/fetch-gcp-discovery`).
 //! Violations are recorded and the tests assert there are none.
+//!
+//! It is Cloud Logging's `entries:list` too, on the same address, held to `logging.v2.json`
+//! the same way: it serves the task log lines a test writes ([`GcpFake::write_log`]) as Batch
+//! labels them, selected by the filter Fairway sends, which it evaluates clause by clause
+//! (the clauses Fairway writes; any other is a violation).
 
 use std::{
     collections::BTreeMap,
@@ -15,15 +20,28 @@ use std::{
 use axum::{
     extract::{Path as UrlPath, Query, State},
     http::{HeaderMap, StatusCode},
-    routing::get,
+    routing::{get, post},
     Json, Router,
 };
 use serde_json::{json, Value};
 
-/// The discovery document: `FAIRWAY_GCP_DISCOVERY`, or what `.ci/fetch-gcp-discovery`
+/// The Batch discovery document: `FAIRWAY_GCP_DISCOVERY`, or what `.ci/fetch-gcp-discovery`
 /// fetches (once per machine).
 pub fn discovery() -> Value {
-    let path = match std::env::var_os("FAIRWAY_GCP_DISCOVERY") {
+    let path = batch_discovery_path();
+    serde_json::from_slice(&std::fs::read(&path).expect("batch.v1.json")).expect("discovery JSON")
+}
+
+/// The Cloud Logging discovery document: `logging.v2.json` beside the Batch one.
+pub fn logging_discovery() -> Value {
+    let path = batch_discovery_path().with_file_name("logging.v2.json");
+    let text = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (.ci/fetch-gcp-discovery puts it there)", path.display()));
+    serde_json::from_slice(&text).expect("discovery JSON")
+}
+
+fn batch_discovery_path() -> PathBuf {
+    match std::env::var_os("FAIRWAY_GCP_DISCOVERY") {
         Some(p) => PathBuf::from(p),
         None => {
             let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_owned();
@@ -35,8 +53,7 @@ pub fn discovery() -> Value {
             assert!(out.status.success(), ".ci/fetch-gcp-discovery failed; see its output above");
             PathBuf::from(String::from_utf8_lossy(&out.stdout).lines().last().expect("path").trim())
         }
-    };
-    serde_json::from_slice(&std::fs::read(&path).expect("batch.v1.json")).expect("discovery JSON")
+    }
 }
 
 /// Whether the value is sent by a client (output-only fields must not be) or answered.
@@ -132,6 +149,10 @@ struct FakeState {
     /// Every create request accepted, in order: (job id, request id).
     creates: Vec<(String, String)>,
     violations: Vec<String>,
+    /// Cloud Logging's entries of the task log, as Batch writes them.
+    log_entries: Vec<Value>,
+    /// Every `entries:list` request body, in order.
+    log_requests: Vec<Value>,
 }
 
 /// The running fake.
@@ -141,6 +162,8 @@ pub struct GcpFake {
     pub token: String,
     state: Arc<Mutex<FakeState>>,
     doc: Arc<Value>,
+    logging_doc: Arc<Value>,
+    project: String,
     parent: String,
 }
 
@@ -166,10 +189,13 @@ impl GcpFake {
             token: "fake-access-token".into(),
             state: Arc::default(),
             doc: Arc::new(discovery()),
+            logging_doc: Arc::new(logging_discovery()),
+            project: project.to_owned(),
             parent: format!("projects/{project}/locations/{location}"),
         };
         let base = format!("/v1/{}/jobs", fake.parent);
         let router = Router::new()
+            .route("/v2/entries:list", post(list_log_entries))
             .route(&base, get(list).post(create))
             .route(&format!("{base}/{{job}}"), get(get_job).post(cancel).delete(delete))
             .with_state(Shared { fake: fake.clone() });
@@ -214,6 +240,36 @@ impl GcpFake {
         entry["updateTime"] = json!(now());
     }
 
+    /// A line task `task_index` of the job of uid `job_uid` wrote at `at`, as Batch's agent
+    /// hands it to Cloud Logging: a text payload, or a JSON one when the line was JSON.
+    pub fn write_log(&self, job_uid: &str, task_index: u32, at: chrono::DateTime<chrono::Utc>, line: &str) {
+        let mut state = self.state.lock().unwrap();
+        let insert_id = format!("{:016x}", state.log_entries.len());
+        let mut entry = json!({
+            "logName": format!("projects/{}/logs/batch_task_logs", self.project),
+            "resource": {"type": "generic_task", "labels": {"project_id": self.project}},
+            "timestamp": at.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true),
+            "receiveTimestamp": now(),
+            "insertId": insert_id,
+            "severity": "INFO",
+            "labels": {
+                "job_uid": job_uid,
+                "batch.googleapis.com/job_uid": job_uid,
+                "task_id": format!("task/{job_uid}-group0-{task_index}/0/0"),
+            },
+        });
+        match serde_json::from_str::<Value>(line) {
+            Ok(payload @ Value::Object(_)) => entry["jsonPayload"] = payload,
+            _ => entry["textPayload"] = json!(line),
+        }
+        state.log_entries.push(entry);
+    }
+
+    /// Every `entries:list` request body Fairway sent, in order.
+    pub fn log_requests(&self) -> Vec<Value> {
+        self.state.lock().unwrap().log_requests.clone()
+    }
+
     fn authorized(&self, headers: &HeaderMap) -> bool {
         headers.get("authorization").and_then(|v| v.to_str().ok()) == Some(&format!("Bearer {}", self.token))
     }
@@ -224,6 +280,113 @@ impl GcpFake {
         }
         (StatusCode::OK, Json(body))
     }
+}
+
+/// One clause of a Logging query, as Fairway writes them: `FIELD OP "VALUE"`.
+struct Clause {
+    field: String,
+    op: String,
+    value: String,
+}
+
+/// Parses `CLAUSE AND CLAUSE ...`; an error names what is not understood.
+fn parse_filter(filter: &str) -> Result<Vec<Clause>, String> {
+    filter
+        .split(" AND ")
+        .map(|clause| {
+            let (field, rest) = clause
+                .find(['=', '>', '<', '!', ':'])
+                .map(|at| clause.split_at(at))
+                .ok_or_else(|| format!("no operator in {clause:?}"))?;
+            let op_len = rest.find('"').ok_or_else(|| format!("no quoted value in {clause:?}"))?;
+            let (op, quoted) = rest.split_at(op_len);
+            let inner = quoted
+                .strip_prefix('"')
+                .and_then(|q| q.strip_suffix('"'))
+                .ok_or_else(|| format!("value not quoted in {clause:?}"))?;
+            let value = inner.replace("\\\"", "\"").replace("\\\\", "\\");
+            Ok(Clause { field: field.trim().to_owned(), op: op.trim().to_owned(), value })
+        })
+        .collect()
+}
+
+/// Whether an entry matches a clause; an error for a field or operator this fake does not know.
+fn matches(entry: &Value, clause: &Clause) -> Result<bool, String> {
+    let field = match clause.field.as_str() {
+        "logName" => &entry["logName"],
+        "timestamp" => &entry["timestamp"],
+        label => match label.strip_prefix("labels.") {
+            Some(key) => &entry["labels"][key.trim_matches('"')],
+            None => return Err(format!("unknown field {label}")),
+        },
+    };
+    let Some(actual) = field.as_str() else { return Ok(false) };
+    match (clause.field.as_str(), clause.op.as_str()) {
+        ("timestamp", ">=") => {
+            let time = |t: &str| chrono::DateTime::parse_from_rfc3339(t).map_err(|e| format!("{t:?}: {e}"));
+            Ok(time(actual)? >= time(&clause.value)?)
+        }
+        (_, "=") => Ok(actual == clause.value),
+        (_, "=~") => {
+            let regex = regex::Regex::new(&clause.value).map_err(|e| format!("{:?}: {e}", clause.value))?;
+            Ok(regex.is_match(actual))
+        }
+        (field, op) => Err(format!("operator {op} on {field} is not one Fairway uses")),
+    }
+}
+
+async fn list_log_entries(
+    State(s): State<Shared>,
+    headers: HeaderMap,
+    Json(body): Json<Value>,
+) -> (StatusCode, Json<Value>) {
+    let fake = &s.fake;
+    if !fake.authorized(&headers) {
+        return error(StatusCode::UNAUTHORIZED, "UNAUTHENTICATED", "no valid access token");
+    }
+    for v in validate(&fake.logging_doc, "ListLogEntriesRequest", &body, Direction::Request) {
+        fake.violation(format!("entries:list: {v}"));
+    }
+    fake.state.lock().unwrap().log_requests.push(body.clone());
+    let project = format!("projects/{}", fake.project);
+    if body["resourceNames"] != json!([project]) {
+        fake.violation(format!("entries:list: resourceNames {} is not [{project:?}]", body["resourceNames"]));
+    }
+    if body["orderBy"] != "timestamp asc" {
+        fake.violation(format!("entries:list: orderBy {} is not \"timestamp asc\"", body["orderBy"]));
+    }
+    let clauses = match parse_filter(body["filter"].as_str().unwrap_or_default()) {
+        Ok(clauses) => clauses,
+        Err(e) => {
+            fake.violation(format!("entries:list: filter: {e}"));
+            return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &e);
+        }
+    };
+    let entries = fake.state.lock().unwrap().log_entries.clone();
+    let mut selected = Vec::new();
+    for entry in &entries {
+        match clauses.iter().map(|c| matches(entry, c)).collect::<Result<Vec<bool>, String>>() {
+            Ok(all) if all.iter().all(|m| *m) => selected.push(entry.clone()),
+            Ok(_) => {}
+            Err(e) => {
+                fake.violation(format!("entries:list: filter: {e}"));
+                return error(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &e);
+            }
+        }
+    }
+    // Oldest first, ties in insertion order (the service breaks them by insertId).
+    selected.sort_by_key(|e| chrono::DateTime::parse_from_rfc3339(e["timestamp"].as_str().unwrap()).unwrap());
+    let size = body["pageSize"].as_u64().unwrap_or(50).min(1000) as usize;
+    let offset: usize = body["pageToken"].as_str().map_or(0, |t| t.parse().unwrap_or(0));
+    let page: Vec<Value> = selected.iter().skip(offset).take(size).cloned().collect();
+    let mut answer = json!({ "entries": page });
+    if offset + size < selected.len() {
+        answer["nextPageToken"] = json!((offset + size).to_string());
+    }
+    for v in validate(&fake.logging_doc, "ListLogEntriesResponse", &answer, Direction::Response) {
+        fake.violation(format!("entries:list answer: {v}"));
+    }
+    (StatusCode::OK, Json(answer))
 }
 
 async fn create(

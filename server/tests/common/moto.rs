@@ -2,6 +2,12 @@
 //! test, on a free loopback port, without Docker (jobs end at once: SUCCEEDED, or FAILED after
 //! `MOTO_SIMPLE_BATCH_FAIL_AFTER` seconds). `.ci/install-moto` installs it into a cached
 //! virtualenv; `FAIRWAY_MOTO_SERVER` may name the executable instead.
+//!
+//! The same server is CloudWatch Logs. Without Docker no container runs, so nothing writes
+//! there: moto's Batch names a job's log stream in `DescribeJobs`
+//! (`<definition>/default/<job id>`, on the job itself even for a multi-node parallel job,
+//! whose node jobs `<job id>#<rank>` it does not describe) but creates neither the group nor
+//! the stream; [`Moto::write_log`] plays the container.
 
 use std::{
     path::{Path, PathBuf},
@@ -88,6 +94,61 @@ impl Moto {
             .http_client(fairway::backends::aws_batch::http_client())
             .build();
         Client::from_conf(config)
+    }
+
+    /// A CloudWatch Logs client of this server, with the same credentials.
+    pub async fn logs_client(&self) -> aws_sdk_cloudwatchlogs::Client {
+        let config = aws_sdk_cloudwatchlogs::Config::builder()
+            .behavior_version(aws_sdk_cloudwatchlogs::config::BehaviorVersion::latest())
+            .region(aws_sdk_cloudwatchlogs::config::Region::new("us-east-1"))
+            .endpoint_url(&self.url)
+            .credentials_provider(aws_sdk_cloudwatchlogs::config::Credentials::new(
+                "testing", "testing", None, None, "tests",
+            ))
+            .http_client(fairway::backends::aws_batch::http_client())
+            .build();
+        aws_sdk_cloudwatchlogs::Client::from_conf(config)
+    }
+
+    /// Writes `lines` (time, text) to a log stream as a container's log driver would,
+    /// creating the group and the stream when missing.
+    pub async fn write_log(&self, group: &str, stream: &str, lines: &[(chrono::DateTime<chrono::Utc>, &str)]) {
+        let logs = self.logs_client().await;
+        // Made once per test: "already exists" means an earlier call made it.
+        let _ = logs.create_log_group().log_group_name(group).send().await;
+        let _ = logs.create_log_stream().log_group_name(group).log_stream_name(stream).send().await;
+        let events: Vec<_> = lines
+            .iter()
+            .map(|(at, text)| {
+                aws_sdk_cloudwatchlogs::types::InputLogEvent::builder()
+                    .timestamp(at.timestamp_millis())
+                    .message(*text)
+                    .build()
+                    .expect("a log event")
+            })
+            .collect();
+        let put = logs
+            .put_log_events()
+            .log_group_name(group)
+            .log_stream_name(stream)
+            .set_log_events(Some(events))
+            .send()
+            .await
+            .expect("put log events");
+        // Events too old (14 days) or too far ahead are refused one by one, not as an error.
+        assert!(put.rejected_log_events_info().is_none(), "events refused: {put:?}");
+    }
+
+    /// The one job named `name` in `queue`, described.
+    pub async fn job(&self, queue: &str, name: &str) -> aws_sdk_batch::types::JobDetail {
+        let client = self.client().await;
+        let filter = aws_sdk_batch::types::KeyValuesPair::builder().name("JOB_NAME").values(name).build();
+        let listed = client.list_jobs().job_queue(queue).filters(filter).send().await.expect("list jobs");
+        let [summary] = listed.job_summary_list() else {
+            panic!("not one job {name} in {queue}: {listed:?}");
+        };
+        let described = client.describe_jobs().jobs(summary.job_id().unwrap()).send().await.expect("describe");
+        described.jobs()[0].clone()
     }
 
     /// The IAM service role, an unmanaged compute environment and a job queue named `queue`.

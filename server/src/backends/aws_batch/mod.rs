@@ -12,6 +12,31 @@
 //! - Status comes from `ListJobs` + `DescribeJobs`, at most once per `poll_interval_seconds`;
 //!   AWS Batch keeps finished jobs for days, so a job Fairway is done with is tagged
 //!   `fairway:collected` and skipped from then on.
+//! - Logs are what the container wrote to CloudWatch Logs: the log group `log_group`, the
+//!   stream `DescribeJobs` names for the job (for a multi-node parallel job, the stream of
+//!   node job `<job id>#<rank>`), read with `GetLogEvents`.
+//!
+//! Configuration (one `[[cluster]]` of the clusters file):
+//!
+//! ```toml
+//! [[cluster]]
+//! name = "aws"
+//! kind = "aws-batch"
+//! region = "us-east-1"
+//! # endpoint_url = "http://127.0.0.1:5000"  # another endpoint for Batch (and Logs, unless
+//! #                                        # logs_endpoint_url is set): a test server
+//! poll_interval_seconds = 5                 # status is read at most this often
+//! log_group = "/aws/batch/job"              # where containers write; another group must
+//! #                                        # exist, and job definitions name it
+//! [[cluster.pool]]
+//! name = "aws-h100"
+//! job_queue = "fairway-p5"
+//! instance_type = "p5.48xlarge"
+//! gpu_class = "h100-80gb"
+//! gpus_per_instance = 8
+//! max_instances = 2
+//! price_per_gpu_hour = 6.50
+//! ```
 //!
 //! The status mapping lives in [`status`].
 
@@ -27,19 +52,21 @@ use aws_sdk_batch::{
     error::ProvideErrorMetadata as _,
     types::{
         ContainerOverrides, ContainerProperties, JobDefinitionType, JobStatus, JobTimeout, KeyValuePair, KeyValuesPair,
-        NodeOverrides, NodeProperties, NodePropertyOverride, NodeRangeProperty, ResourceRequirement, ResourceType,
+        LogConfiguration, LogDriver, NodeOverrides, NodeProperties, NodePropertyOverride, NodeRangeProperty,
+        ResourceRequirement, ResourceType,
     },
     Client,
 };
+use aws_sdk_cloudwatchlogs::operation::get_log_events::GetLogEventsError;
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use sha2::Digest as _;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OnceCell};
 
 use self::status::{BatchJob, STOP_REASON_PREFIX};
 use super::{
     pools::{self, elastic_pool},
-    Backend, BackendError, Gang, InventoryNode, ObjectStatus, Phase,
+    Backend, BackendError, Gang, InventoryNode, LogLine, LogQuery, ObjectStatus, Phase,
 };
 
 /// An `aws-batch` cluster's settings, from the clusters file.
@@ -50,11 +77,20 @@ pub struct AwsBatchConfig {
     pub name: String,
     /// AWS region, e.g. `us-east-1`.
     pub region: String,
-    /// Another endpoint for the Batch API (a VPC endpoint, or a test server).
+    /// Another endpoint for the Batch API (a VPC endpoint, or a test server); also for the
+    /// CloudWatch Logs API unless `logs_endpoint_url` is set (a test server such as moto
+    /// serves every service on one endpoint).
     pub endpoint_url: Option<String>,
+    /// Another endpoint for the CloudWatch Logs API (its own VPC endpoint).
+    pub logs_endpoint_url: Option<String>,
     /// Status is read at most this often (the Batch API is rate limited).
     #[serde(default = "default_poll_interval")]
     pub poll_interval_seconds: u64,
+    /// The CloudWatch Logs group the jobs' containers write to. AWS Batch's own default,
+    /// `/aws/batch/job`, needs nothing more; any other group must exist, and the job
+    /// definitions Fairway registers then name it (`awslogs-group`).
+    #[serde(default = "default_log_group")]
+    pub log_group: String,
     /// The pools, one per job queue and GPU class.
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
@@ -62,6 +98,13 @@ pub struct AwsBatchConfig {
 
 fn default_poll_interval() -> u64 {
     5
+}
+
+/// Where AWS Batch sends a container's output when its job definition names no log group.
+pub const DEFAULT_LOG_GROUP: &str = "/aws/batch/job";
+
+fn default_log_group() -> String {
+    DEFAULT_LOG_GROUP.into()
 }
 
 /// One elastic pool: a job queue whose compute environments launch one instance type.
@@ -110,13 +153,24 @@ impl AwsBatchConfig {
     /// A Batch client for this cluster: the default AWS credential chain (environment,
     /// profile, web identity, instance metadata), TLS by rustls.
     pub async fn client(&self) -> Client {
+        Client::new(&self.sdk_config(self.endpoint_url.as_deref()).await)
+    }
+
+    /// A CloudWatch Logs client for this cluster, reached as the Batch client is, at
+    /// `logs_endpoint_url`, else `endpoint_url`, else AWS's own endpoint.
+    pub async fn logs_client(&self) -> aws_sdk_cloudwatchlogs::Client {
+        let endpoint = self.logs_endpoint_url.as_deref().or(self.endpoint_url.as_deref());
+        aws_sdk_cloudwatchlogs::Client::new(&self.sdk_config(endpoint).await)
+    }
+
+    async fn sdk_config(&self, endpoint_url: Option<&str>) -> aws_config::SdkConfig {
         let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest())
             .region(aws_config::Region::new(self.region.clone()))
             .http_client(http_client());
-        if let Some(url) = &self.endpoint_url {
+        if let Some(url) = endpoint_url {
             loader = loader.endpoint_url(url);
         }
-        Client::new(&loader.load().await)
+        loader.load().await
     }
 }
 
@@ -133,6 +187,9 @@ pub fn http_client() -> aws_sdk_batch::config::SharedHttpClient {
 /// The backend of one AWS Batch account and region.
 pub struct AwsBatchBackend {
     client: Client,
+    /// CloudWatch Logs: given ([`AwsBatchBackend::with_logs`]), or made from the config at
+    /// the first read of a log, so a cluster whose logs are never read never loads it.
+    logs: OnceCell<aws_sdk_cloudwatchlogs::Client>,
     config: AwsBatchConfig,
     /// Job definition name → ARN, registered or found once per process.
     definitions: Mutex<HashMap<String, String>>,
@@ -142,6 +199,10 @@ pub struct AwsBatchBackend {
     collected: Mutex<HashSet<String>>,
     /// The queues were found as configured.
     verified: Mutex<bool>,
+    /// (object, replica) → its log stream, once `DescribeJobs` named one: a stream never
+    /// changes, so the collector's repeated reads cost one `GetLogEvents` each. Dropped when
+    /// the object is deleted.
+    streams: Mutex<HashMap<(String, u32), String>>,
 }
 
 /// Tags every job carries.
@@ -153,17 +214,35 @@ const TAG_PRIORITY: &str = "fairway:priority-class";
 const TAG_STOP: &str = "fairway:stop-requested";
 const TAG_COLLECTED: &str = "fairway:collected";
 
+/// `GetLogEvents` answers at most this many events a call.
+const MAX_LOG_EVENTS_PER_PAGE: usize = 10_000;
+/// Empty pages one read follows at most; the collector asks again later.
+const MAX_LOG_PAGES: usize = 5;
+
 impl AwsBatchBackend {
-    /// A backend over `client`.
+    /// A backend over `client`; logs are read with [`AwsBatchConfig::logs_client`].
     pub fn new(client: Client, config: AwsBatchConfig) -> Self {
         Self {
             client,
+            logs: OnceCell::new(),
             config,
             definitions: Mutex::default(),
             cache: Mutex::default(),
             collected: Mutex::default(),
             verified: Mutex::default(),
+            streams: Mutex::default(),
         }
+    }
+
+    /// The same backend reading logs through `logs` (a client with other credentials, as a
+    /// test server's).
+    #[must_use]
+    pub fn with_logs(self, logs: aws_sdk_cloudwatchlogs::Client) -> Self {
+        Self { logs: OnceCell::new_with(Some(logs)), ..self }
+    }
+
+    async fn logs_client(&self) -> &aws_sdk_cloudwatchlogs::Client {
+        self.logs.get_or_init(|| self.config.logs_client()).await
     }
 
     /// Checks once that every pool's queue exists, is enabled and valid, and draws from the
@@ -230,12 +309,18 @@ impl AwsBatchBackend {
         let replicas = gang.replicas.len() as i32;
         // The command travels as an override at submission, so jobs of one image and shape
         // share a definition however their command lines differ.
-        let shape = format!(
+        let mut shape = format!(
             "{}\u{0}{gpus}\u{0}{}\u{0}{}\u{0}{replicas}",
             gang.image,
             gpus * pool.vcpus_per_gpu,
             gpus * pool.memory_mib_per_gpu
         );
+        // Batch's default group leaves the definition as it always was (and its name with it).
+        let log_group = (self.config.log_group != DEFAULT_LOG_GROUP).then_some(self.config.log_group.as_str());
+        if let Some(group) = log_group {
+            shape.push('\u{0}');
+            shape.push_str(group);
+        }
         let digest: String =
             sha2::Sha256::digest(shape.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
         let name = format!("fairway-{digest}");
@@ -265,9 +350,13 @@ impl AwsBatchBackend {
                         .value((gpus * pool.memory_mib_per_gpu).max(512).to_string())
                         .build(),
                 ];
+                let logging = log_group.map(|group| {
+                    LogConfiguration::builder().log_driver(LogDriver::Awslogs).options("awslogs-group", group).build()
+                });
                 let container = ContainerProperties::builder()
                     .image(&gang.image)
                     .set_resource_requirements(Some(resources))
+                    .set_log_configuration(logging)
                     .build();
                 let request = self.client.register_job_definition().job_definition_name(&name);
                 let request = if replicas > 1 {
@@ -413,6 +502,66 @@ impl AwsBatchBackend {
             .and_then(|j| j.job_arn())
             .map(str::to_owned)
             .ok_or_else(|| BackendError::Transient(format!("cluster {}: job {job_id} not described", self.config.name)))
+    }
+
+    /// The log stream of one replica of an object, once the service has named one.
+    async fn log_stream(&self, object: &str, replica: u32) -> Result<Option<String>, BackendError> {
+        let key = (object.to_owned(), replica);
+        if let Some(stream) = self.streams.lock().await.get(&key) {
+            return Ok(Some(stream.clone()));
+        }
+        let ids = self.find(object).await?;
+        if ids.is_empty() {
+            return Ok(None);
+        }
+        let described = self
+            .client
+            .describe_jobs()
+            .set_jobs(Some(ids))
+            .send()
+            .await
+            .map_err(|e| sdk_error(&self.config.name, "describe jobs", e))?;
+        // One job per object name; should a resubmission have made two, the newest is the
+        // one running.
+        let Some(job) = described.jobs().iter().max_by_key(|j| j.created_at().unwrap_or(0)) else {
+            return Ok(None);
+        };
+        let multinode = job.node_properties().is_some();
+        let Some(holder) = stream_holder(job.job_id().unwrap_or_default(), multinode, replica) else {
+            return Ok(None);
+        };
+        let detail = if multinode {
+            let described = self
+                .client
+                .describe_jobs()
+                .jobs(&holder)
+                .send()
+                .await
+                .map_err(|e| sdk_error(&self.config.name, "describe node job", e))?;
+            described.jobs().first().cloned()
+        } else {
+            Some(job.clone())
+        };
+        let stream = detail
+            .as_ref()
+            .and_then(aws_sdk_batch::types::JobDetail::container)
+            .and_then(aws_sdk_batch::types::ContainerDetail::log_stream_name)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
+        if let Some(stream) = &stream {
+            self.streams.lock().await.insert(key, stream.clone());
+        }
+        Ok(stream)
+    }
+}
+
+/// The job whose description names a replica's log stream: the job itself for a container
+/// job (which has only replica 0), node job `<job id>#<rank>` for a multi-node parallel job.
+fn stream_holder(job_id: &str, multinode: bool, replica: u32) -> Option<String> {
+    match (multinode, replica) {
+        (true, rank) => Some(format!("{job_id}#{rank}")),
+        (false, 0) => Some(job_id.to_owned()),
+        (false, _) => None,
     }
 }
 
@@ -560,7 +709,64 @@ impl Backend for AwsBatchBackend {
             .collect())
     }
 
+    async fn logs(&self, query: &LogQuery) -> Result<Vec<LogLine>, BackendError> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let Some(stream) = self.log_stream(&query.object, query.replica).await? else {
+            return Ok(Vec::new());
+        };
+        let logs = self.logs_client().await;
+        let wanted = i32::try_from(query.limit.min(MAX_LOG_EVENTS_PER_PAGE)).unwrap_or(i32::MAX);
+        let mut token: Option<String> = None;
+        // A page holds at most 1 MB (a short page is fine: the collector asks again from its
+        // last line), but may also be empty with events after it: follow the forward token
+        // past empty pages, a few at most, until the stream's end (the token comes back
+        // unchanged).
+        for _ in 0..MAX_LOG_PAGES {
+            let page = logs
+                .get_log_events()
+                .log_group_name(&self.config.log_group)
+                .log_stream_name(&stream)
+                .start_from_head(true)
+                .set_start_time(query.since.map(|t| t.timestamp_millis()))
+                .limit(wanted)
+                .set_next_token(token.clone())
+                .send()
+                .await;
+            let page = match page {
+                Ok(page) => page,
+                // The stream (or the group) does not exist yet, or no longer.
+                Err(e) if e.as_service_error().is_some_and(GetLogEventsError::is_resource_not_found_exception) => {
+                    return Ok(Vec::new());
+                }
+                Err(e) => return Err(sdk_error(&self.config.name, "get log events", e)),
+            };
+            if !page.events().is_empty() {
+                let mut lines: Vec<LogLine> = page
+                    .events()
+                    .iter()
+                    .filter_map(|event| {
+                        Some(LogLine {
+                            at: DateTime::from_timestamp_millis(event.timestamp()?)?,
+                            text: event.message().unwrap_or_default().trim_end_matches(['\n', '\r']).to_owned(),
+                        })
+                    })
+                    .collect();
+                lines.truncate(query.limit);
+                return Ok(lines);
+            }
+            let next = page.next_forward_token().map(str::to_owned);
+            if next.is_none() || next == token {
+                break;
+            }
+            token = next;
+        }
+        Ok(Vec::new())
+    }
+
     async fn delete(&self, object: &str) -> Result<(), BackendError> {
+        self.streams.lock().await.retain(|(o, _), _| o != object);
         // Batch jobs cannot be deleted: a finished one is marked as done with, a live one
         // (an orphan) terminated first.
         for id in self.find(object).await? {
@@ -576,5 +782,27 @@ impl Backend for AwsBatchBackend {
         }
         self.forget_cache().await;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_container_jobs_only_replica_reads_the_jobs_stream_and_a_gang_rank_reads_its_node_jobs() {
+        assert_eq!(stream_holder("abc", false, 0).as_deref(), Some("abc"));
+        assert_eq!(stream_holder("abc", false, 1), None, "a container job has one replica");
+        assert_eq!(stream_holder("abc", true, 0).as_deref(), Some("abc#0"));
+        assert_eq!(stream_holder("abc", true, 3).as_deref(), Some("abc#3"));
+    }
+
+    #[test]
+    fn the_log_group_is_batchs_default_unless_configured() {
+        let base = "name = \"aws\"\nregion = \"us-east-1\"\npool = []\n";
+        let default: AwsBatchConfig = toml::from_str(base).unwrap();
+        assert_eq!(default.log_group, "/aws/batch/job");
+        let custom: AwsBatchConfig = toml::from_str(&format!("log_group = \"/fairway/jobs\"\n{base}")).unwrap();
+        assert_eq!(custom.log_group, "/fairway/jobs");
     }
 }

@@ -8,6 +8,32 @@
 //!   instead of running twice.
 //! - Labels carry the cluster, team, job id, attempt and priority class for cost allocation.
 //! - Status comes from listing the cluster's jobs by label, at most once per poll interval.
+//! - Logs are what the tasks wrote to Cloud Logging (the job asks for `CLOUD_LOGGING`): log
+//!   `projects/{project}/logs/batch_task_logs`, the entries labelled with the job's `uid` as
+//!   `job_uid` and with a `task_id` naming the task index (the replica's rank), listed with
+//!   `entries:list` oldest first.
+//!
+//! Configuration (one `[[cluster]]` of the clusters file):
+//!
+//! ```toml
+//! [[cluster]]
+//! name = "gcp"
+//! kind = "gcp-batch"
+//! project = "ml-platform"
+//! location = "us-central1"
+//! # endpoint = "https://batch.googleapis.com"            # the Batch API's root URL
+//! # logging_endpoint = "https://logging.googleapis.com"  # the Cloud Logging API's root URL
+//! # access_token_file = "/var/run/secrets/gcp/token"     # else the metadata server
+//! poll_interval_seconds = 5                              # status is read at most this often
+//! [[cluster.pool]]
+//! name = "gcp-h100"
+//! machine_type = "a3-highgpu-8g"
+//! accelerator_type = "nvidia-h100-80gb"
+//! gpu_class = "h100-80gb"
+//! gpus_per_instance = 8
+//! max_instances = 2
+//! price_per_gpu_hour = 7.20
+//! ```
 //!
 //! Its tests are contract tests: a fake server that keeps state, validating every request
 //! against the schemas of Google's discovery document (`server/tests/gcp_batch.rs`).
@@ -15,12 +41,13 @@
 pub mod status;
 
 use std::{
+    collections::{HashMap, VecDeque},
     path::PathBuf,
     time::{Duration, Instant},
 };
 
 use crate::domain::JobId;
-use chrono::Utc;
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::Mutex;
@@ -28,7 +55,7 @@ use uuid::Uuid;
 
 use super::{
     pools::{self, elastic_pool},
-    Backend, BackendError, Gang, InventoryNode, ObjectStatus, Phase,
+    Backend, BackendError, Gang, InventoryNode, LogLine, LogQuery, ObjectStatus, Phase,
 };
 
 /// A `gcp-batch` cluster's settings, from the clusters file.
@@ -40,9 +67,13 @@ pub struct GcpBatchConfig {
     pub project: String,
     /// The region jobs run in, e.g. `us-central1`.
     pub location: String,
-    /// The API's root URL.
+    /// The Batch API's root URL.
     #[serde(default = "default_endpoint")]
     pub endpoint: String,
+    /// The Cloud Logging API's root URL, where the tasks' output is read; the same token is
+    /// sent (it needs `logging.logEntries.list`, e.g. the Logs Viewer role).
+    #[serde(default = "default_logging_endpoint")]
+    pub logging_endpoint: String,
     /// A file holding an OAuth access token, re-read on every call (kept fresh by a
     /// sidecar); without it, tokens come from the metadata server of the VM or pod
     /// (workload identity).
@@ -56,6 +87,9 @@ pub struct GcpBatchConfig {
 
 fn default_endpoint() -> String {
     "https://batch.googleapis.com".into()
+}
+fn default_logging_endpoint() -> String {
+    "https://logging.googleapis.com".into()
 }
 fn default_poll_interval() -> u64 {
     5
@@ -95,7 +129,27 @@ pub struct GcpBatchBackend {
     config: GcpBatchConfig,
     token: Mutex<Option<(String, Instant)>>,
     cache: Mutex<Option<(Instant, Vec<Value>)>>,
+    /// Object → its Batch job's `uid`, which its log entries carry. Kept past the job's
+    /// deletion (Cloud Logging keeps the lines, and late ones still arrive), for the
+    /// [`UIDS_REMEMBERED`] most recent objects.
+    uids: Mutex<Uids>,
 }
+
+/// Object → job uid, with the order they were learnt in, oldest first.
+#[derive(Default)]
+struct Uids {
+    by_object: HashMap<String, String>,
+    learnt: VecDeque<String>,
+}
+
+/// How many objects' job uids are kept.
+const UIDS_REMEMBERED: usize = 4096;
+/// Cloud Logging answers at most this many entries a page.
+const MAX_LOG_ENTRIES_PER_PAGE: usize = 1000;
+/// Empty pages one read follows at most (a page may be empty while the search goes on).
+const MAX_LOG_PAGES: usize = 5;
+/// The log Batch writes its tasks' standard output and error to.
+const TASK_LOG: &str = "batch_task_logs";
 
 const LABEL_CLUSTER: &str = "fairway-cluster";
 const LABEL_TEAM: &str = "fairway-team";
@@ -130,7 +184,7 @@ impl GcpBatchBackend {
             .timeout(Duration::from_secs(30))
             .build()
             .expect("an HTTP client with the default TLS settings");
-        Self { http, config, token: Mutex::default(), cache: Mutex::default() }
+        Self { http, config, token: Mutex::default(), cache: Mutex::default(), uids: Mutex::default() }
     }
 
     fn jobs_url(&self) -> String {
@@ -279,6 +333,102 @@ impl GcpBatchBackend {
     async fn forget_cache(&self) {
         *self.cache.lock().await = None;
     }
+
+    /// The `uid` of an object's Batch job: remembered, else from the last listing, else read;
+    /// `None` when there is no such job.
+    async fn job_uid(&self, object: &str) -> Result<Option<String>, BackendError> {
+        if let Some(uid) = self.uids.lock().await.by_object.get(object) {
+            return Ok(Some(uid.clone()));
+        }
+        let suffix = format!("/jobs/{object}");
+        let listed = self.cache.lock().await.as_ref().and_then(|(_, jobs)| {
+            jobs.iter()
+                .find(|j| j["name"].as_str().is_some_and(|n| n.ends_with(&suffix)))
+                .and_then(|j| j["uid"].as_str())
+                .map(str::to_owned)
+        });
+        let uid = match listed {
+            Some(uid) => uid,
+            None => {
+                let url = format!("{}/{object}", self.jobs_url());
+                let (status, job) = self.call("get job", self.http.get(url), &[404]).await?;
+                match job["uid"].as_str() {
+                    Some(uid) if status != 404 && !uid.is_empty() => uid.to_owned(),
+                    _ => return Ok(None),
+                }
+            }
+        };
+        let mut uids = self.uids.lock().await;
+        if uids.by_object.insert(object.to_owned(), uid.clone()).is_none() {
+            uids.learnt.push_back(object.to_owned());
+            while uids.learnt.len() > UIDS_REMEMBERED {
+                if let Some(oldest) = uids.learnt.pop_front() {
+                    uids.by_object.remove(&oldest);
+                }
+            }
+        }
+        Ok(Some(uid))
+    }
+
+    /// The `entries:list` body reading one task's lines of a job, oldest first.
+    fn log_request(&self, job_uid: &str, query: &LogQuery) -> Value {
+        json!({
+            "resourceNames": [format!("projects/{}", self.config.project)],
+            "filter": log_filter(&self.config.project, job_uid, query),
+            "orderBy": "timestamp asc",
+            "pageSize": query.limit.min(MAX_LOG_ENTRIES_PER_PAGE),
+        })
+    }
+}
+
+/// The Logging query selecting one task's entries of a job's task log, at or after `since`.
+/// The task is told by its `task_id` label, `task/<job uid>-group0-<index>/0/0`, matched up
+/// to the index only: what follows it is the service's to change, and an older form of the
+/// label had neither the `task/` prefix nor the suffix.
+fn log_filter(project: &str, job_uid: &str, query: &LogQuery) -> String {
+    let mut filter = format!(
+        "logName=\"projects/{project}/logs/{TASK_LOG}\" AND labels.job_uid=\"{}\" AND \
+         labels.task_id=~\"^(task/)?{}-group0-{}(/|$)\"",
+        quoted(job_uid),
+        quoted(&regex_escape(job_uid)),
+        query.replica
+    );
+    if let Some(since) = query.since {
+        filter.push_str(&format!(" AND timestamp>=\"{}\"", since.to_rfc3339_opts(SecondsFormat::Nanos, true)));
+    }
+    filter
+}
+
+/// A value for a quoted string of the Logging query language.
+fn quoted(value: &str) -> String {
+    value.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// A literal inside a regular expression (RE2) of the Logging query language.
+fn regex_escape(value: &str) -> String {
+    let mut escaped = String::with_capacity(value.len());
+    for c in value.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+/// One entry of `entries:list` as a line: its time and its text (`textPayload`, else
+/// `jsonPayload.message`, else the JSON payload itself).
+fn log_line(entry: &Value) -> Option<LogLine> {
+    let at = entry["timestamp"].as_str()?.parse::<DateTime<Utc>>().ok()?;
+    let text = match (&entry["textPayload"], &entry["jsonPayload"]) {
+        (Value::String(text), _) => text.clone(),
+        (_, Value::Object(payload)) => match payload.get("message") {
+            Some(Value::String(message)) => message.clone(),
+            _ => Value::Object(payload.clone()).to_string(),
+        },
+        _ => String::new(),
+    };
+    Some(LogLine { at, text: text.trim_end_matches(['\n', '\r']).to_owned() })
 }
 
 #[async_trait::async_trait]
@@ -357,6 +507,38 @@ impl Backend for GcpBatchBackend {
             .collect())
     }
 
+    async fn logs(&self, query: &LogQuery) -> Result<Vec<LogLine>, BackendError> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let Some(uid) = self.job_uid(&query.object).await? else {
+            return Ok(Vec::new());
+        };
+        let url = format!("{}/v2/entries:list", self.config.logging_endpoint.trim_end_matches('/'));
+        let mut body = self.log_request(&uid, query);
+        // A short page is fine (the collector asks again from its last line), but a page may
+        // also be empty while the search goes on: follow the token past empty pages, a few.
+        for _ in 0..MAX_LOG_PAGES {
+            let (_, answer) = self.call("list log entries", self.http.post(&url).json(&body), &[]).await?;
+            let mut lines: Vec<LogLine> = answer["entries"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default()
+                .iter()
+                .filter_map(log_line)
+                .collect();
+            if !lines.is_empty() {
+                lines.truncate(query.limit);
+                return Ok(lines);
+            }
+            match answer["nextPageToken"].as_str().filter(|t| !t.is_empty()) {
+                Some(token) => body["pageToken"] = json!(token),
+                None => break,
+            }
+        }
+        Ok(Vec::new())
+    }
+
     async fn delete(&self, object: &str) -> Result<(), BackendError> {
         let url = format!("{}/{object}", self.jobs_url());
         let request_id = request_id(&format!("{object}:delete")).to_string();
@@ -376,5 +558,35 @@ mod tests {
         assert_eq!(label_value(&"x".repeat(80)).len(), 63);
         assert_eq!(request_id("fw-1-1"), request_id("fw-1-1"));
         assert_ne!(request_id("fw-1-1"), request_id("fw-1-2"));
+    }
+
+    #[test]
+    fn the_log_filter_names_the_task_log_the_job_and_the_task_index_and_bounds_the_time() {
+        let query = LogQuery {
+            object: "fw-1-1".into(),
+            replica: 1,
+            since: Some("2026-03-01T10:00:00.123456789Z".parse().unwrap()),
+            limit: 10,
+        };
+        assert_eq!(
+            log_filter("ml", "fw-1-1-ab12", &query),
+            "logName=\"projects/ml/logs/batch_task_logs\" AND labels.job_uid=\"fw-1-1-ab12\" AND \
+             labels.task_id=~\"^(task/)?fw-1-1-ab12-group0-1(/|$)\" AND timestamp>=\"2026-03-01T10:00:00.123456789Z\""
+        );
+        let from_start = log_filter("ml", "a.b", &LogQuery { since: None, ..query });
+        assert!(from_start.ends_with(r#"labels.task_id=~"^(task/)?a\\.b-group0-1(/|$)""#), "{from_start}");
+        assert_eq!(quoted(r#"say "hi"\"#), r#"say \"hi\"\\"#);
+    }
+
+    #[test]
+    fn a_log_entrys_text_is_its_text_payload_else_its_json_message() {
+        let at = "2026-03-01T10:00:00.5Z";
+        let text = log_line(&json!({"timestamp": at, "textPayload": "epoch 1\n"})).unwrap();
+        assert_eq!((text.at.to_rfc3339(), text.text.as_str()), ("2026-03-01T10:00:00.500+00:00".into(), "epoch 1"));
+        let message = log_line(&json!({"timestamp": at, "jsonPayload": {"message": "structured"}})).unwrap();
+        assert_eq!(message.text, "structured");
+        let other = log_line(&json!({"timestamp": at, "jsonPayload": {"loss": 1.5}})).unwrap();
+        assert_eq!(other.text, r#"{"loss":1.5}"#);
+        assert!(log_line(&json!({"textPayload": "no time"})).is_none());
     }
 }
