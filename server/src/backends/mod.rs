@@ -329,9 +329,7 @@ pub trait Backend: Send + Sync {
     /// The lines one replica of an object wrote, as [`LogQuery`] asks, oldest first. Empty
     /// when the replica has not started or its log is gone; the collector
     /// (`control::logs`) keeps what it read, so nothing here needs to last.
-    async fn logs(&self, _query: &LogQuery) -> Result<Vec<LogLine>, BackendError> {
-        Ok(Vec::new())
-    }
+    async fn logs(&self, query: &LogQuery) -> Result<Vec<LogLine>, BackendError>;
 
     /// Removes several objects, as [`Backend::delete`] does each; backends that can remove
     /// many in one call do.
