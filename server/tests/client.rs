@@ -399,7 +399,10 @@ async fn a_dropped_stream_resumes_after_the_last_event_and_the_logs_tail_follows
     .await;
     let home = fresh_dir("client-scripted");
     let output =
-        tokio::time::timeout(LIMIT, client(&base, "fwy_test", &home, &["wait", id, "--logs", "tail"]).output()).await.unwrap().unwrap();
+        tokio::time::timeout(LIMIT, client(&base, "fwy_test", &home, &["wait", id, "--logs", "tail"]).output())
+            .await
+            .unwrap()
+            .unwrap();
     let run = Run::from(output);
     assert_eq!(run.code, Some(7), "{run}");
     let requests = served.await.unwrap();

@@ -79,9 +79,9 @@ pub enum Command {
         after_help = "Example:\n  fairway dry-run --gpu-class h100-80gb --gpus 8 --replicas 4 --priority production \\\n    --name pretrain --image ghcr.io/acme/train:1"
     )]
     DryRun(Box<JobArgs>),
-    /// Prints a job's log (from servers that keep logs).
+    /// Prints a job's log: what its replicas wrote, as the server keeps it.
     #[command(
-        after_help = "Examples:\n  fairway logs $JOB\n  fairway logs $JOB -f --replica 0\n  fairway logs $JOB --attempt 1"
+        after_help = "Examples:\n  fairway logs $JOB\n  fairway logs $JOB -f --replica 0\n  fairway logs $JOB --attempt 1 --timestamps\n\nWith -f, the command ends when the attempt is over."
     )]
     Logs {
         /// The job's id.
@@ -96,6 +96,9 @@ pub enum Command {
         /// This attempt [server's default: the latest].
         #[arg(long, value_name = "K")]
         attempt: Option<u32>,
+        /// Start each line with the time it was written (RFC 3339).
+        #[arg(long)]
+        timestamps: bool,
     },
     /// Waits for an existing job to end, as `submit --wait` does, and exits with its outcome.
     #[command(after_help = WAIT_HELP)]
@@ -329,7 +332,9 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
             ctx.print(&result, |r| output::dry_run(r, now));
             Ok(Exit::Success.into())
         }
-        Command::Logs { job, follow, replica, attempt } => logs(api, &job, follow, replica, attempt).await,
+        Command::Logs { job, follow, replica, attempt, timestamps } => {
+            logs(api, &job, LogFlags { follow, replica, attempt, timestamps }).await
+        }
         Command::Wait { job, options } => {
             let mut signals = wait::Signals::install()?;
             let ended = wait::wait(api, &job, options.into(), &mut signals).await?;
@@ -438,17 +443,28 @@ async fn print_final(ctx: &Context, id: &str, last: Option<Value>) {
     }
 }
 
-async fn logs(api: &Api, job: &str, follow: bool, replica: Option<u32>, attempt: Option<u32>) -> Result<Finish, Error> {
+/// What `fairway logs` asks for.
+struct LogFlags {
+    follow: bool,
+    replica: Option<u32>,
+    attempt: Option<u32>,
+    timestamps: bool,
+}
+
+async fn logs(api: &Api, job: &str, flags: LogFlags) -> Result<Finish, Error> {
     let mut url = api.url(&["jobs", job, "logs"]);
     {
         let mut query = url.query_pairs_mut();
-        if let Some(attempt) = attempt {
+        if let Some(attempt) = flags.attempt {
             query.append_pair("attempt", &attempt.to_string());
         }
-        if let Some(replica) = replica {
+        if let Some(replica) = flags.replica {
             query.append_pair("replica", &replica.to_string());
         }
-        query.append_pair("follow", if follow { "true" } else { "false" });
+        query.append_pair("follow", if flags.follow { "true" } else { "false" });
+        if flags.timestamps {
+            query.append_pair("timestamps", "true");
+        }
     }
     let mut response = api.send(|| api.request(Method::GET, url.clone()), Repeat::Safe).await?;
     let mut out = std::io::stdout().lock();

@@ -239,6 +239,22 @@ pub async fn lines(
     .await
 }
 
+/// The newest `limit` kept lines of `job`'s attempt, every replica's, oldest first.
+pub async fn tail(pool: &PgPool, job: JobId, attempt: i32, limit: i64) -> Result<Vec<LineRow>, sqlx::Error> {
+    sqlx::query_as!(
+        LineRow,
+        r#"select id as "id!", replica as "replica!", at as "at!", line as "line!" from (
+               select id, replica, at, line from job_logs
+               where job_id = $1 and attempt = $2 order by id desc limit $3) newest
+           order by id"#,
+        job as JobId,
+        attempt,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// The cursors of every replica of `job`'s attempt that has one, in replica order.
 pub async fn attempt_cursors(pool: &PgPool, job: JobId, attempt: i32) -> Result<Vec<Cursor>, sqlx::Error> {
     sqlx::query_as!(

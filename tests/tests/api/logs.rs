@@ -170,3 +170,24 @@ async fn a_followed_log_gives_lines_while_the_job_runs_and_ends_with_the_attempt
     assert_eq!(text.lines().last(), Some("[rank 0] finished: 400 steps"), "the stream ends with the attempt");
     assert_eq!(text, log(&app, &token, &id, "").await, "following gives what a later read gives");
 }
+
+#[tokio::test]
+async fn a_jobs_portal_page_shows_the_end_of_its_log_escaped() {
+    let (app, token) = platform(5_000).await;
+    let admin = app.admin().await;
+    app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "viewer").await;
+    let mut body = job(1, 3, 1);
+    body["env"]["FAIRWAY_SIM_FAIL_MESSAGE"] = json!("<script>alert(1)</script>");
+    let id = submit(&app, &token, "ml", body).await;
+    ended(&app, &token, &id).await;
+    let session = crate::portal::sign_in(&app, "alice").await;
+    let page = app.send(call("GET", &format!("/jobs/{id}")).header("cookie", &session)).await;
+    let html = crate::portal::body(&page);
+    let log = html.split_once("<pre class=\"log\">").map(|(_, rest)| rest).expect("a log section");
+    let log = log.split_once("</pre>").expect("closed").0;
+    assert!(log.starts_with("[rank 0/1] train attempt 1 on "), "{log}");
+    assert!(log.contains("RuntimeError: &#60;script&#62;alert(1)&#60;/script&#62;"), "escaped: {log}");
+    assert!(!html.contains("<script>alert(1)"), "the application's text is never markup");
+    assert!(html.contains("The last 9 lines of attempt 1."), "{html}");
+}

@@ -116,12 +116,12 @@ async fn set_budget(p: &Portal, admin: &str, month: &str, micros: i64, enforceme
         .assert_status(200);
 }
 
-fn body(r: &TestResponse) -> String {
+pub(crate) fn body(r: &TestResponse) -> String {
     String::from_utf8(r.body.clone()).expect("UTF-8 page")
 }
 
 /// Signs in through the form; the session cookie (`name=value`).
-async fn sign_in(app: &TestApp, username: &str) -> String {
+pub(crate) async fn sign_in(app: &TestApp, username: &str) -> String {
     let form = format!("username={username}&password={USER_PASSWORD}");
     let r = app.send(call("POST", "/login").raw(FORM, form.into_bytes())).await;
     assert_eq!(r.status.as_u16(), 303, "{}", body(&r));

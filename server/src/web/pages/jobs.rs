@@ -180,7 +180,21 @@ struct JobPage {
     can_cancel: bool,
     /// Members may run it again.
     can_rerun: bool,
+    /// The end of its latest attempt's log, once it has one.
+    log: Option<LogTail>,
 }
+
+/// The last lines of an attempt's log, as the page shows them.
+struct LogTail {
+    attempt: i32,
+    /// Prefixed `[replica N] ` when the job has several.
+    lines: Vec<String>,
+    /// More lines were written than shown.
+    cut: bool,
+}
+
+/// Lines of the log the job page shows.
+const LOG_LINES: i64 = 200;
 
 /// The job and the user's role in its team; not found when the user may not see it.
 async fn job_for(state: &AppState, user: &SessionUser, id: &str) -> Result<(db::jobs::JobRow, TeamRole), PageError> {
@@ -265,10 +279,21 @@ pub async fn job(
         priority_class: job.priority_class,
         submitted_by: job.submitted_by,
     };
+    let tail = db::logs::tail(&state.db, job.id, job.attempt, LOG_LINES + 1).await?;
+    let log = (!tail.is_empty()).then(|| LogTail {
+        attempt: job.attempt,
+        cut: tail.len() as i64 > LOG_LINES,
+        lines: tail
+            .iter()
+            .skip(usize::from(tail.len() as i64 > LOG_LINES))
+            .map(|l| if job.replicas > 1 { format!("[replica {}] {}", l.replica, l.line) } else { l.line.clone() })
+            .collect(),
+    });
     let page = JobPage {
         csrf: user.csrf_token.clone(),
         signed_in: Some(signed_in(&user)),
         job: detail,
+        log,
         events,
         can_cancel: role >= TeamRole::Member && !finished,
         can_rerun: role >= TeamRole::Member,
