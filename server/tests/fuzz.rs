@@ -1,6 +1,6 @@
 //! Fuzzing the parsers that face the internet (issue 20): the path and query of every request,
 //! JSON bodies, job specs, the clusters file and the simulated inventory, the billing
-//! export writers, and the client's event-stream parser.
+//! export writers, the client's event-stream parser, and pod logs read from a cluster.
 //!
 //! Each property first runs the seed inputs kept in `tests/fuzz/<target>/` (among them every
 //! input that once found a bug), then `FAIRWAY_FUZZ_CASES` random cases (default
@@ -1632,6 +1632,53 @@ fn an_event_stream_cut_anywhere_parses_into_the_same_frames_as_whole() {
             prop_assert!(!frame.event.contains(['\n', '\r']), "an event name spans lines: {:?}", frame);
             prop_assert!(!frame.data.contains('\r'), "data kept a line end: {:?}", frame);
         }
+        Ok(())
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Logs read from clusters: a pod log's text, and the collector's cursor over what it read.
+// ---------------------------------------------------------------------------------------------
+
+/// Pod log text: lines with RFC 3339 times (some shared, some out of order), lines without,
+/// long and empty ones, NUL and CR, and a cut at the end.
+fn pod_log_texts() -> impl Strategy<Value = String> {
+    let time = (0i64..5, 0u32..3).prop_map(|(s, ns)| format!("2026-11-25T10:00:0{s}.{ns:09}Z "));
+    let line =
+        (option::weighted(0.9, time), "[ -~\u{0}\r\u{e9}]{0,40}").prop_map(|(t, rest)| t.unwrap_or_default() + &rest);
+    (vec(line, 0..30), any::<bool>()).prop_map(|(lines, cut)| {
+        let text = lines.join("\n");
+        if cut || text.is_empty() {
+            text
+        } else {
+            text + "\n"
+        }
+    })
+}
+
+#[test]
+fn a_pod_log_read_any_way_keeps_every_line_once_however_often_it_is_read_again() {
+    use fairway::{
+        backends::kubernetes::status::log_lines,
+        control::logs::{fresh, Position},
+    };
+    let seeds =
+        text_corpus("pod_logs").into_iter().map(|(name, text)| (name, (text, 1usize << 20, 100usize))).collect();
+    fuzz(seeds, (pod_log_texts(), 1usize..2_000, 1usize..40), |(text, limit_bytes, limit)| {
+        let lines = log_lines(&text, limit_bytes as i64, limit);
+        prop_assert!(lines.len() <= limit);
+        for line in &lines {
+            prop_assert!(text.contains(&line.text), "{:?} is not text of the read", line.text);
+        }
+        // The collector keeps the read, then reads the same answer again from its cursor (a
+        // backend filtering by the second repeats it): nothing is kept twice.
+        let (kept, to) = fresh(&Position::default(), lines.clone());
+        prop_assert_eq!(kept.len(), lines.len(), "a first read keeps every line");
+        prop_assert!(kept.windows(2).all(|w| w[0].0 <= w[1].0), "kept in time order");
+        prop_assert!(kept.iter().all(|(_, text)| !text.contains('\0') && text.len() <= 4096 + 32));
+        let (again, same) = fresh(&to, lines);
+        prop_assert!(again.is_empty(), "a repeated read kept {:?}", again);
+        prop_assert_eq!(same, to);
         Ok(())
     });
 }
