@@ -44,6 +44,8 @@ pub fn router() -> Router<AppState> {
         .route("/teams/{team}/jobs/new", get(pages::submit_form).post(pages::submit))
         .route("/teams/{team}/jobs/preview", post(pages::preview))
         .route("/jobs/{job}", get(pages::job))
+        .route("/jobs/{job}/live", get(pages::job_live))
+        .route("/jobs/{job}/log", get(pages::job_log))
         .route("/jobs/{job}/cancel", post(pages::cancel))
         .route("/jobs/{job}/rerun", post(pages::rerun))
         .route("/clusters", get(pages::clusters))
@@ -53,6 +55,7 @@ pub fn router() -> Router<AppState> {
         .route("/billing/exports/{period}/{format}", get(pages::billing_export))
         .route("/static/portal.css", get(pages::stylesheet))
         .route("/static/preview.js", get(pages::preview_script))
+        .route("/static/job-live.js", get(pages::job_script))
         .layer(middleware::from_fn(security_headers))
 }
 

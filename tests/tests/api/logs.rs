@@ -184,10 +184,21 @@ async fn a_jobs_portal_page_shows_the_end_of_its_log_escaped() {
     let session = crate::portal::sign_in(&app, "alice").await;
     let page = app.send(call("GET", &format!("/jobs/{id}")).header("cookie", &session)).await;
     let html = crate::portal::body(&page);
-    let log = html.split_once("<pre class=\"log\">").map(|(_, rest)| rest).expect("a log section");
+    let log = html.split_once("<pre class=\"log\" id=\"log\">").map(|(_, rest)| rest).expect("a log section");
     let log = log.split_once("</pre>").expect("closed").0;
     assert!(log.starts_with("[rank 0/1] train attempt 1 on "), "{log}");
     assert!(log.contains("RuntimeError: &#60;script&#62;alert(1)&#60;/script&#62;"), "escaped: {log}");
     assert!(!html.contains("<script>alert(1)"), "the application's text is never markup");
     assert!(html.contains("The last 9 lines of attempt 1."), "{html}");
+    // Ended: nothing more to follow, so no script.
+    assert!(!html.contains("job-live.js") && !html.contains("data-live"), "{html}");
+    // What the script reads is the job's team's only, as the page is.
+    let r = app.send(call("GET", &format!("/jobs/{id}/log")).header("cookie", &session)).await;
+    assert!(crate::portal::body(&r).contains("RuntimeError"), "a member reads the log");
+    app.user(&admin, "bob", None).await;
+    let outsider = crate::portal::sign_in(&app, "bob").await;
+    for path in [format!("/jobs/{id}/log"), format!("/jobs/{id}/live"), format!("/jobs/{id}")] {
+        let r = app.send(call("GET", &path).header("cookie", &outsider)).await;
+        assert_eq!(r.status.as_u16(), 404, "{path}: {}", crate::portal::body(&r));
+    }
 }

@@ -4,9 +4,14 @@ use crate::domain::JobId;
 use askama::Template;
 use axum::{
     extract::{Path, RawQuery, State},
-    response::{IntoResponse, Redirect, Response},
+    http::{header, HeaderValue},
+    response::{
+        sse::{Event as SseEvent, KeepAlive, Sse},
+        IntoResponse, Redirect, Response,
+    },
 };
 use chrono::Utc;
+use futures_util::StreamExt as _;
 use serde::Deserialize;
 
 use super::{principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm, SignedIn};
@@ -182,6 +187,10 @@ struct JobPage {
     can_rerun: bool,
     /// The end of its latest attempt's log, once it has one.
     log: Option<LogTail>,
+    /// It may still change: the page's script follows its timeline (after `last_event`) and
+    /// its log, and reloads once it ended. Without the script the page is as it was loaded.
+    live: bool,
+    last_event: i64,
 }
 
 /// The last lines of an attempt's log, as the page shows them.
@@ -213,6 +222,9 @@ pub async fn job(
 ) -> Result<Response, PageError> {
     let (job, role) = job_for(&state, &user, &id).await?;
     let events = db::jobs::events(&state.db, job.id, 0, 500).await?;
+    let last_event = events.last().map_or(0, |e| e.id);
+    // Events beyond the first 500 are not shown; following from the 500th would skip them.
+    let all_shown = events.len() < 500;
     let texts = events.iter().map(|e| e.message.as_str()).chain(job.pending_message.as_deref());
     let names = super::mentioned_jobs(&state, job.team_id, texts).await?;
     let events = events
@@ -225,6 +237,7 @@ pub async fn job(
         })
         .collect();
     let finished = matches!(job.state, JobState::Succeeded | JobState::Failed | JobState::Cancelled);
+    let live = job.finished_at.is_none() && all_shown;
     let spend = crate::billing::budgets::job_cost(&state.db, job.id, Utc::now(), state.config.chargeback).await?;
     let currency = &state.config.currency;
     let cost = format!(
@@ -294,11 +307,66 @@ pub async fn job(
         signed_in: Some(signed_in(&user)),
         job: detail,
         log,
+        live,
+        last_event,
         events,
         can_cancel: role >= TeamRole::Member && !finished,
         can_rerun: role >= TeamRole::Member,
     };
     Ok(render(&page))
+}
+
+/// Where a job page's script resumes its timeline.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LiveQuery {
+    after: Option<i64>,
+}
+
+/// A job's timeline as it grows, for its page's script: a server-sent event stream of frames
+/// `job_event` (the event as the page shows it) and a last frame `end` once the job ended,
+/// from the same follower as the API's `events:stream`, under the portal's session.
+pub async fn job_live(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+    axum::extract::Query(query): axum::extract::Query<LiveQuery>,
+) -> Result<Response, PageError> {
+    let (job, _) = job_for(&state, &user, &id).await?;
+    let frames = ops::timeline::follow(&state, job.id, query.after.unwrap_or(0).max(0)).map(|item| {
+        Ok::<_, std::convert::Infallible>(match item {
+            Ok(ops::timeline::Followed::Event(e)) => {
+                let data =
+                    serde_json::json!({"at": when(e.at), "kind": e.kind, "reason": e.reason, "message": e.message});
+                SseEvent::default().id(e.id.to_string()).event("job_event").data(data.to_string())
+            }
+            Ok(ops::timeline::Followed::End(_)) => SseEvent::default().event("end").data("{}"),
+            // The script reconnects after the last id it saw.
+            Err(_) => SseEvent::default().comment("interrupted"),
+        })
+    });
+    Ok(Sse::new(frames).keep_alive(KeepAlive::default()).into_response())
+}
+
+/// A job's latest attempt's log as plain text, followed until the attempt is over: what its
+/// page's script shows as it grows.
+pub async fn job_log(
+    State(state): State<AppState>,
+    CurrentUser(user): CurrentUser,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
+    let (job, _) = job_for(&state, &user, &id).await?;
+    let request = ops::logs::LogRequest { follow: true, ..ops::logs::LogRequest::default() };
+    let reader = ops::logs::open(&state, job.id, request).await?;
+    let chunks = reader.stream().map(|chunk| chunk.map_err(|_| std::io::Error::other("reading the log failed")));
+    Ok((
+        [
+            (header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8")),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-store, no-transform")),
+        ],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response())
 }
 
 /// Cancels a job from its page.

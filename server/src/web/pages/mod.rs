@@ -29,7 +29,7 @@ use std::collections::HashMap;
 pub use auth::{login, login_form, logout};
 pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
 pub use clusters::clusters;
-pub use jobs::{cancel, job, rerun, team_jobs};
+pub use jobs::{cancel, job, job_live, job_log, rerun, team_jobs};
 pub use members::{remove_member, set_member, team_members};
 pub use platform_admin::{admin, create_team, save_priority_class, set_rate};
 pub use submit::{preview, submit, submit_form};
@@ -422,6 +422,14 @@ pub fn not_found_page() -> Response {
 pub async fn stylesheet() -> Response {
     const CSS: &str = include_str!("../../../../web/static/portal.css");
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], CSS).into_response()
+}
+
+/// The job page's script (its timeline and log as they grow), from the binary. The page
+/// works without it.
+pub async fn job_script() -> Response {
+    const JS: &str = include_str!("../../../../web/static/job-live.js");
+    ([(header::CONTENT_TYPE, "text/javascript; charset=utf-8"), (header::CACHE_CONTROL, "max-age=3600")], JS)
+        .into_response()
 }
 
 /// The submit form's live preview script, from the binary. The portal works without it.
