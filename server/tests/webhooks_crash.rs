@@ -108,7 +108,7 @@ async fn sigkill_during_webhook_delivery_twenty_times_loses_no_notification_and_
     .unwrap();
     tx.commit().await.unwrap();
 
-    let mut rng = SplitMix64(0x5eed_40_0c);
+    let mut rng = SplitMix64(0x5eed_400c);
     let mut jobs = Vec::new();
     for round in 0..KILLS {
         let round_jobs: Vec<NewJob> = (0..JOBS_PER_ROUND)
