@@ -112,6 +112,12 @@ pub struct Config {
     /// Lines of each replica's log kept per attempt, the newest (`FAIRWAY_LOG_TAIL_LINES`,
     /// 1 to 1,000,000; lines are cut at 4 KiB).
     pub log_tail_lines: u32,
+    /// The unit of the webhook retry schedule, a second by default
+    /// (`FAIRWAY_WEBHOOK_RETRY_UNIT_MS`; for tests, which make retries come in milliseconds).
+    pub webhook_retry_unit: Duration,
+    /// How long a claimed webhook delivery is held before a process that died sending it is
+    /// taken to have failed (`FAIRWAY_WEBHOOK_LEASE_MS`, default 60 s).
+    pub webhook_lease: Duration,
 }
 
 impl Default for Config {
@@ -143,6 +149,8 @@ impl Default for Config {
             min_runtime_before_preemption: Duration::from_secs(300),
             check_invariants: false,
             log_tail_lines: 5_000,
+            webhook_retry_unit: Duration::from_secs(1),
+            webhook_lease: Duration::from_secs(60),
         }
     }
 }
@@ -177,6 +185,8 @@ struct FileConfig {
     clusters: Option<PathBuf>,
     min_runtime_before_preemption_seconds: Option<u64>,
     log_tail_lines: Option<u64>,
+    webhook_retry_unit_ms: Option<u64>,
+    webhook_lease_ms: Option<u64>,
 }
 
 impl Config {
@@ -313,6 +323,14 @@ impl Config {
             config.log_tail_lines = u32::try_from(n).ok().filter(|n| (1..=1_000_000).contains(n)).ok_or_else(|| {
                 ConfigError::Invalid { name: "FAIRWAY_LOG_TAIL_LINES", reason: "must be from 1 to 1000000".into() }
             })?;
+        }
+        if let Some(ms) = number("FAIRWAY_WEBHOOK_RETRY_UNIT_MS", file.webhook_retry_unit_ms)? {
+            config.webhook_retry_unit = Duration::from_millis(ms.clamp(1, 60_000));
+        }
+        // Shorter than a receiver may take to answer (10 s), a lease would send a slow
+        // delivery again while the first request still waits; tests accept that.
+        if let Some(ms) = number("FAIRWAY_WEBHOOK_LEASE_MS", file.webhook_lease_ms)? {
+            config.webhook_lease = Duration::from_millis(ms.clamp(100, 3_600_000));
         }
         config.check_invariants = env("FAIRWAY_CHECK_INVARIANTS").is_some_and(|v| v == "1" || v == "true");
         Ok(config)

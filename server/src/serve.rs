@@ -360,6 +360,8 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         check_invariants: state.config.check_invariants,
         engine: control::engine_config(&state.config),
         log_tail_lines: state.config.log_tail_lines,
+        webhook_retry_unit: state.config.webhook_retry_unit,
+        webhook_lease: state.config.webhook_lease,
         pricing: crate::metering::Pricing {
             currency: state.config.currency.clone(),
             chargeback: state.config.chargeback,

@@ -157,6 +157,7 @@ pub struct Metrics {
     backfills: Counter,
     dispatch_errors: Family<ClusterKindLabels, Counter>,
     outcomes: Family<OutcomeLabels, Counter>,
+    webhook_attempts: Family<OutcomeLabels, Counter>,
     budget_spent_ratio: Family<TeamLabels, Gauge<f64, AtomicU64>>,
     budget_alerts: Family<TeamThresholdLabels, Counter>,
 }
@@ -183,6 +184,7 @@ impl Default for Metrics {
             backfills: Counter::default(),
             dispatch_errors: Family::default(),
             outcomes: Family::default(),
+            webhook_attempts: Family::default(),
             budget_spent_ratio: Family::default(),
             budget_alerts: Family::default(),
         };
@@ -241,6 +243,11 @@ impl Metrics {
             self.dispatch_errors.clone(),
         );
         p.register("fairway_job_attempts", "Ended job attempts, by outcome", self.outcomes.clone());
+        p.register(
+            "fairway_webhook_attempts",
+            "Webhook delivery attempts, by outcome: delivered, retrying or failed",
+            self.webhook_attempts.clone(),
+        );
         let t = &mut self.tenants;
         t.register("fairway_pending_jobs", "Jobs waiting for admission, by team and GPU class", self.pending.clone());
         t.register(
@@ -288,6 +295,9 @@ impl Metrics {
         }
         for outcome in outcomes {
             drop(self.outcomes.get_or_create(&OutcomeLabels { outcome: (*outcome).to_owned() }));
+        }
+        for outcome in ["delivered", "retrying", "failed"] {
+            drop(self.webhook_attempts.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }));
         }
     }
 
@@ -356,6 +366,11 @@ impl Metrics {
         self.dispatch_errors
             .get_or_create(&ClusterKindLabels { cluster: cluster.to_owned(), kind: kind.to_owned() })
             .inc();
+    }
+
+    /// Counts a webhook delivery attempt by outcome: `delivered`, `retrying` or `failed`.
+    pub fn webhook_delivery(&self, outcome: &str) {
+        self.webhook_attempts.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }).inc();
     }
 
     /// Counts an ended attempt by outcome.

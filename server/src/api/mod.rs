@@ -15,6 +15,7 @@ pub mod quotas;
 pub mod teams;
 pub mod tokens;
 pub mod users;
+pub mod webhooks;
 
 use utoipa::{
     openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme},
@@ -59,6 +60,10 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/teams/{team}/tokens", Team(TeamRole::Admin)),
     route("POST", "/api/v1/teams/{team}/tokens", Team(TeamRole::Admin)),
     route("DELETE", "/api/v1/teams/{team}/tokens/{token_id}", Team(TeamRole::Admin)),
+    route("GET", "/api/v1/teams/{team}/webhooks", Team(TeamRole::Viewer)),
+    route("POST", "/api/v1/teams/{team}/webhooks", Team(TeamRole::Admin)),
+    route("DELETE", "/api/v1/teams/{team}/webhooks/{webhook}", Team(TeamRole::Admin)),
+    route("GET", "/api/v1/teams/{team}/webhooks/{webhook}/deliveries", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/quotas", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/quotas/{gpu_class}", Team(TeamRole::Viewer)),
     route("PUT", "/api/v1/teams/{team}/quotas/{gpu_class}", Policy::TeamPlatformAdmin),
@@ -118,6 +123,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
         (name = "users", description = "Users (platform admins)"),
         (name = "teams", description = "Teams and their members"),
         (name = "tokens", description = "API tokens for CI pipelines"),
+        (name = "webhooks", description = "Signed notifications of job ends and budget thresholds, and their delivery logs"),
         (name = "jobs", description = "Jobs: submit, watch, cancel, the queue and dry runs"),
         (name = "quotas", description = "Reserved, burst and lendable GPUs per team and class"),
         (name = "budgets", description = "Monthly budgets per team"),
@@ -165,6 +171,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(teams::put_member, teams::delete_member))
         .routes(routes!(tokens::create_token, tokens::list_tokens))
         .routes(routes!(tokens::revoke_token))
+        .routes(routes!(webhooks::create_webhook, webhooks::list_webhooks))
+        .routes(routes!(webhooks::delete_webhook))
+        .routes(routes!(webhooks::list_webhook_deliveries))
         .routes(routes!(jobs::create_job, jobs::list_jobs))
         .routes(routes!(jobs::create_jobs_batch))
         .routes(routes!(jobs::dry_run_job))

@@ -7,7 +7,9 @@
 //! - **dispatch workers** ([`dispatch`]) draining the outbox the cycles write, woken by
 //!   `LISTEN fairway_dispatch` and a short timer (retries come due by time);
 //! - the **reconciler** ([`reconcile`]) comparing every backend's objects with the jobs;
-//! - an **inventory sync** writing what each backend offers into `cluster_nodes`.
+//! - an **inventory sync** writing what each backend offers into `cluster_nodes`;
+//! - the **notifier** ([`notify`]) turning job events and budget alerts into signed webhook
+//!   deliveries, and sending them.
 //!
 //! Every write checks the leader's epoch, so a process that lost leadership while paused
 //! commits nothing.
@@ -20,6 +22,7 @@ pub mod leader;
 pub mod lifecycle;
 pub mod logs;
 pub mod meter;
+pub mod notify;
 pub mod reconcile;
 pub mod wake;
 pub mod world;
@@ -76,6 +79,15 @@ pub struct ControlConfig {
     pub log_interval: Duration,
     /// Lines of each replica's log kept per attempt.
     pub log_tail_lines: u32,
+    /// How often the notifier looks for new job events and budget alerts, and how long an
+    /// idle delivery worker waits before looking for due deliveries.
+    pub notify_interval: Duration,
+    /// The unit of the webhook retry schedule ([`notify::RETRY_AFTER`]): a second in
+    /// production; tests shorten it so retries come due in milliseconds.
+    pub webhook_retry_unit: Duration,
+    /// How long a claimed webhook delivery is held: a process that dies mid-request leaves
+    /// it to be sent again after this.
+    pub webhook_lease: Duration,
 }
 
 impl Default for ControlConfig {
@@ -92,6 +104,9 @@ impl Default for ControlConfig {
             pricing: crate::metering::Pricing::default(),
             log_interval: Duration::from_secs(2),
             log_tail_lines: 5_000,
+            notify_interval: Duration::from_millis(500),
+            webhook_retry_unit: Duration::from_secs(1),
+            webhook_lease: Duration::from_secs(60),
         }
     }
 }
@@ -161,6 +176,7 @@ async fn lead(ctx: &Ctx, epoch: i64) {
     workers.spawn(inventory(ctx.clone()));
     workers.spawn(meter::run(ctx.clone()));
     workers.spawn(logs::run(ctx.clone(), epoch));
+    workers.spawn(notify::run(ctx.clone(), epoch));
     for _ in 0..ctx.config.dispatch_workers.max(1) {
         workers.spawn(dispatcher(ctx.clone(), epoch));
     }

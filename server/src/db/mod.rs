@@ -30,6 +30,7 @@ pub mod teams;
 pub mod tokens;
 pub mod users;
 pub mod web_sessions;
+pub mod webhooks;
 
 use std::time::Duration;
 

@@ -82,6 +82,8 @@ id_type! {
     TokenId;
     /// The id of a cluster.
     ClusterId;
+    /// The id of a team's webhook.
+    WebhookId;
 }
 
 #[cfg(test)]

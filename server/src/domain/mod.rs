@@ -8,7 +8,7 @@ mod names;
 mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
-pub use ids::{ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId};
+pub use ids::{ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
 pub use job::{BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures};
 pub use names::{ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
 pub use roles::{PlatformRole, TeamRole};

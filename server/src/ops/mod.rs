@@ -20,6 +20,7 @@ pub mod teams;
 pub mod timeline;
 pub mod tokens;
 pub mod users;
+pub mod webhooks;
 
 pub use error::{Error, OnConstraint, Result};
 

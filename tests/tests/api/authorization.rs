@@ -89,6 +89,15 @@ fn matrix() -> Vec<Row> {
             Some(json!({"name": "ci", "role": "member", "expires_at": soon})),
         ),
         row("DELETE", "/api/v1/teams/{team}/tokens/{token_id}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/webhooks", TEAM_READ, None),
+        row(
+            "POST",
+            "/api/v1/teams/{team}/webhooks",
+            TEAM_ADMIN,
+            Some(json!({"url": "https://hooks.example.com/fairway", "events": ["job.failed"]})),
+        ),
+        row("DELETE", "/api/v1/teams/{team}/webhooks/{webhook}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/webhooks/{webhook}/deliveries", TEAM_READ, None),
         row("GET", "/api/v1/teams/{team}/quotas", TEAM_READ, None),
         row("GET", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_READ, None),
         row("PUT", "/api/v1/teams/{team}/quotas/{gpu_class}", TEAM_ADMIN, Some(json!({"reserved": 2, "burst": 1}))),
@@ -192,9 +201,11 @@ struct Fixture {
     token_id: String,
     /// The id of a pending job of team A.
     job_id: String,
+    /// The id of team A's webhook.
+    webhook_id: String,
 }
 
-/// Team A with a viewer, a member, a quota, a budget, a token and a pending job; team B with
+/// Team A with a viewer, a member, a quota, a budget, a token, a webhook and a pending job; team B with
 /// its own admin and a CI token; a finance user.
 async fn fixture() -> Fixture {
     let app = TestApp::spawn().await;
@@ -227,8 +238,17 @@ async fn fixture() -> Fixture {
     let job = app.send(call("POST", "/api/v1/teams/team-a/jobs").token(&admin).json(&job_spec())).await;
     job.assert_status(201);
     let job_id = job.json()["id"].as_str().expect("job id").to_owned();
+    let webhook = app
+        .send(
+            call("POST", "/api/v1/teams/team-a/webhooks")
+                .token(&admin)
+                .json(&json!({"url": "https://hooks.example.com/a", "events": ["job.succeeded"]})),
+        )
+        .await;
+    webhook.assert_status(201);
+    let webhook_id = webhook.json()["id"].as_str().expect("webhook id").to_owned();
     let callers = vec![None, Some(viewer), Some(member), Some(admin_b), Some(token_b), Some(finance), Some(platform)];
-    Fixture { app, callers, token_id: token_a_id, job_id }
+    Fixture { app, callers, token_id: token_a_id, job_id, webhook_id }
 }
 
 /// Next month, `YYYY-MM`: a budget period that exists for every caller, and a billing
@@ -243,6 +263,7 @@ fn concrete(path: &str, fixture: &Fixture) -> String {
         .replace("{job}", &fixture.job_id)
         .replace("{username}", "member")
         .replace("{token_id}", &fixture.token_id)
+        .replace("{webhook}", &fixture.webhook_id)
         .replace("{gpu_class}", "h100")
         .replace("{period}", &next_month())
         .replace("{priority_class}", "experiment")

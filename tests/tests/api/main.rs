@@ -16,3 +16,4 @@ mod openapi;
 mod portal;
 mod sim_backend;
 mod tenancy;
+mod webhooks;
