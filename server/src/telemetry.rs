@@ -453,6 +453,19 @@ impl Collector for Process {
     }
 }
 
+/// The whole chain of `error`'s causes, outermost first, joined for one log line (or one
+/// entry of a delivery log).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

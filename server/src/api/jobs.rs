@@ -5,10 +5,7 @@ use crate::domain::JobId;
 use axum::{
     extract::State,
     http::{header, HeaderMap, HeaderValue, StatusCode},
-    response::{
-        sse::{Event as SseEvent, KeepAlive, Sse},
-        IntoResponse as _,
-    },
+    response::sse::{Event as SseEvent, KeepAlive, Sse},
     Extension, Json,
 };
 use chrono::{DateTime, Utc};
@@ -579,23 +576,7 @@ pub async fn job_logs(
         timestamps: params.timestamps.unwrap_or(false),
     };
     let reader = ops::logs::open(&state, job.id, request).await?;
-    // An error after the first bytes cannot become a status: the body ends abruptly
-    // instead, so that a reader never takes a cut log for a whole one.
-    let chunks = reader.stream().map(|chunk| {
-        chunk.map_err(|e| {
-            tracing::warn!(error = %e, "reading a log failed mid-response");
-            std::io::Error::other("reading the log failed")
-        })
-    });
-    Ok((
-        [
-            (header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8")),
-            // `no-transform`: not compressed, which would hold followed lines back.
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-store, no-transform")),
-        ],
-        axum::body::Body::from_stream(chunks),
-    )
-        .into_response())
+    Ok(crate::http::text_stream(reader.stream()))
 }
 
 /// Where a stream resumes: the later of `after` and `Last-Event-ID`, or `None` when neither

@@ -240,25 +240,13 @@ async fn attempt(ctx: &Ctx, client: &reqwest::Client, d: &db::webhooks::Claimed)
         }
         Ok(r) => (Some(i32::from(r.status().as_u16())), format!("the receiver answered {}", r.status())),
         // Without the URL: the error is shown in the delivery log, the URL is beside it.
-        Err(e) => (None, describe(&e.without_url())),
+        Err(e) => (None, crate::telemetry::error_chain(&e.without_url())),
     };
     let retry = retry_in(d.attempts + 1, ctx.config.webhook_retry_unit);
     let retry_ms = retry.map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX));
     db::webhooks::mark_attempt_failed(&ctx.pool, d.id, status, &error, retry_ms).await?;
     ctx.metrics.webhook_delivery(if retry.is_some() { "retrying" } else { "failed" });
     Ok(())
-}
-
-/// An error with its causes, for the delivery log.
-fn describe(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -136,17 +136,7 @@ impl<T> OnConstraint<T> for std::result::Result<T, sqlx::Error> {
     }
 }
 
-/// The whole chain of `error`'s causes, outermost first, joined for one log line.
-pub fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
-}
+pub use crate::telemetry::error_chain as chain;
 
 #[cfg(test)]
 mod tests {

@@ -4,7 +4,6 @@ use crate::domain::JobId;
 use askama::Template;
 use axum::{
     extract::{Path, RawQuery, State},
-    http::{header, HeaderValue},
     response::{
         sse::{Event as SseEvent, KeepAlive, Sse},
         IntoResponse, Redirect, Response,
@@ -214,6 +213,15 @@ async fn job_for(state: &AppState, user: &SessionUser, id: &str) -> Result<(db::
     Ok((job, role))
 }
 
+/// The job, for a change only its team's members may make: forbidden to viewers.
+async fn member_job_for(state: &AppState, user: &SessionUser, id: &str) -> Result<db::jobs::JobRow, PageError> {
+    let (job, role) = job_for(state, user, id).await?;
+    if role < TeamRole::Member {
+        return Err(PageError::from(ops::Error::Forbidden));
+    }
+    Ok(job)
+}
+
 /// A job: its state, why it waits, where it runs, its timeline; cancel for members.
 pub async fn job(
     State(state): State<AppState>,
@@ -358,15 +366,7 @@ pub async fn job_log(
     let (job, _) = job_for(&state, &user, &id).await?;
     let request = ops::logs::LogRequest { follow: true, ..ops::logs::LogRequest::default() };
     let reader = ops::logs::open(&state, job.id, request).await?;
-    let chunks = reader.stream().map(|chunk| chunk.map_err(|_| std::io::Error::other("reading the log failed")));
-    Ok((
-        [
-            (header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8")),
-            (header::CACHE_CONTROL, HeaderValue::from_static("no-store, no-transform")),
-        ],
-        axum::body::Body::from_stream(chunks),
-    )
-        .into_response())
+    Ok(crate::http::text_stream(reader.stream()))
 }
 
 /// Cancels a job from its page.
@@ -375,10 +375,7 @@ pub async fn cancel(
     Path(id): Path<String>,
     PortalForm { user, .. }: PortalForm<NoFields>,
 ) -> Result<Response, PageError> {
-    let (job, role) = job_for(&state, &user, &id).await?;
-    if role < TeamRole::Member {
-        return Err(PageError::from(ops::Error::Forbidden));
-    }
+    let job = member_job_for(&state, &user, &id).await?;
     ops::jobs::cancel(&state, &principal(&user).actor(), job.id).await?;
     Ok(Redirect::to(&format!("/jobs/{}", job.id)).into_response())
 }
@@ -389,10 +386,7 @@ pub async fn rerun(
     Path(id): Path<String>,
     PortalForm { user, .. }: PortalForm<NoFields>,
 ) -> Result<Response, PageError> {
-    let (job, role) = job_for(&state, &user, &id).await?;
-    if role < TeamRole::Member {
-        return Err(PageError::from(ops::Error::Forbidden));
-    }
+    let job = member_job_for(&state, &user, &id).await?;
     let team = db::teams::by_id(&state.db, job.team_id).await?.ok_or_else(PageError::not_found)?;
     let version = crate::auth::CatalogueVersion(None);
     let again = ops::jobs::rerun(&state, &team, &principal(&user).actor(), &job, version).await?;
