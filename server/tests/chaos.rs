@@ -516,7 +516,21 @@ node_lost_after_seconds = 30
         0,
         "no attempt was dispatched twice"
     );
-    assert_eq!(ledger::count(pool, "select count(*) from job_events where kind = 'orphan_removed'").await, 0);
+    let orphaned: Vec<String> = sqlx::query_scalar(
+        "select string_agg(e.at::text || ' ' || e.kind || coalesce(' (' || e.reason || ')', '') || ': ' || e.message,
+                           E'\n  ' order by e.id)
+         from job_events e where e.job_id in (select job_id from job_events where kind = 'orphan_removed')
+         group by e.job_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert!(
+        orphaned.is_empty(),
+        "jobs whose backend object outlived them:\n  {}\n--- fairway log, about orphans ---\n{}",
+        orphaned.join("\n\n  "),
+        platform.log().lines().filter(|l| l.contains("orphan")).collect::<Vec<_>>().join("\n")
+    );
     assert_eq!(ledger::count(pool, "select count(*) from dispatch_outbox where done_at is null").await, 0);
     assert_eq!(
         ledger::count(pool, "select count(*) from usage_intervals where ended_at is not null").await,

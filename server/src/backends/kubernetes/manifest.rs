@@ -257,7 +257,9 @@ pub fn pod(
             "name": name,
             "namespace": namespace,
             "labels": labels,
-            "annotations": { NODE_ANNOTATION: target.node },
+            // The gang's size on each pod too: the Service and the pods are watched apart, and
+            // a gang seen by its pods alone must not pass for complete with some still unseen.
+            "annotations": { NODE_ANNOTATION: target.node, REPLICAS_ANNOTATION: world },
             "ownerReferences": [{
                 "apiVersion": "v1",
                 "kind": "Service",

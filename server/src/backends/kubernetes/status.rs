@@ -6,7 +6,7 @@
 //! replica runs, and it succeeds when every replica exited 0. A pod that vanished after the
 //! gang was complete, or one whose node is gone, makes the gang `NodeLost`.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Service};
@@ -38,7 +38,7 @@ pub fn gang_phase(
     let stop_deadline = annotation(STOP_DEADLINE_ANNOTATION)
         .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
         .map(|d| d.with_timezone(&Utc));
-    let replicas = annotation(REPLICAS_ANNOTATION).and_then(|r| r.parse::<usize>().ok()).unwrap_or(pods.len());
+    let replicas = gang_size(service, pods);
     let complete = annotation(COMPLETE_ANNOTATION).is_some_and(|v| v == "true");
     let started_at = pods.iter().map(|p| started(p)).collect::<Option<Vec<_>>>().and_then(|s| s.into_iter().max());
     let terminal = |p: &Pod| matches!(pod_phase(p), "Succeeded" | "Failed");
@@ -77,6 +77,17 @@ pub fn gang_phase(
         return (Phase::Finished { started_at, ended_at: now, outcome: Outcome::NodeLost }, disrupted);
     }
     (running_or_pending(pods, replicas, started_at), disrupted)
+}
+
+/// How many pods the gang has: the Service says, or else (its watch lags the pods') the pods
+/// themselves. Only pods written before they carried the size fall back to those in view.
+fn gang_size(service: Option<&Service>, pods: &[&Pod]) -> usize {
+    let of = |annotations: Option<&BTreeMap<String, String>>| {
+        annotations.and_then(|a| a.get(REPLICAS_ANNOTATION)).and_then(|r| r.parse::<usize>().ok())
+    };
+    of(service.and_then(|s| s.metadata.annotations.as_ref()))
+        .or_else(|| pods.iter().filter_map(|p| of(p.metadata.annotations.as_ref())).max())
+        .unwrap_or(pods.len())
 }
 
 /// After its stop deadline, a gang whose pods the kubelet has not confirmed gone is taken for
@@ -268,6 +279,18 @@ mod tests {
         // Still being created: one pod of two, not yet complete.
         let creating = service(json!({REPLICAS_ANNOTATION: "2"}));
         assert_eq!(gang_phase(Some(&creating), &[&a], &HashSet::new(), now()).0, Phase::Pending);
+    }
+
+    #[test]
+    fn a_gang_seen_by_one_of_its_pods_alone_has_not_succeeded() {
+        // The Service's watch lags: only the pods are in view, and one of the two is not yet.
+        let mut first = terminated("n1", "Succeeded", 0, "Completed", "2026-11-23T11:00:00Z");
+        first.metadata.annotations.get_or_insert_default().insert(REPLICAS_ANNOTATION.into(), "2".into());
+        assert_eq!(gang_phase(None, &[&first], &HashSet::new(), now()).0, Phase::Pending);
+        let mut second = terminated("n2", "Succeeded", 0, "Completed", "2026-11-23T11:00:01Z");
+        second.metadata.annotations.get_or_insert_default().insert(REPLICAS_ANNOTATION.into(), "2".into());
+        let (phase, _) = gang_phase(None, &[&first, &second], &HashSet::new(), now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::Succeeded, .. }), "{phase:?}");
     }
 
     #[test]
