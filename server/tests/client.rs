@@ -323,6 +323,46 @@ async fn a_refused_submission_exits_65_and_names_the_field() {
 }
 
 #[tokio::test]
+async fn a_saved_template_submits_with_only_what_changes_and_waits_for_its_outcome() {
+    let p = Platform::start("template").await;
+    let flags = job_flags("nightly-eval", 20, 0);
+    let saved = p.run(&mut p.fairway(&args(&["template", "save", "nightly"], &flags))).await;
+    assert_eq!(saved.code, Some(0), "{saved}");
+    assert_eq!(saved.stdout, "nightly saved (version 1)\n", "{saved}");
+    let listed = p.run(&mut p.fairway(&["template", "list"])).await;
+    assert!(listed.stdout.lines().nth(1).is_some_and(|l| l.starts_with("nightly ")), "{listed}");
+
+    // From the template, with a changed exit code: the job's outcome is the client's.
+    let run =
+        p.run(&mut p.fairway(&["submit", "--template", "nightly", "--env", "FAIRWAY_SIM_EXIT_CODE=4", "--wait"])).await;
+    assert_eq!(run.code, Some(4), "{run}\n{}", p.log_tail());
+    let job = p.job(run.stdout.trim()).await;
+    assert_eq!(job["name"], "nightly-eval");
+    assert_eq!(job["labels"]["fairway.dev/template"], "nightly");
+    assert_eq!(job["env"]["FAIRWAY_SIM_RUNTIME_SECONDS"], "20", "the template's env is kept: {job}");
+    assert_eq!(job["command"], json!(["python", "train.py"]));
+
+    // `show` prints a job file that `submit -f` takes back.
+    let shown = p.run(&mut p.fairway(&["template", "show", "nightly"])).await;
+    let file = p.home.join("nightly.json");
+    std::fs::write(&file, &shown.stdout).unwrap();
+    let again = p.run(&mut p.fairway(&["submit", "-f", file.to_str().unwrap(), "--name", "from-file"])).await;
+    assert_eq!(again.code, Some(0), "{shown}\n{again}");
+    assert_eq!(p.job(again.stdout.trim()).await["gpu_class"], CLASS);
+
+    // A template that does not exist, or a bad name, is refused with the field named.
+    let missing = p.run(&mut p.fairway(&["submit", "--template", "nope"])).await;
+    assert_eq!(missing.code, Some(65), "{missing}");
+    let bad = p.run(&mut p.fairway(&args(&["template", "save", "Nightly Eval"], &flags))).await;
+    assert_eq!(bad.code, Some(65), "{bad}");
+    assert!(bad.stderr.contains("template:"), "{bad}");
+    let deleted = p.run(&mut p.fairway(&["template", "delete", "nightly"])).await;
+    assert_eq!(deleted.code, Some(0), "{deleted}");
+    let gone = p.run(&mut p.fairway(&["template", "show", "nightly"])).await;
+    assert_eq!(gone.code, Some(65), "{gone}");
+}
+
+#[tokio::test]
 async fn json_output_is_the_servers_job() {
     let p = Platform::start("json").await;
     let flags = job_flags("inspected", 600, 0);

@@ -165,7 +165,7 @@ impl From<db::jobs::JobRow> for JobView {
     }
 }
 
-fn with_etag(view: JobView) -> (HeaderMap, Json<JobView>) {
+pub(super) fn with_etag(view: JobView) -> (HeaderMap, Json<JobView>) {
     let mut headers = HeaderMap::new();
     headers.insert(header::ETAG, job_etag(&view));
     (headers, Json(view))

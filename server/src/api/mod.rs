@@ -13,6 +13,7 @@ pub mod jobs;
 pub mod priority_classes;
 pub mod quotas;
 pub mod teams;
+pub mod templates;
 pub mod tokens;
 pub mod users;
 pub mod webhooks;
@@ -64,6 +65,11 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("POST", "/api/v1/teams/{team}/webhooks", Team(TeamRole::Admin)),
     route("DELETE", "/api/v1/teams/{team}/webhooks/{webhook}", Team(TeamRole::Admin)),
     route("GET", "/api/v1/teams/{team}/webhooks/{webhook}/deliveries", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/job-templates", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/job-templates/{template}", Team(TeamRole::Viewer)),
+    route("PUT", "/api/v1/teams/{team}/job-templates/{template}", Team(TeamRole::Member)),
+    route("DELETE", "/api/v1/teams/{team}/job-templates/{template}", Team(TeamRole::Member)),
+    route("POST", "/api/v1/teams/{team}/job-templates/{template}/jobs", Team(TeamRole::Member)),
     route("GET", "/api/v1/teams/{team}/quotas", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/quotas/{gpu_class}", Team(TeamRole::Viewer)),
     route("PUT", "/api/v1/teams/{team}/quotas/{gpu_class}", Policy::TeamPlatformAdmin),
@@ -123,6 +129,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
         (name = "users", description = "Users (platform admins)"),
         (name = "teams", description = "Teams and their members"),
         (name = "tokens", description = "API tokens for CI pipelines"),
+        (name = "job-templates", description = "A team's saved job requests, and jobs submitted from them with only what changes"),
         (name = "webhooks", description = "Signed notifications of job ends and budget thresholds, and their delivery logs"),
         (name = "jobs", description = "Jobs: submit, watch, cancel, the queue and dry runs"),
         (name = "quotas", description = "Reserved, burst and lendable GPUs per team and class"),
@@ -174,6 +181,9 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(webhooks::create_webhook, webhooks::list_webhooks))
         .routes(routes!(webhooks::delete_webhook))
         .routes(routes!(webhooks::list_webhook_deliveries))
+        .routes(routes!(templates::list_job_templates))
+        .routes(routes!(templates::get_job_template, templates::put_job_template, templates::delete_job_template))
+        .routes(routes!(templates::create_job_from_template))
         .routes(routes!(jobs::create_job, jobs::list_jobs))
         .routes(routes!(jobs::create_jobs_batch))
         .routes(routes!(jobs::dry_run_job))

@@ -1,5 +1,5 @@
-//! The client for CI pipelines and terminals: `fairway submit`, `status`, `wait`, `cancel`,
-//! `list`, `queue`, `dry-run`, `logs` and `completions`, subcommands of the same binary as
+//! The client for CI pipelines and terminals: `fairway submit`, `rerun`, `template`, `status`,
+//! `wait`, `cancel`, `list`, `queue`, `dry-run`, `logs` and `completions`, subcommands of the same binary as
 //! `fairway serve` (as Nomad and Vault ship theirs).
 //!
 //! A face that talks only HTTP: it names no other module of the crate, so it could move to a
@@ -40,6 +40,10 @@ pub enum Command {
     /// with --wait, follows it to its end and exits with its outcome.
     #[command(after_help = RERUN_HELP)]
     Rerun(RerunArgs),
+    /// The team's job templates: saved requests a job is submitted from with only what
+    /// changes (`fairway submit --template NAME`).
+    #[command(subcommand)]
+    Template(TemplateCommand),
     /// Shows a job: why it waits and when it should start, or how it ended.
     #[command(
         after_help = "Examples:\n  fairway status 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e\n  fairway status $JOB --output json | jq -r .state"
@@ -123,11 +127,32 @@ pub enum Command {
 /// `fairway submit`'s own flags.
 #[derive(clap::Args, Debug)]
 pub struct SubmitArgs {
+    /// Start from the team's saved template NAME: the job file's fields and the flags change
+    /// it (`--env` and `--label` add to its own).
+    #[arg(long, value_name = "NAME")]
+    template: Option<String>,
     #[command(flatten)]
     job: JobArgs,
-    /// Makes retries safe: a second submission with the same key returns the first job.
-    /// In GitHub Actions, GitLab CI, Jenkins and Buildkite it defaults to one derived from
-    /// the CI job and the request, so a retried step never submits twice.
+    #[command(flatten)]
+    create: CreateArgs,
+}
+
+/// `fairway rerun`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct RerunArgs {
+    /// The job to run again.
+    #[arg(value_parser = job_id, value_name = "JOB")]
+    job: String,
+    #[command(flatten)]
+    create: CreateArgs,
+}
+
+/// The flags of every command that creates a job.
+#[derive(clap::Args, Debug)]
+pub struct CreateArgs {
+    /// Makes retries safe: a second request with the same key returns the job the first
+    /// made. In GitHub Actions, GitLab CI, Jenkins and Buildkite it defaults to one derived
+    /// from the CI job and the request, so a retried step never creates two.
     #[arg(long, env = "FAIRWAY_IDEMPOTENCY_KEY", value_name = "KEY")]
     idempotency_key: Option<String>,
     /// Follow the job to its end, printing its events to standard error, and exit with
@@ -138,22 +163,38 @@ pub struct SubmitArgs {
     options: WaitArgs,
 }
 
-/// `fairway rerun`'s flags.
-#[derive(clap::Args, Debug)]
-pub struct RerunArgs {
-    /// The job to run again.
-    #[arg(value_parser = job_id, value_name = "JOB")]
-    job: String,
-    /// Makes retries safe: a second rerun with the same key returns the first new job. In
-    /// GitHub Actions, GitLab CI, Jenkins and Buildkite it defaults to one derived from the
-    /// CI job and the job run again.
-    #[arg(long, env = "FAIRWAY_IDEMPOTENCY_KEY", value_name = "KEY")]
-    idempotency_key: Option<String>,
-    /// Follow the new job to its end, as `submit --wait` does.
-    #[arg(long)]
-    wait: bool,
-    #[command(flatten)]
-    options: WaitArgs,
+/// `fairway template`'s subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum TemplateCommand {
+    /// Saves a job request as the team's template NAME, from a job file and flags (as
+    /// `submit` takes them), replacing the template of that name.
+    #[command(
+        after_help = "Examples:\n  fairway template save nightly-eval -f eval.toml\n  fairway template save smoke --name smoke --gpu-class l4-24gb --image ghcr.io/acme/test:1 -- pytest -x\n\nThe request is checked as a submission of it would be; budgets are checked when a job is\nsubmitted from it (fairway submit --template NAME)."
+    )]
+    Save {
+        /// The template's name: lowercase letters, digits, '-', '_' and '.'.
+        #[arg(value_name = "NAME")]
+        template: String,
+        #[command(flatten)]
+        job: Box<JobArgs>,
+    },
+    /// Lists the team's templates.
+    #[command(after_help = "Example:\n  fairway template list --team vision")]
+    List,
+    /// Prints a template's job fields as JSON: a job file for `submit -f`.
+    #[command(after_help = "Example:\n  fairway template show nightly-eval > eval.json")]
+    Show {
+        /// The template's name.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
+    /// Deletes a template; jobs submitted from it stay.
+    #[command(after_help = "Example:\n  fairway template delete nightly-eval")]
+    Delete {
+        /// The template's name.
+        #[arg(value_name = "NAME")]
+        name: String,
+    },
 }
 
 /// How a wait may end early.
@@ -178,6 +219,7 @@ const SUBMIT_HELP: &str = concat!(
   fairway submit --name resnet --gpu-class a100-80gb --gpus 4 --image ghcr.io/acme/train:1 \\
     --max-runtime 2h --env SEED=1 -- python train.py --epochs 10
   fairway submit -f job.toml --priority production --wait --timeout 3h
+  fairway submit --template nightly-eval --image ghcr.io/acme/eval:$GIT_SHA --wait
   JOB=$(fairway submit -f job.yaml) && fairway status \"$JOB\"
 
 The job file (TOML, YAML or JSON) holds the API's fields: name, gpu_class, image,
@@ -287,6 +329,7 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
     match command {
         Command::Submit(args) => submit(&ctx, args).await,
         Command::Rerun(args) => rerun(&ctx, args).await,
+        Command::Template(command) => template(&ctx, command).await,
         Command::Status { job } => {
             let job = api.get(api.url(&["jobs", &job])).await?;
             ctx.print(&job, |j| output::job(j, now));
@@ -352,17 +395,78 @@ impl From<WaitArgs> for wait::Options {
 }
 
 async fn submit(ctx: &Context, args: Box<SubmitArgs>) -> Result<Finish, Error> {
+    // From a template, the body holds only what changes; the template's name is part of
+    // what a CI key is derived from, so two templates with the same changes stay two jobs.
     let body = serde_json::to_vec(&spec::body(&args.job)?).map_err(|e| Error::Usage(e.to_string()))?;
-    let key = idempotency_key(args.idempotency_key, &body);
-    let url = ctx.api.url(&["teams", &ctx.team().await?, "jobs"]);
-    create(ctx, url, Some(body), key, args.wait.then_some(args.options)).await
+    let team = ctx.team().await?;
+    let (url, request) = match &args.template {
+        Some(name) => {
+            let url = ctx.api.url(&["teams", &team, "job-templates", name, "jobs"]);
+            (url, [name.as_bytes(), b"\0", &body].concat())
+        }
+        None => (ctx.api.url(&["teams", &team, "jobs"]), body.clone()),
+    };
+    let key = idempotency_key(args.create.idempotency_key, &request);
+    create(ctx, url, Some(body), key, args.create.wait.then_some(args.create.options)).await
 }
 
 async fn rerun(ctx: &Context, args: RerunArgs) -> Result<Finish, Error> {
     // In CI the key is derived from the job run again: a retried step reruns it once.
-    let key = idempotency_key(args.idempotency_key, args.job.as_bytes());
+    let key = idempotency_key(args.create.idempotency_key, args.job.as_bytes());
     let url = ctx.api.url(&["jobs", &args.job, "rerun"]);
-    create(ctx, url, None, key, args.wait.then_some(args.options)).await
+    create(ctx, url, None, key, args.create.wait.then_some(args.create.options)).await
+}
+
+async fn template(ctx: &Context, command: TemplateCommand) -> Result<Finish, Error> {
+    let api = &ctx.api;
+    let team = ctx.team().await?;
+    match command {
+        TemplateCommand::Save { template, job } => {
+            let body = serde_json::to_vec(&spec::body(&job)?).map_err(|e| Error::Usage(e.to_string()))?;
+            let url = api.url(&["teams", &team, "job-templates", &template]);
+            let build = || {
+                api.request(Method::PUT, url.clone())
+                    .timeout(std::time::Duration::from_secs(30))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            };
+            // Saving the same request again is harmless: it may be repeated.
+            let saved = http::json(api.send(build, Repeat::Safe).await?).await?;
+            for warning in saved.get("warnings").and_then(Value::as_array).into_iter().flatten() {
+                eprintln!(
+                    "fairway: warning: {}: {}",
+                    output::field(warning, "field"),
+                    output::field(warning, "message")
+                );
+            }
+            ctx.print(&saved, |t| {
+                format!("{} saved (version {})\n", output::field(t, "name"), output::field(t, "version"))
+            });
+        }
+        TemplateCommand::List => {
+            let mut url = api.url(&["teams", &team, "job-templates"]);
+            url.query_pairs_mut().append_pair("limit", "200");
+            let page = api.get(url).await?;
+            ctx.print(&page, |p| {
+                output::templates(p.get("items").and_then(Value::as_array).map_or(&[], Vec::as_slice), Utc::now())
+            });
+        }
+        TemplateCommand::Show { name } => {
+            let template = api.get(api.url(&["teams", &team, "job-templates", &name])).await?;
+            ctx.print(&template, |t| {
+                let spec = t.get("spec").cloned().unwrap_or(Value::Null);
+                serde_json::to_string_pretty(&spec).unwrap_or_default() + "\n"
+            });
+        }
+        TemplateCommand::Delete { name } => {
+            let url = api.url(&["teams", &team, "job-templates", &name]);
+            api.send(|| api.request(Method::DELETE, url.clone()), Repeat::Unsafe).await?;
+            if ctx.settings.output == Output::Text {
+                stdout(&format!("{name} deleted\n"));
+            }
+        }
+    }
+    Ok(Exit::Success.into())
 }
 
 /// The key given, else one derived from the CI job and `request`, else none.
@@ -568,8 +672,8 @@ mod tests {
         assert_eq!(args.job.command, ["python", "train.py", "--epochs", "3"]);
         assert_eq!(args.job.env.len(), 2);
         assert_eq!(args.job.max_runtime.map(|d| d.as_secs()), Some(5_400));
-        assert!(args.wait);
-        assert_eq!(args.options.timeout.map(|d| d.as_secs()), Some(3_600));
+        assert!(args.create.wait);
+        assert_eq!(args.create.options.timeout.map(|d| d.as_secs()), Some(3_600));
     }
 
     #[test]

@@ -151,6 +151,28 @@ pub fn jobs(items: &[Value], now: DateTime<Utc>) -> String {
     table(&["ID", "STATE", "CLASS", "GPUS", "SUBMITTED", "NAME"], &rows)
 }
 
+/// The team's job templates, one line each: what a job from it asks for.
+pub fn templates(items: &[Value], now: DateTime<Utc>) -> String {
+    let rows: Vec<Vec<String>> = items
+        .iter()
+        .map(|t| {
+            let spec = t.get("spec").cloned().unwrap_or(Value::Null);
+            let number = |key: &str| spec.get(key).and_then(Value::as_i64).unwrap_or(1);
+            let gpus = (number("replicas") * number("gpus_per_replica")).to_string();
+            let updated = time(t, "updated_at").map_or_else(|| "-".to_owned(), |at| relative(at, now));
+            vec![
+                field(t, "name"),
+                field(&spec, "gpu_class"),
+                gpus,
+                field(t, "updated_by"),
+                updated,
+                field(&spec, "image"),
+            ]
+        })
+        .collect();
+    table(&["NAME", "CLASS", "GPUS", "UPDATED BY", "UPDATED", "IMAGE"], &rows)
+}
+
 /// The team's queue, in admission order.
 pub fn queue(entries: &[Value], now: DateTime<Utc>) -> String {
     let rows: Vec<Vec<String>> = entries

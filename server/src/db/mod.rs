@@ -27,6 +27,7 @@ pub mod schema;
 pub mod sim;
 pub mod snapshot;
 pub mod teams;
+pub mod templates;
 pub mod tokens;
 pub mod users;
 pub mod web_sessions;

@@ -10,7 +10,9 @@ mod roles;
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
 pub use ids::{ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
 pub use job::{BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures};
-pub use names::{ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, Username};
+pub use names::{
+    ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, TemplateName, Username,
+};
 pub use roles::{PlatformRole, TeamRole};
 
 use serde::{Deserialize, Serialize};

@@ -86,6 +86,11 @@ name_type!(
     /// A priority class, e.g. `production`.
     PriorityClassName, max = 63, separators = b"-"
 );
+name_type!(
+    /// A team's job template, e.g. `nightly-eval`: also the value of the label
+    /// `fairway.dev/template` on the jobs submitted from it, so a Kubernetes label value.
+    TemplateName, max = 63, separators = b"-_."
+);
 
 /// Free text shown to people (display names, descriptions): no control characters.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -172,6 +177,15 @@ mod tests {
         assert!(GpuClassName::parse("name", "h100-80gb").is_ok());
         assert!(GpuClassName::parse("name", "h100_80gb").is_err());
         assert!(GpuClassName::parse("name", "h100.").is_err());
+    }
+
+    #[test]
+    fn template_names_are_label_values() {
+        assert!(TemplateName::parse("template", "nightly-eval_v2.1").is_ok());
+        assert_eq!(TemplateName::parse("template", "Nightly").unwrap_err().code, "invalid_characters");
+        assert_eq!(TemplateName::parse("template", "eval/x").unwrap_err().code, "invalid_characters");
+        assert_eq!(TemplateName::parse("template", "_eval").unwrap_err().code, "invalid_format");
+        assert_eq!(TemplateName::parse("template", &"a".repeat(64)).unwrap_err().code, "too_long");
     }
 
     #[test]

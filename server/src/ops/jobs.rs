@@ -32,7 +32,7 @@ pub const MAX_BATCH: usize = 1000;
 const DEFAULT_MAX_RUNTIME_SECONDS: i32 = 86_400;
 
 /// A job to submit.
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
     /// Free text shown to people.
@@ -48,14 +48,14 @@ pub struct JobSpec {
     #[schema(minimum = 1, maximum = 64)]
     pub gpus_per_replica: i64,
     /// Priority class. Default `experiment` (preemptible, may borrow burst capacity).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class: Option<String>,
     /// Longest the job may run; at most the team's limit. Default a day (or the limit).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_runtime_seconds: Option<i64>,
     /// What the job expects to run, in seconds; the forecast of expected starts uses it as
     /// this job's median runtime instead of its team's history. At most max_runtime_seconds.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1)]
     pub expected_runtime_seconds: Option<i64>,
     /// Container image.
@@ -71,14 +71,14 @@ pub struct JobSpec {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Keep the gang within one domain of a topology level.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub topology: Option<TopologyWish>,
     /// Seconds to checkpoint when preempted; default from the priority class.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 86400)]
     pub preemption_grace_seconds: Option<i64>,
     /// Times to rerun the job after the application fails. Default 0.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 100)]
     pub max_retries: Option<i64>,
     /// The job tolerates spot capacity: it may run on spot cloud pools (cheaper), and a spot
@@ -506,6 +506,21 @@ pub async fn rerun(
         wait_for_quota: false,
     };
     submit(state, team, by, spec, version, None).await
+}
+
+/// Checks `spec` as a submission of `team_id` is checked against the catalogue (classes,
+/// priority classes, the team's runtime limit, the quotas of its team tree), storing nothing:
+/// what a template must pass to be saved. Budgets are not asked: they change by the minute.
+/// The warnings it would be accepted with (`wait_for_quota`).
+pub async fn check(
+    state: &AppState,
+    team_id: TeamId,
+    spec: &JobSpec,
+    version: CatalogueVersion,
+) -> Result<Vec<FieldError>> {
+    let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
+    let Validated { warnings, .. } = catalogue.validate("", spec).map_err(Error::Validation)?;
+    Ok(warnings)
 }
 
 /// Validates `spec` against the catalogue and queues it for `team` on behalf of `by`; the

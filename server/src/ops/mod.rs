@@ -17,6 +17,7 @@ pub mod priority_classes;
 pub mod quotas;
 pub mod sign_in;
 pub mod teams;
+pub mod templates;
 pub mod timeline;
 pub mod tokens;
 pub mod users;

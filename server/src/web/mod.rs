@@ -43,6 +43,7 @@ pub fn router() -> Router<AppState> {
         .route("/teams/{team}/tokens/{token}/revoke", post(pages::revoke_token))
         .route("/teams/{team}/jobs/new", get(pages::submit_form).post(pages::submit))
         .route("/teams/{team}/jobs/preview", post(pages::preview))
+        .route("/teams/{team}/templates/{template}/delete", post(pages::delete_template))
         .route("/jobs/{job}", get(pages::job))
         .route("/jobs/{job}/live", get(pages::job_live))
         .route("/jobs/{job}/log", get(pages::job_log))

@@ -15,5 +15,6 @@ mod observability;
 mod openapi;
 mod portal;
 mod sim_backend;
+mod templates;
 mod tenancy;
 mod webhooks;

@@ -311,6 +311,70 @@ async fn a_member_previews_a_job_through_the_engine_then_submits_it_from_the_for
 }
 
 #[tokio::test]
+async fn a_member_saves_the_form_as_a_template_and_submits_from_it_keeping_what_the_form_does_not_show() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    // A template saved through the API with an environment the form has no field for.
+    p.app
+        .send(call("PUT", "/api/v1/teams/ml/job-templates/nightly").token(&admin).json(&json!({
+            "name": "nightly-eval", "gpu_class": "h100", "gpus_per_replica": 2, "image": "eval:1",
+            "env": {"SUITE": "full"}, "labels": {"project": "vision"}})))
+        .await
+        .assert_status(201);
+    let session = sign_in(&p.app, "alice").await;
+    let r = p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await;
+    let page = body(&r);
+    assert!(page.contains("href=\"/teams/ml/jobs/new?template=nightly\""), "the form lists the template: {page}");
+    let token = csrf_in(&page);
+
+    // Opened from it, the form is filled with its fields.
+    let r = p.app.send(call("GET", "/teams/ml/jobs/new?template=nightly").header("cookie", &session)).await;
+    r.assert_status(200);
+    let page = body(&r);
+    assert!(page.contains("name=\"template\" value=\"nightly\""), "{page}");
+    assert!(page.contains("name=\"image\" required value=\"eval:1\""), "{page}");
+    assert!(page.contains("name=\"gpus_per_replica\" inputmode=\"numeric\" value=\"2\""), "{page}");
+
+    // Submitted with the image changed: the template's environment and labels are kept.
+    let form = format!(
+        "csrf={token}&action=submit&template=nightly&name=nightly-eval&gpu_class=h100&replicas=1&gpus_per_replica=2\
+         &priority_class=experiment&max_runtime_seconds=&expected_runtime_seconds=&image=eval%3A2&command="
+    );
+    let r = post_form(&p.app, &session, "/teams/ml/jobs/new", form.clone()).await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let job_id = r.header("location").expect("to the job's page").trim_start_matches("/jobs/").to_owned();
+    let job = p.app.send(call("GET", &format!("/api/v1/jobs/{job_id}")).token(&admin)).await.json();
+    assert_eq!(job["image"], "eval:2");
+    assert_eq!(job["env"], json!({"SUITE": "full"}));
+    assert_eq!(job["labels"], json!({"project": "vision", "fairway.dev/template": "nightly"}));
+
+    // Saved under a new name from the form: a template the API reads, with the kept fields.
+    let save = form.replace("action=submit", "action=save_template") + "&save_as=nightly-v2";
+    let r = post_form(&p.app, &session, "/teams/ml/jobs/new", save).await;
+    r.assert_status(200);
+    assert!(body(&r).contains("Saved as template “nightly-v2” (version 1)."), "{}", body(&r));
+    let saved = p.app.send(call("GET", "/api/v1/teams/ml/job-templates/nightly-v2").token(&admin)).await;
+    saved.assert_status(200);
+    assert_eq!(saved.json()["spec"]["image"], "eval:2");
+    assert_eq!(saved.json()["spec"]["env"], json!({"SUITE": "full"}));
+    assert_eq!(saved.json()["created_by"], "user:alice");
+
+    // A name that cannot be one is shown back, and nothing is saved.
+    let bad = form.replace("action=submit", "action=save_template") + "&save_as=Nightly+V3";
+    let r = post_form(&p.app, &session, "/teams/ml/jobs/new", bad).await;
+    assert_eq!(r.status.as_u16(), 422);
+    assert!(body(&r).contains("<code>template</code>: may contain only lowercase letters"), "{}", body(&r));
+
+    // Deleted from the page; a stranger cannot open the form from another team's template.
+    let r = post_form(&p.app, &session, "/teams/ml/templates/nightly/delete", format!("csrf={token}")).await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    p.app.send(call("GET", "/api/v1/teams/ml/job-templates/nightly").token(&admin)).await.assert_status(404);
+    let bob = sign_in(&p.app, "bob").await;
+    let r = p.app.send(call("GET", "/teams/ml/jobs/new?template=nightly-v2").header("cookie", &bob)).await;
+    r.assert_status(404);
+}
+
+#[tokio::test]
 async fn the_submit_form_offers_first_and_selects_a_class_the_team_has_quota_for_and_refuses_one_it_has_none_for() {
     let p = setup().await;
     let admin = p.app.admin().await;

@@ -32,7 +32,7 @@ pub use clusters::clusters;
 pub use jobs::{cancel, job, job_live, job_log, rerun, team_jobs};
 pub use members::{remove_member, set_member, team_members};
 pub use platform_admin::{admin, create_team, save_priority_class, set_rate};
-pub use submit::{preview, submit, submit_form};
+pub use submit::{delete_template, preview, submit, submit_form};
 pub use team::{home, team};
 pub use team_admin::{
     audit, audit_changes, create_token, revoke_token, set_quota, team_audit, team_quotas, team_tokens,

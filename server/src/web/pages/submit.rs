@@ -2,7 +2,7 @@
 
 use askama::Template;
 use axum::{
-    extract::{Path, State},
+    extract::{Path, Query, State},
     http::StatusCode,
     response::{IntoResponse, Redirect, Response},
 };
@@ -39,8 +39,22 @@ pub struct SubmitForm {
     pub image: String,
     #[serde(default)]
     pub command: String,
+    /// The template the form was opened from (hidden): its fields the form does not show
+    /// (environment, labels, topology, ...) are kept, and the job is labelled with it.
+    #[serde(default)]
+    pub template: String,
+    /// The name to save the form under as a template (action `save_template`).
+    #[serde(default)]
+    pub save_as: String,
     #[serde(default)]
     action: String,
+}
+
+/// A template as the submit page offers it.
+pub struct TemplateLine {
+    pub name: String,
+    pub summary: String,
+    pub updated: String,
 }
 
 /// What submitting now would do, in words.
@@ -67,6 +81,9 @@ struct SubmitPage {
     preview: Option<PreviewView>,
     /// Shown by the live preview only.
     incomplete: Option<String>,
+    templates: Vec<TemplateLine>,
+    /// A template just saved or deleted, in words.
+    notice: Option<String>,
 }
 
 /// The live preview's answer: the part of the submit page that says what submitting now
@@ -98,6 +115,22 @@ async fn submit_page(
 ) -> Result<SubmitPage, PageError> {
     let classes = usable_classes_first(state, team.id).await?;
     let priorities = db::priority_classes::list(&state.db).await?.into_iter().map(|p| p.name).collect();
+    let templates = db::templates::list(&state.db, team.id, None, 200)
+        .await?
+        .into_iter()
+        .map(|t| {
+            let spec = &t.spec.0;
+            let number = |key: &str| spec.get(key).and_then(serde_json::Value::as_i64).unwrap_or(1);
+            let text = |key: &str| spec.get(key).and_then(serde_json::Value::as_str).unwrap_or("-").to_owned();
+            let gpus = number("replicas") * number("gpus_per_replica");
+            let summary = format!("{gpus} × {} · {}", text("gpu_class"), text("image"));
+            TemplateLine {
+                name: t.name,
+                summary,
+                updated: format!("{} by {}", super::when(t.updated_at), t.updated_by),
+            }
+        })
+        .collect();
     Ok(SubmitPage {
         signed_in: Some(signed_in(user)),
         csrf: user.csrf_token.clone(),
@@ -108,6 +141,8 @@ async fn submit_page(
         errors,
         preview,
         incomplete: None,
+        templates,
+        notice: None,
     })
 }
 
@@ -126,13 +161,25 @@ async fn usable_classes_first(state: &AppState, team: TeamId) -> Result<Vec<Stri
     Ok(first)
 }
 
-/// The submit form.
+/// `?template=NAME`: open the form filled from a template.
+#[derive(Deserialize)]
+pub struct FormQuery {
+    template: Option<String>,
+}
+
+/// The submit form, empty or filled from a template.
 pub async fn submit_form(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
     Path(name): Path<String>,
+    Query(query): Query<FormQuery>,
 ) -> Result<Response, PageError> {
     let team = submit_team(&state, &user, &name).await?;
+    if let Some(template) = query.template.filter(|t| !t.is_empty()) {
+        let template = ops::templates::get(&state, &team, &template).await?;
+        let form = form_of(&template);
+        return Ok(render(&submit_page(&state, &user, &team, form, Vec::new(), None).await?));
+    }
     let form = SubmitForm {
         replicas: "1".into(),
         gpus_per_replica: "1".into(),
@@ -146,8 +193,59 @@ pub async fn submit_form(
     Ok(render(&page))
 }
 
-/// The form as the API's job spec; the fields that are not numbers, named.
-fn spec_of(form: &SubmitForm) -> Result<ops::jobs::JobSpec, Vec<(String, String)>> {
+/// The form as a template fills it: what the template leaves to the server's defaults shows
+/// the defaults the empty form shows.
+fn form_of(template: &db::templates::TemplateRow) -> SubmitForm {
+    let spec = &template.spec.0;
+    let text = |key: &str, default: &str| match spec.get(key) {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Number(n)) => n.to_string(),
+        _ => default.to_owned(),
+    };
+    let command = spec
+        .get("command")
+        .and_then(serde_json::Value::as_array)
+        .map(|words| words.iter().filter_map(serde_json::Value::as_str).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default();
+    SubmitForm {
+        name: text("name", ""),
+        gpu_class: text("gpu_class", ""),
+        replicas: text("replicas", "1"),
+        gpus_per_replica: text("gpus_per_replica", "1"),
+        priority_class: text("priority_class", "experiment"),
+        max_runtime_seconds: text("max_runtime_seconds", ""),
+        expected_runtime_seconds: text("expected_runtime_seconds", ""),
+        image: text("image", ""),
+        command,
+        template: template.name.clone(),
+        save_as: template.name.clone(),
+        action: String::new(),
+    }
+}
+
+/// The form's job: its fields, over the template it was opened from if any. The fields that
+/// are not numbers are named.
+async fn spec_for(
+    state: &AppState,
+    team: &db::teams::TeamRow,
+    form: &SubmitForm,
+) -> Result<Result<ops::jobs::JobSpec, Vec<(String, String)>>, PageError> {
+    let fields = match fields_of(form) {
+        Ok(fields) => fields,
+        Err(errors) => return Ok(Err(errors)),
+    };
+    if form.template.is_empty() {
+        return Ok(serde_json::from_value(serde_json::Value::Object(fields))
+            .map_err(|e| vec![("job".to_owned(), e.to_string())]));
+    }
+    match ops::templates::spec(state, team, &form.template, fields).await {
+        Ok(spec) => Ok(Ok(spec)),
+        Err(e) => field_errors(e).map(Err),
+    }
+}
+
+/// The form's fields as the API's; the fields that are not numbers, named.
+fn fields_of(form: &SubmitForm) -> Result<serde_json::Map<String, serde_json::Value>, Vec<(String, String)>> {
     let mut errors = Vec::new();
     let mut number = |field: &str, value: &str| match value.trim().parse::<i64>() {
         Ok(n) => Some(n),
@@ -158,7 +256,11 @@ fn spec_of(form: &SubmitForm) -> Result<ops::jobs::JobSpec, Vec<(String, String)
     };
     let replicas = number("replicas", &form.replicas);
     let gpus = number("gpus_per_replica", &form.gpus_per_replica);
-    let runtime = number("max_runtime_seconds", &form.max_runtime_seconds);
+    // A form opened from a template may leave the runtime to it.
+    let runtime = match form.max_runtime_seconds.trim() {
+        "" if !form.template.is_empty() => Some(None),
+        typed => number("max_runtime_seconds", typed).map(Some),
+    };
     let expected = match form.expected_runtime_seconds.trim() {
         "" => Some(None),
         typed => number("expected_runtime_seconds", typed).map(Some),
@@ -167,7 +269,7 @@ fn spec_of(form: &SubmitForm) -> Result<ops::jobs::JobSpec, Vec<(String, String)
     else {
         return Err(errors);
     };
-    let spec = serde_json::json!({
+    let mut fields = serde_json::json!({
         "name": form.name,
         "gpu_class": form.gpu_class,
         "replicas": replicas,
@@ -178,7 +280,12 @@ fn spec_of(form: &SubmitForm) -> Result<ops::jobs::JobSpec, Vec<(String, String)
         "image": form.image,
         "command": form.command.split_whitespace().collect::<Vec<_>>(),
     });
-    serde_json::from_value(spec).map_err(|e| vec![("job".to_owned(), e.to_string())])
+    // What the form leaves empty, the server (or the template) decides.
+    if let serde_json::Value::Object(fields) = &mut fields {
+        fields.retain(|_, v| !v.is_null());
+        return Ok(std::mem::take(fields));
+    }
+    Ok(serde_json::Map::new())
 }
 
 fn field_errors(e: ops::Error) -> Result<Vec<(String, String)>, PageError> {
@@ -195,7 +302,7 @@ pub async fn submit(
     PortalForm { user, form }: PortalForm<SubmitForm>,
 ) -> Result<Response, PageError> {
     let team = submit_team(&state, &user, &name).await?;
-    let spec = match spec_of(&form) {
+    let spec = match spec_for(&state, &team, &form).await? {
         Ok(spec) => spec,
         Err(errors) => {
             let page = submit_page(&state, &user, &team, form, errors, None).await?;
@@ -203,6 +310,30 @@ pub async fn submit(
         }
     };
     let version = crate::auth::CatalogueVersion(None);
+    if form.action == "save_template" {
+        let saved = ops::templates::save(
+            &state,
+            &principal(&user),
+            &team,
+            form.save_as.trim(),
+            &ops::Precondition::none(),
+            &spec,
+            version,
+        )
+        .await;
+        return match saved {
+            Ok((template, _)) => {
+                let form = SubmitForm { template: template.name.clone(), save_as: template.name.clone(), ..form };
+                let mut page = submit_page(&state, &user, &team, form, Vec::new(), None).await?;
+                page.notice = Some(format!("Saved as template “{}” (version {}).", template.name, template.version));
+                Ok(render(&page))
+            }
+            Err(e) => {
+                let page = submit_page(&state, &user, &team, form, field_errors(e)?, None).await?;
+                Ok((StatusCode::UNPROCESSABLE_ENTITY, render(&page)).into_response())
+            }
+        };
+    }
     if form.action == "preview" {
         let (errors, preview) = match ops::jobs::dry_run(&state, team.id, &spec, version).await {
             Ok(answer) => (Vec::new(), Some(preview_of(answer))),
@@ -255,7 +386,7 @@ pub async fn preview(
         let words: Vec<String> = errors.into_iter().map(|(field, message)| format!("{field}: {message}")).collect();
         PreviewFragment { preview: None, incomplete: Some(words.join("; ")) }
     };
-    let fragment = match spec_of(&form) {
+    let fragment = match spec_for(&state, &team, &form).await? {
         Err(errors) => incomplete(errors),
         Ok(spec) => match ops::jobs::dry_run(&state, team.id, &spec, crate::auth::CatalogueVersion(None)).await {
             Ok(answer) => PreviewFragment { preview: Some(preview_of(answer)), incomplete: None },
@@ -263,4 +394,15 @@ pub async fn preview(
         },
     };
     Ok(render(&fragment))
+}
+
+/// Deletes a template of the team from the submit page, which answers.
+pub async fn delete_template(
+    State(state): State<AppState>,
+    Path((name, template)): Path<(String, String)>,
+    PortalForm { user, form: _ }: PortalForm<super::NoFields>,
+) -> Result<Response, PageError> {
+    let team = submit_team(&state, &user, &name).await?;
+    ops::templates::delete(&state, &principal(&user), &team, &template, &ops::Precondition::none()).await?;
+    Ok(Redirect::to(&format!("/teams/{}/jobs/new", team.name)).into_response())
 }
