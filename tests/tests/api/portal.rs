@@ -1,5 +1,6 @@
 //! The web portal through the router: signing in, a team's dashboard with why jobs wait, the
-//! job list, a job's page, cancelling, and what a cross-site form post or a stranger gets.
+//! job list, a job's page, cancelling, a team's webhooks and their delivery logs, and what a
+//! cross-site form post or a stranger gets.
 //! (The real-browser test is `tests/browser.rs`.)
 
 use fairway_tests::{call, csv_fields, TestApp, TestResponse, USER_PASSWORD};
@@ -1086,4 +1087,283 @@ async fn run_again_on_a_jobs_page_submits_the_same_job_and_shows_the_new_one() {
         .await
         .unwrap();
     assert_eq!((name, by, rerun_of), (original, "user:alice".to_owned(), p.job_id.clone()));
+}
+
+/// A urlencoded form body of `fields`, in order (a field may repeat, as ticked checkboxes do).
+fn form_of(fields: &[(&str, &str)]) -> String {
+    let mut url = reqwest::Url::parse("http://form.invalid/").expect("a URL");
+    url.query_pairs_mut().extend_pairs(fields);
+    url.query().unwrap_or_default().to_owned()
+}
+
+/// The webhooks the API lists for team `team`, as the admin sees them.
+async fn listed_webhooks(app: &TestApp, admin: &str, team: &str) -> Vec<serde_json::Value> {
+    let r = app.send(call("GET", &format!("/api/v1/teams/{team}/webhooks")).token(admin)).await;
+    r.assert_status(200);
+    r.json()["items"].as_array().expect("items").clone()
+}
+
+/// The text of the secret a page shows once.
+fn shown_secret(page: &str) -> Option<String> {
+    Some(page.split("<code id=\"secret\">").nth(1)?.split('<').next()?.to_owned())
+}
+
+#[tokio::test]
+async fn a_team_admin_creates_a_webhook_from_the_portal_sees_its_secret_once_and_the_api_lists_it_then_deletes_it() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "carol", None).await;
+    p.app.member(&admin, "ml", "carol", "admin").await;
+    let carol = sign_in(&p.app, "carol").await;
+    let dashboard = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &carol)).await);
+    assert!(dashboard.contains("<a href=\"/teams/ml/webhooks\">Webhooks</a>"), "{dashboard}");
+    let page = body(&p.app.send(call("GET", "/teams/ml/webhooks").header("cookie", &carol)).await);
+    assert!(page.contains("No webhook yet."), "{page}");
+    for event in fairway::control::notify::EVENT_TYPES {
+        assert!(page.contains(&format!("name=\"events\" value=\"{event}\"")), "no checkbox for {event}: {page}");
+    }
+    let csrf = csrf_in(&page);
+
+    let url = "https://hooks.slack.example.com/services/T000/B000/XXXX";
+    let form = form_of(&[
+        ("csrf", &csrf),
+        ("url", url),
+        ("events", "job.failed"),
+        ("events", "job.succeeded"),
+        ("format", "slack"),
+    ]);
+    let created = post_form(&p.app, &carol, "/teams/ml/webhooks", form).await;
+    created.assert_status(200);
+    let created = body(&created);
+    let secret = shown_secret(&created).unwrap_or_else(|| panic!("no secret shown: {created}"));
+    assert!(secret.starts_with("whsec_"), "{secret}");
+    assert!(created.contains("shown only this once"), "{created}");
+
+    // The API lists it as it was made, without the secret.
+    let listed = listed_webhooks(&p.app, &admin, "ml").await;
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(listed[0]["url"], url);
+    assert_eq!(listed[0]["events"], json!(["job.failed", "job.succeeded"]));
+    assert_eq!(listed[0]["format"], "slack");
+    assert_eq!(listed[0]["created_by"], "carol");
+    assert!(!listed[0].to_string().contains(&secret));
+    let id = listed[0]["id"].as_str().expect("id").to_owned();
+
+    // The list shows it whole to its admin, linked to its log; the secret never again.
+    let later = body(&p.app.send(call("GET", "/teams/ml/webhooks").header("cookie", &carol)).await);
+    assert!(!later.contains(&secret), "{later}");
+    assert!(later.contains(&format!("<a href=\"/teams/ml/webhooks/{id}\"><code>{url}</code></a>")), "{later}");
+    assert!(later.contains("job.failed, job.succeeded") && later.contains("by carol"), "{later}");
+    let log = body(&p.app.send(call("GET", &format!("/teams/ml/webhooks/{id}")).header("cookie", &carol)).await);
+    assert!(log.contains(url) && log.contains("No delivery yet."), "{log}");
+
+    // Deleted from its row: gone from the API and the page, and the change is audited.
+    let deleted = post_form(&p.app, &carol, &format!("/teams/ml/webhooks/{id}/delete"), format!("csrf={csrf}")).await;
+    assert_eq!(
+        (deleted.status.as_u16(), deleted.header("location").as_deref()),
+        (303, Some("/teams/ml/webhooks")),
+        "{}",
+        body(&deleted)
+    );
+    assert!(listed_webhooks(&p.app, &admin, "ml").await.is_empty());
+    let after = body(&p.app.send(call("GET", "/teams/ml/webhooks").header("cookie", &carol)).await);
+    assert!(after.contains("No webhook yet."), "{after}");
+    p.app.send(call("GET", &format!("/teams/ml/webhooks/{id}")).header("cookie", &carol)).await.assert_status(404);
+    let audit = body(&p.app.send(call("GET", "/teams/ml/audit").header("cookie", &carol)).await);
+    assert!(audit.contains("webhook.create") && audit.contains("webhook.delete"), "{audit}");
+
+    // Without the form's token nothing is created.
+    let forged =
+        post_form(&p.app, &carol, "/teams/ml/webhooks", form_of(&[("url", url), ("events", "job.failed")])).await;
+    forged.assert_status(403);
+    assert!(listed_webhooks(&p.app, &admin, "ml").await.is_empty());
+}
+
+#[tokio::test]
+async fn a_webhooks_delivery_log_page_shows_the_delivery_the_notifier_made_newest_first() {
+    let (app, admin, token) = crate::webhooks::platform().await;
+    let (base, receiver) = crate::webhooks::Receiver::start().await;
+    let (hook, _) = crate::webhooks::webhook(
+        &app,
+        &admin,
+        "ml",
+        json!({"url": format!("{base}/portal"), "events": ["job.failed", "job.succeeded"]}),
+    )
+    .await;
+    app.user(&admin, "vera", None).await;
+    app.member(&admin, "ml", "vera", "viewer").await;
+    let vera = sign_in(&app, "vera").await;
+    let page = format!("/teams/ml/webhooks/{hook}");
+    let empty = body(&app.send(call("GET", &page).header("cookie", &vera)).await);
+    assert!(empty.contains("No delivery yet."), "{empty}");
+
+    let failing = crate::lifecycle::submit(&app, &token, "ml", crate::webhooks::job("breaks", 3)).await;
+    crate::lifecycle::wait_for(&app, &token, &failing, std::time::Duration::from_secs(30), |j| {
+        j["finished_at"].is_string()
+    })
+    .await;
+    let got = receiver.wait("portal", |got| !got.is_empty()).await;
+    let message_id = got[0].id.clone();
+    // The receiver answered; the log records it once the notifier has written its answer.
+    let shown = loop {
+        let shown = body(&app.send(call("GET", &page).header("cookie", &vera)).await);
+        if shown.contains("class=\"state\">delivered<") {
+            break shown;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(shown.contains("<td data-label=\"Event\">job.failed</td>"), "{shown}");
+    assert!(shown.contains(&format!("<code>{message_id}</code>")), "{shown}");
+    assert!(shown.contains("<td data-label=\"Attempts\">1</td>"), "{shown}");
+    assert!(shown.contains("<td data-label=\"Last HTTP status\">200</td>"), "{shown}");
+    assert!(shown.contains("delivered 20"), "the delivery's time: {shown}");
+
+    // A second message comes first in the log.
+    let passing = crate::lifecycle::submit(&app, &token, "ml", crate::webhooks::job("works", 0)).await;
+    crate::lifecycle::wait_for(&app, &token, &passing, std::time::Duration::from_secs(30), |j| {
+        j["finished_at"].is_string()
+    })
+    .await;
+    let shown = loop {
+        let shown = body(&app.send(call("GET", &page).header("cookie", &vera)).await);
+        if shown.matches("class=\"state\">delivered<").count() == 2 {
+            break shown;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let newer = shown.find("job.succeeded</td>").unwrap_or_else(|| panic!("no job.succeeded row: {shown}"));
+    let older = shown.find("job.failed</td>").expect("the job.failed row");
+    assert!(newer < older, "newest first: {shown}");
+}
+
+#[tokio::test]
+async fn a_viewer_sees_only_the_origin_of_a_webhooks_url_and_no_form_to_create_or_delete_one() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    let r =
+        p.app
+            .send(call("POST", "/api/v1/teams/ml/webhooks").token(&admin).json(
+                &json!({"url": "https://hooks.slack.example.com/services/T000/B000/XXXX", "events": ["job.failed"]}),
+            ))
+            .await;
+    r.assert_status(201);
+    let id = r.json()["id"].as_str().expect("id").to_owned();
+    p.app.user(&admin, "vera", None).await;
+    p.app.member(&admin, "ml", "vera", "viewer").await;
+    let vera = sign_in(&p.app, "vera").await;
+
+    let dashboard = body(&p.app.send(call("GET", "/teams/ml").header("cookie", &vera)).await);
+    assert!(dashboard.contains("<a href=\"/teams/ml/webhooks\">Webhooks</a>"), "{dashboard}");
+    for path in ["/teams/ml/webhooks".to_owned(), format!("/teams/ml/webhooks/{id}")] {
+        let page = p.app.send(call("GET", &path).header("cookie", &vera)).await;
+        page.assert_status(200);
+        let page = body(&page);
+        assert!(page.contains("<code>https://hooks.slack.example.com/…</code>"), "{path}: {page}");
+        assert!(!page.contains("/services/T000"), "{path}: {page}");
+        assert!(!page.contains("action=\"/teams/ml/webhooks\""), "{path}: a create form: {page}");
+        assert!(!page.contains("/delete\""), "{path}: a delete button: {page}");
+    }
+    // Posting anyway is refused for her role, and changes nothing.
+    let csrf = csrf_in(&body(&p.app.send(call("GET", "/teams/ml/webhooks").header("cookie", &vera)).await));
+    let create = form_of(&[("csrf", &csrf), ("url", "https://evil.example.com/"), ("events", "job.failed")]);
+    let refused = post_form(&p.app, &vera, "/teams/ml/webhooks", create).await;
+    refused.assert_status(403);
+    assert!(body(&refused).contains("Your role in this team does not allow that."));
+    post_form(&p.app, &vera, &format!("/teams/ml/webhooks/{id}/delete"), format!("csrf={csrf}"))
+        .await
+        .assert_status(403);
+    assert_eq!(listed_webhooks(&p.app, &admin, "ml").await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_user_of_another_team_gets_the_not_found_page_for_a_teams_webhooks_and_its_delivery_log() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.team(&admin, "other", None).await;
+    p.app.member(&admin, "other", "bob", "admin").await;
+    let hook = |team: &'static str, url: &'static str| {
+        let app = &p.app;
+        let admin = admin.clone();
+        async move {
+            let r = app
+                .send(
+                    call("POST", &format!("/api/v1/teams/{team}/webhooks"))
+                        .token(&admin)
+                        .json(&json!({"url": url, "events": ["job.failed"]})),
+                )
+                .await;
+            r.assert_status(201);
+            r.json()["id"].as_str().expect("id").to_owned()
+        }
+    };
+    let ml_hook = hook("ml", "https://hooks.example.com/ml-secret-path").await;
+    let other_hook = hook("other", "https://hooks.example.com/other-secret-path").await;
+    let bob = sign_in(&p.app, "bob").await;
+    let bob_csrf = csrf_in(&body(&p.app.send(call("GET", "/teams/other/webhooks").header("cookie", &bob)).await));
+    for path in ["/teams/ml/webhooks".to_owned(), format!("/teams/ml/webhooks/{ml_hook}")] {
+        let r = p.app.send(call("GET", &path).header("cookie", &bob)).await;
+        assert_eq!(r.status.as_u16(), 404, "{path}");
+        let page = body(&r);
+        assert!(page.contains("There is nothing here for you."), "{path}: {page}");
+        assert!(!page.contains("hooks.example.com"), "{path}: {page}");
+    }
+    // Nor can bob create or delete one of ml's, even as an admin of his own team.
+    let create = form_of(&[("csrf", &bob_csrf), ("url", "https://evil.example.com/"), ("events", "job.failed")]);
+    post_form(&p.app, &bob, "/teams/ml/webhooks", create).await.assert_status(404);
+    post_form(&p.app, &bob, &format!("/teams/ml/webhooks/{ml_hook}/delete"), format!("csrf={bob_csrf}"))
+        .await
+        .assert_status(404);
+    // His own team's pages do not reach ml's webhook either.
+    p.app
+        .send(call("GET", &format!("/teams/other/webhooks/{ml_hook}")).header("cookie", &bob))
+        .await
+        .assert_status(404);
+    post_form(&p.app, &bob, &format!("/teams/other/webhooks/{ml_hook}/delete"), format!("csrf={bob_csrf}"))
+        .await
+        .assert_status(404);
+    assert_eq!(listed_webhooks(&p.app, &admin, "ml").await.len(), 1);
+    // And a member of ml does not reach other's webhook through ml's pages, nor a made-up id.
+    let alice = sign_in(&p.app, "alice").await;
+    for path in [format!("/teams/ml/webhooks/{other_hook}"), "/teams/ml/webhooks/not-a-webhook".to_owned()] {
+        let r = p.app.send(call("GET", &path).header("cookie", &alice)).await;
+        assert_eq!(r.status.as_u16(), 404, "{path}");
+        assert!(!body(&r).contains("other-secret-path"), "{path}");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_url_on_the_webhook_form_is_shown_back_in_words_with_what_was_typed_and_nothing_is_created() {
+    let p = setup().await;
+    let admin = p.app.admin().await;
+    p.app.user(&admin, "carol", None).await;
+    p.app.member(&admin, "ml", "carol", "admin").await;
+    let carol = sign_in(&p.app, "carol").await;
+    let csrf = csrf_in(&body(&p.app.send(call("GET", "/teams/ml/webhooks").header("cookie", &carol)).await));
+
+    for (typed, words) in
+        [("not a url", "url: is not a URL"), ("ftp://hooks.example.com/drop", "url: must be an http or https URL")]
+    {
+        let form =
+            form_of(&[("csrf", &csrf), ("url", typed), ("events", "job.failed"), ("events", "budget.threshold")]);
+        let r = post_form(&p.app, &carol, "/teams/ml/webhooks", form).await;
+        r.assert_status(200);
+        let page = body(&r);
+        assert!(page.contains(&format!("<p class=\"notice\">{words}")), "{typed}: {page}");
+        assert!(page.contains(&format!("value=\"{typed}\"")), "{typed} kept: {page}");
+        for ticked in ["job.failed", "budget.threshold"] {
+            assert!(page.contains(&format!("value=\"{ticked}\" checked")), "{typed}: {ticked} kept: {page}");
+        }
+        assert!(!page.contains("value=\"job.succeeded\" checked"), "{page}");
+        assert!(shown_secret(&page).is_none(), "{page}");
+    }
+    // No event ticked is said in words too.
+    let r = post_form(
+        &p.app,
+        &carol,
+        "/teams/ml/webhooks",
+        form_of(&[("csrf", &csrf), ("url", "https://ok.example.com/")]),
+    )
+    .await;
+    assert!(body(&r).contains("events: must name at least one event type"), "{}", body(&r));
+    assert!(listed_webhooks(&p.app, &admin, "ml").await.is_empty());
 }

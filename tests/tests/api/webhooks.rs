@@ -23,10 +23,10 @@ use crate::lifecycle::{submit, wait_for, wait_for_inventory};
 
 /// One request the receiver got.
 #[derive(Clone, Debug)]
-struct Received {
+pub(crate) struct Received {
     /// The path it was sent to, without the leading `/`.
     path: String,
-    id: String,
+    pub(crate) id: String,
     timestamp: String,
     signature: String,
     content_type: String,
@@ -36,12 +36,12 @@ struct Received {
 /// A local webhook receiver: records every request; paths starting `flaky` answer 500 to
 /// the first request of each message and 200 after.
 #[derive(Clone, Default)]
-struct Receiver {
+pub(crate) struct Receiver {
     got: Arc<Mutex<Vec<Received>>>,
 }
 
 impl Receiver {
-    async fn start() -> (String, Receiver) {
+    pub(crate) async fn start() -> (String, Receiver) {
         let receiver = Receiver::default();
         let app = axum::Router::new().route("/{*path}", axum::routing::post(receive)).with_state(receiver.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
@@ -55,7 +55,7 @@ impl Receiver {
     }
 
     /// Waits until `path` got requests for which `done` holds.
-    async fn wait(&self, path: &str, done: impl Fn(&[Received]) -> bool) -> Vec<Received> {
+    pub(crate) async fn wait(&self, path: &str, done: impl Fn(&[Received]) -> bool) -> Vec<Received> {
         for _ in 0..400 {
             let got = self.at(path);
             if done(&got) {
@@ -104,7 +104,7 @@ fn verifies(secret: &str, r: &Received) -> bool {
 /// An app whose control loop runs on the simulated cluster at 10×, notifies every 50 ms and
 /// retries webhooks after 50 ms; team `ml` with 16 reserved H100s; the admin's and a member
 /// token's credentials.
-async fn platform() -> (TestApp, String, String) {
+pub(crate) async fn platform() -> (TestApp, String, String) {
     let app = TestApp::spawn().await;
     let mut state = app.state.clone();
     let mut config = (*state.config).clone();
@@ -126,7 +126,7 @@ async fn platform() -> (TestApp, String, String) {
 }
 
 /// Creates a webhook of `team`; its id and secret.
-async fn webhook(app: &TestApp, admin: &str, team: &str, body: Value) -> (String, String) {
+pub(crate) async fn webhook(app: &TestApp, admin: &str, team: &str, body: Value) -> (String, String) {
     let r = app.send(call("POST", &format!("/api/v1/teams/{team}/webhooks")).token(admin).json(&body)).await;
     r.assert_status(201);
     let v = r.json();
@@ -134,7 +134,7 @@ async fn webhook(app: &TestApp, admin: &str, team: &str, body: Value) -> (String
 }
 
 /// A job of one H100 for one simulated second, exiting with `exit_code`.
-fn job(name: &str, exit_code: i32) -> Value {
+pub(crate) fn job(name: &str, exit_code: i32) -> Value {
     json!({"name": name, "gpu_class": "h100-80gb", "image": "x",
            "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "1", "FAIRWAY_SIM_EXIT_CODE": exit_code.to_string()}})
 }

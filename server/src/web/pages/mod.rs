@@ -14,6 +14,7 @@ mod platform_admin;
 mod submit;
 mod team;
 mod team_admin;
+mod webhooks;
 
 use askama::Template;
 use axum::{
@@ -37,6 +38,7 @@ pub use team::{home, team};
 pub use team_admin::{
     audit, audit_changes, create_token, revoke_token, set_quota, team_audit, team_quotas, team_tokens,
 };
+pub use webhooks::{create_webhook, delete_webhook, team_webhooks, webhook};
 
 use super::session::{self, form_allowed};
 use crate::{
