@@ -54,7 +54,7 @@ pub async fn create_access_token(
     client: ClientAddress,
     ApiJson(body): ApiJson<TokenRequest>,
 ) -> Result<Json<TokenResponse>, ApiError> {
-    let user = ops::sign_in::verify(&state, &body.username, body.password, &client.0).await?;
+    let user = ops::sign_in::verify(&state, &body.username, body.password, &client.0, ops::sign_in::Via::Api).await?;
     let token = state.keys.issue(user.id, chrono::Utc::now().timestamp());
     tracing::info!(user.name = %user.username, "access token issued");
     Ok(Json(TokenResponse { access_token: token, token_type: "Bearer", expires_in: state.keys.ttl().as_secs() }))

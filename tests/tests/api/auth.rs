@@ -3,7 +3,7 @@
 use fairway::auth::jwt::Claims;
 use fairway_tests::{call, TestApp, TestResponse, ADMIN_PASSWORD, SIGNING_KEY, USER_PASSWORD};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
-use serde_json::json;
+use serde_json::{json, Value};
 
 fn claims(offset_exp: i64, iss: &str, aud: &str, sub: &str) -> Claims {
     let now = chrono::Utc::now().timestamp();
@@ -311,6 +311,41 @@ async fn a_burst_of_wrong_passwords_is_slowed_then_refused_while_the_user_signs_
     sign_in_from(&app, "dana", USER_PASSWORD, guesser).await.assert_problem(429, "too_many_attempts");
     // ...while dana, from her own address, signs in at once.
     sign_in_from(&app, "dana", USER_PASSWORD, "192.0.2.10").await.assert_status(200);
+}
+
+#[tokio::test]
+async fn every_sign_in_and_wrong_password_is_in_the_platform_audit_log_and_a_throttled_attempt_is_not() {
+    let app = TestApp::spawn_with(|c| c.trust_forwarded_for = true).await;
+    let admin = app.admin().await;
+    app.user(&admin, "dana", None).await;
+    let guesser = "198.51.100.7";
+    for attempt in 1..=8 {
+        let r = sign_in_from(&app, "dana", &format!("guess-{attempt}-xxxxxx"), guesser).await;
+        assert!(matches!(r.status.as_u16(), 401 | 429), "{}", r.status);
+    }
+    sign_in_from(&app, "dana", USER_PASSWORD, "192.0.2.10").await.assert_status(200);
+    sign_in_from(&app, "nobody", "whatever-it-is", "192.0.2.11").await.assert_problem(401, "invalid_credentials");
+
+    let log = app.send(call("GET", "/api/v1/audit-log?limit=200").token(&admin)).await;
+    log.assert_status(200);
+    let items = log.json()["items"].as_array().expect("items").clone();
+    let of = |action: &str, name: &str| -> Vec<Value> {
+        items.iter().filter(|i| i["action"] == action && i["object_id"] == name).cloned().collect()
+    };
+    // Five wrong passwords were checked; the three refused unchecked wrote nothing.
+    let failed = of("user.sign_in_failed", "dana");
+    assert_eq!(failed.len(), 5, "{items:?}");
+    assert!(failed.iter().all(|f| f["actor"] == "anonymous" && f["after"]["address"] == guesser), "{failed:?}");
+    assert_eq!(failed[0]["after"]["via"], "api");
+    // The harness signed dana in once when it made her; then she did, from her address.
+    let signed_in = of("user.sign_in", "dana");
+    assert_eq!(signed_in.len(), 2, "{items:?}");
+    assert_eq!(
+        (signed_in[0]["actor"].as_str(), signed_in[0]["after"]["address"].as_str()),
+        (Some("user:dana"), Some("192.0.2.10"))
+    );
+    // A name no user has is recorded as typed.
+    assert_eq!(of("user.sign_in_failed", "nobody").len(), 1);
 }
 
 #[tokio::test]

@@ -54,14 +54,17 @@ pub async fn login(
     if !session::same_origin(&headers) {
         return Err(PageError::forbidden());
     }
-    let user = match ops::sign_in::verify(&state, &form.username, form.password.clone(), &client.0).await {
-        Ok(user) => user,
-        Err(ops::Error::InvalidCredentials) => {
-            let page = login_page(Some(&form.username), "That username and password do not match.");
-            return Ok((StatusCode::UNAUTHORIZED, page).into_response());
-        }
-        Err(other) => return Err(other.into()),
-    };
+    let user =
+        match ops::sign_in::verify(&state, &form.username, form.password.clone(), &client.0, ops::sign_in::Via::Portal)
+            .await
+        {
+            Ok(user) => user,
+            Err(ops::Error::InvalidCredentials) => {
+                let page = login_page(Some(&form.username), "That username and password do not match.");
+                return Ok((StatusCode::UNAUTHORIZED, page).into_response());
+            }
+            Err(other) => return Err(other.into()),
+        };
     let secret = random_token();
     let expires = Utc::now() + chrono::Duration::hours(session::SESSION_HOURS);
     db::web_sessions::create(&state.db, &secret_hash(&secret), user.id, &random_token(), expires).await?;
