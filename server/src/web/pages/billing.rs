@@ -14,7 +14,6 @@ use chrono::Utc;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn};
 use crate::{
-    auth::policy::team_role,
     db,
     db::web_sessions::SessionUser,
     state::AppState,
@@ -65,8 +64,7 @@ pub async fn statement(
     CurrentUser(user): CurrentUser,
     Path((name, period)): Path<(String, String)>,
 ) -> Result<Response, PageError> {
-    let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
-    team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let (team, _) = super::team_and_role(&state, &user, &name).await?;
     let period = crate::domain::BudgetPeriod::parse("period", &period).map_err(|_| PageError::not_found())?;
     let first_day = period.first_day();
     let s = crate::billing::statement::statement(&state.db, team.id, first_day, Utc::now(), state.config.chargeback)

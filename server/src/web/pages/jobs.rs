@@ -71,8 +71,7 @@ pub async fn team_jobs(
     Path(name): Path<String>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, PageError> {
-    let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
-    team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let (team, _) = super::team_and_role(&state, &user, &name).await?;
     let mut notice = None;
     let mut q: JobsQuery = match serde_urlencoded::from_str(query.as_deref().unwrap_or_default()) {
         Ok(q) => q,

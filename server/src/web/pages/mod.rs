@@ -385,20 +385,39 @@ fn in_words(errors: &[crate::domain::FieldError]) -> String {
     errors.iter().map(|e| format!("{}: {}", e.field, e.message)).collect::<Vec<_>>().join("; ")
 }
 
+/// The team `name` and the user's role in it; to someone with none the team does not exist.
+pub(super) async fn team_and_role(
+    state: &AppState,
+    user: &SessionUser,
+    name: &str,
+) -> Result<(db::teams::TeamRow, TeamRole), PageError> {
+    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
+    let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
+    Ok((team, role))
+}
+
+/// The team `name`, when the user's role in it is at least `least`. Outsiders do not learn
+/// the team exists; a member whose role falls short is told so, as the API (403) does.
+pub(super) async fn team_at_least(
+    state: &AppState,
+    user: &SessionUser,
+    name: &str,
+    least: TeamRole,
+) -> Result<db::teams::TeamRow, PageError> {
+    let (team, role) = team_and_role(state, user, name).await?;
+    if role < least {
+        return Err(ops::Error::Forbidden.into());
+    }
+    Ok(team)
+}
+
 /// The team, when the user administers it (team admins and platform admins).
 pub(super) async fn administered_team(
     state: &AppState,
     user: &SessionUser,
     name: &str,
 ) -> Result<db::teams::TeamRow, PageError> {
-    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
-    // Outsiders do not learn the team exists; a member whose role falls short is told so,
-    // as the API (403) and the submit page do.
-    let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
-    if role < TeamRole::Admin {
-        return Err(ops::Error::Forbidden.into());
-    }
-    Ok(team)
+    team_at_least(state, user, name, TeamRole::Admin).await
 }
 
 /// What a refused change says beside its form: the fields that are wrong, the conflict, or

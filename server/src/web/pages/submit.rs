@@ -10,7 +10,6 @@ use serde::Deserialize;
 
 use super::{principal, render, signed_in, CurrentUser, PageError, PortalForm, SignedIn};
 use crate::{
-    auth::policy::team_role,
     db::{self, web_sessions::SessionUser},
     domain::{TeamId, TeamRole},
     ops,
@@ -97,12 +96,7 @@ struct PreviewFragment {
 
 /// The team of a submit page, checked: members and above only.
 async fn submit_team(state: &AppState, user: &SessionUser, name: &str) -> Result<db::teams::TeamRow, PageError> {
-    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
-    if role < TeamRole::Member {
-        return Err(PageError::from(ops::Error::Forbidden));
-    }
-    Ok(team)
+    super::team_at_least(state, user, name, TeamRole::Member).await
 }
 
 async fn submit_page(

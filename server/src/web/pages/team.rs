@@ -13,7 +13,6 @@ use chrono::Utc;
 
 use super::{principal, render, signed_in, when, CurrentUser, PageError, SignedIn};
 use crate::{
-    auth::policy::team_role,
     db::{self, jobs::JobFilter},
     domain::{JobState, PlatformRole, TeamRole},
     state::AppState,
@@ -174,8 +173,7 @@ pub async fn team(
     CurrentUser(user): CurrentUser,
     Path(name): Path<String>,
 ) -> Result<Response, PageError> {
-    let team = db::teams::by_name(&state.db, &name).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(&state.db, &principal(&user), &team).await?.ok_or_else(PageError::not_found)?;
+    let (team, role) = super::team_and_role(&state, &user, &name).await?;
     let quotas = db::quotas::list(&state.db, team.id).await?;
     let mut jobs = Vec::new();
     for s in [JobState::Running, JobState::Admitted] {

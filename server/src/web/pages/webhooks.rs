@@ -10,11 +10,10 @@ use axum::{
 use serde::Deserialize;
 
 use super::{
-    administered_team, form_error, principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm,
-    SignedIn,
+    administered_team, form_error, principal, render, signed_in, team_and_role, when, CurrentUser, NoFields, PageError,
+    PortalForm, SignedIn,
 };
 use crate::{
-    auth::policy::team_role,
     control::notify::EVENT_TYPES,
     db::{self, teams::TeamRow, web_sessions::SessionUser},
     domain::{TeamRole, WebhookId},
@@ -106,13 +105,6 @@ struct WebhooksPage {
     created: Option<CreatedLine>,
     error: Option<String>,
     form: WebhookFormShown,
-}
-
-/// The team and the user's role in it; to someone without one the team does not exist.
-async fn team_and_role(state: &AppState, user: &SessionUser, name: &str) -> Result<(TeamRow, TeamRole), PageError> {
-    let team = db::teams::by_name(&state.db, name).await?.ok_or_else(PageError::not_found)?;
-    let role = team_role(&state.db, &principal(user), &team).await?.ok_or_else(PageError::not_found)?;
-    Ok((team, role))
 }
 
 async fn webhooks_page(
