@@ -357,6 +357,22 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     phone.fill("input[name=image]", "registry.example/train:1").await;
     phone.wait_for_text_now("If you submitted it now", Duration::from_secs(20)).await;
     phone.screenshot(&dir, "submit-390").await;
+    // Saved as a template from the phone, it is listed with every column in view, and the
+    // form opens filled from it.
+    phone.fill("input[name=save_as]", "phone-eval").await;
+    phone.click("button[value=save_template]").await;
+    phone.wait_for_text_now("Saved as template “phone-eval” (version 1).", Duration::from_secs(20)).await;
+    for header in ["Template", "Asks for", "Updated"] {
+        let cells = phone.column(header).await;
+        assert!(!cells.is_empty() && cells.iter().all(fairway_tests::browser::Shown::in_view), "{header}: {cells:?}");
+    }
+    phone.screenshot(&dir, "templates-390").await;
+    phone.click("a[href='/teams/ml/jobs/new?template=phone-eval']").await;
+    phone.wait_for_url(&format!("{base}/teams/ml/jobs/new?template=phone-eval"), Duration::from_secs(20)).await;
+    assert!(phone.text().await.contains("From template phone-eval"));
+    // The team's webhooks, which alice reads as a member.
+    phone.open(&format!("{base}/teams/ml/webhooks")).await;
+    phone.screenshot(&dir, "webhooks-390").await;
     drop(phone);
     let phone = Browser::start(390, 844, &downloads()).await;
     sign_in(&phone, &base, "finn").await;
