@@ -14,6 +14,7 @@ mod migrations;
 mod observability;
 mod openapi;
 mod portal;
+mod portal_admin;
 mod sim_backend;
 mod templates;
 mod tenancy;

@@ -131,7 +131,7 @@ pub(crate) async fn sign_in(app: &TestApp, username: &str) -> String {
 }
 
 /// The CSRF token a page's forms carry.
-fn csrf_in(page: &str) -> String {
+pub(crate) fn csrf_in(page: &str) -> String {
     let start = page.find("name=\"csrf\" value=\"").expect("a CSRF field") + "name=\"csrf\" value=\"".len();
     page[start..].split('"').next().expect("its value").to_owned()
 }
@@ -727,7 +727,7 @@ async fn a_member_reads_the_teams_statement_with_its_budget_and_a_stranger_does_
 }
 
 /// Posts a form as the signed-in `session`; the page that answers.
-async fn post_form(app: &TestApp, session: &str, path: &str, form: String) -> TestResponse {
+pub(crate) async fn post_form(app: &TestApp, session: &str, path: &str, form: String) -> TestResponse {
     app.send(call("POST", path).header("cookie", session).raw(FORM, form.into_bytes())).await
 }
 
@@ -1090,7 +1090,7 @@ async fn run_again_on_a_jobs_page_submits_the_same_job_and_shows_the_new_one() {
 }
 
 /// A urlencoded form body of `fields`, in order (a field may repeat, as ticked checkboxes do).
-fn form_of(fields: &[(&str, &str)]) -> String {
+pub(crate) fn form_of(fields: &[(&str, &str)]) -> String {
     let mut url = reqwest::Url::parse("http://form.invalid/").expect("a URL");
     url.query_pairs_mut().extend_pairs(fields);
     url.query().unwrap_or_default().to_owned()

@@ -14,6 +14,7 @@ mod platform_admin;
 mod submit;
 mod team;
 mod team_admin;
+mod users;
 mod webhooks;
 
 use askama::Template;
@@ -36,8 +37,10 @@ pub use platform_admin::{admin, create_team, save_priority_class, set_rate};
 pub use submit::{delete_template, preview, submit, submit_form};
 pub use team::{home, team};
 pub use team_admin::{
-    audit, audit_changes, create_token, revoke_token, set_quota, team_audit, team_quotas, team_tokens,
+    audit, audit_changes, create_token, delete_budget, revoke_token, set_budget, set_quota, team_audit, team_quotas,
+    team_tokens,
 };
+pub use users::{change_user, create_user, users};
 pub use webhooks::{create_webhook, delete_webhook, team_webhooks, webhook};
 
 use super::session::{self, form_allowed};

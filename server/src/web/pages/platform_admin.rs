@@ -66,7 +66,7 @@ struct PlatformPage {
 }
 
 /// Platform admins only; anyone else is told their role does not allow it, as the API does.
-fn require_platform_admin(user: &SessionUser) -> Result<(), PageError> {
+pub(super) fn require_platform_admin(user: &SessionUser) -> Result<(), PageError> {
     match principal(user).platform_role() {
         Some(PlatformRole::PlatformAdmin) => Ok(()),
         _ => Err(ops::Error::Forbidden.into()),
@@ -89,7 +89,7 @@ fn price_decimal(micros: i64) -> String {
 
 /// A non-negative decimal with at most `places` decimals, in units of 10^-places:
 /// `decimal_units("3.5", 6) == Some(3_500_000)`.
-fn decimal_units(text: &str, places: u32) -> Option<i64> {
+pub(super) fn decimal_units(text: &str, places: u32) -> Option<i64> {
     let text = text.trim();
     let (whole, frac) = text.split_once('.').unwrap_or((text, ""));
     if whole.is_empty() && frac.is_empty()

@@ -1,5 +1,6 @@
 //! What a team's admins (and platform admins) manage besides members: its API tokens, its
-//! audit log and the platform's audit log, and (platform admins only) its quotas.
+//! audit log and the platform's audit log, and (platform admins only) its quotas and monthly
+//! budgets.
 
 use crate::domain::TokenId;
 use askama::Template;
@@ -7,18 +8,20 @@ use axum::{
     extract::{Path, RawQuery, State},
     response::{IntoResponse, Redirect, Response},
 };
-use chrono::Utc;
+use chrono::{Datelike, Months, Utc};
 use serde::Deserialize;
 
 use super::{
-    administered_team, in_words, principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm,
-    SignedIn,
+    administered_team, form_error, in_words,
+    platform_admin::{decimal_units, Outcome},
+    principal, render, signed_in, when, CurrentUser, NoFields, PageError, PortalForm, SignedIn,
 };
 use crate::{
     db::{self, web_sessions::SessionUser},
-    domain::{PlatformRole, TeamRole},
+    domain::{BudgetPeriod, BudgetUnit, Enforcement, PlatformRole, TeamRole},
     ops,
     state::AppState,
+    web::figures,
 };
 
 /// A token as the tokens page lists it.
@@ -257,6 +260,17 @@ pub struct QuotaRowLine {
     pub version: i64,
 }
 
+/// A month's budget of the quotas page.
+pub struct BudgetLine {
+    /// `YYYY-MM`.
+    pub period: String,
+    /// In its unit, as every page writes it: `1500.50 USD`, `400 GPU-hours`.
+    pub amount: String,
+    pub enforcement: String,
+    /// Sent back by the row's Remove button, so a budget changed meanwhile is not removed.
+    pub version: i64,
+}
+
 #[derive(Template)]
 #[template(path = "quotas.html")]
 struct QuotasPage {
@@ -268,6 +282,11 @@ struct QuotasPage {
     unset: Vec<String>,
     warnings: Vec<String>,
     error: Option<String>,
+    currency: String,
+    budgets: Vec<BudgetLine>,
+    /// What the last budget form did, shown in the budgets section.
+    budget_outcome: Outcome,
+    budget_form: BudgetForm,
 }
 
 /// The team, when the user is a platform admin (quotas are theirs to set). Its members are
@@ -288,6 +307,30 @@ async fn quotas_page(
     warnings: Vec<String>,
     error: Option<String>,
 ) -> Result<Response, PageError> {
+    quotas_and_budgets_page(state, user, team, warnings, error, Outcome::default(), BudgetForm::default()).await
+}
+
+/// The quotas page with the budget form's outcome and what it kept of what was typed.
+async fn quotas_and_budgets_page(
+    state: &AppState,
+    user: &SessionUser,
+    team: &db::teams::TeamRow,
+    warnings: Vec<String>,
+    error: Option<String>,
+    budget_outcome: Outcome,
+    budget_form: BudgetForm,
+) -> Result<Response, PageError> {
+    let currency = &state.config.currency;
+    let budgets = db::budgets::list(&state.db, team.id)
+        .await?
+        .into_iter()
+        .map(|b| BudgetLine {
+            period: BudgetPeriod::from_date(b.period).to_string(),
+            amount: figures::in_budget_unit(&b.unit, b.amount, currency),
+            enforcement: b.enforcement,
+            version: b.version,
+        })
+        .collect();
     let rows = db::quotas::list(&state.db, team.id).await?;
     let all = db::gpu_classes::list(&state.db, None, 1000).await?;
     let unset = all.into_iter().map(|c| c.name).filter(|c| !rows.iter().any(|q| &q.gpu_class == c)).collect();
@@ -309,10 +352,14 @@ async fn quotas_page(
         unset,
         warnings,
         error,
+        currency: currency.clone(),
+        budgets,
+        budget_outcome,
+        budget_form,
     }))
 }
 
-/// A team's quotas, for platform admins to set.
+/// A team's quotas and budgets, for platform admins to set.
 pub async fn team_quotas(
     State(state): State<AppState>,
     CurrentUser(user): CurrentUser,
@@ -378,11 +425,135 @@ pub async fn set_quota(
         Err(e) => Err(e.into()),
     }
 }
+
+/// The budget form, as typed.
+#[derive(Debug, Clone, Deserialize)]
+pub struct BudgetForm {
+    /// `YYYY-MM`.
+    #[serde(default)]
+    pub period: String,
+    /// `money` or `gpu-hours`.
+    #[serde(default)]
+    pub unit: String,
+    /// Money as people write it (`1500`, `1500.50`), or whole GPU-hours.
+    #[serde(default)]
+    pub amount: String,
+    /// `hard` or `soft`.
+    #[serde(default)]
+    pub enforcement: String,
+}
+
+impl Default for BudgetForm {
+    /// An empty form for next month: budgets are mostly set ahead of the month they bound.
+    fn default() -> Self {
+        let today = Utc::now().date_naive();
+        let next = today.with_day(1).and_then(|d| d.checked_add_months(Months::new(1))).unwrap_or(today);
+        Self {
+            period: BudgetPeriod::from_date(next).to_string(),
+            unit: "money".to_owned(),
+            amount: String::new(),
+            enforcement: "hard".to_owned(),
+        }
+    }
+}
+
+/// A budget's amount as typed, in the unit's integer: micro-units for money (exact, from
+/// up to six decimals), whole GPU-hours otherwise. The error names the field in words.
+fn budget_amount(unit: BudgetUnit, text: &str) -> Result<i64, &'static str> {
+    match unit {
+        BudgetUnit::Money => decimal_units(text, 6).ok_or("amount: an amount of money such as 1500 or 1500.50"),
+        BudgetUnit::GpuHours => decimal_units(text, 0).ok_or("amount: a whole number of GPU-hours such as 400"),
+    }
+}
+
+/// Sets the team's budget for a month from the form; a refusal names the field and keeps
+/// what was typed.
+pub async fn set_budget(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    PortalForm { user, form }: PortalForm<BudgetForm>,
+) -> Result<Response, PageError> {
+    let team = quota_team(&state, &user, &name).await?;
+    let parsed = (|| -> Result<ops::budgets::BudgetSpec, &'static str> {
+        let unit = BudgetUnit::parse(form.unit.trim()).ok_or("unit: money or gpu-hours")?;
+        let enforcement = Enforcement::parse(form.enforcement.trim()).ok_or("enforcement: hard or soft")?;
+        Ok(ops::budgets::BudgetSpec { unit, amount: budget_amount(unit, &form.amount)?, enforcement })
+    })();
+    let error = |message: String| Outcome { section: "budgets", ok: None, error: Some(message) };
+    let spec = match parsed {
+        Ok(spec) => spec,
+        Err(message) => {
+            return quotas_and_budgets_page(&state, &user, &team, Vec::new(), None, error(message.to_owned()), form)
+                .await
+        }
+    };
+    // The form states the whole budget of its month, so it replaces whatever is there, as a
+    // PUT without If-Match does: there is no version a person could have read.
+    let (outcome, kept) = match ops::budgets::put(
+        &state,
+        &principal(&user),
+        &team,
+        form.period.trim(),
+        &ops::Precondition::none(),
+        &spec,
+    )
+    .await
+    {
+        Ok(row) => {
+            let amount = figures::in_budget_unit(&row.unit, row.amount, &state.config.currency);
+            let period = BudgetPeriod::from_date(row.period);
+            let ok = format!("Budget of {} for {period}: {amount}, {}.", team.name, row.enforcement);
+            (Outcome { section: "budgets", ok: Some(ok), error: None }, BudgetForm::default())
+        }
+        Err(e) => (error(form_error(e)?), form),
+    };
+    quotas_and_budgets_page(&state, &user, &team, Vec::new(), None, outcome, kept).await
+}
+
+/// The Remove button of a budget's row.
+#[derive(Debug, Default, Deserialize)]
+pub struct BudgetDeleteForm {
+    #[serde(default)]
+    pub version: String,
+}
+
+/// Removes the team's budget for a month, unless it changed since the page was shown.
+pub async fn delete_budget(
+    State(state): State<AppState>,
+    Path((name, period)): Path<(String, String)>,
+    PortalForm { user, form }: PortalForm<BudgetDeleteForm>,
+) -> Result<Response, PageError> {
+    let team = quota_team(&state, &user, &name).await?;
+    let if_match = ops::Precondition::version(form.version.trim().parse().unwrap_or(-1));
+    let outcome = match ops::budgets::delete(&state, &principal(&user), &team, &period, &if_match).await {
+        Ok(()) => Outcome {
+            section: "budgets",
+            ok: Some(format!("Budget of {} for {period} removed.", team.name)),
+            error: None,
+        },
+        Err(e) => Outcome { section: "budgets", ok: None, error: Some(form_error(e)?) },
+    };
+    quotas_and_budgets_page(&state, &user, &team, Vec::new(), None, outcome, BudgetForm::default()).await
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
 
-    use super::audit_changes;
+    use super::{audit_changes, budget_amount};
+    use crate::domain::BudgetUnit;
+
+    #[test]
+    fn a_budget_amount_is_read_exactly_money_to_the_micro_unit_and_gpu_hours_whole() {
+        assert_eq!(budget_amount(BudgetUnit::Money, "1500"), Ok(1_500_000_000));
+        assert_eq!(budget_amount(BudgetUnit::Money, " 1500.50 "), Ok(1_500_500_000));
+        assert_eq!(budget_amount(BudgetUnit::Money, "0.000001"), Ok(1));
+        assert!(budget_amount(BudgetUnit::Money, "1,500").is_err());
+        assert!(budget_amount(BudgetUnit::Money, "-5").is_err());
+        assert_eq!(budget_amount(BudgetUnit::GpuHours, "400"), Ok(400));
+        assert!(budget_amount(BudgetUnit::GpuHours, "400.5").is_err());
+        assert!(budget_amount(BudgetUnit::GpuHours, "").is_err());
+    }
 
     #[test]
     fn an_audit_entry_says_field_by_field_what_changed() {
