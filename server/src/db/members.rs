@@ -37,6 +37,28 @@ pub async fn list(
     .await
 }
 
+/// A user's role in a team, as the platform's users page lists it.
+#[derive(Debug, Clone)]
+pub struct MembershipRow {
+    pub user_id: UserId,
+    pub team: String,
+    pub role: String,
+}
+
+/// The memberships of the users `user_ids`, by team name.
+pub async fn of_users(pool: &PgPool, user_ids: &[UserId]) -> Result<Vec<MembershipRow>, sqlx::Error> {
+    sqlx::query_as!(
+        MembershipRow,
+        r#"select m.user_id as "user_id: UserId", t.name as team, m.role
+           from team_members m join teams t on t.id = m.team_id
+           where m.user_id = any($1)
+           order by t.name"#,
+        user_ids as &[UserId]
+    )
+    .fetch_all(pool)
+    .await
+}
+
 /// The membership of `user_id` in `team_id`, locked for update.
 pub async fn get_for_update(
     tx: &mut Tx<'_>,

@@ -57,6 +57,9 @@ async fn a_platform_admin_creates_a_user_from_the_users_page_and_that_user_signs
     page.assert_status(200);
     let page = body(&page);
     assert!(page.contains("alice") && page.contains("ops (you)"), "{page}");
+    // Each user's teams, with the role in each.
+    assert!(page.contains("<td data-label=\"Teams\">ml (member)</td>"), "alice's team: {page}");
+    assert!(page.contains("<td data-label=\"Teams\">none</td>"), "bob has none: {page}");
     let csrf = csrf_in(&page);
 
     let form =

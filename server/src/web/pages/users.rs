@@ -35,6 +35,9 @@ pub struct UserLine {
     pub created: String,
     /// The signed-in admin's own row: the page offers no button that would lock them out.
     pub is_self: bool,
+    /// The teams the user has a role in, `team (role)`, by team name; given on each team's
+    /// members page.
+    pub teams: String,
 }
 
 #[derive(Template)]
@@ -81,9 +84,15 @@ async fn users_page(
     let mut rows = db::users::list(&state.db, None, SHOWN as i64 + 1).await?;
     let more = rows.len() > SHOWN;
     rows.truncate(SHOWN);
+    let ids: Vec<_> = rows.iter().map(|u| u.id).collect();
+    let mut teams: std::collections::HashMap<_, Vec<String>> = std::collections::HashMap::new();
+    for m in db::members::of_users(&state.db, &ids).await? {
+        teams.entry(m.user_id).or_default().push(format!("{} ({})", m.team, m.role));
+    }
     let users = rows
         .into_iter()
         .map(|u| UserLine {
+            teams: teams.remove(&u.id).map_or_else(|| "none".to_owned(), |t| t.join(", ")),
             is_self: u.id == user.user_id,
             platform_role: u.platform_role.unwrap_or_else(|| "none".to_owned()),
             disabled: u.disabled,
