@@ -118,6 +118,108 @@ pub struct Config {
     /// How long a claimed webhook delivery is held before a process that died sending it is
     /// taken to have failed (`FAIRWAY_WEBHOOK_LEASE_MS`, default 60 s).
     pub webhook_lease: Duration,
+    /// The address people and providers reach Fairway at, scheme and host without a trailing
+    /// slash (`FAIRWAY_PUBLIC_URL`): sign-in redirect URIs are made from it. `http://` and the
+    /// listen address when unset.
+    pub public_url: Option<String>,
+    /// Whether people may sign in with a password (`FAIRWAY_PASSWORD_SIGN_IN=on|off`, on by
+    /// default). Off, only the providers below sign people in; API tokens still work.
+    pub password_sign_in: bool,
+    /// OpenID providers people sign in with (the file's `[[oidc_providers]]`).
+    pub oidc_providers: Vec<OidcProvider>,
+    /// CI systems whose ID tokens teams may trust (the file's `[[ci_issuers]]`).
+    pub ci_issuers: Vec<CiIssuer>,
+}
+
+/// An OpenID provider people sign in with: the authorization code flow with PKCE.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OidcProvider {
+    /// A short name in URLs (`/login/oidc/{id}`) and where memberships came from
+    /// (`oidc:{id}`): lowercase letters, digits and `-`, at most 32.
+    pub id: String,
+    /// What the sign-in button says: "Sign in with {display_name}".
+    pub display_name: String,
+    /// The issuer, exactly as the provider's discovery document names it.
+    pub issuer: String,
+    /// Fairway's client id at the provider.
+    pub client_id: String,
+    /// Fairway's client secret (client_secret_basic).
+    pub client_secret: Secret,
+    /// Scopes asked for; `openid` is always among them.
+    #[serde(default = "default_scopes")]
+    pub scopes: Vec<String>,
+    /// ID token signature algorithms accepted, asymmetric only (`RS256` by default).
+    #[serde(default = "default_algorithms")]
+    pub algorithms: Vec<String>,
+    /// The claim that names the user (`preferred_username`; `email` and `sub` follow when it
+    /// is missing).
+    #[serde(default = "default_username_claim")]
+    pub username_claim: String,
+    /// The claim listing the person's groups (`groups`).
+    #[serde(default = "default_groups_claim")]
+    pub groups_claim: String,
+    /// What each group grants, applied at every sign-in (`[[oidc_providers.groups]]`).
+    #[serde(default)]
+    pub groups: Vec<GroupGrant>,
+}
+
+/// What one provider group grants: a role in a team, or a platform role.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupGrant {
+    /// The group, as the groups claim lists it.
+    pub group: String,
+    /// The team it makes the person a member of (with `role`).
+    pub team: Option<String>,
+    /// The role in `team`.
+    pub role: Option<crate::domain::TeamRole>,
+    /// The platform role it grants instead.
+    pub platform_role: Option<crate::domain::PlatformRole>,
+}
+
+/// A CI system's OpenID issuer (GitHub Actions: `https://token.actions.githubusercontent.com`),
+/// whose ID tokens teams may trust under their own policies.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CiIssuer {
+    /// The issuer, exactly as its tokens' `iss` and its discovery document name it.
+    pub issuer: String,
+    /// Signature algorithms accepted (`RS256` by default).
+    #[serde(default = "default_algorithms")]
+    pub algorithms: Vec<String>,
+}
+
+fn default_scopes() -> Vec<String> {
+    ["openid", "profile", "email", "groups"].map(String::from).to_vec()
+}
+
+fn default_algorithms() -> Vec<String> {
+    vec!["RS256".into()]
+}
+
+fn default_username_claim() -> String {
+    "preferred_username".into()
+}
+
+fn default_groups_claim() -> String {
+    "groups".into()
+}
+
+/// The signature algorithms a provider may be configured with: asymmetric ones, as JOSE names
+/// them. A symmetric one would make the provider's public keys a signing secret.
+const ALGORITHMS: &[&str] = &["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"];
+
+impl Config {
+    /// The base of Fairway's own URLs as people and providers reach it.
+    pub fn public_url(&self) -> String {
+        self.public_url.clone().unwrap_or_else(|| format!("http://{}", self.listen))
+    }
+
+    /// The provider `id`.
+    pub fn oidc_provider(&self, id: &str) -> Option<&OidcProvider> {
+        self.oidc_providers.iter().find(|p| p.id == id)
+    }
 }
 
 impl Default for Config {
@@ -151,6 +253,10 @@ impl Default for Config {
             log_tail_lines: 5_000,
             webhook_retry_unit: Duration::from_secs(1),
             webhook_lease: Duration::from_secs(60),
+            public_url: None,
+            password_sign_in: true,
+            oidc_providers: Vec::new(),
+            ci_issuers: Vec::new(),
         }
     }
 }
@@ -187,6 +293,12 @@ struct FileConfig {
     log_tail_lines: Option<u64>,
     webhook_retry_unit_ms: Option<u64>,
     webhook_lease_ms: Option<u64>,
+    public_url: Option<String>,
+    password_sign_in: Option<String>,
+    #[serde(default)]
+    oidc_providers: Vec<OidcProvider>,
+    #[serde(default)]
+    ci_issuers: Vec<CiIssuer>,
 }
 
 impl Config {
@@ -332,13 +444,93 @@ impl Config {
         if let Some(ms) = number("FAIRWAY_WEBHOOK_LEASE_MS", file.webhook_lease_ms)? {
             config.webhook_lease = Duration::from_millis(ms.clamp(100, 3_600_000));
         }
+        if let Some(url) = env("FAIRWAY_PUBLIC_URL").or(file.public_url) {
+            let url = url.trim_end_matches('/').to_owned();
+            if !(url.starts_with("https://") || url.starts_with("http://")) || url[url.find("://").unwrap_or(0) + 3..].is_empty() {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_PUBLIC_URL",
+                    reason: format!("{url:?} is not an http(s) URL such as https://fairway.example.com"),
+                });
+            }
+            config.public_url = Some(url);
+        }
+        config.password_sign_in = choice(
+            "FAIRWAY_PASSWORD_SIGN_IN",
+            env("FAIRWAY_PASSWORD_SIGN_IN").or(file.password_sign_in),
+            ("off", "on"),
+            true,
+        )?;
+        config.oidc_providers = file.oidc_providers;
+        config.ci_issuers = file.ci_issuers;
+        config.check_identity()?;
         config.check_invariants = env("FAIRWAY_CHECK_INVARIANTS").is_some_and(|v| v == "1" || v == "true");
         Ok(config)
+    }
+
+    /// Checks the providers and CI issuers: ids, issuers, algorithms and group grants.
+    pub fn check_identity(&self) -> Result<(), ConfigError> {
+        let bad = |name: &'static str, reason: String| Err(ConfigError::Invalid { name, reason });
+        let mut ids = std::collections::HashSet::new();
+        for p in &self.oidc_providers {
+            let id_ok = !p.id.is_empty()
+                && p.id.len() <= 32
+                && p.id.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+            if !id_ok {
+                return bad("oidc_providers.id", format!("{:?} must be 1 to 32 lowercase letters, digits or -", p.id));
+            }
+            if !ids.insert(p.id.as_str()) {
+                return bad("oidc_providers.id", format!("{:?} is used by two providers", p.id));
+            }
+            check_issuer("oidc_providers.issuer", &p.issuer)?;
+            check_algorithms("oidc_providers.algorithms", &p.algorithms)?;
+            if p.client_id.is_empty() {
+                return bad("oidc_providers.client_id", format!("provider {:?} has no client id", p.id));
+            }
+            if !p.scopes.iter().any(|s| s == "openid") {
+                return bad("oidc_providers.scopes", format!("provider {:?}: the scopes must include openid", p.id));
+            }
+            for g in &p.groups {
+                match (&g.team, g.role, g.platform_role) {
+                    (Some(team), Some(_), None) if !team.is_empty() => {}
+                    (None, None, Some(_)) => {}
+                    _ => {
+                        return bad(
+                            "oidc_providers.groups",
+                            format!("group {:?} must grant either a team and a role or a platform role", g.group),
+                        )
+                    }
+                }
+            }
+        }
+        for ci in &self.ci_issuers {
+            check_issuer("ci_issuers.issuer", &ci.issuer)?;
+            check_algorithms("ci_issuers.algorithms", &ci.algorithms)?;
+        }
+        Ok(())
     }
 
     /// True when no external database is configured: the embedded development mode.
     pub fn embedded_database(&self) -> bool {
         self.database_url.is_none()
+    }
+}
+
+/// An issuer must be an `https` URL; plain `http` only on the loopback interface (tests, a
+/// provider beside the service).
+fn check_issuer(name: &'static str, issuer: &str) -> Result<(), ConfigError> {
+    let loopback = ["http://127.0.0.1:", "http://localhost:", "http://[::1]:"].iter().any(|p| issuer.starts_with(p));
+    if (issuer.starts_with("https://") && issuer.len() > "https://".len()) || loopback {
+        Ok(())
+    } else {
+        Err(ConfigError::Invalid { name, reason: format!("{issuer:?} must be an https URL") })
+    }
+}
+
+fn check_algorithms(name: &'static str, algorithms: &[String]) -> Result<(), ConfigError> {
+    match algorithms.iter().find(|a| !ALGORITHMS.contains(&a.as_str())) {
+        _ if algorithms.is_empty() => Err(ConfigError::Invalid { name, reason: "names no algorithm".into() }),
+        Some(a) => Err(ConfigError::Invalid { name, reason: format!("{a:?} is not one of {}", ALGORITHMS.join(", ")) }),
+        None => Ok(()),
     }
 }
 
@@ -429,6 +621,47 @@ mod tests {
         for name in ["FAIRWAY_SCHEDULER", "FAIRWAY_TRUST_FORWARDED_FOR", "FAIRWAY_LOG_FORMAT"] {
             let err = config(&[(name, "yes")]).unwrap_err().to_string();
             assert!(err.starts_with(name) && err.contains("\"yes\" is neither"), "{err}");
+        }
+    }
+
+    #[test]
+    fn providers_and_ci_issuers_come_from_the_file_and_bad_ones_name_the_setting() {
+        let text = r#"
+            public_url = "https://fairway.example/"
+            password_sign_in = "off"
+            [[oidc_providers]]
+            id = "corp"
+            display_name = "Acme SSO"
+            issuer = "https://sso.acme.example"
+            client_id = "fairway"
+            client_secret = "s3cret"
+            [[oidc_providers.groups]]
+            group = "ml-admins"
+            team = "ml"
+            role = "admin"
+            [[oidc_providers.groups]]
+            group = "ops"
+            platform_role = "platform-admin"
+            [[ci_issuers]]
+            issuer = "https://token.actions.githubusercontent.com"
+        "#;
+        let config = Config::from_layers(toml::from_str(text).unwrap(), &env_of(&[])).unwrap();
+        assert_eq!(config.public_url(), "https://fairway.example");
+        assert!(!config.password_sign_in);
+        let corp = config.oidc_provider("corp").unwrap();
+        assert_eq!(corp.scopes, ["openid", "profile", "email", "groups"]);
+        assert_eq!(corp.algorithms, ["RS256"]);
+        assert_eq!(corp.groups.len(), 2);
+        assert!(!format!("{config:?}").contains("s3cret"));
+        assert_eq!(config.ci_issuers[0].issuer, "https://token.actions.githubusercontent.com");
+        for (bad, setting) in [
+            (text.replace("https://sso.acme.example", "http://sso.acme.example"), "oidc_providers.issuer"),
+            (text.replace("id = \"corp\"", "id = \"Corp!\""), "oidc_providers.id"),
+            (text.replace("platform_role = \"platform-admin\"", "platform_role = \"platform-admin\"\nteam = \"ml\""), "oidc_providers.groups"),
+            (text.replace("[[ci_issuers]]", "[[ci_issuers]]\nalgorithms = [\"HS256\"]"), "ci_issuers.algorithms"),
+        ] {
+            let err = Config::from_layers(toml::from_str(&bad).unwrap(), &env_of(&[])).unwrap_err().to_string();
+            assert!(err.starts_with(setting), "{err}");
         }
     }
 

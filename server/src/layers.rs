@@ -10,7 +10,7 @@ const LAYERS: &[&[&str]] = &[
     &["domain", "rng"],
     &["db"],
     &["telemetry", "scheduler", "metering"],
-    &["simulate", "billing", "backends", "config"],
+    &["simulate", "billing", "backends", "config", "idp"],
     &["control"],
     &["auth"],
     &["state"],

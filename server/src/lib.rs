@@ -30,6 +30,7 @@ pub mod db;
 pub mod demo;
 pub mod domain;
 pub mod http;
+pub mod idp;
 pub mod metering;
 pub mod ops;
 pub mod rng;
