@@ -45,6 +45,8 @@ pub struct AppState {
     pub forecast: Arc<tokio::sync::Mutex<control::forecast::ForecastInputs>>,
     /// Wakes open event streams when jobs' timelines grow, and ends them at shutdown.
     pub feed: control::feed::EventFeed,
+    /// The configured OpenID providers and CI issuers, their discovery and keys cached.
+    pub issuers: Arc<crate::idp::Directory>,
 }
 
 impl AppState {
@@ -57,7 +59,11 @@ impl AppState {
             .collect::<Result<Vec<_>, _>>()?;
         let keys =
             JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
+        let issuers = crate::idp::Directory::new(
+            config.oidc_providers.iter().map(|p| p.issuer.as_str()).chain(config.ci_issuers.iter().map(|c| c.issuer.as_str())),
+        );
         Ok(Self {
+            issuers: Arc::new(issuers),
             tokens: Arc::default(),
             submissions: db::group_commit::SubmissionQueue::new(db.clone()),
             db,
