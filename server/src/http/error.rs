@@ -67,6 +67,12 @@ pub enum ApiError {
     Conflict { code: &'static str, detail: String, field: Option<String> },
     #[error("the resource changed since it was read")]
     PreconditionFailed,
+    /// A provider's or CI issuer's token was refused, with why.
+    #[error("{reason}")]
+    IdentityRefused { reason: String },
+    /// An identity provider or CI issuer could not be used.
+    #[error("{reason}")]
+    ProviderUnavailable { reason: String },
     /// Too many failed sign-ins from the caller's address; sent with `Retry-After`.
     #[error("too many failed sign-ins")]
     TooManyAttempts { retry_after: std::time::Duration },
@@ -123,6 +129,8 @@ impl ApiError {
             MalformedRequest { .. } => (StatusCode::BAD_REQUEST, "malformed_request", "Malformed request"),
             Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
             PreconditionFailed => (StatusCode::PRECONDITION_FAILED, "etag_mismatch", "Precondition failed"),
+            IdentityRefused { .. } => (StatusCode::UNAUTHORIZED, "identity_refused", "Identity refused"),
+            ProviderUnavailable { .. } => (StatusCode::BAD_GATEWAY, "provider_unavailable", "Identity provider unavailable"),
             TooManyAttempts { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_attempts", "Too many attempts"),
             PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "Payload too large"),
             UnsupportedMediaType => {
@@ -232,6 +240,8 @@ impl From<ops::Error> for ApiError {
             ops::Error::Validation(errors) => ApiError::Validation(errors),
             ops::Error::Conflict { code, detail, field } => ApiError::Conflict { code, detail, field },
             ops::Error::PreconditionFailed => ApiError::PreconditionFailed,
+            ops::Error::IdentityRefused { reason } => ApiError::IdentityRefused { reason },
+            ops::Error::ProviderUnavailable { reason } => ApiError::ProviderUnavailable { reason },
             ops::Error::Throttled { retry_after } => ApiError::TooManyAttempts { retry_after },
             ops::Error::CredentialsChanged => ApiError::CredentialsChanged,
             ops::Error::Unavailable(cause) => ApiError::Unavailable(Box::new(cause)),

@@ -38,6 +38,21 @@ pub enum Error {
         /// How long until the next attempt is considered.
         retry_after: std::time::Duration,
     },
+    /// An identity provider's or CI issuer's token, or the answer of a sign-in, was refused:
+    /// the reason says what was wrong with it (expired, another audience, a replayed
+    /// sign-in, no trust policy admits it), never the token.
+    #[error("{reason}")]
+    IdentityRefused {
+        /// A sentence for people.
+        reason: String,
+    },
+    /// An identity provider or CI issuer could not be reached or answered nonsense: the
+    /// request may succeed later.
+    #[error("{reason}")]
+    ProviderUnavailable {
+        /// What failed, without secrets.
+        reason: String,
+    },
     /// The object changed since the caller read it (a stale `If-Match` or form version).
     #[error("the resource changed since it was read")]
     PreconditionFailed,
@@ -86,6 +101,17 @@ impl From<sqlx::Error> for Error {
             Error::Unavailable(error)
         } else {
             Error::Internal { context: "database query failed", source: Box::new(error) }
+        }
+    }
+}
+
+/// A provider that failed is [`Error::ProviderUnavailable`], a token it refused
+/// [`Error::IdentityRefused`].
+impl From<crate::idp::Error> for Error {
+    fn from(error: crate::idp::Error) -> Self {
+        match error {
+            crate::idp::Error::Refused(refusal) => Error::IdentityRefused { reason: refusal.to_string() },
+            provider @ crate::idp::Error::Provider { .. } => Error::ProviderUnavailable { reason: provider.to_string() },
         }
     }
 }

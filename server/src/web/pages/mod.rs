@@ -110,6 +110,19 @@ impl From<ops::Error> for PageError {
                     retry_after.as_secs().max(1)
                 ),
             ),
+            ops::Error::IdentityRefused { reason } => Self {
+                status: StatusCode::UNAUTHORIZED,
+                title: "Sign-in refused",
+                message: format!("The sign-in was refused: {reason}. Start again from the sign-in page."),
+            },
+            ops::Error::ProviderUnavailable { reason } => {
+                tracing::warn!(%reason, "portal sign-in failed: identity provider unavailable");
+                Self {
+                    status: StatusCode::BAD_GATEWAY,
+                    title: "Sign-in unavailable",
+                    message: "The identity provider cannot be reached right now. Try again in a moment.".into(),
+                }
+            }
             ops::Error::PreconditionFailed => refused(
                 StatusCode::CONFLICT,
                 "Someone changed this since the page was shown. Reload the page and try again.".into(),
