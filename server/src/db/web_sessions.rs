@@ -55,11 +55,9 @@ pub async fn find(pool: &PgPool, secret_hash: &[u8]) -> Result<Option<SessionUse
 /// Ends a session; the provider it began with and its ID token, when it began with one
 /// (what RP-initiated logout needs).
 pub async fn delete(pool: &PgPool, secret_hash: &[u8]) -> Result<Option<(String, String)>, sqlx::Error> {
-    let ended = sqlx::query!(
-        "delete from web_sessions where secret_hash = $1 returning provider, id_token",
-        secret_hash
-    )
-    .fetch_optional(pool)
-    .await?;
+    let ended =
+        sqlx::query!("delete from web_sessions where secret_hash = $1 returning provider, id_token", secret_hash)
+            .fetch_optional(pool)
+            .await?;
     Ok(ended.and_then(|row| row.provider.zip(row.id_token)))
 }

@@ -49,7 +49,9 @@ const AUDITED_NAME_CHARS: usize = 64;
 /// are not: they write nothing, so a flood of them costs the database nothing.
 pub async fn verify(state: &AppState, username: &str, password: String, client: &str, via: Via) -> Result<UserRow> {
     if !state.config.password_sign_in {
-        return Err(Error::IdentityRefused { reason: "password sign-in is turned off here; sign in through your identity provider".into() });
+        return Err(Error::IdentityRefused {
+            reason: "password sign-in is turned off here; sign in through your identity provider".into(),
+        });
     }
     let throttle = &state.sign_in_throttle;
     throttle.check(username, client, Instant::now()).map_err(|retry_after| Error::Throttled { retry_after })?;

@@ -60,13 +60,20 @@ pub async fn begin(state: &AppState, id: &str) -> Result<Begun> {
         reason: format!("the identity provider {} names no authorization endpoint", provider.issuer),
     })?;
     let attempt = Attempt::new();
-    let pending =
-        PendingSignIn { provider: provider.id.clone(), nonce: attempt.nonce.clone(), verifier: attempt.verifier.clone() };
+    let pending = PendingSignIn {
+        provider: provider.id.clone(),
+        nonce: attempt.nonce.clone(),
+        verifier: attempt.verifier.clone(),
+    };
     let expires = chrono::Utc::now() + chrono::Duration::minutes(SIGN_IN_MINUTES);
     db::identities::begin(&state.db, &hash(&attempt.state), &pending, expires).await?;
     let redirect = redirect_uri(state, &provider.id);
-    let client = idp::Client { id: &provider.client_id, secret: provider.client_secret.expose(), redirect_uri: &redirect };
-    Ok(Begun { redirect: attempt.authorization_url(endpoint, &client, &provider.scopes.join(" ")), state: attempt.state })
+    let client =
+        idp::Client { id: &provider.client_id, secret: provider.client_secret.expose(), redirect_uri: &redirect };
+    Ok(Begun {
+        redirect: attempt.authorization_url(endpoint, &client, &provider.scopes.join(" ")),
+        state: attempt.state,
+    })
 }
 
 /// Where to send a browser whose session began at provider `id` so the provider ends its
@@ -121,8 +128,15 @@ pub async fn finish(
         Err(error @ (Error::IdentityRefused { .. } | Error::ProviderUnavailable { .. })) => {
             let mut tx = state.db.begin().await?;
             let reason = error.to_string();
-            audit(&mut tx, "anonymous", "user.sign_in_failed", "", None, json!({"via": source(id), "address": client, "reason": reason}))
-                .await?;
+            audit(
+                &mut tx,
+                "anonymous",
+                "user.sign_in_failed",
+                "",
+                None,
+                json!({"via": source(id), "address": client, "reason": reason}),
+            )
+            .await?;
             tx.commit().await?;
             Err(error)
         }
@@ -140,7 +154,8 @@ async fn verified_claims(
     answer: &Answer,
     browser_state: Option<&str>,
 ) -> Result<(Map<String, Value>, String)> {
-    let returned = answer.state.as_deref().filter(|s| !s.is_empty()).ok_or_else(|| refused("the answer carries no state"))?;
+    let returned =
+        answer.state.as_deref().filter(|s| !s.is_empty()).ok_or_else(|| refused("the answer carries no state"))?;
     // The state must be the one this browser started with: an answer carried into another
     // browser (login CSRF) is refused, and each state is taken once.
     if browser_state != Some(returned) {
@@ -157,18 +172,28 @@ async fn verified_claims(
     let code = answer.code.as_deref().filter(|c| !c.is_empty()).ok_or_else(|| refused("the answer carries no code"))?;
     let issuer = state.issuers.get(&provider.issuer).ok_or(Error::NotFound("identity provider"))?;
     let redirect = redirect_uri(state, &provider.id);
-    let client = idp::Client { id: &provider.client_id, secret: provider.client_secret.expose(), redirect_uri: &redirect };
+    let client =
+        idp::Client { id: &provider.client_id, secret: provider.client_secret.expose(), redirect_uri: &redirect };
     let id_token = issuer.redeem(&client, code, &pending.verifier).await?;
     let algorithms = algorithms(provider);
-    let expected =
-        Expected { issuer: &provider.issuer, audience: &provider.client_id, algorithms: &algorithms, nonce: Some(&pending.nonce) };
+    let expected = Expected {
+        issuer: &provider.issuer,
+        audience: &provider.client_id,
+        algorithms: &algorithms,
+        nonce: Some(&pending.nonce),
+    };
     let claims = issuer.verify(&id_token, &expected).await?;
     Ok((claims, id_token))
 }
 
 /// The user for `claims` (created and linked on a first sign-in), with the provider's group
 /// grants applied, in one transaction.
-async fn sign_in(state: &AppState, provider: &OidcProvider, claims: &Map<String, Value>, client: &str) -> Result<UserRow> {
+async fn sign_in(
+    state: &AppState,
+    provider: &OidcProvider,
+    claims: &Map<String, Value>,
+    client: &str,
+) -> Result<UserRow> {
     let subject = claims.get("sub").and_then(Value::as_str).unwrap_or_default();
     let via = source(&provider.id);
     let mut tx = state.db.begin().await?;
@@ -187,8 +212,15 @@ async fn sign_in(state: &AppState, provider: &OidcProvider, claims: &Map<String,
     let groups = groups(claims, &provider.groups_claim);
     apply_groups(&mut tx, state, provider, &user, &groups, &actor).await?;
     let user = apply_platform_role(&mut tx, provider, user, &groups, &actor).await?;
-    audit(&mut tx, &actor, "user.sign_in", &user.username, None, json!({"via": via, "address": client, "groups": groups}))
-        .await?;
+    audit(
+        &mut tx,
+        &actor,
+        "user.sign_in",
+        &user.username,
+        None,
+        json!({"via": via, "address": client, "groups": groups}),
+    )
+    .await?;
     tx.commit().await?;
     Ok(user)
 }
@@ -312,7 +344,14 @@ async fn apply_platform_role(
     Ok(updated)
 }
 
-async fn audit(tx: &mut Tx<'_>, actor: &str, action: &str, username: &str, team_id: Option<crate::domain::TeamId>, after: Value) -> Result<()> {
+async fn audit(
+    tx: &mut Tx<'_>,
+    actor: &str,
+    action: &str,
+    username: &str,
+    team_id: Option<crate::domain::TeamId>,
+    after: Value,
+) -> Result<()> {
     record(tx, actor, action, "user", username, team_id, None, Some(after)).await
 }
 

@@ -58,7 +58,8 @@ const SIGN_IN_COOKIE: &str = "fairway_sign_in";
 pub fn sign_in_cookie(state: Option<&str>, secure: bool) -> HeaderValue {
     let secure_attr = if secure { "; Secure" } else { "" };
     let (value, age) = state.map_or(("", 0), |s| (s, 600));
-    let cookie = format!("{SIGN_IN_COOKIE}={value}; Path=/login/oidc/; HttpOnly; SameSite=Lax; Max-Age={age}{secure_attr}");
+    let cookie =
+        format!("{SIGN_IN_COOKIE}={value}; Path=/login/oidc/; HttpOnly; SameSite=Lax; Max-Age={age}{secure_attr}");
     HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static("fairway_sign_in=; Max-Age=0"))
 }
 

@@ -36,8 +36,7 @@ struct LoginPage {
 
 impl LoginPage {
     fn new(state: &AppState, error: Option<String>, username: &str) -> Self {
-        let providers =
-            state.config.oidc_providers.iter().map(|p| (p.id.clone(), p.display_name.clone())).collect();
+        let providers = state.config.oidc_providers.iter().map(|p| (p.id.clone(), p.display_name.clone())).collect();
         Self { signed_in: None, error, username: username.into(), providers, password: state.config.password_sign_in }
     }
 }
@@ -62,7 +61,9 @@ pub async fn login(
 ) -> Result<Response, PageError> {
     let form = (!super::form_has_nul(&body)).then(|| serde_urlencoded::from_bytes::<LoginForm>(&body).ok()).flatten();
     let Some(form) = form else {
-        return Ok((StatusCode::BAD_REQUEST, login_page(&state, None, "Enter a username and a password.")).into_response());
+        return Ok(
+            (StatusCode::BAD_REQUEST, login_page(&state, None, "Enter a username and a password.")).into_response()
+        );
     };
     // A sign-in posted from another site is refused: it could sign a victim into an attacker's
     // account.
@@ -112,7 +113,9 @@ pub async fn oidc_begin(
 ) -> Result<Response, PageError> {
     let begun = ops::single_sign_on::begin(&state, &provider).await?;
     let mut response = Redirect::to(&begun.redirect).into_response();
-    response.headers_mut().insert(header::SET_COOKIE, session::sign_in_cookie(Some(&begun.state), session::is_secure(&headers)));
+    response
+        .headers_mut()
+        .insert(header::SET_COOKIE, session::sign_in_cookie(Some(&begun.state), session::is_secure(&headers)));
     Ok(response)
 }
 
@@ -126,8 +129,7 @@ pub async fn oidc_callback(
     Query(answer): Query<ops::single_sign_on::Answer>,
 ) -> Result<Response, PageError> {
     let browser_state = session::sign_in_state_of(&headers);
-    let signed_in =
-        ops::single_sign_on::finish(&state, &provider, &answer, browser_state.as_deref(), &client.0).await;
+    let signed_in = ops::single_sign_on::finish(&state, &provider, &answer, browser_state.as_deref(), &client.0).await;
     let secure = session::is_secure(&headers);
     let mut response = match signed_in {
         Ok(done) => start_session(&state, &headers, done.user.id, Some((&provider, &done.id_token))).await?,
@@ -166,9 +168,7 @@ pub async fn logout(
         None => None,
     };
     let mut response = match at_provider {
-        Some((provider, provider_logout)) => {
-            render(&SignedOutPage { signed_in: None, provider, provider_logout })
-        }
+        Some((provider, provider_logout)) => render(&SignedOutPage { signed_in: None, provider, provider_logout }),
         None => Redirect::to("/login").into_response(),
     };
     response.headers_mut().insert(header::SET_COOKIE, set_cookie(None, session::is_secure(&headers)));

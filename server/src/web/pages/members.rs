@@ -22,7 +22,7 @@ use crate::{
 pub struct MemberLine {
     pub username: String,
     pub role: String,
-    /// "an admin", or the provider whose groups grant it.
+    /// "an admin", or the identity provider whose groups grant it.
     pub granted_by: String,
     pub since: String,
 }
@@ -30,7 +30,7 @@ pub struct MemberLine {
 /// Where a membership came from, in words.
 fn granted_by(source: Option<&str>) -> String {
     match source.and_then(|s| s.strip_prefix("oidc:")) {
-        Some(provider) => format!("{provider}'s groups"),
+        Some(provider) => format!("groups at provider {provider}"),
         None => "an admin".into(),
     }
 }
