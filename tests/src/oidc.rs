@@ -153,6 +153,23 @@ impl OidcPeer {
         panic!("POST {path}: {status}, not {expect}: {}", response.text().await.unwrap_or_default());
     }
 
+    /// Fairway's configuration of this provider as `corp` ("Acme SSO"), its groups granting
+    /// `groups`.
+    pub fn provider(&self, groups: Vec<fairway::config::GroupGrant>) -> fairway::config::OidcProvider {
+        fairway::config::OidcProvider {
+            id: "corp".into(),
+            display_name: "Acme SSO".into(),
+            issuer: self.issuer.clone(),
+            client_id: CLIENT_ID.into(),
+            client_secret: fairway::config::Secret::new(CLIENT_SECRET),
+            scopes: ["openid", "profile", "email", "groups"].map(String::from).to_vec(),
+            algorithms: vec!["RS256".into()],
+            username_claim: "preferred_username".into(),
+            groups_claim: "groups".into(),
+            groups,
+        }
+    }
+
     /// Sets the groups the provider asserts for `account` (its `groups` claim).
     pub async fn set_groups(&self, account: &str, groups: &[&str]) {
         self.control(&format!("/test/accounts/{account}"), &json!({"groups": groups}), 204).await;

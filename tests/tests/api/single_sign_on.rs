@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use fairway::{
-    config::{GroupGrant, OidcProvider, Secret},
+    config::GroupGrant,
     domain::{PlatformRole, TeamRole},
 };
 use fairway_tests::{call, oidc, oidc::OidcPeer, TestApp};
@@ -40,18 +40,7 @@ async fn sso(grants: &[(&str, &str, TeamRole)]) -> Sso {
         role: None,
         platform_role: Some(PlatformRole::PlatformAdmin),
     });
-    let provider = OidcProvider {
-        id: "corp".into(),
-        display_name: "Acme SSO".into(),
-        issuer: peer.issuer.clone(),
-        client_id: "fairway".into(),
-        client_secret: Secret::new("fairway-secret"),
-        scopes: ["openid", "profile", "email", "groups"].map(String::from).to_vec(),
-        algorithms: vec!["RS256".into()],
-        username_claim: "preferred_username".into(),
-        groups_claim: "groups".into(),
-        groups,
-    };
+    let provider = peer.provider(groups);
     let public = base.clone();
     let app = TestApp::spawn_with(move |c| {
         c.public_url = Some(public);
