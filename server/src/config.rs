@@ -446,7 +446,9 @@ impl Config {
         }
         if let Some(url) = env("FAIRWAY_PUBLIC_URL").or(file.public_url) {
             let url = url.trim_end_matches('/').to_owned();
-            if !(url.starts_with("https://") || url.starts_with("http://")) || url[url.find("://").unwrap_or(0) + 3..].is_empty() {
+            if !(url.starts_with("https://") || url.starts_with("http://"))
+                || url[url.find("://").unwrap_or(0) + 3..].is_empty()
+            {
                 return Err(ConfigError::Invalid {
                     name: "FAIRWAY_PUBLIC_URL",
                     reason: format!("{url:?} is not an http(s) URL such as https://fairway.example.com"),
@@ -657,7 +659,10 @@ mod tests {
         for (bad, setting) in [
             (text.replace("https://sso.acme.example", "http://sso.acme.example"), "oidc_providers.issuer"),
             (text.replace("id = \"corp\"", "id = \"Corp!\""), "oidc_providers.id"),
-            (text.replace("platform_role = \"platform-admin\"", "platform_role = \"platform-admin\"\nteam = \"ml\""), "oidc_providers.groups"),
+            (
+                text.replace("platform_role = \"platform-admin\"", "platform_role = \"platform-admin\"\nteam = \"ml\""),
+                "oidc_providers.groups",
+            ),
             (text.replace("[[ci_issuers]]", "[[ci_issuers]]\nalgorithms = [\"HS256\"]"), "ci_issuers.algorithms"),
         ] {
             let err = Config::from_layers(toml::from_str(&bad).unwrap(), &env_of(&[])).unwrap_err().to_string();

@@ -60,7 +60,11 @@ impl AppState {
         let keys =
             JwtKeys::new(signing_key, &previous, &config.jwt_issuer, &config.jwt_audience, config.access_token_ttl);
         let issuers = crate::idp::Directory::new(
-            config.oidc_providers.iter().map(|p| p.issuer.as_str()).chain(config.ci_issuers.iter().map(|c| c.issuer.as_str())),
+            config
+                .oidc_providers
+                .iter()
+                .map(|p| p.issuer.as_str())
+                .chain(config.ci_issuers.iter().map(|c| c.issuer.as_str())),
         );
         Ok(Self {
             issuers: Arc::new(issuers),

@@ -6,6 +6,7 @@
 //! database, copied from a migrated template, so tests run in parallel without sharing rows.
 
 pub mod browser;
+pub mod oidc;
 
 use std::{
     sync::{

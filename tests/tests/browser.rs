@@ -384,3 +384,69 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     }
     phone.screenshot(&dir, "billing-390").await;
 }
+
+/// Signing in through a real OpenID provider (npm `oidc-provider`) in a real Chromium: the
+/// sign-in page's button, the provider's own login form, landing on the portal with the teams
+/// and roles the provider's groups grant, and signing out of both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_signs_in_through_the_identity_provider_lands_on_their_teams_with_their_roles_and_signs_out_in_a_real_browser(
+) {
+    use fairway::{config::GroupGrant, domain::TeamRole};
+    use fairway_tests::oidc::OidcPeer;
+
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("address"));
+    let peer = OidcPeer::start(&[format!("{base}/login/oidc/corp/callback")], &[format!("{base}/login")]).await;
+    let grant = |group: &str, team: &str, role| GroupGrant {
+        group: group.into(),
+        team: Some(team.into()),
+        role: Some(role),
+        platform_role: None,
+    };
+    let provider =
+        peer.provider(vec![grant("ml-leads", "ml", TeamRole::Admin), grant("all-staff", "research", TeamRole::Viewer)]);
+    let public = base.clone();
+    let app = TestApp::spawn_with(move |c| {
+        c.public_url = Some(public);
+        c.oidc_providers = vec![provider];
+    })
+    .await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.team(&admin, "research", None).await;
+    peer.set_groups("erin", &["ml-leads", "all-staff"]).await;
+    let router = app.router.clone().into_make_service_with_connect_info::<std::net::SocketAddr>();
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("serve") });
+
+    let browser = Browser::start(1280, 900, &downloads()).await;
+    browser.open(&format!("{base}/login")).await;
+    browser.screenshot(&screenshots(), "sign-in-with-provider-1280").await;
+    browser.click("a[href='/login/oidc/corp']").await;
+    // The provider's own page.
+    browser.wait_for_url(&peer.issuer, Duration::from_secs(20)).await;
+    browser.fill("input[name=login]", "erin").await;
+    browser.click("button[type=submit]").await;
+    let home = format!("{base}/");
+    browser.wait_for_url_where(|url| url == home, &home, Duration::from_secs(20)).await;
+    let text = browser.text().await;
+    assert!(text.contains("erin") && text.contains("ml") && text.contains("research"), "{text}");
+
+    // Admin of ml, as the ml-leads group grants: its members page, which says where it came from.
+    browser.open(&format!("{base}/teams/ml/members")).await;
+    let text = browser.text().await;
+    assert!(text.contains("groups at provider corp"), "{text}");
+    browser.screenshot(&screenshots(), "members-from-provider-1280").await;
+    // Only a viewer of research: its members page is not hers to manage.
+    browser.open(&format!("{base}/teams/research/members")).await;
+    assert!(browser.text().await.contains("Not allowed"));
+
+    // Signing out ends the provider's session too, and comes back to Fairway's sign-in page.
+    browser.open(&home).await;
+    browser.click("form.signout button[type=submit]").await;
+    let login = format!("{base}/login");
+    browser.wait_for_url_where(|url| url.starts_with(&login), &login, Duration::from_secs(20)).await;
+    browser.click("a[href='/login/oidc/corp']").await;
+    browser.wait_for_url(&peer.issuer, Duration::from_secs(20)).await;
+    // The provider asks who is signing in again: its session ended.
+    assert!(!browser.find("input[name=login]").await.is_empty());
+}

@@ -45,7 +45,8 @@ async fn measure(platform: &Platform, out: &mut dyn Write) -> anyhow::Result<()>
     }
     let secret = session::random_token();
     let expires = Utc::now() + chrono::Duration::hours(1);
-    db::web_sessions::create(&platform.pool, &session::secret_hash(&secret), platform.admin, "bench", expires).await?;
+    db::web_sessions::create(&platform.pool, &session::secret_hash(&secret), platform.admin, "bench", expires, None)
+        .await?;
     let cookie = format!("{}={secret}", session::cookie_name(false));
     let http = reqwest::Client::builder().timeout(Duration::from_secs(60)).build()?;
 

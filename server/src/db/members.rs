@@ -12,6 +12,8 @@ pub struct MemberRow {
     pub user_id: UserId,
     pub username: String,
     pub role: String,
+    /// `oidc:{provider}` when a provider's groups grant it; `None` when an admin made it.
+    pub source: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -25,7 +27,7 @@ pub async fn list(
 ) -> Result<Vec<MemberRow>, sqlx::Error> {
     sqlx::query_as!(
         MemberRow,
-        "select m.user_id, u.username, m.role, m.created_at, m.updated_at
+        "select m.user_id, u.username, m.role, m.source, m.created_at, m.updated_at
          from team_members m join users u on u.id = m.user_id
          where m.team_id = $1 and ($2::text is null or u.username > $2)
          order by u.username limit $3",
@@ -67,7 +69,7 @@ pub async fn get_for_update(
 ) -> Result<Option<MemberRow>, sqlx::Error> {
     sqlx::query_as!(
         MemberRow,
-        "select m.user_id, u.username, m.role, m.created_at, m.updated_at
+        "select m.user_id, u.username, m.role, m.source, m.created_at, m.updated_at
          from team_members m join users u on u.id = m.user_id
          where m.team_id = $1 and m.user_id = $2
          for update of m",
@@ -78,16 +80,17 @@ pub async fn get_for_update(
     .await
 }
 
-/// Adds a member or changes their role.
+/// Adds a member or changes their role, by hand: a membership a provider granted becomes one
+/// an admin made, which sign-ins leave alone.
 pub async fn upsert(tx: &mut Tx<'_>, team_id: TeamId, user_id: UserId, role: &str) -> Result<MemberRow, sqlx::Error> {
     sqlx::query_as!(
         MemberRow,
         r#"with m as (
                insert into team_members (team_id, user_id, role) values ($1, $2, $3)
-               on conflict (team_id, user_id) do update set role = excluded.role, updated_at = now()
+               on conflict (team_id, user_id) do update set role = excluded.role, source = null, updated_at = now()
                returning *
            )
-           select m.user_id, u.username, m.role, m.created_at, m.updated_at
+           select m.user_id, u.username, m.role, m.source, m.created_at, m.updated_at
            from m join users u on u.id = m.user_id"#,
         team_id as TeamId,
         user_id as UserId,
@@ -103,4 +106,49 @@ pub async fn delete(tx: &mut Tx<'_>, team_id: TeamId, user_id: UserId) -> Result
         .execute(&mut **tx)
         .await?;
     Ok(())
+}
+
+/// A user's membership as a sign-in sees it.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub team_id: TeamId,
+    pub team: String,
+    pub role: String,
+    pub source: Option<String>,
+}
+
+/// Every membership of `user_id`, locked for the sign-in's changes.
+pub async fn held_for_update(tx: &mut Tx<'_>, user_id: UserId) -> Result<Vec<Held>, sqlx::Error> {
+    sqlx::query_as!(
+        Held,
+        r#"select m.team_id as "team_id: TeamId", t.name as team, m.role, m.source
+           from team_members m join teams t on t.id = m.team_id
+           where m.user_id = $1 order by t.name for update of m"#,
+        user_id as UserId
+    )
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Makes `user_id` a member of `team_id` with `role` as `source` grants it; a membership an
+/// admin made is left as it is. True when something changed.
+pub async fn grant(
+    tx: &mut Tx<'_>,
+    team_id: TeamId,
+    user_id: UserId,
+    role: &str,
+    source: &str,
+) -> Result<bool, sqlx::Error> {
+    let changed = sqlx::query!(
+        "insert into team_members (team_id, user_id, role, source) values ($1, $2, $3, $4)
+         on conflict (team_id, user_id) do update set role = excluded.role, source = excluded.source, updated_at = now()
+         where team_members.source is not null and (team_members.role, team_members.source) is distinct from (excluded.role, excluded.source)",
+        team_id as TeamId,
+        user_id as UserId,
+        role,
+        source
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(changed.rows_affected() > 0)
 }

@@ -15,6 +15,7 @@ pub mod forecast;
 pub mod gpu_classes;
 pub mod group_commit;
 pub mod idempotency;
+pub mod identities;
 pub mod inventory;
 pub mod jobs;
 pub mod leader;

@@ -29,6 +29,18 @@ pub async fn by_username(pool: &PgPool, username: &str) -> Result<Option<UserRow
     .await
 }
 
+/// The user called `username`, read inside a transaction.
+pub async fn by_username_in(tx: &mut Tx<'_>, username: &str) -> Result<Option<UserRow>, sqlx::Error> {
+    sqlx::query_as!(
+        UserRow,
+        "select id, username, password_hash, platform_role, disabled, created_at
+         from users where username = $1",
+        username
+    )
+    .fetch_optional(&mut **tx)
+    .await
+}
+
 /// The user with `id`.
 pub async fn by_id(pool: &PgPool, id: UserId) -> Result<Option<UserRow>, sqlx::Error> {
     sqlx::query_as!(

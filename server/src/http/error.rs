@@ -130,7 +130,9 @@ impl ApiError {
             Conflict { code, .. } => (StatusCode::CONFLICT, code, "Conflict"),
             PreconditionFailed => (StatusCode::PRECONDITION_FAILED, "etag_mismatch", "Precondition failed"),
             IdentityRefused { .. } => (StatusCode::UNAUTHORIZED, "identity_refused", "Identity refused"),
-            ProviderUnavailable { .. } => (StatusCode::BAD_GATEWAY, "provider_unavailable", "Identity provider unavailable"),
+            ProviderUnavailable { .. } => {
+                (StatusCode::BAD_GATEWAY, "provider_unavailable", "Identity provider unavailable")
+            }
             TooManyAttempts { .. } => (StatusCode::TOO_MANY_REQUESTS, "too_many_attempts", "Too many attempts"),
             PayloadTooLarge => (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", "Payload too large"),
             UnsupportedMediaType => {

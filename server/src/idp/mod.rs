@@ -41,6 +41,10 @@ pub enum Error {
         /// What went wrong, without secrets.
         reason: String,
     },
+    /// The token endpoint refused the code (RFC 6749 §5.2: a replayed or expired code, a
+    /// PKCE verifier that does not match).
+    #[error("the identity provider refused the code ({0})")]
+    Grant(String),
     /// The token was refused.
     #[error(transparent)]
     Refused(#[from] Refusal),
@@ -168,7 +172,9 @@ impl Issuer {
         let key = match cache.jwks.as_ref().and_then(|(keys, _)| verify::key_for(keys, &header)) {
             Some(key) => key,
             None => {
-                if let Some(wait) = cache.jwks.as_ref().and_then(|(_, read)| JWKS_REREAD_FLOOR.checked_sub(read.elapsed())) {
+                if let Some(wait) =
+                    cache.jwks.as_ref().and_then(|(_, read)| JWKS_REREAD_FLOOR.checked_sub(read.elapsed()))
+                {
                     tokio::time::sleep(wait).await;
                 }
                 let metadata = self.metadata_locked(&mut cache).await?;
@@ -186,11 +192,15 @@ impl Issuer {
     /// PKCE verifier) for the ID token.
     pub async fn redeem(&self, client: &Client<'_>, code: &str, verifier: &str) -> Result<String, Error> {
         let metadata = self.metadata().await?;
-        let endpoint = metadata.token_endpoint.as_deref().ok_or_else(|| self.failed("discovery names no token endpoint"))?;
+        let endpoint =
+            metadata.token_endpoint.as_deref().ok_or_else(|| self.failed("discovery names no token endpoint"))?;
         // RFC 6749 §2.3.1: both halves form-encoded before they are joined and encoded.
         let encode = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
-        let basic = base64::engine::general_purpose::STANDARD
-            .encode(format!("{}:{}", encode(client.id), encode(client.secret)));
+        let basic = base64::engine::general_purpose::STANDARD.encode(format!(
+            "{}:{}",
+            encode(client.id),
+            encode(client.secret)
+        ));
         let form = [
             ("grant_type", "authorization_code"),
             ("code", code),
@@ -207,10 +217,14 @@ impl Issuer {
             .await
             .map_err(|e| self.failed(format!("token endpoint: {e}")))?;
         let status = response.status();
-        let body: Map<String, Value> = response.json().await.map_err(|e| self.failed(format!("token endpoint: {e}")))?;
+        let body: Map<String, Value> =
+            response.json().await.map_err(|e| self.failed(format!("token endpoint: {e}")))?;
         if !status.is_success() {
             let error = body.get("error").and_then(Value::as_str).unwrap_or("unknown");
-            return Err(self.failed(format!("the token endpoint refused the code ({status}, {error})")));
+            if status.is_client_error() && error == "invalid_grant" {
+                return Err(Error::Grant(error.to_owned()));
+            }
+            return Err(self.failed(format!("the token endpoint answered {status} ({error})")));
         }
         body.get("id_token")
             .and_then(Value::as_str)

@@ -78,7 +78,8 @@ pub fn header(token: &str, allowed: &[Algorithm]) -> Result<Header, Refusal> {
     let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD.decode(encoded).map_err(|_| Refusal::Malformed)?;
     let raw: Map<String, Value> = serde_json::from_slice(&bytes).map_err(|_| Refusal::Malformed)?;
     let alg_name = raw.get("alg").and_then(Value::as_str).ok_or(Refusal::Malformed)?;
-    let parsed = jsonwebtoken::decode_header(token).map_err(|_| Refusal::Algorithm(alg_name.chars().take(16).collect()))?;
+    let parsed =
+        jsonwebtoken::decode_header(token).map_err(|_| Refusal::Algorithm(alg_name.chars().take(16).collect()))?;
     let symmetric = matches!(parsed.alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512);
     if symmetric || !allowed.contains(&parsed.alg) {
         return Err(Refusal::Algorithm(format!("{:?}", parsed.alg)));
@@ -110,7 +111,15 @@ fn fits(jwk: &Jwk, alg: Algorithm) -> bool {
     use jsonwebtoken::jwk::PublicKeyUse;
     let family = match &jwk.algorithm {
         AlgorithmParameters::RSA(_) => {
-            matches!(alg, Algorithm::RS256 | Algorithm::RS384 | Algorithm::RS512 | Algorithm::PS256 | Algorithm::PS384 | Algorithm::PS512)
+            matches!(
+                alg,
+                Algorithm::RS256
+                    | Algorithm::RS384
+                    | Algorithm::RS512
+                    | Algorithm::PS256
+                    | Algorithm::PS384
+                    | Algorithm::PS512
+            )
         }
         AlgorithmParameters::EllipticCurve(_) => matches!(alg, Algorithm::ES256 | Algorithm::ES384),
         AlgorithmParameters::OctetKeyPair(_) => alg == Algorithm::EdDSA,
@@ -122,7 +131,12 @@ fn fits(jwk: &Jwk, alg: Algorithm) -> bool {
 }
 
 /// Verifies `token`'s signature with `key` and its claims against `expected`; its claims.
-pub fn claims(token: &str, header: &Header, key: &DecodingKey, expected: &Expected<'_>) -> Result<Map<String, Value>, Refusal> {
+pub fn claims(
+    token: &str,
+    header: &Header,
+    key: &DecodingKey,
+    expected: &Expected<'_>,
+) -> Result<Map<String, Value>, Refusal> {
     let mut validation = Validation::new(header.alg);
     // Checked below, in order, so that each refusal says what is wrong.
     validation.validate_exp = false;
@@ -166,7 +180,8 @@ fn check(claims: &Map<String, Value>, expected: &Expected<'_>, now: i64) -> Resu
     if number("exp")? + leeway <= now {
         return Err(Refusal::Expired);
     }
-    if number("iat")? - leeway > now || claims.get("nbf").and_then(Value::as_i64).is_some_and(|nbf| nbf - leeway > now) {
+    if number("iat")? - leeway > now || claims.get("nbf").and_then(Value::as_i64).is_some_and(|nbf| nbf - leeway > now)
+    {
         return Err(Refusal::NotYetValid);
     }
     if let Some(nonce) = expected.nonce {
@@ -214,7 +229,8 @@ mod tests {
     }
 
     fn verify(token: &str) -> Result<Map<String, Value>, Refusal> {
-        let expected = Expected { issuer: ISSUER, audience: "fairway", algorithms: &[Algorithm::RS256], nonce: Some("n-1") };
+        let expected =
+            Expected { issuer: ISSUER, audience: "fairway", algorithms: &[Algorithm::RS256], nonce: Some("n-1") };
         let header = header(token, expected.algorithms)?;
         let key = key_for(&jwks(), &header).ok_or(Refusal::UnknownKey)?;
         claims(token, &header, &key, &expected)
@@ -264,8 +280,9 @@ mod tests {
         // HS256 keyed with the public modulus: the classic confusion attack.
         let mut header = JwtHeader::new(Algorithm::HS256);
         header.kid = Some("k1".into());
-        let hs = jsonwebtoken::encode(&header, &base_claims(), &EncodingKey::from_secret(include_bytes!("testdata/key.n")))
-            .unwrap();
+        let hs =
+            jsonwebtoken::encode(&header, &base_claims(), &EncodingKey::from_secret(include_bytes!("testdata/key.n")))
+                .unwrap();
         assert_eq!(verify(&hs), Err(Refusal::Algorithm("HS256".into())));
         let token = with(|_| {});
         assert_eq!(header_of(&token, &[Algorithm::ES256]), Err(Refusal::Algorithm("RS256".into())));

@@ -110,8 +110,11 @@ impl From<sqlx::Error> for Error {
 impl From<crate::idp::Error> for Error {
     fn from(error: crate::idp::Error) -> Self {
         match error {
+            refused @ crate::idp::Error::Grant(_) => Error::IdentityRefused { reason: refused.to_string() },
             crate::idp::Error::Refused(refusal) => Error::IdentityRefused { reason: refusal.to_string() },
-            provider @ crate::idp::Error::Provider { .. } => Error::ProviderUnavailable { reason: provider.to_string() },
+            provider @ crate::idp::Error::Provider { .. } => {
+                Error::ProviderUnavailable { reason: provider.to_string() }
+            }
         }
     }
 }

@@ -38,6 +38,8 @@ const AUDITED_NAME_CHARS: usize = 64;
 /// [`Error::InvalidCredentials`]. An unknown or disabled user costs the same hashing time as
 /// a wrong password, so the answer's timing does not tell which usernames exist.
 ///
+/// Refused outright when the configuration turns password sign-in off.
+///
 /// Guessing is throttled per username at the `client` address and per address (see
 /// [`crate::auth::throttle`]): an attempt that comes too early is [`Error::Throttled`]
 /// without the password being checked.
@@ -46,6 +48,11 @@ const AUDITED_NAME_CHARS: usize = 64;
 /// `user.sign_in_failed`) with where it came from (`via`, the address). Throttled attempts
 /// are not: they write nothing, so a flood of them costs the database nothing.
 pub async fn verify(state: &AppState, username: &str, password: String, client: &str, via: Via) -> Result<UserRow> {
+    if !state.config.password_sign_in {
+        return Err(Error::IdentityRefused {
+            reason: "password sign-in is turned off here; sign in through your identity provider".into(),
+        });
+    }
     let throttle = &state.sign_in_throttle;
     throttle.check(username, client, Instant::now()).map_err(|retry_after| Error::Throttled { retry_after })?;
     let verdict = check_password(state, username, password).await;

@@ -110,6 +110,10 @@ pub async fn create(state: &AppState, principal: &Principal, body: &NewTeam) -> 
 pub struct MemberView {
     pub username: String,
     pub role: TeamRole,
+    /// Where the membership came from: `oidc:{provider}` when an identity provider's groups
+    /// grant it (it follows them at each sign-in), absent when an admin made it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -119,6 +123,7 @@ impl From<db::members::MemberRow> for MemberView {
         Self {
             username: row.username,
             role: TeamRole::parse(&row.role).unwrap_or(TeamRole::Viewer),
+            source: row.source,
             created_at: row.created_at,
             updated_at: row.updated_at,
         }

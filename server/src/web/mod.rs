@@ -26,6 +26,8 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(pages::home))
         .route("/login", get(pages::login_form).post(pages::login))
+        .route("/login/oidc/{provider}", get(pages::oidc_begin))
+        .route("/login/oidc/{provider}/callback", get(pages::oidc_callback))
         .route("/logout", post(pages::logout))
         .route("/teams/{team}", get(pages::team))
         .route("/teams/{team}/jobs", get(pages::team_jobs))

@@ -49,17 +49,40 @@ pub fn set_cookie(secret: Option<&str>, secure: bool) -> HeaderValue {
     HeaderValue::from_str(&value).unwrap_or_else(|_| HeaderValue::from_static("fairway_session=; Max-Age=0"))
 }
 
-/// The session secret the request carries, under either cookie name.
-pub fn secret_of(headers: &HeaderMap) -> Option<String> {
+/// The cookie that holds a sign-in's `state` while the person is at the provider.
+const SIGN_IN_COOKIE: &str = "fairway_sign_in";
+
+/// The `Set-Cookie` value that keeps a provider sign-in's `state` for ten minutes, seen only
+/// under `/login/oidc/` (`None`: one that clears it). `SameSite=Lax` still sends it on the
+/// provider's top-level redirect back.
+pub fn sign_in_cookie(state: Option<&str>, secure: bool) -> HeaderValue {
+    let secure_attr = if secure { "; Secure" } else { "" };
+    let (value, age) = state.map_or(("", 0), |s| (s, 600));
+    let cookie =
+        format!("{SIGN_IN_COOKIE}={value}; Path=/login/oidc/; HttpOnly; SameSite=Lax; Max-Age={age}{secure_attr}");
+    HeaderValue::from_str(&cookie).unwrap_or_else(|_| HeaderValue::from_static("fairway_sign_in=; Max-Age=0"))
+}
+
+/// The sign-in `state` the request's cookie holds.
+pub fn sign_in_state_of(headers: &HeaderMap) -> Option<String> {
+    cookie(headers, |name| name == SIGN_IN_COOKIE)
+}
+
+fn cookie(headers: &HeaderMap, wanted: impl Fn(&str) -> bool) -> Option<String> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == cookie_name(true) || *name == cookie_name(false))
+        .find(|(name, _)| wanted(name))
         .map(|(_, value)| value.to_owned())
         .filter(|v| !v.is_empty())
+}
+
+/// The session secret the request carries, under either cookie name.
+pub fn secret_of(headers: &HeaderMap) -> Option<String> {
+    cookie(headers, |name| name == cookie_name(true) || name == cookie_name(false))
 }
 
 /// The signed-in user of the request, if its session is live.

@@ -16,6 +16,7 @@ mod openapi;
 mod portal;
 mod portal_admin;
 mod sim_backend;
+mod single_sign_on;
 mod templates;
 mod tenancy;
 mod webhooks;

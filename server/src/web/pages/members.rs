@@ -22,7 +22,17 @@ use crate::{
 pub struct MemberLine {
     pub username: String,
     pub role: String,
+    /// "an admin", or the identity provider whose groups grant it.
+    pub granted_by: String,
     pub since: String,
+}
+
+/// Where a membership came from, in words.
+fn granted_by(source: Option<&str>) -> String {
+    match source.and_then(|s| s.strip_prefix("oidc:")) {
+        Some(provider) => format!("groups at provider {provider}"),
+        None => "an admin".into(),
+    }
 }
 
 #[derive(Template)]
@@ -49,7 +59,12 @@ async fn members_page(
     let members = db::members::list(&state.db, team.id, None, 1000)
         .await?
         .into_iter()
-        .map(|m| MemberLine { username: m.username, role: m.role, since: when(m.created_at) })
+        .map(|m| MemberLine {
+            granted_by: granted_by(m.source.as_deref()),
+            username: m.username,
+            role: m.role,
+            since: when(m.created_at),
+        })
         .collect();
     Ok(render(&MembersPage {
         signed_in: Some(signed_in(user)),

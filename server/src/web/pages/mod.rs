@@ -28,7 +28,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{de::DeserializeOwned, Deserialize};
 use std::collections::HashMap;
 
-pub use auth::{login, login_form, logout};
+pub use auth::{login, login_form, logout, oidc_begin, oidc_callback};
 pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
 pub use clusters::clusters;
 pub use jobs::{cancel, job, job_live, job_log, rerun, team_jobs};
