@@ -100,7 +100,7 @@ pub async fn exchange_token(
     State(state): State<AppState>,
     ExchangeForm(request): ExchangeForm,
 ) -> Result<(HeaderMap, Extension<WithheldOnReplay>, Json<TokenExchangeResponse>), ApiError> {
-    let (subject_token, team) = check(&request)?;
+    let (subject_token, team) = request.parameters()?;
     let exchanged = token_exchange::exchange(&state, subject_token, team.as_ref()).await?;
     // RFC 6749 §5.1: an answer with a token is never cached.
     let mut headers = HeaderMap::new();
@@ -125,8 +125,14 @@ fn malformed(field: &str, detail: impl Into<String>) -> ApiError {
     ApiError::MalformedRequest { field: field.to_owned(), detail: detail.into() }
 }
 
-/// The subject token and the team, once every parameter is as RFC 8693 wants it: each wrong
-/// one is a 400 that names it.
+impl TokenExchangeRequest {
+    /// The subject token and the team, once every parameter is as RFC 8693 wants it: each
+    /// wrong one is a 400 that names it.
+    pub fn parameters(&self) -> Result<(&str, Option<TeamName>), ApiError> {
+        check(self)
+    }
+}
+
 fn check(request: &TokenExchangeRequest) -> Result<(&str, Option<TeamName>), ApiError> {
     fn present(value: &Option<String>) -> Option<&str> {
         value.as_deref().filter(|v| !v.is_empty())
@@ -193,14 +199,19 @@ impl<S: Send + Sync> FromRequest<S> for ExchangeForm {
         let parsed = if form {
             serde_urlencoded::from_bytes::<TokenExchangeRequest>(&bytes).map_err(|e| {
                 let text = e.to_string();
-                // serde names an unknown or repeated parameter between backticks.
-                let field = text.split('`').nth(1).unwrap_or("body");
+                // serde names an unknown or repeated parameter between backticks; a parameter
+                // without a name is the body's fault.
+                let field = text.split('`').nth(1).filter(|f| !f.is_empty()).unwrap_or("body");
                 malformed(field, format!("the form is not a token exchange request: {text}"))
             })
         } else {
             super::extract::parse_json::<TokenExchangeRequest>(&bytes).map_err(|e| match e {
                 ApiError::Validation(errors) => match errors.into_iter().next() {
-                    Some(first) => malformed(&first.field, format!("{}: {}", first.field, first.message)),
+                    Some(first) if !first.field.is_empty() => {
+                        malformed(&first.field, format!("{}: {}", first.field, first.message))
+                    }
+                    // A key that is the empty string is named by the body.
+                    Some(first) => malformed("body", first.message),
                     None => malformed("body", "the body is not a token exchange request"),
                 },
                 other => other,
