@@ -7,8 +7,15 @@ use sqlx::PgConnection;
 use super::Tx;
 
 /// Records `holder` as leader with a new epoch; run on the connection holding the lock.
+///
+/// The row is first locked `for update`, the one lock [`check_epoch`]'s `for key share`
+/// conflicts with: the takeover waits for the old leader's writes in flight, and a write that
+/// begins after it waits for the new epoch and then sees it.
 pub async fn take_leadership(conn: &mut PgConnection, holder: &str) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar!(
+    use sqlx::Connection as _;
+    let mut tx = conn.begin().await?;
+    sqlx::query!("select id from scheduler_leader where id = 1 for update").fetch_optional(&mut *tx).await?;
+    let epoch = sqlx::query_scalar!(
         "insert into scheduler_leader (id, epoch, holder, backend_pid, acquired_at, heartbeat_at)
          values (1, 1, $1, pg_backend_pid(), now(), now())
          on conflict (id) do update
@@ -17,11 +24,15 @@ pub async fn take_leadership(conn: &mut PgConnection, holder: &str) -> Result<i6
          returning epoch",
         holder
     )
-    .fetch_one(conn)
-    .await
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(epoch)
 }
 
-/// Renews the lease; false when another leader took over.
+/// Renews the lease; false when another leader took over. Touches no key column, so its row
+/// lock (`for no key update`) does not wait for the leader's own cycles, which hold the row
+/// `for key share`: a long cycle never delays the lease past its expiry.
 pub async fn heartbeat(conn: &mut PgConnection, epoch: i64) -> Result<bool, sqlx::Error> {
     let r = sqlx::query!("update scheduler_leader set heartbeat_at = now() where id = 1 and epoch = $1", epoch)
         .execute(conn)
@@ -64,11 +75,12 @@ pub async fn evict(conn: &mut PgConnection, holder: &str, backend_pid: i32) -> R
     Ok(n as u64)
 }
 
-/// True when `epoch` is still the leader's. Takes a share lock on the leader row, so a
-/// takeover (which updates it) waits for this transaction, and this transaction sees a
-/// takeover that committed first.
+/// True when `epoch` is still the leader's. Takes a key-share lock on the leader row, so a
+/// takeover (which locks it `for update` first) waits for this transaction, and this
+/// transaction sees a takeover that committed first. The weakest lock that fences: the
+/// leader's heartbeat does not conflict with it.
 pub async fn check_epoch(tx: &mut Tx<'_>, epoch: i64) -> Result<bool, sqlx::Error> {
-    let current = sqlx::query_scalar!("select epoch from scheduler_leader where id = 1 for share")
+    let current = sqlx::query_scalar!("select epoch from scheduler_leader where id = 1 for key share")
         .fetch_optional(&mut **tx)
         .await?;
     Ok(current == Some(epoch))

@@ -9,6 +9,7 @@ mod follow;
 mod hardening;
 mod idempotency;
 mod jobs;
+mod leadership;
 mod lifecycle;
 mod logs;
 mod migrations;

@@ -189,7 +189,10 @@ async fn a_group_removed_at_the_provider_removes_the_membership_at_the_next_sign
         sso.app.team(&admin, team, None).await;
     }
     sso.peer.set_groups("bob", &["ml-users", "vision-users", "ops"]).await;
-    sso.sign_in("bob").await;
+    let mut bob = sso.sign_in("bob").await;
+    // As a platform admin he sees how each user signs in.
+    let users_page = bob.get(&format!("{}/admin/users", sso.base)).await.text().await.unwrap();
+    assert!(users_page.contains("through corp") && users_page.contains("with a password"), "{users_page}");
     assert!(member(&sso.members(&admin, "vision").await, "bob").is_some());
     assert_eq!(
         sso.user(&admin, "bob").await["platform_role"],

@@ -38,6 +38,8 @@ pub struct UserLine {
     /// The teams the user has a role in, `team (role)`, by team name; given on each team's
     /// members page.
     pub teams: String,
+    /// How the user signs in: `with a password`, `through corp`, both, or `disabled`.
+    pub signs_in: String,
 }
 
 #[derive(Template)]
@@ -89,9 +91,23 @@ async fn users_page(
     for m in db::members::of_users(&state.db, &ids).await? {
         teams.entry(m.user_id).or_default().push(format!("{} ({})", m.team, m.role));
     }
+    let mut providers: std::collections::HashMap<_, Vec<String>> = std::collections::HashMap::new();
+    for (id, provider) in db::identities::providers_of(&state.db, &ids).await? {
+        providers.entry(id).or_default().push(format!("through {provider}"));
+    }
     let users = rows
         .into_iter()
         .map(|u| UserLine {
+            signs_in: if u.disabled {
+                "disabled".to_owned()
+            } else {
+                let mut ways = providers.remove(&u.id).unwrap_or_default();
+                // People created by a provider have no password hash at all (`!`).
+                if u.password_hash.starts_with('$') {
+                    ways.insert(0, "with a password".into());
+                }
+                ways.join(", ")
+            },
             teams: teams.remove(&u.id).map_or_else(|| "none".to_owned(), |t| t.join(", ")),
             is_self: u.id == user.user_id,
             platform_role: u.platform_role.unwrap_or_else(|| "none".to_owned()),
