@@ -7,6 +7,11 @@
 //! parallel anyway.
 
 mod common;
+// The OpenID peer of the workspace's test crate (npm oidc-provider and a jose CI issuer), for
+// the client's CI federation: this suite runs the real binary, which only this crate builds.
+#[allow(dead_code, reason = "the client's tests use only its CI issuer")]
+#[path = "../../tests/src/oidc.rs"]
+mod oidc;
 
 use std::{
     path::PathBuf,
@@ -33,13 +38,17 @@ struct Platform {
 
 impl Platform {
     async fn start(test: &str) -> Self {
+        Self::start_with(test, &[]).await
+    }
+
+    /// [`Platform::start`] with more of the server's environment.
+    async fn start_with(test: &str, extra: &[(&str, &str)]) -> Self {
         let dir = fresh_dir(&format!("client-{test}"));
-        let server = Server::start_with(
-            &dir,
-            "serve.log",
-            &[("FAIRWAY_SIM_SPEEDUP", "10"), ("FAIRWAY_CYCLE_INTERVAL_MS", "200")],
-        )
-        .await;
+        let env: Vec<(&str, &str)> = [("FAIRWAY_SIM_SPEEDUP", "10"), ("FAIRWAY_CYCLE_INTERVAL_MS", "200")]
+            .into_iter()
+            .chain(extra.iter().copied())
+            .collect();
+        let server = Server::start_with(&dir, "serve.log", &env).await;
         let admin = server.sign_in().await;
         let api =
             |method: reqwest::Method, path: &str| server.http.request(method, server.url(path)).bearer_auth(&admin);
@@ -112,18 +121,26 @@ impl Platform {
 /// `fairway ARGS` as a CI step runs it: no inherited `FAIRWAY_*`, CI or proxy variables, an
 /// empty home (no client file), the server's address and a token.
 fn client(url: &str, token: &str, home: &std::path::Path, args: &[&str]) -> tokio::process::Command {
+    let mut cmd = tokenless_client(url, home, args);
+    cmd.env("FAIRWAY_TOKEN", token);
+    cmd
+}
+
+/// [`client`] without a token: what a CI step that holds no secret runs.
+fn tokenless_client(url: &str, home: &std::path::Path, args: &[&str]) -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(BIN);
     for (name, _) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
         let proxy = name.to_ascii_lowercase().ends_with("_proxy");
-        if name.starts_with("FAIRWAY_") || fairway::client::ci::VARIABLES.contains(&name) || proxy {
+        let ci =
+            fairway::client::ci::VARIABLES.contains(&name) || fairway::client::federation::VARIABLES.contains(&name);
+        if name.starts_with("FAIRWAY_") || ci || proxy {
             cmd.env_remove(name);
         }
     }
     cmd.env_remove("XDG_CONFIG_HOME")
         .env("HOME", home)
         .env("FAIRWAY_URL", url)
-        .env("FAIRWAY_TOKEN", token)
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -464,4 +481,80 @@ async fn a_dropped_stream_resumes_after_the_last_event_and_the_logs_tail_follows
         ],
         "{run}"
     );
+}
+
+/// A platform whose server trusts the OpenID peer's CI issuer, with team `vision`'s policy
+/// `train`: tokens of repository `acme/train`, audience `fairway`, exchange for member tokens.
+async fn federated(test: &str) -> (Platform, oidc::OidcPeer) {
+    let peer = oidc::OidcPeer::start(&[], &[]).await;
+    let dir = fresh_dir(&format!("client-{test}-config"));
+    let config = dir.join("fairway.toml");
+    std::fs::write(&config, format!("[[ci_issuers]]\nissuer = \"{}\"\n", peer.ci_issuer)).unwrap();
+    let p = Platform::start_with(test, &[("FAIRWAY_CONFIG", config.to_str().unwrap())]).await;
+    let admin = p.server.sign_in().await;
+    let created = p
+        .server
+        .http
+        .post(p.server.url(&format!("/api/v1/teams/{TEAM}/ci-trusts")))
+        .bearer_auth(&admin)
+        .json(&json!({"name": "train", "issuer": peer.ci_issuer, "conditions": {"repository": "acme/train"}, "role": "member"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(created.status(), 201, "{}", created.text().await.unwrap());
+    (p, peer)
+}
+
+#[tokio::test]
+async fn submit_with_only_the_ci_jobs_id_token_in_fairway_id_token_runs_as_the_team_that_trusts_it() {
+    let (p, peer) = federated("id-token").await;
+    let id_token = peer.ci_token(json!({})).await;
+    let flags = job_flags("federated", 20, 0);
+    let mut submit = tokenless_client(&p.server.base, &p.home, &args(&["submit"], &flags));
+    submit.env("FAIRWAY_ID_TOKEN", &id_token);
+    let run = p.run(&mut submit).await;
+    assert_eq!(run.code, Some(0), "{run}\n{}", p.log_tail());
+    let id = run.stdout.trim().to_owned();
+    let job = p.job(&id).await;
+    assert_eq!(job["team"], TEAM, "{job}");
+    assert!(job["submitted_by"].as_str().unwrap().contains("ci:train"), "{job}");
+    // GitLab gives a job one ID token for its whole run: a second command exchanges it again.
+    let mut status = tokenless_client(&p.server.base, &p.home, &["status", &id, "--output", "json"]);
+    status.env("FAIRWAY_ID_TOKEN", &id_token);
+    let run = p.run(&mut status).await;
+    assert_eq!(run.code, Some(0), "{run}");
+    // Another repository's job is not let in, and the client says why.
+    let stranger = peer.ci_token(json!({"claims": {"repository": "evil/train"}})).await;
+    let mut refused = tokenless_client(&p.server.base, &p.home, &args(&["submit"], &flags));
+    refused.env("FAIRWAY_ID_TOKEN", &stranger);
+    let run = p.run(&mut refused).await;
+    assert_eq!(run.code, Some(77), "{run}");
+    assert!(run.stderr.contains("no CI trust policy admits this token"), "{run}");
+}
+
+#[tokio::test]
+async fn submit_in_github_actions_asks_the_runner_for_an_id_token_for_fairway() {
+    let (p, peer) = federated("github").await;
+    let (url, request_token) = peer.arm_github(json!({})).await;
+    let flags = job_flags("from-github", 20, 0);
+    let mut submit = tokenless_client(&p.server.base, &p.home, &args(&["submit"], &flags));
+    submit.env("ACTIONS_ID_TOKEN_REQUEST_URL", &url).env("ACTIONS_ID_TOKEN_REQUEST_TOKEN", &request_token);
+    let run = p.run(&mut submit).await;
+    assert_eq!(run.code, Some(0), "{run}\n{}", p.log_tail());
+    assert_eq!(p.job(run.stdout.trim()).await["team"], TEAM);
+    // Asked for another audience, the runner's token fits no policy.
+    let mut other = tokenless_client(&p.server.base, &p.home, &args(&["submit"], &flags));
+    other
+        .env("ACTIONS_ID_TOKEN_REQUEST_URL", &url)
+        .env("ACTIONS_ID_TOKEN_REQUEST_TOKEN", &request_token)
+        .env("FAIRWAY_ID_TOKEN_AUDIENCE", "https://elsewhere.example");
+    let run = p.run(&mut other).await;
+    assert_eq!(run.code, Some(77), "{run}");
+    assert!(run.stderr.contains("another audience"), "{run}");
+    // Without the runner's request token (no `id-token: write`), there is nothing to exchange.
+    let mut bare = tokenless_client(&p.server.base, &p.home, &args(&["submit"], &flags));
+    bare.env("ACTIONS_ID_TOKEN_REQUEST_URL", &url);
+    let run = p.run(&mut bare).await;
+    assert_eq!(run.code, Some(77), "{run}");
+    assert!(run.stderr.contains("no token"), "{run}");
 }

@@ -1,6 +1,7 @@
 //! Fuzzing the parsers that face the internet (issue 20): the path and query of every request,
 //! JSON bodies, job specs, the clusters file and the simulated inventory, the billing
-//! export writers, the client's event-stream parser, and pod logs read from a cluster.
+//! export writers, the client's event-stream parser, pod logs read from a cluster, CI trust
+//! policies' claim patterns and the token exchange's parameters.
 //!
 //! Each property first runs the seed inputs kept in `tests/fuzz/<target>/` (among them every
 //! input that once found a bug), then `FAIRWAY_FUZZ_CASES` random cases (default
@@ -1679,6 +1680,109 @@ fn a_pod_log_read_any_way_keeps_every_line_once_however_often_it_is_read_again()
         let (again, same) = fresh(&to, lines);
         prop_assert!(again.is_empty(), "a repeated read kept {:?}", again);
         prop_assert_eq!(same, to);
+        Ok(())
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// CI federation: trust policies' claim patterns, and the token exchange's parameters.
+// ---------------------------------------------------------------------------------------------
+
+/// A pattern, and a value that is either random or the pattern with each `*` filled in.
+fn patterns_and_values() -> impl Strategy<Value = (String, String)> {
+    let pattern = text_of("ab/-.é*", 0..12);
+    (pattern, vec(text_of("ab/-.é*", 0..4), 4), text_of("ab/-.é", 0..16), any::<bool>()).prop_map(
+        |(pattern, fills, random, filled)| {
+            let value = if filled {
+                let mut fills = fills.into_iter().cycle();
+                pattern.split('*').collect::<Vec<_>>().join(&fills.next().unwrap_or_default())
+            } else {
+                random
+            };
+            (pattern, value)
+        },
+    )
+}
+
+#[test]
+fn a_claim_pattern_matches_exactly_what_the_same_glob_as_a_regular_expression_matches() {
+    use fairway::domain::ci_trust::matches;
+    fuzz(Vec::new(), patterns_and_values(), |(pattern, value)| {
+        let reference = format!("^{}$", pattern.split('*').map(regex::escape).collect::<Vec<_>>().join(".*"));
+        let reference = regex::Regex::new(&reference).expect("an escaped pattern is a regular expression");
+        prop_assert_eq!(matches(&pattern, &value), reference.is_match(&value), "{:?} against {:?}", pattern, value);
+        Ok(())
+    });
+}
+
+/// Token exchange bodies: forms and JSON made of the real parameters (right, wrong, empty,
+/// repeated) and a stranger, or any bytes.
+fn exchange_bodies() -> impl Strategy<Value = (&'static str, Vec<u8>)> {
+    let names = select(vec![
+        "grant_type",
+        "subject_token",
+        "subject_token_type",
+        "requested_token_type",
+        "team",
+        "actor_token",
+        "",
+    ]);
+    let values = prop_oneof![
+        select(vec![
+            "urn:ietf:params:oauth:grant-type:token-exchange",
+            "urn:ietf:params:oauth:token-type:id_token",
+            "urn:ietf:params:oauth:token-type:jwt",
+            "urn:ietf:params:oauth:token-type:access_token",
+            "vision",
+            "eyJhbGciOiJub25lIn0.e30.",
+            "",
+        ])
+        .prop_map(String::from),
+        text_of("az09-_.:/ \u{0}é%+&=\"{}", 0..24),
+    ];
+    let pairs = vec((names, values), 0..8);
+    prop_oneof![
+        pairs.clone().prop_map(|pairs| {
+            ("application/x-www-form-urlencoded", serde_urlencoded::to_string(&pairs).unwrap_or_default().into_bytes())
+        }),
+        pairs.prop_map(|pairs| {
+            let object: serde_json::Map<String, Value> =
+                pairs.into_iter().map(|(k, v)| (k.to_owned(), Value::from(v))).collect();
+            ("application/json", Value::Object(object).to_string().into_bytes())
+        }),
+        (select(vec!["application/x-www-form-urlencoded", "application/json"]), vec(any::<u8>(), 0..64)),
+    ]
+}
+
+#[test]
+fn any_token_exchange_body_is_read_into_its_parameters_or_refused_with_a_400() {
+    use axum::extract::FromRequest as _;
+    use fairway::api::token_exchange::ExchangeForm;
+    const NAMES: [&str; 6] =
+        ["grant_type", "subject_token", "subject_token_type", "requested_token_type", "team", "Content-Type"];
+    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("a runtime");
+    fuzz(Vec::new(), exchange_bodies(), |(content_type, body)| {
+        let request = Request::post("/api/v1/auth/token-exchange")
+            .header("content-type", content_type)
+            .body(Body::from(body.clone()))
+            .expect("a request");
+        let outcome = runtime.block_on(ExchangeForm::from_request(request, &())).and_then(|ExchangeForm(request)| {
+            request.parameters().map(|(token, team)| {
+                assert!(!token.is_empty(), "an empty subject token was taken");
+                assert!(team.is_none_or(|t| !t.as_str().contains('\0')), "a team with NUL was taken");
+            })
+        });
+        if let Err(error) = outcome {
+            let problem = error.problem();
+            prop_assert_eq!(problem.status, 400, "{:?} for {:?}", problem, String::from_utf8_lossy(&body));
+            if problem.code == "malformed_request" {
+                // A parameter of the exchange, or one the request should not have sent.
+                let field = problem.field.unwrap_or_default();
+                prop_assert!(!field.is_empty(), "a refusal that names no field");
+                let known = NAMES.contains(&field.as_str()) || field == "body";
+                prop_assert!(known || !body.is_empty(), "the field {:?} of an empty body", field);
+            }
+        }
         Ok(())
     });
 }

@@ -5,6 +5,7 @@ pub mod audit;
 pub mod auth;
 pub mod billing;
 pub mod budgets;
+pub mod ci_trusts;
 pub mod clusters;
 pub mod document;
 pub mod gpu_classes;
@@ -14,6 +15,7 @@ pub mod priority_classes;
 pub mod quotas;
 pub mod teams;
 pub mod templates;
+pub mod token_exchange;
 pub mod tokens;
 pub mod users;
 pub mod webhooks;
@@ -45,6 +47,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/readyz", Public),
     route("GET", "/metrics", Public),
     route("POST", "/api/v1/auth/token", Public),
+    route("POST", "/api/v1/auth/token-exchange", Public),
     route("GET", "/api/v1/me", Authenticated),
     route("POST", "/api/v1/me/password", Authenticated),
     route("GET", "/api/v1/users", PlatformAdmin),
@@ -61,6 +64,10 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/teams/{team}/tokens", Team(TeamRole::Admin)),
     route("POST", "/api/v1/teams/{team}/tokens", Team(TeamRole::Admin)),
     route("DELETE", "/api/v1/teams/{team}/tokens/{token_id}", Team(TeamRole::Admin)),
+    route("GET", "/api/v1/teams/{team}/ci-trusts", Team(TeamRole::Viewer)),
+    route("POST", "/api/v1/teams/{team}/ci-trusts", Team(TeamRole::Admin)),
+    route("GET", "/api/v1/teams/{team}/ci-trusts/{trust}", Team(TeamRole::Viewer)),
+    route("DELETE", "/api/v1/teams/{team}/ci-trusts/{trust}", Team(TeamRole::Admin)),
     route("GET", "/api/v1/teams/{team}/webhooks", Team(TeamRole::Viewer)),
     route("POST", "/api/v1/teams/{team}/webhooks", Team(TeamRole::Admin)),
     route("DELETE", "/api/v1/teams/{team}/webhooks/{webhook}", Team(TeamRole::Admin)),
@@ -125,10 +132,11 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     security(("bearer" = [])),
     components(schemas(error::Problem, crate::billing::export::Format)),
     tags(
-        (name = "auth", description = "Signing in"),
+        (name = "auth", description = "Signing in, and exchanging a CI job's ID token for an API token"),
         (name = "users", description = "Users (platform admins)"),
         (name = "teams", description = "Teams and their members"),
         (name = "tokens", description = "API tokens for CI pipelines"),
+        (name = "ci-trusts", description = "CI trust policies: the CI issuers' ID tokens a team exchanges for short-lived API tokens"),
         (name = "job-templates", description = "A team's saved job requests, and jobs submitted from them with only what changes"),
         (name = "webhooks", description = "Signed notifications of job ends and budget thresholds, and their delivery logs"),
         (name = "jobs", description = "Jobs: submit, watch, cancel, the queue and dry runs"),
@@ -168,6 +176,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(health::get_readyz))
         .routes(routes!(health::get_metrics))
         .routes(routes!(auth::create_access_token))
+        .routes(routes!(token_exchange::exchange_token))
         .routes(routes!(auth::get_me))
         .routes(routes!(users::change_password))
         .routes(routes!(users::create_user, users::list_users))
@@ -178,6 +187,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(teams::put_member, teams::delete_member))
         .routes(routes!(tokens::create_token, tokens::list_tokens))
         .routes(routes!(tokens::revoke_token))
+        .routes(routes!(ci_trusts::create_ci_trust, ci_trusts::list_ci_trusts))
+        .routes(routes!(ci_trusts::get_ci_trust, ci_trusts::delete_ci_trust))
         .routes(routes!(webhooks::create_webhook, webhooks::list_webhooks))
         .routes(routes!(webhooks::delete_webhook))
         .routes(routes!(webhooks::list_webhook_deliveries))

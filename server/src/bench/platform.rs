@@ -145,8 +145,9 @@ impl Platform {
                 role: "member",
                 token_hash: &minted.hash,
                 display_prefix: &minted.display_prefix,
-                created_by: self.admin,
+                created_by: Some(self.admin),
                 expires_at: chrono::Utc::now() + chrono::Duration::days(1),
+                ci_trust_id: None,
             },
         )
         .await?;

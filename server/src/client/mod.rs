@@ -11,6 +11,7 @@ pub mod ci;
 pub mod config;
 pub mod duration;
 pub mod exit;
+pub mod federation;
 pub mod http;
 pub mod output;
 pub mod spec;
@@ -230,6 +231,13 @@ log lines go to standard error as they happen (--logs tail: only the log's last 
 it ended); SIGINT or SIGTERM (a CI system cancelling the step) cancels the job,
 waits up to 60s for it to end, and exits 130 or 143.
 
+CI without a stored secret: with no token configured, the client exchanges the CI job's own
+ID token for a short-lived token of the team whose CI trust policy admits it (see the
+README, \"CI without secrets\"). The ID token comes from FAIRWAY_ID_TOKEN (GitLab CI's
+`id_tokens:`, Buildkite's `buildkite-agent oidc request-token`), else from GitHub Actions
+(`permissions: id-token: write`), asked for the audience FAIRWAY_ID_TOKEN_AUDIENCE
+[default: fairway]. --team names the team when several teams trust the job.
+
 ",
     exit::exit_status_help!()
 );
@@ -316,11 +324,20 @@ fn stdout(text: &str) {
 
 async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
     let file = config::load(|name| std::env::var(name).ok()).map_err(Error::Usage)?;
-    let settings = config::resolve(flags, &file).map_err(Error::Usage)?;
+    let mut settings = config::resolve(flags, &file).map_err(Error::Usage)?;
     if settings.token.is_none() {
-        return Err(Error::Unauthenticated(
-            "no token: give one with --token, FAIRWAY_TOKEN or `token` in client.toml".to_owned(),
-        ));
+        // In CI, the job's own ID token stands in for a stored secret.
+        let Some(source) = federation::source(|name| std::env::var(name).ok()) else {
+            return Err(Error::Unauthenticated(
+                "no token: give one with --token, FAIRWAY_TOKEN or `token` in client.toml, or run in CI with \
+                 FAIRWAY_ID_TOKEN or GitHub Actions' `permissions: id-token: write` (see `fairway submit --help`)"
+                    .to_owned(),
+            ));
+        };
+        let id_token = federation::id_token(source).await?;
+        let exchanged = federation::exchange(&Api::new(&settings)?, &id_token, settings.team.as_deref()).await?;
+        settings.token = Some(exchanged.token);
+        settings.team = Some(exchanged.team);
     }
     let api = Api::new(&settings)?;
     let ctx = Context { settings, api };

@@ -7,6 +7,7 @@ pub mod audit;
 pub mod bench;
 pub mod billing;
 pub mod budgets;
+pub mod ci_trusts;
 pub mod clusters;
 pub mod decisions;
 pub mod embedded;

@@ -1,6 +1,6 @@
 //! API tokens: stored only as hashes.
 
-use crate::domain::{TeamId, TokenId, UserId};
+use crate::domain::{CiTrustId, TeamId, TokenId, UserId};
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 
@@ -41,8 +41,11 @@ pub struct NewToken<'a> {
     pub role: &'a str,
     pub token_hash: &'a [u8],
     pub display_prefix: &'a str,
-    pub created_by: UserId,
+    /// The user who minted it; `None` for a token a pipeline exchanged its ID token for.
+    pub created_by: Option<UserId>,
     pub expires_at: DateTime<Utc>,
+    /// The trust policy a pipeline's ID token was exchanged under, if it was.
+    pub ci_trust_id: Option<CiTrustId>,
 }
 
 /// Stores a new token.
@@ -50,8 +53,9 @@ pub async fn insert(tx: &mut Tx<'_>, token: &NewToken<'_>) -> Result<TokenRow, s
     sqlx::query_as!(
         TokenRow,
         r#"with t as (
-               insert into api_tokens (id, team_id, name, role, token_hash, display_prefix, created_by, expires_at)
-               values ($1, $2, $3, $4, $5, $6, $7, $8)
+               insert into api_tokens (id, team_id, name, role, token_hash, display_prefix, created_by, expires_at,
+                                       ci_trust_id)
+               values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                returning *
            )
            select t.id, t.team_id, t.name, t.role, t.display_prefix, u.username as "created_by?",
@@ -63,8 +67,9 @@ pub async fn insert(tx: &mut Tx<'_>, token: &NewToken<'_>) -> Result<TokenRow, s
         token.role,
         token.token_hash,
         token.display_prefix,
-        token.created_by as UserId,
-        token.expires_at
+        token.created_by as Option<UserId>,
+        token.expires_at,
+        token.ci_trust_id as Option<CiTrustId>
     )
     .fetch_one(&mut **tx)
     .await
@@ -118,6 +123,20 @@ pub async fn revoke(tx: &mut Tx<'_>, team_id: TeamId, id: TokenId) -> Result<(),
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Revokes the live tokens of `team_id` exchanged under the trust policy `trust_id`, from now
+/// on; how many.
+pub async fn revoke_exchanged_under(tx: &mut Tx<'_>, team_id: TeamId, trust_id: CiTrustId) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query!(
+        "update api_tokens set revoked_at = now()
+         where team_id = $1 and ci_trust_id = $2 and revoked_at is null and expires_at > now()",
+        team_id as TeamId,
+        trust_id as CiTrustId
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(done.rows_affected())
 }
 
 /// The live (unrevoked, unexpired) token with this hash, recording its use. The use is

@@ -84,6 +84,8 @@ id_type! {
     ClusterId;
     /// The id of a team's webhook.
     WebhookId;
+    /// The id of a team's CI trust policy.
+    CiTrustId;
 }
 
 #[cfg(test)]

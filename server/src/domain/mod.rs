@@ -2,16 +2,17 @@
 //! rest of the code can trust them ("parse, don't validate").
 
 mod budget;
+pub mod ci_trust;
 mod ids;
 pub mod job;
 mod names;
 mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
-pub use ids::{ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
+pub use ids::{CiTrustId, ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
 pub use job::{BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures};
 pub use names::{
-    ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, TemplateName, Username,
+    CiTrustName, ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, TemplateName, Username,
 };
 pub use roles::{PlatformRole, TeamRole};
 

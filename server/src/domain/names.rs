@@ -1,4 +1,5 @@
-//! Names of things users type: teams, users, GPU classes, priority classes.
+//! Names of things users type: teams, users, GPU classes, priority classes, templates, CI
+//! trust policies.
 
 use std::fmt;
 
@@ -90,6 +91,11 @@ name_type!(
     /// A team's job template, e.g. `nightly-eval`: also the value of the label
     /// `fairway.dev/template` on the jobs submitted from it, so a Kubernetes label value.
     TemplateName, max = 63, separators = b"-_."
+);
+name_type!(
+    /// A team's CI trust policy, e.g. `deploy-main`; the tokens exchanged under it are named
+    /// `ci:<name>`.
+    CiTrustName, max = 63, separators = b"-_."
 );
 
 /// Free text shown to people (display names, descriptions): no control characters.

@@ -8,6 +8,7 @@
 pub mod audit;
 pub mod billing;
 pub mod budgets;
+pub mod ci_trusts;
 pub mod clusters;
 pub mod error;
 pub mod gpu_classes;
@@ -20,6 +21,7 @@ pub mod single_sign_on;
 pub mod teams;
 pub mod templates;
 pub mod timeline;
+pub mod token_exchange;
 pub mod tokens;
 pub mod users;
 pub mod webhooks;

@@ -111,8 +111,9 @@ pub async fn mint(
             role: body.role.as_str(),
             token_hash: &minted.hash,
             display_prefix: &minted.display_prefix,
-            created_by: *user_id,
+            created_by: Some(*user_id),
             expires_at: body.expires_at,
+            ci_trust_id: None,
         },
     )
     .await?;

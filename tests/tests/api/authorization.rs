@@ -3,6 +3,7 @@
 //! The expectations are written out here, independently of the server's policy table, and
 //! the test fails if the OpenAPI document lists a route this matrix does not cover.
 
+use fairway::config::CiIssuer;
 use fairway_tests::{call, TestApp, USER_PASSWORD};
 use serde_json::{json, Value};
 
@@ -50,6 +51,10 @@ fn row(method: &'static str, path: &'static str, cells: [Cell; 7], body: Option<
     Row { method, path, cells, body, allowed_problem: None }
 }
 
+/// The CI issuer the matrix's service trusts: nothing is fetched from it, as no token it
+/// signed is ever exchanged here.
+const CI_ISSUER: &str = "https://token.actions.githubusercontent.com";
+
 /// A job body every caller allowed to submit may send.
 fn job_spec() -> Value {
     json!({"name": "matrix", "gpu_class": "h100", "image": "registry.example/train:1", "command": ["python", "train.py"]})
@@ -63,6 +68,20 @@ fn matrix() -> Vec<Row> {
         row("GET", "/readyz", PUBLIC, None),
         row("GET", "/metrics", PUBLIC, None),
         row("POST", "/api/v1/auth/token", PUBLIC, Some(json!({"username": "viewer", "password": USER_PASSWORD}))),
+        // Anyone may ask; a token no policy admits is refused by the handler, not the gate.
+        Row {
+            allowed_problem: Some((401, "identity_refused")),
+            ..row(
+                "POST",
+                "/api/v1/auth/token-exchange",
+                PUBLIC,
+                Some(json!({
+                    "grant_type": "urn:ietf:params:oauth:grant-type:token-exchange",
+                    "subject_token": "not.a.jwt",
+                    "subject_token_type": "urn:ietf:params:oauth:token-type:id_token"
+                })),
+            )
+        },
         row("GET", "/api/v1/me", SIGNED_IN, None),
         row(
             "POST",
@@ -89,6 +108,17 @@ fn matrix() -> Vec<Row> {
             Some(json!({"name": "ci", "role": "member", "expires_at": soon})),
         ),
         row("DELETE", "/api/v1/teams/{team}/tokens/{token_id}", TEAM_ADMIN, None),
+        row("GET", "/api/v1/teams/{team}/ci-trusts", TEAM_READ, None),
+        row(
+            "POST",
+            "/api/v1/teams/{team}/ci-trusts",
+            TEAM_ADMIN,
+            Some(
+                json!({"name": "release", "issuer": CI_ISSUER, "conditions": {"repository": "acme/train"}, "role": "member"}),
+            ),
+        ),
+        row("GET", "/api/v1/teams/{team}/ci-trusts/{trust}", TEAM_READ, None),
+        row("DELETE", "/api/v1/teams/{team}/ci-trusts/{trust}", TEAM_ADMIN, None),
         row("GET", "/api/v1/teams/{team}/webhooks", TEAM_READ, None),
         row(
             "POST",
@@ -219,11 +249,13 @@ struct Fixture {
     webhook_id: String,
 }
 
-/// Team A with a viewer, a member, a quota, a budget, a token, a webhook, a job template and a
-/// pending job; team B with
-/// its own admin and a CI token; a finance user.
+/// Team A with a viewer, a member, a quota, a budget, a token, a webhook, a job template, a CI
+/// trust policy and a pending job; team B with its own admin and a CI token; a finance user.
 async fn fixture() -> Fixture {
-    let app = TestApp::spawn().await;
+    let app = TestApp::spawn_with(|c| {
+        c.ci_issuers = vec![CiIssuer { issuer: CI_ISSUER.into(), algorithms: vec!["RS256".into()] }];
+    })
+    .await;
     let admin = app.admin().await;
     app.gpu_class(&admin, "h100").await;
     app.team(&admin, "team-a", None).await;
@@ -265,6 +297,11 @@ async fn fixture() -> Fixture {
     app.send(call("PUT", "/api/v1/teams/team-a/job-templates/nightly").token(&admin).json(&job_spec()))
         .await
         .assert_status(201);
+    app.send(call("POST", "/api/v1/teams/team-a/ci-trusts").token(&admin).json(&json!({
+        "name": "deploy", "issuer": CI_ISSUER, "conditions": {"repository": "acme/train"}, "role": "member"
+    })))
+    .await
+    .assert_status(201);
     let callers = vec![None, Some(viewer), Some(member), Some(admin_b), Some(token_b), Some(finance), Some(platform)];
     Fixture { app, callers, token_id: token_a_id, job_id, webhook_id }
 }
@@ -283,6 +320,7 @@ fn concrete(path: &str, fixture: &Fixture) -> String {
         .replace("{token_id}", &fixture.token_id)
         .replace("{webhook}", &fixture.webhook_id)
         .replace("{template}", "nightly")
+        .replace("{trust}", "deploy")
         .replace("{gpu_class}", "h100")
         .replace("{period}", &next_month())
         .replace("{priority_class}", "experiment")

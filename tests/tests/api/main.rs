@@ -4,6 +4,7 @@ mod auth;
 mod authorization;
 mod bad_input;
 mod billing;
+mod ci_federation;
 mod follow;
 mod hardening;
 mod idempotency;
