@@ -321,3 +321,21 @@ async fn with_password_sign_in_turned_off_only_the_provider_signs_people_in() {
     page.assert_status(200);
     assert!(!String::from_utf8_lossy(&page.body).contains("type=\"password\""), "no password form is offered");
 }
+
+#[tokio::test]
+async fn an_id_token_whose_nonce_is_not_this_sign_ins_is_refused_and_creates_no_user() {
+    let sso = sso(&[]).await;
+    let mut browser = Browser::default();
+    let callback = sso.to_provider_and_back(&mut browser, "frank").await;
+    // The token the provider issues carries the nonce this sign-in sent; the sign-in now
+    // expects another one, as it would for a token injected from another sign-in.
+    sqlx::query("update oidc_sign_ins set nonce = 'another-sign-ins-nonce'").execute(&sso.app.pool).await.unwrap();
+    let r = browser.get(&callback).await;
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(r.text().await.unwrap().contains("nonce is not this sign-in"));
+    let users: i64 = sqlx::query_scalar("select count(*) from users where username = 'frank'")
+        .fetch_one(&sso.app.pool)
+        .await
+        .unwrap();
+    assert_eq!(users, 0);
+}
