@@ -3,6 +3,7 @@
 
 mod budget;
 pub mod ci_trust;
+pub mod dependency;
 mod ids;
 pub mod job;
 mod names;
