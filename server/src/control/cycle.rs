@@ -105,6 +105,8 @@ pub async fn run_with(
     forecast: &mut ForecastInputs,
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
+    // Jobs whose dependencies are now met join this cycle's snapshot.
+    super::dependencies::resolve(pool, epoch).await?;
     let world = world(pool, &config.engine, &config.pricing, live, forecast).await?;
     let read = started.elapsed();
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
