@@ -67,14 +67,15 @@ pub struct DependentRow {
     pub after: After,
 }
 
-/// The jobs that wait for `job_id`, in the order they were submitted.
-pub async fn dependents(pool: &PgPool, job_id: JobId) -> Result<Vec<DependentRow>, sqlx::Error> {
+/// The jobs of team `team_id` that wait for `job_id`, in the order they were submitted.
+pub async fn dependents(pool: &PgPool, team_id: TeamId, job_id: JobId) -> Result<Vec<DependentRow>, sqlx::Error> {
     sqlx::query_as!(
         DependentRow,
         r#"select j.id as "job: JobId", j.name, j.state as "state: JobState", d.after as "after: After"
            from job_dependencies d join jobs j on j.id = d.job_id
-           where d.depends_on = $1
+           where d.depends_on = $2 and j.team_id = $1
            order by j.seq"#,
+        team_id as TeamId,
         job_id as JobId
     )
     .fetch_all(pool)

@@ -195,3 +195,34 @@ async fn malformed_dependencies_are_refused_with_a_422_naming_the_field() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_job_page_shows_the_chain_with_links_both_ways() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.gpu_class(&admin, "h100").await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "h100", 8, 0).await;
+    let alice = app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "member").await;
+    let job = |name: &str, depends_on: Value| json!({"name": name, "gpu_class": "h100", "image": "train:1", "depends_on": depends_on});
+    let preprocess = submit(&app, &alice, "ml", job("preprocess", json!([]))).await;
+    let r = app
+        .send(
+            call("POST", "/api/v1/teams/ml/jobs")
+                .token(&alice)
+                .json(&job("train", json!([{"job": preprocess, "after": "succeeded"}]))),
+        )
+        .await;
+    r.assert_status(201);
+    let created = r.json();
+    assert_eq!(created["depends_on"][0]["job"], preprocess.as_str(), "the submission's answer names it: {created:#}");
+    let train = created["id"].as_str().unwrap_or_default().to_owned();
+    let session = crate::portal::sign_in(&app, "alice").await;
+    let page = crate::portal::body(&app.send(call("GET", &format!("/jobs/{train}")).header("cookie", &session)).await);
+    assert!(page.contains("Waits for"), "{page}");
+    assert!(page.contains(&format!("<a href=\"/jobs/{preprocess}\">preprocess</a> to have succeeded")), "{page}");
+    let page =
+        crate::portal::body(&app.send(call("GET", &format!("/jobs/{preprocess}")).header("cookie", &session)).await);
+    assert!(page.contains(&format!("<a href=\"/jobs/{train}\">train</a>, until this job has succeeded")), "{page}");
+}
