@@ -31,11 +31,23 @@ pub const WAITING_FOR_DEPENDENCIES: &str = "waiting_for_dependencies";
 /// longer be met.
 pub const DEPENDENCY_FAILED: &str = "dependency_failed";
 
-/// What a pass did.
+/// What a pass did, and how many jobs it left waiting, by reason.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Resolved {
     pub released: usize,
     pub cancelled: usize,
+    /// Left waiting for jobs that have not ended yet (`waiting_for_dependencies`).
+    pub waiting: u64,
+    /// Kept pending though a dependency can no longer be met (`dependency_failed`).
+    pub kept: u64,
+}
+
+impl Resolved {
+    /// The jobs left waiting per reason code, both codes always: the part of the pending
+    /// reasons gauge the engine does not see.
+    pub fn pending_by_reason(&self) -> [(&'static str, u64); 2] {
+        [(WAITING_FOR_DEPENDENCIES, self.waiting), (DEPENDENCY_FAILED, self.kept)]
+    }
 }
 
 /// Runs the pass as the leader of `epoch`.
@@ -79,6 +91,7 @@ pub async fn resolve(pool: &sqlx::PgPool, epoch: i64) -> Result<Resolved, Contro
                 );
                 let data = Some(json!({"dependency": culprit.depends_on, "state": culprit.state}));
                 if first.if_dependency_fails == "keep" {
+                    done.kept += 1;
                     let message = format!("dependency can no longer be met: {why}; kept pending (if_dependency_fails: keep) until cancelled");
                     if first.pending_message.as_deref() != Some(message.as_str()) {
                         let figures = figures(vec![waited(culprit)]);
@@ -93,6 +106,7 @@ pub async fn resolve(pool: &sqlx::PgPool, epoch: i64) -> Result<Resolved, Contro
                 }
             }
             Verdict::Waiting(left) => {
+                done.waiting += 1;
                 let left: Vec<&WaitingRow> = left.iter().map(|&i| &group[i]).collect();
                 let message = format!("waiting for {}", left.iter().map(|r| named(r)).collect::<Vec<_>>().join("; "));
                 if first.pending_message.as_deref() != Some(message.as_str()) {

@@ -133,8 +133,18 @@ async fn with_keep_a_job_whose_dependency_failed_stays_pending_saying_so() {
     let message = kept["pending"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("ended cancelled") && message.contains("kept pending"), "{message}");
     assert_eq!(kept["depends_on"][0]["state"], "cancelled");
-    // It stays so: cycles pass and it is neither run nor cancelled.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The pending reasons gauge counts it under its reason, cycle after cycle, while it
+    // is neither run nor cancelled.
+    let gauge = "fairway_pending_jobs_by_reason{reason=\"dependency_failed\"} 1";
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let metrics = crate::portal::body(&app.send(call("GET", "/metrics")).await);
+        if metrics.contains(gauge) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no {gauge} in {metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(job(&app, &ml, &train).await["state"], "pending");
 }
 
