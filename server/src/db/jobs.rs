@@ -608,7 +608,7 @@ pub async fn mark_cancelled(
     stop_grace_ms: Option<i64>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "update jobs set state = 'cancelled',
+        "update jobs set state = 'cancelled', waits_for_dependencies = false,
                 stop_requested_at = case when holds_gpus then coalesce(stop_requested_at, now()) end,
                 finished_at = case when holds_gpus then null else now() end,
                 pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,

@@ -236,3 +236,29 @@ async fn the_job_page_shows_the_chain_with_links_both_ways() {
         crate::portal::body(&app.send(call("GET", &format!("/jobs/{preprocess}")).header("cookie", &session)).await);
     assert!(page.contains(&format!("<a href=\"/jobs/{train}\">train</a>, until this job has succeeded")), "{page}");
 }
+
+#[tokio::test]
+async fn cancelling_a_job_that_waits_for_its_dependencies_ends_it_at_once_and_its_dependents_follow() {
+    let app = TestApp::spawn().await;
+    let ml = platform(&app).await;
+    let mut first = spec("preprocess", 5, 0, json!([]));
+    first["replicas"] = json!(3);
+    first["gpus_per_replica"] = json!(8);
+    first["wait_for_quota"] = json!(true);
+    let preprocess = submit(&app, &ml, "ml", first).await;
+    let train = submit(&app, &ml, "ml", spec("train", 5, 0, json!([{"job": preprocess, "after": "succeeded"}]))).await;
+    let evaluate = submit(&app, &ml, "ml", spec("evaluate", 5, 0, json!([{"job": train, "after": "succeeded"}]))).await;
+    wait_for(&app, &ml, &train, WITHIN, |j| j["pending"]["reason"] == "waiting_for_dependencies").await;
+    let r = app.send(call("POST", &format!("/api/v1/jobs/{train}/cancel")).token(&ml)).await;
+    r.assert_status(200);
+    assert_eq!(r.json()["state"], "cancelled");
+    let evaluated = wait_for(&app, &ml, &evaluate, WITHIN, ended).await;
+    assert_eq!(evaluated["state"], "cancelled", "{evaluated:#}");
+    let timeline = events(&app, &ml, &evaluate).await;
+    let cancelled = timeline.iter().find(|e| e["kind"] == "cancelled").expect("a cancelled event");
+    assert_eq!(
+        (cancelled["reason"].as_str(), cancelled["data"]["dependency"].as_str()),
+        (Some("dependency_failed"), Some(train.as_str()))
+    );
+    assert_eq!(job(&app, &ml, &preprocess).await["state"], "pending", "the job depended on is left as it was");
+}
