@@ -300,6 +300,8 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64)
         preemption_grace_seconds: None,
         max_retries: 0,
         allow_spot: false,
+        depends_on: Vec::new(),
+        if_dependency_fails: Default::default(),
         accepted_despite: Vec::new(),
     };
     let id = job.id;

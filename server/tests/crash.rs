@@ -65,6 +65,8 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 preemption_grace_seconds: None,
                 max_retries: 0,
                 allow_spot: false,
+                depends_on: Vec::new(),
+                if_dependency_fails: Default::default(),
                 accepted_despite: Vec::new(),
             })
             .collect();

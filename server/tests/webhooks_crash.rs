@@ -132,6 +132,8 @@ async fn sigkill_during_webhook_delivery_twenty_times_loses_no_notification_and_
                 preemption_grace_seconds: None,
                 max_retries: 0,
                 allow_spot: false,
+                depends_on: Vec::new(),
+                if_dependency_fails: Default::default(),
                 accepted_despite: Vec::new(),
             })
             .collect();

@@ -26,7 +26,11 @@ use crate::{
     },
     backends::ReplicaSlot,
     db,
-    domain::{check_range, FieldError, JobState, TopologyWish, WaitFigures},
+    domain::{
+        check_range,
+        dependency::{After, IfDependencyFails},
+        FieldError, JobState, TopologyWish, WaitFigures,
+    },
     ops::{
         self,
         jobs::{self, DryRunResult, JobSpec},
@@ -41,7 +45,10 @@ pub struct PendingInfo {
     /// Stable code of the first rule that blocks it, one of `never_fits`, `burst_limit`,
     /// `exceeds_quota`, `reserved_quota_exhausted`, `budget_exhausted`, `no_topology_fit`,
     /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
-    /// `behind_head_of_line`, `victims_in_minimum_runtime`.
+    /// `behind_head_of_line`, `victims_in_minimum_runtime`; or, before the scheduler sees
+    /// the job, `waiting_for_dependencies` (jobs it depends on have not ended as it waits
+    /// for; `figures.waiting_for` names them) and `dependency_failed` (one never can, and
+    /// the job has `if_dependency_fails: keep`).
     pub reason: Option<String>,
     /// The same in words, with the numbers.
     pub message: Option<String>,
@@ -104,10 +111,34 @@ pub struct JobView {
     pub stop_requested_at: Option<DateTime<Utc>>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
     pub version: i64,
+    /// The jobs this one waits for, each with what it waits for and the job's state now (in
+    /// a job's own read and the answer to its submission; absent when it waits for none,
+    /// and in lists).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<DependencyView>,
+    /// What becomes of it when a dependency can no longer be met: `cancel` or `keep`.
+    pub if_dependency_fails: IfDependencyFails,
     /// Only in the answer to a submission, and only when there are some: what may keep the
     /// accepted job from running as asked (e.g. `exceeds_quota` with `wait_for_quota`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<FieldError>,
+}
+
+/// A job another waits for.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct DependencyView {
+    pub job: JobId,
+    pub name: String,
+    /// What is waited for: `succeeded`, `finished` or `failed`.
+    pub after: After,
+    /// The job's state now.
+    pub state: JobState,
+}
+
+impl From<db::dependencies::DependencyRow> for DependencyView {
+    fn from(d: db::dependencies::DependencyRow) -> Self {
+        Self { job: d.job, name: d.name, after: d.after, state: d.state }
+    }
 }
 
 impl From<db::jobs::JobRow> for JobView {
@@ -160,6 +191,8 @@ impl From<db::jobs::JobRow> for JobView {
             stop_requested_at: r.stop_requested_at,
             last_checkpoint_at: r.last_checkpoint_at,
             version: r.version,
+            depends_on: Vec::new(),
+            if_dependency_fails: r.if_dependency_fails,
             warnings: Vec::new(),
         }
     }
@@ -179,18 +212,25 @@ fn job_etag(view: &JobView) -> HeaderValue {
         .pending
         .as_ref()
         .filter(|p| p.reason.is_some() || p.message.is_some() || p.position.is_some() || p.expected_start_at.is_some());
-    if pending.is_none() && view.last_checkpoint_at.is_none() {
+    if pending.is_none() && view.last_checkpoint_at.is_none() && view.depends_on.is_empty() {
         return etag(view.version);
     }
     use sha2::Digest as _;
-    let volatile = serde_json::to_vec(&(pending, view.last_checkpoint_at)).unwrap_or_default();
+    let volatile = serde_json::to_vec(&(pending, view.last_checkpoint_at, &view.depends_on)).unwrap_or_default();
     let digest: String = sha2::Sha256::digest(&volatile)[..8].iter().map(|b| format!("{b:02x}")).collect();
     // Digits, a dot and hex only: always a valid header value.
     HeaderValue::from_str(&format!("\"{}.{digest}\"", view.version)).unwrap_or_else(|_| etag(view.version))
 }
 
 async fn view(state: &AppState, id: JobId) -> Result<JobView, ApiError> {
-    Ok(db::jobs::get(&state.db, id).await?.ok_or(ApiError::NotFound("job"))?.into())
+    let job: JobView = db::jobs::get(&state.db, id).await?.ok_or(ApiError::NotFound("job"))?.into();
+    with_dependencies(state, job).await
+}
+
+/// `job` with the jobs it waits for and their states now.
+async fn with_dependencies(state: &AppState, mut job: JobView) -> Result<JobView, ApiError> {
+    job.depends_on = db::dependencies::of_job(&state.db, job.id).await?.into_iter().map(Into::into).collect();
+    Ok(job)
 }
 
 /// Submits a job to the team's queue. Send an `Idempotency-Key` so a retried request
@@ -211,8 +251,12 @@ pub async fn create_job(
     ApiJson(spec): ApiJson<JobSpec>,
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
     let check = check.map(|Extension(c)| c);
+    let depends = !spec.depends_on.is_empty();
     let submitted = jobs::submit(&state, &access.team, &principal.actor(), spec, version, check).await?;
-    let view = JobView { warnings: submitted.warnings, ..submitted.job.into() };
+    let mut view = JobView { warnings: submitted.warnings, ..submitted.job.into() };
+    if depends {
+        view = with_dependencies(&state, view).await?;
+    }
     let (headers, body) = with_etag(view);
     Ok((StatusCode::CREATED, headers, body))
 }

@@ -222,6 +222,12 @@ const SUBMIT_HELP: &str = concat!(
   fairway submit -f job.toml --priority production --wait --timeout 3h
   fairway submit --template nightly-eval --image ghcr.io/acme/eval:$GIT_SHA --wait
   JOB=$(fairway submit -f job.yaml) && fairway status \"$JOB\"
+  PRE=$(fairway submit -f preprocess.toml) && fairway submit -f train.toml --after \"$PRE\"
+
+--after JOB waits for JOB to succeed, --after-any for it to end in any state, --after-failed
+for it to fail (failed, cancelled or preempted out of retries); each repeats. A job whose
+dependency can no longer be met is cancelled (reason dependency_failed), or with
+--if-dependency-fails keep stays pending.
 
 The job file (TOML, YAML or JSON) holds the API's fields: name, gpu_class, image,
 gpus_per_replica, replicas, priority_class, max_runtime_seconds, command, env, labels, ...

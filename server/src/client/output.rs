@@ -102,6 +102,13 @@ pub fn job(job: &Value, now: DateTime<Utc>) -> String {
         _ => field(job, "gpu_class"),
     };
     rows.push(("gpus", gpus));
+    // One row per job it waits for: what for, the job, its state now.
+    for d in job.get("depends_on").and_then(Value::as_array).into_iter().flatten() {
+        rows.push((
+            "after",
+            format!("{} {} ({}), {}", field(d, "after"), field(d, "name"), field(d, "job"), field(d, "state")),
+        ));
+    }
     if let Some(pending) = job.get("pending").filter(|p| p.is_object()) {
         let reason = field(pending, "reason");
         match pending.get("message").and_then(Value::as_str) {
@@ -268,6 +275,25 @@ mod tests {
             text,
             "job       j1\nname      train\nteam      vision\nstate     pending\ngpus      2 × 8 h100-80gb\n\
              waiting   quota: the team uses 16 of 16 GPUs\nposition  3\nexpected  in 12m (between 5m and 40m)\n"
+        );
+    }
+
+    #[test]
+    fn a_job_waiting_for_others_names_each_with_what_it_waits_for_and_its_state() {
+        let text = job(
+            &json!({
+                "id": "j2", "name": "evaluate", "team": "vision", "state": "pending", "gpu_class": "h100-80gb",
+                "gpus_per_replica": 1, "attempt": 0,
+                "depends_on": [{"job": "j1", "name": "train", "after": "succeeded", "state": "running"}],
+                "pending": {"reason": "waiting_for_dependencies", "message": "waiting for job train (j1), running"}
+            }),
+            now(),
+        );
+        assert_eq!(
+            text,
+            "job      j2\nname     evaluate\nteam     vision\nstate    pending\ngpus     1 h100-80gb\n\
+             after    succeeded train (j1), running\n\
+             waiting  waiting_for_dependencies: waiting for job train (j1), running\n"
         );
     }
 

@@ -54,6 +54,20 @@ pub struct JobArgs {
     /// Accept the job even when it exceeds the team's quota now; it waits for quota.
     #[arg(long)]
     pub wait_for_quota: bool,
+    /// Start only after job JOB succeeded (Slurm's afterok); repeat for more.
+    #[arg(long = "after", value_name = "JOB", value_parser = super::job_id)]
+    pub after: Vec<String>,
+    /// Start only after job JOB ended, in any state (afterany); repeat for more.
+    #[arg(long = "after-any", value_name = "JOB", value_parser = super::job_id)]
+    pub after_any: Vec<String>,
+    /// Start only after job JOB failed, was cancelled or was preempted out of retries
+    /// (afternotok); repeat for more.
+    #[arg(long = "after-failed", value_name = "JOB", value_parser = super::job_id)]
+    pub after_failed: Vec<String>,
+    /// When a dependency can no longer be met: `cancel` the job [server's default] or `keep`
+    /// it pending.
+    #[arg(long, value_name = "cancel|keep", value_parser = ["cancel", "keep"])]
+    pub if_dependency_fails: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -90,6 +104,7 @@ pub fn body(args: &JobArgs) -> Result<Value, Error> {
     set("max_retries", args.max_retries.map(Value::from));
     set("allow_spot", args.allow_spot.then_some(Value::Bool(true)));
     set("wait_for_quota", args.wait_for_quota.then_some(Value::Bool(true)));
+    set("if_dependency_fails", args.if_dependency_fails.clone().map(Value::from));
     if !args.command.is_empty() {
         set("command", Some(Value::from(args.command.clone())));
     }
@@ -105,6 +120,19 @@ pub fn body(args: &JobArgs) -> Result<Value, Error> {
         for (key, value) in pairs {
             map.insert(key.clone(), Value::from(value.clone()));
         }
+    }
+    // `--after`, `--after-any` and `--after-failed` add to the file's `depends_on`.
+    let flagged: Vec<Value> =
+        [("succeeded", &args.after), ("finished", &args.after_any), ("failed", &args.after_failed)]
+            .into_iter()
+            .flat_map(|(after, jobs)| jobs.iter().map(move |job| serde_json::json!({"job": job, "after": after})))
+            .collect();
+    if !flagged.is_empty() {
+        let list = job.entry("depends_on").or_insert_with(|| Value::Array(Vec::new()));
+        let Some(list) = list.as_array_mut() else {
+            return Err(Error::Usage("the job file's `depends_on` is not a list".to_owned()));
+        };
+        list.extend(flagged);
     }
     Ok(Value::Object(job))
 }
@@ -165,6 +193,10 @@ mod tests {
             max_retries: Some(2),
             allow_spot: true,
             wait_for_quota: true,
+            after: vec!["0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e".to_owned()],
+            after_any: vec!["1b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e".to_owned()],
+            after_failed: vec!["2b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e".to_owned()],
+            if_dependency_fails: Some("keep".to_owned()),
             command: vec!["python".to_owned(), "train.py".to_owned()],
             file: None,
         };
@@ -175,7 +207,13 @@ mod tests {
                 "priority_class": "production", "image": "ghcr.io/acme/train:1",
                 "max_runtime_seconds": 7200, "expected_runtime_seconds": 5400,
                 "env": {"SEED": "1"}, "labels": {"project": "vision"}, "max_retries": 2,
-                "allow_spot": true, "wait_for_quota": true, "command": ["python", "train.py"]
+                "allow_spot": true, "wait_for_quota": true, "command": ["python", "train.py"],
+                "if_dependency_fails": "keep",
+                "depends_on": [
+                    {"job": "0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e", "after": "succeeded"},
+                    {"job": "1b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e", "after": "finished"},
+                    {"job": "2b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e", "after": "failed"}
+                ]
             })
         );
     }

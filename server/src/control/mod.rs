@@ -15,6 +15,7 @@
 //! commits nothing.
 
 pub mod cycle;
+pub mod dependencies;
 pub mod dispatch;
 pub mod feed;
 pub mod forecast;

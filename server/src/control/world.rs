@@ -432,6 +432,7 @@ impl World {
                 PendingReason::VictimsInMinimumRuntime { at_ms } => Utc.timestamp_millis_opt(*at_ms).single(),
                 _ => None,
             },
+            waiting_for: Vec::new(),
         }
     }
 }
@@ -509,6 +510,7 @@ mod tests {
             last_checkpoint_at: None,
             pending_reason: None,
             allow_spot: false,
+            waits_for_dependencies: false,
         }
     }
 
@@ -547,6 +549,8 @@ mod tests {
             preemption_grace_seconds: None,
             max_retries: 0,
             allow_spot: false,
+            depends_on: Vec::new(),
+            if_dependency_fails: Default::default(),
             accepted_despite: Vec::new(),
         };
         assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));

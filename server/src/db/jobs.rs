@@ -7,6 +7,7 @@ use sqlx::{types::Json, PgPool};
 
 use super::Tx;
 use crate::domain::{
+    dependency::{After, IfDependencyFails},
     GpuClassId, JobId, JobState, TeamId, TokenId, TopologyLevel, TopologyMode, TopologyWish, WaitFigures,
 };
 use uuid::Uuid;
@@ -59,6 +60,7 @@ pub struct JobRow {
     pub finished_at: Option<DateTime<Utc>>,
     pub updated_at: DateTime<Utc>,
     pub version: i64,
+    pub if_dependency_fails: IfDependencyFails,
 }
 
 /// A job to insert; every value already validated.
@@ -84,6 +86,10 @@ pub struct NewJob {
     pub max_retries: i32,
     /// Tolerates spot capacity.
     pub allow_spot: bool,
+    /// The jobs it waits for, each visible to its team: with some, it is stored waiting for
+    /// them (`waits_for_dependencies`) until the leader's dependency pass releases it.
+    pub depends_on: Vec<(JobId, After)>,
+    pub if_dependency_fails: IfDependencyFails,
     /// What it was accepted despite (a quota or budget it waits for, a soft budget it
     /// overruns), in words: kept in its `submitted` event, so its timeline says so.
     pub accepted_despite: Vec<String>,
@@ -166,21 +172,32 @@ pub async fn insert_submissions(
         .iter()
         .map(|s| (!s.job.accepted_despite.is_empty()).then(|| s.job.accepted_despite.join("; ")))
         .collect();
+    let waits: Vec<bool> = submissions.iter().map(|s| !s.job.depends_on.is_empty()).collect();
+    let if_fails: Vec<&str> = submissions.iter().map(|s| s.job.if_dependency_fails.as_str()).collect();
+    let (mut dependents, mut depended, mut afters) = (Vec::new(), Vec::new(), Vec::new());
+    for s in submissions {
+        for &(on, after) in &s.job.depends_on {
+            dependents.push(s.job.id);
+            depended.push(on);
+            afters.push(after.as_str());
+        }
+    }
     sqlx::query_as!(
         Stored,
         r#"with j as (
                insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
                                  max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
                                  preemption_grace_seconds, max_retries, allow_spot, submitted_by,
-                                 expected_runtime_seconds)
+                                 expected_runtime_seconds, waits_for_dependencies, if_dependency_fails)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
-                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected
+                      u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected, u.waits,
+                      u.if_fails
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
-                           $20::int8[], $21::int8[], $22::int4[])
+                           $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
-                         mode, level, grace, retries, spot, token, team_version, catalogue, expected)
+                         mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -188,6 +205,11 @@ pub async fn insert_submissions(
                insert into job_events (job_id, kind, attempt, message)
                select j.id, 'submitted', 0, 'submitted by ' || j.submitted_by || coalesce('; accepted despite: ' || w.despite, '')
                from j join unnest($3::uuid[], $23::text[]) as w(id, despite) on w.id = j.id
+           ),
+           d as (
+               insert into job_dependencies (job_id, depends_on, after)
+               select x.id, x.dep, x.after
+               from unnest($26::uuid[], $27::uuid[], $28::text[]) as x(id, dep, after) join j on j.id = x.id
            )
            select id as "id: JobId", seq, submitted_at from j"#,
         &teams as &[TeamId],
@@ -213,6 +235,11 @@ pub async fn insert_submissions(
         &catalogues as &[Option<i64>],
         &expected as &[Option<i32>],
         &despite as &[Option<String>],
+        &waits,
+        &if_fails as &[&str],
+        &dependents as &[JobId],
+        &depended as &[JobId],
+        &afters as &[&'static str],
     )
     .fetch_all(db)
     .await
@@ -267,6 +294,7 @@ impl JobRow {
             finished_at: None,
             updated_at: stored.submitted_at,
             version: 1,
+            if_dependency_fails: job.if_dependency_fails,
         }
     }
 }
@@ -303,7 +331,7 @@ macro_rules! select_jobs {
                   j.pending_reason, j.pending_message, j.pending_figures as "pending_figures: Json<WaitFigures>",
                   j.queue_position, j.expected_start_at, j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
                   j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
-                  j.version
+                  j.version, j.if_dependency_fails as "if_dependency_fails: IfDependencyFails"
            from jobs j
            join teams t on t.id = j.team_id
            join gpu_classes c on c.id = j.gpu_class_id
@@ -580,7 +608,7 @@ pub async fn mark_cancelled(
     stop_grace_ms: Option<i64>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "update jobs set state = 'cancelled',
+        "update jobs set state = 'cancelled', waits_for_dependencies = false,
                 stop_requested_at = case when holds_gpus then coalesce(stop_requested_at, now()) end,
                 finished_at = case when holds_gpus then null else now() end,
                 pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,

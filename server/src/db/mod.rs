@@ -10,6 +10,7 @@ pub mod budgets;
 pub mod ci_trusts;
 pub mod clusters;
 pub mod decisions;
+pub mod dependencies;
 pub mod embedded;
 pub mod forecast;
 pub mod gpu_classes;

@@ -80,6 +80,9 @@ pub struct LiveJob {
     /// The reason last recorded while it waits.
     pub pending_reason: Option<String>,
     pub allow_spot: bool,
+    /// Still waits for jobs it depends on: the engine does not see it until the leader's
+    /// dependency pass releases it (`control::dependencies`).
+    pub waits_for_dependencies: bool,
 }
 
 /// Everything a snapshot is built from, read in one repeatable-read transaction.
@@ -97,9 +100,12 @@ pub struct SnapshotRows {
 }
 
 impl LiveJob {
-    /// Whether the engine must know of the job: it waits, or holds GPUs.
+    /// Whether the engine must know of the job: it waits (for admission, not for jobs it
+    /// depends on), or holds GPUs.
     fn is_live(&self) -> bool {
-        matches!(self.state, JobState::Pending | JobState::Admitted | JobState::Running) || self.holds_gpus
+        (self.state == JobState::Pending && !self.waits_for_dependencies)
+            || matches!(self.state, JobState::Admitted | JobState::Running)
+            || self.holds_gpus
     }
 }
 
@@ -152,7 +158,7 @@ macro_rules! select_live_jobs {
             r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
                       topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
-                      last_checkpoint_at, pending_reason, allow_spot
+                      last_checkpoint_at, pending_reason, allow_spot, waits_for_dependencies
                from jobs
                "# + $rest
             $(, $arg)*
@@ -238,7 +244,9 @@ pub async fn snapshot_rows(
     // trigger `jobs_mark_changed` fires on updates of `version` and `last_checkpoint_at`.
     match live.xmin {
         None => {
-            let rows = select_live_jobs!(r#"where state in ('pending', 'admitted', 'running') or holds_gpus"#)
+            let rows = select_live_jobs!(
+                r#"where (state = 'pending' and not waits_for_dependencies) or state in ('admitted', 'running') or holds_gpus"#
+            )
                 .fetch_all(&mut *tx)
                 .await?;
             live.by_id.clear();

@@ -424,6 +424,18 @@ pub struct WaitFigures {
     /// minimum runtime before preemption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub victims_preemptible_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// For `waiting_for_dependencies` and `dependency_failed`: the jobs it still waits for,
+    /// or the one that can no longer end as it waits for, with their states.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waiting_for: Vec<WaitedJob>,
+}
+
+/// A job another waits for, as a waiting job's figures name it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct WaitedJob {
+    pub job: super::JobId,
+    pub name: String,
+    pub state: JobState,
 }
 
 /// A hard budget smaller than a job's maximum cost.

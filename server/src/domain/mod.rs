@@ -3,6 +3,7 @@
 
 mod budget;
 pub mod ci_trust;
+pub mod dependency;
 mod ids;
 pub mod job;
 mod names;
@@ -10,7 +11,9 @@ mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
 pub use ids::{CiTrustId, ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
-pub use job::{BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures};
+pub use job::{
+    BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures, WaitedJob,
+};
 pub use names::{
     CiTrustName, ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, TemplateName, Username,
 };

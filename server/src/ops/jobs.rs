@@ -19,6 +19,7 @@ use crate::{
     db::{self, jobs::NewJob},
     domain::{
         check_range,
+        dependency::{After, IfDependencyFails, MAX_DEPENDENCIES},
         job::{self, check_command, check_env, check_grace, check_image, check_labels},
         FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish,
     },
@@ -92,6 +93,29 @@ pub struct JobSpec {
     /// with 422 naming the limit.
     #[serde(default)]
     pub wait_for_quota: bool,
+    /// Jobs this one waits for (Slurm's `--dependency`): it is not scheduled until each has
+    /// succeeded, finished or failed as asked. At most 32, each a job that already exists
+    /// (so dependencies never form a cycle), of the team or its team tree; no job twice.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<DependencySpec>,
+    /// What becomes of the job when a dependency can no longer be met (a job it waits to
+    /// succeed failed, or one it waits to fail succeeded): `cancel` (default; the reason is
+    /// `dependency_failed`, and jobs waiting for it to succeed follow) or `keep` (it stays
+    /// pending, saying so, until cancelled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub if_dependency_fails: Option<IfDependencyFails>,
+}
+
+/// One job a job waits for, and for what.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DependencySpec {
+    /// The job waited for.
+    pub job: JobId,
+    /// `succeeded` (Slurm's afterok), `finished` (any final state: afterany) or `failed`
+    /// (any final state but succeeded: failed, its time limit included, cancelled, or
+    /// preempted out of retries; afternotok).
+    pub after: After,
 }
 
 fn one() -> i64 {
@@ -221,6 +245,22 @@ impl Catalogue {
         if let Some(r) = spec.max_retries {
             check(check_range(&at("max_retries"), r, 0, 100));
         }
+        if spec.depends_on.len() > MAX_DEPENDENCIES {
+            check(Err(FieldError::new(
+                at("depends_on"),
+                "too_many",
+                format!("must name at most {MAX_DEPENDENCIES} jobs"),
+            )));
+        }
+        for (i, d) in spec.depends_on.iter().enumerate() {
+            if spec.depends_on[..i].iter().any(|e| e.job == d.job) {
+                check(Err(FieldError::new(
+                    at(&format!("depends_on[{i}].job")),
+                    "duplicate",
+                    format!("job {} is named twice", d.job),
+                )));
+            }
+        }
         let max_runtime =
             spec.max_runtime_seconds.unwrap_or(i64::from(DEFAULT_MAX_RUNTIME_SECONDS.min(self.max_runtime)));
         if max_runtime < 1 {
@@ -340,6 +380,8 @@ impl Catalogue {
             preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
             max_retries: spec.max_retries.unwrap_or(0) as i32,
             allow_spot: spec.allow_spot,
+            depends_on: spec.depends_on.iter().map(|d| (d.job, d.after)).collect(),
+            if_dependency_fails: spec.if_dependency_fails.unwrap_or_default(),
             accepted_despite: Vec::new(),
         };
         Ok(Validated { job, warnings })
@@ -504,6 +546,8 @@ pub async fn rerun(
         max_retries: Some(job.max_retries.into()),
         allow_spot: job.allow_spot,
         wait_for_quota: false,
+        depends_on: Vec::new(),
+        if_dependency_fails: None,
     };
     submit(state, team, by, spec, version, None).await
 }
@@ -537,6 +581,10 @@ pub async fn submit(
 ) -> Result<Submitted> {
     let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
     let Validated { job, mut warnings } = catalogue.validate("", &spec).map_err(Error::Validation)?;
+    let unseen = unseen_dependencies(state, team.id, "", &spec).await?;
+    if !unseen.is_empty() {
+        return Err(Error::Validation(unseen));
+    }
     let mut budgets = Budgets::read(state, team.id, catalogue.budgeted).await?;
     let (refusals, soft) = budgets.problems(state, "", &job).await?;
     if !refusals.is_empty() && !spec.wait_for_quota {
@@ -548,6 +596,34 @@ pub async fn submit(
     state.wake_scheduler();
     let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by);
     Ok(Submitted { job, warnings })
+}
+
+/// The dependencies of `spec` that name no job a job of `team_id` may wait for, as field
+/// errors under `prefix`: a job of another tenant reads exactly as one that does not exist.
+async fn unseen_dependencies(
+    state: &AppState,
+    team_id: TeamId,
+    prefix: &str,
+    spec: &JobSpec,
+) -> Result<Vec<FieldError>> {
+    if spec.depends_on.is_empty() || spec.depends_on.len() > MAX_DEPENDENCIES {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<JobId> = spec.depends_on.iter().map(|d| d.job).collect();
+    let visible = db::dependencies::visible(&state.db, team_id, &ids).await?;
+    Ok(spec
+        .depends_on
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| !visible.contains(&d.job))
+        .map(|(i, d)| {
+            FieldError::new(
+                format!("{prefix}depends_on[{i}].job"),
+                "not_found",
+                format!("no job {} that this team's jobs may wait for", d.job),
+            )
+        })
+        .collect())
 }
 
 /// Validates up to [`MAX_BATCH`] specs against the catalogue and queues them for `team`
@@ -575,6 +651,7 @@ pub async fn submit_batch(
     let mut errors = Vec::new();
     for (i, spec) in specs.iter().enumerate() {
         let at = format!("jobs[{i}].");
+        errors.append(&mut unseen_dependencies(state, team_id, &at, spec).await?);
         match catalogue.validate(&at, spec) {
             Ok(mut v) => {
                 let (mut refusals, soft) = budgets.problems(state, &at, &v.job).await?;

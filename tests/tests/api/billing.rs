@@ -78,6 +78,8 @@ async fn admitted_job(s: &Setup, team: TeamId, class: GpuClassId, gpus: i32, nam
         preemption_grace_seconds: None,
         max_retries: 0,
         allow_spot: false,
+        depends_on: Vec::new(),
+        if_dependency_fails: Default::default(),
         accepted_despite: Vec::new(),
     };
     let id = job.id;

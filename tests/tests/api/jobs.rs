@@ -917,6 +917,8 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             preemption_grace_seconds: None,
             max_retries: 0,
             allow_spot: false,
+            depends_on: Vec::new(),
+            if_dependency_fails: Default::default(),
             accepted_despite: Vec::new(),
         };
         writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });

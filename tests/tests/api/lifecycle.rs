@@ -29,7 +29,7 @@ async fn start_control_with(app: &TestApp, min_runtime_before_preemption_ms: i64
     control::spawn(ctx, options, format!("test-{}", uuid::Uuid::new_v4().simple()));
 }
 
-async fn job(app: &TestApp, token: &str, id: &str) -> Value {
+pub(crate) async fn job(app: &TestApp, token: &str, id: &str) -> Value {
     let r = app.send(call("GET", &format!("/api/v1/jobs/{id}")).token(token)).await;
     r.assert_status(200);
     r.json()
@@ -54,13 +54,13 @@ pub(crate) async fn wait_for(
     }
 }
 
-async fn events(app: &TestApp, token: &str, id: &str) -> Vec<Value> {
+pub(crate) async fn events(app: &TestApp, token: &str, id: &str) -> Vec<Value> {
     let r = app.send(call("GET", &format!("/api/v1/jobs/{id}/events")).token(token)).await;
     r.assert_status(200);
     r.json().as_array().cloned().unwrap_or_default()
 }
 
-fn kinds(events: &[Value]) -> Vec<String> {
+pub(crate) fn kinds(events: &[Value]) -> Vec<String> {
     events.iter().map(|e| e["kind"].as_str().unwrap_or_default().to_owned()).collect()
 }
 

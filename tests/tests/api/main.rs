@@ -5,6 +5,7 @@ mod authorization;
 mod bad_input;
 mod billing;
 mod ci_federation;
+mod dependencies;
 mod follow;
 mod hardening;
 mod idempotency;

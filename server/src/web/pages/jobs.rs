@@ -189,6 +189,18 @@ struct JobPage {
     /// its log, and reloads once it ended. Without the script the page is as it was loaded.
     live: bool,
     last_event: i64,
+    /// The jobs it waits for, and the jobs that wait for it: its place in a chain.
+    depends_on: Vec<ChainLink>,
+    dependents: Vec<ChainLink>,
+}
+
+/// A job in a dependency chain, linked from the job page.
+struct ChainLink {
+    id: JobId,
+    name: String,
+    /// `succeeded`, `finished` or `failed`: what is waited for.
+    after: &'static str,
+    state: String,
 }
 
 /// The last lines of an attempt's log, as the page shows them.
@@ -309,7 +321,19 @@ pub async fn job(
             .map(|l| if job.replicas > 1 { format!("[replica {}] {}", l.replica, l.line) } else { l.line.clone() })
             .collect(),
     });
+    let depends_on = db::dependencies::of_job(&state.db, job.id)
+        .await?
+        .into_iter()
+        .map(|d| ChainLink { id: d.job, name: d.name, after: d.after.as_str(), state: d.state.to_string() })
+        .collect();
+    let dependents = db::dependencies::dependents(&state.db, job.team_id, job.id)
+        .await?
+        .into_iter()
+        .map(|d| ChainLink { id: d.job, name: d.name, after: d.after.as_str(), state: d.state.to_string() })
+        .collect();
     let page = JobPage {
+        depends_on,
+        dependents,
         csrf: user.csrf_token.clone(),
         signed_in: Some(signed_in(&user)),
         job: detail,
