@@ -3,7 +3,6 @@
 //! credential.
 
 use axum::{
-    body::Bytes,
     extract::{FromRequest, Request, State},
     http::{header, HeaderMap, HeaderValue},
     Extension, Json,
@@ -189,13 +188,7 @@ impl<S: Send + Sync> FromRequest<S> for ExchangeForm {
                 "send the parameters as application/x-www-form-urlencoded (RFC 8693) or application/json",
             ));
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge
-            } else {
-                ApiError::MalformedBody { field: None, detail: rejection.body_text() }
-            }
-        })?;
+        let bytes = super::extract::body(req, state).await?;
         let parsed = if form {
             serde_urlencoded::from_bytes::<TokenExchangeRequest>(&bytes).map_err(|e| {
                 let text = e.to_string();

@@ -25,15 +25,19 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
         if !is_json(req.headers()) {
             return Err(ApiError::UnsupportedMediaType);
         }
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::PayloadTooLarge
-            } else {
-                ApiError::MalformedBody { field: None, detail: rejection.body_text() }
-            }
-        })?;
-        parse_json(&bytes).map(ApiJson)
+        parse_json(&body(req, state).await?).map(ApiJson)
     }
+}
+
+/// The request's body, within the body limit (413 above it).
+pub async fn body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::PayloadTooLarge
+        } else {
+            ApiError::MalformedBody { field: None, detail: rejection.body_text() }
+        }
+    })
 }
 
 fn is_json(headers: &HeaderMap) -> bool {
