@@ -124,7 +124,15 @@ async fn a_gang_job_goes_from_pending_to_succeeded_with_its_timeline_and_one_usa
             .await
             .unwrap();
     assert_eq!(intervals, [(16, true)]);
-    let objects: i64 = sqlx::query_scalar("select count(*) from sim_objects").fetch_one(&app.pool).await.unwrap();
+    // The reconciler records the end before it removes the finished objects: wait for that.
+    let mut objects: i64 = -1;
+    for _ in 0..200 {
+        objects = sqlx::query_scalar("select count(*) from sim_objects").fetch_one(&app.pool).await.unwrap();
+        if objects == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(objects, 0, "finished objects are collected");
 }
 
