@@ -303,6 +303,7 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64)
         depends_on: Vec::new(),
         if_dependency_fails: Default::default(),
         accepted_despite: Vec::new(),
+        array: None,
     };
     let id = job.id;
     db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;

@@ -344,6 +344,7 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
         replicas: (0..replicas)
             .map(|_| fairway::backends::ReplicaSlot { node: "aws-h100".into(), gpus: (0..8).collect() })
             .collect(),
+        array: None,
     }
 }
 

@@ -68,6 +68,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 depends_on: Vec::new(),
                 if_dependency_fails: Default::default(),
                 accepted_despite: Vec::new(),
+                array: None,
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &jobs).await.unwrap();

@@ -266,6 +266,7 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
         replicas: (0..replicas)
             .map(|_| fairway::backends::ReplicaSlot { node: "gcp-h100".into(), gpus: (0..8).collect() })
             .collect(),
+        array: None,
     }
 }
 

@@ -518,6 +518,7 @@ async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
         labels: Default::default(),
         max_runtime: Duration::from_secs(600),
         replicas: vec![ReplicaSlot { node: node.name.clone(), gpus: vec![0] }],
+        array: None,
     };
     backend.submit(&gang).await.expect("submit");
     let started = Instant::now();

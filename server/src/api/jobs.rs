@@ -47,8 +47,9 @@ pub struct PendingInfo {
     /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
     /// `behind_head_of_line`, `victims_in_minimum_runtime`; or, before the scheduler sees
     /// the job, `waiting_for_dependencies` (jobs it depends on have not ended as it waits
-    /// for; `figures.waiting_for` names them) and `dependency_failed` (one never can, and
-    /// the job has `if_dependency_fails: keep`).
+    /// for; `figures.waiting_for` names them), `dependency_failed` (one never can, and
+    /// the job has `if_dependency_fails: keep`) and `array_task_limit` (an array task its
+    /// array's parallelism holds back until an earlier task ends).
     pub reason: Option<String>,
     /// The same in words, with the numbers.
     pub message: Option<String>,
@@ -118,10 +119,24 @@ pub struct JobView {
     pub depends_on: Vec<DependencyView>,
     /// What becomes of it when a dependency can no longer be met: `cancel` or `keep`.
     pub if_dependency_fails: IfDependencyFails,
+    /// The array it is a task of, when it is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayTaskView>,
     /// Only in the answer to a submission, and only when there are some: what may keep the
     /// accepted job from running as asked (e.g. `exceeds_quota` with `wait_for_quota`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub warnings: Vec<FieldError>,
+}
+
+/// A task's place in its array.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ArrayTaskView {
+    /// The array (`/api/v1/teams/{team}/arrays/{id}`).
+    pub id: crate::domain::ArrayId,
+    /// Its index, 0 to count - 1, which its environment holds as `FAIRWAY_ARRAY_TASK_ID`.
+    pub index: i32,
+    /// The array's task count.
+    pub count: i32,
 }
 
 /// A job another waits for.
@@ -193,6 +208,10 @@ impl From<db::jobs::JobRow> for JobView {
             version: r.version,
             depends_on: Vec::new(),
             if_dependency_fails: r.if_dependency_fails,
+            array: match (r.array_id, r.array_index, r.array_task_count) {
+                (Some(id), Some(index), Some(count)) => Some(ArrayTaskView { id, index, count }),
+                _ => None,
+            },
             warnings: Vec::new(),
         }
     }

@@ -1,6 +1,7 @@
 //! The REST API under `/api/v1`: routes, their OpenAPI entries and their authorization
 //! policies, registered together so none can exist without the others.
 
+pub mod arrays;
 pub mod audit;
 pub mod auth;
 pub mod billing;
@@ -90,6 +91,11 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("POST", "/api/v1/teams/{team}/jobs:batch", Team(TeamRole::Member)),
     route("POST", "/api/v1/teams/{team}/jobs:dry-run", Team(TeamRole::Member)),
     route("GET", "/api/v1/teams/{team}/queue", Team(TeamRole::Viewer)),
+    route("POST", "/api/v1/teams/{team}/arrays", Team(TeamRole::Member)),
+    route("GET", "/api/v1/teams/{team}/arrays", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/arrays/{array}", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/arrays/{array}/tasks", Team(TeamRole::Viewer)),
+    route("POST", "/api/v1/teams/{team}/arrays/{array}/cancel", Team(TeamRole::Member)),
     route("GET", "/api/v1/jobs/{job}", Job(TeamRole::Viewer)),
     route("POST", "/api/v1/jobs/{job}/cancel", Job(TeamRole::Member)),
     route("POST", "/api/v1/jobs/{job}/rerun", Job(TeamRole::Member)),
@@ -140,6 +146,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
         (name = "job-templates", description = "A team's saved job requests, and jobs submitted from them with only what changes"),
         (name = "webhooks", description = "Signed notifications of job ends and budget thresholds, and their delivery logs"),
         (name = "jobs", description = "Jobs: submit, watch, cancel, the queue and dry runs"),
+        (name = "arrays", description = "Job arrays: many tasks of one spec, each told its index; their counts, and cancelling them whole"),
         (name = "quotas", description = "Reserved, burst and lendable GPUs per team and class"),
         (name = "budgets", description = "Monthly budgets per team"),
         (name = "billing", description = "Usage, statements, budget status and finance exports"),
@@ -207,6 +214,10 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::job_logs))
         .routes(routes!(jobs::stream_team_events))
         .routes(routes!(jobs::report_checkpoint))
+        .routes(routes!(arrays::create_array, arrays::list_arrays))
+        .routes(routes!(arrays::get_array))
+        .routes(routes!(arrays::list_array_tasks))
+        .routes(routes!(arrays::cancel_array))
         .routes(routes!(quotas::list_quotas))
         .routes(routes!(quotas::get_quota, quotas::put_quota, quotas::delete_quota))
         .routes(routes!(budgets::list_budgets))

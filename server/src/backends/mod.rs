@@ -55,6 +55,17 @@ pub struct Gang {
     pub max_runtime: Duration,
     /// One entry per replica.
     pub replicas: Vec<ReplicaSlot>,
+    /// The array it is a task of, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub array: Option<ArrayTaskEnv>,
+}
+
+/// A task's place in its array, which its environment tells it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ArrayTaskEnv {
+    pub id: crate::domain::ArrayId,
+    pub index: i32,
+    pub count: i32,
 }
 
 /// How an object ended, normalised across backends. Each has its own retry policy
@@ -190,6 +201,17 @@ impl Gang {
             ("FAIRWAY_WORLD_SIZE", self.replicas.len().to_string()),
         ] {
             env.insert(k.into(), v);
+        }
+        if let Some(a) = self.array {
+            use crate::domain::array::{ARRAY_ID_ENV, COMPLETION_INDEX_ENV, TASK_COUNT_ENV, TASK_INDEX_ENV};
+            for (k, v) in [
+                (ARRAY_ID_ENV, a.id.to_string()),
+                (TASK_INDEX_ENV, a.index.to_string()),
+                (TASK_COUNT_ENV, a.count.to_string()),
+                (COMPLETION_INDEX_ENV, a.index.to_string()),
+            ] {
+                env.insert(k.into(), v);
+            }
         }
         env
     }

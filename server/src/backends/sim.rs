@@ -54,6 +54,7 @@
 //! | `FAIRWAY_SIM_CHECKPOINT_SECONDS` | time to checkpoint and exit after SIGTERM | 1 |
 //! | `FAIRWAY_SIM_LOG_EVERY_SECONDS` | a progress line per replica this often (0: none) | 10 |
 //! | `FAIRWAY_SIM_FAIL_MESSAGE` | the error a failing job prints before a non-zero exit | a CUDA error |
+//! | `FAIRWAY_SIM_FAIL_TASKS` | array tasks (indices, comma-separated) whose first attempt exits 1 | none |
 //!
 //! Each replica writes a log as a training job does ([`log_lines`]): where it runs and from
 //! which step, a progress line (step, loss, throughput) every `FAIRWAY_SIM_LOG_EVERY_SECONDS`,
@@ -98,6 +99,8 @@ pub const CHECKPOINT_HINT: &str = "FAIRWAY_SIM_CHECKPOINT_SECONDS";
 pub const LOG_EVERY_HINT: &str = "FAIRWAY_SIM_LOG_EVERY_SECONDS";
 /// The error a job that exits non-zero prints last.
 pub const FAIL_MESSAGE_HINT: &str = "FAIRWAY_SIM_FAIL_MESSAGE";
+/// Array tasks whose first attempt fails: a retry of one then runs as the others do.
+pub const FAIL_TASKS_HINT: &str = "FAIRWAY_SIM_FAIL_TASKS";
 
 const DEFAULT_LOG_EVERY_SECONDS: f64 = 10.0;
 const DEFAULT_FAIL_MESSAGE: &str = "CUDA error: an illegal memory access was encountered";
@@ -502,7 +505,10 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
     }
     check_placement(gang, config)?;
     let runtime = duration_hint(gang, RUNTIME_HINT)?.unwrap_or(config.default_runtime_seconds);
-    let exit_code = hint::<i32>(gang, EXIT_CODE_HINT)?.unwrap_or(0);
+    let mut exit_code = hint::<i32>(gang, EXIT_CODE_HINT)?.unwrap_or(0);
+    if exit_code == 0 && gang.attempt <= 1 && fails_as_task(gang)? {
+        exit_code = 1;
+    }
     let lose_node_after = duration_hint(gang, LOSE_NODE_HINT)?;
     let checkpoint = duration_hint(gang, CHECKPOINT_HINT)?.unwrap_or(DEFAULT_CHECKPOINT_SECONDS);
     let log_every = duration_hint(gang, LOG_EVERY_HINT)?.unwrap_or(DEFAULT_LOG_EVERY_SECONDS);
@@ -571,6 +577,20 @@ fn check_placement(gang: &Gang, config: &SimConfig) -> Result<(), BackendError> 
         }
     }
     Ok(())
+}
+
+/// Whether the gang is an array task that [`FAIL_TASKS_HINT`] names; a list that does not
+/// parse rejects the gang, array task or not.
+fn fails_as_task(gang: &Gang) -> Result<bool, BackendError> {
+    let Some(list) = gang.env.get(FAIL_TASKS_HINT) else { return Ok(false) };
+    let mut named = false;
+    for item in list.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let index: i32 = item
+            .parse()
+            .map_err(|_| BackendError::Rejected(format!("{FAIL_TASKS_HINT}={list:?} is not a list of task indices")))?;
+        named |= gang.array.is_some_and(|a| a.index == index);
+    }
+    Ok(named)
 }
 
 /// A hint from the gang's environment; a value that does not parse rejects the gang.
@@ -868,6 +888,7 @@ mod tests {
             labels: BTreeMap::new(),
             max_runtime: Duration::from_secs(3600),
             replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
+            array: None,
         }
     }
 
@@ -1106,6 +1127,24 @@ mod tests {
         assert_eq!(phase_at(&r, stop_at), (done.clone(), true));
         // Even long after the start would have been.
         assert_eq!(phase_at(&r, t0() + ms(60_000)).0, done);
+    }
+
+    #[test]
+    fn the_array_tasks_the_fail_hint_names_fail_their_first_attempt_only() {
+        let config = SimConfig::default();
+        let task = |index: i32, attempt: i32| {
+            let mut g = gang(&[(FAIL_TASKS_HINT, "3, 7")]);
+            g.array =
+                Some(crate::backends::ArrayTaskEnv { id: crate::domain::ArrayId::from_u128(1), index, count: 10 });
+            g.attempt = attempt;
+            plan_object(&g, &config, t0()).unwrap().exit_code
+        };
+        assert_eq!((task(3, 1), task(7, 1), task(4, 1)), (1, 1, 0));
+        assert_eq!(task(3, 2), 0, "the retry runs as the other tasks do");
+        // Not an array task: nothing to fail; a list that does not parse is refused.
+        assert_eq!(plan_object(&gang(&[(FAIL_TASKS_HINT, "3")]), &config, t0()).unwrap().exit_code, 0);
+        let message = rejected_message(plan_object(&gang(&[(FAIL_TASKS_HINT, "three")]), &config, t0()));
+        assert!(message.contains(FAIL_TASKS_HINT), "{message}");
     }
 
     #[test]

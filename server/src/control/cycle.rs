@@ -45,8 +45,9 @@ pub struct CycleReport {
     pub allocation: Vec<(String, u64, u64)>,
     /// Pending jobs per (team, class).
     pub pending_by_team: Vec<((String, String), u64)>,
-    /// Pending jobs per reason code, every code of the fixed list, and those waiting for
-    /// their dependencies (`waiting_for_dependencies`, `dependency_failed`).
+    /// Pending jobs per reason code, every code of the fixed list, those waiting for their
+    /// dependencies (`waiting_for_dependencies`, `dependency_failed`) and array tasks held
+    /// by their array's parallelism (`array_task_limit`).
     pub pending_by_reason: Vec<(&'static str, u64)>,
 }
 
@@ -108,6 +109,8 @@ pub async fn run_with(
     let started = Instant::now();
     // Jobs whose dependencies are now met join this cycle's snapshot.
     let dependencies = super::dependencies::resolve(pool, epoch).await?;
+    // And so do the tasks their arrays' parallelism now has room for.
+    let arrays = super::arrays::release(pool, epoch).await?;
     let world = world(pool, &config.engine, &config.pricing, live, forecast).await?;
     let read = started.elapsed();
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
@@ -181,7 +184,7 @@ pub async fn run_with(
             .count(),
         allocation: allocation(&world, &decisions),
         pending_by_team: pending_by_team(&world, &decisions),
-        pending_by_reason: pending_by_reason(&decisions, &dependencies),
+        pending_by_reason: pending_by_reason(&decisions, &dependencies, &arrays),
     })
 }
 
@@ -319,13 +322,23 @@ fn allocation(world: &World, decisions: &Decisions) -> Vec<(String, u64, u64)> {
     out
 }
 
-/// The engine's reasons, then the two of jobs it does not see yet (their dependencies').
-fn pending_by_reason(decisions: &Decisions, dependencies: &super::dependencies::Resolved) -> Vec<(&'static str, u64)> {
+/// The engine's reasons, then those of jobs it does not see yet: held by their
+/// dependencies or by their array's parallelism.
+fn pending_by_reason(
+    decisions: &Decisions,
+    dependencies: &super::dependencies::Resolved,
+    arrays: &super::arrays::Released,
+) -> Vec<(&'static str, u64)> {
     let mut counts = [0u64; scheduler::PendingReason::CODES.len()];
     for p in &decisions.pending {
         counts[p.reason.index()] += 1;
     }
-    scheduler::PendingReason::CODES.into_iter().zip(counts).chain(dependencies.pending_by_reason()).collect()
+    scheduler::PendingReason::CODES
+        .into_iter()
+        .zip(counts)
+        .chain(dependencies.pending_by_reason())
+        .chain(arrays.pending_by_reason())
+        .collect()
 }
 
 fn pending_by_team(world: &World, decisions: &Decisions) -> Vec<((String, String), u64)> {

@@ -184,6 +184,10 @@ pub fn gang(job: &db::jobs::JobRow, object: &str) -> Gang {
         labels: strings(&job.labels.0),
         max_runtime: Duration::from_secs(job.max_runtime_seconds.max(0) as u64),
         replicas,
+        array: match (job.array_id, job.array_index, job.array_task_count) {
+            (Some(id), Some(index), Some(count)) => Some(crate::backends::ArrayTaskEnv { id, index, count }),
+            _ => None,
+        },
     }
 }
 

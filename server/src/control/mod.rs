@@ -14,6 +14,7 @@
 //! Every write checks the leader's epoch, so a process that lost leadership while paused
 //! commits nothing.
 
+pub mod arrays;
 pub mod cycle;
 pub mod dependencies;
 pub mod dispatch;

@@ -510,7 +510,7 @@ mod tests {
             last_checkpoint_at: None,
             pending_reason: None,
             allow_spot: false,
-            waits_for_dependencies: false,
+            held: false,
         }
     }
 
@@ -551,6 +551,7 @@ mod tests {
             allow_spot: false,
             depends_on: Vec::new(),
             if_dependency_fails: Default::default(),
+            array: None,
             accepted_despite: Vec::new(),
         };
         assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));

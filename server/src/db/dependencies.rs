@@ -143,7 +143,7 @@ pub async fn release(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<(), sqlx::Error> 
 /// Cancels a waiting job whose dependency can no longer be met. It never held GPUs.
 pub async fn cancel(tx: &mut Tx<'_>, id: JobId) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "update jobs set state = 'cancelled', waits_for_dependencies = false, finished_at = now(),
+        "update jobs set state = 'cancelled', waits_for_dependencies = false, held_by_array = false, finished_at = now(),
                 pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,
                 expected_start_at = null, updated_at = now(), version = version + 1
          where id = $1 and state = 'pending'",

@@ -8,7 +8,7 @@ use sqlx::{types::Json, PgPool};
 use super::Tx;
 use crate::domain::{
     dependency::{After, IfDependencyFails},
-    GpuClassId, JobId, JobState, TeamId, TokenId, TopologyLevel, TopologyMode, TopologyWish, WaitFigures,
+    ArrayId, GpuClassId, JobId, JobState, TeamId, TokenId, TopologyLevel, TopologyMode, TopologyWish, WaitFigures,
 };
 use uuid::Uuid;
 
@@ -61,6 +61,10 @@ pub struct JobRow {
     pub updated_at: DateTime<Utc>,
     pub version: i64,
     pub if_dependency_fails: IfDependencyFails,
+    /// The array it is a task of, with its index and the array's task count.
+    pub array_id: Option<ArrayId>,
+    pub array_index: Option<i32>,
+    pub array_task_count: Option<i32>,
 }
 
 /// A job to insert; every value already validated.
@@ -93,6 +97,20 @@ pub struct NewJob {
     /// What it was accepted despite (a quota or budget it waits for, a soft budget it
     /// overruns), in words: kept in its `submitted` event, so its timeline says so.
     pub accepted_despite: Vec<String>,
+    /// The array it is a task of, when it is one.
+    pub array: Option<ArrayTask>,
+}
+
+/// A job's place in its array.
+#[derive(Debug, Clone)]
+pub struct ArrayTask {
+    pub array_id: ArrayId,
+    /// 0 to `count` - 1.
+    pub index: i32,
+    pub count: i32,
+    /// Held back by the array's parallelism, with the reason's words: stored with
+    /// `held_by_array` until the leader's array pass releases it.
+    pub held: Option<String>,
 }
 
 /// How many jobs wait for admission, over all teams.
@@ -174,6 +192,10 @@ pub async fn insert_submissions(
         .collect();
     let waits: Vec<bool> = submissions.iter().map(|s| !s.job.depends_on.is_empty()).collect();
     let if_fails: Vec<&str> = submissions.iter().map(|s| s.job.if_dependency_fails.as_str()).collect();
+    let arrays: Vec<Option<ArrayId>> = submissions.iter().map(|s| s.job.array.as_ref().map(|a| a.array_id)).collect();
+    let indices: Vec<Option<i32>> = submissions.iter().map(|s| s.job.array.as_ref().map(|a| a.index)).collect();
+    let held: Vec<Option<String>> =
+        submissions.iter().map(|s| s.job.array.as_ref().and_then(|a| a.held.clone())).collect();
     let (mut dependents, mut depended, mut afters) = (Vec::new(), Vec::new(), Vec::new());
     for s in submissions {
         for &(on, after) in &s.job.depends_on {
@@ -188,16 +210,20 @@ pub async fn insert_submissions(
                insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
                                  max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
                                  preemption_grace_seconds, max_retries, allow_spot, submitted_by,
-                                 expected_runtime_seconds, waits_for_dependencies, if_dependency_fails)
+                                 expected_runtime_seconds, waits_for_dependencies, if_dependency_fails,
+                                 array_id, array_index, held_by_array, pending_reason, pending_message)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
                       u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected, u.waits,
-                      u.if_fails
+                      u.if_fails, u.array_id, u.array_index, u.held is not null,
+                      case when u.held is not null then 'array_task_limit' end, u.held
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
-                           $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[])
+                           $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[], $29::uuid[],
+                           $30::int4[], $31::text[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
-                         mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails)
+                         mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails,
+                         array_id, array_index, held)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -240,6 +266,9 @@ pub async fn insert_submissions(
         &dependents as &[JobId],
         &depended as &[JobId],
         &afters as &[&'static str],
+        &arrays as &[Option<ArrayId>],
+        &indices as &[Option<i32>],
+        &held as &[Option<String>],
     )
     .fetch_all(db)
     .await
@@ -277,8 +306,8 @@ impl JobRow {
             cluster: None,
             placement: None,
             borrowing: false,
-            pending_reason: None,
-            pending_message: None,
+            pending_reason: job.array.as_ref().and_then(|a| a.held.as_ref()).map(|_| "array_task_limit".to_owned()),
+            pending_message: job.array.as_ref().and_then(|a| a.held.clone()),
             pending_figures: None,
             queue_position: None,
             expected_start_at: None,
@@ -295,6 +324,9 @@ impl JobRow {
             updated_at: stored.submitted_at,
             version: 1,
             if_dependency_fails: job.if_dependency_fails,
+            array_id: job.array.as_ref().map(|a| a.array_id),
+            array_index: job.array.as_ref().map(|a| a.index),
+            array_task_count: job.array.as_ref().map(|a| a.count),
         }
     }
 }
@@ -331,11 +363,13 @@ macro_rules! select_jobs {
                   j.pending_reason, j.pending_message, j.pending_figures as "pending_figures: Json<WaitFigures>",
                   j.queue_position, j.expected_start_at, j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
                   j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
-                  j.version, j.if_dependency_fails as "if_dependency_fails: IfDependencyFails"
+                  j.version, j.if_dependency_fails as "if_dependency_fails: IfDependencyFails",
+                  j.array_id as "array_id: ArrayId", j.array_index, a.task_count as "array_task_count?"
            from jobs j
            join teams t on t.id = j.team_id
            join gpu_classes c on c.id = j.gpu_class_id
            left join clusters cl on cl.id = j.cluster_id
+           left join job_arrays a on a.id = j.array_id
            "# + $rest,
             $($arg),*
         )
@@ -380,6 +414,27 @@ pub async fn list(pool: &PgPool, team_id: TeamId, filter: &JobFilter, limit: i64
         filter.gpu_class,
         filter.labels,
         filter.before_seq,
+        limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The tasks of array `array_id` in index order from `from_index`, in `state` when given.
+pub async fn array_tasks(
+    pool: &PgPool,
+    array_id: ArrayId,
+    state: Option<JobState>,
+    from_index: i32,
+    limit: i64,
+) -> Result<Vec<JobRow>, sqlx::Error> {
+    select_jobs!(
+        r#"where j.array_id = $1 and j.array_index >= $2 and ($3::text is null or j.state = $3)
+           order by j.array_index
+           limit $4"#,
+        array_id as ArrayId,
+        from_index,
+        state.map(JobState::as_str),
         limit
     )
     .fetch_all(pool)
@@ -608,7 +663,7 @@ pub async fn mark_cancelled(
     stop_grace_ms: Option<i64>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "update jobs set state = 'cancelled', waits_for_dependencies = false,
+        "update jobs set state = 'cancelled', waits_for_dependencies = false, held_by_array = false,
                 stop_requested_at = case when holds_gpus then coalesce(stop_requested_at, now()) end,
                 finished_at = case when holds_gpus then null else now() end,
                 pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,

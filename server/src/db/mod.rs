@@ -2,6 +2,7 @@
 //! (`.sqlx/` holds the offline data so builds need no database). Tenant-owned rows are read
 //! with their team as an explicit argument.
 
+pub mod arrays;
 pub mod attempts;
 pub mod audit;
 pub mod bench;

@@ -80,9 +80,10 @@ pub struct LiveJob {
     /// The reason last recorded while it waits.
     pub pending_reason: Option<String>,
     pub allow_spot: bool,
-    /// Still waits for jobs it depends on: the engine does not see it until the leader's
-    /// dependency pass releases it (`control::dependencies`).
-    pub waits_for_dependencies: bool,
+    /// Held back before the engine: it still waits for jobs it depends on, or its array's
+    /// parallelism holds it. The engine does not see it until the leader's dependency or
+    /// array pass releases it (`control::dependencies`, `control::arrays`).
+    pub held: bool,
 }
 
 /// Everything a snapshot is built from, read in one repeatable-read transaction.
@@ -103,7 +104,7 @@ impl LiveJob {
     /// Whether the engine must know of the job: it waits (for admission, not for jobs it
     /// depends on), or holds GPUs.
     fn is_live(&self) -> bool {
-        (self.state == JobState::Pending && !self.waits_for_dependencies)
+        (self.state == JobState::Pending && !self.held)
             || matches!(self.state, JobState::Admitted | JobState::Running)
             || self.holds_gpus
     }
@@ -158,7 +159,8 @@ macro_rules! select_live_jobs {
             r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
                       topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
-                      last_checkpoint_at, pending_reason, allow_spot, waits_for_dependencies
+                      last_checkpoint_at, pending_reason, allow_spot,
+                      (waits_for_dependencies or held_by_array) as "held!"
                from jobs
                "# + $rest
             $(, $arg)*
@@ -245,7 +247,7 @@ pub async fn snapshot_rows(
     match live.xmin {
         None => {
             let rows = select_live_jobs!(
-                r#"where (state = 'pending' and not waits_for_dependencies) or state in ('admitted', 'running') or holds_gpus"#
+                r#"where (state = 'pending' and not waits_for_dependencies and not held_by_array) or state in ('admitted', 'running') or holds_gpus"#
             )
                 .fetch_all(&mut *tx)
                 .await?;

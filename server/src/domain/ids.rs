@@ -86,6 +86,8 @@ id_type! {
     WebhookId;
     /// The id of a team's CI trust policy.
     CiTrustId;
+    /// The id of a job array.
+    ArrayId;
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! Domain types: names, roles and constrained values, each parsed once at the edge so the
 //! rest of the code can trust them ("parse, don't validate").
 
+pub mod array;
 mod budget;
 pub mod ci_trust;
 pub mod dependency;
@@ -10,7 +11,7 @@ mod names;
 mod roles;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
-pub use ids::{CiTrustId, ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
+pub use ids::{ArrayId, CiTrustId, ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
 pub use job::{
     BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures, WaitedJob,
 };

@@ -383,6 +383,7 @@ impl Catalogue {
             depends_on: spec.depends_on.iter().map(|d| (d.job, d.after)).collect(),
             if_dependency_fails: spec.if_dependency_fails.unwrap_or_default(),
             accepted_despite: Vec::new(),
+            array: None,
         };
         Ok(Validated { job, warnings })
     }
@@ -579,23 +580,37 @@ pub async fn submit(
     version: CatalogueVersion,
     check: Option<db::jobs::WriteCheck>,
 ) -> Result<Submitted> {
-    let catalogue = Catalogue::load(state, team.id, std::slice::from_ref(&spec), version).await?;
-    let Validated { job, mut warnings } = catalogue.validate("", &spec).map_err(Error::Validation)?;
-    let unseen = unseen_dependencies(state, team.id, "", &spec).await?;
+    let (job, warnings) = validated(state, team.id, "", &spec, version).await?;
+    let stored = state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(Error::CredentialsChanged)?;
+    state.wake_scheduler();
+    let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by);
+    Ok(Submitted { job, warnings })
+}
+
+/// `spec` checked for `team_id` as a submission is, naming fields under `prefix`: against
+/// the catalogue, the jobs it may wait for and the budgets over the team. The job to store
+/// (with what it was accepted despite) and the warnings to answer with.
+pub(super) async fn validated(
+    state: &AppState,
+    team_id: TeamId,
+    prefix: &str,
+    spec: &JobSpec,
+    version: CatalogueVersion,
+) -> Result<(NewJob, Vec<FieldError>)> {
+    let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
+    let Validated { job, mut warnings } = catalogue.validate(prefix, spec).map_err(Error::Validation)?;
+    let unseen = unseen_dependencies(state, team_id, prefix, spec).await?;
     if !unseen.is_empty() {
         return Err(Error::Validation(unseen));
     }
-    let mut budgets = Budgets::read(state, team.id, catalogue.budgeted).await?;
-    let (refusals, soft) = budgets.problems(state, "", &job).await?;
+    let mut budgets = Budgets::read(state, team_id, catalogue.budgeted).await?;
+    let (refusals, soft) = budgets.problems(state, prefix, &job).await?;
     if !refusals.is_empty() && !spec.wait_for_quota {
         return Err(Error::Validation(refusals));
     }
     warnings.extend(refusals.into_iter().chain(soft));
     let job = NewJob { accepted_despite: warnings.iter().map(|w| w.message.clone()).collect(), ..job };
-    let stored = state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(Error::CredentialsChanged)?;
-    state.wake_scheduler();
-    let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by);
-    Ok(Submitted { job, warnings })
+    Ok((job, warnings))
 }
 
 /// The dependencies of `spec` that name no job a job of `team_id` may wait for, as field

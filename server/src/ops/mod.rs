@@ -5,6 +5,7 @@
 //! through `db` in one transaction with its audit entry, and answers with [`Error`] when it
 //! cannot. Nothing here knows HTTP or HTML.
 
+pub mod arrays;
 pub mod audit;
 pub mod billing;
 pub mod budgets;

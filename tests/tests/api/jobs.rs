@@ -920,6 +920,7 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             depends_on: Vec::new(),
             if_dependency_fails: Default::default(),
             accepted_despite: Vec::new(),
+            array: None,
         };
         writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });
     }

@@ -29,6 +29,7 @@ fn gang(env: &[(&str, &str)]) -> Gang {
         labels: BTreeMap::new(),
         max_runtime: Duration::from_secs(3600),
         replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
+        array: None,
     }
 }
 

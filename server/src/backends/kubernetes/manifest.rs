@@ -361,6 +361,7 @@ mod tests {
             ]),
             max_runtime: Duration::from_secs(3600),
             replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: (0..8).collect() }).collect(),
+            array: None,
         }
     }
 
@@ -429,6 +430,27 @@ mod tests {
         assert!(!env.contains_key("NVIDIA_VISIBLE_DEVICES"), "never chooses its own devices");
         assert_eq!(v["spec"]["hostname"], format!("{}-3", g.object));
         assert_eq!(v["spec"]["subdomain"], g.object);
+    }
+
+    #[test]
+    fn an_array_task_finds_its_index_and_the_task_count_in_its_environment() {
+        let mut g = gang(1);
+        g.env.insert("JOB_COMPLETION_INDEX".into(), "99".into());
+        g.array =
+            Some(crate::backends::ArrayTaskEnv { id: crate::domain::ArrayId::from_u128(5), index: 41, count: 1000 });
+        let v = serde_json::to_value(pod(&g, "fw-vision", 0, &target(), "u", &settings())).unwrap();
+        let env: BTreeMap<String, String> = v["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_owned(), e["value"].as_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(env["FAIRWAY_ARRAY_TASK_ID"], "41");
+        assert_eq!(env["JOB_COMPLETION_INDEX"], "41", "the platform's index wins over the user's");
+        assert_eq!(env["FAIRWAY_ARRAY_TASK_COUNT"], "1000");
+        assert_eq!(env["FAIRWAY_ARRAY_ID"], crate::domain::ArrayId::from_u128(5).to_string());
+        let plain = serde_json::to_value(pod(&gang(1), "fw-vision", 0, &target(), "u", &settings())).unwrap();
+        assert!(!plain.to_string().contains("FAIRWAY_ARRAY_TASK_ID"), "a job that is no task has no index");
     }
 
     #[test]

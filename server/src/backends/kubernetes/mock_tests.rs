@@ -99,6 +99,7 @@ fn gang(replicas: usize) -> Gang {
         labels: BTreeMap::new(),
         max_runtime: Duration::from_secs(600),
         replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: vec![0, 1] }).collect(),
+        array: None,
     }
 }
 
