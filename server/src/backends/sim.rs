@@ -712,6 +712,9 @@ pub struct SimLog {
     /// Simulated seconds per real millisecond times 1000: the speed-up, for step numbers.
     pub speedup: f64,
     pub fail_message: String,
+    /// An array task's index and its array's task count, which it prints after its first
+    /// line, as a script that shards its work by index does.
+    pub array_task: Option<(i32, i32)>,
 }
 
 impl SimLog {
@@ -727,6 +730,7 @@ impl SimLog {
             world_size: gang.replicas.len(),
             node: slot.node.clone(),
             gpus: slot.gpus.clone(),
+            array_task: gang.array.map(|a| (a.index, a.count)),
             every_ms: spec.get("log_every_ms").and_then(serde_json::Value::as_i64).unwrap_or(0),
             speedup: spec.get("speedup").and_then(serde_json::Value::as_f64).unwrap_or(1.0),
             fail_message: spec
@@ -758,7 +762,7 @@ pub fn log_lines(
     let rank = log.replica;
     let line = |at: DateTime<Utc>, text: String| LogLine { at, text };
     let gpus: Vec<String> = log.gpus.iter().map(u8::to_string).collect();
-    let mut head = vec![
+    let mut head = Vec::from([
         line(
             start,
             format!(
@@ -778,7 +782,10 @@ pub fn log_lines(
                 format!("[rank {rank}] no checkpoint found, starting from step 0")
             },
         ),
-    ];
+    ]);
+    if let Some((index, count)) = log.array_task {
+        head.insert(1, line(start, format!("[rank {rank}] array task {index} of {count}")));
+    }
     let running = outcome.is_none();
     let stop = row.stop_requested_at.filter(|at| *at >= start && *at <= end);
     let mut tail = Vec::new();
@@ -1244,6 +1251,7 @@ mod tests {
             every_ms,
             speedup: 1.0,
             fail_message: "CUDA out of memory".into(),
+            array_task: None,
         }
     }
 

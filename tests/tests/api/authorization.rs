@@ -160,6 +160,12 @@ fn matrix() -> Vec<Row> {
         row("POST", "/api/v1/teams/{team}/jobs:batch", TEAM_MEMBER, Some(json!({"jobs": [job_spec(), job_spec()]}))),
         row("POST", "/api/v1/teams/{team}/jobs:dry-run", TEAM_MEMBER, Some(job_spec())),
         row("GET", "/api/v1/teams/{team}/queue", TEAM_READ, None),
+        row("POST", "/api/v1/teams/{team}/arrays", TEAM_MEMBER, Some(json!({"count": 2, "task": job_spec()}))),
+        row("GET", "/api/v1/teams/{team}/arrays", TEAM_READ, None),
+        row("GET", "/api/v1/teams/{team}/arrays/{array}", TEAM_READ, None),
+        row("GET", "/api/v1/teams/{team}/arrays/{array}/tasks", TEAM_READ, None),
+        // Its tasks are pending: the first allowed cancel cancels them, the next finds none left.
+        row("POST", "/api/v1/teams/{team}/arrays/{array}/cancel", TEAM_MEMBER, None),
         row("GET", "/api/v1/jobs/{job}", TEAM_READ, None),
         // The job is pending: the first allowed cancel cancels it, the next finds it cancelled.
         row("POST", "/api/v1/jobs/{job}/cancel", TEAM_MEMBER, None),
@@ -247,6 +253,8 @@ struct Fixture {
     job_id: String,
     /// The id of team A's webhook.
     webhook_id: String,
+    /// The id of an array of team A.
+    array_id: String,
 }
 
 /// Team A with a viewer, a member, a quota, a budget, a token, a webhook, a job template, a CI
@@ -302,8 +310,13 @@ async fn fixture() -> Fixture {
     })))
     .await
     .assert_status(201);
+    let array = app
+        .send(call("POST", "/api/v1/teams/team-a/arrays").token(&admin).json(&json!({"count": 3, "task": job_spec()})))
+        .await;
+    array.assert_status(201);
+    let array_id = array.json()["id"].as_str().expect("array id").to_owned();
     let callers = vec![None, Some(viewer), Some(member), Some(admin_b), Some(token_b), Some(finance), Some(platform)];
-    Fixture { app, callers, token_id: token_a_id, job_id, webhook_id }
+    Fixture { app, callers, token_id: token_a_id, job_id, webhook_id, array_id }
 }
 
 /// Next month, `YYYY-MM`: a budget period that exists for every caller, and a billing
@@ -319,6 +332,7 @@ fn concrete(path: &str, fixture: &Fixture) -> String {
         .replace("{username}", "member")
         .replace("{token_id}", &fixture.token_id)
         .replace("{webhook}", &fixture.webhook_id)
+        .replace("{array}", &fixture.array_id)
         .replace("{template}", "nightly")
         .replace("{trust}", "deploy")
         .replace("{gpu_class}", "h100")

@@ -1,5 +1,6 @@
 //! Integration tests of the REST API against a real PostgreSQL.
 
+mod arrays;
 mod auth;
 mod authorization;
 mod bad_input;
