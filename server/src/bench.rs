@@ -651,6 +651,75 @@ pub fn scheduler_report(seed: u64, sizes: &[usize], out: &mut dyn Write) -> io::
             thousands(rate as u64),
         )?;
     }
+    if sizes.contains(&ARRAY_PENDING) {
+        writeln!(out)?;
+        arrays_report(seed, out)?;
+    }
+    Ok(())
+}
+
+/// Pending jobs in the arrays comparison: as many separate jobs, or as many array tasks.
+const ARRAY_PENDING: usize = 10_000;
+/// Tasks per array in the comparison.
+const TASKS_PER_ARRAY: usize = 1_000;
+
+/// `snapshot` with its pending jobs submitted as arrays of `tasks_per_array` tasks instead:
+/// each array's tasks take the team, class, shape, priority and limits of the first job of
+/// their chunk, submitted a millisecond apart, as `POST /arrays` stores them (each task a
+/// job); the teams, nodes and running jobs stay as they were.
+pub fn as_arrays(snapshot: &Snapshot, tasks_per_array: usize) -> Snapshot {
+    let mut arrays = snapshot.clone();
+    for chunk in arrays.pending.chunks_mut(tasks_per_array.max(1)) {
+        let first = chunk[0].clone();
+        for (i, task) in chunk.iter_mut().enumerate() {
+            *task = JobSpec { id: task.id, submitted_ms: first.submitted_ms + i as i64, ..first.clone() };
+        }
+    }
+    arrays
+}
+
+/// One cycle with 10,000 array tasks pending beside one with 10,000 separate jobs, on the
+/// same teams, nodes and running jobs: arrays must not slow the cycle.
+fn arrays_report(seed: u64, out: &mut dyn Write) -> io::Result<()> {
+    let separate = synthetic_snapshot(seed, ARRAY_PENDING);
+    let arrays = as_arrays(&separate, TASKS_PER_ARRAY);
+    writeln!(
+        out,
+        "arrays: {} pending as separate jobs, then as {} arrays of {} tasks (each array the shape, team and \
+         priority of its chunk's first job); same teams, nodes and running jobs; policy fairway",
+        thousands(ARRAY_PENDING as u64),
+        ARRAY_PENDING / TASKS_PER_ARRAY,
+        thousands(TASKS_PER_ARRAY as u64)
+    )?;
+    writeln!(
+        out,
+        "{:<16} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>14}",
+        "pending as", "admitted", "preempted", "waiting", "runs", "min ms", "median ms", "decisions/s"
+    )?;
+    let mut medians = Vec::new();
+    for (name, snapshot) in [("separate jobs", &separate), ("array tasks", &arrays)] {
+        let m = measure(snapshot);
+        writeln!(
+            out,
+            "{:<16} {:>9} {:>9} {:>9} {:>5} {:>10.2} {:>10.2} {:>14}",
+            name,
+            thousands(m.admitted as u64),
+            thousands(m.preempted as u64),
+            thousands(m.pending as u64),
+            m.runs.len(),
+            m.min().as_secs_f64() * 1e3,
+            m.median().as_secs_f64() * 1e3,
+            thousands(m.decisions_per_second() as u64),
+        )?;
+        out.flush()?;
+        medians.push(m.median().as_secs_f64());
+    }
+    let ratio = medians[1] / medians[0].max(1e-9);
+    writeln!(
+        out,
+        "array tasks / separate jobs, median cycle: {ratio:.2} (goal: arrays do not slow the cycle, <= 1.00: {})",
+        if ratio <= 1.0 { "met" } else { "NOT met" }
+    )?;
     Ok(())
 }
 
@@ -715,6 +784,26 @@ mod tests {
     use std::collections::{BTreeMap, BTreeSet};
 
     use super::*;
+
+    #[test]
+    fn as_arrays_keeps_the_pending_count_and_ids_and_gives_each_arrays_tasks_one_shape() {
+        let s = synthetic_snapshot(3, 250);
+        let a = as_arrays(&s, 100);
+        assert_eq!(a.pending.len(), 250);
+        assert_eq!(
+            a.pending.iter().map(|j| j.id).collect::<Vec<_>>(),
+            s.pending.iter().map(|j| j.id).collect::<Vec<_>>()
+        );
+        for (chunk, original) in a.pending.chunks(100).zip(s.pending.chunks(100)) {
+            let first = &original[0];
+            for (i, task) in chunk.iter().enumerate() {
+                let shape = (task.team, task.class, task.replicas, task.milli_per_replica, task.priority);
+                assert_eq!(shape, (first.team, first.class, first.replicas, first.milli_per_replica, first.priority));
+                assert_eq!(task.submitted_ms, first.submitted_ms + i as i64);
+            }
+        }
+        assert_eq!(format!("{:?}", a.running), format!("{:?}", s.running));
+    }
 
     #[test]
     fn the_synthetic_snapshot_is_the_same_for_the_same_seed() {

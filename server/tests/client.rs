@@ -250,6 +250,37 @@ async fn a_successful_job_makes_submit_wait_exit_0() {
 }
 
 #[tokio::test]
+async fn an_array_submitted_with_wait_reports_its_counts_and_exits_with_its_failed_tasks_code() {
+    let p = Platform::start("array").await;
+    // Six tasks of 20 s simulated, two at once (the team has 4 A100s): all succeed.
+    let flags = job_flags("sweep", 20, 0);
+    let run = p.run(&mut p.fairway(&args(&["submit", "--array", "6%2", "--wait"], &flags))).await;
+    assert_eq!(run.code, Some(0), "{run}\n{}", p.log_tail());
+    let id = run.stdout.trim().to_owned();
+    assert!(uuid::Uuid::parse_str(&id).is_ok(), "stdout is not the array's id: {run}");
+    assert!(run.stderr.contains("(6 tasks, at most 2 at once): pending; 6 pending, 4 held"), "{run}");
+    assert!(run.stderr.trim_end().ends_with("succeeded; 6 succeeded"), "the last line is the outcome: {run}");
+    let status = p.run(&mut p.fairway(&["array", "status", &id, "--output", "json"])).await;
+    assert_eq!(status.code, Some(0), "{status}");
+    let array: Value = serde_json::from_str(&status.stdout).expect("json");
+    assert_eq!((array["state"].as_str(), array["counts"]["succeeded"].as_i64()), (Some("succeeded"), Some(6)));
+    let tasks = p.run(&mut p.fairway(&["array", "tasks", &id, "--output", "json"])).await;
+    let page: Value = serde_json::from_str(&tasks.stdout).expect("json");
+    let indices: Vec<i64> =
+        page["items"].as_array().unwrap().iter().map(|t| t["array"]["index"].as_i64().unwrap()).collect();
+    assert_eq!(indices, [0, 1, 2, 3, 4, 5], "{tasks}");
+
+    // Tasks that exit 3 make the array fail, and the wait exits with their code.
+    let failing = job_flags("broken-sweep", 5, 3);
+    let run = p.run(&mut p.fairway(&args(&["submit", "--array", "2", "--wait"], &failing))).await;
+    assert_eq!(run.code, Some(3), "{run}\n{}", p.log_tail());
+    assert!(run.stderr.trim_end().ends_with("failed; 2 failed"), "{run}");
+    // And a malformed shape is refused before anything is sent.
+    let bad = p.run(&mut p.fairway(&args(&["submit", "--array", "0"], &failing))).await;
+    assert_eq!(bad.code, Some(2), "{bad}");
+}
+
+#[tokio::test]
 async fn sigterm_to_a_waiting_client_cancels_its_job() {
     let p = Platform::start("sigterm").await;
     // Ten minutes of simulated time: a minute here, far longer than the test waits.

@@ -1,5 +1,5 @@
-//! The client for CI pipelines and terminals: `fairway submit`, `rerun`, `template`, `status`,
-//! `wait`, `cancel`, `list`, `queue`, `dry-run`, `logs` and `completions`, subcommands of the same binary as
+//! The client for CI pipelines and terminals: `fairway submit`, `rerun`, `template`, `array`,
+//! `status`, `wait`, `cancel`, `list`, `queue`, `dry-run`, `logs` and `completions`, subcommands of the same binary as
 //! `fairway serve` (as Nomad and Vault ship theirs).
 //!
 //! A face that talks only HTTP: it names no other module of the crate, so it could move to a
@@ -7,6 +7,7 @@
 //! `FAIRWAY_*` variables and `~/.config/fairway/client.toml` ([`config`]); its exit statuses are
 //! [`exit::Exit`], documented in `fairway submit --help`.
 
+pub mod arrays;
 pub mod ci;
 pub mod config;
 pub mod duration;
@@ -45,6 +46,10 @@ pub enum Command {
     /// changes (`fairway submit --template NAME`).
     #[command(subcommand)]
     Template(TemplateCommand),
+    /// The team's job arrays (`fairway submit --array N[%P]`): an array's state and counts,
+    /// its tasks, cancelling it whole, waiting for it.
+    #[command(subcommand)]
+    Array(ArrayCommand),
     /// Shows a job: why it waits and when it should start, or how it ended.
     #[command(
         after_help = "Examples:\n  fairway status 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e\n  fairway status $JOB --output json | jq -r .state"
@@ -132,6 +137,11 @@ pub struct SubmitArgs {
     /// it (`--env` and `--label` add to its own).
     #[arg(long, value_name = "NAME")]
     template: Option<String>,
+    /// Submit an array of N tasks of this job (indices 0 to N-1, in FAIRWAY_ARRAY_TASK_ID),
+    /// at most P at once with N%P, as Slurm's --array=0-(N-1)%P. Prints the array's id;
+    /// with --wait, follows the array to its end.
+    #[arg(long, value_name = "N[%P]", value_parser = arrays::shape, conflicts_with = "template")]
+    array: Option<(u32, Option<u32>)>,
     #[command(flatten)]
     job: JobArgs,
     #[command(flatten)]
@@ -196,6 +206,63 @@ pub enum TemplateCommand {
         #[arg(value_name = "NAME")]
         name: String,
     },
+}
+
+/// `fairway array`'s subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum ArrayCommand {
+    /// Shows an array: its state and how many tasks are in each state.
+    #[command(after_help = "Example:\n  fairway array status $ARRAY --output json | jq .counts")]
+    Status {
+        /// The array's id, as `fairway submit --array` prints it.
+        #[arg(value_parser = array_id, value_name = "ARRAY")]
+        array: String,
+    },
+    /// Lists an array's tasks in index order.
+    #[command(after_help = "Example:\n  fairway array tasks $ARRAY --state failed")]
+    Tasks {
+        /// The array's id.
+        #[arg(value_parser = array_id, value_name = "ARRAY")]
+        array: String,
+        /// Only tasks in this state.
+        #[arg(long)]
+        state: Option<String>,
+        /// At most this many tasks [default: 50].
+        #[arg(long, value_name = "N")]
+        limit: Option<u32>,
+    },
+    /// Cancels every task of the array that has not ended (one task: `fairway cancel TASK`).
+    #[command(after_help = "Example:\n  fairway array cancel $ARRAY")]
+    Cancel {
+        /// The array's id.
+        #[arg(value_parser = array_id, value_name = "ARRAY")]
+        array: String,
+    },
+    /// Waits for an array to end, printing its counts as they change, and exits with its
+    /// outcome.
+    #[command(after_help = ARRAY_WAIT_HELP)]
+    Wait {
+        /// The array's id.
+        #[arg(value_parser = array_id, value_name = "ARRAY")]
+        array: String,
+        #[command(flatten)]
+        options: WaitArgs,
+    },
+}
+
+const ARRAY_WAIT_HELP: &str = "Example:
+  fairway array wait $ARRAY --timeout 2h
+
+Exit status: 0 every task succeeded; 125 the array was cancelled; when a task failed, the
+exit code of the lowest-indexed failed task that has one, else 127, or 126 when a task was
+preempted beyond its retries; 124 --timeout; 130/143 interrupted (the array is cancelled
+first, unless --detach). `fairway submit --array ... --wait` ends the same way.";
+
+/// An array reference: the array's UUID.
+fn array_id(text: &str) -> Result<String, String> {
+    uuid::Uuid::parse_str(text.trim())
+        .map(|id| id.to_string())
+        .map_err(|_| format!("`{text}` is not an array id (the UUID `fairway submit --array` prints)"))
 }
 
 /// How a wait may end early.
@@ -353,6 +420,7 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
         Command::Submit(args) => submit(&ctx, args).await,
         Command::Rerun(args) => rerun(&ctx, args).await,
         Command::Template(command) => template(&ctx, command).await,
+        Command::Array(command) => array(&ctx, command).await,
         Command::Status { job } => {
             let job = api.get(api.url(&["jobs", &job])).await?;
             ctx.print(&job, |j| output::job(j, now));
@@ -422,6 +490,9 @@ async fn submit(ctx: &Context, args: Box<SubmitArgs>) -> Result<Finish, Error> {
     // what a CI key is derived from, so two templates with the same changes stay two jobs.
     let body = serde_json::to_vec(&spec::body(&args.job)?).map_err(|e| Error::Usage(e.to_string()))?;
     let team = ctx.team().await?;
+    if let Some((count, parallelism)) = args.array {
+        return submit_array(ctx, &team, &body, count, parallelism, args.create).await;
+    }
     let (url, request) = match &args.template {
         Some(name) => {
             let url = ctx.api.url(&["teams", &team, "job-templates", name, "jobs"]);
@@ -431,6 +502,104 @@ async fn submit(ctx: &Context, args: Box<SubmitArgs>) -> Result<Finish, Error> {
     };
     let key = idempotency_key(args.create.idempotency_key, &request);
     create(ctx, url, Some(body), key, args.create.wait.then_some(args.create.options)).await
+}
+
+/// Submits `body` as the task of an array of `count` tasks, `parallelism` at once; prints the
+/// array's id (or, with `--output json`, the array) and with `--wait` follows it to its end.
+async fn submit_array(
+    ctx: &Context,
+    team: &str,
+    body: &[u8],
+    count: u32,
+    parallelism: Option<u32>,
+    create: CreateArgs,
+) -> Result<Finish, Error> {
+    let task: Value = serde_json::from_slice(body).map_err(|e| Error::Usage(e.to_string()))?;
+    let mut request = serde_json::json!({"count": count, "task": task});
+    if let Some(p) = parallelism {
+        request["parallelism"] = p.into();
+    }
+    let request = serde_json::to_vec(&request).map_err(|e| Error::Usage(e.to_string()))?;
+    let key = idempotency_key(create.idempotency_key, &[b"array\0".as_slice(), &request].concat());
+    let mut signals = if create.wait { Some(wait::Signals::install()?) } else { None };
+    let url = ctx.api.url(&["teams", team, "arrays"]);
+    let repeat = if key.is_some() { Repeat::Safe } else { Repeat::Unsafe };
+    let submitted = ctx.api.post(url, Some(&request), key.as_deref(), repeat).await?;
+    let Some(id) = submitted.get("id").and_then(Value::as_str).map(str::to_owned) else {
+        return Err(Error::Unavailable(format!("the server's answer names no array: {submitted}")));
+    };
+    for warning in submitted.get("warnings").and_then(Value::as_array).into_iter().flatten() {
+        eprintln!("fairway: warning: {}: {}", output::field(warning, "field"), output::field(warning, "message"));
+    }
+    let Some(signals) = signals.as_mut() else {
+        ctx.print(&submitted, |_| format!("{id}\n"));
+        return Ok(Exit::Success.into());
+    };
+    if ctx.settings.output == Output::Text {
+        stdout(&format!("{id}\n"));
+    }
+    let ended = arrays::wait(&ctx.api, team, &id, create.options.into(), signals).await?;
+    print_final_array(ctx, team, &id, ended.array).await;
+    Ok(ended.finish)
+}
+
+async fn array(ctx: &Context, command: ArrayCommand) -> Result<Finish, Error> {
+    let api = &ctx.api;
+    let team = ctx.team().await?;
+    match command {
+        ArrayCommand::Status { array } => {
+            let array = api.get(api.url(&["teams", &team, "arrays", &array])).await?;
+            ctx.print(&array, |a| arrays::summary(a) + "\n");
+        }
+        ArrayCommand::Tasks { array, state, limit } => {
+            let mut url = api.url(&["teams", &team, "arrays", &array, "tasks"]);
+            if let Some(state) = state {
+                url.query_pairs_mut().append_pair("state", &state);
+            }
+            if let Some(limit) = limit {
+                url.query_pairs_mut().append_pair("limit", &limit.to_string());
+            }
+            let page = api.get(url).await?;
+            let now = Utc::now();
+            ctx.print(&page, |p| {
+                output::jobs(p.get("items").and_then(Value::as_array).map_or(&[], Vec::as_slice), now)
+            });
+        }
+        ArrayCommand::Cancel { array } => {
+            let url = api.url(&["teams", &team, "arrays", &array, "cancel"]);
+            let answer = api.post(url, None, None, Repeat::Safe).await?;
+            ctx.print(&answer, |a| {
+                format!(
+                    "{}\n(cancelled {} waiting tasks; {} running tasks stopping)\n",
+                    arrays::summary(&a["array"]),
+                    output::field(&a["done"], "cancelled"),
+                    output::field(&a["done"], "stopping")
+                )
+            });
+        }
+        ArrayCommand::Wait { array, options } => {
+            let mut signals = wait::Signals::install()?;
+            let ended = arrays::wait(api, &team, &array, options.into(), &mut signals).await?;
+            print_final_array(ctx, &team, &array, ended.array).await;
+            return Ok(ended.finish);
+        }
+    }
+    Ok(Exit::Success.into())
+}
+
+/// With `--output json`, a wait for an array prints the array as it ended, or as it is now
+/// when the wait was cut short.
+async fn print_final_array(ctx: &Context, team: &str, id: &str, last: Option<Value>) {
+    if ctx.settings.output != Output::Json {
+        return;
+    }
+    let array = match last {
+        Some(array) => Some(array),
+        None => ctx.api.get(ctx.api.url(&["teams", team, "arrays", id])).await.ok(),
+    };
+    if let Some(array) = array {
+        stdout(&format!("{array}\n"));
+    }
 }
 
 async fn rerun(ctx: &Context, args: RerunArgs) -> Result<Finish, Error> {
