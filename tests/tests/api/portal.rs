@@ -1367,3 +1367,54 @@ async fn a_bad_url_on_the_webhook_form_is_shown_back_in_words_with_what_was_type
     assert!(body(&r).contains("events: must name at least one event type"), "{}", body(&r));
     assert!(listed_webhooks(&p.app, &admin, "ml").await.is_empty());
 }
+
+#[tokio::test]
+async fn an_arrays_page_shows_its_counts_and_tasks_by_index_a_task_links_back_and_a_member_cancels_it_whole() {
+    let p = setup().await;
+    let alice = p.app.login("alice", USER_PASSWORD).await;
+    let r = p
+        .app
+        .send(call("POST", "/api/v1/teams/ml/arrays").token(&alice).json(&json!({
+            "count": 3, "parallelism": 1,
+            "task": {"name": "<b>sweep</b>", "gpu_class": "h100", "image": "sweep:1"},
+        })))
+        .await;
+    r.assert_status(201);
+    let id = r.json()["id"].as_str().expect("id").to_owned();
+    let session = sign_in(&p.app, "alice").await;
+    let list = body(&p.app.send(call("GET", "/teams/ml/arrays").header("cookie", &session)).await);
+    assert!(list.contains(&format!("href=\"/teams/ml/arrays/{id}\"")), "{list}");
+    assert!(list.contains("&#60;b&#62;sweep&#60;/b&#62;") && !list.contains("<b>sweep"), "names are text: {list}");
+    assert!(list.contains("3, at most 1 at once: 1 waiting, 2 held by parallelism"), "{list}");
+    let page = body(&p.app.send(call("GET", &format!("/teams/ml/arrays/{id}")).header("cookie", &session)).await);
+    assert!(page.contains("<dd class=\"state\">pending</dd>"), "{page}");
+    let rows: Vec<&str> = page.split("<td data-label=\"Index\">").skip(1).collect();
+    assert_eq!(rows.len(), 3, "{page}");
+    assert!(rows[2].contains("held by its array&#39;s parallelism: at most 1 of its 3 tasks"), "{}", rows[2]);
+    // A task's page says which task of which array it is.
+    let task: String = sqlx::query_scalar("select id::text from jobs where array_id = $1::uuid and array_index = 1")
+        .bind(&id)
+        .fetch_one(&p.app.pool)
+        .await
+        .unwrap();
+    let task_page = body(&p.app.send(call("GET", &format!("/jobs/{task}")).header("cookie", &session)).await);
+    assert!(task_page.contains(&format!("<a href=\"/teams/ml/arrays/{id}\">task 1 of 3</a>")), "{task_page}");
+    // A stranger sees nothing of it.
+    let bob = sign_in(&p.app, "bob").await;
+    let r = p.app.send(call("GET", &format!("/teams/ml/arrays/{id}")).header("cookie", &bob)).await;
+    assert_eq!(r.status.as_u16(), 404);
+    // A member cancels it whole from its page.
+    let token = csrf_in(&page);
+    let r = p
+        .app
+        .send(
+            call("POST", &format!("/teams/ml/arrays/{id}/cancel"))
+                .header("cookie", &session)
+                .raw(FORM, format!("csrf={token}").into_bytes()),
+        )
+        .await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let after = body(&p.app.send(call("GET", &format!("/teams/ml/arrays/{id}")).header("cookie", &session)).await);
+    assert!(after.contains("<dd class=\"state\">cancelled</dd>") && after.contains("3 cancelled"), "{after}");
+    assert!(!after.contains("/cancel\""), "no cancel button once it ended: {after}");
+}

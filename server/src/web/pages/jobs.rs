@@ -162,6 +162,8 @@ pub struct JobDetail {
     pub cost: String,
     /// What it costs per hour while it runs.
     pub burn: Option<String>,
+    /// The array it is a task of: its id, this task's index and the task count.
+    pub array: Option<(crate::domain::ArrayId, i32, i32)>,
 }
 
 /// One entry of the timeline.
@@ -304,6 +306,10 @@ pub async fn job(
             .map(|e| format!("{e} seconds (at most {})", job.max_runtime_seconds)),
         cost,
         burn,
+        array: match (job.array_id, job.array_index, job.array_task_count) {
+            (Some(id), Some(index), Some(count)) => Some((id, index, count)),
+            _ => None,
+        },
         name: job.name,
         team: job.team,
         state: job.state.to_string(),

@@ -5,6 +5,7 @@
 //! and every form handler a [`PortalForm`], which also checks the form's CSRF token and
 //! origin, so no handler can forget either.
 
+mod arrays;
 mod auth;
 mod billing;
 mod clusters;
@@ -28,6 +29,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{de::DeserializeOwned, Deserialize};
 use std::collections::HashMap;
 
+pub use arrays::{array, cancel_array, team_arrays};
 pub use auth::{login, login_form, logout, oidc_begin, oidc_callback};
 pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
 pub use clusters::clusters;
