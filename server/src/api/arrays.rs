@@ -212,7 +212,9 @@ pub async fn list_array_tasks(
         None => 0,
     };
     let rows = db::jobs::array_tasks(&state.db, id, state_filter, from, page.fetch()).await?;
-    Ok(Json(page.page(rows, |r| r.array_index.unwrap_or_default().to_string(), JobView::from)))
+    let mut listed = page.page(rows, |r| r.array_index.unwrap_or_default().to_string(), JobView::from);
+    super::jobs::with_dependencies_all(&state, &mut listed.items).await?;
+    Ok(Json(listed))
 }
 
 /// Cancels every task of the array that has not ended: tasks holding GPUs stop with their

@@ -112,9 +112,8 @@ pub struct JobView {
     pub stop_requested_at: Option<DateTime<Utc>>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
     pub version: i64,
-    /// The jobs this one waits for, each with what it waits for and the job's state now (in
-    /// a job's own read and the answer to its submission; absent when it waits for none,
-    /// and in lists).
+    /// The jobs this one waits for, each with what it waits for and the job's state now
+    /// (absent when it waits for none).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<DependencyView>,
     /// What becomes of it when a dependency can no longer be met: `cancel` or `keep`.
@@ -252,6 +251,19 @@ async fn with_dependencies(state: &AppState, mut job: JobView) -> Result<JobView
     Ok(job)
 }
 
+/// `jobs` with the jobs each waits for and their states now, in one read.
+pub(super) async fn with_dependencies_all(state: &AppState, jobs: &mut [JobView]) -> Result<(), ApiError> {
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    let mut by_job: std::collections::HashMap<JobId, Vec<DependencyView>> = std::collections::HashMap::new();
+    for (waiting, d) in db::dependencies::of_jobs(&state.db, &ids).await? {
+        by_job.entry(waiting).or_default().push(d.into());
+    }
+    for job in jobs {
+        job.depends_on = by_job.remove(&job.id).unwrap_or_default();
+    }
+    Ok(())
+}
+
 /// Submits a job to the team's queue. Send an `Idempotency-Key` so a retried request
 /// cannot submit twice.
 #[utoipa::path(
@@ -281,7 +293,7 @@ pub async fn create_job(
 }
 
 /// Runs a job again: a new job asking for exactly what this one asked for (image, command,
-/// environment, labels, resources, limits), submitted by the caller and checked as any new
+/// environment, labels, resources, limits, the jobs it waits for), submitted by the caller and checked as any new
 /// submission; its label `fairway.dev/rerun-of` names this job. Send an `Idempotency-Key` so
 /// a retried request cannot run it twice.
 #[utoipa::path(
@@ -303,7 +315,7 @@ pub async fn rerun_job(
 ) -> Result<(StatusCode, HeaderMap, Json<JobView>), ApiError> {
     let job = db::jobs::get(&state.db, job.id).await?.ok_or(ApiError::NotFound("job"))?;
     let submitted = jobs::rerun(&state, &access.team, &principal.actor(), &job, version).await?;
-    let view = JobView { warnings: submitted.warnings, ..submitted.job.into() };
+    let view = with_dependencies(&state, JobView { warnings: submitted.warnings, ..submitted.job.into() }).await?;
     let (headers, body) = with_etag(view);
     Ok((StatusCode::CREATED, headers, body))
 }
@@ -427,7 +439,9 @@ pub async fn list_jobs(
         before_seq,
     };
     let rows = db::jobs::list(&state.db, access.team.id, &filter, page.fetch()).await?;
-    Ok(Json(page.page(rows, |r| r.seq.to_string(), JobView::from)))
+    let mut listed = page.page(rows, |r| r.seq.to_string(), JobView::from);
+    with_dependencies_all(&state, &mut listed.items).await?;
+    Ok(Json(listed))
 }
 
 /// Reads a job. Send the `ETag` of a previous read as `If-None-Match` to poll cheaply: the

@@ -58,6 +58,30 @@ pub async fn of_job(db: impl sqlx::PgExecutor<'_>, job_id: JobId) -> Result<Vec<
     .await
 }
 
+/// The jobs each of `ids` waits for, as (waiting job, dependency), by waiting job and then
+/// in the order the dependencies were submitted: one read for a page of jobs.
+pub async fn of_jobs(pool: &PgPool, ids: &[JobId]) -> Result<Vec<(JobId, DependencyRow)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"select d.job_id as "waiting: JobId", j.id as "job: JobId", j.name, j.state as "state: JobState",
+                  j.holds_gpus, d.after as "after: After"
+           from job_dependencies d join jobs j on j.id = d.depends_on
+           where d.job_id = any($1)
+           order by d.job_id, j.seq"#,
+        ids as &[JobId]
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            (
+                r.waiting,
+                DependencyRow { job: r.job, name: r.name, state: r.state, holds_gpus: r.holds_gpus, after: r.after },
+            )
+        })
+        .collect())
+}
+
 /// A job that depends on another, as the job page lists them.
 #[derive(Debug, Clone)]
 pub struct DependentRow {

@@ -515,7 +515,7 @@ pub struct Submitted {
 pub const RERUN_OF_LABEL: &str = "fairway.dev/rerun-of";
 
 /// Submits `job` of `team` again, as it was asked for (image, command, environment, labels,
-/// resources, limits), on behalf of `by`: what a person does after a failure they fixed
+/// resources, limits, the jobs it waits for), on behalf of `by`: what a person does after a failure they fixed
 /// outside the job, or to repeat a run. It is checked as any new submission (quotas and
 /// budgets as they are now), and its label [`RERUN_OF_LABEL`] names the job it repeats.
 pub async fn rerun(
@@ -547,8 +547,14 @@ pub async fn rerun(
         max_retries: Some(job.max_retries.into()),
         allow_spot: job.allow_spot,
         wait_for_quota: false,
-        depends_on: Vec::new(),
-        if_dependency_fails: None,
+        // The same jobs, waited for the same way: as Slurm keeps a requeued job's
+        // dependencies. Those that ended are resolved by the leader's next pass at once.
+        depends_on: db::dependencies::of_job(&state.db, job.id)
+            .await?
+            .into_iter()
+            .map(|d| DependencySpec { job: d.job, after: d.after })
+            .collect(),
+        if_dependency_fails: Some(job.if_dependency_fails),
     };
     submit(state, team, by, spec, version, None).await
 }

@@ -262,3 +262,37 @@ async fn cancelling_a_job_that_waits_for_its_dependencies_ends_it_at_once_and_it
     );
     assert_eq!(job(&app, &ml, &preprocess).await["state"], "pending", "the job depended on is left as it was");
 }
+
+#[tokio::test]
+async fn a_rerun_waits_for_what_the_job_waited_for_and_the_job_list_shows_each_jobs_dependencies() {
+    let app = TestApp::spawn().await;
+    let ml = platform(&app).await;
+    let preprocess = submit(&app, &ml, "ml", spec("preprocess", 5, 0, json!([]))).await;
+    let mut body = spec("train", 5, 0, json!([{"job": preprocess, "after": "finished"}]));
+    body["if_dependency_fails"] = json!("keep");
+    let train = submit(&app, &ml, "ml", body).await;
+    let r = app.send(call("GET", "/api/v1/teams/ml/jobs").token(&ml)).await;
+    r.assert_status(200);
+    let listed = r.json();
+    let items = listed["items"].as_array().cloned().unwrap_or_default();
+    let row = items.iter().find(|j| j["id"] == train.as_str()).expect("train is listed");
+    assert_eq!(row["depends_on"][0]["job"], preprocess.as_str(), "{row:#}");
+    assert_eq!(row["depends_on"][0]["after"], "finished");
+    let first = items.iter().find(|j| j["id"] == preprocess.as_str()).expect("preprocess is listed");
+    assert!(first.get("depends_on").is_none(), "a job waiting for none shows none: {first:#}");
+    wait_for(&app, &ml, &train, WITHIN, ended).await;
+    let r = app.send(call("POST", &format!("/api/v1/jobs/{train}/rerun")).token(&ml)).await;
+    r.assert_status(201);
+    let again = r.json();
+    assert_eq!(
+        again["depends_on"],
+        json!([{"job": preprocess, "name": "preprocess", "after": "finished", "state": "succeeded"}]),
+        "{again:#}"
+    );
+    assert_eq!(again["if_dependency_fails"], "keep");
+    // Its dependency has ended as it waits for, so the leader releases it and it runs.
+    let id = again["id"].as_str().unwrap().to_owned();
+    let done = wait_for(&app, &ml, &id, WITHIN, ended).await;
+    assert_eq!(done["state"], "succeeded", "{done:#}");
+    assert!(kinds(&events(&app, &ml, &id).await).contains(&"released".to_owned()));
+}
