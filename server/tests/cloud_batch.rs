@@ -341,6 +341,9 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
         env: BTreeMap::new(),
         labels: BTreeMap::new(),
         max_runtime: Duration::from_secs(3600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: (0..replicas)
             .map(|_| fairway::backends::ReplicaSlot { node: "aws-h100".into(), gpus: (0..8).collect() })
             .collect(),

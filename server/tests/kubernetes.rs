@@ -517,6 +517,9 @@ async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
         env: Default::default(),
         labels: Default::default(),
         max_runtime: Duration::from_secs(600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: vec![ReplicaSlot { node: node.name.clone(), gpus: vec![0] }],
     };
     backend.submit(&gang).await.expect("submit");
