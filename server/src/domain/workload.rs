@@ -56,10 +56,14 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Whether only a Kubernetes cluster can honour it: it mounts claims or reads Kubernetes
-    /// Secrets, which cloud batch services do not have.
+    /// Whether only a Kubernetes cluster can honour it: it mounts claims, reads Kubernetes
+    /// Secrets, pulls with a pull secret or selects nodes by label, which cloud batch pools
+    /// do not have.
     pub fn needs_kubernetes(&self) -> bool {
-        !self.volumes.is_empty() || !self.secret_env.is_empty() || !self.image_pull_secrets.is_empty()
+        !self.volumes.is_empty()
+            || !self.secret_env.is_empty()
+            || !self.image_pull_secrets.is_empty()
+            || !self.node_selector.is_empty()
     }
 }
 
