@@ -159,6 +159,43 @@ async fn a_burst_runs_in_the_cloud_pool_when_on_premises_is_full_and_spot_only_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_job_with_cpu_memory_and_a_secret_reference_runs_and_its_definition_names_the_secret_not_its_value() {
+    // (moto does not echo a job's resource overrides back; `replica_resources`'s unit test
+    // holds their figures.)
+    let dir = fresh_dir("cloud-spec");
+    let moto = Moto::start(&dir, None).await;
+    let p = platform("spec", &moto).await;
+    let onprem = p.submit("ml", job("onprem", false, 600)).await;
+    p.wait_state(&onprem, "running", Duration::from_secs(30)).await;
+    let reference = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fairway/ml/hf-AbCdEf";
+    let mut asked = job("with-secret", false, 600);
+    // Within one p5.48xlarge of the pool (4 vCPUs and 16 GiB per GPU, as configured).
+    asked["cpu"] = json!("23.5");
+    asked["memory"] = json!("100Gi");
+    asked["cloud_secret_env"] = json!([{"name": "HF_TOKEN", "reference": reference}]);
+    let id = p.submit("ml", asked).await;
+    p.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    let client = moto.client().await;
+    let definitions = client.describe_job_definitions().status("ACTIVE").send().await.unwrap();
+    let secrets: Vec<(String, String)> = definitions
+        .job_definitions()
+        .iter()
+        .filter_map(|d| d.container_properties())
+        .flat_map(|c| {
+            c.secrets()
+                .iter()
+                .map(|s| (s.name().unwrap_or_default().to_owned(), s.value_from().unwrap_or_default().to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        secrets,
+        [("HF_TOKEN".to_owned(), reference.to_owned())],
+        "the definition names the secret, not its value"
+    );
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_cloud_job_reports_an_application_failure_and_its_gpu_time_is_billed_at_the_pool_price() {
     let dir = fresh_dir("cloud-fail");
     // Every job fails two seconds after it is submitted: two seconds of eight GPUs ran.
