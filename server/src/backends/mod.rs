@@ -57,7 +57,9 @@ pub struct Gang {
     /// they were asked for): the backend's own default.
     pub cpu_millis: Option<i32>,
     pub memory_mib: Option<i32>,
-    /// Volumes, secret references, image pull secrets and node selector, as validated.
+    /// Volumes, secret references, image pull secrets and node selector, as validated
+    /// (absent from a simulated object stored before they existed).
+    #[serde(default)]
     pub workload: crate::domain::workload::Workload,
     /// One entry per replica.
     pub replicas: Vec<ReplicaSlot>,

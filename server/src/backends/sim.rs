@@ -1130,6 +1130,34 @@ mod tests {
     }
 
     #[test]
+    fn a_simulated_object_records_the_replicas_cpu_memory_volumes_and_secret_references() {
+        use crate::domain::workload::{SecretEnv, Volume, Workload};
+        let mut g = gang(&[]);
+        g.cpu_millis = Some(8000);
+        g.memory_mib = Some(65536);
+        g.workload = Workload {
+            volumes: vec![Volume { claim: "data".into(), mount_path: "/data".into(), read_only: true }],
+            secret_env: vec![SecretEnv { name: "HF_TOKEN".into(), secret: "hf".into(), key: "token".into() }],
+            ..Workload::default()
+        };
+        let object = plan_object(&g, &SimConfig::default(), t0()).unwrap();
+        let recorded = &object.spec["gang"];
+        assert_eq!((recorded["cpu_millis"].as_i64(), recorded["memory_mib"].as_i64()), (Some(8000), Some(65536)));
+        assert_eq!(recorded["workload"]["volumes"][0]["claim"], "data");
+        assert_eq!(recorded["workload"]["secret_env"][0]["secret"], "hf");
+        // And it reads back as the gang it was, as the simulator's log reader reads it.
+        let back: Gang = serde_json::from_value(recorded.clone()).unwrap();
+        assert_eq!(back.workload, g.workload);
+        // An object stored before these fields existed still reads.
+        let mut old = recorded.clone();
+        for field in ["cpu_millis", "memory_mib", "workload"] {
+            old.as_object_mut().unwrap().remove(field);
+        }
+        let old: Gang = serde_json::from_value(old).unwrap();
+        assert_eq!((old.cpu_millis, old.workload), (None, Workload::default()));
+    }
+
+    #[test]
     fn a_run_capped_by_the_maximum_runtime_ends_as_deadline_exceeded() {
         let mut g = gang(&[(RUNTIME_HINT, "120")]);
         g.max_runtime = Duration::from_secs(60);
