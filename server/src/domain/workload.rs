@@ -80,6 +80,29 @@ pub struct Volume {
     pub read_only: bool,
 }
 
+impl Volume {
+    /// The volume as one line of the portal's form: `CLAIM:/PATH`, `:ro` when read-only.
+    pub fn line(&self) -> String {
+        format!("{}:{}{}", self.claim, self.mount_path, if self.read_only { ":ro" } else { "" })
+    }
+
+    /// Reads [`Volume::line`]'s form back (`:rw` too); `None` when it is not `CLAIM:PATH`.
+    /// The parts are checked where every volume is ([`check`]).
+    pub fn parse_line(text: &str) -> Option<Self> {
+        let (claim, rest) = text.trim().split_once(':')?;
+        let (path, read_only) = match rest.rsplit_once(':') {
+            Some((path, "ro")) => (path, true),
+            Some((path, "rw")) => (path, false),
+            _ => (rest, false),
+        };
+        (!claim.is_empty() && !path.is_empty()).then(|| Self {
+            claim: claim.to_owned(),
+            mount_path: path.to_owned(),
+            read_only,
+        })
+    }
+}
+
 /// An environment variable whose value is one key of a Kubernetes Secret.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -90,6 +113,24 @@ pub struct SecretEnv {
     pub secret: String,
     /// The key in the Secret's data.
     pub key: String,
+}
+
+impl SecretEnv {
+    /// The variable as one line of the portal's form: `NAME=SECRET:KEY`.
+    pub fn line(&self) -> String {
+        format!("{}={}:{}", self.name, self.secret, self.key)
+    }
+
+    /// Reads [`SecretEnv::line`]'s form back; `None` when it is not `NAME=SECRET:KEY`.
+    pub fn parse_line(text: &str) -> Option<Self> {
+        let (name, reference) = text.trim().split_once('=')?;
+        let (secret, key) = reference.split_once(':')?;
+        (!name.is_empty() && !secret.is_empty() && !key.is_empty()).then(|| Self {
+            name: name.to_owned(),
+            secret: secret.to_owned(),
+            key: key.to_owned(),
+        })
+    }
 }
 
 /// An environment variable whose value a cloud batch service reads from its secret store.
@@ -455,6 +496,21 @@ mod tests {
             assert_eq!(check_mount_path("p", bad).unwrap_err().code, "invalid_path", "{bad:?}");
         }
         assert_eq!(check_mount_path("p", "/c:/x").unwrap_err().code, "invalid_characters");
+    }
+
+    #[test]
+    fn the_forms_lines_read_back_as_the_volumes_and_secret_variables_they_show() {
+        let volume = Volume { claim: "data".into(), mount_path: "/data".into(), read_only: true };
+        assert_eq!(Volume::parse_line(&volume.line()), Some(volume.clone()));
+        assert_eq!(volume.line(), "data:/data:ro");
+        assert_eq!(Volume::parse_line(" data:/data:rw ").map(|v| v.read_only), Some(false));
+        assert_eq!(Volume::parse_line("data:/a:b").map(|v| v.mount_path), Some("/a:b".to_owned()));
+        assert_eq!(Volume::parse_line("data"), None);
+        assert_eq!(Volume::parse_line(":/data"), None);
+        let secret = SecretEnv { name: "HF_TOKEN".into(), secret: "hf".into(), key: "token".into() };
+        assert_eq!(SecretEnv::parse_line(&secret.line()), Some(secret));
+        assert_eq!(SecretEnv::parse_line("HF_TOKEN=hf"), None);
+        assert_eq!(SecretEnv::parse_line("=hf:token"), None);
     }
 
     #[test]
