@@ -48,6 +48,7 @@ kind = "aws-batch"
 region = "us-east-1"
 endpoint_url = "{}"
 poll_interval_seconds = 1
+execution_role_arn = "arn:aws:iam::123456789012:role/fairway-batch-execution"
 
 [[cluster.pool]]
 name = "aws-h100"
@@ -177,6 +178,14 @@ async fn a_cloud_job_with_cpu_memory_and_a_secret_reference_runs_and_its_definit
     p.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
     let client = moto.client().await;
     let definitions = client.describe_job_definitions().status("ACTIVE").send().await.unwrap();
+    let roles: Vec<&str> = definitions
+        .job_definitions()
+        .iter()
+        .filter_map(|d| d.container_properties())
+        .filter(|c| !c.secrets().is_empty())
+        .filter_map(|c| c.execution_role_arn())
+        .collect();
+    assert_eq!(roles, ["arn:aws:iam::123456789012:role/fairway-batch-execution"], "the role that reads it");
     let secrets: Vec<(String, String)> = definitions
         .job_definitions()
         .iter()

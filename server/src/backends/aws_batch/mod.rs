@@ -91,6 +91,10 @@ pub struct AwsBatchConfig {
     /// definitions Fairway registers then name it (`awslogs-group`).
     #[serde(default = "default_log_group")]
     pub log_group: String,
+    /// The IAM role the Batch agent takes to read a job's secrets from Secrets Manager or
+    /// SSM Parameter Store (`executionRoleArn` of the definitions of jobs that name any);
+    /// without it, a job naming a secret is refused at dispatch.
+    pub execution_role_arn: Option<String>,
     /// The pools, one per job queue and GPU class.
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
@@ -332,6 +336,19 @@ impl AwsBatchBackend {
         for (name, reference) in secrets {
             shape.push_str(&format!("\u{0}secret\u{0}{name}\u{0}{reference}"));
         }
+        // Only a definition that names secrets needs the role that reads them.
+        let execution_role = if secrets.is_empty() {
+            None
+        } else {
+            let role = self.config.execution_role_arn.as_deref().ok_or_else(|| {
+                BackendError::Rejected(format!(
+                    "cluster {}: the job reads secrets, and the cluster has no execution_role_arn for Batch to read them with",
+                    self.config.name
+                ))
+            })?;
+            shape.push_str(&format!("\u{0}role\u{0}{role}"));
+            Some(role)
+        };
         let digest: String =
             sha2::Sha256::digest(shape.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
         let name = format!("fairway-{digest}");
@@ -374,6 +391,7 @@ impl AwsBatchBackend {
                     .set_resource_requirements(Some(resources))
                     .set_log_configuration(logging)
                     .set_secrets((!secrets.is_empty()).then_some(secrets))
+                    .set_execution_role_arn(execution_role.map(str::to_owned))
                     .build();
                 let request = self.client.register_job_definition().job_definition_name(&name);
                 let request = if replicas > 1 {
