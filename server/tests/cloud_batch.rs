@@ -48,6 +48,7 @@ kind = "aws-batch"
 region = "us-east-1"
 endpoint_url = "{}"
 poll_interval_seconds = 1
+execution_role_arn = "arn:aws:iam::123456789012:role/fairway-batch-execution"
 
 [[cluster.pool]]
 name = "aws-h100"
@@ -155,6 +156,51 @@ async fn a_burst_runs_in_the_cloud_pool_when_on_premises_is_full_and_spot_only_t
     .collect();
     assert_eq!(rates["burst"], Some(6_500_000));
     assert_eq!(rates["spot"], Some(2_100_000));
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloud_job_with_cpu_memory_and_a_secret_reference_runs_and_its_definition_names_the_secret_not_its_value() {
+    // (moto does not echo a job's resource overrides back; `replica_resources`'s unit test
+    // holds their figures.)
+    let dir = fresh_dir("cloud-spec");
+    let moto = Moto::start(&dir, None).await;
+    let p = platform("spec", &moto).await;
+    let onprem = p.submit("ml", job("onprem", false, 600)).await;
+    p.wait_state(&onprem, "running", Duration::from_secs(30)).await;
+    let reference = "arn:aws:secretsmanager:us-east-1:123456789012:secret:fairway/ml/hf-AbCdEf";
+    let mut asked = job("with-secret", false, 600);
+    // Within one p5.48xlarge of the pool (4 vCPUs and 16 GiB per GPU, as configured).
+    asked["cpu"] = json!("23.5");
+    asked["memory"] = json!("100Gi");
+    asked["cloud_secret_env"] = json!([{"name": "HF_TOKEN", "reference": reference}]);
+    let id = p.submit("ml", asked).await;
+    p.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    let client = moto.client().await;
+    let definitions = client.describe_job_definitions().status("ACTIVE").send().await.unwrap();
+    let roles: Vec<&str> = definitions
+        .job_definitions()
+        .iter()
+        .filter_map(|d| d.container_properties())
+        .filter(|c| !c.secrets().is_empty())
+        .filter_map(|c| c.execution_role_arn())
+        .collect();
+    assert_eq!(roles, ["arn:aws:iam::123456789012:role/fairway-batch-execution"], "the role that reads it");
+    let secrets: Vec<(String, String)> = definitions
+        .job_definitions()
+        .iter()
+        .filter_map(|d| d.container_properties())
+        .flat_map(|c| {
+            c.secrets()
+                .iter()
+                .map(|s| (s.name().unwrap_or_default().to_owned(), s.value_from().unwrap_or_default().to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        secrets,
+        [("HF_TOKEN".to_owned(), reference.to_owned())],
+        "the definition names the secret, not its value"
+    );
     p.stop().await;
 }
 
@@ -341,6 +387,9 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
         env: BTreeMap::new(),
         labels: BTreeMap::new(),
         max_runtime: Duration::from_secs(3600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: (0..replicas)
             .map(|_| fairway::backends::ReplicaSlot { node: "aws-h100".into(), gpus: (0..8).collect() })
             .collect(),

@@ -99,7 +99,12 @@ async fn cloud_job(p: &Platform, fake: &GcpFake, id: &str, attempt: i64) -> Stri
 async fn a_gang_bursting_to_google_cloud_is_one_job_with_a_task_per_replica_billed_at_the_pool_price() {
     let fake = GcpFake::start("ml-platform", "us-central1").await;
     let p = platform("burst", &fake).await;
-    let id = p.submit("ml", job("llama", 2, false)).await;
+    let mut llama = job("llama", 2, false);
+    llama["cpu"] = json!("48");
+    llama["memory"] = json!("400Gi");
+    llama["cloud_secret_env"] =
+        json!([{"name": "HF_TOKEN", "reference": "projects/ml-platform/secrets/fairway_ml_hf/versions/latest"}]);
+    let id = p.submit("ml", llama).await;
     let cloud = cloud_job(&p, &fake, &id, 1).await;
     let sent = &fake.jobs()[&cloud];
     let group = &sent["taskGroups"][0];
@@ -113,6 +118,12 @@ async fn a_gang_bursting_to_google_cloud_is_one_job_with_a_task_per_replica_bill
     assert_eq!(group["taskSpec"]["maxRunDuration"], "7200s");
     assert_eq!(group["taskSpec"]["environment"]["variables"]["FAIRWAY_JOB_ID"], id.as_str());
     assert_eq!(group["taskSpec"]["environment"]["variables"]["LR"], "0.1");
+    // Each task asks its VM for the replica's CPU and memory, and reads its secret by reference.
+    assert_eq!(group["taskSpec"]["computeResource"], json!({"cpuMilli": "48000", "memoryMib": "409600"}));
+    assert_eq!(
+        group["taskSpec"]["environment"]["secretVariables"],
+        json!({"HF_TOKEN": "projects/ml-platform/secrets/fairway_ml_hf/versions/latest"})
+    );
     let policy = &sent["allocationPolicy"]["instances"][0]["policy"];
     assert_eq!(policy["machineType"], "a3-highgpu-8g");
     assert_eq!(policy["provisioningModel"], "STANDARD");
@@ -143,6 +154,23 @@ async fn a_gang_bursting_to_google_cloud_is_one_job_with_a_task_per_replica_bill
     assert_eq!(rate, 7_200_000, "metered at the pool's price");
     assert!(gpu_milli_ms >= 16 * 1000 * 1000, "at least a second of 16 GPUs: {gpu_milli_ms}");
     assert_eq!(fake.violations(), Vec::<String>::new());
+    p.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_that_mounts_a_claim_is_refused_by_a_google_cloud_pool_saying_only_kubernetes_can_run_it() {
+    let fake = GcpFake::start("ml-platform", "us-central1").await;
+    let p = platform("claim", &fake).await;
+    let mut asked = job("with-claim", 1, false);
+    asked["volumes"] = json!([{"claim": "datasets", "mount_path": "/data"}]);
+    let id = p.submit("ml", asked).await;
+    p.wait_state(&id, "failed", Duration::from_secs(30)).await;
+    let events = p.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/events"), None).await;
+    let refused = events.as_array().unwrap().iter().find(|e| e["kind"] == "dispatch_error").expect("a refusal");
+    let message = refused["message"].as_str().unwrap_or_default();
+    assert!(message.contains("cannot mount PersistentVolumeClaims"), "{message}");
+    assert!(message.contains("only a Kubernetes cluster runs this job"), "{message}");
+    assert!(fake.jobs().is_empty(), "nothing was created in Google Cloud");
     p.stop().await;
 }
 
@@ -263,6 +291,9 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
         env: Default::default(),
         labels: Default::default(),
         max_runtime: Duration::from_secs(3600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: (0..replicas)
             .map(|_| fairway::backends::ReplicaSlot { node: "gcp-h100".into(), gpus: (0..8).collect() })
             .collect(),

@@ -19,7 +19,7 @@ use common::{
 };
 use fairway::backends::kubernetes::rbac::RULES;
 use k8s_openapi::api::{
-    core::v1::{Namespace, Pod, ResourceQuota, Service},
+    core::v1::{Namespace, Pod, ResourceQuota, Secret, Service},
     networking::v1::NetworkPolicy,
 };
 use kube::api::{Api, ListParams, PostParams};
@@ -124,10 +124,11 @@ fn node_of(pod: &Pod) -> String {
     pod.metadata.annotations.as_ref().unwrap()["fairway.dev/node"].clone()
 }
 
+/// The GPU resources (`nvidia.com/...`) a pod's container requests; CPU and memory aside.
 fn gpus_requested(pod: &Pod) -> BTreeMap<String, String> {
     let container = &pod.spec.as_ref().unwrap().containers[0];
     let requests = container.resources.as_ref().unwrap().requests.as_ref().unwrap();
-    requests.iter().map(|(k, v)| (k.clone(), v.0.clone())).collect()
+    requests.iter().filter(|(k, _)| k.starts_with("nvidia.com/")).map(|(k, v)| (k.clone(), v.0.clone())).collect()
 }
 
 fn affinity_host(pod: &Pod) -> String {
@@ -209,6 +210,96 @@ async fn a_four_by_eight_gang_lands_as_four_pinned_pods_on_four_nodes_of_one_rac
         (fw.pods(None).await.is_empty() && fw.services().await.is_empty()).then_some(())
     })
     .await;
+    owned.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_with_cpu_memory_a_claim_and_a_secret_reference_makes_pods_that_carry_them_and_no_other_teams_secret_can_be_named(
+) {
+    let t = "spec";
+    let (labels, alloc) = h100("r1");
+    let owned = Fairway::start(t, &[("spec-n0", labels, alloc)]).await;
+    let fw = &owned;
+    fw.team("vision", "h100-80gb", 8, 0).await;
+    // Another team's namespace holds a Secret of the same name as the one vision uses.
+    let namespaces: Api<Namespace> = Api::all(fw.kube.clone());
+    let other: Namespace = serde_json::from_value(json!({"metadata": {"name": "spec-finance"}})).unwrap();
+    namespaces.create(&PostParams::default(), &other).await.unwrap();
+    let secrets: Api<Secret> = Api::namespaced(fw.kube.clone(), "spec-finance");
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "hf"}, "stringData": {"token": "finance's"}})).unwrap();
+    secrets.create(&PostParams::default(), &secret).await.unwrap();
+    let base = json!({"name": "train", "gpu_class": "h100-80gb", "gpus_per_replica": 2,
+                      "image": "nvcr.io/nvidia/pytorch:24.05-py3"});
+    let with = |changes: Value| {
+        let mut body = base.clone();
+        for (k, v) in changes.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    // Naming it through its namespace is refused at submission, as is any object elsewhere.
+    for (changes, field) in [
+        (
+            json!({"secret_env": [{"name": "HF_TOKEN", "secret": "spec-finance/hf", "key": "token"}]}),
+            "secret_env[0].secret",
+        ),
+        (json!({"volumes": [{"claim": "spec-finance/data", "mount_path": "/data"}]}), "volumes[0].claim"),
+        (json!({"image_pull_secrets": ["spec-finance/regcred"]}), "image_pull_secrets[0]"),
+    ] {
+        let (status, problem) = fw.send(reqwest::Method::POST, "/api/v1/teams/vision/jobs", Some(with(changes))).await;
+        assert_eq!(status, 422, "{problem:#}");
+        assert_eq!(
+            (problem["errors"][0]["field"].as_str(), problem["errors"][0]["code"].as_str()),
+            (Some(field), Some("other_namespace")),
+            "{problem:#}"
+        );
+    }
+    let id = fw
+        .submit(
+            "vision",
+            with(json!({"cpu": "6", "memory": "48Gi",
+                        "volumes": [{"claim": "datasets", "mount_path": "/data", "read_only": true}],
+                        "secret_env": [{"name": "HF_TOKEN", "secret": "hf", "key": "token"}],
+                        "image_pull_secrets": ["regcred"],
+                        "node_selector": {"fairway.dev/rack": "r1"}})),
+        )
+        .await;
+    let pods = fw.wait_pods(&id, 1).await;
+    let pod = &pods[0];
+    // The pod lives in vision's namespace, so every name it gives is looked up there.
+    assert_eq!(pod.metadata.namespace.as_deref(), Some("spec-vision"));
+    let spec = pod.spec.as_ref().unwrap();
+    let container = &spec.containers[0];
+    let resources = container.resources.as_ref().unwrap();
+    for amounts in [resources.requests.as_ref().unwrap(), resources.limits.as_ref().unwrap()] {
+        // The API server may write a quantity in another form of the same amount.
+        assert_eq!(fairway::domain::workload::parse_cpu("cpu", &amounts["cpu"].0), Ok(6000), "{amounts:?}");
+        assert_eq!(fairway::domain::workload::parse_memory("memory", &amounts["memory"].0), Ok(48 * 1024));
+        assert_eq!(amounts["nvidia.com/gpu"].0, "2");
+    }
+    let volumes = spec.volumes.as_ref().unwrap();
+    let claim = volumes[0].persistent_volume_claim.as_ref().unwrap();
+    assert_eq!((claim.claim_name.as_str(), claim.read_only), ("datasets", Some(true)));
+    let mount = &container.volume_mounts.as_ref().unwrap()[0];
+    assert_eq!(
+        (mount.name.as_str(), mount.mount_path.as_str(), mount.read_only),
+        (volumes[0].name.as_str(), "/data", Some(true))
+    );
+    let env = container.env.as_ref().unwrap();
+    let hf = env.iter().find(|e| e.name == "HF_TOKEN").unwrap();
+    let key = hf.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap();
+    assert_eq!((key.name.as_str(), key.key.as_str()), ("hf", "token"));
+    assert!(hf.value.is_none(), "Fairway never holds the value");
+    assert_eq!(spec.image_pull_secrets.as_ref().unwrap()[0].name, "regcred");
+    assert_eq!(spec.node_selector.as_ref().unwrap()["fairway.dev/rack"], "r1");
+    assert_eq!(affinity_host(pod), format!("{}-host", node_of(pod)), "still pinned to the engine's node");
+    // The pod is one a kubelet runs to the end like any other.
+    let kubelet = fw.kubelet();
+    kubelet.run(pod).await;
+    fw.wait_state(&id, "running", Duration::from_secs(30)).await;
+    kubelet.exit(pod, 0, "Completed").await;
+    fw.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
     owned.stop().await;
 }
 
@@ -517,6 +608,9 @@ async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
         env: Default::default(),
         labels: Default::default(),
         max_runtime: Duration::from_secs(600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: vec![ReplicaSlot { node: node.name.clone(), gpus: vec![0] }],
         array: None,
     };

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use futures_util::{Stream, StreamExt};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::convert::Infallible;
+use std::{collections::BTreeMap, convert::Infallible};
 use utoipa::{IntoParams, ToSchema};
 
 use super::{
@@ -29,6 +29,7 @@ use crate::{
     domain::{
         check_range,
         dependency::{After, IfDependencyFails},
+        workload::{self, CloudSecretEnv, SecretEnv, Volume},
         FieldError, JobState, TopologyWish, WaitFigures,
     },
     ops::{
@@ -90,6 +91,27 @@ pub struct JobView {
     pub max_retries: i32,
     /// May run on spot capacity.
     pub allow_spot: bool,
+    /// CPU per replica as asked for or defaulted from the GPU class (`4`, `500m`); null for
+    /// jobs from before CPU was asked for.
+    #[schema(example = "4")]
+    pub cpu: Option<String>,
+    /// The same in millicores.
+    pub cpu_millis: Option<i32>,
+    /// Memory per replica as asked for or defaulted from the GPU class (`32Gi`).
+    #[schema(example = "32Gi")]
+    pub memory: Option<String>,
+    /// The same in MiB.
+    pub memory_mib: Option<i32>,
+    /// PersistentVolumeClaims mounted into every replica.
+    pub volumes: Vec<Volume>,
+    /// Variables read from Kubernetes Secrets of the team's namespace (references only).
+    pub secret_env: Vec<SecretEnv>,
+    /// Variables read from a cloud secret store (references only).
+    pub cloud_secret_env: Vec<CloudSecretEnv>,
+    /// Secrets of the team's namespace with registry credentials.
+    pub image_pull_secrets: Vec<String>,
+    /// Node labels each replica's node must carry.
+    pub node_selector: BTreeMap<String, String>,
     pub state: JobState,
     /// Admissions so far; each runs as its own backend object.
     pub attempt: i32,
@@ -177,6 +199,15 @@ impl From<db::jobs::JobRow> for JobView {
             preemption_grace_seconds: r.preemption_grace_seconds,
             max_retries: r.max_retries,
             allow_spot: r.allow_spot,
+            cpu: r.cpu_millis.map(workload::format_cpu),
+            cpu_millis: r.cpu_millis,
+            memory: r.memory_mib.map(workload::format_memory),
+            memory_mib: r.memory_mib,
+            volumes: r.workload.0.volumes,
+            secret_env: r.workload.0.secret_env,
+            cloud_secret_env: r.workload.0.cloud_secret_env,
+            image_pull_secrets: r.workload.0.image_pull_secrets,
+            node_selector: r.workload.0.node_selector,
             pending: (state == JobState::Pending).then(|| {
                 let figures = r.pending_figures.map(|f| f.0);
                 PendingInfo {

@@ -53,6 +53,14 @@ pub struct Gang {
     pub labels: BTreeMap<String, String>,
     /// The backend stops the job after this long (and reports it failed).
     pub max_runtime: Duration,
+    /// CPU (millicores) and memory (MiB) each replica asks for; `None` (a job from before
+    /// they were asked for): the backend's own default.
+    pub cpu_millis: Option<i32>,
+    pub memory_mib: Option<i32>,
+    /// Volumes, secret references, image pull secrets and node selector, as validated
+    /// (absent from a simulated object stored before they existed).
+    #[serde(default)]
+    pub workload: crate::domain::workload::Workload,
     /// One entry per replica.
     pub replicas: Vec<ReplicaSlot>,
     /// The array it is a task of, when it is one.

@@ -4,7 +4,8 @@
 
 use std::collections::HashSet;
 
-use super::InventoryNode;
+use super::{BackendError, Gang, InventoryNode};
+use crate::domain::workload::{self, CloudSecretStore};
 
 /// The provider-independent part of a pool's declaration.
 pub trait ElasticPool {
@@ -20,6 +21,57 @@ pub trait ElasticPool {
     fn spot(&self) -> bool;
     /// Price per GPU-hour in the platform currency.
     fn price_per_gpu_hour(&self) -> f64;
+}
+
+/// The cloud secret references of `gang` for a pool of `kind` (`AWS Batch`, `Google Cloud
+/// Batch`) whose store is `store`, as (variable, reference) pairs; refused, with the reason,
+/// when the gang asks for what only Kubernetes has (claims, Kubernetes Secrets, pull secrets,
+/// a node selector), names another cloud's secrets, or names a secret outside its team's
+/// prefix (submission refuses that already; checked again where the reference is used).
+pub fn cloud_secrets(
+    gang: &Gang,
+    cluster: &str,
+    kind: &str,
+    store: CloudSecretStore,
+) -> Result<Vec<(String, String)>, BackendError> {
+    let w = &gang.workload;
+    let mut unsupported = Vec::new();
+    for (asked, what) in [
+        (!w.volumes.is_empty(), "mount PersistentVolumeClaims"),
+        (!w.secret_env.is_empty(), "read Kubernetes Secrets (use cloud_secret_env)"),
+        (!w.image_pull_secrets.is_empty(), "use image pull secrets"),
+        (!w.node_selector.is_empty(), "select nodes by label"),
+    ] {
+        if asked {
+            unsupported.push(what);
+        }
+    }
+    if !unsupported.is_empty() {
+        return Err(BackendError::Rejected(format!(
+            "cluster {cluster} is {kind}, which cannot {}: only a Kubernetes cluster runs this job",
+            unsupported.join(", ")
+        )));
+    }
+    let prefix = match store {
+        CloudSecretStore::Aws => workload::aws_secret_prefix(&gang.team),
+        CloudSecretStore::Gcp => workload::gcp_secret_prefix(&gang.team),
+    };
+    w.cloud_secret_env
+        .iter()
+        .map(|s| match CloudSecretStore::of(&s.reference) {
+            Some((found, name)) if found == store && name.starts_with(&prefix) && name.len() > prefix.len() => {
+                Ok((s.name.clone(), s.reference.clone()))
+            }
+            Some((found, _)) if found != store => Err(BackendError::Rejected(format!(
+                "cluster {cluster} is {kind} and cannot read secret {} of another cloud (variable {})",
+                s.reference, s.name
+            ))),
+            _ => Err(BackendError::Rejected(format!(
+                "cluster {cluster}: secret {} is not under team {}'s prefix {prefix} (variable {})",
+                s.reference, gang.team, s.name
+            ))),
+        })
+        .collect()
 }
 
 /// The most GPUs one pool may offer: the engine places a replica within one node.
@@ -132,5 +184,59 @@ mod tests {
         assert!(validate("aws", &[Pool("a", 1, 1, f64::NAN)]).unwrap_err().contains("price"));
         assert!(validate("aws", &[Pool("a", 0, 1, 1.0)]).unwrap_err().contains("at least 1"));
         assert!(validate::<Pool>("aws", &[]).unwrap_err().contains("no [[cluster.pool]]"));
+    }
+
+    fn gang(workload: crate::domain::workload::Workload) -> Gang {
+        Gang {
+            object: "fw-1-1".into(),
+            job_id: crate::domain::JobId::from_u128(1),
+            attempt: 1,
+            team: "ml".into(),
+            job_name: "train".into(),
+            gpu_class: "h100-80gb".into(),
+            priority_class: "experiment".into(),
+            image: "img:1".into(),
+            command: Vec::new(),
+            env: Default::default(),
+            labels: Default::default(),
+            max_runtime: std::time::Duration::from_secs(60),
+            cpu_millis: None,
+            memory_mib: None,
+            workload,
+            replicas: Vec::new(),
+            array: None,
+        }
+    }
+
+    #[test]
+    fn a_cloud_pool_passes_its_own_clouds_secrets_of_the_team_and_refuses_what_only_kubernetes_has() {
+        use crate::domain::workload::{CloudSecretEnv, Volume, Workload};
+        let secret = |reference: &str| CloudSecretEnv { name: "TOKEN".into(), reference: reference.into() };
+        let aws = "arn:aws:secretsmanager:us-east-1:1:secret:fairway/ml/token";
+        let gcp = "projects/p/secrets/fairway_ml_token/versions/1";
+        let both = gang(Workload { cloud_secret_env: vec![secret(aws)], ..Workload::default() });
+        assert_eq!(
+            cloud_secrets(&both, "aws", "AWS Batch", CloudSecretStore::Aws).unwrap(),
+            [("TOKEN".to_owned(), aws.to_owned())]
+        );
+        let refused = |g: &Gang, store| match cloud_secrets(g, "c", "a batch service", store) {
+            Err(BackendError::Rejected(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(&both, CloudSecretStore::Gcp).contains("of another cloud"));
+        let gcp_gang = gang(Workload { cloud_secret_env: vec![secret(gcp)], ..Workload::default() });
+        assert!(cloud_secrets(&gcp_gang, "g", "Google Cloud Batch", CloudSecretStore::Gcp).is_ok());
+        // A row that slipped past submission is still held to the team's prefix.
+        let other = gang(Workload {
+            cloud_secret_env: vec![secret("arn:aws:secretsmanager:us-east-1:1:secret:fairway/cv/token")],
+            ..Workload::default()
+        });
+        assert!(refused(&other, CloudSecretStore::Aws).contains("not under team ml's prefix fairway/ml/"));
+        let claim = gang(Workload {
+            volumes: vec![Volume { claim: "data".into(), mount_path: "/data".into(), read_only: false }],
+            ..Workload::default()
+        });
+        let m = refused(&claim, CloudSecretStore::Aws);
+        assert!(m.contains("cannot mount PersistentVolumeClaims") && m.contains("only a Kubernetes cluster"), "{m}");
     }
 }

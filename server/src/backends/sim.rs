@@ -894,6 +894,9 @@ mod tests {
             env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
             labels: BTreeMap::new(),
             max_runtime: Duration::from_secs(3600),
+            cpu_millis: None,
+            memory_mib: None,
+            workload: Default::default(),
             replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
             array: None,
         }
@@ -1170,6 +1173,34 @@ mod tests {
 
         let plain = plan_object(&gang(&[]), &SimConfig { speedup: 2.0, ..SimConfig::default() }, t0()).unwrap();
         assert_eq!((plain.run_ms, plain.checkpoint_ms, plain.lost_after_ms, plain.exit_code), (30_000, 500, None, 0));
+    }
+
+    #[test]
+    fn a_simulated_object_records_the_replicas_cpu_memory_volumes_and_secret_references() {
+        use crate::domain::workload::{SecretEnv, Volume, Workload};
+        let mut g = gang(&[]);
+        g.cpu_millis = Some(8000);
+        g.memory_mib = Some(65536);
+        g.workload = Workload {
+            volumes: vec![Volume { claim: "data".into(), mount_path: "/data".into(), read_only: true }],
+            secret_env: vec![SecretEnv { name: "HF_TOKEN".into(), secret: "hf".into(), key: "token".into() }],
+            ..Workload::default()
+        };
+        let object = plan_object(&g, &SimConfig::default(), t0()).unwrap();
+        let recorded = &object.spec["gang"];
+        assert_eq!((recorded["cpu_millis"].as_i64(), recorded["memory_mib"].as_i64()), (Some(8000), Some(65536)));
+        assert_eq!(recorded["workload"]["volumes"][0]["claim"], "data");
+        assert_eq!(recorded["workload"]["secret_env"][0]["secret"], "hf");
+        // And it reads back as the gang it was, as the simulator's log reader reads it.
+        let back: Gang = serde_json::from_value(recorded.clone()).unwrap();
+        assert_eq!(back.workload, g.workload);
+        // An object stored before these fields existed still reads.
+        let mut old = recorded.clone();
+        for field in ["cpu_millis", "memory_mib", "workload"] {
+            old.as_object_mut().unwrap().remove(field);
+        }
+        let old: Gang = serde_json::from_value(old).unwrap();
+        assert_eq!((old.cpu_millis, old.workload), (None, Workload::default()));
     }
 
     #[test]

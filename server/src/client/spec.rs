@@ -68,9 +68,61 @@ pub struct JobArgs {
     /// it pending.
     #[arg(long, value_name = "cancel|keep", value_parser = ["cancel", "keep"])]
     pub if_dependency_fails: Option<String>,
+    /// CPU per replica: cores (`4`, `0.5`) or millicores (`500m`) [server's default: the GPU
+    /// class's CPU per GPU times the GPUs].
+    #[arg(long, value_name = "QUANTITY")]
+    pub cpu: Option<String>,
+    /// Memory per replica, e.g. `32Gi` or `512Mi` [server's default: the class's per GPU].
+    #[arg(long, value_name = "QUANTITY")]
+    pub memory: Option<String>,
+    /// Mount a PersistentVolumeClaim of the team's namespace at an absolute path, read-only
+    /// with `:ro` (Kubernetes only); repeat for more.
+    #[arg(long = "volume", value_name = "CLAIM:/PATH[:ro]", value_parser = volume)]
+    pub volumes: Vec<Value>,
+    /// An environment variable from a key of a Kubernetes Secret of the team's namespace;
+    /// repeat for more.
+    #[arg(long = "secret-env", value_name = "NAME=SECRET:KEY", value_parser = secret_env)]
+    pub secret_env: Vec<Value>,
+    /// An environment variable a cloud batch pool reads from its secret store: an AWS
+    /// Secrets Manager or SSM ARN under `fairway/<team>/`, or a Google Secret Manager version
+    /// of a secret `fairway_<team>_...`; repeat for more.
+    #[arg(long = "cloud-secret-env", value_name = "NAME=REFERENCE", value_parser = pair)]
+    pub cloud_secret_env: Vec<(String, String)>,
+    /// A Secret of the team's namespace with registry credentials; repeat for more.
+    #[arg(long = "image-pull-secret", value_name = "SECRET")]
+    pub image_pull_secrets: Vec<String>,
+    /// A label each replica's node must carry; repeat for more.
+    #[arg(long = "node-selector", value_name = "K=V", value_parser = pair)]
+    pub node_selector: Vec<(String, String)>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
+}
+
+/// `CLAIM:/PATH` or `CLAIM:/PATH:ro` (`:rw` too), as a volume of the API.
+fn volume(text: &str) -> Result<Value, String> {
+    let (claim, rest) = text.split_once(':').ok_or_else(|| format!("`{text}` is not CLAIM:/PATH[:ro]"))?;
+    let (path, read_only) = match rest.rsplit_once(':') {
+        Some((path, "ro")) => (path, true),
+        Some((path, "rw")) => (path, false),
+        _ => (rest, false),
+    };
+    if claim.is_empty() || path.is_empty() {
+        return Err(format!("`{text}` is not CLAIM:/PATH[:ro]"));
+    }
+    Ok(serde_json::json!({"claim": claim, "mount_path": path, "read_only": read_only}))
+}
+
+/// `NAME=SECRET:KEY`, as a `secret_env` entry of the API.
+fn secret_env(text: &str) -> Result<Value, String> {
+    let usage = || format!("`{text}` is not NAME=SECRET:KEY");
+    let (name, reference) = pair(text).map_err(|_| usage())?;
+    match reference.split_once(':') {
+        Some((secret, key)) if !secret.is_empty() && !key.is_empty() => {
+            Ok(serde_json::json!({"name": name, "secret": secret, "key": key}))
+        }
+        _ => Err(usage()),
+    }
 }
 
 /// `K=V`, with `K` not empty (`V` may be).
@@ -105,11 +157,13 @@ pub fn body(args: &JobArgs) -> Result<Value, Error> {
     set("allow_spot", args.allow_spot.then_some(Value::Bool(true)));
     set("wait_for_quota", args.wait_for_quota.then_some(Value::Bool(true)));
     set("if_dependency_fails", args.if_dependency_fails.clone().map(Value::from));
+    set("cpu", args.cpu.clone().map(Value::from));
+    set("memory", args.memory.clone().map(Value::from));
     if !args.command.is_empty() {
         set("command", Some(Value::from(args.command.clone())));
     }
     // `--env` and `--label` add to the file's maps, a flag winning over the file's value.
-    for (field, pairs) in [("env", &args.env), ("labels", &args.labels)] {
+    for (field, pairs) in [("env", &args.env), ("labels", &args.labels), ("node_selector", &args.node_selector)] {
         if pairs.is_empty() {
             continue;
         }
@@ -120,6 +174,29 @@ pub fn body(args: &JobArgs) -> Result<Value, Error> {
         for (key, value) in pairs {
             map.insert(key.clone(), Value::from(value.clone()));
         }
+    }
+    // `--volume`, `--secret-env`, `--cloud-secret-env` and `--image-pull-secret` add to the
+    // file's lists.
+    let cloud: Vec<Value> = args
+        .cloud_secret_env
+        .iter()
+        .map(|(name, reference)| serde_json::json!({"name": name, "reference": reference}))
+        .collect();
+    let pulls: Vec<Value> = args.image_pull_secrets.iter().cloned().map(Value::from).collect();
+    for (field, items) in [
+        ("volumes", &args.volumes),
+        ("secret_env", &args.secret_env),
+        ("cloud_secret_env", &cloud),
+        ("image_pull_secrets", &pulls),
+    ] {
+        if items.is_empty() {
+            continue;
+        }
+        let list = job.entry(field).or_insert_with(|| Value::Array(Vec::new()));
+        let Some(list) = list.as_array_mut() else {
+            return Err(Error::Usage(format!("the job file's `{field}` is not a list")));
+        };
+        list.extend(items.iter().cloned());
     }
     // `--after`, `--after-any` and `--after-failed` add to the file's `depends_on`.
     let flagged: Vec<Value> =
@@ -199,6 +276,7 @@ mod tests {
             if_dependency_fails: Some("keep".to_owned()),
             command: vec!["python".to_owned(), "train.py".to_owned()],
             file: None,
+            ..JobArgs::default()
         };
         assert_eq!(
             body(&args).unwrap(),
@@ -246,6 +324,44 @@ mod tests {
         assert!(body(&JobArgs { file: Some(list), ..JobArgs::default() }).unwrap_err().report().contains("table"));
         let ini = file("job.ini", "name=x");
         assert!(body(&JobArgs { file: Some(ini), ..JobArgs::default() }).unwrap_err().report().contains(".ini"));
+    }
+
+    #[test]
+    fn resource_volume_and_secret_flags_make_the_apis_fields_and_add_to_the_files_lists() {
+        let toml = file(
+            "spec.toml",
+            "name = \"f\"\n[[volumes]]\nclaim = \"home\"\nmount_path = \"/home/jovyan\"\n[node_selector]\nzone = \"a\"\n",
+        );
+        let args = JobArgs {
+            file: Some(toml),
+            cpu: Some("4".to_owned()),
+            memory: Some("32Gi".to_owned()),
+            volumes: vec![volume("datasets:/data:ro").unwrap(), volume("scratch:/scratch").unwrap()],
+            secret_env: vec![secret_env("HF_TOKEN=hf:token").unwrap()],
+            cloud_secret_env: vec![pair("KEY=arn:aws:secretsmanager:us-east-1:1:secret:fairway/ml/k").unwrap()],
+            image_pull_secrets: vec!["regcred".to_owned()],
+            node_selector: vec![("example.com/fabric".to_owned(), "ib".to_owned())],
+            ..JobArgs::default()
+        };
+        assert_eq!(
+            body(&args).unwrap(),
+            json!({
+                "name": "f", "cpu": "4", "memory": "32Gi",
+                "volumes": [
+                    {"claim": "home", "mount_path": "/home/jovyan"},
+                    {"claim": "datasets", "mount_path": "/data", "read_only": true},
+                    {"claim": "scratch", "mount_path": "/scratch", "read_only": false}
+                ],
+                "secret_env": [{"name": "HF_TOKEN", "secret": "hf", "key": "token"}],
+                "cloud_secret_env": [{"name": "KEY", "reference": "arn:aws:secretsmanager:us-east-1:1:secret:fairway/ml/k"}],
+                "image_pull_secrets": ["regcred"],
+                "node_selector": {"zone": "a", "example.com/fabric": "ib"}
+            })
+        );
+        assert!(volume("datasets").is_err());
+        assert!(volume(":/data").is_err());
+        assert!(secret_env("HF_TOKEN=hf").is_err());
+        assert!(secret_env("HF_TOKEN=:token").is_err());
     }
 
     #[test]

@@ -183,6 +183,9 @@ pub fn gang(job: &db::jobs::JobRow, object: &str) -> Gang {
         env: strings(&job.env.0),
         labels: strings(&job.labels.0),
         max_runtime: Duration::from_secs(job.max_runtime_seconds.max(0) as u64),
+        cpu_millis: job.cpu_millis,
+        memory_mib: job.memory_mib,
+        workload: job.workload.0.clone(),
         replicas,
         array: match (job.array_id, job.array_index, job.array_task_count) {
             (Some(id), Some(index), Some(count)) => Some(crate::backends::ArrayTaskEnv { id, index, count }),

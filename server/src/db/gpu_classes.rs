@@ -15,11 +15,23 @@ pub struct GpuClassRow {
     pub memory_mib: i32,
     pub fraction_milli: i32,
     pub description: String,
+    /// CPU (millicores) and memory (MiB) a replica gets per GPU of the class when its job
+    /// names none; `None`: the platform's default.
+    pub cpu_millis_per_gpu: Option<i32>,
+    pub memory_mib_per_gpu: Option<i32>,
     /// Rate in effect now; `None` when every rate starts in the future.
     pub rate_micros_per_gpu_hour: Option<i64>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub version: i64,
+}
+
+/// What a replica gets per GPU of a class when its job names no CPU or memory; `None`: the
+/// platform's default.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PerGpu {
+    pub cpu_millis: Option<i32>,
+    pub memory_mib: Option<i32>,
 }
 
 /// One entry of a class's rate history.
@@ -35,6 +47,7 @@ pub async fn by_name(db: impl sqlx::PgExecutor<'_>, name: &str) -> Result<Option
     sqlx::query_as!(
         GpuClassRow,
         r#"select c.id, c.name, c.kind, c.memory_mib, c.fraction_milli, c.description,
+                  c.cpu_millis_per_gpu, c.memory_mib_per_gpu,
                   (select r.rate_micros_per_gpu_hour from gpu_class_rates r
                    where r.gpu_class_id = c.id and r.effective_from <= now()
                    order by r.effective_from desc limit 1) as rate_micros_per_gpu_hour,
@@ -51,6 +64,7 @@ pub async fn list(pool: &PgPool, after: Option<&str>, limit: i64) -> Result<Vec<
     sqlx::query_as!(
         GpuClassRow,
         r#"select c.id, c.name, c.kind, c.memory_mib, c.fraction_milli, c.description,
+                  c.cpu_millis_per_gpu, c.memory_mib_per_gpu,
                   (select r.rate_micros_per_gpu_hour from gpu_class_rates r
                    where r.gpu_class_id = c.id and r.effective_from <= now()
                    order by r.effective_from desc limit 1) as rate_micros_per_gpu_hour,
@@ -72,16 +86,20 @@ pub async fn insert(
     memory_mib: i32,
     fraction_milli: i32,
     description: &str,
+    per_gpu: PerGpu,
 ) -> Result<GpuClassId, sqlx::Error> {
     let row = sqlx::query!(
-        "insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
-         values ($1, $2, $3, $4, $5, $6) returning id",
+        "insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description, cpu_millis_per_gpu,
+                                  memory_mib_per_gpu)
+         values ($1, $2, $3, $4, $5, $6, $7, $8) returning id",
         GpuClassId::new() as GpuClassId,
         name,
         kind,
         memory_mib,
         fraction_milli,
-        description
+        description,
+        per_gpu.cpu_millis,
+        per_gpu.memory_mib,
     )
     .fetch_one(&mut **tx)
     .await?;
@@ -129,15 +147,24 @@ pub async fn lock(tx: &mut Tx<'_>, id: GpuClassId) -> Result<Option<i64>, sqlx::
     Ok(row.map(|r| r.version))
 }
 
-/// Changes the description and memory of a class (its kind and fraction are fixed: jobs and
-/// usage already refer to them).
-pub async fn update(tx: &mut Tx<'_>, id: GpuClassId, memory_mib: i32, description: &str) -> Result<(), sqlx::Error> {
+/// Changes the description, memory and per-GPU defaults of a class (its kind and fraction
+/// are fixed: jobs and usage already refer to them).
+pub async fn update(
+    tx: &mut Tx<'_>,
+    id: GpuClassId,
+    memory_mib: i32,
+    description: &str,
+    per_gpu: PerGpu,
+) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "update gpu_classes set memory_mib = $2, description = $3, updated_at = now(), version = version + 1
+        "update gpu_classes set memory_mib = $2, description = $3, cpu_millis_per_gpu = $4, memory_mib_per_gpu = $5,
+                                updated_at = now(), version = version + 1
          where id = $1",
         id as GpuClassId,
         memory_mib,
-        description
+        description,
+        per_gpu.cpu_millis,
+        per_gpu.memory_mib,
     )
     .execute(&mut **tx)
     .await?;

@@ -8,6 +8,7 @@ use sqlx::{types::Json, PgPool};
 use super::Tx;
 use crate::domain::{
     dependency::{After, IfDependencyFails},
+    workload::Workload,
     ArrayId, GpuClassId, JobId, JobState, TeamId, TokenId, TopologyLevel, TopologyMode, TopologyWish, WaitFigures,
 };
 use uuid::Uuid;
@@ -37,6 +38,12 @@ pub struct JobRow {
     pub preemption_grace_seconds: Option<i32>,
     pub max_retries: i32,
     pub allow_spot: bool,
+    /// CPU (millicores) and memory (MiB) per replica; `None` for jobs from before they were
+    /// asked for, which ask their backend for none.
+    pub cpu_millis: Option<i32>,
+    pub memory_mib: Option<i32>,
+    /// Volumes, secret references, image pull secrets and node selector.
+    pub workload: Json<Workload>,
     pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
@@ -90,6 +97,11 @@ pub struct NewJob {
     pub max_retries: i32,
     /// Tolerates spot capacity.
     pub allow_spot: bool,
+    /// CPU (millicores) and memory (MiB) per replica, the job's own or its class's default.
+    pub cpu_millis: Option<i32>,
+    pub memory_mib: Option<i32>,
+    /// Volumes, secret references, image pull secrets and node selector, validated.
+    pub workload: Workload,
     /// The jobs it waits for, each visible to its team: with some, it is stored waiting for
     /// them (`waits_for_dependencies`) until the leader's dependency pass releases it.
     pub depends_on: Vec<(JobId, After)>,
@@ -190,6 +202,9 @@ pub async fn insert_submissions(
         .iter()
         .map(|s| (!s.job.accepted_despite.is_empty()).then(|| s.job.accepted_despite.join("; ")))
         .collect();
+    let cpus: Vec<Option<i32>> = submissions.iter().map(|s| s.job.cpu_millis).collect();
+    let memories: Vec<Option<i32>> = submissions.iter().map(|s| s.job.memory_mib).collect();
+    let workloads: Vec<Value> = submissions.iter().map(|s| serde_json::json!(s.job.workload)).collect();
     let waits: Vec<bool> = submissions.iter().map(|s| !s.job.depends_on.is_empty()).collect();
     let if_fails: Vec<&str> = submissions.iter().map(|s| s.job.if_dependency_fails.as_str()).collect();
     let arrays: Vec<Option<ArrayId>> = submissions.iter().map(|s| s.job.array.as_ref().map(|a| a.array_id)).collect();
@@ -211,19 +226,21 @@ pub async fn insert_submissions(
                                  max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
                                  preemption_grace_seconds, max_retries, allow_spot, submitted_by,
                                  expected_runtime_seconds, waits_for_dependencies, if_dependency_fails,
-                                 array_id, array_index, held_by_array, pending_reason, pending_message)
+                                 array_id, array_index, held_by_array, pending_reason, pending_message,
+                                 cpu_millis, memory_mib, workload)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
                       u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected, u.waits,
                       u.if_fails, u.array_id, u.array_index, u.held is not null,
-                      case when u.held is not null then 'array_task_limit' end, u.held
+                      case when u.held is not null then 'array_task_limit' end, u.held,
+                      u.cpu, u.memory, u.workload
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
                            $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[], $29::uuid[],
-                           $30::int4[], $31::text[])
+                           $30::int4[], $31::text[], $32::int4[], $33::int4[], $34::jsonb[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
                          mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails,
-                         array_id, array_index, held)
+                         array_id, array_index, held, cpu, memory, workload)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -269,6 +286,9 @@ pub async fn insert_submissions(
         &arrays as &[Option<ArrayId>],
         &indices as &[Option<i32>],
         &held as &[Option<String>],
+        &cpus as &[Option<i32>],
+        &memories as &[Option<i32>],
+        &workloads,
     )
     .fetch_all(db)
     .await
@@ -300,6 +320,9 @@ impl JobRow {
             preemption_grace_seconds: job.preemption_grace_seconds,
             max_retries: job.max_retries,
             allow_spot: job.allow_spot,
+            cpu_millis: job.cpu_millis,
+            memory_mib: job.memory_mib,
+            workload: Json(job.workload),
             state: JobState::Pending,
             attempt: 0,
             holds_gpus: false,
@@ -358,7 +381,8 @@ macro_rules! select_jobs {
                   j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.expected_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
-                  j.preemption_grace_seconds, j.max_retries, j.allow_spot, j.state as "state: JobState", j.attempt, j.holds_gpus,
+                  j.preemption_grace_seconds, j.max_retries, j.allow_spot,
+                  j.cpu_millis, j.memory_mib, j.workload as "workload: Json<Workload>", j.state as "state: JobState", j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
                   j.pending_reason, j.pending_message, j.pending_figures as "pending_figures: Json<WaitFigures>",
                   j.queue_position, j.expected_start_at, j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
@@ -711,6 +735,10 @@ pub struct ClassCapacity {
     pub largest_nvlink_domain: i32,
     pub largest_rack: i64,
     pub largest_zone: i64,
+    /// CPU (millicores) and memory (MiB) a replica gets per GPU of the class when its job
+    /// names none; `None`: the platform's default.
+    pub cpu_millis_per_gpu: Option<i32>,
+    pub memory_mib_per_gpu: Option<i32>,
 }
 
 /// What submissions of one team are validated against, read in one round trip.
@@ -770,7 +798,8 @@ pub async fn submit_catalogue(
                   coalesce(max(cc.largest_node), 0) as "largest_node!",
                   coalesce(max(cc.largest_nvlink_domain), 0) as "largest_nvlink_domain!",
                   coalesce(max(cc.largest_rack), 0)::int8 as "largest_rack!",
-                  coalesce(max(cc.largest_zone), 0)::int8 as "largest_zone!"
+                  coalesce(max(cc.largest_zone), 0)::int8 as "largest_zone!",
+                  c.cpu_millis_per_gpu, c.memory_mib_per_gpu
            from teams t
            left join gpu_classes c on c.name = any($2::text[])
            left join cluster_capacity cc on cc.gpu_class_id = c.id and cc.largest_node > 0
@@ -828,6 +857,8 @@ pub async fn submit_catalogue(
                 largest_nvlink_domain: r.largest_nvlink_domain,
                 largest_rack: r.largest_rack,
                 largest_zone: r.largest_zone,
+                cpu_millis_per_gpu: r.cpu_millis_per_gpu,
+                memory_mib_per_gpu: r.memory_mib_per_gpu,
             };
             Some((r.class_name?, r.class_id?, capacity))
         })

@@ -9,6 +9,7 @@ mod ids;
 pub mod job;
 mod names;
 mod roles;
+pub mod workload;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
 pub use ids::{ArrayId, CiTrustId, ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};

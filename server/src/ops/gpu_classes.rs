@@ -10,9 +10,9 @@ use crate::{
     auth::Principal,
     db::{
         self,
-        gpu_classes::{GpuClassRow, RateRow},
+        gpu_classes::{GpuClassRow, PerGpu, RateRow},
     },
-    domain::{check_range, DisplayText, FieldError, GpuClassName, GpuKind},
+    domain::{check_range, workload, DisplayText, FieldError, GpuClassName, GpuKind},
     state::AppState,
 };
 
@@ -43,6 +43,16 @@ pub struct NewGpuClass {
     pub rate_effective_from: Option<DateTime<Utc>>,
     #[serde(default)]
     pub description: Option<String>,
+    /// CPU a replica of a job that names none gets per GPU of this class: cores (`8`) or
+    /// millicores (`500m`). Default: 4 cores.
+    #[serde(default)]
+    #[schema(example = "8")]
+    pub cpu_per_gpu: Option<String>,
+    /// Memory a replica of a job that names none gets per GPU of this class (`64Gi`).
+    /// Default: 16Gi.
+    #[serde(default)]
+    #[schema(example = "64Gi")]
+    pub memory_per_gpu: Option<String>,
 }
 
 /// Changes to a GPU class. Its kind and fraction are fixed once created.
@@ -52,6 +62,12 @@ pub struct GpuClassPatch {
     #[schema(minimum = 1, maximum = 16777216)]
     pub memory_mib: Option<i64>,
     pub description: Option<String>,
+    /// CPU per GPU for jobs that name none (`8`, `500m`); jobs already submitted keep theirs.
+    #[schema(example = "8")]
+    pub cpu_per_gpu: Option<String>,
+    /// Memory per GPU for jobs that name none (`64Gi`); jobs already submitted keep theirs.
+    #[schema(example = "64Gi")]
+    pub memory_per_gpu: Option<String>,
 }
 
 /// A GPU class.
@@ -64,6 +80,11 @@ pub struct GpuClassView {
     /// Share of one physical GPU in thousandths.
     pub fraction_milli: i32,
     pub description: String,
+    /// CPU a replica of a job that names none gets per GPU of this class (the platform's
+    /// default of 4 cores unless set).
+    pub cpu_per_gpu: String,
+    /// Memory a replica of a job that names none gets per GPU of this class (16Gi unless set).
+    pub memory_per_gpu: String,
     /// The rate in effect now, in micro-units per GPU-hour; absent before the first rate starts.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rate_micros_per_gpu_hour: Option<i64>,
@@ -83,6 +104,8 @@ pub fn view(row: GpuClassRow, currency: &str) -> GpuClassView {
         memory_mib: row.memory_mib,
         fraction_milli: row.fraction_milli,
         description: row.description,
+        cpu_per_gpu: workload::format_cpu(row.cpu_millis_per_gpu.unwrap_or(workload::DEFAULT_CPU_MILLIS_PER_GPU)),
+        memory_per_gpu: workload::format_memory(row.memory_mib_per_gpu.unwrap_or(workload::DEFAULT_MEMORY_MIB_PER_GPU)),
         rate_micros_per_gpu_hour: row.rate_micros_per_gpu_hour,
         currency: currency.to_owned(),
         created_at: row.created_at,
@@ -143,6 +166,29 @@ pub async fn add_rate(state: &AppState, principal: &Principal, name: &str, body:
     Ok(rate)
 }
 
+/// `current` with the CPU and memory per GPU that were given, parsed as a job's are.
+fn per_gpu(current: PerGpu, cpu: Option<&str>, memory: Option<&str>) -> Result<PerGpu> {
+    let mut errors = Vec::new();
+    let mut out = current;
+    if let Some(cpu) = cpu {
+        match workload::parse_cpu("cpu_per_gpu", cpu) {
+            Ok(millis) => out.cpu_millis = Some(millis),
+            Err(e) => errors.push(e),
+        }
+    }
+    if let Some(memory) = memory {
+        match workload::parse_memory("memory_per_gpu", memory) {
+            Ok(mib) => out.memory_mib = Some(mib),
+            Err(e) => errors.push(e),
+        }
+    }
+    if errors.is_empty() {
+        Ok(out)
+    } else {
+        Err(Error::Validation(errors))
+    }
+}
+
 /// Adds a GPU class with its first rate, audited.
 pub async fn create(state: &AppState, principal: &Principal, body: &NewGpuClass) -> Result<GpuClassRow> {
     let name = GpuClassName::parse("name", &body.name)?;
@@ -164,6 +210,7 @@ pub async fn create(state: &AppState, principal: &Principal, body: &NewGpuClass)
     }
     check_range("rate_micros_per_gpu_hour", body.rate_micros_per_gpu_hour, 0, MAX_RATE_MICROS)?;
     let description = DisplayText::parse("description", body.description.as_deref().unwrap_or(""), 1000)?;
+    let per_gpu = per_gpu(PerGpu::default(), body.cpu_per_gpu.as_deref(), body.memory_per_gpu.as_deref())?;
     let mut tx = state.db.begin().await?;
     let id = db::gpu_classes::insert(
         &mut tx,
@@ -172,6 +219,7 @@ pub async fn create(state: &AppState, principal: &Principal, body: &NewGpuClass)
         body.memory_mib as i32,
         fraction as i32,
         description.as_str(),
+        per_gpu,
     )
     .await
     .on_constraint("gpu_classes_name_key", || {
@@ -207,10 +255,15 @@ pub async fn update(
     check_range("memory_mib", memory, 1, MAX_MEMORY_MIB)?;
     let description =
         DisplayText::parse("description", body.description.as_deref().unwrap_or(&before.description), 1000)?;
+    let per_gpu = per_gpu(
+        PerGpu { cpu_millis: before.cpu_millis_per_gpu, memory_mib: before.memory_mib_per_gpu },
+        body.cpu_per_gpu.as_deref(),
+        body.memory_per_gpu.as_deref(),
+    )?;
     let mut tx = state.db.begin().await?;
     let version = db::gpu_classes::lock(&mut tx, before.id).await?.ok_or(Error::NotFound("GPU class"))?;
     precondition.check(version)?;
-    db::gpu_classes::update(&mut tx, before.id, memory as i32, description.as_str()).await?;
+    db::gpu_classes::update(&mut tx, before.id, memory as i32, description.as_str(), per_gpu).await?;
     let after = db::gpu_classes::by_name(&mut *tx, name).await?.ok_or(Error::NotFound("GPU class"))?;
     let currency = &state.config.currency;
     record(

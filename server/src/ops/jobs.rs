@@ -21,6 +21,7 @@ use crate::{
         check_range,
         dependency::{After, IfDependencyFails, MAX_DEPENDENCIES},
         job::{self, check_command, check_env, check_grace, check_image, check_labels},
+        workload::{self, CloudSecretEnv, SecretEnv, Volume, Workload},
         FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish,
     },
     scheduler,
@@ -104,6 +105,51 @@ pub struct JobSpec {
     /// pending, saying so, until cancelled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub if_dependency_fails: Option<IfDependencyFails>,
+    /// CPU per replica: cores (`4`, `0.5`) or millicores (`500m`), at most 1024 cores.
+    /// Default: the GPU class's CPU per GPU (4 cores unless an admin set it) times
+    /// `gpus_per_replica`. Requested and limited alike on Kubernetes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "4")]
+    pub cpu: Option<String>,
+    /// Memory per replica: a whole number of `Mi`, `Gi` or `Ti` (`32Gi`), at most 16Ti.
+    /// Default: the GPU class's memory per GPU (16Gi unless an admin set it) times
+    /// `gpus_per_replica`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "32Gi")]
+    pub memory: Option<String>,
+    /// PersistentVolumeClaims of the team's namespace mounted into every replica (at most
+    /// 16; Kubernetes clusters only: a cloud batch pool refuses the job).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
+    /// Environment variables from keys of Kubernetes Secrets of the team's namespace, by
+    /// name only (`namespace/name` is refused). Kubernetes clusters only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_env: Vec<SecretEnv>,
+    /// Environment variables from a cloud secret store: AWS Secrets Manager or SSM ARNs
+    /// whose names start with `fairway/<team>/`, or Google Secret Manager versions whose ids
+    /// start with `fairway_<team>_`. Read by AWS Batch and Google Cloud Batch pools.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cloud_secret_env: Vec<CloudSecretEnv>,
+    /// Secrets of the team's namespace with registry credentials for the image (at most 8).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// Node labels each replica's node must carry (at most 16, Kubernetes label rules;
+    /// `kubernetes.io/hostname` is the scheduler's).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+}
+
+impl JobSpec {
+    /// The parts of the spec only its backend acts on.
+    pub fn workload(&self) -> Workload {
+        Workload {
+            volumes: self.volumes.clone(),
+            secret_env: self.secret_env.clone(),
+            cloud_secret_env: self.cloud_secret_env.clone(),
+            image_pull_secrets: self.image_pull_secrets.clone(),
+            node_selector: self.node_selector.clone(),
+        }
+    }
 }
 
 /// One job a job waits for, and for what.
@@ -237,6 +283,15 @@ impl Catalogue {
         check(check_command(&at("command"), &spec.command));
         check(check_env(&at("env"), &spec.env));
         check(check_labels(&at("labels"), &spec.labels));
+        let cpu = spec.cpu.as_deref().map(|c| workload::parse_cpu(&at("cpu"), c)).transpose();
+        let memory = spec.memory.as_deref().map(|m| workload::parse_memory(&at("memory"), m)).transpose();
+        check(cpu.clone().map(drop));
+        check(memory.clone().map(drop));
+        let workload = spec.workload();
+        let team = self.chain.first().map_or("", |t| t.name.as_str());
+        for e in workload::check(prefix, &workload, &spec.env, team) {
+            check(Err(e));
+        }
         check(check_range(&at("replicas"), spec.replicas, 1, 1024));
         check(check_range(&at("gpus_per_replica"), spec.gpus_per_replica, 1, 64));
         if let Some(g) = spec.preemption_grace_seconds {
@@ -361,6 +416,17 @@ impl Catalogue {
                 ("preferred", Some(level.as_str().to_owned()))
             }
         };
+        // A class's default is per GPU; a replica of several GPUs gets that many times it,
+        // held to what one replica may ask for.
+        let (per_gpu_cpu, per_gpu_memory) =
+            class.map_or((workload::DEFAULT_CPU_MILLIS_PER_GPU, workload::DEFAULT_MEMORY_MIB_PER_GPU), |(_, cap)| {
+                (
+                    cap.cpu_millis_per_gpu.unwrap_or(workload::DEFAULT_CPU_MILLIS_PER_GPU),
+                    cap.memory_mib_per_gpu.unwrap_or(workload::DEFAULT_MEMORY_MIB_PER_GPU),
+                )
+            });
+        // Both bounds are i32 values; gpus_per_replica was checked to be 1 to 64.
+        let per_replica = |per_gpu: i32, max: i64| (i64::from(per_gpu) * spec.gpus_per_replica).min(max) as i32;
         let job = NewJob {
             id: JobId::new(),
             name: spec.name.trim().to_owned(),
@@ -380,6 +446,11 @@ impl Catalogue {
             preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
             max_retries: spec.max_retries.unwrap_or(0) as i32,
             allow_spot: spec.allow_spot,
+            cpu_millis: Some(cpu.ok().flatten().unwrap_or_else(|| per_replica(per_gpu_cpu, workload::MAX_CPU_MILLIS))),
+            memory_mib: Some(
+                memory.ok().flatten().unwrap_or_else(|| per_replica(per_gpu_memory, workload::MAX_MEMORY_MIB)),
+            ),
+            workload,
             depends_on: spec.depends_on.iter().map(|d| (d.job, d.after)).collect(),
             if_dependency_fails: spec.if_dependency_fails.unwrap_or_default(),
             accepted_despite: Vec::new(),
@@ -555,6 +626,13 @@ pub async fn rerun(
             .map(|d| DependencySpec { job: d.job, after: d.after })
             .collect(),
         if_dependency_fails: Some(job.if_dependency_fails),
+        cpu: job.cpu_millis.map(workload::format_cpu),
+        memory: job.memory_mib.map(workload::format_memory),
+        volumes: job.workload.0.volumes.clone(),
+        secret_env: job.workload.0.secret_env.clone(),
+        cloud_secret_env: job.workload.0.cloud_secret_env.clone(),
+        image_pull_secrets: job.workload.0.image_pull_secrets.clone(),
+        node_selector: job.workload.0.node_selector.clone(),
     };
     submit(state, team, by, spec, version, None).await
 }

@@ -467,6 +467,9 @@ async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
         env: [("FAIRWAY_SIM_CHECKPOINT_SECONDS".to_owned(), "0".to_owned())].into(),
         labels: Default::default(),
         max_runtime: Duration::from_secs(3600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: vec![fairway::backends::ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0] }],
         array: None,
     };

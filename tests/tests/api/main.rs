@@ -10,6 +10,7 @@ mod dependencies;
 mod follow;
 mod hardening;
 mod idempotency;
+mod job_spec;
 mod jobs;
 mod leadership;
 mod lifecycle;

@@ -465,6 +465,48 @@ async fn a_member_declares_an_expected_runtime_on_the_form_the_preview_checks_it
 }
 
 #[tokio::test]
+async fn a_member_asks_for_cpu_memory_a_claim_and_a_secret_on_the_form_and_the_job_page_shows_them_by_name() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let page = body(&p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await);
+    assert!(page.contains("name=\"volumes\"") && page.contains("name=\"secret_env\""), "{page}");
+    let token = csrf_in(&page);
+    let form = |volumes: &str, secrets: &str| {
+        format!(
+            "csrf={token}&action=submit&name=mounted&gpu_class=h100&replicas=1&gpus_per_replica=2\
+             &priority_class=production&max_runtime_seconds=7200&image=train%3A2&command=&cpu=12&memory=96Gi\
+             &volumes={volumes}&secret_env={secrets}"
+        )
+    };
+    // A line not of the form, and a claim of another namespace, are named.
+    let r = post_form(&p.app, &session, "/teams/ml/jobs/new", form("datasets", "")).await;
+    let page = body(&r);
+    assert!(page.contains("<code>volumes</code>: line 1 is not CLAIM:/PATH or CLAIM:/PATH:ro"), "{page}");
+    let r = post_form(&p.app, &session, "/teams/ml/jobs/new", form("other%2Fdata%3A%2Fdata", "")).await;
+    let page = body(&r);
+    assert!(
+        page.contains("<code>volumes[0].claim</code>: must name an object of the team&#39;s own namespace"),
+        "{page}"
+    );
+    let r = post_form(
+        &p.app,
+        &session,
+        "/teams/ml/jobs/new",
+        form("datasets%3A%2Fdata%3Aro%0D%0Ascratch%3A%2Fscratch", "HF_TOKEN%3Dhf%3Atoken"),
+    )
+    .await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let page = body(&p.app.send(call("GET", &r.header("location").unwrap()).header("cookie", &session)).await);
+    for shown in [
+        "<dd class=\"resources\">12 CPU and 96Gi of memory per replica</dd>",
+        "<div>datasets at /data, read-only</div><div>scratch at /scratch</div>",
+        "<div>HF_TOKEN from Secret hf, key token</div>",
+    ] {
+        assert!(page.contains(shown), "{shown}\n{page}");
+    }
+}
+
+#[tokio::test]
 async fn an_unknown_page_is_a_friendly_page_and_an_unknown_api_path_a_problem() {
     let p = setup().await;
     let r = p.app.send(call("GET", "/no/such/page")).await;

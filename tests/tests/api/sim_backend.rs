@@ -28,6 +28,9 @@ fn gang(env: &[(&str, &str)]) -> Gang {
         env: env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect(),
         labels: BTreeMap::new(),
         max_runtime: Duration::from_secs(3600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
         array: None,
     }

@@ -47,13 +47,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::domain::JobId;
+use crate::domain::{workload::CloudSecretStore, JobId};
 use aws_sdk_batch::{
     error::ProvideErrorMetadata as _,
     types::{
         ContainerOverrides, ContainerProperties, JobDefinitionType, JobStatus, JobTimeout, KeyValuePair, KeyValuesPair,
         LogConfiguration, LogDriver, NodeOverrides, NodeProperties, NodePropertyOverride, NodeRangeProperty,
-        ResourceRequirement, ResourceType,
+        ResourceRequirement, ResourceType, Secret,
     },
     Client,
 };
@@ -91,6 +91,10 @@ pub struct AwsBatchConfig {
     /// definitions Fairway registers then name it (`awslogs-group`).
     #[serde(default = "default_log_group")]
     pub log_group: String,
+    /// The IAM role the Batch agent takes to read a job's secrets from Secrets Manager or
+    /// SSM Parameter Store (`executionRoleArn` of the definitions of jobs that name any);
+    /// without it, a job naming a secret is refused at dispatch.
+    pub execution_role_arn: Option<String>,
     /// The pools, one per job queue and GPU class.
     #[serde(rename = "pool")]
     pub pools: Vec<PoolConfig>,
@@ -305,7 +309,13 @@ impl AwsBatchBackend {
     }
 
     /// The job definition for the gang's image and shape: found by name, else registered.
-    async fn definition(&self, gang: &Gang, pool: &PoolConfig, gpus: u32) -> Result<String, BackendError> {
+    async fn definition(
+        &self,
+        gang: &Gang,
+        pool: &PoolConfig,
+        gpus: u32,
+        secrets: &[(String, String)],
+    ) -> Result<String, BackendError> {
         let replicas = gang.replicas.len() as i32;
         // The command travels as an override at submission, so jobs of one image and shape
         // share a definition however their command lines differ.
@@ -321,6 +331,24 @@ impl AwsBatchBackend {
             shape.push('\u{0}');
             shape.push_str(group);
         }
+        // Secrets live in the definition (Batch has no override for them); a job without
+        // any keeps the definition it always had.
+        for (name, reference) in secrets {
+            shape.push_str(&format!("\u{0}secret\u{0}{name}\u{0}{reference}"));
+        }
+        // Only a definition that names secrets needs the role that reads them.
+        let execution_role = if secrets.is_empty() {
+            None
+        } else {
+            let role = self.config.execution_role_arn.as_deref().ok_or_else(|| {
+                BackendError::Rejected(format!(
+                    "cluster {}: the job reads secrets, and the cluster has no execution_role_arn for Batch to read them with",
+                    self.config.name
+                ))
+            })?;
+            shape.push_str(&format!("\u{0}role\u{0}{role}"));
+            Some(role)
+        };
         let digest: String =
             sha2::Sha256::digest(shape.as_bytes()).iter().take(8).map(|b| format!("{b:02x}")).collect();
         let name = format!("fairway-{digest}");
@@ -353,10 +381,17 @@ impl AwsBatchBackend {
                 let logging = log_group.map(|group| {
                     LogConfiguration::builder().log_driver(LogDriver::Awslogs).options("awslogs-group", group).build()
                 });
+                // References only: the Batch agent reads each value when the container starts.
+                let secrets: Vec<Secret> = secrets
+                    .iter()
+                    .map(|(name, reference)| Secret::builder().name(name).value_from(reference).build())
+                    .collect();
                 let container = ContainerProperties::builder()
                     .image(&gang.image)
                     .set_resource_requirements(Some(resources))
                     .set_log_configuration(logging)
+                    .set_secrets((!secrets.is_empty()).then_some(secrets))
+                    .set_execution_role_arn(execution_role.map(str::to_owned))
                     .build();
                 let request = self.client.register_job_definition().job_definition_name(&name);
                 let request = if replicas > 1 {
@@ -565,6 +600,34 @@ fn stream_holder(job_id: &str, multinode: bool, replica: u32) -> Option<String> 
     }
 }
 
+/// The vCPUs and memory a replica of `gang` asks Batch for, as overrides of its definition
+/// (which has the pool's figures per GPU): `None` for a job from before it named them.
+/// Batch on EC2 schedules whole vCPUs, so millicores round up; refused when one instance of
+/// the pool could not hold it.
+fn replica_resources(
+    gang: &Gang,
+    pool: &PoolConfig,
+    gpus: u32,
+    cluster: &str,
+) -> Result<Option<Vec<ResourceRequirement>>, BackendError> {
+    let (Some(millis), Some(mib)) = (gang.cpu_millis, gang.memory_mib) else { return Ok(None) };
+    let vcpus = u32::try_from(millis).unwrap_or(0).div_ceil(1000).max(1);
+    let mib = u32::try_from(mib).unwrap_or(0).max(1);
+    let (most_vcpus, most_mib) =
+        (pool.vcpus_per_gpu * pool.gpus_per_instance, pool.memory_mib_per_gpu * pool.gpus_per_instance);
+    if vcpus > most_vcpus || mib > most_mib {
+        return Err(BackendError::Rejected(format!(
+            "cluster {cluster}: a replica asks for {vcpus} vCPUs and {mib} MiB, and one {} of pool {} has {most_vcpus} vCPUs and {most_mib} MiB",
+            pool.instance_type, pool.name
+        )));
+    }
+    Ok(Some(vec![
+        ResourceRequirement::builder().r#type(ResourceType::Gpu).value(gpus.to_string()).build(),
+        ResourceRequirement::builder().r#type(ResourceType::Vcpu).value(vcpus.to_string()).build(),
+        ResourceRequirement::builder().r#type(ResourceType::Memory).value(mib.to_string()).build(),
+    ]))
+}
+
 fn millis(ms: Option<i64>) -> Option<DateTime<Utc>> {
     ms.filter(|ms| *ms > 0).and_then(DateTime::from_timestamp_millis)
 }
@@ -623,13 +686,16 @@ impl Backend for AwsBatchBackend {
         if !self.named(&pool.job_queue, &gang.object).await?.is_empty() {
             return Ok(());
         }
-        let definition = self.definition(gang, pool, gpus).await?;
+        let secrets = pools::cloud_secrets(gang, &self.config.name, "AWS Batch", CloudSecretStore::Aws)?;
+        let resources = replica_resources(gang, pool, gpus, &self.config.name)?;
+        let definition = self.definition(gang, pool, gpus, &secrets).await?;
         let replicas = gang.replicas.len();
         let env: Vec<KeyValuePair> =
             gang.env().into_iter().map(|(k, v)| KeyValuePair::builder().name(k).value(v).build()).collect();
         let overrides = ContainerOverrides::builder()
             .set_environment(Some(env))
             .set_command((!gang.command.is_empty()).then(|| gang.command.clone()))
+            .set_resource_requirements(resources)
             .build();
         let timeout = JobTimeout::builder()
             .attempt_duration_seconds(gang.max_runtime.as_secs().clamp(60, i32::MAX as u64) as i32)
@@ -795,6 +861,53 @@ mod tests {
         assert_eq!(stream_holder("abc", false, 1), None, "a container job has one replica");
         assert_eq!(stream_holder("abc", true, 0).as_deref(), Some("abc#0"));
         assert_eq!(stream_holder("abc", true, 3).as_deref(), Some("abc#3"));
+    }
+
+    #[test]
+    fn a_replica_asks_batch_for_its_cpu_in_whole_vcpus_and_its_memory_and_more_than_an_instance_is_refused() {
+        let pool: PoolConfig = toml::from_str(
+            "name = \"p5\"\njob_queue = \"q\"\ninstance_type = \"p5.48xlarge\"\ngpu_class = \"h100-80gb\"
+             gpus_per_instance = 8\nmax_instances = 1\nprice_per_gpu_hour = 3.0\nvcpus_per_gpu = 24\nmemory_mib_per_gpu = 200000",
+        )
+        .unwrap();
+        let gang = |cpu_millis, memory_mib| Gang {
+            object: "fw-1-1".into(),
+            job_id: JobId::from_u128(1),
+            attempt: 1,
+            team: "ml".into(),
+            job_name: "train".into(),
+            gpu_class: "h100-80gb".into(),
+            priority_class: "experiment".into(),
+            image: "img:1".into(),
+            command: Vec::new(),
+            env: Default::default(),
+            labels: Default::default(),
+            max_runtime: Duration::from_secs(60),
+            cpu_millis,
+            memory_mib,
+            workload: Default::default(),
+            replicas: Vec::new(),
+            array: None,
+        };
+        let asked = replica_resources(&gang(Some(2500), Some(32768)), &pool, 2, "aws").unwrap().unwrap();
+        let figures: Vec<(String, String)> = asked
+            .iter()
+            .map(|r| {
+                (
+                    r.r#type().map(|t| t.as_str().to_owned()).unwrap_or_default(),
+                    r.value().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            figures,
+            [("GPU".into(), "2".into()), ("VCPU".into(), "3".into()), ("MEMORY".into(), "32768".into())]
+        );
+        assert!(replica_resources(&gang(None, None), &pool, 2, "aws").unwrap().is_none(), "the definition's figures");
+        match replica_resources(&gang(Some(193_000), Some(1024)), &pool, 8, "aws") {
+            Err(BackendError::Rejected(m)) => assert!(m.contains("193 vCPUs") && m.contains("192 vCPUs"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -46,7 +46,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::domain::JobId;
+use crate::domain::{workload::CloudSecretStore, JobId};
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -268,13 +268,29 @@ impl GcpBatchBackend {
     }
 
     /// The create body of a gang on a pool.
-    pub fn job_body(&self, gang: &Gang, pool: &GcpPoolConfig, gpus: u32) -> Value {
+    pub fn job_body(&self, gang: &Gang, pool: &GcpPoolConfig, gpus: u32, secrets: &[(String, String)]) -> Value {
         let replicas = gang.replicas.len();
         let env = gang.env();
+        // References only: Batch reads each Secret Manager version when the task starts.
+        let mut environment = json!({ "variables": env });
+        if !secrets.is_empty() {
+            let secrets: serde_json::Map<String, Value> =
+                secrets.iter().map(|(name, reference)| (name.clone(), json!(reference))).collect();
+            environment["secretVariables"] = Value::Object(secrets);
+        }
         let mut container = json!({ "imageUri": gang.image });
         if let Some((entrypoint, args)) = gang.command.split_first() {
             container["entrypoint"] = json!(entrypoint);
             container["commands"] = json!(args);
+        }
+        // What one task (replica) needs of its VM; a job from before it was asked for asks
+        // for nothing, and Batch's defaults apply.
+        let mut compute = json!({});
+        if let Some(millis) = gang.cpu_millis {
+            compute["cpuMilli"] = json!(millis.to_string());
+        }
+        if let Some(mib) = gang.memory_mib {
+            compute["memoryMib"] = json!(mib.to_string());
         }
         json!({
             "taskGroups": [{
@@ -286,9 +302,10 @@ impl GcpBatchBackend {
                 "requireHostsFile": replicas > 1,
                 "taskSpec": {
                     "runnables": [{ "container": container }],
-                    "environment": { "variables": env },
+                    "environment": environment,
                     "maxRunDuration": format!("{}s", gang.max_runtime.as_secs().max(1)),
                     "maxRetryCount": 0,
+                    "computeResource": compute,
                 },
             }],
             "allocationPolicy": {
@@ -450,7 +467,8 @@ impl Backend for GcpBatchBackend {
             .find(|p| p.name == pool_name)
             .ok_or_else(|| BackendError::Rejected(format!("cluster {}: no pool {pool_name}", self.config.name)))?;
         let gpus = gang.pool_shape(&self.config.name, pool.gpus_per_instance, &format!("{} VM", pool.machine_type))?;
-        let body = self.job_body(gang, pool, gpus);
+        let secrets = pools::cloud_secrets(gang, &self.config.name, "Google Cloud Batch", CloudSecretStore::Gcp)?;
+        let body = self.job_body(gang, pool, gpus, &secrets);
         let request = self
             .http
             .post(self.jobs_url())

@@ -11,8 +11,11 @@
 //! Names derive from the job id and attempt, so a retried dispatch rewrites the same objects.
 //!
 //! Nothing the user submits reaches a field that could widen its privileges: the image,
-//! command, environment and (valid, non-reserved) labels are all it can set. The security
-//! context, service account token, host namespaces and namespace are ours.
+//! command, environment, (valid, non-reserved) labels, CPU and memory, claims and Secrets
+//! of the team's own namespace by name, image pull secrets and a node selector (beside the
+//! node the engine chose) are all it can set. The security context, service account token,
+//! host namespaces and namespace are ours: a name the job gives is looked up in the pod's
+//! namespace, the team's, so it never reaches another team's objects.
 
 use std::collections::BTreeMap;
 
@@ -224,16 +227,46 @@ pub fn pod(
     ] {
         env.insert(k.into(), v);
     }
-    let env: Vec<Value> = env.into_iter().map(|(name, value)| json!({ "name": name, "value": value })).collect();
+    let workload = &gang.workload;
+    // A Secret's variable never replaces one the platform or the user set in plain text
+    // (submission refuses the clash; a platform name added later still wins).
+    let from_secrets: Vec<Value> = workload
+        .secret_env
+        .iter()
+        .filter(|s| !env.contains_key(&s.name))
+        .map(|s| json!({ "name": s.name, "valueFrom": { "secretKeyRef": { "name": s.secret, "key": s.key } } }))
+        .collect();
+    let mut env: Vec<Value> = env.into_iter().map(|(name, value)| json!({ "name": name, "value": value })).collect();
+    env.extend(from_secrets);
     let quantity = target.count.to_string();
+    let mut amounts = BTreeMap::from([(target.resource.clone(), quantity)]);
+    if let Some(millis) = gang.cpu_millis {
+        amounts.insert("cpu".into(), format!("{millis}m"));
+    }
+    if let Some(mib) = gang.memory_mib {
+        amounts.insert("memory".into(), format!("{mib}Mi"));
+    }
+    let volumes: Vec<Value> = workload
+        .volumes
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            json!({ "name": format!("volume-{i}"), "persistentVolumeClaim": { "claimName": v.claim, "readOnly": v.read_only } })
+        })
+        .collect();
+    let mounts: Vec<Value> = workload
+        .volumes
+        .iter()
+        .enumerate()
+        .map(|(i, v)| json!({ "name": format!("volume-{i}"), "mountPath": v.mount_path, "readOnly": v.read_only }))
+        .collect();
     let mut container = json!({
         "name": CONTAINER,
         "image": gang.image,
         "env": env,
-        "resources": {
-            "requests": { target.resource.as_str(): quantity },
-            "limits": { target.resource.as_str(): quantity },
-        },
+        // Requests equal limits: a gang's replicas get what they asked for and no more, and
+        // the pod is in the Guaranteed class (the last a node evicts under pressure).
+        "resources": { "requests": amounts, "limits": amounts },
         "securityContext": {
             "privileged": false,
             "allowPrivilegeEscalation": false,
@@ -244,13 +277,16 @@ pub fn pod(
     if !gang.command.is_empty() {
         container["command"] = json!(gang.command);
     }
+    if !mounts.is_empty() {
+        container["volumeMounts"] = json!(mounts);
+    }
     let tolerations: Vec<Value> = settings
         .tolerated_taints
         .iter()
         // Every effect: the inventory keeps nodes with these taints, whatever their effect.
         .map(|key| json!({ "key": key, "operator": "Exists" }))
         .collect();
-    from_json(json!({
+    let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -294,7 +330,20 @@ pub fn pod(
             },
             "containers": [container],
         },
-    }))
+    });
+    // The engine's node stays pinned through the affinity above; a selector narrows nothing
+    // further when the placement honoured it and keeps the pod pending when it did not.
+    if !workload.node_selector.is_empty() {
+        pod["spec"]["nodeSelector"] = json!(workload.node_selector);
+    }
+    if !volumes.is_empty() {
+        pod["spec"]["volumes"] = json!(volumes);
+    }
+    if !workload.image_pull_secrets.is_empty() {
+        let names: Vec<Value> = workload.image_pull_secrets.iter().map(|n| json!({ "name": n })).collect();
+        pod["spec"]["imagePullSecrets"] = json!(names);
+    }
+    from_json(pod)
 }
 
 /// A user label reaches the pods when Kubernetes accepts it and it is not one of ours.
@@ -360,6 +409,9 @@ mod tests {
                 ("bad key!".into(), "x".into()),
             ]),
             max_runtime: Duration::from_secs(3600),
+            cpu_millis: None,
+            memory_mib: None,
+            workload: Default::default(),
             replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: (0..8).collect() }).collect(),
             array: None,
         }
@@ -451,6 +503,65 @@ mod tests {
         assert_eq!(env["FAIRWAY_ARRAY_ID"], crate::domain::ArrayId::from_u128(5).to_string());
         let plain = serde_json::to_value(pod(&gang(1), "fw-vision", 0, &target(), "u", &settings())).unwrap();
         assert!(!plain.to_string().contains("FAIRWAY_ARRAY_TASK_ID"), "a job that is no task has no index");
+    }
+
+    #[test]
+    fn a_pod_carries_the_jobs_cpu_memory_claims_secret_references_pull_secrets_and_node_selector() {
+        use crate::domain::workload::{SecretEnv, Volume, Workload};
+        let g = Gang {
+            cpu_millis: Some(4000),
+            memory_mib: Some(32 * 1024),
+            workload: Workload {
+                volumes: vec![
+                    Volume { claim: "datasets".into(), mount_path: "/data".into(), read_only: true },
+                    Volume { claim: "scratch".into(), mount_path: "/scratch".into(), read_only: false },
+                ],
+                secret_env: vec![
+                    SecretEnv { name: "HF_TOKEN".into(), secret: "hf".into(), key: "token".into() },
+                    // A platform name is never taken from a Secret.
+                    SecretEnv { name: "FAIRWAY_RANK".into(), secret: "evil".into(), key: "k".into() },
+                ],
+                cloud_secret_env: Vec::new(),
+                image_pull_secrets: vec!["regcred".into()],
+                node_selector: BTreeMap::from([("example.com/fabric".into(), "infiniband".into())]),
+            },
+            ..gang(2)
+        };
+        let v = serde_json::to_value(pod(&g, "fw-vision", 0, &target(), "u", &settings())).unwrap();
+        let c = &v["spec"]["containers"][0];
+        for side in ["requests", "limits"] {
+            assert_eq!(c["resources"][side]["cpu"], "4000m");
+            assert_eq!(c["resources"][side]["memory"], "32768Mi");
+            assert_eq!(c["resources"][side]["nvidia.com/gpu"], "8");
+        }
+        assert_eq!(
+            v["spec"]["volumes"],
+            json!([
+                { "name": "volume-0", "persistentVolumeClaim": { "claimName": "datasets", "readOnly": true } },
+                { "name": "volume-1", "persistentVolumeClaim": { "claimName": "scratch", "readOnly": false } },
+            ])
+        );
+        assert_eq!(
+            c["volumeMounts"],
+            json!([
+                { "name": "volume-0", "mountPath": "/data", "readOnly": true },
+                { "name": "volume-1", "mountPath": "/scratch", "readOnly": false },
+            ])
+        );
+        let env = c["env"].as_array().unwrap();
+        let hf = env.iter().find(|e| e["name"] == "HF_TOKEN").unwrap();
+        assert_eq!(hf["valueFrom"]["secretKeyRef"], json!({ "name": "hf", "key": "token" }));
+        let rank: Vec<&Value> = env.iter().filter(|e| e["name"] == "FAIRWAY_RANK").collect();
+        assert_eq!(rank, [&json!({ "name": "FAIRWAY_RANK", "value": "0" })]);
+        assert_eq!(v["spec"]["imagePullSecrets"], json!([{ "name": "regcred" }]));
+        assert_eq!(v["spec"]["nodeSelector"], json!({ "example.com/fabric": "infiniband" }));
+        // The engine's node pinning stays.
+        let term = &v["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"][0]["matchExpressions"][0];
+        assert_eq!(term["values"], json!(["host-3"]));
+        // A job from before CPU and memory were asked for asks for GPUs alone.
+        let old = serde_json::to_value(pod(&gang(1), "fw-vision", 0, &target(), "u", &settings())).unwrap();
+        assert_eq!(old["spec"]["containers"][0]["resources"]["requests"], json!({ "nvidia.com/gpu": "8" }));
     }
 
     #[test]

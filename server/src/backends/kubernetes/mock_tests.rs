@@ -98,6 +98,9 @@ fn gang(replicas: usize) -> Gang {
         env: BTreeMap::new(),
         labels: BTreeMap::new(),
         max_runtime: Duration::from_secs(600),
+        cpu_millis: None,
+        memory_mib: None,
+        workload: Default::default(),
         replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: vec![0, 1] }).collect(),
         array: None,
     }

@@ -17,7 +17,7 @@ use super::{principal, render, signed_in, when, CurrentUser, NoFields, PageError
 use crate::{
     auth::policy::team_role,
     db::{self, jobs::JobFilter, web_sessions::SessionUser},
-    domain::{JobState, TeamRole},
+    domain::{workload, JobState, TeamRole},
     ops,
     state::AppState,
     web::figures,
@@ -164,6 +164,14 @@ pub struct JobDetail {
     pub burn: Option<String>,
     /// The array it is a task of: its id, this task's index and the task count.
     pub array: Option<(crate::domain::ArrayId, i32, i32)>,
+    /// CPU and memory per replica, e.g. `8 CPUs and 64Gi of memory per replica`.
+    pub resources: Option<String>,
+    /// What each replica mounts and reads, one line each: claims, secret references (names
+    /// only: Fairway has no values), pull secrets and node labels.
+    pub volumes: Vec<String>,
+    pub secrets: Vec<String>,
+    pub pull_secrets: Option<String>,
+    pub node_selector: Option<String>,
 }
 
 /// One entry of the timeline.
@@ -310,6 +318,34 @@ pub async fn job(
             (Some(id), Some(index), Some(count)) => Some((id, index, count)),
             _ => None,
         },
+        resources: match (job.cpu_millis, job.memory_mib) {
+            (Some(cpu), Some(memory)) => Some(format!(
+                "{} CPU and {} of memory per replica",
+                workload::format_cpu(cpu),
+                workload::format_memory(memory)
+            )),
+            _ => None,
+        },
+        volumes: job
+            .workload
+            .0
+            .volumes
+            .iter()
+            .map(|v| format!("{} at {}{}", v.claim, v.mount_path, if v.read_only { ", read-only" } else { "" }))
+            .collect(),
+        secrets: job
+            .workload
+            .0
+            .secret_env
+            .iter()
+            .map(|s| format!("{} from Secret {}, key {}", s.name, s.secret, s.key))
+            .chain(job.workload.0.cloud_secret_env.iter().map(|s| format!("{} from {}", s.name, s.reference)))
+            .collect(),
+        pull_secrets: (!job.workload.0.image_pull_secrets.is_empty())
+            .then(|| job.workload.0.image_pull_secrets.join(", ")),
+        node_selector: (!job.workload.0.node_selector.is_empty()).then(|| {
+            job.workload.0.node_selector.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
+        }),
         name: job.name,
         team: job.team,
         state: job.state.to_string(),

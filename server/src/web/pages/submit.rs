@@ -11,7 +11,10 @@ use serde::Deserialize;
 use super::{principal, render, signed_in, CurrentUser, PageError, PortalForm, SignedIn};
 use crate::{
     db::{self, web_sessions::SessionUser},
-    domain::{TeamId, TeamRole},
+    domain::{
+        workload::{SecretEnv, Volume},
+        TeamId, TeamRole,
+    },
     ops,
     state::AppState,
 };
@@ -38,6 +41,17 @@ pub struct SubmitForm {
     pub image: String,
     #[serde(default)]
     pub command: String,
+    /// Optional: empty leaves it to the template or the GPU class's default per GPU.
+    #[serde(default)]
+    pub cpu: String,
+    #[serde(default)]
+    pub memory: String,
+    /// PersistentVolumeClaims, one `CLAIM:/PATH[:ro]` per line.
+    #[serde(default)]
+    pub volumes: String,
+    /// Variables from Kubernetes Secrets, one `NAME=SECRET:KEY` per line.
+    #[serde(default)]
+    pub secret_env: String,
     /// The template the form was opened from (hidden): its fields the form does not show
     /// (environment, labels, topology, ...) are kept, and the job is labelled with it.
     #[serde(default)]
@@ -211,10 +225,20 @@ fn form_of(template: &db::templates::TemplateRow) -> SubmitForm {
         expected_runtime_seconds: text("expected_runtime_seconds", ""),
         image: text("image", ""),
         command,
+        cpu: text("cpu", ""),
+        memory: text("memory", ""),
+        volumes: lines::<Volume>(spec, "volumes", Volume::line),
+        secret_env: lines::<SecretEnv>(spec, "secret_env", SecretEnv::line),
         template: template.name.clone(),
         save_as: template.name.clone(),
         action: String::new(),
     }
+}
+
+/// A template's list field as the form's lines, one per entry.
+fn lines<T: serde::de::DeserializeOwned>(spec: &serde_json::Value, key: &str, line: fn(&T) -> String) -> String {
+    let entries: Vec<T> = spec.get(key).and_then(|v| serde_json::from_value(v.clone()).ok()).unwrap_or_default();
+    entries.iter().map(line).collect::<Vec<_>>().join("\n")
 }
 
 /// The form's job: its fields, over the template it was opened from if any. The fields that
@@ -259,10 +283,31 @@ fn fields_of(form: &SubmitForm) -> Result<serde_json::Map<String, serde_json::Va
         "" => Some(None),
         typed => number("expected_runtime_seconds", typed).map(Some),
     };
+    // One entry per non-blank line; a line that is not of the form is named with its number.
+    let mut entries = |field: &str, text: &str, form: &str, parse: fn(&str) -> Option<serde_json::Value>| {
+        let mut out = Vec::new();
+        for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+            match parse(line) {
+                Some(v) => out.push(v),
+                None => errors.push((field.to_owned(), format!("line {} is not {form}", i + 1))),
+            }
+        }
+        out
+    };
+    let volumes = entries("volumes", &form.volumes, "CLAIM:/PATH or CLAIM:/PATH:ro", |l| {
+        Volume::parse_line(l).map(|v| serde_json::json!(v))
+    });
+    let secret_env = entries("secret_env", &form.secret_env, "NAME=SECRET:KEY", |l| {
+        SecretEnv::parse_line(l).map(|v| serde_json::json!(v))
+    });
     let (Some(replicas), Some(gpus_per_replica), Some(runtime), Some(expected)) = (replicas, gpus, runtime, expected)
     else {
         return Err(errors);
     };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let optional = |text: &str| (!text.trim().is_empty()).then(|| text.trim().to_owned());
     let mut fields = serde_json::json!({
         "name": form.name,
         "gpu_class": form.gpu_class,
@@ -273,6 +318,11 @@ fn fields_of(form: &SubmitForm) -> Result<serde_json::Map<String, serde_json::Va
         "expected_runtime_seconds": expected,
         "image": form.image,
         "command": form.command.split_whitespace().collect::<Vec<_>>(),
+        "cpu": optional(&form.cpu),
+        "memory": optional(&form.memory),
+        // The form shows a template's lists in full, so what it holds replaces them.
+        "volumes": volumes,
+        "secret_env": secret_env,
     });
     // What the form leaves empty, the server (or the template) decides.
     if let serde_json::Value::Object(fields) = &mut fields {
