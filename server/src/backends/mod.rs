@@ -211,13 +211,7 @@ impl Gang {
             env.insert(k.into(), v);
         }
         if let Some(a) = self.array {
-            use crate::domain::array::{ARRAY_ID_ENV, COMPLETION_INDEX_ENV, TASK_COUNT_ENV, TASK_INDEX_ENV};
-            for (k, v) in [
-                (ARRAY_ID_ENV, a.id.to_string()),
-                (TASK_INDEX_ENV, a.index.to_string()),
-                (TASK_COUNT_ENV, a.count.to_string()),
-                (COMPLETION_INDEX_ENV, a.index.to_string()),
-            ] {
+            for (k, v) in crate::domain::array::task_env(a.id, a.index, a.count) {
                 env.insert(k.into(), v);
             }
         }

@@ -113,8 +113,8 @@ pub async fn wait(api: &Api, team: &str, id: &str, options: Options, signals: &m
 }
 
 /// The exit status an ended array means: 0 when every task succeeded, 125 when it was
-/// cancelled; when a task failed, the exit code of the lowest-indexed failed task that has
-/// one, else 126 when a task was preempted beyond its retries, else 127.
+/// cancelled; when a task failed, the exit code of the lowest-indexed failed task when it
+/// has one, else 127; 126 when the only failures are tasks preempted beyond their retries.
 async fn outcome(api: &Api, team: &str, id: &str, array: &Value) -> Result<Finish, Error> {
     let count = |k: &str| array.get("counts").and_then(|c| c.get(k)).and_then(Value::as_i64).unwrap_or(0);
     match output::field(array, "state").as_str() {

@@ -254,8 +254,8 @@ const ARRAY_WAIT_HELP: &str = "Example:
   fairway array wait $ARRAY --timeout 2h
 
 Exit status: 0 every task succeeded; 125 the array was cancelled; when a task failed, the
-exit code of the lowest-indexed failed task that has one, else 127, or 126 when a task was
-preempted beyond its retries; 124 --timeout; 130/143 interrupted (the array is cancelled
+exit code of the lowest-indexed failed task when it has one, else 127; 126 when the only
+failures are tasks preempted beyond their retries; 124 --timeout; 130/143 interrupted (the array is cancelled
 first, unless --detach). `fairway submit --array ... --wait` ends the same way.";
 
 /// An array reference: the array's UUID.

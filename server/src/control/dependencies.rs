@@ -83,14 +83,12 @@ pub async fn resolve(pool: &sqlx::PgPool, epoch: i64) -> Result<Resolved, Contro
                     culprit.name,
                     culprit.depends_on,
                     culprit.state,
-                    match culprit.after {
-                        domain::dependency::After::Succeeded => "succeed",
-                        domain::dependency::After::Failed => "fail",
-                        domain::dependency::After::Finished => "finish",
-                    }
+                    culprit.after.verb()
                 );
                 let data = Some(json!({"dependency": culprit.depends_on, "state": culprit.state}));
-                if first.if_dependency_fails == "keep" {
+                if first.if_dependency_fails == "keep" && first.held_by_array {
+                    // Its array holds it: it says so until released, then says this.
+                } else if first.if_dependency_fails == "keep" {
                     done.kept += 1;
                     let message = format!("dependency can no longer be met: {why}; kept pending (if_dependency_fails: keep) until cancelled");
                     if first.pending_message.as_deref() != Some(message.as_str()) {
@@ -105,6 +103,8 @@ pub async fn resolve(pool: &sqlx::PgPool, epoch: i64) -> Result<Resolved, Contro
                     events.push(event(first, "cancelled", Some(DEPENDENCY_FAILED), format!("cancelled: {why}"), data));
                 }
             }
+            // A task its array holds keeps that reason; the array pass counts it.
+            Verdict::Waiting(_) if first.held_by_array => {}
             Verdict::Waiting(left) => {
                 done.waiting += 1;
                 let left: Vec<&WaitingRow> = left.iter().map(|&i| &group[i]).collect();

@@ -129,6 +129,9 @@ pub struct WaitingRow {
     pub state: JobState,
     pub holds_gpus: bool,
     pub after: After,
+    /// The waiting job is also held by its array's parallelism: it keeps that reason (the
+    /// array pass releases it) and is counted under it.
+    pub held_by_array: bool,
 }
 
 /// The waiting jobs' dependencies, the waiting jobs locked (rows others hold are skipped:
@@ -138,7 +141,7 @@ pub async fn waiting(tx: &mut Tx<'_>) -> Result<Vec<WaitingRow>, sqlx::Error> {
         WaitingRow,
         r#"select w.id as "job_id: JobId", w.attempt, w.if_dependency_fails, w.pending_message,
                   j.id as "depends_on: JobId", j.name, j.state as "state: JobState", j.holds_gpus,
-                  d.after as "after: After"
+                  d.after as "after: After", w.held_by_array
            from jobs w
            join job_dependencies d on d.job_id = w.id
            join jobs j on j.id = d.depends_on
@@ -154,8 +157,12 @@ pub async fn waiting(tx: &mut Tx<'_>) -> Result<Vec<WaitingRow>, sqlx::Error> {
 /// marks them changed).
 pub async fn release(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<(), sqlx::Error> {
     sqlx::query!(
-        "update jobs set waits_for_dependencies = false, pending_reason = null, pending_message = null,
-                pending_figures = null, updated_at = now(), version = version + 1
+        "update jobs set waits_for_dependencies = false,
+                -- A task its array still holds keeps saying so.
+                pending_reason = case when held_by_array then pending_reason end,
+                pending_message = case when held_by_array then pending_message end,
+                pending_figures = case when held_by_array then pending_figures end,
+                updated_at = now(), version = version + 1
          where id = any($1) and waits_for_dependencies",
         ids as &[JobId]
     )

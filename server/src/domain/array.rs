@@ -20,6 +20,16 @@ pub const ARRAY_ID_ENV: &str = "FAIRWAY_ARRAY_ID";
 /// shard work by index already read.
 pub const COMPLETION_INDEX_ENV: &str = "JOB_COMPLETION_INDEX";
 
+/// The variables that tell task `index` of array `id` (of `count` tasks) its place.
+pub fn task_env(id: super::ArrayId, index: i32, count: i32) -> Vec<(&'static str, String)> {
+    vec![
+        (ARRAY_ID_ENV, id.to_string()),
+        (TASK_INDEX_ENV, index.to_string()),
+        (TASK_COUNT_ENV, count.to_string()),
+        (COMPLETION_INDEX_ENV, index.to_string()),
+    ]
+}
+
 /// Checks an array's task count and parallelism, naming `count` and `parallelism`.
 pub fn check_shape(count: i64, parallelism: Option<i64>) -> Vec<FieldError> {
     let mut errors = Vec::new();

@@ -26,6 +26,15 @@ pub enum After {
 }
 
 impl After {
+    /// What the job waited for must do, in words: `succeed`, `finish` or `fail`.
+    pub fn verb(self) -> &'static str {
+        match self {
+            After::Succeeded => "succeed",
+            After::Finished => "finish",
+            After::Failed => "fail",
+        }
+    }
+
     /// The value stored in the database.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -126,6 +135,47 @@ pub fn verdict(dependencies: &[Dependency]) -> Verdict {
     }
 }
 
+/// A cycle among the jobs of one batch, where `edges[i]` holds the batch indices job `i`
+/// waits for: the indices around the first cycle found, starting and ending with the same
+/// job (`[0, 2, 0]`), or `None` when the jobs can run in some order. Indices out of range
+/// are ignored (they are refused on their own).
+pub fn batch_cycle(edges: &[Vec<usize>]) -> Option<Vec<usize>> {
+    // Depth-first, iteratively: 0 unvisited, 1 on the current path, 2 done.
+    let mut mark = vec![0u8; edges.len()];
+    for start in 0..edges.len() {
+        if mark[start] != 0 {
+            continue;
+        }
+        let mut path: Vec<(usize, usize)> = vec![(start, 0)];
+        mark[start] = 1;
+        while let Some(&mut (node, ref mut next)) = path.last_mut() {
+            let Some(&to) = edges[node].get(*next) else {
+                mark[node] = 2;
+                path.pop();
+                continue;
+            };
+            *next += 1;
+            if to >= edges.len() {
+                continue;
+            }
+            match mark[to] {
+                0 => {
+                    mark[to] = 1;
+                    path.push((to, 0));
+                }
+                1 => {
+                    let from = path.iter().position(|&(n, _)| n == to).unwrap_or(0);
+                    let mut cycle: Vec<usize> = path[from..].iter().map(|&(n, _)| n).collect();
+                    cycle.push(to);
+                    return Some(cycle);
+                }
+                _ => {}
+            }
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,5 +226,16 @@ mod tests {
         assert_eq!(verdict(&deps), Verdict::Unmeetable(2));
         assert_eq!(verdict(&deps[..2]), Verdict::Waiting(vec![0]));
         assert_eq!(verdict(&[]), Verdict::Met);
+    }
+
+    #[test]
+    fn a_batch_whose_jobs_can_run_in_some_order_has_no_cycle_and_one_that_cannot_names_it() {
+        // 2 waits for 0 and 1, 1 for 0: a chain in any submission order.
+        assert_eq!(batch_cycle(&[vec![], vec![0], vec![0, 1]]), None);
+        assert_eq!(batch_cycle(&[vec![1], vec![2], vec![]]), None, "forward references are fine");
+        assert_eq!(batch_cycle(&[vec![1], vec![0]]), Some(vec![0, 1, 0]));
+        assert_eq!(batch_cycle(&[vec![], vec![2], vec![3], vec![1]]), Some(vec![1, 2, 3, 1]));
+        assert_eq!(batch_cycle(&[vec![0]]), Some(vec![0, 0]), "a job waiting for itself");
+        assert_eq!(batch_cycle(&[vec![7]]), None, "an index out of range is refused elsewhere");
     }
 }

@@ -19,7 +19,7 @@ use crate::{
     db::{self, jobs::NewJob},
     domain::{
         check_range,
-        dependency::{After, IfDependencyFails, MAX_DEPENDENCIES},
+        dependency::{After, Dependency, IfDependencyFails, Standing, MAX_DEPENDENCIES},
         job::{self, check_command, check_env, check_grace, check_image, check_labels},
         workload::{self, CloudSecretEnv, SecretEnv, Volume, Workload},
         FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish,
@@ -95,8 +95,10 @@ pub struct JobSpec {
     #[serde(default)]
     pub wait_for_quota: bool,
     /// Jobs this one waits for (Slurm's `--dependency`): it is not scheduled until each has
-    /// succeeded, finished or failed as asked. At most 32, each a job that already exists
-    /// (so dependencies never form a cycle), of the team or its team tree; no job twice.
+    /// succeeded, finished or failed as asked. At most 32, no job twice, each a job that
+    /// already exists, of the team or its team tree, or in a batch (`POST /jobs:batch`)
+    /// another job of the same batch by its index; a batch whose dependencies form a cycle
+    /// is refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub depends_on: Vec<DependencySpec>,
     /// What becomes of the job when a dependency can no longer be met (a job it waits to
@@ -156,8 +158,14 @@ impl JobSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DependencySpec {
-    /// The job waited for.
-    pub job: JobId,
+    /// The job waited for: an existing job's id...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<JobId>,
+    /// ...or, in a batch only, the index in the batch's `jobs` of the job of the same batch
+    /// waited for. Exactly one of `job` and `batch_index`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 999)]
+    pub batch_index: Option<i64>,
     /// `succeeded` (Slurm's afterok), `finished` (any final state: afterany) or `failed`
     /// (any final state but succeeded: failed, its time limit included, cancelled, or
     /// preempted out of retries; afternotok).
@@ -308,12 +316,27 @@ impl Catalogue {
             )));
         }
         for (i, d) in spec.depends_on.iter().enumerate() {
-            if spec.depends_on[..i].iter().any(|e| e.job == d.job) {
-                check(Err(FieldError::new(
-                    at(&format!("depends_on[{i}].job")),
-                    "duplicate",
-                    format!("job {} is named twice", d.job),
-                )));
+            match (d.job, d.batch_index) {
+                (Some(_), Some(_)) | (None, None) => check(Err(FieldError::new(
+                    at(&format!("depends_on[{i}]")),
+                    "one_of",
+                    "must name the job waited for by either `job` (its id) or `batch_index` (in a batch), not both",
+                ))),
+                (Some(job), None) if spec.depends_on[..i].iter().any(|e| e.job == Some(job)) => {
+                    check(Err(FieldError::new(
+                        at(&format!("depends_on[{i}].job")),
+                        "duplicate",
+                        format!("job {job} is named twice"),
+                    )));
+                }
+                (None, Some(index)) if spec.depends_on[..i].iter().any(|e| e.batch_index == Some(index)) => {
+                    check(Err(FieldError::new(
+                        at(&format!("depends_on[{i}].batch_index")),
+                        "duplicate",
+                        format!("jobs[{index}] is named twice"),
+                    )));
+                }
+                _ => {}
             }
         }
         let max_runtime =
@@ -451,7 +474,8 @@ impl Catalogue {
                 memory.ok().flatten().unwrap_or_else(|| per_replica(per_gpu_memory, workload::MAX_MEMORY_MIB)),
             ),
             workload,
-            depends_on: spec.depends_on.iter().map(|d| (d.job, d.after)).collect(),
+            // Jobs of the same batch are added once the batch has its ids (`submit_batch`).
+            depends_on: spec.depends_on.iter().filter_map(|d| Some((d.job?, d.after))).collect(),
             if_dependency_fails: spec.if_dependency_fails.unwrap_or_default(),
             accepted_despite: Vec::new(),
             array: None,
@@ -586,7 +610,8 @@ pub struct Submitted {
 pub const RERUN_OF_LABEL: &str = "fairway.dev/rerun-of";
 
 /// Submits `job` of `team` again, as it was asked for (image, command, environment, labels,
-/// resources, limits, the jobs it waits for), on behalf of `by`: what a person does after a failure they fixed
+/// resources, limits, the jobs it waits for that can still be met, an array task's index),
+/// on behalf of `by`: what a person does after a failure they fixed
 /// outside the job, or to repeat a run. It is checked as any new submission (quotas and
 /// budgets as they are now), and its label [`RERUN_OF_LABEL`] names the job it repeats.
 pub async fn rerun(
@@ -601,6 +626,31 @@ pub async fn rerun(
         |v: &serde_json::Value| serde_json::from_value::<BTreeMap<String, String>>(v.clone()).unwrap_or_default();
     let mut labels = strings(&job.labels.0);
     labels.insert(RERUN_OF_LABEL.to_owned(), job.id.to_string());
+    // The same jobs, waited for the same way, as Slurm keeps a requeued job's dependencies;
+    // those that ended are resolved by the leader's next pass. One that can no longer be met
+    // (the job it waited to succeed failed) would cancel the rerun at once: it is left out,
+    // and the answer says so.
+    let mut dropped = Vec::new();
+    let mut depends_on = Vec::new();
+    for d in db::dependencies::of_job(&state.db, job.id).await? {
+        let rule = Dependency { after: d.after, state: d.state, holds_gpus: d.holds_gpus };
+        if rule.standing() == Standing::Unmeetable {
+            dropped.push(FieldError::new(
+                "depends_on",
+                "dependency_dropped",
+                format!(
+                    "job {} ({}) ended {} and job {} waited for it to {}: the rerun does not wait for it",
+                    d.name,
+                    d.job,
+                    d.state,
+                    job.id,
+                    d.after.verb()
+                ),
+            ));
+        } else {
+            depends_on.push(DependencySpec { job: Some(d.job), batch_index: None, after: d.after });
+        }
+    }
     let spec = JobSpec {
         name: job.name.clone(),
         gpu_class: job.gpu_class.clone(),
@@ -618,13 +668,7 @@ pub async fn rerun(
         max_retries: Some(job.max_retries.into()),
         allow_spot: job.allow_spot,
         wait_for_quota: false,
-        // The same jobs, waited for the same way: as Slurm keeps a requeued job's
-        // dependencies. Those that ended are resolved by the leader's next pass at once.
-        depends_on: db::dependencies::of_job(&state.db, job.id)
-            .await?
-            .into_iter()
-            .map(|d| DependencySpec { job: d.job, after: d.after })
-            .collect(),
+        depends_on,
         if_dependency_fails: Some(job.if_dependency_fails),
         cpu: job.cpu_millis.map(workload::format_cpu),
         memory: job.memory_mib.map(workload::format_memory),
@@ -634,7 +678,21 @@ pub async fn rerun(
         image_pull_secrets: job.workload.0.image_pull_secrets.clone(),
         node_selector: job.workload.0.node_selector.clone(),
     };
-    submit(state, team, by, spec, version, None).await
+    // An array task run again is no task of its array (which has its task at that index),
+    // but it is told the same index: it was asked to do that shard's work.
+    let told = match (job.array_id, job.array_index, job.array_task_count) {
+        (Some(id), Some(index), Some(count)) => crate::domain::array::task_env(id, index, count),
+        _ => Vec::new(),
+    };
+    let (mut new, mut warnings) = validated(state, team.id, "", &spec, version).await?;
+    if let serde_json::Value::Object(env) = &mut new.env {
+        env.extend(told.into_iter().map(|(k, v)| (k.to_owned(), serde_json::Value::String(v))));
+    }
+    let stored = state.submissions.submit(team.id, by, new.clone(), None).await?.ok_or(Error::CredentialsChanged)?;
+    state.wake_scheduler();
+    warnings.extend(dropped);
+    let job = db::jobs::JobRow::submitted(new, stored, team.id, &team.name, &spec.gpu_class, by);
+    Ok(Submitted { job, warnings })
 }
 
 /// Checks `spec` as a submission of `team_id` is checked against the catalogue (classes,
@@ -649,6 +707,10 @@ pub async fn check(
 ) -> Result<Vec<FieldError>> {
     let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
     let Validated { warnings, .. } = catalogue.validate("", spec).map_err(Error::Validation)?;
+    let outside = outside_a_batch("", spec);
+    if !outside.is_empty() {
+        return Err(Error::Validation(outside));
+    }
     Ok(warnings)
 }
 
@@ -683,6 +745,10 @@ pub(super) async fn validated(
 ) -> Result<(NewJob, Vec<FieldError>)> {
     let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
     let Validated { job, mut warnings } = catalogue.validate(prefix, spec).map_err(Error::Validation)?;
+    let outside = outside_a_batch(prefix, spec);
+    if !outside.is_empty() {
+        return Err(Error::Validation(outside));
+    }
     let unseen = unseen_dependencies(state, team_id, prefix, spec).await?;
     if !unseen.is_empty() {
         return Err(Error::Validation(unseen));
@@ -708,26 +774,87 @@ async fn unseen_dependencies(
     if spec.depends_on.is_empty() || spec.depends_on.len() > MAX_DEPENDENCIES {
         return Ok(Vec::new());
     }
-    let ids: Vec<JobId> = spec.depends_on.iter().map(|d| d.job).collect();
+    let ids: Vec<JobId> = spec.depends_on.iter().filter_map(|d| d.job).collect();
     let visible = db::dependencies::visible(&state.db, team_id, &ids).await?;
     Ok(spec
         .depends_on
         .iter()
         .enumerate()
-        .filter(|(_, d)| !visible.contains(&d.job))
-        .map(|(i, d)| {
+        .filter_map(|(i, d)| Some((i, d.job?)))
+        .filter(|(_, job)| !visible.contains(job))
+        .map(|(i, job)| {
             FieldError::new(
                 format!("{prefix}depends_on[{i}].job"),
                 "not_found",
-                format!("no job {} that this team's jobs may wait for", d.job),
+                format!("no job {job} that this team's jobs may wait for"),
             )
         })
         .collect())
 }
 
+/// A job submitted alone names no job of a batch: each `batch_index` of `spec`, refused.
+fn outside_a_batch(prefix: &str, spec: &JobSpec) -> Vec<FieldError> {
+    spec.depends_on
+        .iter()
+        .enumerate()
+        .filter(|(_, d)| d.batch_index.is_some())
+        .map(|(i, _)| {
+            FieldError::new(
+                format!("{prefix}depends_on[{i}].batch_index"),
+                "only_in_batch",
+                "names a job of the same batch, so only a batch (POST /jobs:batch) may use it; name an existing job by `job`",
+            )
+        })
+        .collect()
+}
+
+/// The dependencies among the jobs of a batch (`batch_index`), checked: each names another
+/// job of the batch, and together they let the jobs run in some order. Refusals are named
+/// `jobs[i].depends_on[k].batch_index`.
+fn batch_dependencies(specs: &[JobSpec]) -> Result<Vec<Vec<(usize, After)>>, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    let mut edges: Vec<Vec<(usize, After)>> = vec![Vec::new(); specs.len()];
+    for (i, spec) in specs.iter().enumerate() {
+        for (k, d) in spec.depends_on.iter().enumerate() {
+            let Some(index) = d.batch_index else { continue };
+            let field = format!("jobs[{i}].depends_on[{k}].batch_index");
+            match usize::try_from(index).ok().filter(|&x| x < specs.len()) {
+                Some(x) if x == i => {
+                    errors.push(FieldError::new(field, "itself", "a job cannot wait for itself"));
+                }
+                Some(x) => edges[i].push((x, d.after)),
+                None => errors.push(FieldError::new(
+                    field,
+                    "out_of_range",
+                    format!("must be the index of a job of this batch: 0 to {}", specs.len() - 1),
+                )),
+            }
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let plain: Vec<Vec<usize>> = edges.iter().map(|e| e.iter().map(|&(x, _)| x).collect()).collect();
+    if let Some(cycle) = crate::domain::dependency::batch_cycle(&plain) {
+        let (first, second) = (cycle[0], cycle[1]);
+        let k = specs[first].depends_on.iter().position(|d| d.batch_index == Some(second as i64)).unwrap_or(0);
+        let path: Vec<String> = cycle.iter().map(|i| format!("jobs[{i}]")).collect();
+        return Err(vec![FieldError::new(
+            format!("jobs[{first}].depends_on[{k}].batch_index"),
+            "cycle",
+            format!(
+                "the batch's dependencies form a cycle ({}), so none of those jobs could ever start",
+                path.join(" waits for ")
+            ),
+        )]);
+    }
+    Ok(edges)
+}
+
 /// Validates up to [`MAX_BATCH`] specs against the catalogue and queues them for `team`
 /// on behalf of `by`, atomically: all are stored, or none (every invalid field of every job
-/// is reported, as `jobs[i].field`). The stored jobs, in request order, and the warnings
+/// is reported, as `jobs[i].field`). A job may wait for another of the batch by its index
+/// (`batch_index`), as long as the batch's dependencies form no cycle. The stored jobs, in request order, and the warnings
 /// each was accepted with (named `jobs[i].field` too).
 pub async fn submit_batch(
     state: &AppState,
@@ -767,8 +894,17 @@ pub async fn submit_batch(
             Err(mut e) => errors.append(&mut e),
         }
     }
+    let edges = batch_dependencies(specs).unwrap_or_else(|mut e| {
+        errors.append(&mut e);
+        Vec::new()
+    });
     if !errors.is_empty() {
         return Err(Error::Validation(errors));
+    }
+    // Now that every job has its id, the jobs of the batch it waits for join its list.
+    let ids: Vec<JobId> = jobs.iter().map(|j| j.id).collect();
+    for (job, waits_for) in jobs.iter_mut().zip(edges) {
+        job.depends_on.extend(waits_for.into_iter().map(|(x, after)| (ids[x], after)));
     }
     db::jobs::insert_many(&state.db, team_id, by, &jobs).await?;
     state.wake_scheduler();

@@ -288,6 +288,18 @@ async fn another_team_can_neither_see_nor_cancel_an_array_and_its_tasks_read_as_
     assert_eq!(task["name"], "sweep");
     let r = app.send(call("GET", &format!("/api/v1/jobs/{}", first[0]["id"].as_str().unwrap())).token(&vision)).await;
     r.assert_status(404);
+    // A task run again is a job of its own, told the same index.
+    let r =
+        app.send(call("POST", &format!("/api/v1/jobs/{}/rerun", first[1]["id"].as_str().unwrap())).token(&ml)).await;
+    r.assert_status(201);
+    let again = r.json();
+    assert_eq!(again["array"], Value::Null, "the array keeps its own task 1: {again:#}");
+    assert_eq!(
+        (again["env"]["FAIRWAY_ARRAY_TASK_ID"].as_str(), again["env"]["JOB_COMPLETION_INDEX"].as_str()),
+        (Some("1"), Some("1")),
+        "{again:#}"
+    );
+    assert_eq!(again["env"]["FAIRWAY_ARRAY_ID"], id.as_str());
     // The list pages in index order.
     let r = app.send(call("GET", &format!("/api/v1/teams/ml/arrays/{id}/tasks?limit=2")).token(&ml)).await;
     let page = r.json();
@@ -302,4 +314,45 @@ async fn another_team_can_neither_see_nor_cancel_an_array_and_its_tasks_read_as_
         .map(|t| t["array"]["index"].as_i64().unwrap())
         .collect();
     assert_eq!(indices, [0, 1, 2]);
+}
+
+#[tokio::test]
+async fn an_array_waiting_for_a_job_starts_after_it_and_its_held_tasks_keep_saying_they_are_held() {
+    let app = TestApp::spawn().await;
+    let ml = platform(&app, 16).await;
+    let prep = crate::lifecycle::submit(
+        &app,
+        &ml,
+        "ml",
+        json!({"name": "prep", "gpu_class": "h100-80gb", "image": "ghcr.io/acme/prep:1",
+               "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "20"}}),
+    )
+    .await;
+    let mut body = array(3, Some(1), 600, json!({}));
+    body["task"]["depends_on"] = json!([{"job": prep, "after": "succeeded"}]);
+    let id = submit_array(&app, &ml, body).await["id"].as_str().unwrap().to_owned();
+    // While prep runs, task 0 waits for it and the others for their turn.
+    let reasons = |tasks: &[Value]| -> Vec<String> {
+        tasks.iter().map(|t| t["pending"]["reason"].as_str().unwrap_or("none").to_owned()).collect()
+    };
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let all = tasks(&app, &ml, &id, "").await;
+        if reasons(&all) == ["waiting_for_dependencies", "array_task_limit", "array_task_limit"] {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", reasons(&all));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Once prep succeeded task 0 runs, and the held tasks still say why they wait.
+    let running = wait_array(&app, &ml, &id, |a| counts(a, "running") == 1, |_| {}).await;
+    assert_eq!(counts(&running, "held"), 2, "{running:#}");
+    let all = tasks(&app, &ml, &id, "").await;
+    assert_eq!(&reasons(&all)[1..], ["array_task_limit", "array_task_limit"], "{all:#?}");
+    assert!(all[1]["pending"]["message"].as_str().unwrap_or_default().contains("at most 1 of its 3 tasks"));
+    let prep = job(&app, &ml, &prep).await;
+    let started: chrono::DateTime<chrono::Utc> = all[0]["started_at"].as_str().unwrap().parse().unwrap();
+    let ended: chrono::DateTime<chrono::Utc> = prep["finished_at"].as_str().unwrap().parse().unwrap();
+    assert!(started >= ended, "task 0 started before prep ended");
+    app.send(call("POST", &format!("/api/v1/teams/ml/arrays/{id}/cancel")).token(&ml)).await.assert_status(200);
 }

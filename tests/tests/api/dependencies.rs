@@ -296,3 +296,93 @@ async fn a_rerun_waits_for_what_the_job_waited_for_and_the_job_list_shows_each_j
     assert_eq!(done["state"], "succeeded", "{done:#}");
     assert!(kinds(&events(&app, &ml, &id).await).contains(&"released".to_owned()));
 }
+
+#[tokio::test]
+async fn a_batch_chains_its_own_jobs_by_index_runs_them_in_order_and_a_cycle_is_refused_with_422() {
+    let app = TestApp::spawn().await;
+    let ml = platform(&app).await;
+    let batch =
+        |jobs: Value| app.send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&ml).json(&json!({"jobs": jobs})));
+    // A cycle: nothing is stored, and the answer names the cycle.
+    let r = batch(json!([
+        spec("a", 5, 0, json!([{"batch_index": 2, "after": "succeeded"}])),
+        spec("b", 5, 0, json!([{"batch_index": 0, "after": "succeeded"}])),
+        spec("c", 5, 0, json!([{"batch_index": 1, "after": "finished"}])),
+    ]))
+    .await;
+    let problem = r.assert_problem(422, "validation_failed");
+    let error = &problem["errors"][0];
+    assert_eq!(
+        (error["field"].as_str(), error["code"].as_str()),
+        (Some("jobs[0].depends_on[0].batch_index"), Some("cycle"))
+    );
+    let message = error["message"].as_str().unwrap_or_default();
+    assert!(message.contains("jobs[0] waits for jobs[2] waits for jobs[1] waits for jobs[0]"), "{message}");
+    let stored: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(stored, 0, "a refused batch stores nothing");
+    // Out of range, itself, both ways of naming at once: each named.
+    let r = batch(json!([
+        spec("a", 5, 0, json!([{"batch_index": 5, "after": "succeeded"}])),
+        spec("b", 5, 0, json!([{"batch_index": 1, "after": "succeeded"}])),
+    ]))
+    .await;
+    let problem = r.assert_problem(422, "validation_failed");
+    let codes: Vec<(&str, &str)> = problem["errors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| (e["field"].as_str().unwrap(), e["code"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        codes,
+        [("jobs[0].depends_on[0].batch_index", "out_of_range"), ("jobs[1].depends_on[0].batch_index", "itself")]
+    );
+    // A job submitted alone cannot name a batch's job.
+    let r = app
+        .send(call("POST", "/api/v1/teams/ml/jobs").token(&ml).json(&spec(
+            "alone",
+            5,
+            0,
+            json!([{"batch_index": 0, "after": "succeeded"}]),
+        )))
+        .await;
+    let problem = r.assert_problem(422, "validation_failed");
+    assert_eq!(problem["errors"][0]["code"], "only_in_batch", "{problem:#}");
+
+    // The chain, listed evaluate first: it runs preprocess, then train, then evaluate.
+    let r = batch(json!([
+        spec("evaluate", 5, 0, json!([{"batch_index": 2, "after": "succeeded"}])),
+        spec("preprocess", 10, 0, json!([])),
+        spec("train", 5, 0, json!([{"batch_index": 1, "after": "succeeded"}])),
+    ]))
+    .await;
+    r.assert_status(201);
+    let ids: Vec<String> =
+        r.json()["jobs"].as_array().unwrap().iter().map(|j| j["id"].as_str().unwrap().to_owned()).collect();
+    let evaluate = wait_for(&app, &ml, &ids[0], WITHIN, ended).await;
+    assert_eq!(evaluate["state"], "succeeded", "{evaluate:#}");
+    assert_eq!(evaluate["depends_on"][0]["job"], ids[2].as_str(), "the index became the job's id");
+    let (pre, train) = (job(&app, &ml, &ids[1]).await, job(&app, &ml, &ids[2]).await);
+    assert!(at(&train, "started_at") >= at(&pre, "finished_at"), "train started before preprocess ended");
+    assert!(at(&evaluate, "started_at") >= at(&train, "finished_at"), "evaluate started before train ended");
+}
+
+#[tokio::test]
+async fn a_rerun_of_a_job_cancelled_for_a_failed_dependency_leaves_that_dependency_out_and_says_so() {
+    let app = TestApp::spawn().await;
+    let ml = platform(&app).await;
+    let preprocess = submit(&app, &ml, "ml", spec("preprocess", 5, 1, json!([]))).await;
+    let train = submit(&app, &ml, "ml", spec("train", 5, 0, json!([{"job": preprocess, "after": "succeeded"}]))).await;
+    let cancelled = wait_for(&app, &ml, &train, WITHIN, ended).await;
+    assert_eq!(cancelled["state"], "cancelled", "{cancelled:#}");
+    let r = app.send(call("POST", &format!("/api/v1/jobs/{train}/rerun")).token(&ml)).await;
+    r.assert_status(201);
+    let again = r.json();
+    assert!(again.get("depends_on").is_none(), "{again:#}");
+    let warning = &again["warnings"][0];
+    assert_eq!(warning["code"], "dependency_dropped", "{again:#}");
+    let message = warning["message"].as_str().unwrap_or_default();
+    assert!(message.contains("ended failed") && message.contains("the rerun does not wait for it"), "{message}");
+    let done = wait_for(&app, &ml, again["id"].as_str().unwrap(), WITHIN, ended).await;
+    assert_eq!(done["state"], "succeeded", "{done:#}");
+}

@@ -1460,3 +1460,40 @@ async fn an_arrays_page_shows_its_counts_and_tasks_by_index_a_task_links_back_an
     assert!(after.contains("<dd class=\"state\">cancelled</dd>") && after.contains("3 cancelled"), "{after}");
     assert!(!after.contains("/cancel\""), "no cancel button once it ended: {after}");
 }
+
+#[tokio::test]
+async fn the_submit_form_submits_an_array_when_given_a_task_count_and_names_a_count_that_is_wrong() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let r = p.app.send(call("GET", "/teams/ml/jobs/new").header("cookie", &session)).await;
+    let token = csrf_in(&body(&r));
+    assert!(body(&r).contains("name=\"array_count\""), "the form offers a task count");
+    let form = |count: &str, parallelism: &str| {
+        format!(
+            "csrf={token}&action=submit&name=sweep&gpu_class=h100&replicas=1&gpus_per_replica=1&priority_class=experiment\
+             &max_runtime_seconds=600&image=sweep%3A1&array_count={count}&array_parallelism={parallelism}"
+        )
+    };
+    let send = |text: String| {
+        p.app.send(call("POST", "/teams/ml/jobs/new").header("cookie", &session).raw(FORM, text.into_bytes()))
+    };
+    let r = send(form("many", "")).await;
+    assert_eq!(r.status.as_u16(), 422);
+    assert!(body(&r).contains("<code>count</code>: must be a whole number"), "{}", body(&r));
+    let r = send(form("4", "5")).await;
+    assert_eq!(r.status.as_u16(), 422);
+    assert!(body(&r).contains("<code>parallelism</code>: must be at most the task count (4)"), "{}", body(&r));
+    let before: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&p.app.pool).await.unwrap();
+    assert_eq!(before, 1, "a refused array stores no task");
+    let r = send(form("4", "2")).await;
+    assert_eq!(r.status.as_u16(), 303, "{}", body(&r));
+    let location = r.header("location").expect("to the array's page");
+    assert!(location.starts_with("/teams/ml/arrays/"), "{location}");
+    let page = body(&p.app.send(call("GET", &location).header("cookie", &session)).await);
+    assert!(page.contains("4, at most 2 at once"), "{page}");
+    let tasks: i64 = sqlx::query_scalar("select count(*) from jobs where array_id is not null")
+        .fetch_one(&p.app.pool)
+        .await
+        .unwrap();
+    assert_eq!(tasks, 4);
+}

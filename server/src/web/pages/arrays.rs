@@ -43,11 +43,12 @@ impl ArrayLine {
             (c.held, "held by parallelism"),
             (c.admitted, "starting"),
             (c.running, "running"),
-            (c.stopping, "stopping"),
             (c.succeeded, "succeeded"),
             (c.failed, "failed"),
-            (c.cancelled - c.stopping.min(c.cancelled), "cancelled"),
+            (c.cancelled, "cancelled"),
             (c.preempted, "preempted"),
+            // Of the cancelled, preempted or failed, those still giving their GPUs back.
+            (c.stopping, "still stopping"),
         ]
         .into_iter()
         .filter(|(n, _)| *n > 0)
@@ -129,8 +130,8 @@ struct ArrayPage {
 pub struct TasksQuery {
     #[serde(default)]
     state: String,
-    /// Tasks from this index on.
-    from: Option<i32>,
+    /// Tasks from this index on (out of range: none).
+    from: Option<i64>,
 }
 
 /// The array `id` of team `name` and the user's role in the team; not found for outsiders
@@ -158,9 +159,9 @@ pub async fn array(
     let (team, role, array) = array_for(&state, &user, &name, &id).await?;
     let q: TasksQuery = serde_urlencoded::from_str(query.as_deref().unwrap_or_default()).unwrap_or_default();
     let filter = JobState::parse(&q.state);
+    let from = i32::try_from(q.from.unwrap_or(0).max(0)).unwrap_or(i32::MAX);
     let counts = ops::arrays::counts_of(&state, array.id).await?;
-    let mut rows =
-        db::jobs::array_tasks(&state.db, array.id, filter, q.from.unwrap_or(0).max(0), TASKS_PER_PAGE + 1).await?;
+    let mut rows = db::jobs::array_tasks(&state.db, array.id, filter, from, TASKS_PER_PAGE + 1).await?;
     let more_from = (rows.len() as i64 > TASKS_PER_PAGE).then(|| rows[TASKS_PER_PAGE as usize].array_index).flatten();
     rows.truncate(TASKS_PER_PAGE as usize);
     let tasks = rows

@@ -59,6 +59,12 @@ pub struct SubmitForm {
     /// The name to save the form under as a template (action `save_template`).
     #[serde(default)]
     pub save_as: String,
+    /// Optional: a number of tasks submits the job as an array of that many tasks.
+    #[serde(default)]
+    pub array_count: String,
+    /// Optional, with a task count: how many tasks may run at once.
+    #[serde(default)]
+    pub array_parallelism: String,
     #[serde(default)]
     action: String,
 }
@@ -232,6 +238,8 @@ fn form_of(template: &db::templates::TemplateRow) -> SubmitForm {
         template: template.name.clone(),
         save_as: template.name.clone(),
         action: String::new(),
+        array_count: String::new(),
+        array_parallelism: String::new(),
     }
 }
 
@@ -385,6 +393,26 @@ pub async fn submit(
         };
         return Ok(render(&submit_page(&state, &user, &team, form, errors, preview).await?));
     }
+    if let Some(array) = array_of(&form) {
+        let (count, parallelism) = match array {
+            Ok(shape) => shape,
+            Err(errors) => {
+                let page = submit_page(&state, &user, &team, form, errors, None).await?;
+                return Ok((StatusCode::UNPROCESSABLE_ENTITY, render(&page)).into_response());
+            }
+        };
+        let array = ops::arrays::ArraySpec { count, parallelism, task: spec };
+        return match ops::arrays::submit(&state, &team, &principal(&user).actor(), array, version).await {
+            Ok(submitted) => {
+                Ok(Redirect::to(&format!("/teams/{}/arrays/{}", team.name, submitted.array.id)).into_response())
+            }
+            Err(e) => {
+                let errors = field_errors(e)?;
+                let page = submit_page(&state, &user, &team, form, errors, None).await?;
+                Ok((StatusCode::UNPROCESSABLE_ENTITY, render(&page)).into_response())
+            }
+        };
+    }
     match ops::jobs::submit(&state, &team, &principal(&user).actor(), spec, version, None).await {
         Ok(submitted) => Ok(Redirect::to(&format!("/jobs/{}", submitted.job.id)).into_response()),
         Err(e) => {
@@ -393,6 +421,27 @@ pub async fn submit(
             Ok((StatusCode::UNPROCESSABLE_ENTITY, render(&page)).into_response())
         }
     }
+}
+
+/// A form's errors: the field as the API names it, and what is wrong with it.
+type FormErrors = Vec<(String, String)>;
+
+/// The form's array, when it asks for one (a task count): the count and parallelism, or
+/// the fields that are not numbers, named as the API names them.
+fn array_of(form: &SubmitForm) -> Option<Result<(i64, Option<i64>), FormErrors>> {
+    let count = form.array_count.trim();
+    if count.is_empty() {
+        return (!form.array_parallelism.trim().is_empty()).then(|| {
+            Err(vec![("parallelism".to_owned(), "needs a number of tasks: it limits an array's tasks".to_owned())])
+        });
+    }
+    let whole = |field: &str, text: &str| {
+        text.parse::<i64>().map_err(|_| vec![(field.to_owned(), "must be a whole number".to_owned())])
+    };
+    Some(whole("count", count).and_then(|count| match form.array_parallelism.trim() {
+        "" => Ok((count, None)),
+        p => whole("parallelism", p).map(|p| (count, Some(p))),
+    }))
 }
 
 fn preview_of(answer: ops::jobs::DryRunResult) -> PreviewView {
