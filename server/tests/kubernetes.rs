@@ -666,3 +666,64 @@ fn the_deploy_manifests_run_two_replicas_under_the_service_account_bound_to_the_
     let env = pod["containers"][0]["env"].as_array().unwrap();
     assert!(env.iter().any(|e| e["name"] == "FAIRWAY_CLUSTERS"), "{env:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_task_of_an_array_is_a_pod_told_its_index_and_a_failed_task_alone_runs_again() {
+    let t = "array";
+    let (labels, alloc) = h100("r1");
+    let owned = Fairway::start(t, &[("array-n0", labels, alloc)]).await;
+    let fw = &owned;
+    fw.team("vision", "h100-80gb", 8, 0).await;
+    let array = fw
+        .ok(
+            reqwest::Method::POST,
+            "/api/v1/teams/vision/arrays",
+            Some(json!({"count": 3, "task": {"name": "shard", "gpu_class": "h100-80gb", "gpus_per_replica": 2,
+                                             "image": "ghcr.io/acme/shard:1", "max_retries": 1}})),
+        )
+        .await;
+    let id = array["id"].as_str().unwrap().to_owned();
+    let tasks = fw.ok(reqwest::Method::GET, &format!("/api/v1/teams/vision/arrays/{id}/tasks"), None).await;
+    let tasks: Vec<String> =
+        tasks["items"].as_array().unwrap().iter().map(|t| t["id"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(tasks.len(), 3);
+    let kubelet = fw.kubelet();
+    let mut running = Vec::new();
+    for (index, task) in tasks.iter().enumerate() {
+        let pods = fw.wait_pods(task, 1).await;
+        let env = pods[0].spec.as_ref().unwrap().containers[0].env.clone().unwrap_or_default();
+        let value = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
+        assert_eq!(value("FAIRWAY_ARRAY_TASK_ID"), Some(index.to_string()), "task {index}");
+        assert_eq!(value("JOB_COMPLETION_INDEX"), Some(index.to_string()), "task {index}");
+        assert_eq!(value("FAIRWAY_ARRAY_TASK_COUNT").as_deref(), Some("3"));
+        assert_eq!(value("FAIRWAY_ARRAY_ID"), Some(id.clone()));
+        kubelet.run(&pods[0]).await;
+        running.push(pods[0].clone());
+    }
+    // Task 1 fails once; it alone runs again, as a new pod told the same index.
+    let first = vec![running[1].clone()];
+    kubelet.exit(&first[0], 3, "Error").await;
+    let second = fw
+        .wait("a second pod of task 1", Duration::from_secs(30), || async {
+            let pods = fw.pods(Some(&tasks[1])).await;
+            pods.into_iter()
+                .find(|p| p.metadata.name != first[0].metadata.name && p.metadata.deletion_timestamp.is_none())
+        })
+        .await;
+    let env = second.spec.as_ref().unwrap().containers[0].env.clone().unwrap_or_default();
+    assert!(env.iter().any(|e| e.name == "FAIRWAY_ARRAY_TASK_ID" && e.value.as_deref() == Some("1")));
+    kubelet.run(&second).await;
+    running[1] = second;
+    for (task, pod) in tasks.iter().zip(&running) {
+        kubelet.exit(pod, 0, "Completed").await;
+        fw.wait_state(task, "succeeded", Duration::from_secs(30)).await;
+    }
+    let done = fw.ok(reqwest::Method::GET, &format!("/api/v1/teams/vision/arrays/{id}"), None).await;
+    assert_eq!(
+        (done["state"].as_str(), done["counts"]["succeeded"].as_i64()),
+        (Some("succeeded"), Some(3)),
+        "{done:#}"
+    );
+    assert_eq!(fw.job(&tasks[1]).await["attempt"], 2, "task 1 ran twice");
+    owned.stop().await;
+}
