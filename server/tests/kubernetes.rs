@@ -701,13 +701,12 @@ async fn each_task_of_an_array_is_a_pod_told_its_index_and_a_failed_task_alone_r
         running.push(pods[0].clone());
     }
     // Task 1 fails once; it alone runs again, as a new pod told the same index.
-    let first = vec![running[1].clone()];
-    kubelet.exit(&first[0], 3, "Error").await;
+    let first = running[1].clone();
+    kubelet.exit(&first, 3, "Error").await;
     let second = fw
         .wait("a second pod of task 1", Duration::from_secs(30), || async {
             let pods = fw.pods(Some(&tasks[1])).await;
-            pods.into_iter()
-                .find(|p| p.metadata.name != first[0].metadata.name && p.metadata.deletion_timestamp.is_none())
+            pods.into_iter().find(|p| p.metadata.name != first.metadata.name && p.metadata.deletion_timestamp.is_none())
         })
         .await;
     let env = second.spec.as_ref().unwrap().containers[0].env.clone().unwrap_or_default();
