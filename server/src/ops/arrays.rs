@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{
-    jobs::{validated, JobSpec},
+    jobs::{array_budget_warnings, validated, JobSpec},
     Error, Result,
 };
 use crate::{
@@ -63,9 +63,12 @@ pub async fn submit(
     if !shape.is_empty() {
         return Err(Error::Validation(shape));
     }
-    let (job, warnings) = validated(state, team.id, "task.", &spec.task, version).await?;
+    let (job, mut warnings) = validated(state, team.id, "task.", &spec.task, version).await?;
     // Checked above: within 1 and MAX_TASKS.
     let count = spec.count as i32;
+    if count > 1 {
+        warnings.extend(array_budget_warnings(state, team.id, &spec.task, &job, count, version).await?);
+    }
     let parallelism = spec.parallelism.map(|p| p as i32);
     let held = parallelism.filter(|&p| p < count).map(|p| {
         format!(

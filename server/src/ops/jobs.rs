@@ -763,6 +763,39 @@ pub(super) async fn validated(
     Ok((job, warnings))
 }
 
+/// What the budgets over `team_id` say about `count` tasks of `job` run together, as
+/// warnings named `count`: each task was checked as a job on its own (and refused when it
+/// alone could never start); an array that together exceeds a hard budget runs tasks until
+/// the budget holds the rest back, so it is accepted, saying so.
+pub(super) async fn array_budget_warnings(
+    state: &AppState,
+    team_id: TeamId,
+    spec: &JobSpec,
+    job: &NewJob,
+    count: i32,
+    version: CatalogueVersion,
+) -> Result<Vec<FieldError>> {
+    let catalogue = Catalogue::load(state, team_id, std::slice::from_ref(spec), version).await?;
+    let mut budgets = Budgets::read(state, team_id, catalogue.budgeted).await?;
+    let whole = NewJob { replicas: job.replicas.saturating_mul(count), ..job.clone() };
+    let (refusals, warnings) = budgets.problems(state, "", &whole).await?;
+    let together = format!("its {count} tasks together may");
+    Ok(refusals
+        .into_iter()
+        .map(|r| FieldError { code: "array_exceeds_budget".into(), ..r })
+        .chain(warnings)
+        .map(|w| FieldError {
+            field: "count".into(),
+            message: w.message.replacen("the job may", &together, 1).replacen(
+                "it could never start",
+                "tasks run until the budget holds the rest back",
+                1,
+            ),
+            ..w
+        })
+        .collect())
+}
+
 /// The dependencies of `spec` that name no job a job of `team_id` may wait for, as field
 /// errors under `prefix`: a job of another tenant reads exactly as one that does not exist.
 async fn unseen_dependencies(

@@ -356,3 +356,37 @@ async fn an_array_waiting_for_a_job_starts_after_it_and_its_held_tasks_keep_sayi
     assert!(started >= ended, "task 0 started before prep ended");
     app.send(call("POST", &format!("/api/v1/teams/ml/arrays/{id}/cancel")).token(&ml)).await.assert_status(200);
 }
+
+#[tokio::test]
+async fn an_array_that_together_exceeds_a_hard_budget_is_accepted_with_a_warning_naming_the_whole() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.gpu_class(&admin, "h100-80gb").await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
+    let month = chrono::Utc::now().format("%Y-%m").to_string();
+    app.send(
+        call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
+            .token(&admin)
+            .json(&json!({"unit": "gpu-hours", "amount": 10, "enforcement": "hard"})),
+    )
+    .await
+    .assert_status(200);
+    let ml = app.api_token(&admin, "ml", "member").await.1;
+    // Each task may use one GPU-hour, so each fits the budget; twenty together do not.
+    let mut body = array(20, Some(4), 1, json!({}));
+    body["task"]["max_runtime_seconds"] = json!(3600);
+    let submitted = submit_array(&app, &ml, body).await;
+    let warnings = submitted["warnings"].as_array().cloned().unwrap_or_default();
+    let warning =
+        warnings.iter().find(|w| w["code"] == "array_exceeds_budget").unwrap_or_else(|| panic!("{submitted:#}"));
+    assert_eq!(warning["field"], "count");
+    let message = warning["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("its 20 tasks together may use up to 20.00 GPU-hours"), "{message}");
+    assert!(message.contains("tasks run until the budget holds the rest back"), "{message}");
+    // One task alone is no warning of the array's.
+    let mut one = array(1, None, 1, json!({}));
+    one["task"]["max_runtime_seconds"] = json!(3600);
+    let single = submit_array(&app, &ml, one).await;
+    assert!(single.get("warnings").is_none(), "{single:#}");
+}
