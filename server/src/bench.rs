@@ -569,6 +569,21 @@ impl Measurement {
     fn decisions_per_second(&self) -> f64 {
         self.decided() as f64 / self.median().as_secs_f64().max(1e-9)
     }
+
+    /// Its columns of a report row: admitted, preempted, waiting, runs, min and median ms,
+    /// decisions per second.
+    fn columns(&self) -> String {
+        format!(
+            "{:>9} {:>9} {:>9} {:>5} {:>10.2} {:>10.2} {:>14}",
+            thousands(self.admitted as u64),
+            thousands(self.preempted as u64),
+            thousands(self.pending as u64),
+            self.runs.len(),
+            self.min().as_secs_f64() * 1e3,
+            self.median().as_secs_f64() * 1e3,
+            thousands(self.decisions_per_second() as u64),
+        )
+    }
 }
 
 /// Times `schedule` on `snapshot`: one warm-up cycle, then at least 5 and at most 21 measured
@@ -621,19 +636,7 @@ pub fn scheduler_report(seed: u64, sizes: &[usize], out: &mut dyn Write) -> io::
             let mut snapshot = base.clone();
             snapshot.config = config;
             let m = measure(&snapshot);
-            writeln!(
-                out,
-                "{:>8}  {:<16} {:>9} {:>9} {:>9} {:>5} {:>10.2} {:>10.2} {:>14}",
-                thousands(size as u64),
-                name,
-                thousands(m.admitted as u64),
-                thousands(m.preempted as u64),
-                thousands(m.pending as u64),
-                m.runs.len(),
-                m.min().as_secs_f64() * 1e3,
-                m.median().as_secs_f64() * 1e3,
-                thousands(m.decisions_per_second() as u64),
-            )?;
+            writeln!(out, "{:>8}  {:<16} {}", thousands(size as u64), name, m.columns())?;
             out.flush()?;
             rows.push((size, name, m));
         }
@@ -699,18 +702,7 @@ fn arrays_report(seed: u64, out: &mut dyn Write) -> io::Result<()> {
     let mut medians = Vec::new();
     for (name, snapshot) in [("separate jobs", &separate), ("array tasks", &arrays)] {
         let m = measure(snapshot);
-        writeln!(
-            out,
-            "{:<16} {:>9} {:>9} {:>9} {:>5} {:>10.2} {:>10.2} {:>14}",
-            name,
-            thousands(m.admitted as u64),
-            thousands(m.preempted as u64),
-            thousands(m.pending as u64),
-            m.runs.len(),
-            m.min().as_secs_f64() * 1e3,
-            m.median().as_secs_f64() * 1e3,
-            thousands(m.decisions_per_second() as u64),
-        )?;
+        writeln!(out, "{name:<16} {}", m.columns())?;
         out.flush()?;
         medians.push(m.median().as_secs_f64());
     }

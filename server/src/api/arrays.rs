@@ -128,7 +128,7 @@ pub async fn list_arrays(
     ListQuery(params): ListQuery<PageParams>,
 ) -> Result<Json<Page<ArrayView>>, ApiError> {
     let page = PageRequest::parse(params)?;
-    let before_seq = cursor_number(page.after.as_deref())?;
+    let before_seq = page.after_number()?;
     let rows = db::arrays::list(&state.db, access.team.id, before_seq, page.fetch()).await?;
     let ids: Vec<ArrayId> = rows.iter().map(|a| a.id).collect();
     let counts: std::collections::HashMap<ArrayId, TaskCounts> =
@@ -141,17 +141,6 @@ pub async fn list_arrays(
             ArrayView::of(a, c)
         },
     )))
-}
-
-/// A cursor this API issued for a list keyed by a number.
-fn cursor_number(after: Option<&str>) -> Result<Option<i64>, ApiError> {
-    after
-        .map(|c| {
-            c.parse::<i64>().map_err(|_| {
-                ApiError::field(FieldError::new("cursor", "invalid_value", "is not a cursor this API issued"))
-            })
-        })
-        .transpose()
 }
 
 /// Reads an array: its state and how many tasks are in each state.
@@ -207,7 +196,7 @@ pub async fn list_array_tasks(
         })?),
     };
     // The cursor is the last index shown; the page starts after it.
-    let from = match cursor_number(page.after.as_deref())? {
+    let from = match page.after_number()? {
         Some(last) => i32::try_from(last.saturating_add(1)).unwrap_or(i32::MAX),
         None => 0,
     };

@@ -457,12 +457,7 @@ pub async fn list_jobs(
             Some(Value::Object(map))
         }
     };
-    let before_seq = match page.after.as_deref() {
-        None => None,
-        Some(c) => Some(c.parse::<i64>().map_err(|_| {
-            ApiError::field(FieldError::new("cursor", "invalid_value", "is not a cursor this API issued"))
-        })?),
-    };
+    let before_seq = page.after_number()?;
     let filter = db::jobs::JobFilter {
         state: params.state.as_deref().and_then(JobState::parse),
         gpu_class: params.gpu_class,

@@ -182,6 +182,23 @@ impl PageRequest {
         Page { items: rows.into_iter().map(view).collect(), next_cursor }
     }
 
+    /// The cursor as the number a list keyed by a number issued; a cursor that is not one
+    /// is a 422 naming `cursor`.
+    pub fn after_number(&self) -> Result<Option<i64>, ApiError> {
+        self.after
+            .as_deref()
+            .map(|c| {
+                c.parse::<i64>().map_err(|_| {
+                    ApiError::field(crate::domain::FieldError::new(
+                        "cursor",
+                        "invalid_value",
+                        "is not a cursor this API issued",
+                    ))
+                })
+            })
+            .transpose()
+    }
+
     /// How many rows to fetch: one more than the page holds.
     pub fn fetch(&self) -> i64 {
         self.limit + 1

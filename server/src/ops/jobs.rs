@@ -688,11 +688,8 @@ pub async fn rerun(
     if let serde_json::Value::Object(env) = &mut new.env {
         env.extend(told.into_iter().map(|(k, v)| (k.to_owned(), serde_json::Value::String(v))));
     }
-    let stored = state.submissions.submit(team.id, by, new.clone(), None).await?.ok_or(Error::CredentialsChanged)?;
-    state.wake_scheduler();
     warnings.extend(dropped);
-    let job = db::jobs::JobRow::submitted(new, stored, team.id, &team.name, &spec.gpu_class, by);
-    Ok(Submitted { job, warnings })
+    store(state, team, by, new, &spec.gpu_class, warnings, None).await
 }
 
 /// Checks `spec` as a submission of `team_id` is checked against the catalogue (classes,
@@ -727,9 +724,23 @@ pub async fn submit(
     check: Option<db::jobs::WriteCheck>,
 ) -> Result<Submitted> {
     let (job, warnings) = validated(state, team.id, "", &spec, version).await?;
+    store(state, team, by, job, &spec.gpu_class, warnings, check).await
+}
+
+/// Stores a validated `job` of `team` (of GPU class `gpu_class`) through the group commit
+/// and wakes the scheduler; the stored job with the `warnings` it was accepted with.
+async fn store(
+    state: &AppState,
+    team: &db::teams::TeamRow,
+    by: &str,
+    job: NewJob,
+    gpu_class: &str,
+    warnings: Vec<FieldError>,
+    check: Option<db::jobs::WriteCheck>,
+) -> Result<Submitted> {
     let stored = state.submissions.submit(team.id, by, job.clone(), check).await?.ok_or(Error::CredentialsChanged)?;
     state.wake_scheduler();
-    let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, &spec.gpu_class, by);
+    let job = db::jobs::JobRow::submitted(job, stored, team.id, &team.name, gpu_class, by);
     Ok(Submitted { job, warnings })
 }
 
