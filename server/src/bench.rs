@@ -401,6 +401,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         submitted_ms: NOW_MS,
         max_runtime_ms: 0,
         allow_spot: false,
+        fixed_nodes_only: false,
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,

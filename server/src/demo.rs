@@ -307,6 +307,7 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64)
         if_dependency_fails: Default::default(),
         accepted_despite: Vec::new(),
         array: None,
+        service: None,
     };
     let id = job.id;
     db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;

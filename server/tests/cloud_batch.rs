@@ -394,6 +394,7 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
             .map(|_| fairway::backends::ReplicaSlot { node: "aws-h100".into(), gpus: (0..8).collect() })
             .collect(),
         array: None,
+        service: None,
     }
 }
 

@@ -72,6 +72,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 if_dependency_fails: Default::default(),
                 accepted_despite: Vec::new(),
                 array: None,
+                service: None,
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &jobs).await.unwrap();

@@ -613,6 +613,7 @@ async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
         workload: Default::default(),
         replicas: vec![ReplicaSlot { node: node.name.clone(), gpus: vec![0] }],
         array: None,
+        service: None,
     };
     backend.submit(&gang).await.expect("submit");
     let started = Instant::now();

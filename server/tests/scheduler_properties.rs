@@ -344,6 +344,8 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         submitted_ms: NOW_MS - r.age_s * 1_000,
         max_runtime_ms: r.runtime_min * 60_000,
         allow_spot: r.age_s % 2 == 0,
+        // Every fifth job is a service's replica: nodes only, never a cloud pool.
+        fixed_nodes_only: r.age_s % 5 == 0,
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,
@@ -444,7 +446,7 @@ type Domain = Vec<(usize, Range<usize>)>;
 /// The domains a job of `class` with `topology` may use. A required level confines the gang
 /// to one domain of that level; an elastic pool has no topology, so it serves only jobs that
 /// require none (a conservative reading: no property below depends on pools serving more).
-fn domains(s: &Snapshot, class: ClassId, topology: Topology, allow_spot: bool) -> Vec<Domain> {
+fn domains(s: &Snapshot, class: ClassId, topology: Topology, allow_spot: bool, fixed_only: bool) -> Vec<Domain> {
     let of_class = || s.nodes.iter().enumerate().filter(move |(_, n)| n.class == class);
     let fixed = || of_class().filter(|(_, n)| !n.elastic);
     let whole = |(i, n): (usize, &Node)| (i, 0..usize::from(n.units));
@@ -455,6 +457,9 @@ fn domains(s: &Snapshot, class: ClassId, topology: Topology, allow_spot: bool) -
             let pools =
                 |spot: bool| of_class().filter(move |(_, n)| n.elastic && n.spot == spot).map(|n| vec![whole(n)]);
             let mut tiers = vec![fixed().map(whole).collect::<Domain>()];
+            if fixed_only {
+                return tiers;
+            }
             if allow_spot {
                 tiers.extend(pools(true));
             }
@@ -487,7 +492,9 @@ fn domains(s: &Snapshot, class: ClassId, topology: Topology, allow_spot: bool) -
 /// the lowest free units of a node, shares best fit on distinct units. Where this finds one,
 /// a correct engine finds one too (it may find more: shares of one gang on one unit, say).
 fn plan(s: &Snapshot, used: &Occupancy, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
-    domains(s, job.class, job.topology, job.allow_spot).into_iter().find_map(|domain| plan_in(used, job, &domain))
+    domains(s, job.class, job.topology, job.allow_spot, job.fixed_nodes_only)
+        .into_iter()
+        .find_map(|domain| plan_in(used, job, &domain))
 }
 
 fn plan_in(used: &Occupancy, job: &JobSpec, domain: &Domain) -> Option<Vec<ReplicaPlacement>> {
@@ -611,6 +618,12 @@ fn check_placements(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             let node = node.unwrap();
             prop_assert_eq!(node.class, job.class, "job {} placed on a node of another class: {:?}", job.id, replica);
             prop_assert!(job.allow_spot || !node.spot, "job {} does not allow spot but runs on {}", job.id, node.name);
+            prop_assert!(
+                !(job.fixed_nodes_only && node.elastic),
+                "job {} takes nodes only but runs in the cloud pool {}",
+                job.id,
+                node.name
+            );
             prop_assert!(
                 !node.elastic || a.placement.iter().all(|r| r.node == replica.node),
                 "job {} is split across a cloud pool and other nodes: {:?}",
@@ -1020,6 +1033,7 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
     let id = 10_000;
     s.pending.push(JobSpec {
         allow_spot: false,
+        fixed_nodes_only: false,
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,

@@ -139,6 +139,7 @@ async fn sigkill_during_webhook_delivery_twenty_times_loses_no_notification_and_
                 if_dependency_fails: Default::default(),
                 accepted_despite: Vec::new(),
                 array: None,
+                service: None,
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &round_jobs).await.unwrap();

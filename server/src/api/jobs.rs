@@ -143,6 +143,10 @@ pub struct JobView {
     /// The array it is a task of, when it is one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub array: Option<ArrayTaskView>,
+    /// The service it is a replica of, when it is one (its `max_runtime_seconds` then reads
+    /// 2147483647: a replica has no maximum runtime).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceReplicaView>,
     /// Only in the answer to a submission, and only when there are some: what may keep the
     /// accepted job from running as asked (e.g. `exceeds_quota` with `wait_for_quota`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -158,6 +162,18 @@ pub struct ArrayTaskView {
     pub index: i32,
     /// The array's task count.
     pub count: i32,
+}
+
+/// A replica's place in its service.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ServiceReplicaView {
+    /// The service (`/api/v1/teams/{team}/services/{name}`).
+    pub name: String,
+    /// Its slot, 0 to the service's replicas - 1 (`FAIRWAY_SERVICE_REPLICA`); slots below the
+    /// minimum run at the service's non-preemptible class.
+    pub slot: i32,
+    /// The service's revision it runs (`FAIRWAY_SERVICE_REVISION`).
+    pub revision: i32,
 }
 
 /// A job another waits for.
@@ -240,6 +256,10 @@ impl From<db::jobs::JobRow> for JobView {
             if_dependency_fails: r.if_dependency_fails,
             array: match (r.array_id, r.array_index, r.array_task_count) {
                 (Some(id), Some(index), Some(count)) => Some(ArrayTaskView { id, index, count }),
+                _ => None,
+            },
+            service: match (r.service, r.service_slot, r.service_revision) {
+                (Some(name), Some(slot), Some(revision)) => Some(ServiceReplicaView { name, slot, revision }),
                 _ => None,
             },
             warnings: Vec::new(),

@@ -14,6 +14,7 @@ pub mod health;
 pub mod jobs;
 pub mod priority_classes;
 pub mod quotas;
+pub mod services;
 pub mod teams;
 pub mod templates;
 pub mod token_exchange;
@@ -96,6 +97,11 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/teams/{team}/arrays/{array}", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/arrays/{array}/tasks", Team(TeamRole::Viewer)),
     route("POST", "/api/v1/teams/{team}/arrays/{array}/cancel", Team(TeamRole::Member)),
+    route("POST", "/api/v1/teams/{team}/services", Team(TeamRole::Member)),
+    route("GET", "/api/v1/teams/{team}/services", Team(TeamRole::Viewer)),
+    route("GET", "/api/v1/teams/{team}/services/{service}", Team(TeamRole::Viewer)),
+    route("PATCH", "/api/v1/teams/{team}/services/{service}", Team(TeamRole::Member)),
+    route("DELETE", "/api/v1/teams/{team}/services/{service}", Team(TeamRole::Member)),
     route("GET", "/api/v1/jobs/{job}", Job(TeamRole::Viewer)),
     route("POST", "/api/v1/jobs/{job}/cancel", Job(TeamRole::Member)),
     route("POST", "/api/v1/jobs/{job}/rerun", Job(TeamRole::Member)),
@@ -147,6 +153,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
         (name = "webhooks", description = "Signed notifications of job ends and budget thresholds, and their delivery logs"),
         (name = "jobs", description = "Jobs: submit, watch, cancel, the queue and dry runs"),
         (name = "arrays", description = "Job arrays: many tasks of one spec, each told its index; their counts, and cancelling them whole"),
+        (name = "services", description = "Inference services: independent replicas with no maximum runtime at one endpoint, restarted, scaled and rolled to new images within the quotas"),
         (name = "quotas", description = "Reserved, burst and lendable GPUs per team and class"),
         (name = "budgets", description = "Monthly budgets per team"),
         (name = "billing", description = "Usage, statements, budget status and finance exports"),
@@ -218,6 +225,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(arrays::get_array))
         .routes(routes!(arrays::list_array_tasks))
         .routes(routes!(arrays::cancel_array))
+        .routes(routes!(services::create_service, services::list_services))
+        .routes(routes!(services::get_service, services::update_service, services::delete_service))
         .routes(routes!(quotas::list_quotas))
         .routes(routes!(quotas::get_quota, quotas::put_quota, quotas::delete_quota))
         .routes(routes!(budgets::list_budgets))

@@ -66,6 +66,23 @@ pub struct Gang {
     /// The array it is a task of, when it is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub array: Option<ArrayTaskEnv>,
+    /// The service it is a replica of, when it is one: it has no maximum runtime, and the
+    /// backend makes it reachable at the service's endpoint ([`Backend::endpoint`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceBinding>,
+}
+
+/// A replica's place in its service, which its environment tells it and its backend's
+/// endpoint routes to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceBinding {
+    pub id: crate::domain::ServiceId,
+    /// The service's name, a DNS-1035 label.
+    pub name: String,
+    pub slot: i32,
+    pub revision: i32,
+    /// The port replicas listen on and the endpoint serves.
+    pub port: i32,
 }
 
 /// A task's place in its array, which its environment tells it.
@@ -215,6 +232,11 @@ impl Gang {
                 env.insert(k.into(), v);
             }
         }
+        if let Some(s) = &self.service {
+            for (k, v) in crate::domain::service::replica_env(&s.name, s.slot, s.revision, s.port) {
+                env.insert(k.into(), v);
+            }
+        }
         env
     }
 
@@ -337,8 +359,20 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
-    /// Creates the gang's object, or does nothing when an object of that name exists.
+    /// Creates the gang's object, or does nothing when an object of that name exists. A
+    /// service's replica is also made reachable at [`Backend::endpoint`].
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError>;
+
+    /// Where the service `gang` is a replica of can be reached on this backend, or why it
+    /// cannot run here. Backends that run batch jobs to completion (cloud batch pools) take
+    /// no services.
+    fn endpoint(&self, team: &str, service: &ServiceBinding) -> Result<String, BackendError> {
+        let _ = (team, service);
+        Err(BackendError::Rejected(format!(
+            "{} clusters do not take services: they run batch jobs to completion; a service's replicas run on Kubernetes or simulated clusters",
+            self.kind()
+        )))
+    }
 
     /// Asks the object to stop: SIGTERM, then a kill after `grace`. Succeeds when the object
     /// does not exist or is already stopping.

@@ -205,6 +205,7 @@ mod tests {
             workload,
             replicas: Vec::new(),
             array: None,
+            service: None,
         }
     }
 

@@ -54,7 +54,7 @@
 //! | `FAIRWAY_SIM_CHECKPOINT_SECONDS` | time to checkpoint and exit after SIGTERM | 1 |
 //! | `FAIRWAY_SIM_LOG_EVERY_SECONDS` | a progress line per replica this often (0: none) | 10 |
 //! | `FAIRWAY_SIM_FAIL_MESSAGE` | the error a failing job prints before a non-zero exit | a CUDA error |
-//! | `FAIRWAY_SIM_FAIL_TASKS` | array tasks (indices, comma-separated) whose first attempt exits 1 | none |
+//! | `FAIRWAY_SIM_FAIL_TASKS` | array tasks (indices) or service replicas (slots), comma-separated, whose first attempt exits 1 | none |
 //!
 //! Each replica writes a log as a training job does ([`log_lines`]): where it runs and from
 //! which step, a progress line (step, loss, throughput) every `FAIRWAY_SIM_LOG_EVERY_SECONDS`,
@@ -415,6 +415,12 @@ impl Backend for SimBackend {
         "sim"
     }
 
+    /// A name in the simulated cluster's own domain: nothing listens there, but it is where
+    /// a real cluster's Service would be, one per service and cluster.
+    fn endpoint(&self, team: &str, service: &super::ServiceBinding) -> Result<String, BackendError> {
+        Ok(format!("{}.{team}.{}.sim.fairway.internal:{}", service.name, self.config.cluster, service.port))
+    }
+
     fn declared_classes(&self) -> Vec<ClassDecl> {
         self.config
             .classes
@@ -504,16 +510,20 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
         return Err(BackendError::Rejected(format!("the sim speedup {} is not a positive number", config.speedup)));
     }
     check_placement(gang, config)?;
-    let runtime = duration_hint(gang, RUNTIME_HINT)?.unwrap_or(config.default_runtime_seconds);
+    let runtime_hint = duration_hint(gang, RUNTIME_HINT)?;
+    let runtime = runtime_hint.unwrap_or(config.default_runtime_seconds);
     let mut exit_code = hint::<i32>(gang, EXIT_CODE_HINT)?.unwrap_or(0);
     if exit_code == 0 && gang.attempt <= 1 && fails_as_task(gang)? {
         exit_code = 1;
     }
+    // A service's replica serves until it is stopped, unless it was told to end (or named
+    // to fail, after the default run time).
+    let serves = gang.service.is_some() && exit_code == 0 && runtime_hint.is_none();
     let lose_node_after = duration_hint(gang, LOSE_NODE_HINT)?;
     let checkpoint = duration_hint(gang, CHECKPOINT_HINT)?.unwrap_or(DEFAULT_CHECKPOINT_SECONDS);
     let log_every = duration_hint(gang, LOG_EVERY_HINT)?.unwrap_or(DEFAULT_LOG_EVERY_SECONDS);
     let scale = |seconds: f64| scaled_ms(seconds, config.speedup);
-    let deadline_ms = scale(gang.max_runtime.as_secs_f64());
+    let deadline_ms = gang.service.is_none().then(|| scale(gang.max_runtime.as_secs_f64()));
     let start_delay_ms = i64::try_from(config.start_delay_ms).unwrap_or(i64::MAX);
     let gang_json = serde_json::to_value(gang)
         .map_err(|e| BackendError::Rejected(format!("the gang cannot be stored as JSON: {e}")))?;
@@ -535,7 +545,7 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
         created_at: now,
         // Uncapped: `phase_at` ends the run at the deadline when that comes first, and must
         // be able to tell the two apart.
-        run_ms: scale(runtime),
+        run_ms: if serves { SERVES_FOR_MS } else { scale(runtime) },
         exit_code,
         lost_after_ms: lose_node_after.map(scale),
         checkpoint_ms: scale(checkpoint),
@@ -579,8 +589,12 @@ fn check_placement(gang: &Gang, config: &SimConfig) -> Result<(), BackendError> 
     Ok(())
 }
 
-/// Whether the gang is an array task that [`FAIL_TASKS_HINT`] names; a list that does not
-/// parse rejects the gang, array task or not.
+/// How long a service's replica "runs" in the simulator when nothing ends it: a century,
+/// which no test or demo outlives, and far from any overflow of the instants it is added to.
+const SERVES_FOR_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
+
+/// Whether the gang is an array task or a service's replica whose index or slot
+/// [`FAIL_TASKS_HINT`] names; a list that does not parse rejects the gang, whatever it is.
 fn fails_as_task(gang: &Gang) -> Result<bool, BackendError> {
     let Some(list) = gang.env.get(FAIL_TASKS_HINT) else { return Ok(false) };
     let mut named = false;
@@ -589,6 +603,7 @@ fn fails_as_task(gang: &Gang) -> Result<bool, BackendError> {
             .parse()
             .map_err(|_| BackendError::Rejected(format!("{FAIL_TASKS_HINT}={list:?} is not a list of task indices")))?;
         named |= gang.array.is_some_and(|a| a.index == index);
+        named |= gang.service.as_ref().is_some_and(|s| s.slot == index);
     }
     Ok(named)
 }
@@ -899,6 +914,7 @@ mod tests {
             workload: Default::default(),
             replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
             array: None,
+            service: None,
         }
     }
 

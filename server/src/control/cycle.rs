@@ -111,6 +111,8 @@ pub async fn run_with(
     let dependencies = super::dependencies::resolve(pool, epoch).await?;
     // And so do the tasks their arrays' parallelism now has room for.
     let arrays = super::arrays::release(pool, epoch).await?;
+    // And the replicas services now need; replicas they no longer need are stopped.
+    super::services::reconcile(pool, epoch).await?;
     let world = world(pool, &config.engine, &config.pricing, live, forecast).await?;
     let read = started.elapsed();
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {

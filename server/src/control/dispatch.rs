@@ -75,9 +75,17 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::outbox::OutboxRo
                 return Ok(());
             };
             let gang = gang(&job, &object);
-            let result = call(backend.submit(&gang)).await;
+            // A service's replica runs only where the service can be reached.
+            let endpoint = gang.service.as_ref().map(|s| backend.endpoint(&gang.team, s)).transpose();
+            let result = match endpoint {
+                Ok(endpoint) => call(backend.submit(&gang)).await.map(|()| endpoint),
+                Err(e) => Err(e),
+            };
             match result {
-                Ok(()) => {
+                Ok(endpoint) => {
+                    if let (Some(service), Some(address)) = (&gang.service, endpoint) {
+                        db::services::set_endpoint(tx, service.id, &cluster, &address).await?;
+                    }
                     db::outbox::mark_dispatched(tx, row.job_id, row.attempt).await?;
                     db::jobs::add_event(
                         tx,
@@ -189,6 +197,12 @@ pub fn gang(job: &db::jobs::JobRow, object: &str) -> Gang {
         replicas,
         array: match (job.array_id, job.array_index, job.array_task_count) {
             (Some(id), Some(index), Some(count)) => Some(crate::backends::ArrayTaskEnv { id, index, count }),
+            _ => None,
+        },
+        service: match (job.service_id, &job.service, job.service_slot, job.service_revision, job.service_port) {
+            (Some(id), Some(name), Some(slot), Some(revision), Some(port)) => {
+                Some(crate::backends::ServiceBinding { id, name: name.clone(), slot, revision, port })
+            }
             _ => None,
         },
     }

@@ -26,6 +26,7 @@ pub mod logs;
 pub mod meter;
 pub mod notify;
 pub mod reconcile;
+pub mod services;
 pub mod wake;
 pub mod world;
 

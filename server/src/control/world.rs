@@ -188,7 +188,13 @@ impl World {
                 world.snapshot.running.push(RunningJob {
                     spec,
                     started_ms: started,
-                    last_checkpoint_ms: job.last_checkpoint_at.map(millis),
+                    // A replica of a service keeps no progress: stopping it loses no work, so it
+                    // is the first victim a preemption considers.
+                    last_checkpoint_ms: if job.service_replica {
+                        Some(now_ms)
+                    } else {
+                        job.last_checkpoint_at.map(millis)
+                    },
                     placement,
                     terminating: !matches!(job.state, JobState::Admitted | JobState::Running),
                 });
@@ -213,6 +219,7 @@ impl World {
             submitted_ms: millis(job.submitted_at),
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
+            fixed_nodes_only: job.service_replica,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
             grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
@@ -240,6 +247,7 @@ impl World {
             submitted_ms: self.snapshot.now_ms,
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
+            fixed_nodes_only: job.service.is_some(),
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
             grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
@@ -511,6 +519,7 @@ mod tests {
             pending_reason: None,
             allow_spot: false,
             held: false,
+            service_replica: false,
         }
     }
 
@@ -555,6 +564,7 @@ mod tests {
             depends_on: Vec::new(),
             if_dependency_fails: Default::default(),
             array: None,
+            service: None,
             accepted_despite: Vec::new(),
         };
         assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));

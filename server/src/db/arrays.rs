@@ -201,17 +201,3 @@ pub async fn lock_open_tasks(tx: &mut Tx<'_>, id: ArrayId) -> Result<Vec<OpenTas
     .fetch_all(&mut **tx)
     .await
 }
-
-/// Cancels tasks that hold no GPUs at once (one statement, however many).
-pub async fn cancel_idle(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<(), sqlx::Error> {
-    sqlx::query!(
-        "update jobs set state = 'cancelled', waits_for_dependencies = false, held_by_array = false,
-                finished_at = now(), pending_reason = null, pending_message = null, pending_figures = null,
-                queue_position = null, expected_start_at = null, updated_at = now(), version = version + 1
-         where id = any($1) and not holds_gpus",
-        ids as &[JobId]
-    )
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}

@@ -9,7 +9,8 @@ use super::Tx;
 use crate::domain::{
     dependency::{After, IfDependencyFails},
     workload::Workload,
-    ArrayId, GpuClassId, JobId, JobState, TeamId, TokenId, TopologyLevel, TopologyMode, TopologyWish, WaitFigures,
+    ArrayId, GpuClassId, JobId, JobState, ServiceId, TeamId, TokenId, TopologyLevel, TopologyMode, TopologyWish,
+    WaitFigures,
 };
 use uuid::Uuid;
 
@@ -72,6 +73,13 @@ pub struct JobRow {
     pub array_id: Option<ArrayId>,
     pub array_index: Option<i32>,
     pub array_task_count: Option<i32>,
+    /// The service it is a replica of, with its slot and revision, the service's name and
+    /// the port its replicas listen on.
+    pub service_id: Option<ServiceId>,
+    pub service_slot: Option<i32>,
+    pub service_revision: Option<i32>,
+    pub service: Option<String>,
+    pub service_port: Option<i32>,
 }
 
 /// A job to insert; every value already validated.
@@ -111,6 +119,19 @@ pub struct NewJob {
     pub accepted_despite: Vec<String>,
     /// The array it is a task of, when it is one.
     pub array: Option<ArrayTask>,
+    /// The service it is a replica of, when it is one.
+    pub service: Option<ServiceReplica>,
+}
+
+/// A job's place in its service.
+#[derive(Debug, Clone)]
+pub struct ServiceReplica {
+    pub service_id: ServiceId,
+    pub name: String,
+    pub port: i32,
+    /// 0 to the service's replicas - 1.
+    pub slot: i32,
+    pub revision: i32,
 }
 
 /// A job's place in its array.
@@ -211,6 +232,10 @@ pub async fn insert_submissions(
     let indices: Vec<Option<i32>> = submissions.iter().map(|s| s.job.array.as_ref().map(|a| a.index)).collect();
     let held: Vec<Option<String>> =
         submissions.iter().map(|s| s.job.array.as_ref().and_then(|a| a.held.clone())).collect();
+    let services: Vec<Option<ServiceId>> =
+        submissions.iter().map(|s| s.job.service.as_ref().map(|r| r.service_id)).collect();
+    let slots: Vec<Option<i32>> = submissions.iter().map(|s| s.job.service.as_ref().map(|r| r.slot)).collect();
+    let revisions: Vec<Option<i32>> = submissions.iter().map(|s| s.job.service.as_ref().map(|r| r.revision)).collect();
     let (mut dependents, mut depended, mut afters) = (Vec::new(), Vec::new(), Vec::new());
     for s in submissions {
         for &(on, after) in &s.job.depends_on {
@@ -227,20 +252,22 @@ pub async fn insert_submissions(
                                  preemption_grace_seconds, max_retries, allow_spot, submitted_by,
                                  expected_runtime_seconds, waits_for_dependencies, if_dependency_fails,
                                  array_id, array_index, held_by_array, pending_reason, pending_message,
-                                 cpu_millis, memory_mib, workload)
+                                 cpu_millis, memory_mib, workload, service_id, service_slot, service_revision)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
                       u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected, u.waits,
                       u.if_fails, u.array_id, u.array_index, u.held is not null,
                       case when u.held is not null then 'array_task_limit' end, u.held,
-                      u.cpu, u.memory, u.workload
+                      u.cpu, u.memory, u.workload, u.service_id, u.service_slot, u.service_revision
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
                            $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[], $29::uuid[],
-                           $30::int4[], $31::text[], $32::int4[], $33::int4[], $34::jsonb[])
+                           $30::int4[], $31::text[], $32::int4[], $33::int4[], $34::jsonb[], $35::uuid[],
+                           $36::int4[], $37::int4[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
                          mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails,
-                         array_id, array_index, held, cpu, memory, workload)
+                         array_id, array_index, held, cpu, memory, workload, service_id, service_slot,
+                         service_revision)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -289,6 +316,9 @@ pub async fn insert_submissions(
         &cpus as &[Option<i32>],
         &memories as &[Option<i32>],
         &workloads,
+        &services as &[Option<ServiceId>],
+        &slots as &[Option<i32>],
+        &revisions as &[Option<i32>],
     )
     .fetch_all(db)
     .await
@@ -350,6 +380,11 @@ impl JobRow {
             array_id: job.array.as_ref().map(|a| a.array_id),
             array_index: job.array.as_ref().map(|a| a.index),
             array_task_count: job.array.as_ref().map(|a| a.count),
+            service_id: job.service.as_ref().map(|r| r.service_id),
+            service_slot: job.service.as_ref().map(|r| r.slot),
+            service_revision: job.service.as_ref().map(|r| r.revision),
+            service_port: job.service.as_ref().map(|r| r.port),
+            service: job.service.map(|r| r.name),
         }
     }
 }
@@ -360,6 +395,21 @@ impl JobRow {
 /// only one submission commit at a time.
 pub async fn wake_scheduler(pool: &PgPool) -> Result<(), sqlx::Error> {
     sqlx::query!("select pg_notify($1, '')", SCHEDULE_CHANNEL).execute(pool).await?;
+    Ok(())
+}
+
+/// Cancels jobs that hold no GPUs at once (one statement, however many): an array's
+/// tasks, a service's replicas.
+pub async fn cancel_idle(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "update jobs set state = 'cancelled', waits_for_dependencies = false, held_by_array = false,
+                finished_at = now(), pending_reason = null, pending_message = null, pending_figures = null,
+                queue_position = null, expected_start_at = null, updated_at = now(), version = version + 1
+         where id = any($1) and not holds_gpus",
+        ids as &[JobId]
+    )
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
@@ -388,12 +438,15 @@ macro_rules! select_jobs {
                   j.queue_position, j.expected_start_at, j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,
                   j.submitted_at, j.admitted_at, j.dispatched_at, j.started_at, j.finished_at, j.updated_at,
                   j.version, j.if_dependency_fails as "if_dependency_fails: IfDependencyFails",
-                  j.array_id as "array_id: ArrayId", j.array_index, a.task_count as "array_task_count?"
+                  j.array_id as "array_id: ArrayId", j.array_index, a.task_count as "array_task_count?",
+                  j.service_id as "service_id: ServiceId", j.service_slot, j.service_revision,
+                  s.name as "service?", s.port as "service_port?"
            from jobs j
            join teams t on t.id = j.team_id
            join gpu_classes c on c.id = j.gpu_class_id
            left join clusters cl on cl.id = j.cluster_id
            left join job_arrays a on a.id = j.array_id
+           left join services s on s.id = j.service_id
            "# + $rest,
             $($arg),*
         )
@@ -460,6 +513,20 @@ pub async fn array_tasks(
         from_index,
         state.map(JobState::as_str),
         limit
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// The replicas of service `id` that run or will, or still give GPUs back, and those
+/// that ended since `since`, in slot order (newest first within a slot).
+pub async fn service_replicas(pool: &PgPool, id: ServiceId, since: DateTime<Utc>) -> Result<Vec<JobRow>, sqlx::Error> {
+    select_jobs!(
+        r#"where j.service_id = $1
+             and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus or j.finished_at >= $2)
+           order by j.service_slot, j.seq desc"#,
+        id as ServiceId,
+        since
     )
     .fetch_all(pool)
     .await

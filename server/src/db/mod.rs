@@ -28,6 +28,7 @@ pub mod outbox;
 pub mod priority_classes;
 pub mod quotas;
 pub mod schema;
+pub mod services;
 pub mod sim;
 pub mod snapshot;
 pub mod teams;

@@ -84,6 +84,9 @@ pub struct LiveJob {
     /// parallelism holds it. The engine does not see it until the leader's dependency or
     /// array pass releases it (`control::dependencies`, `control::arrays`).
     pub held: bool,
+    /// A service's replica: it runs on nodes only, never in a cloud pool, and keeps no
+    /// progress that a preemption could lose.
+    pub service_replica: bool,
 }
 
 /// Everything a snapshot is built from, read in one repeatable-read transaction.
@@ -160,7 +163,8 @@ macro_rules! select_live_jobs {
                       topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot,
-                      (waits_for_dependencies or held_by_array) as "held!"
+                      (waits_for_dependencies or held_by_array) as "held!",
+                      service_id is not null as "service_replica!"
                from jobs
                "# + $rest
             $(, $arg)*

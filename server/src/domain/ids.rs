@@ -88,6 +88,8 @@ id_type! {
     CiTrustId;
     /// The id of a job array.
     ArrayId;
+    /// The id of an inference service.
+    ServiceId;
 }
 
 #[cfg(test)]

@@ -9,10 +9,11 @@ mod ids;
 pub mod job;
 mod names;
 mod roles;
+pub mod service;
 pub mod workload;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
-pub use ids::{ArrayId, CiTrustId, ClusterId, GpuClassId, JobId, TeamId, TokenId, UserId, WebhookId};
+pub use ids::{ArrayId, CiTrustId, ClusterId, GpuClassId, JobId, ServiceId, TeamId, TokenId, UserId, WebhookId};
 pub use job::{
     BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures, WaitedJob,
 };

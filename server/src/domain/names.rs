@@ -9,7 +9,7 @@ use super::FieldError;
 
 /// Shared rule for identifier-like names: lowercase ASCII letters and digits, with the
 /// given separators inside (never first or last, never two in a row).
-fn check_name(field: &str, value: &str, max: usize, separators: &[u8]) -> Result<(), FieldError> {
+pub(super) fn check_name(field: &str, value: &str, max: usize, separators: &[u8]) -> Result<(), FieldError> {
     if value.is_empty() {
         return Err(FieldError::new(field, "empty", "must not be empty"));
     }

@@ -122,7 +122,7 @@ pub async fn cancel(state: &AppState, actor: &str, team_id: crate::domain::TeamI
     let open = db::arrays::lock_open_tasks(&mut tx, id).await?;
     let (stopping, idle): (Vec<_>, Vec<_>) = open.into_iter().partition(|t| t.holds_gpus);
     let idle_ids: Vec<JobId> = idle.iter().map(|t| t.job_id).collect();
-    db::arrays::cancel_idle(&mut tx, &idle_ids).await?;
+    db::jobs::cancel_idle(&mut tx, &idle_ids).await?;
     let mut events: Vec<NewEvent> = idle
         .iter()
         .map(|t| NewEvent {

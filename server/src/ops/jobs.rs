@@ -479,6 +479,7 @@ impl Catalogue {
             if_dependency_fails: spec.if_dependency_fails.unwrap_or_default(),
             accepted_despite: Vec::new(),
             array: None,
+            service: None,
         };
         Ok(Validated { job, warnings })
     }

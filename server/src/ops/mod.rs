@@ -17,6 +17,7 @@ pub mod jobs;
 pub mod logs;
 pub mod priority_classes;
 pub mod quotas;
+pub mod services;
 pub mod sign_in;
 pub mod single_sign_on;
 pub mod teams;

@@ -71,8 +71,9 @@ pub(super) struct Cycle<'a> {
     pub(super) admitted_ends: Vec<(i64, ClassId, JobId, Vec<ReplicaPlacement>)>,
     pub(super) reservations: BTreeMap<ClassId, Reservation>,
     /// Shapes that found no placement this cycle; free space only shrinks within a cycle.
-    /// Whether the job allows spot is part of the shape: it widens where the job may go.
-    unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey, bool)>,
+    /// Whether the job allows spot, and whether it may use cloud pools at all, are part of
+    /// the shape: they change where the job may go.
+    unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey, bool, bool)>,
     /// (team, class, priority, within reserved) → smallest demand whose preemption failed.
     pub(super) unpreemptable: BTreeMap<(TeamId, ClassId, u8, bool, bool), u64>,
     pub(super) decisions: Decisions,
@@ -424,7 +425,14 @@ impl<'a> Cycle<'a> {
     /// Finds the job a placement in free capacity, remembering shapes that found none: free
     /// space only shrinks within a cycle, so the same shape cannot fit later either.
     fn place(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
-        let shape = (job.class, job.replicas, job.milli_per_replica, topology_key(job.topology), job.allow_spot);
+        let shape = (
+            job.class,
+            job.replicas,
+            job.milli_per_replica,
+            topology_key(job.topology),
+            job.allow_spot,
+            job.fixed_nodes_only,
+        );
         if self.unplaceable.contains(&shape) {
             return None;
         }

@@ -245,7 +245,7 @@ impl Inventory {
                 self.find_within(job, level, own).or_else(|| self.place_replicas(job, None, own))
             }
         };
-        if found.is_some() || !has_elastic {
+        if found.is_some() || !has_elastic || job.fixed_nodes_only {
             return found;
         }
         // A cloud gang is one job of one pool (one queue, one price): never split across pools.
@@ -514,6 +514,7 @@ mod tests {
             submitted_ms: 0,
             max_runtime_ms: 1,
             allow_spot: false,
+            fixed_nodes_only: false,
             kind: None,
             expected_runtime_ms: None,
             grace_ms: None,
@@ -539,6 +540,17 @@ mod tests {
         inv.allocate(&[ReplicaPlacement { node: 0, units: (0..8).map(|u| (u, 1000)).collect() }]);
         assert!(inv.find(&job(1, 8000, Topology::Any)).is_none());
         assert_eq!(inv.find(&tolerant).unwrap()[0].node, 1);
+    }
+
+    #[test]
+    fn a_service_replica_takes_own_nodes_only_never_a_cloud_pool() {
+        let nodes = [pool("on-demand", 8, false), node("own", 8, 0)];
+        let mut inv = Inventory::new(&nodes, 1);
+        let replica = JobSpec { fixed_nodes_only: true, ..job(1, 4000, Topology::Any) };
+        assert_eq!(inv.find(&replica).unwrap()[0].node, 1);
+        inv.allocate(&[ReplicaPlacement { node: 1, units: (0..8).map(|u| (u, 1000)).collect() }]);
+        assert!(inv.find(&replica).is_none(), "the own node is full: it waits rather than go to the pool");
+        assert_eq!(inv.find(&job(1, 4000, Topology::Any)).unwrap()[0].node, 0, "a batch job takes the pool");
     }
 
     #[test]

@@ -160,6 +160,7 @@ mod tests {
             submitted_ms: 0,
             max_runtime_ms,
             allow_spot: false,
+            fixed_nodes_only: false,
             kind,
             expected_runtime_ms: None,
             grace_ms: None,

@@ -152,6 +152,9 @@ pub struct JobSpec {
     pub max_runtime_ms: i64,
     /// The job tolerates spot capacity (interruptions requeue it).
     pub allow_spot: bool,
+    /// Only nodes, never elastic cloud pools: a service's replica (cloud batch pools run
+    /// batch jobs to completion and take no services).
+    pub fixed_nodes_only: bool,
     /// What the job is for runtime history (a hash of its name, see
     /// [`runtime::kind_of`](super::runtime::kind_of)); `None` when it has none.
     pub kind: Option<super::runtime::KindId>,

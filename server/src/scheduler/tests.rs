@@ -75,6 +75,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         submitted_ms: NOW - HOUR + id as i64,
         max_runtime_ms: 4 * HOUR,
         allow_spot: false,
+        fixed_nodes_only: false,
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,

@@ -203,6 +203,7 @@ impl Place for FairwayPlacer {
             submitted_ms: 0,
             max_runtime_ms: 1,
             allow_spot: false,
+            fixed_nodes_only: false,
             kind: None,
             expected_runtime_ms: None,
             grace_ms: None,

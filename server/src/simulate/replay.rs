@@ -460,6 +460,7 @@ impl<'a> Replay<'a> {
             submitted_ms: j.submit_ms,
             max_runtime_ms: j.max_runtime_ms,
             allow_spot: false,
+            fixed_nodes_only: false,
             kind: Some(trace_kind(j)),
             expected_runtime_ms: None,
             grace_ms: None,

@@ -60,6 +60,12 @@ fn job_spec() -> Value {
     json!({"name": "matrix", "gpu_class": "h100", "image": "registry.example/train:1", "command": ["python", "train.py"]})
 }
 
+/// A service body every caller allowed to create one may send: one replica at the default
+/// (non-preemptible) class, within team A's reserved quota.
+fn service_spec(name: &str) -> Value {
+    json!({"name": name, "replica": {"gpu_class": "h100", "image": "registry.example/serve:1"}})
+}
+
 fn matrix() -> Vec<Row> {
     let soon = (chrono::Utc::now() + chrono::Duration::days(7)).to_rfc3339();
     let later = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339();
@@ -166,6 +172,24 @@ fn matrix() -> Vec<Row> {
         row("GET", "/api/v1/teams/{team}/arrays/{array}/tasks", TEAM_READ, None),
         // Its tasks are pending: the first allowed cancel cancels them, the next finds none left.
         row("POST", "/api/v1/teams/{team}/arrays/{array}/cancel", TEAM_MEMBER, None),
+        // The first allowed caller creates it; the next finds the name taken.
+        Row {
+            allowed_problem: Some((409, "service_exists")),
+            ..row("POST", "/api/v1/teams/{team}/services", TEAM_MEMBER, Some(service_spec("web")))
+        },
+        row("GET", "/api/v1/teams/{team}/services", TEAM_READ, None),
+        row("GET", "/api/v1/teams/{team}/services/{service}", TEAM_READ, None),
+        row(
+            "PATCH",
+            "/api/v1/teams/{team}/services/{service}",
+            TEAM_MEMBER,
+            Some(json!({"image": "registry.example/serve:2"})),
+        ),
+        // The first allowed caller deletes it; the next finds it gone.
+        Row {
+            allowed_problem: Some((404, "not_found")),
+            ..row("DELETE", "/api/v1/teams/{team}/services/{service}", TEAM_MEMBER, None)
+        },
         row("GET", "/api/v1/jobs/{job}", TEAM_READ, None),
         // The job is pending: the first allowed cancel cancels it, the next finds it cancelled.
         row("POST", "/api/v1/jobs/{job}/cancel", TEAM_MEMBER, None),
@@ -315,6 +339,9 @@ async fn fixture() -> Fixture {
         .await;
     array.assert_status(201);
     let array_id = array.json()["id"].as_str().expect("array id").to_owned();
+    app.send(call("POST", "/api/v1/teams/team-a/services").token(&admin).json(&service_spec("chat")))
+        .await
+        .assert_status(201);
     let callers = vec![None, Some(viewer), Some(member), Some(admin_b), Some(token_b), Some(finance), Some(platform)];
     Fixture { app, callers, token_id: token_a_id, job_id, webhook_id, array_id }
 }
@@ -334,6 +361,7 @@ fn concrete(path: &str, fixture: &Fixture) -> String {
         .replace("{webhook}", &fixture.webhook_id)
         .replace("{array}", &fixture.array_id)
         .replace("{template}", "nightly")
+        .replace("{service}", "chat")
         .replace("{trust}", "deploy")
         .replace("{gpu_class}", "h100")
         .replace("{period}", &next_month())

@@ -85,6 +85,7 @@ async fn admitted_job(s: &Setup, team: TeamId, class: GpuClassId, gpus: i32, nam
         if_dependency_fails: Default::default(),
         accepted_despite: Vec::new(),
         array: None,
+        service: None,
     };
     let id = job.id;
     db::jobs::insert_many(&s.app.pool, team, "test", &[job]).await.expect("insert job");

@@ -924,6 +924,7 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             if_dependency_fails: Default::default(),
             accepted_despite: Vec::new(),
             array: None,
+            service: None,
         };
         writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });
     }

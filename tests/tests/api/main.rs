@@ -20,6 +20,7 @@ mod observability;
 mod openapi;
 mod portal;
 mod portal_admin;
+mod services;
 mod sim_backend;
 mod single_sign_on;
 mod templates;

@@ -33,6 +33,7 @@ fn gang(env: &[(&str, &str)]) -> Gang {
         workload: Default::default(),
         replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
         array: None,
+        service: None,
     }
 }
 

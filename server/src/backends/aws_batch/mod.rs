@@ -888,6 +888,7 @@ mod tests {
             workload: Default::default(),
             replicas: Vec::new(),
             array: None,
+            service: None,
         };
         let asked = replica_resources(&gang(Some(2500), Some(32768)), &pool, 2, "aws").unwrap().unwrap();
         let figures: Vec<(String, String)> = asked

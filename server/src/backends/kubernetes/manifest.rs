@@ -25,7 +25,7 @@ use k8s_openapi::api::{
 };
 use serde_json::{json, Value};
 
-use crate::backends::Gang;
+use crate::backends::{Gang, ServiceBinding};
 
 /// Label every object we create carries; watches select on it.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", "fairway");
@@ -38,6 +38,8 @@ pub const ATTEMPT_LABEL: &str = "fairway.dev/attempt";
 pub const TEAM_LABEL: &str = "fairway.dev/team";
 pub const PRIORITY_LABEL: &str = "fairway.dev/priority-class";
 pub const RANK_LABEL: &str = "fairway.dev/rank";
+/// The service a replica's pod serves, which the service's own Service selects.
+pub const SERVICE_LABEL: &str = "fairway.dev/service";
 /// Service annotation: the gang's replica count.
 pub const REPLICAS_ANNOTATION: &str = "fairway.dev/replicas";
 /// Service annotation, set once every pod of the gang exists: from then on a missing pod
@@ -186,6 +188,31 @@ pub fn service(gang: &Gang, namespace: &str, cluster: &str, complete: bool) -> S
     }))
 }
 
+/// The name of a service's Service in its team's namespace (a DNS-1035 label: service
+/// names are at most 50 characters and start with a letter).
+pub fn endpoint_name(service: &str) -> String {
+    format!("fw-svc-{service}")
+}
+
+/// A service's stable endpoint: a ClusterIP Service over the pods of every replica of the
+/// service, whatever their attempt or revision. It carries no object label, so it is never
+/// read as a gang.
+pub fn endpoint(team: &str, binding: &ServiceBinding, namespace: &str, cluster: &str) -> Service {
+    let mut labels = managed_labels(cluster);
+    labels.insert(TEAM_LABEL.into(), team.to_owned());
+    labels.insert(SERVICE_LABEL.into(), binding.name.clone());
+    from_json(json!({
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": { "name": endpoint_name(&binding.name), "namespace": namespace, "labels": labels },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": { SERVICE_LABEL: binding.name },
+            "ports": [{ "name": "serve", "protocol": "TCP", "port": binding.port, "targetPort": binding.port }],
+        },
+    }))
+}
+
 /// What a replica asks for and where it must run.
 #[derive(Debug, Clone)]
 pub struct ReplicaTarget {
@@ -212,6 +239,9 @@ pub fn pod(
         gang.labels.iter().filter(|(k, v)| user_label_allowed(k, v)).map(|(k, v)| (k.clone(), v.clone())).collect();
     labels.extend(gang_labels(gang, &settings.cluster));
     labels.insert(RANK_LABEL.into(), rank.to_string());
+    if let Some(binding) = &gang.service {
+        labels.insert(SERVICE_LABEL.into(), binding.name.clone());
+    }
     let world = gang.replicas.len().to_string();
     let master = format!("{}.{}", pod_name(&gang.object, 0), gang.object);
     // The platform's variables (`Gang::env`) and the rendezvous ones win over the user's.
@@ -312,7 +342,8 @@ pub fn pod(
             "hostNetwork": false,
             "hostPID": false,
             "hostIPC": false,
-            "activeDeadlineSeconds": gang.max_runtime.as_secs().max(1),
+            // A service's replica has no maximum runtime.
+            "activeDeadlineSeconds": gang.service.is_none().then(|| gang.max_runtime.as_secs().max(1)),
             "affinity": { "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
                 "nodeSelectorTerms": [{ "matchExpressions": [{
                     "key": "kubernetes.io/hostname",
@@ -414,6 +445,7 @@ mod tests {
             workload: Default::default(),
             replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: (0..8).collect() }).collect(),
             array: None,
+            service: None,
         }
     }
 

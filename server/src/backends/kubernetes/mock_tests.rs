@@ -103,6 +103,7 @@ fn gang(replicas: usize) -> Gang {
         workload: Default::default(),
         replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: vec![0, 1] }).collect(),
         array: None,
+        service: None,
     }
 }
 

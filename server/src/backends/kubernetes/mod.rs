@@ -513,6 +513,12 @@ impl Backend for KubeBackend {
         self.stop_gang(object, grace).await
     }
 
+    /// The cluster DNS name of the service's Service in the team's namespace.
+    fn endpoint(&self, team: &str, service: &crate::backends::ServiceBinding) -> Result<String, BackendError> {
+        let namespace = manifest::namespace_for(&self.config.namespace_prefix, team);
+        Ok(format!("{}.{namespace}.svc:{}", manifest::endpoint_name(&service.name), service.port))
+    }
+
     async fn objects(&self) -> Result<Vec<ObjectStatus>, BackendError> {
         self.gang_statuses().await
     }
@@ -563,6 +569,13 @@ impl KubeBackend {
             {
                 return Ok(());
             }
+        }
+        if let Some(binding) = &gang.service {
+            let endpoint = manifest::endpoint(&gang.team, binding, &namespace, cluster);
+            services
+                .patch(&manifest::endpoint_name(&binding.name), &Self::apply_params(), &Patch::Apply(&endpoint))
+                .await
+                .map_err(|e| api_error(cluster, "apply service endpoint", e))?;
         }
         let service = manifest::service(gang, &namespace, cluster, false);
         let applied = services
