@@ -281,6 +281,63 @@ async fn an_array_submitted_with_wait_reports_its_counts_and_exits_with_its_fail
 }
 
 #[tokio::test]
+async fn a_service_deployed_and_rolled_from_the_client_waits_until_every_replica_runs_the_new_image() {
+    let p = Platform::start("service").await;
+    let create = [
+        "service",
+        "create",
+        "--name",
+        "chat",
+        "--gpu-class",
+        CLASS,
+        "--image",
+        "ghcr.io/acme/chat:1",
+        "--min",
+        "2",
+        "--max",
+        "3",
+        "--env",
+        "FAIRWAY_SIM_LOG_EVERY_SECONDS=0",
+        "--wait",
+        "--timeout",
+        "60s",
+    ];
+    let run = p.run(&mut p.fairway(&create)).await;
+    assert_eq!(run.code, Some(0), "{run}\n{}", p.log_tail());
+    assert!(run.stderr.contains("service chat (2..3 replicas): starting"), "it reported the start: {run}");
+    assert!(run.stdout.starts_with("service chat (2..3 replicas): ready; 2 of 2 running revision 1"), "{run}");
+    assert!(run.stdout.contains(&format!("at chat.{TEAM}.")), "the endpoint is shown: {run}");
+
+    // A deploy step: a new image, waited for until both replicas run it.
+    let update = ["service", "update", "chat", "--image", "ghcr.io/acme/chat:2", "--wait", "--timeout", "60s"];
+    let run = p.run(&mut p.fairway(&update)).await;
+    assert_eq!(run.code, Some(0), "{run}\n{}", p.log_tail());
+    assert!(run.stderr.contains("rolling"), "it reported the roll: {run}");
+    assert!(run.stdout.contains("ready; 2 of 2 running revision 2"), "{run}");
+    let status = p.run(&mut p.fairway(&["service", "status", "chat", "--output", "json"])).await;
+    let service: Value = serde_json::from_str(&status.stdout).expect("json");
+    assert_eq!((service["image"].as_str(), service["revision"].as_i64()), (Some("ghcr.io/acme/chat:2"), Some(2)));
+    let images: Vec<&str> = service["replica_jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|j| j["state"] == "running")
+        .map(|j| j["image"].as_str().unwrap())
+        .collect();
+    assert_eq!(images, ["ghcr.io/acme/chat:2", "ghcr.io/acme/chat:2"], "{status}");
+
+    // Beyond the maximum: refused by the server, naming the field.
+    let run = p.run(&mut p.fairway(&["service", "scale", "chat", "4"])).await;
+    assert_eq!(run.code, Some(65), "{run}");
+    assert!(run.stderr.contains("replicas"), "{run}");
+    let run = p.run(&mut p.fairway(&["service", "list"])).await;
+    assert!(run.stdout.starts_with("service chat (2..3 replicas): ready"), "{run}");
+    let run = p.run(&mut p.fairway(&["service", "delete", "chat"])).await;
+    assert_eq!(run.code, Some(0), "{run}");
+    assert!(run.stdout.contains("deleted"), "{run}");
+}
+
+#[tokio::test]
 async fn sigterm_to_a_waiting_client_cancels_its_job() {
     let p = Platform::start("sigterm").await;
     // Ten minutes of simulated time: a minute here, far longer than the test waits.

@@ -15,6 +15,7 @@ pub mod exit;
 pub mod federation;
 pub mod http;
 pub mod output;
+pub mod services;
 pub mod spec;
 pub mod sse;
 pub mod wait;
@@ -50,6 +51,10 @@ pub enum Command {
     /// its tasks, cancelling it whole, waiting for it.
     #[command(subcommand)]
     Array(ArrayCommand),
+    /// The team's inference services: replicas with no maximum runtime at one endpoint,
+    /// kept between a minimum and a maximum, scaled, rolled to a new image, deleted.
+    #[command(subcommand)]
+    Service(ServiceCommand),
     /// Shows a job: why it waits and when it should start, or how it ended.
     #[command(
         after_help = "Examples:\n  fairway status 0b9c6d6e-5a8f-4a53-9d4c-5d2b0a4f1c7e\n  fairway status $JOB --output json | jq -r .state"
@@ -258,6 +263,86 @@ exit code of the lowest-indexed failed task when it has one, else 127; 126 when 
 failures are tasks preempted beyond their retries; 124 --timeout; 130/143 interrupted (the array is cancelled
 first, unless --detach). `fairway submit --array ... --wait` ends the same way.";
 
+/// `fairway service`'s subcommands.
+#[derive(clap::Subcommand, Debug)]
+pub enum ServiceCommand {
+    /// Creates a service from flags, or a file of the API's fields with flags over it.
+    #[command(after_help = "Examples:
+  fairway service create --name chat --gpu-class h100-80gb --image ghcr.io/acme/chat:1 --min 2 --max 4
+  fairway service create -f chat.yaml --wait --timeout 10m")]
+    Create {
+        #[command(flatten)]
+        args: services::ServiceArgs,
+        /// Wait until every replica runs (exit 0), one runs out of restarts (1), or --timeout (124).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait, stop waiting after this long: seconds, or e.g. 5m.
+        #[arg(long, value_name = "DURATION", value_parser = duration::parse, requires = "wait")]
+        timeout: Option<std::time::Duration>,
+    },
+    /// Lists the team's services with their state and replicas.
+    List,
+    /// Shows a service: its state, replicas, revision and endpoints.
+    #[command(after_help = "Example:\n  fairway service status chat --output json | jq .endpoints")]
+    Status {
+        /// The service's name.
+        name: String,
+    },
+    /// Sets how many replicas run, between the service's minimum and maximum.
+    #[command(after_help = "Example:\n  fairway service scale chat 4 --wait")]
+    Scale {
+        /// The service's name.
+        name: String,
+        /// Replicas to run.
+        replicas: u32,
+        /// Wait until every replica runs (exit 0), one runs out of restarts (1), or --timeout (124).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait, stop waiting after this long.
+        #[arg(long, value_name = "DURATION", value_parser = duration::parse, requires = "wait")]
+        timeout: Option<std::time::Duration>,
+    },
+    /// Rolls the service to a new image, environment or command, one replica at a time and
+    /// never beyond the team's quota.
+    #[command(after_help = "Examples:
+  fairway service update chat --image ghcr.io/acme/chat:2 --wait --timeout 15m
+  fairway service update chat -- vllm serve --max-model-len 8192")]
+    Update {
+        /// The service's name.
+        name: String,
+        /// The new image.
+        #[arg(long)]
+        image: Option<String>,
+        /// The replicas' environment, replacing the old one whole; repeat for more.
+        #[arg(long = "env", value_name = "K=V", value_parser = spec::pair)]
+        env: Vec<(String, String)>,
+        /// Wait until every replica runs the new revision (exit 0), one runs out of restarts
+        /// (1), or --timeout (124).
+        #[arg(long)]
+        wait: bool,
+        /// With --wait, stop waiting after this long.
+        #[arg(long, value_name = "DURATION", value_parser = duration::parse, requires = "wait")]
+        timeout: Option<std::time::Duration>,
+        /// A new command and its arguments, after `--`.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// Deletes a service: its replicas stop; its bills remain.
+    Delete {
+        /// The service's name.
+        name: String,
+    },
+    /// Waits until every replica of the service runs its current revision.
+    #[command(after_help = "Exit status: 0 ready; 1 degraded (a replica ran out of restarts); 124 --timeout.")]
+    Wait {
+        /// The service's name.
+        name: String,
+        /// Stop waiting after this long.
+        #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+        timeout: Option<std::time::Duration>,
+    },
+}
+
 /// An array reference: the array's UUID.
 fn array_id(text: &str) -> Result<String, String> {
     uuid::Uuid::parse_str(text.trim())
@@ -421,6 +506,7 @@ async fn execute(command: Command, flags: &Flags) -> Result<Finish, Error> {
         Command::Rerun(args) => rerun(&ctx, args).await,
         Command::Template(command) => template(&ctx, command).await,
         Command::Array(command) => array(&ctx, command).await,
+        Command::Service(command) => service(&ctx, command).await,
         Command::Status { job } => {
             let job = api.get(api.url(&["jobs", &job])).await?;
             ctx.print(&job, |j| output::job(j, now));
@@ -585,6 +671,68 @@ async fn array(ctx: &Context, command: ArrayCommand) -> Result<Finish, Error> {
         }
     }
     Ok(Exit::Success.into())
+}
+
+async fn service(ctx: &Context, command: ServiceCommand) -> Result<Finish, Error> {
+    let api = &ctx.api;
+    let team = ctx.team().await?;
+    let (name, answer, wait_for) = match command {
+        ServiceCommand::Create { args, wait, timeout } => {
+            let body = serde_json::to_vec(&services::body(&args)?).map_err(|e| Error::Usage(e.to_string()))?;
+            let key = idempotency_key(None, &body);
+            let url = api.url(&["teams", &team, "services"]);
+            let created = api.post(url, Some(&body), key.as_deref(), Repeat::Unsafe).await?;
+            (output::field(&created, "name"), created, wait.then_some(timeout))
+        }
+        ServiceCommand::List => {
+            let mut url = api.url(&["teams", &team, "services"]);
+            url.query_pairs_mut().append_pair("limit", "200");
+            let page = api.get(url).await?;
+            ctx.print(&page, |p| services::list(p.get("items").and_then(Value::as_array).map_or(&[], Vec::as_slice)));
+            return Ok(Exit::Success.into());
+        }
+        ServiceCommand::Status { name } => {
+            let service = api.get(api.url(&["teams", &team, "services", &name])).await?;
+            (name, service, None)
+        }
+        ServiceCommand::Scale { name, replicas, wait, timeout } => {
+            let body = services::update_body(Some(replicas), None, &[], &[])?;
+            let changed = patch(api, &["teams", &team, "services", &name], &body).await?;
+            (name, changed, wait.then_some(timeout))
+        }
+        ServiceCommand::Update { name, image, env, wait, timeout, command } => {
+            let body = services::update_body(None, image, &env, &command)?;
+            let changed = patch(api, &["teams", &team, "services", &name], &body).await?;
+            (name, changed, wait.then_some(timeout))
+        }
+        ServiceCommand::Delete { name } => {
+            let url = api.url(&["teams", &team, "services", &name]);
+            let response = api.send(|| api.request(Method::DELETE, url.clone()), Repeat::Unsafe).await?;
+            let deleted = http::json(response).await?;
+            (name, deleted, None)
+        }
+        ServiceCommand::Wait { name, timeout } => {
+            let service = api.get(api.url(&["teams", &team, "services", &name])).await?;
+            (name, service, Some(timeout))
+        }
+    };
+    let Some(timeout) = wait_for else {
+        ctx.print(&answer, |s| services::summary(s) + "\n");
+        return Ok(Exit::Success.into());
+    };
+    let (finish, last) = services::wait(api, &team, &name, timeout).await?;
+    ctx.print(&last, |s| services::summary(s) + "\n");
+    Ok(finish)
+}
+
+/// PATCHes a JSON body to the path of `segments`. Not repeated after a failure: a change
+/// sent twice could undo a change made in between.
+async fn patch(api: &Api, segments: &[&str], body: &Value) -> Result<Value, Error> {
+    let url = api.url(segments);
+    let bytes = serde_json::to_vec(body).map_err(|e| Error::Usage(e.to_string()))?;
+    let build =
+        || api.request(Method::PATCH, url.clone()).header(header::CONTENT_TYPE, "application/json").body(bytes.clone());
+    http::json(api.send(build, Repeat::Unsafe).await?).await
 }
 
 /// With `--output json`, a wait for an array prints the array as it ended, or as it is now

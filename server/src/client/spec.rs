@@ -126,7 +126,7 @@ fn secret_env(text: &str) -> Result<Value, String> {
 }
 
 /// `K=V`, with `K` not empty (`V` may be).
-fn pair(text: &str) -> Result<(String, String), String> {
+pub(super) fn pair(text: &str) -> Result<(String, String), String> {
     match text.split_once('=') {
         Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
         _ => Err(format!("`{text}` is not KEY=VALUE")),
@@ -215,7 +215,7 @@ pub fn body(args: &JobArgs) -> Result<Value, Error> {
 }
 
 /// Reads a job file into its fields, by its extension.
-fn read_file(path: &std::path::Path) -> Result<Map<String, Value>, Error> {
+pub(super) fn read_file(path: &std::path::Path) -> Result<Map<String, Value>, Error> {
     let shown = path.display();
     let text = if path.as_os_str() == "-" {
         let mut text = String::new();
