@@ -240,6 +240,8 @@ pub async fn update(
     version: CatalogueVersion,
 ) -> Result<ServiceRow> {
     let current = db::services::get(&state.db, team.id, name).await?.ok_or(Error::NotFound("service"))?;
+    // A stale change is refused before it is judged, and again under the lock below.
+    precondition.check(current.version)?;
     let min = update.min_replicas.unwrap_or(i64::from(current.min_replicas));
     let max = update.max_replicas.unwrap_or(i64::from(current.max_replicas));
     let replicas = update.replicas.unwrap_or(i64::from(current.replicas));

@@ -1497,3 +1497,80 @@ async fn the_submit_form_submits_an_array_when_given_a_task_count_and_names_a_co
         .unwrap();
     assert_eq!(tasks, 4);
 }
+
+#[tokio::test]
+async fn a_member_creates_scales_rolls_and_deletes_a_service_from_the_portal_and_a_stranger_sees_none_of_it() {
+    let p = setup().await;
+    let session = sign_in(&p.app, "alice").await;
+    let list = body(&p.app.send(call("GET", "/teams/ml/services").header("cookie", &session)).await);
+    assert!(list.contains("No services yet.") && list.contains("<option value=\"h100\""), "{list}");
+    let csrf = csrf_in(&list);
+    // A name that is no DNS label is refused in words, with what was typed kept.
+    let bad = form_of(&[
+        ("csrf", &csrf),
+        ("name", "Chat Bot"),
+        ("gpu_class", "h100"),
+        ("gpus", "2"),
+        ("image", "serve:1"),
+        ("min_replicas", "1"),
+        ("max_replicas", "2"),
+    ]);
+    let r = post_form(&p.app, &session, "/teams/ml/services", bad).await;
+    assert!(body(&r).contains("name: may contain only lowercase letters"), "{}", body(&r));
+    assert!(body(&r).contains("value=\"serve:1\""), "the form keeps what was typed");
+    let good = form_of(&[
+        ("csrf", &csrf),
+        ("name", "chat"),
+        ("gpu_class", "h100"),
+        ("gpus", "2"),
+        ("image", "serve:1"),
+        ("min_replicas", "1"),
+        ("max_replicas", "2"),
+        ("port", ""),
+    ]);
+    let r = post_form(&p.app, &session, "/teams/ml/services", good).await;
+    assert_eq!(
+        (r.status.as_u16(), r.header("location").as_deref()),
+        (303, Some("/teams/ml/services/chat")),
+        "{}",
+        body(&r)
+    );
+    let page = body(&p.app.send(call("GET", "/teams/ml/services/chat").header("cookie", &session)).await);
+    assert!(page.contains("<dd class=\"state\">starting</dd>"), "{page}");
+    assert!(page.contains("1 to 2: the first 1 at production (never preempted)"), "{page}");
+    assert!(page.contains("2 × h100, image <code class=\"image\">serve:1</code>, revision 1, port 8000"), "{page}");
+
+    // Scale within the range, then beyond it (refused, naming the field).
+    let csrf = csrf_in(&page);
+    let scale = |n: &str| form_of(&[("csrf", &csrf), ("version", "1"), ("replicas", n)]);
+    let r = post_form(&p.app, &session, "/teams/ml/services/chat/change", scale("2")).await;
+    assert!(body(&r).contains("Scaling chat to 2 replicas."), "{}", body(&r));
+    let r = post_form(&p.app, &session, "/teams/ml/services/chat/change", scale("3")).await;
+    assert!(
+        body(&r).contains("Someone changed this since the page was shown"),
+        "a stale form is refused: {}",
+        body(&r)
+    );
+    let stale_free = form_of(&[("csrf", &csrf), ("version", "2"), ("replicas", "3")]);
+    let r = post_form(&p.app, &session, "/teams/ml/services/chat/change", stale_free).await;
+    assert!(body(&r).contains("replicas: must be between min_replicas (1) and max_replicas (2)"), "{}", body(&r));
+    // A new image starts a rolling update: revision 2.
+    let roll = form_of(&[("csrf", &csrf), ("version", "2"), ("image", "serve:2")]);
+    let r = post_form(&p.app, &session, "/teams/ml/services/chat/change", roll).await;
+    let after = body(&r);
+    assert!(after.contains("Rolling chat to serve:2, one replica at a time."), "{after}");
+    assert!(after.contains("<code class=\"image\">serve:2</code>, revision 2"), "{after}");
+    let api = p.app.login("alice", USER_PASSWORD).await;
+    let service = p.app.send(call("GET", "/api/v1/teams/ml/services/chat").token(&api)).await.json();
+    assert_eq!((service["replicas"].as_i64(), service["revision"].as_i64()), (Some(2), Some(2)), "{service:#}");
+
+    // A stranger sees nothing of it.
+    let bob = sign_in(&p.app, "bob").await;
+    let r = p.app.send(call("GET", "/teams/ml/services/chat").header("cookie", &bob)).await;
+    assert_eq!(r.status.as_u16(), 404);
+    // Deleted from its page: gone from the list.
+    let r = post_form(&p.app, &session, "/teams/ml/services/chat/delete", form_of(&[("csrf", &csrf)])).await;
+    assert_eq!((r.status.as_u16(), r.header("location").as_deref()), (303, Some("/teams/ml/services")));
+    let list = body(&p.app.send(call("GET", "/teams/ml/services").header("cookie", &session)).await);
+    assert!(list.contains("No services yet."), "{list}");
+}

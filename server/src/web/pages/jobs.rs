@@ -164,6 +164,8 @@ pub struct JobDetail {
     pub burn: Option<String>,
     /// The array it is a task of: its id, this task's index and the task count.
     pub array: Option<(crate::domain::ArrayId, i32, i32)>,
+    /// The service it is a replica of: its name, this replica's slot and revision.
+    pub service: Option<(String, i32, i32)>,
     /// CPU and memory per replica, e.g. `8 CPUs and 64Gi of memory per replica`.
     pub resources: Option<String>,
     /// What each replica mounts and reads, one line each: claims, secret references (names
@@ -316,6 +318,10 @@ pub async fn job(
         burn,
         array: match (job.array_id, job.array_index, job.array_task_count) {
             (Some(id), Some(index), Some(count)) => Some((id, index, count)),
+            _ => None,
+        },
+        service: match (&job.service, job.service_slot, job.service_revision) {
+            (Some(name), Some(slot), Some(revision)) => Some((name.clone(), slot, revision)),
             _ => None,
         },
         resources: match (job.cpu_millis, job.memory_mib) {

@@ -12,6 +12,7 @@ mod clusters;
 mod jobs;
 mod members;
 mod platform_admin;
+mod services;
 mod submit;
 mod team;
 mod team_admin;
@@ -36,6 +37,7 @@ pub use clusters::clusters;
 pub use jobs::{cancel, job, job_live, job_log, rerun, team_jobs};
 pub use members::{remove_member, set_member, team_members};
 pub use platform_admin::{admin, create_team, save_priority_class, set_rate};
+pub use services::{change_service, create_service, delete_service, service, team_services};
 pub use submit::{delete_template, preview, submit, submit_form};
 pub use team::{home, team};
 pub use team_admin::{
