@@ -727,3 +727,103 @@ async fn each_task_of_an_array_is_a_pod_told_its_index_and_a_failed_task_alone_r
     assert_eq!(fw.job(&tasks[1]).await["attempt"], 2, "task 1 ran twice");
     owned.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_makes_a_pod_per_replica_behind_one_service_restarts_a_failed_replica_and_cannot_name_another_teams_secret(
+) {
+    let t = "svc";
+    let (labels, alloc) = h100("r1");
+    let owned = Fairway::start(t, &[("svc-n0", labels, alloc)]).await;
+    let fw = &owned;
+    fw.team("vision", "h100-80gb", 8, 0).await;
+    let spec = |secret: &str| {
+        json!({"name": "chat", "min_replicas": 2, "port": 9000,
+               "replica": {"gpu_class": "h100-80gb", "gpus": 2, "image": "ghcr.io/acme/chat:1",
+                           "secret_env": [{"name": "HF_TOKEN", "secret": secret, "key": "token"}]}})
+    };
+    // Another team's Secret cannot be named, not even through its namespace.
+    let (status, problem) =
+        fw.send(reqwest::Method::POST, "/api/v1/teams/vision/services", Some(spec("svc-finance/hf"))).await;
+    assert_eq!(status, 422, "{problem:#}");
+    assert_eq!(
+        (problem["errors"][0]["field"].as_str(), problem["errors"][0]["code"].as_str()),
+        (Some("replica.secret_env[0].secret"), Some("other_namespace")),
+        "{problem:#}"
+    );
+    fw.ok(reqwest::Method::POST, "/api/v1/teams/vision/services", Some(spec("hf"))).await;
+    let replicas = fw
+        .wait("two replica jobs", Duration::from_secs(30), || async {
+            let s = fw.ok(reqwest::Method::GET, "/api/v1/teams/vision/services/chat", None).await;
+            let jobs: Vec<String> =
+                s["replica_jobs"].as_array()?.iter().map(|j| j["id"].as_str().unwrap().to_owned()).collect();
+            (jobs.len() == 2).then_some(jobs)
+        })
+        .await;
+    let kubelet = fw.kubelet();
+    let mut pods = Vec::new();
+    for (slot, job) in replicas.iter().enumerate() {
+        let pod = fw.wait_pods(job, 1).await.remove(0);
+        assert_eq!(pod.metadata.namespace.as_deref(), Some("svc-vision"));
+        assert_eq!(pod.metadata.labels.as_ref().unwrap()["fairway.dev/service"], "chat");
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.active_deadline_seconds, None, "a replica has no maximum runtime");
+        let env = spec.containers[0].env.clone().unwrap_or_default();
+        let value = |name: &str| env.iter().find(|e| e.name == name).and_then(|e| e.value.clone());
+        assert_eq!(value("FAIRWAY_SERVICE").as_deref(), Some("chat"));
+        assert_eq!(value("FAIRWAY_SERVICE_REPLICA"), Some(slot.to_string()));
+        assert_eq!(value("PORT").as_deref(), Some("9000"));
+        let hf = env.iter().find(|e| e.name == "HF_TOKEN").unwrap();
+        assert_eq!(hf.value_from.as_ref().unwrap().secret_key_ref.as_ref().unwrap().name, "hf");
+        kubelet.run(&pod).await;
+        pods.push(pod);
+    }
+    // One Service in the team's namespace selects every replica's pod, on the service's port.
+    let services: Api<Service> = Api::namespaced(fw.kube.clone(), "svc-vision");
+    let endpoint = services.get("fw-svc-chat").await.expect("the service's Service");
+    let spec = endpoint.spec.as_ref().unwrap();
+    assert_eq!(spec.type_.as_deref(), Some("ClusterIP"));
+    let selector = spec.selector.clone().unwrap();
+    assert_eq!(selector, BTreeMap::from([("fairway.dev/service".to_owned(), "chat".to_owned())]));
+    let port = &spec.ports.as_ref().unwrap()[0];
+    assert_eq!(
+        (port.port, port.target_port.clone()),
+        (9000, Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(9000)))
+    );
+    for pod in &pods {
+        let labels = pod.metadata.labels.as_ref().unwrap();
+        assert!(selector.iter().all(|(k, v)| labels.get(k) == Some(v)), "the Service selects {:?}", pod.metadata.name);
+    }
+    let ready = fw
+        .wait("the service ready", Duration::from_secs(30), || async {
+            let s = fw.ok(reqwest::Method::GET, "/api/v1/teams/vision/services/chat", None).await;
+            (s["state"] == "ready").then_some(s)
+        })
+        .await;
+    assert_eq!(ready["endpoints"][0]["address"], "fw-svc-chat.svc-vision.svc:9000", "{ready:#}");
+
+    // Replica 0's application crashes: the same job runs again as a new pod, on its budget.
+    kubelet.exit(&pods[0], 1, "Error").await;
+    let again = fw
+        .wait("a second pod of replica 0", Duration::from_secs(30), || async {
+            fw.pods(Some(&replicas[0]))
+                .await
+                .into_iter()
+                .find(|p| p.metadata.name != pods[0].metadata.name && p.metadata.deletion_timestamp.is_none())
+        })
+        .await;
+    assert_eq!(again.metadata.labels.as_ref().unwrap()["fairway.dev/service"], "chat");
+    kubelet.run(&again).await;
+    fw.wait_state(&replicas[0], "running", Duration::from_secs(30)).await;
+    assert_eq!(fw.job(&replicas[0]).await["attempt"], 2);
+
+    // Deleted: every replica's pod is asked to stop.
+    fw.ok(reqwest::Method::DELETE, "/api/v1/teams/vision/services/chat", None).await;
+    fw.wait("both replicas' pods stopping", Duration::from_secs(30), || async {
+        let live: Vec<Pod> =
+            fw.pods(None).await.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+        let stopping = live.iter().all(|p| p.metadata.labels.as_ref().unwrap()["fairway.dev/service"] != "chat");
+        stopping.then_some(())
+    })
+    .await;
+    owned.stop().await;
+}
