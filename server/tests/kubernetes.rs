@@ -816,13 +816,23 @@ async fn a_service_makes_a_pod_per_replica_behind_one_service_restarts_a_failed_
     fw.wait_state(&replicas[0], "running", Duration::from_secs(30)).await;
     assert_eq!(fw.job(&replicas[0]).await["attempt"], 2);
 
-    // Deleted: every replica's pod is asked to stop.
+    // Deleted: every replica's pod is asked to stop; once they have, the Service goes too.
     fw.ok(reqwest::Method::DELETE, "/api/v1/teams/vision/services/chat", None).await;
-    fw.wait("both replicas' pods stopping", Duration::from_secs(30), || async {
-        let live: Vec<Pod> =
-            fw.pods(None).await.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
-        let stopping = live.iter().all(|p| p.metadata.labels.as_ref().unwrap()["fairway.dev/service"] != "chat");
-        stopping.then_some(())
+    let stopping = fw
+        .wait("both replicas' pods stopping", Duration::from_secs(30), || async {
+            let pods: Vec<Pod> =
+                fw.pods(None).await.into_iter().filter(|p| p.metadata.deletion_timestamp.is_some()).collect();
+            (pods.len() == 2).then_some(pods)
+        })
+        .await;
+    for pod in &stopping {
+        kubelet.terminated(pod).await;
+    }
+    for job in &replicas {
+        fw.wait_state(job, "cancelled", Duration::from_secs(30)).await;
+    }
+    fw.wait("the Service removed", Duration::from_secs(30), || async {
+        services.get_opt("fw-svc-chat").await.unwrap().is_none().then_some(())
     })
     .await;
     owned.stop().await;

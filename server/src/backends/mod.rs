@@ -374,6 +374,13 @@ pub trait Backend: Send + Sync {
         )))
     }
 
+    /// Removes what made service `service` of `team` reachable (its endpoint), once it is
+    /// deleted and its replicas have ended. Succeeds when there is nothing to remove.
+    async fn withdraw(&self, team: &str, service: &str) -> Result<(), BackendError> {
+        let _ = (team, service);
+        Ok(())
+    }
+
     /// Asks the object to stop: SIGTERM, then a kill after `grace`. Succeeds when the object
     /// does not exist or is already stopping.
     async fn stop(&self, object: &str, grace: Duration) -> Result<(), BackendError>;

@@ -314,6 +314,9 @@ async fn reconciler(ctx: Ctx, epoch: i64) {
                 Err(ControlError::NotLeader) => return,
                 Err(e) => tracing::warn!(cluster, error = %e, "reconciliation failed"),
             }
+            if let Err(e) = services::withdraw(&ctx.pool, cluster, backend.as_ref()).await {
+                tracing::warn!(cluster, error = %e, "removing deleted services' endpoints failed");
+            }
         }
         tokio::select! {
             () = tokio::time::sleep_until(next) => {}

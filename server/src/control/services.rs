@@ -11,6 +11,7 @@ use serde_json::json;
 
 use super::ControlError;
 use crate::{
+    backends::Backend,
     db::{
         self,
         jobs::{NewEvent, NewJob, ServiceReplica, Submission},
@@ -137,4 +138,17 @@ pub async fn reconcile(pool: &sqlx::PgPool, epoch: i64) -> Result<Reconciled, Co
         if submissions.is_empty() { 0 } else { db::jobs::insert_submissions(&mut *tx, &submissions).await?.len() };
     tx.commit().await?;
     Ok(Reconciled { started, stopped })
+}
+
+/// Removes from `cluster` the endpoints of deleted services whose replicas have all ended,
+/// and forgets them: run by the leader's reconciler after each pass over the cluster. How
+/// many it removed.
+pub async fn withdraw(pool: &sqlx::PgPool, cluster: &str, backend: &dyn Backend) -> Result<usize, ControlError> {
+    let gone = db::services::withdrawable(pool, cluster).await?;
+    for e in &gone {
+        backend.withdraw(&e.team, &e.name).await?;
+        db::services::forget_endpoint(pool, e.service_id, cluster).await?;
+        tracing::info!(cluster, team = %e.team, service = %e.name, "service endpoint removed");
+    }
+    Ok(gone.len())
 }

@@ -329,3 +329,43 @@ pub async fn class_nodes(pool: &PgPool, class: crate::domain::GpuClassId) -> Res
     .await?;
     Ok((row.fixed, row.pools))
 }
+
+/// An endpoint nothing needs any more: its service is deleted and every replica ended.
+#[derive(Debug, Clone)]
+pub struct Withdrawable {
+    pub service_id: ServiceId,
+    pub team: String,
+    pub name: String,
+}
+
+/// The endpoints on the cluster named `cluster` of deleted services whose replicas have all
+/// ended.
+pub async fn withdrawable(pool: &PgPool, cluster: &str) -> Result<Vec<Withdrawable>, sqlx::Error> {
+    sqlx::query_as!(
+        Withdrawable,
+        r#"select s.id as "service_id: ServiceId", t.name as team, s.name
+           from service_endpoints e
+           join clusters c on c.id = e.cluster_id
+           join services s on s.id = e.service_id
+           join teams t on t.id = s.team_id
+           where c.name = $1 and s.deleted_at is not null
+             and not exists (select 1 from jobs j where j.service_id = s.id
+                                and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus))"#,
+        cluster
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Forgets the endpoint of service `id` on the cluster named `cluster`, once removed there.
+pub async fn forget_endpoint(pool: &PgPool, id: ServiceId, cluster: &str) -> Result<(), sqlx::Error> {
+    sqlx::query!(
+        "delete from service_endpoints e using clusters c
+         where e.cluster_id = c.id and c.name = $2 and e.service_id = $1",
+        id as ServiceId,
+        cluster
+    )
+    .execute(pool)
+    .await?;
+    Ok(())
+}

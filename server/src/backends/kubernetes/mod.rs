@@ -513,6 +513,17 @@ impl Backend for KubeBackend {
         self.stop_gang(object, grace).await
     }
 
+    /// Deletes the service's Service from the team's namespace.
+    async fn withdraw(&self, team: &str, service: &str) -> Result<(), BackendError> {
+        let namespace = manifest::namespace_for(&self.config.namespace_prefix, team);
+        Api::<Service>::namespaced(self.client.clone(), &namespace)
+            .delete(&manifest::endpoint_name(service), &DeleteParams::background())
+            .await
+            .map(|_| ())
+            .or_else(not_found_is_ok)
+            .map_err(|e| api_error(&self.config.name, "delete service endpoint", e))
+    }
+
     /// The cluster DNS name of the service's Service in the team's namespace.
     fn endpoint(&self, team: &str, service: &crate::backends::ServiceBinding) -> Result<String, BackendError> {
         let namespace = manifest::namespace_for(&self.config.namespace_prefix, team);
