@@ -300,6 +300,13 @@ async fn a_job_with_cpu_memory_a_claim_and_a_secret_reference_makes_pods_that_ca
     fw.wait_state(&id, "running", Duration::from_secs(30)).await;
     kubelet.exit(pod, 0, "Completed").await;
     fw.wait_state(&id, "succeeded", Duration::from_secs(30)).await;
+    // A node selector no node of the cluster meets: refused at dispatch, saying which label,
+    // rather than a pod pending for ever.
+    let unmet = fw.submit("vision", with(json!({"node_selector": {"fairway.dev/rack": "r9"}}))).await;
+    fw.wait_state(&unmet, "failed", Duration::from_secs(30)).await;
+    let timeline = fw.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{unmet}/events"), None).await;
+    assert!(timeline.to_string().contains("lacks the label fairway.dev/rack=r9"), "{timeline:#}");
+    assert!(fw.pods(Some(&unmet)).await.is_empty(), "no pod was made");
     owned.stop().await;
 }
 

@@ -568,6 +568,25 @@ impl Backend for KubeBackend {
 impl KubeBackend {
     /// The gang's Service, then its pods, then the Service marked complete.
     async fn create_gang(&self, gang: &Gang, namespace: &str) -> Result<(), BackendError> {
+        // The engine places by GPUs, not by node labels: a node that lacks a label the job's
+        // node selector asks for would leave its pod pending for ever, so the job is refused
+        // now, saying which.
+        if !gang.workload.node_selector.is_empty() {
+            let nodes = self.nodes.state();
+            for slot in &gang.replicas {
+                let labels = nodes
+                    .iter()
+                    .find(|n| n.metadata.name.as_deref() == Some(slot.node.as_str()))
+                    .and_then(|n| n.metadata.labels.clone())
+                    .unwrap_or_default();
+                if let Some((k, v)) = gang.workload.node_selector.iter().find(|(k, v)| labels.get(*k) != Some(*v)) {
+                    return Err(BackendError::Rejected(format!(
+                        "node {} was chosen for its GPUs but lacks the label {k}={v} the job's node_selector asks for; Fairway does not place by node labels yet",
+                        slot.node
+                    )));
+                }
+            }
+        }
         let cluster = &self.config.name;
         let namespace = namespace.to_owned();
         let services = Api::<Service>::namespaced(self.client.clone(), &namespace);
