@@ -219,7 +219,7 @@ impl World {
             submitted_ms: millis(job.submitted_at),
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
-            fixed_nodes_only: job.service_replica,
+            fixed_nodes_only: job.fixed_nodes_only,
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
             grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
@@ -247,7 +247,7 @@ impl World {
             submitted_ms: self.snapshot.now_ms,
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
-            fixed_nodes_only: job.service.is_some(),
+            fixed_nodes_only: job.service.is_some() || job.workload.needs_kubernetes(),
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
             grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
@@ -520,6 +520,7 @@ mod tests {
             allow_spot: false,
             held: false,
             service_replica: false,
+            fixed_nodes_only: false,
         }
     }
 

@@ -118,3 +118,16 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[Node
     .await?;
     Ok(())
 }
+
+/// How many nodes, and how many cloud batch pools, offer GPU class `class`: a service's
+/// replicas run only on nodes.
+pub async fn class_nodes(pool: &sqlx::PgPool, class: GpuClassId) -> Result<(i64, i64), sqlx::Error> {
+    let row = sqlx::query!(
+        r#"select count(*) filter (where not elastic) as "fixed!", count(*) filter (where elastic) as "pools!"
+           from cluster_nodes where gpu_class_id = $1"#,
+        class as GpuClassId
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((row.fixed, row.pools))
+}

@@ -317,19 +317,6 @@ pub async fn endpoints(pool: &PgPool, ids: &[ServiceId]) -> Result<Vec<Endpoint>
     .await
 }
 
-/// How many nodes, and how many cloud batch pools, offer GPU class `class`: a service's
-/// replicas run only on nodes.
-pub async fn class_nodes(pool: &PgPool, class: crate::domain::GpuClassId) -> Result<(i64, i64), sqlx::Error> {
-    let row = sqlx::query!(
-        r#"select count(*) filter (where not elastic) as "fixed!", count(*) filter (where elastic) as "pools!"
-           from cluster_nodes where gpu_class_id = $1"#,
-        class as crate::domain::GpuClassId
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok((row.fixed, row.pools))
-}
-
 /// An endpoint nothing needs any more: its service is deleted and every replica ended.
 #[derive(Debug, Clone)]
 pub struct Withdrawable {

@@ -84,9 +84,11 @@ pub struct LiveJob {
     /// parallelism holds it. The engine does not see it until the leader's dependency or
     /// array pass releases it (`control::dependencies`, `control::arrays`).
     pub held: bool,
-    /// A service's replica: it runs on nodes only, never in a cloud pool, and keeps no
-    /// progress that a preemption could lose.
+    /// A service's replica: it keeps no progress that a preemption could lose.
     pub service_replica: bool,
+    /// It runs on nodes only, never in a cloud pool: a service's replica, or a job that
+    /// needs Kubernetes (claims, Kubernetes Secrets, pull secrets, a node selector).
+    pub fixed_nodes_only: bool,
 }
 
 /// Everything a snapshot is built from, read in one repeatable-read transaction.
@@ -164,7 +166,10 @@ macro_rules! select_live_jobs {
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot,
                       (waits_for_dependencies or held_by_array) as "held!",
-                      service_id is not null as "service_replica!"
+                      service_id is not null as "service_replica!",
+                      (service_id is not null
+                       or workload ?| array['volumes', 'secret_env', 'image_pull_secrets', 'node_selector'])
+                          as "fixed_nodes_only!"
                from jobs
                "# + $rest
             $(, $arg)*

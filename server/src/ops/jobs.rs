@@ -765,6 +765,10 @@ pub(super) async fn validated(
     if !unseen.is_empty() {
         return Err(Error::Validation(unseen));
     }
+    let nowhere = needs_nodes_it_lacks(state, prefix, spec, &job).await?;
+    if !nowhere.is_empty() {
+        return Err(Error::Validation(nowhere));
+    }
     let mut budgets = Budgets::read(state, team_id, catalogue.budgeted).await?;
     let (refusals, soft) = budgets.problems(state, prefix, &job).await?;
     if !refusals.is_empty() && !spec.wait_for_quota {
@@ -773,6 +777,34 @@ pub(super) async fn validated(
     warnings.extend(refusals.into_iter().chain(soft));
     let job = NewJob { accepted_despite: warnings.iter().map(|w| w.message.clone()).collect(), ..job };
     Ok((job, warnings))
+}
+
+/// A job that needs Kubernetes (claims, Kubernetes Secrets, pull secrets, a node selector)
+/// runs on nodes only, never in a cloud batch pool: refused, naming the first such field,
+/// when only pools offer its class. Costs a read only for such jobs.
+async fn needs_nodes_it_lacks(state: &AppState, prefix: &str, spec: &JobSpec, job: &NewJob) -> Result<Vec<FieldError>> {
+    let w = &job.workload;
+    let field = [
+        (!w.volumes.is_empty(), "volumes"),
+        (!w.secret_env.is_empty(), "secret_env"),
+        (!w.image_pull_secrets.is_empty(), "image_pull_secrets"),
+        (!w.node_selector.is_empty(), "node_selector"),
+    ]
+    .into_iter()
+    .find_map(|(asked, field)| asked.then_some(field));
+    let Some(field) = field else { return Ok(Vec::new()) };
+    let (nodes, pools) = db::inventory::class_nodes(&state.db, job.gpu_class_id).await?;
+    if nodes > 0 || pools == 0 {
+        return Ok(Vec::new());
+    }
+    Ok(vec![FieldError::new(
+        format!("{prefix}{field}"),
+        "cloud_pools_only",
+        format!(
+            "needs a Kubernetes cluster, and {} is offered only by cloud batch pools, which cannot honour it; leave it out or choose a class a Kubernetes cluster offers",
+            spec.gpu_class
+        ),
+    )])
 }
 
 /// What the budgets over `team_id` say about `count` tasks of `job` run together, as
@@ -925,6 +957,7 @@ pub async fn submit_batch(
         errors.append(&mut unseen_dependencies(state, team_id, &at, spec).await?);
         match catalogue.validate(&at, spec) {
             Ok(mut v) => {
+                errors.append(&mut needs_nodes_it_lacks(state, &at, spec, &v.job).await?);
                 let (mut refusals, soft) = budgets.problems(state, &at, &v.job).await?;
                 if spec.wait_for_quota {
                     v.warnings.append(&mut refusals);

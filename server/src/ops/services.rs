@@ -464,7 +464,7 @@ async fn checked(
             ),
         )));
     }
-    let (fixed, pools) = db::services::class_nodes(&state.db, job.gpu_class_id).await?;
+    let (fixed, pools) = db::inventory::class_nodes(&state.db, job.gpu_class_id).await?;
     if fixed == 0 && pools > 0 {
         return Err(Error::field(FieldError::new(
             "replica.gpu_class",

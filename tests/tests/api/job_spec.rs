@@ -231,3 +231,54 @@ async fn wrong_resources_volumes_and_secret_references_are_refused_naming_the_fi
     let count: i64 = sqlx::query_scalar("select count(*) from jobs").fetch_one(&app.pool).await.expect("count");
     assert_eq!(count, 0, "nothing refused was stored");
 }
+
+/// The simulated cluster offers `l4-24gb` only as an elastic pool (cloud batch), which can
+/// honour no claim, Kubernetes Secret, pull secret or node selector.
+#[tokio::test]
+async fn a_job_that_needs_kubernetes_is_refused_for_a_class_only_cloud_pools_offer_and_placed_on_nodes_otherwise() {
+    let app = TestApp::spawn().await;
+    crate::lifecycle::start_control(&app).await;
+    crate::lifecycle::wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "l4-24gb", 4, 0).await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
+    let ml = app.api_token(&admin, "ml", "member").await.1;
+    let l4 = |changes: Value| {
+        let mut body = json!({"name": "infer", "gpu_class": "l4-24gb", "image": "registry.example/infer:1"});
+        for (k, v) in changes.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    let p = submit(&app, &ml, &l4(json!({"volumes": [{"claim": "models", "mount_path": "/models"}]})))
+        .await
+        .assert_problem(422, "validation_failed");
+    assert_eq!(
+        (p["errors"][0]["field"].as_str(), p["errors"][0]["code"].as_str()),
+        (Some("volumes"), Some("cloud_pools_only")),
+        "{p:#}"
+    );
+    assert!(
+        p["errors"][0]["message"].as_str().unwrap().contains("l4-24gb is offered only by cloud batch pools"),
+        "{p:#}"
+    );
+    let batch = json!({"jobs": [l4(json!({})), l4(json!({"node_selector": {"zone": "a"}}))]});
+    let p = app
+        .send(call("POST", "/api/v1/teams/ml/jobs:batch").token(&ml).json(&batch))
+        .await
+        .assert_problem(422, "validation_failed");
+    assert_eq!(p["errors"][0]["field"], "jobs[1].node_selector", "{p:#}");
+    // Without them it goes to the pool; on a class nodes offer, it is accepted and runs there.
+    submit(&app, &ml, &l4(json!({}))).await.assert_status(201);
+    let on_nodes = json!({"name": "train", "gpu_class": "h100-80gb", "image": "registry.example/train:1",
+                          "volumes": [{"claim": "data", "mount_path": "/data"}],
+                          "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "600"}});
+    let r = submit(&app, &ml, &on_nodes).await;
+    r.assert_status(201);
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let job =
+        crate::lifecycle::wait_for(&app, &ml, &id, std::time::Duration::from_secs(60), |j| j["state"] == "running")
+            .await;
+    assert!(job["placement"][0]["node"].as_str().unwrap().contains("h100"), "{job:#}");
+}
