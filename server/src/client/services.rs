@@ -191,7 +191,6 @@ pub async fn wait(api: &Api, team: &str, name: &str, timeout: Option<Duration>) 
                 eprintln!("fairway: service {name} is degraded: a replica ran out of restarts (fairway service status {name})");
                 return Ok((Finish::Job(1), service));
             }
-            "deleted" => return Ok((Exit::Cancelled.into(), service)),
             _ => {}
         }
         if deadline.is_some_and(|d| Instant::now() >= d) {

@@ -79,15 +79,15 @@ pub async fn reconcile(pool: &sqlx::PgPool, epoch: i64) -> Result<Reconciled, Co
     }
     let services = db::services::lock_open(&mut tx).await?;
     let ids: Vec<_> = services.iter().map(|s| s.id).collect();
-    let replicas = db::services::replicas(&mut tx, &ids, true).await?;
+    let replicas = db::services::replicas(&mut *tx, &ids).await?;
     let mut new_jobs: Vec<(crate::domain::TeamId, String, NewJob)> = Vec::new();
-    let mut idle: Vec<JobId> = Vec::new();
-    let mut events: Vec<NewEvent> = Vec::new();
-    let mut stopped = 0;
+    // Each replica to stop, with the words of why.
+    let mut stop: std::collections::HashMap<JobId, (String, StopWhy, i64)> = std::collections::HashMap::new();
     for s in &services {
         let mine: Vec<_> = replicas.iter().filter(|r| r.service_id == s.id).collect();
         let seen: Vec<_> = mine.iter().map(|r| r.replica()).collect();
-        let plan = service::plan(Target { replicas: s.replicas, revision: s.revision }, &seen);
+        let target = Target { replicas: s.replicas, min: s.min_replicas, revision: s.revision };
+        let plan = service::plan(target, &seen);
         for slot in plan.start {
             new_jobs.push((s.team_id, format!("service {}", s.name), replica_job(s, slot)));
         }
@@ -104,28 +104,36 @@ pub async fn reconcile(pool: &sqlx::PgPool, epoch: i64) -> Result<Reconciled, Co
                     s.name
                 ),
             };
-            stopped += 1;
-            if r.holds_gpus {
-                db::jobs::mark_cancelled(&mut tx, r.job_id, r.attempt, Some(r.grace_ms)).await?;
-                events.push(NewEvent {
-                    job_id: r.job_id,
-                    attempt: r.attempt,
-                    kind: "cancel_requested",
-                    reason: Some("service".into()),
-                    message: format!("{what}; stopping with a {} s grace period", r.grace_ms / 1000),
-                    data: None,
-                });
-            } else {
-                idle.push(r.job_id);
-                events.push(NewEvent {
-                    job_id: r.job_id,
-                    attempt: r.attempt,
-                    kind: "cancelled",
-                    reason: Some("service".into()),
-                    message: if why == StopWhy::NoRoom { what } else { format!("{what}, before this replica ran") },
-                    data: None,
-                });
-            }
+            stop.insert(job, (what, why, r.grace_ms));
+        }
+    }
+    let wanted: Vec<JobId> = stop.keys().copied().collect();
+    let locked = db::services::lock_to_stop(&mut tx, &wanted).await?;
+    let stopped = locked.len();
+    let mut idle: Vec<JobId> = Vec::new();
+    let mut events: Vec<NewEvent> = Vec::new();
+    for r in locked {
+        let Some((what, why, grace_ms)) = stop.remove(&r.job_id) else { continue };
+        if r.holds_gpus {
+            db::jobs::mark_cancelled(&mut tx, r.job_id, r.attempt, Some(grace_ms)).await?;
+            events.push(NewEvent {
+                job_id: r.job_id,
+                attempt: r.attempt,
+                kind: "cancel_requested",
+                reason: Some("service".into()),
+                message: format!("{what}; stopping with a {} s grace period", grace_ms / 1000),
+                data: None,
+            });
+        } else {
+            idle.push(r.job_id);
+            events.push(NewEvent {
+                job_id: r.job_id,
+                attempt: r.attempt,
+                kind: "cancelled",
+                reason: Some("service".into()),
+                message: if why == StopWhy::NoRoom { what } else { format!("{what}, before this replica ran") },
+                data: None,
+            });
         }
     }
     db::jobs::cancel_idle(&mut tx, &idle).await?;

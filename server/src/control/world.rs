@@ -159,6 +159,10 @@ impl World {
                 preemption_grace_ms: i64::from(p.preemption_grace_seconds) * 1000,
             })
             .collect();
+        // Budgets are monthly: what a job spends after this month is next month's.
+        let mut config = config;
+        let (_, period_end) = crate::billing::budgets::period_bounds(crate::billing::budgets::period_of(rows.now));
+        config.budget_period_end_ms = Some(millis(period_end));
         let mut world = World {
             snapshot: Snapshot {
                 now_ms,

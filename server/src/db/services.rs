@@ -133,7 +133,7 @@ pub async fn list(
 /// Locks the live service `name` of `team_id` for a change.
 pub async fn lock(tx: &mut Tx<'_>, team_id: TeamId, name: &str) -> Result<Option<ServiceRow>, sqlx::Error> {
     select_services!(
-        r#"where s.team_id = $1 and s.name = $2 and s.deleted_at is null for update of s"#,
+        r#"where s.team_id = $1 and s.name = $2 and s.deleted_at is null for no key update of s"#,
         team_id as TeamId,
         name
     )
@@ -197,14 +197,15 @@ pub async fn any_open(pool: &PgPool) -> Result<bool, sqlx::Error> {
 }
 
 /// Locks the services the pass looks after: the live ones, and the deleted ones whose
-/// replicas have not all ended.
+/// replicas have not all ended. `no key update`: a dispatcher recording an endpoint (a
+/// foreign key to the service) is not held up by it.
 pub async fn lock_open(tx: &mut Tx<'_>) -> Result<Vec<ServiceRow>, sqlx::Error> {
     select_services!(
         r#"where s.deleted_at is null
               or exists (select 1 from jobs j where j.service_id = s.id
                             and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus))
            order by s.id
-           for update of s"#,
+           for no key update of s"#,
     )
     .fetch_all(&mut **tx)
     .await
@@ -220,7 +221,10 @@ pub struct ReplicaRow {
     pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
-    pub has_reason: bool,
+    /// The reason it shows while it waits.
+    pub pending_reason: Option<String>,
+    /// Runs at the service's guaranteed class.
+    pub guaranteed: bool,
     pub since_change: bool,
     pub grace_ms: i64,
 }
@@ -232,7 +236,8 @@ impl ReplicaRow {
             job: self.job_id,
             slot: self.slot,
             revision: self.revision,
-            phase: Phase::of(self.state, self.holds_gpus, self.has_reason),
+            guaranteed: self.guaranteed,
+            phase: Phase::of(self.state, self.holds_gpus, self.pending_reason.as_deref()),
             since_change: self.since_change,
         }
     }
@@ -240,44 +245,51 @@ impl ReplicaRow {
 
 /// The replicas that decide what services `ids` do next: those that run or will, those
 /// still giving GPUs back, and those that ended since the service's last change (they tell
-/// whether a slot's restart budget is spent). Locked when `lock` is set (the pass).
-pub async fn replicas(tx: &mut Tx<'_>, ids: &[ServiceId], lock: bool) -> Result<Vec<ReplicaRow>, sqlx::Error> {
-    if lock {
-        sqlx::query_as!(
-            ReplicaRow,
-            r#"select j.service_id as "service_id!: ServiceId", j.id as "job_id: JobId", j.service_slot as "slot!",
-                      j.service_revision as "revision!", j.state as "state: JobState", j.attempt, j.holds_gpus,
-                      j.pending_reason is not null as "has_reason!", j.submitted_at >= s.changed_at as "since_change!",
-                      coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!"
-               from jobs j
-               join services s on s.id = j.service_id
-               join priority_classes p on p.name = j.priority_class
-               where j.service_id = any($1)
-                 and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus or j.submitted_at >= s.changed_at)
-               order by j.service_id, j.service_slot, j.seq
-               for update of j"#,
-            ids as &[ServiceId]
-        )
-        .fetch_all(&mut **tx)
-        .await
-    } else {
-        sqlx::query_as!(
-            ReplicaRow,
-            r#"select j.service_id as "service_id!: ServiceId", j.id as "job_id: JobId", j.service_slot as "slot!",
-                      j.service_revision as "revision!", j.state as "state: JobState", j.attempt, j.holds_gpus,
-                      j.pending_reason is not null as "has_reason!", j.submitted_at >= s.changed_at as "since_change!",
-                      coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!"
-               from jobs j
-               join services s on s.id = j.service_id
-               join priority_classes p on p.name = j.priority_class
-               where j.service_id = any($1)
-                 and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus or j.submitted_at >= s.changed_at)
-               order by j.service_id, j.service_slot, j.seq"#,
-            ids as &[ServiceId]
-        )
-        .fetch_all(&mut **tx)
-        .await
-    }
+/// whether a slot's restarts are spent). Not locked: the pass is the only writer of new
+/// replicas, and it locks the few it stops ([`lock_to_stop`]).
+pub async fn replicas(db: impl sqlx::PgExecutor<'_>, ids: &[ServiceId]) -> Result<Vec<ReplicaRow>, sqlx::Error> {
+    sqlx::query_as!(
+        ReplicaRow,
+        r#"select j.service_id as "service_id!: ServiceId", j.id as "job_id: JobId", j.service_slot as "slot!",
+                  j.service_revision as "revision!", j.state as "state: JobState", j.attempt, j.holds_gpus,
+                  j.pending_reason, j.priority_class = s.template ->> 'priority_class' as "guaranteed!",
+                  coalesce(j.finished_at >= s.changed_at, false) as "since_change!",
+                  coalesce(j.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as "grace_ms!"
+           from jobs j
+           join services s on s.id = j.service_id
+           join priority_classes p on p.name = j.priority_class
+           where j.service_id = any($1)
+             and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus or j.finished_at >= s.changed_at)
+           order by j.service_id, j.service_slot, j.seq"#,
+        ids as &[ServiceId]
+    )
+    .fetch_all(db)
+    .await
+}
+
+/// A replica the pass stops, as it is now that it is locked.
+#[derive(Debug, Clone)]
+pub struct ToStop {
+    pub job_id: JobId,
+    pub attempt: i32,
+    pub holds_gpus: bool,
+}
+
+/// Locks the replicas `ids` the pass means to stop, in id order (as the reconciler locks
+/// jobs), skipping any another transaction holds (the dispatcher creating it, the
+/// reconciler ending it): those are looked at again next cycle. Only those still live are
+/// returned, as they are now.
+pub async fn lock_to_stop(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<Vec<ToStop>, sqlx::Error> {
+    sqlx::query_as!(
+        ToStop,
+        r#"select id as "job_id: JobId", attempt, holds_gpus from jobs
+           where id = any($1) and (state in ('pending', 'admitted', 'running') or (state = 'preempted' and holds_gpus))
+           order by id
+           for update skip locked"#,
+        ids as &[JobId]
+    )
+    .fetch_all(&mut **tx)
+    .await
 }
 
 /// Records where service `id` can be reached on the cluster named `cluster`.
@@ -337,7 +349,10 @@ pub async fn withdrawable(pool: &PgPool, cluster: &str) -> Result<Vec<Withdrawab
            join teams t on t.id = s.team_id
            where c.name = $1 and s.deleted_at is not null
              and not exists (select 1 from jobs j where j.service_id = s.id
-                                and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus))"#,
+                                and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus))
+             -- A live service of the same name uses the same endpoint: it stays.
+             and not exists (select 1 from services l where l.team_id = s.team_id and l.name = s.name
+                                and l.deleted_at is null)"#,
         cluster
     )
     .fetch_all(pool)

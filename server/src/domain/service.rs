@@ -124,12 +124,19 @@ impl Template {
     }
 }
 
+/// The pending reasons (the engine's codes) that mean there is no room for a replica now:
+/// its team's quota is used, or the cluster's GPUs are. A rolling update trades the old
+/// replica for the new one only for these, never while the engine is already making room
+/// (reclaiming, holding GPUs for a gang, waiting out a minimum runtime).
+pub const NO_ROOM_REASONS: [&str; 5] =
+    ["burst_limit", "exceeds_quota", "reserved_quota_exhausted", "insufficient_capacity", "fair_share"];
+
 /// Where one replica job is, as the service pass sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
-    /// Pending, not yet decided by a cycle.
+    /// Pending: not yet decided by a cycle, or waiting while the engine makes room.
     Queued,
-    /// Pending with the reason a cycle gave: it cannot start now.
+    /// Pending for want of room (one of [`NO_ROOM_REASONS`]).
     Blocked,
     /// Admitted, being created.
     Starting,
@@ -145,10 +152,10 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// The phase of a job in `state`, holding GPUs or not, with a pending reason or not.
-    pub fn of(state: JobState, holds_gpus: bool, has_reason: bool) -> Self {
+    /// The phase of a job in `state`, holding GPUs or not, with the pending reason it shows.
+    pub fn of(state: JobState, holds_gpus: bool, reason: Option<&str>) -> Self {
         match state {
-            JobState::Pending if has_reason => Phase::Blocked,
+            JobState::Pending if reason.is_some_and(|r| NO_ROOM_REASONS.contains(&r)) => Phase::Blocked,
             JobState::Pending => Phase::Queued,
             JobState::Admitted => Phase::Starting,
             JobState::Running => Phase::Running,
@@ -173,8 +180,10 @@ pub struct Replica {
     pub job: JobId,
     pub slot: i32,
     pub revision: i32,
+    /// Runs at the service's guaranteed (non-preemptible) class, as the minimum's slots do.
+    pub guaranteed: bool,
     pub phase: Phase,
-    /// Submitted at or after the service's last change of size or revision.
+    /// Ended at or after the service's last change (of size, minimum or revision).
     pub since_change: bool,
 }
 
@@ -183,7 +192,17 @@ pub struct Replica {
 pub struct Target {
     /// Replicas wanted (0 once deleted).
     pub replicas: i32,
+    /// Slots below it run at the guaranteed class.
+    pub min: i32,
     pub revision: i32,
+}
+
+impl Target {
+    /// Whether `r` runs what its slot should: the current revision, at its slot's class. A
+    /// replica that does not is replaced as a rolling update replaces one.
+    pub fn is_current(&self, r: &Replica) -> bool {
+        r.revision == self.revision && r.guaranteed == (r.slot < self.min)
+    }
 }
 
 /// What the pass does for one service.
@@ -238,13 +257,13 @@ pub fn plan(target: Target, replicas: &[Replica]) -> Plan {
             }
             continue;
         }
-        // The replica that keeps the slot: the current revision first, the furthest along.
-        here.sort_by_key(|r| (r.revision != target.revision, std::cmp::Reverse(rank(r.phase)), r.job));
+        // The replica that keeps the slot: a current one first, the furthest along.
+        here.sort_by_key(|r| (!target.is_current(r), std::cmp::Reverse(rank(r.phase)), r.job));
         let keep = here[0];
-        let current = keep.revision == target.revision;
+        let current = target.is_current(keep);
         let mut no_room = false;
         for r in &here[1..] {
-            if r.revision == target.revision || !current || keep.phase == Phase::Running {
+            if target.is_current(r) || !current || keep.phase == Phase::Running {
                 plan.stop.push((r.job, StopWhy::Replaced));
             } else if keep.phase == Phase::Blocked {
                 plan.stop.push((r.job, StopWhy::Replaced));
@@ -257,17 +276,19 @@ pub fn plan(target: Target, replicas: &[Replica]) -> Plan {
             plan.stop.push((keep.job, StopWhy::NoRoom));
         }
     }
-    let current_all_running = live
-        .iter()
-        .filter(|r| r.slot < target.replicas && r.revision == target.revision)
-        .all(|r| r.phase == Phase::Running);
+    let current_all_running =
+        live.iter().filter(|r| r.slot < target.replicas && target.is_current(r)).all(|r| r.phase == Phase::Running);
     let anything_stopping = replicas.iter().any(|r| r.phase == Phase::Stopping);
     if !rolling && plan.start.is_empty() && plan.stop.is_empty() && current_all_running && !anything_stopping {
+        // A new replica that ran out of restarts since the change halts the roll (as a
+        // Deployment's rollout stalls on a crashing pod): the service reads `degraded`, the old
+        // replicas serving on, until the next change.
+        let halted = (0..target.replicas).any(|slot| spent(slot, replicas));
         let next = (0..target.replicas).find(|&slot| {
             let here: Vec<_> = live.iter().filter(|r| r.slot == slot).collect();
-            !here.is_empty() && here.iter().all(|r| r.revision < target.revision)
+            !here.is_empty() && here.iter().all(|r| !target.is_current(r))
         });
-        plan.start.extend(next);
+        plan.start.extend(next.filter(|_| !halted));
     }
     plan
 }
@@ -300,10 +321,12 @@ pub enum ServiceState {
     Ready,
     /// At least `min_replicas` run, and replicas are being added or removed.
     Scaling,
-    /// Replicas of an older revision are being replaced.
+    /// Replicas of an older revision (or of the wrong class for their slot, after the
+    /// minimum changed) are being replaced.
     Rolling,
-    /// A replica's restart budget is spent since the last change: its slot stays empty
-    /// until the service is scaled or updated.
+    /// A replica ended for good since the last change (its restarts spent, or preempted or
+    /// its node lost more often than the platform retries): its slot stays empty, or on its
+    /// old revision, until the service is changed again.
     Degraded,
     /// Deleted: its replicas stop, its bills remain.
     Deleted,
@@ -326,15 +349,14 @@ pub struct ReplicaCounts {
     pub given_up: i32,
 }
 
-/// The counts and the state of a service asking for `target` with `min` replicas at least,
-/// `deleted` or not.
-pub fn summary(target: Target, min: i32, deleted: bool, replicas: &[Replica]) -> (ReplicaCounts, ServiceState) {
+/// The counts and the state of a service asking for `target`, `deleted` or not.
+pub fn summary(target: Target, deleted: bool, replicas: &[Replica]) -> (ReplicaCounts, ServiceState) {
     let mut c = ReplicaCounts::default();
     for r in replicas {
         match r.phase {
             Phase::Running => {
                 c.running += 1;
-                if r.revision == target.revision {
+                if target.is_current(r) {
                     c.current += 1;
                 }
             }
@@ -345,9 +367,12 @@ pub fn summary(target: Target, min: i32, deleted: bool, replicas: &[Replica]) ->
         }
     }
     c.given_up = (0..target.replicas)
-        .filter(|&slot| !replicas.iter().any(|r| r.slot == slot && r.phase.is_live()) && spent(slot, replicas))
+        .filter(|&slot| {
+            spent(slot, replicas)
+                && !replicas.iter().any(|r| r.slot == slot && r.phase.is_live() && target.is_current(r))
+        })
         .count() as i32;
-    let old_live = replicas.iter().any(|r| r.phase.is_live() && r.revision < target.revision);
+    let old_live = replicas.iter().any(|r| r.phase.is_live() && r.slot < target.replicas && !target.is_current(r));
     let surplus = replicas.iter().any(|r| r.phase.is_live() && r.slot >= target.replicas);
     let state = if deleted {
         ServiceState::Deleted
@@ -355,7 +380,7 @@ pub fn summary(target: Target, min: i32, deleted: bool, replicas: &[Replica]) ->
         ServiceState::Degraded
     } else if old_live {
         ServiceState::Rolling
-    } else if c.running < min {
+    } else if c.running < target.min {
         ServiceState::Starting
     } else if c.current != target.replicas || surplus {
         ServiceState::Scaling
@@ -369,8 +394,20 @@ pub fn summary(target: Target, min: i32, deleted: bool, replicas: &[Replica]) ->
 mod tests {
     use super::*;
 
+    /// A replica at the burst class (the targets below have no minimum, unless they say).
     fn r(n: u128, slot: i32, revision: i32, phase: Phase) -> Replica {
-        Replica { job: JobId::from(uuid::Uuid::from_u128(n)), slot, revision, phase, since_change: true }
+        Replica {
+            job: JobId::from(uuid::Uuid::from_u128(n)),
+            slot,
+            revision,
+            guaranteed: false,
+            phase,
+            since_change: true,
+        }
+    }
+    /// A replica at the guaranteed class.
+    fn g(n: u128, slot: i32, revision: i32, phase: Phase) -> Replica {
+        Replica { guaranteed: true, ..r(n, slot, revision, phase) }
     }
     fn job(n: u128) -> JobId {
         JobId::from(uuid::Uuid::from_u128(n))
@@ -380,39 +417,39 @@ mod tests {
 
     #[test]
     fn a_new_service_starts_a_replica_in_every_slot() {
-        let p = plan(Target { replicas: 3, revision: 1 }, &[]);
+        let p = plan(Target { replicas: 3, min: 0, revision: 1 }, &[]);
         assert_eq!(p, Plan { start: vec![0, 1, 2], stop: vec![] });
     }
 
     #[test]
     fn scaling_down_stops_the_highest_slots_and_scaling_up_fills_new_ones() {
         let live = [r(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running), r(3, 2, 1, Phase::Blocked)];
-        let down = plan(Target { replicas: 2, revision: 1 }, &live);
+        let down = plan(Target { replicas: 2, min: 0, revision: 1 }, &live);
         assert_eq!(down, Plan { start: vec![], stop: vec![(job(3), StopWhy::ScaledDown)] });
-        let up = plan(Target { replicas: 4, revision: 1 }, &live);
+        let up = plan(Target { replicas: 4, min: 0, revision: 1 }, &live);
         assert_eq!(up, Plan { start: vec![3], stop: vec![] });
     }
 
     #[test]
     fn a_slot_whose_replica_was_cancelled_is_refilled_but_one_out_of_restarts_stays_empty() {
         let cancelled = [r(1, 0, 1, CANCELLED), r(2, 1, 1, Phase::Running)];
-        assert_eq!(plan(Target { replicas: 2, revision: 1 }, &cancelled).start, vec![0]);
+        assert_eq!(plan(Target { replicas: 2, min: 0, revision: 1 }, &cancelled).start, vec![0]);
         let failed = [r(1, 0, 1, FAILED), r(2, 1, 1, Phase::Running)];
-        assert_eq!(plan(Target { replicas: 2, revision: 1 }, &failed), Plan::default());
-        let (counts, state) = summary(Target { replicas: 2, revision: 1 }, 1, false, &failed);
+        assert_eq!(plan(Target { replicas: 2, min: 0, revision: 1 }, &failed), Plan::default());
+        let (counts, state) = summary(Target { replicas: 2, min: 0, revision: 1 }, false, &failed);
         assert_eq!((counts.given_up, state), (1, ServiceState::Degraded));
         // A change after the failure (scale or update) gives the slot a new replica.
         let before_change = [Replica { since_change: false, ..failed[0] }, failed[1]];
-        assert_eq!(plan(Target { replicas: 2, revision: 1 }, &before_change).start, vec![0]);
+        assert_eq!(plan(Target { replicas: 2, min: 0, revision: 1 }, &before_change).start, vec![0]);
     }
 
     #[test]
     fn a_rolling_update_replaces_one_slot_at_a_time_and_waits_for_the_new_replica() {
-        let target = Target { replicas: 2, revision: 2 };
+        let target = Target { replicas: 2, min: 0, revision: 2 };
         let old = [r(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running)];
         // First step: a new replica beside the lowest old one; nothing stops yet.
         assert_eq!(plan(target, &old), Plan { start: vec![0], stop: vec![] });
-        let (_, state) = summary(target, 2, false, &old);
+        let (_, state) = summary(target, false, &old);
         assert_eq!(state, ServiceState::Rolling);
         // While it is queued, nothing else happens.
         let queued = [old[0], old[1], r(3, 0, 2, Phase::Queued)];
@@ -427,12 +464,12 @@ mod tests {
         assert_eq!(plan(target, &next), Plan { start: vec![1], stop: vec![] });
         let done = [r(3, 0, 2, Phase::Running), r(4, 1, 2, Phase::Running)];
         assert_eq!(plan(target, &done), Plan::default());
-        assert_eq!(summary(target, 2, false, &done).1, ServiceState::Ready);
+        assert_eq!(summary(target, false, &done).1, ServiceState::Ready);
     }
 
     #[test]
     fn a_new_replica_that_cannot_start_for_want_of_room_makes_the_old_one_give_way() {
-        let target = Target { replicas: 2, revision: 2 };
+        let target = Target { replicas: 2, min: 0, revision: 2 };
         let blocked = [r(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running), r(3, 0, 2, Phase::Blocked)];
         let both = Plan { start: vec![], stop: vec![(job(1), StopWhy::Replaced), (job(3), StopWhy::NoRoom)] };
         assert_eq!(plan(target, &blocked), both);
@@ -446,21 +483,50 @@ mod tests {
 
     #[test]
     fn an_old_replica_that_fails_during_a_roll_comes_back_at_the_new_revision() {
-        let target = Target { replicas: 2, revision: 2 };
+        let target = Target { replicas: 2, min: 0, revision: 2 };
         let lost = [r(1, 0, 1, CANCELLED), r(2, 1, 1, Phase::Running)];
         assert_eq!(plan(target, &lost).start, vec![0]);
     }
 
     #[test]
     fn states_read_in_order_of_what_matters() {
-        let t = Target { replicas: 3, revision: 1 };
-        let starting = [r(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Queued), r(3, 2, 1, Phase::Queued)];
-        assert_eq!(summary(t, 2, false, &starting).1, ServiceState::Starting);
-        let scaling = [r(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running), r(3, 2, 1, Phase::Blocked)];
-        let (counts, state) = summary(t, 2, false, &scaling);
+        let t = Target { replicas: 3, min: 2, revision: 1 };
+        let starting = [g(1, 0, 1, Phase::Running), g(2, 1, 1, Phase::Queued), r(3, 2, 1, Phase::Queued)];
+        assert_eq!(summary(t, false, &starting).1, ServiceState::Starting);
+        let scaling = [g(1, 0, 1, Phase::Running), g(2, 1, 1, Phase::Running), r(3, 2, 1, Phase::Blocked)];
+        let (counts, state) = summary(t, false, &scaling);
         assert_eq!(state, ServiceState::Scaling);
         assert_eq!((counts.running, counts.current, counts.waiting), (2, 2, 1));
-        assert_eq!(summary(t, 2, true, &scaling).1, ServiceState::Deleted);
+        assert_eq!(summary(t, true, &scaling).1, ServiceState::Deleted);
+    }
+
+    #[test]
+    fn raising_the_minimum_replaces_the_replica_whose_slot_now_needs_the_guaranteed_class() {
+        // Slot 1 ran at the burst class under a minimum of 1; the minimum is now 2.
+        let t = Target { replicas: 2, min: 2, revision: 1 };
+        let before = [g(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running)];
+        assert_eq!(plan(t, &before), Plan { start: vec![1], stop: vec![] });
+        assert_eq!(summary(t, false, &before).1, ServiceState::Rolling);
+        let replaced = [g(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running), g(3, 1, 1, Phase::Running)];
+        assert_eq!(plan(t, &replaced), Plan { start: vec![], stop: vec![(job(2), StopWhy::Replaced)] });
+    }
+
+    #[test]
+    fn a_new_revision_that_keeps_failing_leaves_the_old_replica_serving_and_the_service_degraded() {
+        let t = Target { replicas: 2, min: 0, revision: 2 };
+        let failed = [r(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running), r(3, 0, 2, FAILED)];
+        assert_eq!(plan(t, &failed), Plan::default(), "not tried again until the next change");
+        let (counts, state) = summary(t, false, &failed);
+        assert_eq!((counts.given_up, state), (1, ServiceState::Degraded));
+    }
+
+    #[test]
+    fn a_new_replica_waiting_while_the_engine_makes_room_does_not_make_the_old_one_give_way() {
+        let t = Target { replicas: 1, min: 0, revision: 2 };
+        let reclaiming = Phase::of(JobState::Pending, false, Some("waiting_for_reclaim"));
+        assert_eq!(reclaiming, Phase::Queued);
+        assert_eq!(Phase::of(JobState::Pending, false, Some("reserved_quota_exhausted")), Phase::Blocked);
+        assert_eq!(plan(t, &[r(1, 0, 1, Phase::Running), r(2, 0, 2, reclaiming)]), Plan::default());
     }
 
     #[test]

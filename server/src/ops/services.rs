@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 
-use chrono::Utc;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -239,18 +238,20 @@ pub async fn update(
     precondition: &Precondition,
     version: CatalogueVersion,
 ) -> Result<ServiceRow> {
-    let current = db::services::get(&state.db, team.id, name).await?.ok_or(Error::NotFound("service"))?;
-    // A stale change is refused before it is judged, and again under the lock below.
-    precondition.check(current.version)?;
-    let min = update.min_replicas.unwrap_or(i64::from(current.min_replicas));
-    let max = update.max_replicas.unwrap_or(i64::from(current.max_replicas));
-    let replicas = update.replicas.unwrap_or(i64::from(current.replicas));
+    // Read, judged and written under the service's lock, so that two changes at once apply
+    // one after the other, each to what the other left.
+    let mut tx = state.db.begin().await?;
+    let before = db::services::lock(&mut tx, team.id, name).await?.ok_or(Error::NotFound("service"))?;
+    precondition.check(before.version)?;
+    let min = update.min_replicas.unwrap_or(i64::from(before.min_replicas));
+    let max = update.max_replicas.unwrap_or(i64::from(before.max_replicas));
+    let replicas = update.replicas.unwrap_or(i64::from(before.replicas));
     let errors = service::check_size(min, max, replicas);
     if !errors.is_empty() {
         return Err(Error::Validation(errors));
     }
     let (min, max, replicas) = (min as i32, max as i32, replicas as i32);
-    let mut replica: ReplicaSpec = serde_json::from_value(current.replica_spec.0.clone())
+    let mut replica: ReplicaSpec = serde_json::from_value(before.replica_spec.0.clone())
         .map_err(|e| Error::internal("stored service replica", e))?;
     if let Some(image) = &update.image {
         replica.image.clone_from(image);
@@ -261,14 +262,20 @@ pub async fn update(
     if let Some(env) = &update.env {
         replica.env.clone_from(env);
     }
-    let old = &current.template.0;
+    let old = &before.template.0;
     let classes = Classes { guaranteed: old.priority_class.clone(), burst: old.burst_priority_class.clone() };
-    let template = checked(state, team.id, &replica, min, &classes, old.restart_budget, version).await?;
+    // Only a change of what replicas run, or of the minimum (which must fit reserved quota),
+    // is judged again; a size within the range is not (a budget set since must not keep a
+    // service from scaling down).
+    let judged =
+        update.image.is_some() || update.command.is_some() || update.env.is_some() || min != before.min_replicas;
+    let template = if judged {
+        checked(state, team.id, &replica, min, &classes, old.restart_budget, version).await?
+    } else {
+        old.clone()
+    };
     let runs_differently = (&template.image, &template.command, &template.env) != (&old.image, &old.command, &old.env);
     let replica_spec = serde_json::to_value(&replica).map_err(|e| Error::internal("service replica", e))?;
-    let mut tx = state.db.begin().await?;
-    let before = db::services::lock(&mut tx, team.id, name).await?.ok_or(Error::NotFound("service"))?;
-    precondition.check(before.version)?;
     let revision = if runs_differently { before.revision + 1 } else { before.revision };
     let change = Change {
         min_replicas: min,
@@ -326,16 +333,14 @@ pub async fn status(state: &AppState, team_id: TeamId, name: &str) -> Result<Sta
 /// Services as people see them, in the order given.
 pub async fn statuses(state: &AppState, services: Vec<ServiceRow>) -> Result<Vec<Status>> {
     let ids: Vec<ServiceId> = services.iter().map(|s| s.id).collect();
-    let mut tx = state.db.begin().await?;
-    let seen = db::services::replicas(&mut tx, &ids, false).await?;
-    tx.commit().await?;
+    let seen = db::services::replicas(&state.db, &ids).await?;
     let mut endpoints = db::services::endpoints(&state.db, &ids).await?;
     let mut out = Vec::with_capacity(services.len());
     for s in services {
         let replicas: Vec<_> =
             seen.iter().filter(|r| r.service_id == s.id).map(db::services::ReplicaRow::replica).collect();
-        let target = Target { replicas: s.replicas, revision: s.revision };
-        let (counts, state_now) = service::summary(target, s.min_replicas, s.deleted_at.is_some(), &replicas);
+        let target = Target { replicas: s.replicas, min: s.min_replicas, revision: s.revision };
+        let (counts, state_now) = service::summary(target, s.deleted_at.is_some(), &replicas);
         let mine: Vec<Endpoint> = endpoints.iter().filter(|e| e.service_id == s.id).cloned().collect();
         endpoints.retain(|e| e.service_id != s.id);
         let jobs = db::jobs::service_replicas(&state.db, s.id, s.changed_at).await?;
@@ -352,9 +357,10 @@ struct Classes {
 
 /// `replica` checked for `team_id` as jobs are, naming fields as a service's: the gang of
 /// `min` replicas at the guaranteed class (so the minimum must fit reserved quota) and one
-/// replica at the burst class; the classes checked for what they must be; no hard budget
-/// over the team (a service has no maximum runtime for one to cover); a class offered by
-/// nodes, not only by cloud pools.
+/// replica at the burst class; the classes checked for what they must be; a class offered by
+/// nodes, not only by cloud pools. Budgets judge a day of the minimum (a job's default
+/// maximum runtime); the engine then admits each replica while the hard budgets over the
+/// team cover it to the end of their period.
 async fn checked(
     state: &AppState,
     team_id: TeamId,
@@ -412,6 +418,16 @@ async fn checked(
         return Err(Error::Validation(errors));
     }
     let rename = |e: FieldError| -> FieldError {
+        if e.code == "exceeds_budget" {
+            return FieldError {
+                field: "min_replicas".into(),
+                message: format!(
+                    "a day of the minimum replicas (a service has no maximum runtime; a day is what is judged at creation) would cost more than a hard budget over the team holds: {}",
+                    e.message
+                ),
+                ..e
+            };
+        }
         if e.code == "exceeds_reserved_quota" || e.code == "exceeds_quota" {
             let message = format!(
                 "the minimum replicas are never preempted, so together they must fit the team's reserved quota: {}",
@@ -451,19 +467,6 @@ async fn checked(
             other => other,
         },
     )?;
-    let period = crate::billing::budgets::period_of(Utc::now());
-    if let Some(hard) =
-        db::budgets::of_chain(&state.db, team_id, period).await?.into_iter().find(|b| b.enforcement == "hard")
-    {
-        return Err(Error::field(FieldError::new(
-            "min_replicas",
-            "hard_budget",
-            format!(
-                "team {} has a hard budget: a service has no maximum runtime, so no hard budget can cover its replicas; use a soft budget, or run the service from a team without a hard one",
-                hard.team
-            ),
-        )));
-    }
     let (fixed, pools) = db::inventory::class_nodes(&state.db, job.gpu_class_id).await?;
     if fixed == 0 && pools > 0 {
         return Err(Error::field(FieldError::new(

@@ -37,10 +37,12 @@ pub(super) fn budget_chain(s: &Snapshot, team: TeamId) -> impl Iterator<Item = u
 
 impl Cycle<'_> {
     /// The first hard budget over the job's team, nearest first, that cannot cover its
-    /// maximum cost (money) or GPU time; `None` when all of them can.
+    /// maximum cost (money) or GPU time within the budgets' period; `None` when all of them
+    /// can.
     pub(super) fn budget_shortfall(&self, job: &JobSpec) -> Option<Shortfall> {
-        let cost = cost_micros(self.s, job, job.max_runtime_ms);
-        let time = gpu_time(self.s, job, job.max_runtime_ms);
+        let ms = self.s.within_budget_period(self.s.now_ms, job.max_runtime_ms);
+        let cost = cost_micros(self.s, job, ms);
+        let time = gpu_time(self.s, job, ms);
         budget_chain(self.s, job.team).find_map(|t| {
             let team = t as TeamId;
             match (self.hard_left[t], self.hard_gpu_left[t]) {
@@ -55,8 +57,9 @@ impl Cycle<'_> {
     /// department's budget covers its whole subtree), in money and in GPU-hours, still covers
     /// the job's maximum cost and GPU time.
     pub(super) fn hard_budgets_cover(&self, job: &JobSpec) -> bool {
-        let cost = cost_micros(self.s, job, job.max_runtime_ms);
-        let time = gpu_time(self.s, job, job.max_runtime_ms);
+        let ms = self.s.within_budget_period(self.s.now_ms, job.max_runtime_ms);
+        let cost = cost_micros(self.s, job, ms);
+        let time = gpu_time(self.s, job, ms);
         budget_chain(self.s, job.team).all(|t| {
             self.hard_left[t].is_none_or(|left| left >= cost) && self.hard_gpu_left[t].is_none_or(|left| left >= time)
         })

@@ -139,7 +139,8 @@ impl<'a> Cycle<'a> {
             if (r.spec.team as usize) < s.teams.len() && !r.terminating {
                 ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), false);
                 // A hard budget must also cover what running jobs may still spend.
-                let remaining = (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0);
+                let remaining =
+                    s.within_budget_period(s.now_ms, (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0));
                 let committed = if r.terminating { 0 } else { cost_micros(s, &r.spec, remaining) };
                 let committed_time = if r.terminating { 0 } else { gpu_time(s, &r.spec, remaining) };
                 for t in budget_chain(s, r.spec.team) {
@@ -455,13 +456,14 @@ impl<'a> Cycle<'a> {
         let s = self.s;
         self.inv.allocate(&placement);
         let n = job.total_milli();
-        let cost = cost_micros(s, job, job.max_runtime_ms);
+        let budgeted_ms = s.within_budget_period(s.now_ms, job.max_runtime_ms);
+        let cost = cost_micros(s, job, budgeted_ms);
         let mut exceeds_soft_budget = false;
         self.largest_borrowers.remove(&job.class);
         self.borrowers.remove(&job.class);
         if (job.team as usize) < s.teams.len() {
             self.ledger.add(job.team, job.class, n, false);
-            let time = gpu_time(s, job, job.max_runtime_ms);
+            let time = gpu_time(s, job, budgeted_ms);
             for t in budget_chain(s, job.team) {
                 if let Some(left) = &mut self.hard_left[t] {
                     *left = left.saturating_sub(cost);

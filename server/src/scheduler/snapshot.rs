@@ -206,6 +206,11 @@ pub struct Config {
     pub estimate_start_times: bool,
     /// How expected start times are computed.
     pub start_time_model: StartTimeModel,
+    /// When the budgets' period ends (ms since the epoch): what a job may spend after it
+    /// counts against the next period's budgets, so a job (a service's replica above all,
+    /// which has no maximum runtime) commits this period's budgets only up to it. `None`:
+    /// no bound (a trace replay, unit tests).
+    pub budget_period_end_ms: Option<i64>,
 }
 
 /// How the engine foresees when waiting jobs start.
@@ -229,6 +234,7 @@ impl Default for Config {
             policy: Policy::Fairway,
             estimate_start_times: true,
             start_time_model: StartTimeModel::QuantileForecast,
+            budget_period_end_ms: None,
         }
     }
 }
@@ -267,6 +273,15 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// `ms` of running from `from_ms`, cut at the end of the budgets' period: what of it
+    /// this period's budgets pay for.
+    pub fn within_budget_period(&self, from_ms: i64, ms: i64) -> i64 {
+        match self.config.budget_period_end_ms {
+            Some(end) => ms.min((end - from_ms).max(0)),
+            None => ms,
+        }
+    }
+
     /// How long `spec` has to checkpoint once told to stop: its own grace period, or its
     /// priority class's.
     pub fn grace_ms(&self, spec: &JobSpec) -> i64 {

@@ -207,6 +207,27 @@ fn a_hard_budget_blocks_a_job_it_cannot_pay_for_and_a_soft_one_only_flags() {
 }
 
 #[test]
+fn budgets_pay_only_for_what_runs_before_their_period_ends() {
+    // A service's replica running with no maximum runtime, and a job of 4 GPUs × $2 × 4 h.
+    let mut s = cluster(1, vec![team("a", 8, 0)]);
+    s.config.budget_period_end_ms = Some(NOW + HOUR);
+    start(&mut s, JobSpec { max_runtime_ms: i64::from(i32::MAX) * 1000, ..job(9, 0, 2, 0) }, HOUR);
+    // The replica commits one hour ($4), the new job one hour ($8): $12 fits, $11 does not.
+    s.teams[0].hard_budget_left_micros = Some(12_000_000);
+    s.teams[0].soft_budget_left_micros = Some(12_000_000);
+    s.pending = vec![job(1, 0, 4, 1)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![1]);
+    assert!(!d.admissions[0].exceeds_soft_budget, "the replica's years beyond the month are not this month's");
+    s.teams[0].hard_budget_left_micros = Some(11_000_000);
+    assert_eq!(reason_of(&schedule(&s), 1), PendingReason::BudgetExhausted);
+    // Without a period the whole maximum counts, as before.
+    s.config.budget_period_end_ms = None;
+    s.teams[0].hard_budget_left_micros = Some(1_000_000_000);
+    assert_eq!(reason_of(&schedule(&s), 1), PendingReason::BudgetExhausted);
+}
+
+#[test]
 fn a_departments_hard_budget_is_shared_by_its_teams_not_given_to_each() {
     // A department with $40 left and two child teams that may use its pool.
     let mut department = team("dept", 8, 0);
@@ -598,4 +619,11 @@ fn a_victims_own_grace_period_is_what_it_gets_and_what_the_reclaimers_start_wait
     assert_eq!(pending.reason, PendingReason::WaitingForReclaim);
     let expected = pending.expected_start_ms.expect("an expected start");
     assert!(expected <= NOW + 2_000, "expected at {} ms from now, after the victim's own grace", expected - NOW);
+}
+
+#[test]
+fn the_reasons_a_rolling_update_reads_as_no_room_are_reasons_the_engine_gives() {
+    for code in crate::domain::service::NO_ROOM_REASONS {
+        assert!(PendingReason::CODES.contains(&code), "{code} is no pending reason");
+    }
 }

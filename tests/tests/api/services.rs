@@ -283,10 +283,20 @@ async fn a_replica_out_of_restarts_leaves_the_service_degraded_until_it_is_chang
     let timeline = events(&app, &ml, &failed[0].1).await;
     assert!(timeline.iter().any(|e| e["message"].as_str().unwrap_or_default().contains("no retries left (1 used)")));
 
-    // A change (here a new command) gives the slot a new replica.
+    // A change (here a new command) gives the slot a new replica, of the new revision.
     patch(&app, &ml, "flaky", json!({"command": ["serve", "--safe-mode"]})).await;
-    let again = wait(&app, &ml, "flaky", |s| s["counts"]["given_up"] == 0 && s["state"] != "degraded", |_| {}).await;
-    assert_eq!(again["revision"], 2, "{again:#}");
+    let again = wait(
+        &app,
+        &ml,
+        "flaky",
+        |s| s["replica_jobs"].as_array().is_some_and(|r| r.iter().any(|j| j["service"]["revision"] == 2)),
+        |_| {},
+    )
+    .await;
+    let new =
+        &again["replica_jobs"].as_array().unwrap().iter().find(|j| j["service"]["revision"] == 2).unwrap().clone();
+    assert_ne!(new["id"], json!(failed[0].1), "a new replica job: {again:#}");
+    assert_eq!(new["command"], json!(["serve", "--safe-mode"]), "{again:#}");
 
     // Deleted: its replicas stop, and the name is free again.
     let r = app.send(call("DELETE", "/api/v1/teams/ml/services/flaky").token(&ml)).await;
@@ -373,18 +383,38 @@ async fn a_service_request_that_cannot_be_met_is_refused_naming_the_field() {
     let other = app.api_token(&admin, "other", "member").await.1;
     app.send(call("GET", "/api/v1/teams/other/services/chat").token(&other)).await.assert_problem(404, "not_found");
     app.send(call("GET", "/api/v1/teams/ml/services/chat").token(&other)).await.assert_problem(404, "not_found");
+    for (method, body) in [("PATCH", Some(json!({"replicas": 2}))), ("DELETE", None)] {
+        let mut c = call(method, "/api/v1/teams/ml/services/chat").token(&other);
+        if let Some(b) = &body {
+            c = c.json(b);
+        }
+        app.send(c).await.assert_problem(404, "not_found");
+        app.send({
+            let mut c = call(method, "/api/v1/teams/other/services/chat").token(&other);
+            if let Some(b) = &body {
+                c = c.json(b);
+            }
+            c
+        })
+        .await
+        .assert_problem(404, "not_found");
+    }
+    let still = read(&app, &ml, "chat").await;
+    assert_eq!((still["replicas"].as_i64(), still["state"].as_str().is_some_and(|s| s != "deleted")), (Some(1), true));
     let list = app.send(call("GET", "/api/v1/teams/other/services").token(&other)).await;
     list.assert_status(200);
     assert_eq!(list.json()["items"], json!([]));
 
-    // Under a hard budget a service cannot be covered: refused, saying why.
+    // A hard budget too small for a day of the minimum refuses the service, on min_replicas;
+    // one that holds it lets it in.
     let month = chrono::Utc::now().format("%Y-%m").to_string();
-    app.send(
+    let budget = |amount: i64| {
         call("PUT", &format!("/api/v1/teams/ml/budgets/{month}"))
             .token(&admin)
-            .json(&json!({"unit": "money", "amount": 100000, "enforcement": "hard"})),
-    )
-    .await
-    .assert_status(200);
-    assert_eq!(refused(with("name", json!("chat-2"))).await, [("min_replicas".into(), "hard_budget".into())]);
+            .json(&json!({"unit": "gpu-hours", "amount": amount, "enforcement": "hard"}))
+    };
+    app.send(budget(100)).await.assert_status(200);
+    assert_eq!(refused(with("name", json!("chat-2"))).await, [("min_replicas".into(), "exceeds_budget".into())]);
+    app.send(budget(100_000)).await.assert_status(200);
+    create(&app, &ml, with("name", json!("chat-3"))).await;
 }
