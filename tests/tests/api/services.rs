@@ -139,6 +139,18 @@ async fn a_service_keeps_its_replicas_running_through_failures_each_restarted_on
     assert_eq!((job["replicas"].as_i64(), job["gpus_per_replica"].as_i64()), (Some(1), Some(8)));
     assert_eq!(job["priority_class"], "production", "the minimum runs at the guaranteed class");
     assert_eq!(job["max_runtime_seconds"], i64::from(i32::MAX), "no maximum runtime");
+    // Metered per replica like any job: each attempt an interval of its 8 GPUs, the failed
+    // first one closed at its end, the serving second one open.
+    for (_, id, _) in &live {
+        let intervals: Vec<(i32, i32, bool)> = sqlx::query_as(
+            "select attempt, gpus, ended_at is not null from usage_intervals where job_id = $1::uuid order by attempt",
+        )
+        .bind(id)
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+        assert_eq!(intervals, [(1, 8, true), (2, 8, false)], "replica {id}");
+    }
 }
 
 #[tokio::test]
