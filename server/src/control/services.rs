@@ -96,7 +96,7 @@ pub async fn reconcile(pool: &sqlx::PgPool, epoch: i64) -> Result<Reconciled, Co
             let what = match why {
                 StopWhy::ScaledDown if s.deleted_at.is_some() => format!("service {} was deleted", s.name),
                 StopWhy::ScaledDown => format!("service {} was scaled to {} replicas", s.name, s.replicas),
-                StopWhy::Replaced => {
+                StopWhy::Replaced { .. } => {
                     format!("replaced by a replica of revision {} of service {}", s.revision, s.name)
                 }
                 StopWhy::NoRoom => format!(
@@ -107,8 +107,23 @@ pub async fn reconcile(pool: &sqlx::PgPool, epoch: i64) -> Result<Reconciled, Co
             stop.insert(job, (what, why, r.grace_ms));
         }
     }
-    let wanted: Vec<JobId> = stop.keys().copied().collect();
+    // The replicas to stop, and those taking their places: a replica is stopped for its
+    // successor only if that one is still live once both are locked (it may have ended since
+    // the read), else the slot is looked at again next cycle.
+    let mut wanted: Vec<JobId> = stop.keys().copied().collect();
+    wanted.extend(stop.values().filter_map(|(_, why, _)| match why {
+        StopWhy::Replaced { by } => Some(*by),
+        _ => None,
+    }));
+    wanted.sort_unstable();
+    wanted.dedup();
     let locked = db::services::lock_to_stop(&mut tx, &wanted).await?;
+    let live: std::collections::HashSet<JobId> = locked.iter().map(|r| r.job_id).collect();
+    stop.retain(|_, (_, why, _)| match why {
+        StopWhy::Replaced { by } => live.contains(by),
+        _ => true,
+    });
+    let locked: Vec<_> = locked.into_iter().filter(|r| stop.contains_key(&r.job_id)).collect();
     let stopped = locked.len();
     let mut idle: Vec<JobId> = Vec::new();
     let mut events: Vec<NewEvent> = Vec::new();

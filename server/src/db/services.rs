@@ -275,10 +275,10 @@ pub struct ToStop {
     pub holds_gpus: bool,
 }
 
-/// Locks the replicas `ids` the pass means to stop, in id order (as the reconciler locks
-/// jobs), skipping any another transaction holds (the dispatcher creating it, the
-/// reconciler ending it): those are looked at again next cycle. Only those still live are
-/// returned, as they are now.
+/// Locks the replicas `ids` the pass means to stop (and those taking their places), in id
+/// order (as the reconciler locks jobs), skipping any another transaction holds (the
+/// dispatcher creating it, the reconciler ending it): those are looked at again next cycle.
+/// Only those still live are returned, as they are now.
 pub async fn lock_to_stop(tx: &mut Tx<'_>, ids: &[JobId]) -> Result<Vec<ToStop>, sqlx::Error> {
     sqlx::query_as!(
         ToStop,

@@ -124,12 +124,14 @@ impl Template {
     }
 }
 
-/// The pending reasons (the engine's codes) that mean there is no room for a replica now:
-/// its team's quota is used, or the cluster's GPUs are. A rolling update trades the old
-/// replica for the new one only for these, never while the engine is already making room
-/// (reclaiming, holding GPUs for a gang, waiting out a minimum runtime).
+/// The pending reasons (the engine's codes) that mean there is no room for a replica beside
+/// the one it replaces, and that stopping that one makes: its team's quota is used, the
+/// cluster's GPUs are, or a hard budget (which the running replica commits to) is. A rolling
+/// update trades the old replica for the new one only for these: never while the engine is
+/// already making room (reclaiming, holding GPUs for a gang, waiting out a minimum runtime),
+/// nor when the replica alone exceeds its quota (stopping the old one would not help).
 pub const NO_ROOM_REASONS: [&str; 5] =
-    ["burst_limit", "exceeds_quota", "reserved_quota_exhausted", "insufficient_capacity", "fair_share"];
+    ["burst_limit", "reserved_quota_exhausted", "insufficient_capacity", "fair_share", "budget_exhausted"];
 
 /// Where one replica job is, as the service pass sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,8 +221,9 @@ pub struct Plan {
 pub enum StopWhy {
     /// Its slot is beyond the size asked.
     ScaledDown,
-    /// A replica of the current revision took its place, or will once it has stopped.
-    Replaced,
+    /// A replica of the current revision took its place, or will once it has stopped: `by`,
+    /// which must still be live when the stop is made.
+    Replaced { by: JobId },
     /// A replica of the current revision that found no room beside the one it replaces:
     /// withdrawn, so that the old one stops first and a new one starts after it.
     NoRoom,
@@ -252,7 +255,7 @@ pub fn plan(target: Target, replicas: &[Replica]) -> Plan {
             // A replica still giving its GPUs back keeps its successor waiting, so that the
             // two never hold GPUs at once.
             let stopping = replicas.iter().any(|r| r.slot == slot && r.phase == Phase::Stopping);
-            if !stopping && !spent(slot, replicas) {
+            if !stopping && !spent(target, slot, replicas) {
                 plan.start.push(slot);
             }
             continue;
@@ -264,9 +267,9 @@ pub fn plan(target: Target, replicas: &[Replica]) -> Plan {
         let mut no_room = false;
         for r in &here[1..] {
             if target.is_current(r) || !current || keep.phase == Phase::Running {
-                plan.stop.push((r.job, StopWhy::Replaced));
+                plan.stop.push((r.job, StopWhy::Replaced { by: keep.job }));
             } else if keep.phase == Phase::Blocked {
-                plan.stop.push((r.job, StopWhy::Replaced));
+                plan.stop.push((r.job, StopWhy::Replaced { by: keep.job }));
                 no_room = true;
             } else {
                 rolling = true;
@@ -283,7 +286,7 @@ pub fn plan(target: Target, replicas: &[Replica]) -> Plan {
         // A new replica that ran out of restarts since the change halts the roll (as a
         // Deployment's rollout stalls on a crashing pod): the service reads `degraded`, the old
         // replicas serving on, until the next change.
-        let halted = (0..target.replicas).any(|slot| spent(slot, replicas));
+        let halted = (0..target.replicas).any(|slot| spent(target, slot, replicas));
         let next = (0..target.replicas).find(|&slot| {
             let here: Vec<_> = live.iter().filter(|r| r.slot == slot).collect();
             !here.is_empty() && here.iter().all(|r| !target.is_current(r))
@@ -293,10 +296,16 @@ pub fn plan(target: Target, replicas: &[Replica]) -> Plan {
     plan
 }
 
-/// Whether a replica in `slot` ended for good since the service's last change: its
-/// restart budget is spent, and the slot stays empty until the service changes again.
-fn spent(slot: i32, replicas: &[Replica]) -> bool {
-    replicas.iter().any(|r| r.slot == slot && r.since_change && r.phase == Phase::Ended { counts_against_budget: true })
+/// Whether a current replica in `slot` (of the current revision and class) ended for good
+/// since the service's last change: its restarts are spent, and the slot gets no new one
+/// until the service changes again. An old replica that ends is simply replaced.
+fn spent(target: Target, slot: i32, replicas: &[Replica]) -> bool {
+    replicas.iter().any(|r| {
+        r.slot == slot
+            && r.since_change
+            && target.is_current(r)
+            && r.phase == Phase::Ended { counts_against_budget: true }
+    })
 }
 
 /// How far along a live replica is, to choose which keeps a slot.
@@ -368,7 +377,7 @@ pub fn summary(target: Target, deleted: bool, replicas: &[Replica]) -> (ReplicaC
     }
     c.given_up = (0..target.replicas)
         .filter(|&slot| {
-            spent(slot, replicas)
+            spent(target, slot, replicas)
                 && !replicas.iter().any(|r| r.slot == slot && r.phase.is_live() && target.is_current(r))
         })
         .count() as i32;
@@ -456,7 +465,10 @@ mod tests {
         assert_eq!(plan(target, &queued), Plan::default());
         // Once it runs, the old one in its slot stops; the next slot waits for that plan.
         let running = [old[0], old[1], r(3, 0, 2, Phase::Running)];
-        assert_eq!(plan(target, &running), Plan { start: vec![], stop: vec![(job(1), StopWhy::Replaced)] });
+        assert_eq!(
+            plan(target, &running),
+            Plan { start: vec![], stop: vec![(job(1), StopWhy::Replaced { by: job(3) })] }
+        );
         // The second slot waits for the first's old replica to stop, then rolls.
         let stopping = [r(1, 0, 1, Phase::Stopping), old[1], r(3, 0, 2, Phase::Running)];
         assert_eq!(plan(target, &stopping), Plan::default());
@@ -471,7 +483,8 @@ mod tests {
     fn a_new_replica_that_cannot_start_for_want_of_room_makes_the_old_one_give_way() {
         let target = Target { replicas: 2, min: 0, revision: 2 };
         let blocked = [r(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running), r(3, 0, 2, Phase::Blocked)];
-        let both = Plan { start: vec![], stop: vec![(job(1), StopWhy::Replaced), (job(3), StopWhy::NoRoom)] };
+        let both =
+            Plan { start: vec![], stop: vec![(job(1), StopWhy::Replaced { by: job(3) }), (job(3), StopWhy::NoRoom)] };
         assert_eq!(plan(target, &blocked), both);
         // The slot waits while the old one stops; the other slot does not roll meanwhile.
         let stopping = [r(1, 0, 1, Phase::Stopping), r(2, 1, 1, Phase::Running), r(3, 0, 2, CANCELLED)];
@@ -486,6 +499,10 @@ mod tests {
         let target = Target { replicas: 2, min: 0, revision: 2 };
         let lost = [r(1, 0, 1, CANCELLED), r(2, 1, 1, Phase::Running)];
         assert_eq!(plan(target, &lost).start, vec![0]);
+        // Failed for good, not cancelled: still not the new revision's failure.
+        let failed = [r(1, 0, 1, FAILED), r(2, 1, 1, Phase::Running)];
+        assert_eq!(plan(target, &failed).start, vec![0]);
+        assert_ne!(summary(target, false, &failed).1, ServiceState::Degraded);
     }
 
     #[test]
@@ -508,7 +525,7 @@ mod tests {
         assert_eq!(plan(t, &before), Plan { start: vec![1], stop: vec![] });
         assert_eq!(summary(t, false, &before).1, ServiceState::Rolling);
         let replaced = [g(1, 0, 1, Phase::Running), r(2, 1, 1, Phase::Running), g(3, 1, 1, Phase::Running)];
-        assert_eq!(plan(t, &replaced), Plan { start: vec![], stop: vec![(job(2), StopWhy::Replaced)] });
+        assert_eq!(plan(t, &replaced), Plan { start: vec![], stop: vec![(job(2), StopWhy::Replaced { by: job(3) })] });
     }
 
     #[test]
@@ -526,6 +543,8 @@ mod tests {
         let reclaiming = Phase::of(JobState::Pending, false, Some("waiting_for_reclaim"));
         assert_eq!(reclaiming, Phase::Queued);
         assert_eq!(Phase::of(JobState::Pending, false, Some("reserved_quota_exhausted")), Phase::Blocked);
+        assert_eq!(Phase::of(JobState::Pending, false, Some("budget_exhausted")), Phase::Blocked);
+        assert_eq!(Phase::of(JobState::Pending, false, Some("exceeds_quota")), Phase::Queued);
         assert_eq!(plan(t, &[r(1, 0, 1, Phase::Running), r(2, 0, 2, reclaiming)]), Plan::default());
     }
 

@@ -238,44 +238,31 @@ pub async fn update(
     precondition: &Precondition,
     version: CatalogueVersion,
 ) -> Result<ServiceRow> {
-    // Read, judged and written under the service's lock, so that two changes at once apply
-    // one after the other, each to what the other left.
-    let mut tx = state.db.begin().await?;
-    let before = db::services::lock(&mut tx, team.id, name).await?.ok_or(Error::NotFound("service"))?;
-    precondition.check(before.version)?;
-    let min = update.min_replicas.unwrap_or(i64::from(before.min_replicas));
-    let max = update.max_replicas.unwrap_or(i64::from(before.max_replicas));
-    let replicas = update.replicas.unwrap_or(i64::from(before.replicas));
-    let errors = service::check_size(min, max, replicas);
-    if !errors.is_empty() {
-        return Err(Error::Validation(errors));
-    }
-    let (min, max, replicas) = (min as i32, max as i32, replicas as i32);
-    let mut replica: ReplicaSpec = serde_json::from_value(before.replica_spec.0.clone())
-        .map_err(|e| Error::internal("stored service replica", e))?;
-    if let Some(image) = &update.image {
-        replica.image.clone_from(image);
-    }
-    if let Some(command) = &update.command {
-        replica.command.clone_from(command);
-    }
-    if let Some(env) = &update.env {
-        replica.env.clone_from(env);
-    }
-    let old = &before.template.0;
-    let classes = Classes { guaranteed: old.priority_class.clone(), burst: old.burst_priority_class.clone() };
-    // Only a change of what replicas run, or of the minimum (which must fit reserved quota),
-    // is judged again; a size within the range is not (a budget set since must not keep a
-    // service from scaling down).
-    let judged =
-        update.image.is_some() || update.command.is_some() || update.env.is_some() || min != before.min_replicas;
-    let template = if judged {
-        checked(state, team.id, &replica, min, &classes, old.restart_budget, version).await?
-    } else {
-        old.clone()
+    // Judged without a lock (validation reads the catalogue and budgets), then written under
+    // the service's lock only if nothing changed it meanwhile; otherwise judged again against
+    // what the other change left. Two changes at once thus apply one after the other.
+    let mut tries = 0;
+    let (mut tx, before, change_of) = loop {
+        let current = db::services::get(&state.db, team.id, name).await?.ok_or(Error::NotFound("service"))?;
+        precondition.check(current.version)?;
+        let judged = judge(state, team.id, &current, &update, version).await?;
+        let mut tx = state.db.begin().await?;
+        let before = db::services::lock(&mut tx, team.id, name).await?.ok_or(Error::NotFound("service"))?;
+        if before.version == current.version {
+            break (tx, before, judged);
+        }
+        tries += 1;
+        if tries == 3 {
+            return Err(Error::conflict(
+                "service_busy",
+                None,
+                format!("service {name} kept changing while this change was judged; try again"),
+            ));
+        }
     };
+    let (template, replica_spec, min, max, replicas) = change_of;
+    let old = &before.template.0;
     let runs_differently = (&template.image, &template.command, &template.env) != (&old.image, &old.command, &old.env);
-    let replica_spec = serde_json::to_value(&replica).map_err(|e| Error::internal("service replica", e))?;
     let revision = if runs_differently { before.revision + 1 } else { before.revision };
     let change = Change {
         min_replicas: min,
@@ -300,6 +287,50 @@ pub async fn update(
     tx.commit().await?;
     state.wake_scheduler();
     db::services::get(&state.db, team.id, name).await?.ok_or(Error::NotFound("service"))
+}
+
+/// `update` applied to `current`, judged: the template, the replica as asked for, and the
+/// new minimum, maximum and size. Only a change of what replicas run, or of the minimum
+/// (which must fit reserved quota), is judged again; a size within the range is not (a
+/// budget set since must not keep a service from scaling down).
+async fn judge(
+    state: &AppState,
+    team_id: TeamId,
+    current: &ServiceRow,
+    update: &ServiceUpdate,
+    version: CatalogueVersion,
+) -> Result<(Template, serde_json::Value, i32, i32, i32)> {
+    let min = update.min_replicas.unwrap_or(i64::from(current.min_replicas));
+    let max = update.max_replicas.unwrap_or(i64::from(current.max_replicas));
+    let replicas = update.replicas.unwrap_or(i64::from(current.replicas));
+    let errors = service::check_size(min, max, replicas);
+    if !errors.is_empty() {
+        return Err(Error::Validation(errors));
+    }
+    // Checked above: all within 1 and 64.
+    let (min, max, replicas) = (min as i32, max as i32, replicas as i32);
+    let mut replica: ReplicaSpec = serde_json::from_value(current.replica_spec.0.clone())
+        .map_err(|e| Error::internal("stored service replica", e))?;
+    if let Some(image) = &update.image {
+        replica.image.clone_from(image);
+    }
+    if let Some(command) = &update.command {
+        replica.command.clone_from(command);
+    }
+    if let Some(env) = &update.env {
+        replica.env.clone_from(env);
+    }
+    let old = &current.template.0;
+    let classes = Classes { guaranteed: old.priority_class.clone(), burst: old.burst_priority_class.clone() };
+    let judged =
+        update.image.is_some() || update.command.is_some() || update.env.is_some() || min != current.min_replicas;
+    let template = if judged {
+        checked(state, team_id, &replica, min, &classes, old.restart_budget, version).await?
+    } else {
+        old.clone()
+    };
+    let replica_spec = serde_json::to_value(&replica).map_err(|e| Error::internal("service replica", e))?;
+    Ok((template, replica_spec, min, max, replicas))
 }
 
 /// Deletes the service `name` of `team`, audited: its replicas stop at the next cycle (with
