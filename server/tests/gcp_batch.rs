@@ -158,19 +158,27 @@ async fn a_gang_bursting_to_google_cloud_is_one_job_with_a_task_per_replica_bill
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_job_that_mounts_a_claim_is_refused_by_a_google_cloud_pool_saying_only_kubernetes_can_run_it() {
+async fn a_job_that_mounts_a_claim_waits_for_a_node_rather_than_burst_into_a_google_cloud_pool() {
     let fake = GcpFake::start("ml-platform", "us-central1").await;
     let p = platform("claim", &fake).await;
+    // The node is full; a claim can be mounted only on Kubernetes (here: the node), never in
+    // a Cloud Batch pool, so the job waits for the node while an ordinary job bursts.
     let mut asked = job("with-claim", 1, false);
     asked["volumes"] = json!([{"claim": "datasets", "mount_path": "/data"}]);
     let id = p.submit("ml", asked).await;
-    p.wait_state(&id, "failed", Duration::from_secs(30)).await;
-    let events = p.ok(reqwest::Method::GET, &format!("/api/v1/jobs/{id}/events"), None).await;
-    let refused = events.as_array().unwrap().iter().find(|e| e["kind"] == "dispatch_error").expect("a refusal");
-    let message = refused["message"].as_str().unwrap_or_default();
-    assert!(message.contains("cannot mount PersistentVolumeClaims"), "{message}");
-    assert!(message.contains("only a Kubernetes cluster runs this job"), "{message}");
-    assert!(fake.jobs().is_empty(), "nothing was created in Google Cloud");
+    let plain = p.submit("ml", job("plain", 1, false)).await;
+    cloud_job(&p, &fake, &plain, 1).await;
+    let waiting = p
+        .wait("the claim's job decided", Duration::from_secs(30), || async {
+            let j = p.job(&id).await;
+            j["pending"]["reason"].as_str().is_some().then_some(j)
+        })
+        .await;
+    assert_eq!(waiting["state"], "pending", "{waiting:#}");
+    assert!(
+        fake.jobs().values().all(|j| j["labels"]["fairway-job-id"] != id.as_str()),
+        "nothing of it was created in Google Cloud"
+    );
     p.stop().await;
 }
 
