@@ -162,7 +162,8 @@ pub struct Status {
     pub state: ServiceState,
     pub counts: ReplicaCounts,
     pub endpoints: Vec<Endpoint>,
-    /// Replicas that run or will, still stop, or ended since the last change, in slot order.
+    /// Replicas that run or will, still stop, or ended since the last change, in slot order;
+    /// only from [`status`].
     pub replicas: Vec<JobRow>,
 }
 
@@ -355,13 +356,17 @@ pub async fn delete(state: &AppState, principal: &Principal, team: &TeamRow, nam
     db::services::by_id(&state.db, team.id, before.id).await?.ok_or(Error::NotFound("service"))
 }
 
-/// The service `name` of `team_id` as people see it.
+/// The service `name` of `team_id` as people see it, with its replica jobs.
 pub async fn status(state: &AppState, team_id: TeamId, name: &str) -> Result<Status> {
     let service = db::services::get(&state.db, team_id, name).await?.ok_or(Error::NotFound("service"))?;
-    Ok(statuses(state, vec![service]).await?.pop().expect("one service in, one out"))
+    let jobs = db::jobs::service_replicas(&state.db, service.id, service.changed_at).await?;
+    let status = statuses(state, vec![service]).await?.pop().expect("one service in, one out");
+    Ok(Status { replicas: jobs, ..status })
 }
 
-/// Services as people see them, in the order given.
+/// Services as people see them, in the order given, without their replica jobs (a list
+/// shows counts; one service's page or answer reads the jobs, [`status`]): three reads
+/// however many services.
 pub async fn statuses(state: &AppState, services: Vec<ServiceRow>) -> Result<Vec<Status>> {
     let ids: Vec<ServiceId> = services.iter().map(|s| s.id).collect();
     let seen = db::services::replicas(&state.db, &ids).await?;
@@ -374,8 +379,7 @@ pub async fn statuses(state: &AppState, services: Vec<ServiceRow>) -> Result<Vec
         let (counts, state_now) = service::summary(target, s.deleted_at.is_some(), &replicas);
         let mine: Vec<Endpoint> = endpoints.iter().filter(|e| e.service_id == s.id).cloned().collect();
         endpoints.retain(|e| e.service_id != s.id);
-        let jobs = db::jobs::service_replicas(&state.db, s.id, s.changed_at).await?;
-        out.push(Status { service: s, state: state_now, counts, endpoints: mine, replicas: jobs });
+        out.push(Status { service: s, state: state_now, counts, endpoints: mine, replicas: Vec::new() });
     }
     Ok(out)
 }
