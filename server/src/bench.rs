@@ -1,8 +1,8 @@
 //! Benchmarks behind `fairway bench`.
 //!
-//! `fairway bench submit`, `fairway bench kueue`, `fairway bench export` and `fairway bench
-//! portal` run the whole platform (see [`submit`], [`kueue`], [`export`], [`portal`]); the
-//! rest of this module is the engine's benchmark.
+//! `fairway bench submit`, `fairway bench kueue`, `fairway bench scale`, `fairway bench export`
+//! and `fairway bench portal` run the whole platform (see [`submit`], [`kueue`], [`scale`],
+//! [`export`], [`portal`]); the rest of this module is the engine's benchmark.
 //!
 //! `fairway bench scheduler` times one full admission cycle ([`crate::scheduler::schedule`]) on
 //! a synthetic cluster of the size the engine is specified for: 1,250 nodes × 8 GPUs in racks
@@ -28,6 +28,7 @@ pub mod export;
 pub mod kueue;
 pub mod platform;
 pub mod portal;
+pub mod scale;
 pub mod submit;
 
 /// What `fairway bench` measures.
@@ -43,6 +44,9 @@ pub enum Target {
     Export,
     /// The portal's pages with 10,000 jobs in the database, beside the same pages with ten.
     Portal,
+    /// 50,000 jobs of 1,000 teams in bursts through the whole platform, beside a tenth of it,
+    /// with where the database's time goes.
+    Scale,
 }
 
 /// Runs the benchmark `target` and writes its report to `out`.
@@ -54,6 +58,7 @@ pub async fn run(target: Target, out: &mut dyn Write) -> anyhow::Result<()> {
         Target::Kueue => kueue::report(out).await,
         Target::Export => export::report(out).await,
         Target::Portal => portal::report(out).await,
+        Target::Scale => scale::report(out).await,
     }
 }
 

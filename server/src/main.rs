@@ -225,8 +225,7 @@ async fn run(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Command::EmbeddedDb { database } => {
             let pgdata = config.data_dir.join("postgres");
-            let server =
-                db::embedded::EmbeddedPostgres::start(&pgdata, db::embedded::Durability { fsync: true }).await?;
+            let server = db::embedded::EmbeddedPostgres::start(&pgdata, db::embedded::Tuning::DURABLE).await?;
             let outcome = async {
                 server.create_database(&database, None).await?;
                 let pool = db::connect(server.connect_options(&database), 2).await?;

@@ -34,7 +34,7 @@ use crate::{
     control,
     db::{
         self,
-        embedded::{Durability, EmbeddedPostgres},
+        embedded::{EmbeddedPostgres, Tuning},
     },
     http::{self, authorize::Gate, error::ApiError, idempotency, trace},
     state::AppState,
@@ -123,7 +123,7 @@ impl Database {
             }
             None => {
                 let pgdata = config.data_dir.join("postgres");
-                let server = EmbeddedPostgres::start(&pgdata, Durability { fsync: true }).await?;
+                let server = EmbeddedPostgres::start(&pgdata, Tuning::DURABLE).await?;
                 tracing::info!(pgdata = %server.pgdata().display(), "embedded PostgreSQL running");
                 server.create_database("fairway", None).await?;
                 let options = server.connect_options("fairway").application_name(&instance);

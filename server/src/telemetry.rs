@@ -44,6 +44,13 @@ pub fn init(json: bool, default_filter: &str) {
 const BUCKETS: [f64; 11] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
 /// Upper bounds of the scheduling-cycle histogram, in seconds.
 const CYCLE_BUCKETS: [f64; 10] = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0];
+/// Upper bounds of the histogram of a cycle's phases, in seconds: finer
+/// than the cycle's, since a phase of a few milliseconds is the healthy case.
+const PHASE_BUCKETS: [f64; 13] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+/// The phases of a scheduling cycle, as labelled in `fairway_scheduling_cycle_phase_seconds`.
+/// `passes`: releasing jobs whose dependencies are met and array tasks, starting and stopping
+/// services' replicas; `read`: the snapshot; `engine`: the decisions; `write`: recording them.
+pub const CYCLE_PHASES: [&str; 4] = ["passes", "read", "engine", "write"];
 /// Upper bounds of the admission-latency and queue-wait histograms, in seconds.
 const WAIT_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 43_200.0, 86_400.0];
 
@@ -93,6 +100,11 @@ struct TeamClassLabels {
 struct WaitLabels {
     gpu_class: String,
     priority_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -151,6 +163,7 @@ pub struct Metrics {
     allocated: Family<ClassLabels, Gauge>,
     capacity: Family<ClassLabels, Gauge>,
     cycles: Histogram,
+    cycle_phases: Histograms<PhaseLabels>,
     admission_latency: Histograms<WaitLabels>,
     queue_wait: Histograms<WaitLabels>,
     preemptions: Family<ReasonLabels, Counter>,
@@ -178,6 +191,7 @@ impl Default for Metrics {
             allocated: Family::default(),
             capacity: Family::default(),
             cycles: Histogram::new(CYCLE_BUCKETS),
+            cycle_phases: Family::new_with_constructor(|| Histogram::new(PHASE_BUCKETS)),
             admission_latency: waits(),
             queue_wait: waits(),
             preemptions: Family::default(),
@@ -220,6 +234,11 @@ impl Metrics {
             "fairway_scheduling_cycle_duration_seconds",
             "Snapshot, engine and commit of one cycle",
             self.cycles.clone(),
+        );
+        p.register(
+            "fairway_scheduling_cycle_phase_seconds",
+            "One phase of a scheduling cycle: passes (releasing waiting jobs, services' replicas), read (the snapshot), engine (the decisions) or write (recording them)",
+            self.cycle_phases.clone(),
         );
         p.register(
             "fairway_admission_latency_seconds",
@@ -296,6 +315,9 @@ impl Metrics {
         for outcome in outcomes {
             drop(self.outcomes.get_or_create(&OutcomeLabels { outcome: (*outcome).to_owned() }));
         }
+        for phase in CYCLE_PHASES {
+            drop(self.cycle_phases.get_or_create(&PhaseLabels { phase }));
+        }
         for outcome in ["delivered", "retrying", "failed"] {
             drop(self.webhook_attempts.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }));
         }
@@ -306,6 +328,13 @@ impl Metrics {
     pub fn pending_reasons(&self, by_reason: &[(&str, u64)]) {
         for &(reason, n) in by_reason {
             self.pending_reasons.get_or_create(&ReasonLabels { reason: reason.to_owned() }).set(gauge_value(n));
+        }
+    }
+
+    /// Records how long each phase of a scheduling cycle took, in [`CYCLE_PHASES`]' order.
+    pub fn cycle_phases(&self, took: [Duration; CYCLE_PHASES.len()]) {
+        for (phase, took) in CYCLE_PHASES.into_iter().zip(took) {
+            self.cycle_phases.get_or_create(&PhaseLabels { phase }).observe(took.as_secs_f64());
         }
     }
 
@@ -507,6 +536,21 @@ mod tests {
     }
 
     #[test]
+    fn each_phase_of_a_cycle_is_its_own_series() {
+        let metrics = Metrics::default();
+        metrics.cycle_phases([1, 8, 2, 30].map(Duration::from_millis));
+        let text = metrics.render((1, 1), Tenants::Hidden);
+        for series in [
+            "fairway_scheduling_cycle_phase_seconds_sum{phase=\"read\"} 0.008",
+            "fairway_scheduling_cycle_phase_seconds_sum{phase=\"engine\"} 0.002",
+            "fairway_scheduling_cycle_phase_seconds_bucket{le=\"0.025\",phase=\"write\"} 0",
+            "fairway_scheduling_cycle_phase_seconds_bucket{le=\"0.05\",phase=\"write\"} 1",
+        ] {
+            assert!(text.contains(series), "{series} missing:\n{text}");
+        }
+    }
+
+    #[test]
     fn declared_counters_are_zero_before_their_first_event_and_build_and_process_metrics_are_there() {
         let metrics = Metrics::default();
         metrics.declare(&["priority", "reclaim"], &["succeeded", "node_lost"]);
@@ -515,6 +559,7 @@ mod tests {
             "fairway_preemptions_total{reason=\"reclaim\"} 0",
             "fairway_backfills_total 0",
             "fairway_job_attempts_total{outcome=\"node_lost\"} 0",
+            "fairway_scheduling_cycle_phase_seconds_count{phase=\"write\"} 0",
             &format!("fairway_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION")),
         ] {
             assert!(text.contains(series), "{series} missing:\n{text}");

@@ -354,7 +354,7 @@ async fn an_external_database_killed_under_a_running_server_is_reconnected_to_an
     let dir = fresh_dir("chaos-external");
     let pgdata = dir.join("pg");
     // The "external" server: its own supervisor (this process) starts it again when killed.
-    let pg = EmbeddedPostgres::start(&pgdata, db::embedded::Durability { fsync: true }).await.unwrap();
+    let pg = EmbeddedPostgres::start(&pgdata, db::embedded::Tuning::DURABLE).await.unwrap();
     pg.create_database("fairway", None).await.unwrap();
     let pool = db::connect(pg.connect_options("fairway"), 2).await.unwrap();
     db::MIGRATOR.run(&pool).await.unwrap();

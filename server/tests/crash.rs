@@ -19,7 +19,7 @@ const JOBS_PER_ROUND: usize = 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_and_no_orphans() {
     let dir = fresh_dir("crash");
-    let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Durability { fsync: false }).await.unwrap();
+    let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Tuning::THROWAWAY).await.unwrap();
     pg.create_database("fairway", None).await.unwrap();
     let url = pg.url("fairway");
     let pool = db::connect(pg.connect_options("fairway"), 4).await.unwrap();

@@ -39,7 +39,7 @@ async fn epoch(pool: &sqlx::PgPool) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_replica_schedules_a_killed_leader_is_replaced_and_a_paused_one_is_deposed() {
     let dir = fresh_dir("failover");
-    let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Durability { fsync: false }).await.unwrap();
+    let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Tuning::THROWAWAY).await.unwrap();
     pg.create_database("fairway", None).await.unwrap();
     let url = pg.url("fairway");
     let pool = db::connect(pg.connect_options("fairway"), 2).await.unwrap();

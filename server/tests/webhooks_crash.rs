@@ -66,7 +66,7 @@ async fn sigkill_during_webhook_delivery_twenty_times_loses_no_notification_and_
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
     let dir = fresh_dir("webhooks-crash");
-    let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Durability { fsync: false }).await.unwrap();
+    let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Tuning::THROWAWAY).await.unwrap();
     pg.create_database("fairway", None).await.unwrap();
     let url = pg.url("fairway");
     let pool = db::connect(pg.connect_options("fairway"), 4).await.unwrap();

@@ -68,7 +68,7 @@ fn start_server() -> Server {
                 let root = std::env::temp_dir().join("fairway-tests");
                 remove_stale_clusters(&root);
                 let pgdata = root.join(format!("pg-{}", std::process::id()));
-                let server = EmbeddedPostgres::start(&pgdata, db::embedded::Durability { fsync: false })
+                let server = EmbeddedPostgres::start(&pgdata, db::embedded::Tuning::THROWAWAY)
                     .await
                     .unwrap_or_else(|e| panic!("cannot start the test database: {e}"));
                 (server.connect_options("postgres"), Some(server))

@@ -110,6 +110,7 @@ pub async fn report(out: &mut dyn Write) -> anyhow::Result<()> {
             // Kueue preempts at once; the default minimum runtime protects hours-long jobs.
             config.min_runtime_before_preemption = Duration::ZERO;
         }),
+        ..Options::default()
     })
     .await?;
     let result = replay(&platform, out).await;
@@ -180,7 +181,7 @@ async fn replay(platform: &Platform, out: &mut dyn Write) -> anyhow::Result<()> 
     }
     let began = Instant::now();
     let drained = loop {
-        if db::bench::unfinished_jobs(&platform.pool).await? == 0 {
+        if !db::bench::live_jobs_remain(&platform.pool).await? {
             break true;
         }
         if began.elapsed() > DRAIN_LIMIT {

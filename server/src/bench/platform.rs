@@ -16,7 +16,7 @@ use crate::{
     control,
     db::{
         self,
-        embedded::{Durability, EmbeddedPostgres},
+        embedded::{EmbeddedPostgres, Tuning},
     },
     serve,
     state::AppState,
@@ -32,6 +32,8 @@ pub struct Options {
     pub control: bool,
     /// Changes to the service configuration (timings, preemption rules).
     pub tune: Option<fn(&mut Config)>,
+    /// Loads `pg_stat_statements` into the database, to show where its time goes.
+    pub statement_stats: bool,
 }
 
 /// A running platform. [`Platform::stop`] removes everything it created.
@@ -57,11 +59,15 @@ impl Platform {
         let dir =
             std::env::temp_dir().join(format!("fairway-bench-{}-{:08x}", std::process::id(), rand::random::<u32>()));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let postgres = EmbeddedPostgres::start(&dir.join("postgres"), Durability { fsync: true }).await?;
+        let tuning = Tuning { statement_stats: options.statement_stats, ..Tuning::DURABLE };
+        let postgres = EmbeddedPostgres::start(&dir.join("postgres"), tuning).await?;
         postgres.create_database("fairway", None).await?;
         let connect = postgres.connect_options("fairway").application_name("fairway-bench");
         let pool = db::connect(connect.clone(), 20).await?;
         db::MIGRATOR.run(&pool).await.context("applying migrations")?;
+        if options.statement_stats {
+            db::bench::track_statements(&pool).await.context("creating pg_stat_statements")?;
+        }
 
         let mut config = Config {
             data_dir: dir.clone(),
@@ -158,6 +164,31 @@ impl Platform {
     /// An access token of the platform admin.
     pub fn admin_token(&self) -> String {
         self.keys.issue(self.admin, chrono::Utc::now().timestamp())
+    }
+
+    /// Stops the service and its control loop and ends its connections, leaving PostgreSQL
+    /// running: what the database counted of the service's work is then all published
+    /// (backends publish their counters when they exit). Returns a connection of its own.
+    pub async fn quiesce(&mut self) -> anyhow::Result<sqlx::PgConnection> {
+        if let Some(control) = self.control.take() {
+            control.abort();
+        }
+        self.server.abort();
+        self.pool.close().await;
+        let mut conn =
+            sqlx::Connection::connect_with(&self.options.clone().application_name("fairway-bench-reader")).await?;
+        let begun = std::time::Instant::now();
+        // The control loop's tasks die with the pool, but a listener of theirs may reconnect
+        // before it notices: ended again until none is left. (The leader's own connection
+        // stays: it only renews the lease, and publishes that within a second.)
+        while db::bench::end_service_backends(&mut conn).await? > 0 {
+            if begun.elapsed() > Duration::from_secs(30) {
+                tracing::warn!("the service kept reconnecting: the database's counters may miss its last second");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(conn)
     }
 
     /// Stops the service and PostgreSQL and removes the scratch directory.

@@ -25,9 +25,11 @@ pub struct CycleReport {
     pub admitted: usize,
     pub preempted: usize,
     pub pending: usize,
-    /// Snapshot read, engine and commit.
+    /// The passes before the snapshot, snapshot read, engine and commit.
     pub duration: Duration,
-    /// Of which reading the snapshot,
+    /// Of which the passes that release waiting jobs and start services' replicas,
+    pub passes: Duration,
+    /// reading the snapshot,
     pub read: Duration,
     /// the engine,
     pub engine: Duration,
@@ -113,8 +115,9 @@ pub async fn run_with(
     let arrays = super::arrays::release(pool, epoch).await?;
     // And the replicas services now need; replicas they no longer need are stopped.
     super::services::reconcile(pool, epoch).await?;
+    let passes = started.elapsed();
     let world = world(pool, &config.engine, &config.pricing, live, forecast).await?;
-    let read = started.elapsed();
+    let read = started.elapsed() - passes;
     let (world, decisions, engine) = tokio::task::spawn_blocking(move || {
         let t = Instant::now();
         let decisions = scheduler::schedule(&world.snapshot);
@@ -171,6 +174,7 @@ pub async fn run_with(
         preempted: preempted.len(),
         pending: decisions.pending.len(),
         duration: started.elapsed(),
+        passes,
         read,
         engine,
         write,

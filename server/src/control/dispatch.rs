@@ -5,7 +5,10 @@
 //! backend calls are idempotent (object names derive from the job id and attempt), so doing
 //! one twice is harmless. Failed calls are retried with exponential backoff, jitter and a cap.
 
-use std::{collections::BTreeMap, time::Duration};
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
 
 use chrono::Utc;
 use serde_json::json;
@@ -40,14 +43,56 @@ pub fn backoff_ms(tries: i32, random: f64) -> i64 {
 /// enough that the job rows it keeps share-locked are not held up for long.
 const BATCH: i64 = 16;
 
+/// Longest a dispatcher claims from its [`Cursor`]'s floor before it claims from the start.
+const FULL_CLAIM_EVERY: Duration = Duration::from_secs(1);
+
+/// Where a dispatcher's next claim starts reading the outbox. A row marked done leaves the
+/// open rows' index only when vacuum removes its entry, so a claim from the start walks the
+/// entry of every row done since (4 ms and more after a burst of tens of thousands); from the
+/// lowest id the last claim took, it walks none. Rows below the floor are done, or held by
+/// another dispatcher, or put off for a retry: a claim from the start at least every
+/// [`FULL_CLAIM_EVERY`], and after any claim from the floor that found nothing, takes those
+/// (a retry waits at least 125 ms anyway).
+#[derive(Debug, Clone, Default)]
+pub struct Cursor {
+    floor: i64,
+    /// When the last claim from the start was made; `None` makes the next one from the start.
+    last_full: Option<Instant>,
+}
+
+impl Cursor {
+    /// The lowest outbox id the next claim looks at, made at `now`.
+    pub fn from(&mut self, now: Instant) -> i64 {
+        match self.last_full {
+            Some(at) if now.duration_since(at) < FULL_CLAIM_EVERY => self.floor,
+            _ => {
+                self.last_full = Some(now);
+                0
+            }
+        }
+    }
+
+    /// Records what a claim from `from` took: the floor moves up to the lowest id taken. One
+    /// that took nothing sends the next claim to the start.
+    pub fn claimed(&mut self, from: i64, ids: impl IntoIterator<Item = i64>) {
+        match ids.into_iter().min() {
+            Some(lowest) => self.floor = self.floor.max(lowest),
+            None if from > 0 => self.last_full = None,
+            None => {}
+        }
+    }
+}
+
 /// Handles up to [`BATCH`] due outbox rows in one transaction; how many there were.
-pub async fn dispatch_batch(ctx: &Ctx, epoch: i64) -> Result<usize, ControlError> {
+pub async fn dispatch_batch(ctx: &Ctx, epoch: i64, cursor: &mut Cursor) -> Result<usize, ControlError> {
     let mut tx = leader_tx(ctx, epoch).await?;
-    let rows = db::outbox::claim(&mut tx, BATCH).await?;
+    let from = cursor.from(Instant::now());
+    let rows = db::outbox::claim(&mut tx, from, BATCH).await?;
     for row in &rows {
         dispatch_row(ctx, &mut tx, row).await?;
     }
     tx.commit().await?;
+    cursor.claimed(from, rows.iter().map(|r| r.id));
     Ok(rows.len())
 }
 
@@ -220,5 +265,34 @@ mod tests {
         assert_eq!(backoff_ms(20, 1.0), 60_000);
         assert_eq!(backoff_ms(20, 0.0), 30_000);
         assert!(backoff_ms(1000, 0.5) <= 60_000);
+    }
+
+    #[test]
+    fn a_dispatcher_claims_from_the_lowest_row_it_took_and_from_the_start_every_second() {
+        let t0 = Instant::now();
+        let mut cursor = Cursor::default();
+        assert_eq!(cursor.from(t0), 0, "the first claim reads from the start");
+        cursor.claimed(0, [40, 41, 42]);
+        let soon = t0 + Duration::from_millis(100);
+        assert_eq!(cursor.from(soon), 40);
+        cursor.claimed(40, [43, 44]);
+        assert_eq!(cursor.from(soon), 43, "the floor follows the claims");
+        // A row put off for a retry below the floor is found by the claim from the start.
+        assert_eq!(cursor.from(t0 + FULL_CLAIM_EVERY), 0);
+        cursor.claimed(0, [7]);
+        assert_eq!(cursor.from(t0 + FULL_CLAIM_EVERY), 43, "a low row taken does not move the floor down");
+    }
+
+    #[test]
+    fn a_claim_from_the_floor_that_finds_nothing_sends_the_next_to_the_start() {
+        let t0 = Instant::now();
+        let mut cursor = Cursor::default();
+        assert_eq!(cursor.from(t0), 0);
+        cursor.claimed(0, [10]);
+        assert_eq!(cursor.from(t0), 10);
+        cursor.claimed(10, []);
+        assert_eq!(cursor.from(t0), 0, "whatever waits below the floor is looked for at once");
+        cursor.claimed(0, []);
+        assert_eq!(cursor.from(t0), 10, "an empty outbox is not read from the start again and again");
     }
 }

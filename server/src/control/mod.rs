@@ -243,6 +243,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
                         preempted = report.preempted,
                         pending = report.pending,
                         duration_ms = report.duration.as_millis() as u64,
+                        passes_ms = report.passes.as_millis() as u64,
                         read_ms = report.read.as_millis() as u64,
                         engine_ms = report.engine.as_millis() as u64,
                         write_ms = report.write.as_millis() as u64,
@@ -250,6 +251,7 @@ async fn cycles(ctx: Ctx, epoch: i64) {
                     );
                 }
                 ctx.metrics.pending_reasons(&report.pending_by_reason);
+                ctx.metrics.cycle_phases([report.passes, report.read, report.engine, report.write]);
                 ctx.metrics.cycle(
                     report.duration,
                     report.pending_by_team,
@@ -281,8 +283,9 @@ async fn cycles(ctx: Ctx, epoch: i64) {
 
 async fn dispatcher(ctx: Ctx, epoch: i64) {
     let mut events = listener(&ctx.pool, db::outbox::DISPATCH_CHANNEL).await;
+    let mut cursor = dispatch::Cursor::default();
     loop {
-        match dispatch::dispatch_batch(&ctx, epoch).await {
+        match dispatch::dispatch_batch(&ctx, epoch, &mut cursor).await {
             Ok(0) => wake(&mut events, Duration::from_millis(250)).await,
             Ok(_) => {}
             Err(ControlError::NotLeader) => return,

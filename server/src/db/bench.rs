@@ -26,11 +26,16 @@ pub async fn insert_bare_job(
     Ok(())
 }
 
-/// Jobs not yet in a final state.
-pub async fn unfinished_jobs(pool: &PgPool) -> Result<i64, sqlx::Error> {
-    sqlx::query_scalar!(r#"select count(*) as "n!" from jobs where state not in ('succeeded', 'failed', 'cancelled')"#)
-        .fetch_one(pool)
-        .await
+/// Whether any job still waits, runs or holds GPUs (a preempted job that will run again waits
+/// as `pending`). Asked several times a second while a workload drains, so it reads the live
+/// jobs' partial index and stops at the first: counting 50,000 rows each time took a core of
+/// the database it measures.
+pub async fn live_jobs_remain(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select exists (select 1 from jobs where state in ('pending', 'admitted', 'running') or holds_gpus) as "live!""#
+    )
+    .fetch_one(pool)
+    .await
 }
 
 /// A replayed workload's figures for one priority class.
@@ -272,5 +277,132 @@ pub async fn held_breakdown(pool: &PgPool) -> Result<Vec<HeldBreakdown>, sqlx::E
            order by j.priority_class"#
     )
     .fetch_all(pool)
+    .await
+}
+
+/// Creates `pg_stat_statements` in the pool's database. The server must preload its library
+/// (`db::embedded::Tuning::statement_stats`).
+pub async fn track_statements(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("create extension if not exists pg_stat_statements").execute(pool).await?;
+    Ok(())
+}
+
+/// Zeroes the database's activity counters (transactions, rows per table, WAL, statements), so
+/// that what a workload did can be read afterwards without the setup before it.
+pub async fn reset_activity(pool: &PgPool) -> Result<(), sqlx::Error> {
+    // Not checked at compile time: the functions return `void`, which the macros cannot
+    // describe, and the last exists only where `track_statements` created it.
+    sqlx::query("select pg_stat_reset(), pg_stat_reset_shared('wal'), pg_stat_statements_reset()")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// What the database did since [`reset_activity`]: committed transactions, WAL written and
+/// rows written per table. Backends publish their counts when a transaction ends (at most
+/// once a second) or when they exit, so read this after the writers have closed.
+#[derive(Debug, Clone, Default)]
+pub struct Activity {
+    pub commits: i64,
+    pub wal_bytes: f64,
+    pub tables: Vec<TableWrites>,
+}
+
+/// Rows one table had written to it.
+#[derive(Debug, Clone)]
+pub struct TableWrites {
+    pub table: String,
+    pub inserted: i64,
+    pub updated: i64,
+    /// Updates that wrote no index entry (heap-only tuples): the cheap kind.
+    pub hot_updated: i64,
+    pub deleted: i64,
+}
+
+impl TableWrites {
+    /// Rows inserted, updated or deleted.
+    pub fn written(&self) -> i64 {
+        self.inserted + self.updated + self.deleted
+    }
+}
+
+/// [`Activity`] since the last reset, busiest tables first.
+pub async fn activity(conn: &mut PgConnection) -> Result<Activity, sqlx::Error> {
+    let commits =
+        sqlx::query_scalar!(r#"select xact_commit as "n!" from pg_stat_database where datname = current_database()"#)
+            .fetch_one(&mut *conn)
+            .await?;
+    let wal_bytes =
+        sqlx::query_scalar!(r#"select wal_bytes::float8 as "bytes!" from pg_stat_wal"#).fetch_one(&mut *conn).await?;
+    let tables = sqlx::query_as!(
+        TableWrites,
+        r#"select relname as "table!", n_tup_ins as "inserted!", n_tup_upd as "updated!",
+                  n_tup_hot_upd as "hot_updated!", n_tup_del as "deleted!"
+           from pg_stat_user_tables
+           where n_tup_ins + n_tup_upd + n_tup_del > 0
+           order by n_tup_ins + n_tup_upd + n_tup_del desc, relname"#
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(Activity { commits, wal_bytes, tables })
+}
+
+/// One statement's share of the database's time, from `pg_stat_statements`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StatementTime {
+    /// The statement's text, parameters as `$n`.
+    pub query: String,
+    pub calls: i64,
+    pub total_ms: f64,
+    pub rows: i64,
+}
+
+/// Every statement run in this database since [`reset_activity`], the most time first.
+pub async fn statement_times(conn: &mut PgConnection) -> Result<Vec<StatementTime>, sqlx::Error> {
+    // Not checked at compile time: the view exists only where `track_statements` created it.
+    sqlx::query_as(
+        "select query, calls, total_exec_time as total_ms, rows
+         from pg_stat_statements
+         where dbid = (select oid from pg_database where datname = current_database())
+         order by total_exec_time desc",
+    )
+    .fetch_all(conn)
+    .await
+}
+
+/// Every job's seconds from submission to its first admission (none for a job never admitted).
+pub async fn admission_waits(pool: &PgPool) -> Result<Vec<f64>, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select extract(epoch from a.first - j.submitted_at)::float8 as "seconds!"
+           from jobs j
+           join lateral (select min(e.at) as first from job_events e
+                         where e.job_id = j.id and e.kind = 'admitted') a on a.first is not null"#
+    )
+    .fetch_all(pool)
+    .await
+}
+
+/// Admissions recorded per wall-clock second, in order: `(second since the epoch, admissions)`.
+pub async fn admissions_per_second(pool: &PgPool) -> Result<Vec<(i64, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"select extract(epoch from date_trunc('second', at))::int8 as "second!", count(*) as "n!"
+           from job_events where kind = 'admitted' group by 1 order by 1"#
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.second, r.n)).collect())
+}
+
+/// Ends the benchmarked service's pool connections still open (`application_name`
+/// `fairway-bench`), each backend publishing its counters as it exits; how many there were.
+pub async fn end_service_backends(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"with service as materialized (
+               select pid from pg_stat_activity
+               where datname = current_database() and application_name = 'fairway-bench' and pid <> pg_backend_pid()
+           )
+           select count(pg_terminate_backend(pid, 5000)) as "n!" from service"#
+    )
+    .fetch_one(conn)
     .await
 }

@@ -68,9 +68,19 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> EmbeddedError {
 
 /// Tuning for one embedded cluster.
 #[derive(Debug, Clone, Copy)]
-pub struct Durability {
+pub struct Tuning {
     /// `false` turns off fsync and full-page writes: for throwaway test clusters only.
     pub fsync: bool,
+    /// Loads `pg_stat_statements`, so a benchmark can say which statements took the
+    /// database's time (each database that wants to read it creates the extension).
+    pub statement_stats: bool,
+}
+
+impl Tuning {
+    /// As `fairway serve` runs it: every commit durable.
+    pub const DURABLE: Self = Self { fsync: true, statement_stats: false };
+    /// For clusters thrown away after a test: nothing forced to disk.
+    pub const THROWAWAY: Self = Self { fsync: false, statement_stats: false };
 }
 
 /// A running embedded PostgreSQL server.
@@ -113,7 +123,7 @@ struct RunAs {
 
 impl EmbeddedPostgres {
     /// Starts (and on first use creates) the cluster whose data lives in `pgdata`.
-    pub async fn start(pgdata: &Path, durability: Durability) -> Result<Self, EmbeddedError> {
+    pub async fn start(pgdata: &Path, tuning: Tuning) -> Result<Self, EmbeddedError> {
         let bin = find_binaries().ok_or(EmbeddedError::BinariesNotFound)?;
         let pgdata = absolute(pgdata)?;
         let run_as = unprivileged_account();
@@ -136,8 +146,11 @@ impl EmbeddedPostgres {
             .arg(format!("unix_socket_directories={}", socket_dir.display()))
             .args(["-c", "unix_socket_permissions=0700", "-c", &format!("port={PORT}")])
             .args(["-c", "max_connections=200"]);
-        if !durability.fsync {
+        if !tuning.fsync {
             cmd.args(["-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off"]);
+        }
+        if tuning.statement_stats {
+            cmd.args(["-c", "shared_preload_libraries=pg_stat_statements", "-c", "pg_stat_statements.max=1000"]);
         }
         cmd.current_dir(pgdata.parent().unwrap_or(Path::new("/")))
             .stdin(Stdio::null())

@@ -27,8 +27,9 @@ pub struct OutboxRow {
 /// (shared) their jobs for the rest of the transaction, so the scheduler cannot change a job
 /// while its object is being created. A row whose job someone is changing right now is left
 /// for the next claim: waiting for it while holding the batch's other jobs could deadlock
-/// with the reconciler, which locks jobs in id order.
-pub async fn claim(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<OutboxRow>, sqlx::Error> {
+/// with the reconciler, which locks jobs in id order. Only rows from id `from` on are looked
+/// at (see `control::dispatch::Cursor`).
+pub async fn claim(tx: &mut Tx<'_>, from: i64, limit: i64) -> Result<Vec<OutboxRow>, sqlx::Error> {
     sqlx::query_as!(
         OutboxRow,
         r#"select o.id, o.job_id, o.attempt, o.action, o.grace_ms, o.tries, j.state as "job_state: JobState",
@@ -36,12 +37,13 @@ pub async fn claim(tx: &mut Tx<'_>, limit: i64) -> Result<Vec<OutboxRow>, sqlx::
            from dispatch_outbox o
            join jobs j on j.id = o.job_id
            left join clusters cl on cl.id = j.cluster_id
-           where o.done_at is null and o.not_before <= now()
+           where o.done_at is null and o.not_before <= now() and o.id >= $2
            order by o.id
            limit $1
            for update of o skip locked
            for share of j skip locked"#,
-        limit
+        limit,
+        from
     )
     .fetch_all(&mut **tx)
     .await

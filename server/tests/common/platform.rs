@@ -31,7 +31,7 @@ impl Platform {
     /// extra environment.
     pub async fn start(test: &str, clusters: &str, extra_env: &[(&str, &str)]) -> Self {
         let dir = fresh_dir(&format!("platform-{test}"));
-        let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Durability { fsync: false }).await.unwrap();
+        let pg = EmbeddedPostgres::start(&dir.join("pg"), db::embedded::Tuning::THROWAWAY).await.unwrap();
         pg.create_database("fairway", None).await.unwrap();
         let url = pg.url("fairway");
         let pool = db::connect(pg.connect_options("fairway"), 4).await.unwrap();
