@@ -8,7 +8,10 @@
 //! a synthetic cluster of the size the engine is specified for: 1,250 nodes × 8 GPUs in racks
 //! and zones, 1,000 teams, a cluster about 70% busy, and 1k, 10k or 50k pending jobs. Each
 //! size is measured three ways in the same run so the numbers can be compared: Fairway as
-//! configured by default, Fairway without expected-start estimation, and strict FIFO.
+//! configured by default, Fairway without expected-start estimation, and strict FIFO. It ends
+//! with the comparison of array tasks and separate jobs, then the hard decisions ([`hard`]):
+//! a 200-replica gang that must preempt on 1,000 full nodes, and one GPU reclaimed among 4,000
+//! running jobs, each beside its goal.
 //!
 //! The snapshot generator, [`synthetic_snapshot`], is public and deterministic (seeded, with
 //! its own small PRNG) so that tests and other tools can rebuild exactly the benchmarked input.
@@ -25,6 +28,7 @@ use crate::scheduler::{
 };
 
 pub mod export;
+pub mod hard;
 pub mod kueue;
 pub mod platform;
 pub mod portal;
@@ -34,7 +38,8 @@ pub mod submit;
 /// What `fairway bench` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Target {
-    /// One full admission cycle for 1k, 10k and 50k pending jobs.
+    /// One full admission cycle for 1k, 10k and 50k pending jobs, then the hard decisions
+    /// (a gang that must preempt, a one-GPU reclaim).
     Scheduler,
     /// Durable job submissions over HTTP at rising concurrency, beside raw PostgreSQL inserts.
     Submit,
@@ -664,6 +669,8 @@ pub fn scheduler_report(seed: u64, sizes: &[usize], out: &mut dyn Write) -> io::
         writeln!(out)?;
         arrays_report(seed, out)?;
     }
+    writeln!(out)?;
+    hard::report(seed, out)?;
     Ok(())
 }
 

@@ -189,6 +189,34 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
     // Reclaim plans, made once at the start: a job within its team's reserved quota that
     // does not fit takes the cheapest victims in order of when they may be preempted.
     if s.config.policy != Policy::Fifo {
+        // The candidates in the order every plan takes them (when they are gone, then job
+        // id), sorted once, when the first job needs a plan: per class for jobs within
+        // reserved quota, which may take other teams' work, and per class and team for the
+        // others, which may take only their own team's. Walking them in order until enough is
+        // freed takes what sorting each job's own candidates did, without a pass over every
+        // running job for every waiting job, which was most of a cycle once thousands run.
+        type Candidates = BTreeMap<ClassId, Vec<(i64, JobId, usize, usize)>>;
+        type TeamCandidates = BTreeMap<(ClassId, TeamId), Vec<(i64, JobId, usize, usize)>>;
+        let index = || -> (Candidates, TeamCandidates) {
+            let mut by_class: Candidates = BTreeMap::new();
+            for &(h, i) in &reclaimable {
+                let r = &s.running[i];
+                let eligible = (r.started_ms + s.config.min_runtime_before_preemption_ms).max(s.now_ms);
+                let gone = eligible.saturating_add(grace(&r.spec));
+                if gone < holders[h].end_ms {
+                    by_class.entry(r.spec.class).or_default().push((gone, r.spec.id, h, i));
+                }
+            }
+            let mut by_team: TeamCandidates = BTreeMap::new();
+            for (&class, candidates) in &mut by_class {
+                candidates.sort_unstable();
+                for &c in candidates.iter() {
+                    by_team.entry((class, s.running[c.3].spec.team)).or_default().push(c);
+                }
+            }
+            (by_class, by_team)
+        };
+        let mut sorted: Option<(Candidates, TeamCandidates)> = None;
         let mut claimed: BTreeSet<usize> = BTreeSet::new();
         let mut unclaimed_free: Vec<u64> = free.to_vec();
         for w in &mut waiting {
@@ -198,28 +226,19 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             if n <= have {
                 continue;
             }
-            let mut candidates: Vec<(i64, JobId, usize)> = reclaimable
-                .iter()
-                .filter(|&&(h, _)| !claimed.contains(&h))
-                .filter_map(|&(h, i)| {
-                    let r = &s.running[i];
-                    let other_borrower =
-                        within && r.spec.team != job.team && ledger.borrowed(r.spec.team, job.class) > 0;
-                    let lower = r.spec.team == job.team && priority(&r.spec) < priority(job);
-                    if r.spec.class != job.class || !(other_borrower || lower) {
-                        return None;
-                    }
-                    let eligible = (r.started_ms + s.config.min_runtime_before_preemption_ms).max(s.now_ms);
-                    let gone = eligible.saturating_add(grace(&r.spec));
-                    (gone < holders[h].end_ms).then_some((gone, r.spec.id, h))
-                })
-                .collect();
-            candidates.sort_unstable();
+            let (by_class, by_team) = sorted.get_or_insert_with(index);
+            let candidates = if within { by_class.get(&job.class) } else { by_team.get(&(job.class, job.team)) };
             let mut freed = have;
             let mut chosen = Vec::new();
-            for (gone, _, h) in candidates {
+            for &(gone, _, h, i) in candidates.map_or(&[][..], Vec::as_slice) {
                 if freed >= n {
                     break;
+                }
+                let r = &s.running[i];
+                let other_borrower = within && r.spec.team != job.team && ledger.borrowed(r.spec.team, job.class) > 0;
+                let lower = r.spec.team == job.team && priority(&r.spec) < priority(job);
+                if claimed.contains(&h) || !(other_borrower || lower) {
+                    continue;
                 }
                 freed += holders[h].milli;
                 chosen.push((gone, h));

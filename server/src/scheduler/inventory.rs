@@ -231,6 +231,40 @@ impl Inventory {
         state.free[usize::from(unit)] = new;
     }
 
+    /// Whether [`Self::find`] would place the whole gang, answered by counting where that
+    /// is exact, so that a check repeated for every candidate victim does not place a large
+    /// gang replica by replica each time.
+    ///
+    /// Counting is exact for whole-GPU replicas anywhere (or preferring a domain, which falls
+    /// back to anywhere) in a class without cloud pools: best-fit puts each replica on some
+    /// node with at least `w` free whole units (`w` per replica), taking `w` of them, so each
+    /// placement lowers `Σ floor(free whole units / w)` over the class's nodes by exactly one,
+    /// and the gang is placed iff that sum covers its replicas. Everything else (shares,
+    /// required topology, cloud pools and their tiers) asks `find`.
+    pub fn can_place(&mut self, job: &JobSpec) -> bool {
+        match self.whole_replica_slots(job) {
+            Some(slots) => slots >= u64::from(job.replicas),
+            None => self.find(job).is_some(),
+        }
+    }
+
+    /// How many replicas of `job` the class's nodes hold now, when counting answers
+    /// [`Self::can_place`] exactly (see there); `None` otherwise.
+    fn whole_replica_slots(&self, job: &JobSpec) -> Option<u64> {
+        let class = self.classes.get(usize::from(job.class))?;
+        let counted = !class.has_elastic
+            && job.milli_per_replica >= UNIT
+            && job.milli_per_replica.is_multiple_of(UNIT)
+            && !matches!(job.topology, Topology::Required(_));
+        if !counted {
+            return None;
+        }
+        let w = (job.milli_per_replica / UNIT) as usize;
+        // Buckets above the largest node are always empty: not walked.
+        let buckets = class.buckets.iter().enumerate().take(usize::from(class.max_node_units) + 1).skip(w);
+        Some(buckets.map(|(free, nodes)| (free / w) as u64 * nodes.len() as u64).sum())
+    }
+
     /// Finds a placement for the whole gang without taking it, or `None`.
     pub fn find(&mut self, job: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
         if self.free_milli(job.class) < job.total_milli() {
@@ -617,6 +651,51 @@ mod tests {
         assert!(inv.find(&job(2, 2000, Topology::Required(Level::Rack))).is_none());
         assert!(inv.find(&job(2, 2000, Topology::Preferred(Level::Node))).is_some());
         assert!(inv.find(&job(1, 3000, Topology::Required(Level::Node))).is_some());
+    }
+
+    #[test]
+    fn counting_whole_gpu_slots_answers_exactly_what_placing_the_gang_answers() {
+        let mut rng = crate::rng::SplitMix64(24);
+        let topologies = [
+            Topology::Any,
+            Topology::Preferred(Level::Rack),
+            Topology::Preferred(Level::Node),
+            Topology::Preferred(Level::NvlinkDomain),
+            Topology::Required(Level::Node),
+            Topology::Required(Level::Rack),
+        ];
+        let mut counted = 0;
+        for _ in 0..300 {
+            let mut nodes: Vec<Node> = (0..rng.between(1, 12))
+                .map(|i| Node {
+                    units: [4, 8, 8, 16][rng.index(4)],
+                    nvlink_domain_size: [0, 4, 8][rng.index(3)],
+                    ..node(&format!("n{i}"), 8, rng.below(3) as u32)
+                })
+                .collect();
+            if rng.chance(10) {
+                nodes.push(pool("pool", 16, false));
+            }
+            let mut inv = Inventory::new(&nodes, 1);
+            // Some whole units and some shares taken, at random.
+            for (i, n) in nodes.iter().enumerate() {
+                for unit in 0..n.units {
+                    match rng.below(4) {
+                        0 => inv.allocate(&[ReplicaPlacement { node: i as NodeId, units: vec![(unit, 1000)] }]),
+                        1 => inv.allocate(&[ReplicaPlacement { node: i as NodeId, units: vec![(unit, 300)] }]),
+                        _ => {}
+                    }
+                }
+            }
+            for _ in 0..20 {
+                let milli = [1000, 1000, 2000, 4000, 8000, 16000, 500][rng.index(7)];
+                let j = job(rng.between(1, 10) as u16, milli, topologies[rng.index(topologies.len())]);
+                let expected = inv.clone().find(&j).is_some();
+                counted += usize::from(inv.whole_replica_slots(&j).is_some());
+                assert_eq!(inv.can_place(&j), expected, "{j:?} on {nodes:?}");
+            }
+        }
+        assert!(counted > 1_000, "the counted path was exercised {counted} times");
     }
 
     #[test]

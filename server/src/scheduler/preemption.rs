@@ -253,17 +253,19 @@ impl Cycle<'_> {
     /// victim may have made room that an earlier, cheaper one was taken for. Victims that
     /// stay are left out of the inventory and ledger.
     fn drop_unneeded_victims(&mut self, job: &JobSpec, chosen: &mut Vec<(usize, PreemptReason)>) {
-        let mut i = chosen.len();
-        while i > 0 {
-            i -= 1;
-            let (index, _) = chosen[i];
+        // Marked, then removed in one pass: a large gang may walk thousands of candidates
+        // and drop most of them, and removing each at once made this quadratic.
+        let mut needed = vec![true; chosen.len()];
+        for (i, &(index, _)) in chosen.iter().enumerate().rev() {
             self.take_out(index, false);
             if self.fits_now(job) {
-                chosen.retain(|&(x, _)| x != index);
+                needed[i] = false;
             } else {
                 self.take_out(index, true);
             }
         }
+        let mut needed = needed.into_iter();
+        chosen.retain(|_| needed.next().unwrap_or(true));
     }
 
     /// The cycle goes on as if the victims were gone and the job admitted, except that the
@@ -320,13 +322,16 @@ impl Cycle<'_> {
         }
     }
 
-    /// Whether the job passes its quota limit and fits in free capacity right now.
+    /// Whether the job passes its quota limit and fits in free capacity right now. Asked once
+    /// per candidate victim taken out or put back, so placement is counted, not searched,
+    /// where counting is exact ([`Inventory::can_place`](super::inventory::Inventory::can_place)):
+    /// for a gang of hundreds of replicas a search each time is most of a cycle.
     fn fits_now(&mut self, job: &JobSpec) -> bool {
         let n = job.total_milli();
         self.ledger.over_limit(job.team, job.class, n).is_none()
             && (self.preemptible(job) || self.ledger.beyond_reserved(job.team, job.class, n).is_none())
             && self.available(job) >= n
-            && self.inv.find(job).is_some()
+            && self.inv.can_place(job)
     }
 
     /// The burst a team deserves: the borrowed value in use across the platform at the
