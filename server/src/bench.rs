@@ -1,8 +1,9 @@
 //! Benchmarks behind `fairway bench`.
 //!
-//! `fairway bench submit`, `fairway bench kueue`, `fairway bench scale`, `fairway bench export`
-//! and `fairway bench portal` run the whole platform (see [`submit`], [`kueue`], [`scale`],
-//! [`export`], [`portal`]); the rest of this module is the engine's benchmark.
+//! `fairway bench submit`, `fairway bench kueue`, `fairway bench scale`, `fairway bench waits`,
+//! `fairway bench export` and `fairway bench portal` run the whole platform (see [`submit`],
+//! [`kueue`], [`scale`], [`waits`], [`export`], [`portal`]); the rest of this module is the
+//! engine's benchmark.
 //!
 //! `fairway bench scheduler` times one full admission cycle ([`crate::scheduler::schedule`]) on
 //! a synthetic cluster of the size the engine is specified for: 1,250 nodes × 8 GPUs in racks
@@ -34,6 +35,7 @@ pub mod platform;
 pub mod portal;
 pub mod scale;
 pub mod submit;
+pub mod waits;
 
 /// What `fairway bench` measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -52,6 +54,9 @@ pub enum Target {
     /// 50,000 jobs of 1,000 teams in bursts through the whole platform, beside a tenth of it,
     /// with where the database's time goes.
     Scale,
+    /// What one more job waits for: behind 10,000 pending jobs of its team, and when it must
+    /// take a reserved GPU back from a cluster of 4,000 running jobs, each beside a baseline.
+    Waits,
 }
 
 /// Runs the benchmark `target` and writes its report to `out`.
@@ -64,6 +69,7 @@ pub async fn run(target: Target, out: &mut dyn Write) -> anyhow::Result<()> {
         Target::Export => export::report(out).await,
         Target::Portal => portal::report(out).await,
         Target::Scale => scale::report(out).await,
+        Target::Waits => waits::report(out).await,
     }
 }
 

@@ -21,14 +21,11 @@
 //! GPU-seconds the jobs actually ran over the same span, which no scheduling overhead can
 //! inflate.
 
-use std::{
-    io::Write,
-    time::{Duration, Instant},
-};
+use std::{io::Write, time::Duration};
 
 use serde_json::json;
 
-use super::platform::{client, Options, Platform};
+use super::platform::{client, departments_inventory, write_held, Options, Platform};
 use crate::db;
 
 const DEPARTMENTS: usize = 5;
@@ -88,17 +85,7 @@ const KUEUE_USAGE_PERCENT: f64 = 55.9;
 
 /// The simulated cluster: two 60-GPU nodes per department, jobs start when created.
 fn inventory() -> String {
-    let mut toml = format!(
-        "cluster = \"sim\"\nstart_delay_ms = 0\n\n[[class]]\nname = \"{CLASS}\"\nkind = \"whole\"\nmemory_mib = 81920\n"
-    );
-    for d in 1..=DEPARTMENTS {
-        for n in 1..=2 {
-            toml.push_str(&format!(
-                "\n[[node]]\nname = \"dept-{d}-node-{n}\"\ngpu_class = \"{CLASS}\"\ngpus = 60\nrack = \"rack-{d}\"\n"
-            ));
-        }
-    }
-    toml
+    departments_inventory(CLASS, DEPARTMENTS, 2, 60)
 }
 
 /// Runs the replay and writes its report to `out`.
@@ -122,18 +109,7 @@ async fn replay(platform: &Platform, out: &mut dyn Write) -> anyhow::Result<()> 
     for shape in &SHAPES {
         platform.priority_class(shape.priority_class, shape.priority, true).await?;
     }
-    let mut teams = Vec::new();
-    for d in 1..=DEPARTMENTS {
-        let department = platform.team(&format!("dept-{d}"), None).await?;
-        let pool = i32::try_from(TEAMS_PER_DEPARTMENT)? * RESERVED;
-        platform.quota(department, CLASS, pool, 0).await?;
-        for t in 1..=TEAMS_PER_DEPARTMENT {
-            let name = format!("dept-{d}-team-{t}");
-            let id = platform.team(&name, Some(department)).await?;
-            platform.quota(id, CLASS, RESERVED, BURST).await?;
-            teams.push((name, platform.ci_token(id).await?));
-        }
-    }
+    let teams = platform.departments(DEPARTMENTS, TEAMS_PER_DEPARTMENT, CLASS, (RESERVED, BURST)).await?;
     let total_jobs = teams.len() as u64 * SHAPES.iter().map(|s| u64::from(s.count)).sum::<u64>();
     writeln!(
         out,
@@ -179,16 +155,7 @@ async fn replay(platform: &Platform, out: &mut dyn Write) -> anyhow::Result<()> 
     while let Some(done) = submitters.join_next().await {
         late = late.max(done??);
     }
-    let began = Instant::now();
-    let drained = loop {
-        if !db::bench::live_jobs_remain(&platform.pool).await? {
-            break true;
-        }
-        if began.elapsed() > DRAIN_LIMIT {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    };
+    let drained = platform.drain(DRAIN_LIMIT, Duration::from_millis(250)).await?;
     print_figures(platform, out, drained, late).await
 }
 
@@ -234,18 +201,7 @@ async fn print_figures(platform: &Platform, out: &mut dyn Write, drained: bool, 
     writeln!(out, "latest submission behind its schedule: {:.0} ms", late.as_secs_f64() * 1e3)?;
     writeln!(out)?;
     writeln!(out, "where held time goes, mean ms per attempt that ran to its end:")?;
-    writeln!(
-        out,
-        "{:<14} {:>18} {:>16} {:>8} {:>20}",
-        "", "admitted->dispatch", "dispatch->start", "run", "end->GPUs released"
-    )?;
-    for b in db::bench::held_breakdown(&platform.pool).await? {
-        writeln!(
-            out,
-            "{:<14} {:>18.0} {:>16.0} {:>8.0} {:>20.0}",
-            b.priority_class, b.to_dispatch_ms, b.to_start_ms, b.run_ms, b.to_release_ms
-        )?;
-    }
+    write_held(out, &db::bench::held_breakdown(&platform.pool).await?)?;
     Ok(())
 }
 

@@ -4,7 +4,7 @@
 //! the figures are those of one machine doing all of it.
 
 use crate::domain::{TeamId, UserId};
-use std::{path::PathBuf, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc, time::Duration};
 
 use anyhow::Context as _;
 use sqlx::PgPool;
@@ -22,6 +22,9 @@ use crate::{
     state::AppState,
 };
 
+/// The holder name of the benchmarked platform's leader.
+pub const LEADER: &str = "fairway-bench-scheduler";
+
 /// How to run the platform under test.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
@@ -34,6 +37,9 @@ pub struct Options {
     pub tune: Option<fn(&mut Config)>,
     /// Loads `pg_stat_statements` into the database, to show where its time goes.
     pub statement_stats: bool,
+    /// With the control loop, a second one contends for leadership on its own connection,
+    /// as a standby replica does, over the same clusters.
+    pub standby: bool,
 }
 
 /// A running platform. [`Platform::stop`] removes everything it created.
@@ -49,6 +55,7 @@ pub struct Platform {
     keys: std::sync::Arc<crate::auth::jwt::JwtKeys>,
     server: tokio::task::JoinHandle<()>,
     control: Option<tokio::task::JoinHandle<()>>,
+    standby: Option<tokio::task::JoinHandle<()>>,
     postgres: EmbeddedPostgres,
     dir: PathBuf,
 }
@@ -90,8 +97,22 @@ impl Platform {
         let keys = state.keys.clone();
         let ctx = serve::control_context(&state).await?;
         control::sync_inventory(&ctx).await.context("reading the simulated inventory")?;
-        let control =
-            state.config.scheduler.then(|| control::spawn(ctx, connect.clone(), "fairway-bench-scheduler".into()));
+        let control = state.config.scheduler.then(|| control::spawn(ctx.clone(), connect.clone(), LEADER.into()));
+        let standby = if control.is_some() && options.standby {
+            // Only once the first leads, so that the standby is the one that stands by.
+            let began = std::time::Instant::now();
+            loop {
+                let mut conn = pool.acquire().await?;
+                if db::leader::leader(&mut conn).await?.is_some_and(|l| l.holder == LEADER) {
+                    break;
+                }
+                anyhow::ensure!(began.elapsed() < Duration::from_secs(30), "the benchmark's scheduler did not lead");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Some(control::spawn(ctx, connect.clone(), "fairway-bench-standby".into()))
+        } else {
+            None
+        };
         let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0)).await?;
         let api = format!("http://{}/api/v1", listener.local_addr()?);
         let router = serve::app(state);
@@ -100,7 +121,7 @@ impl Platform {
                 tracing::error!(error = %e, "benchmark server stopped");
             }
         });
-        Ok(Self { api, pool, options: connect, admin, keys, server, control, postgres, dir })
+        Ok(Self { api, pool, options: connect, admin, keys, server, control, standby, postgres, dir })
     }
 
     /// A new top-level or child team; its id.
@@ -161,6 +182,50 @@ impl Platform {
         Ok(minted.secret)
     }
 
+    /// Departments of teams under closed quota pools, as Kueue's cohorts: `dept-{d}` holds
+    /// exactly its teams' reserved quota of `class` and nothing to lend; each team
+    /// `dept-{d}-team-{t}` has `reserved` of it and may burst by `burst` within its department.
+    /// Returns each team's name with a CI token of it, department by department.
+    pub async fn departments(
+        &self,
+        departments: usize,
+        teams_per_department: usize,
+        class: &str,
+        (reserved, burst): (i32, i32),
+    ) -> anyhow::Result<Vec<(String, String)>> {
+        let mut teams = Vec::with_capacity(departments * teams_per_department);
+        for d in 1..=departments {
+            let department = self.team(&format!("dept-{d}"), None).await?;
+            self.quota(department, class, i32::try_from(teams_per_department)? * reserved, 0).await?;
+            for t in 1..=teams_per_department {
+                let name = format!("dept-{d}-team-{t}");
+                let id = self.team(&name, Some(department)).await?;
+                self.quota(id, class, reserved, burst).await?;
+                teams.push((name, self.ci_token(id).await?));
+            }
+        }
+        Ok(teams)
+    }
+
+    /// Waits until no job is left to run or end, polling every `every`; false if `limit`
+    /// passed first.
+    pub async fn drain(&self, limit: Duration, every: Duration) -> anyhow::Result<bool> {
+        let began = std::time::Instant::now();
+        while db::bench::live_jobs_remain(&self.pool).await? {
+            if began.elapsed() > limit {
+                return Ok(false);
+            }
+            tokio::time::sleep(every).await;
+        }
+        Ok(true)
+    }
+
+    /// The scheduling cycles' phase histograms as the service's `/metrics` shows them now.
+    pub async fn cycle_phases(&self, http: &reqwest::Client) -> anyhow::Result<PhaseCounters> {
+        let url = format!("{}/metrics", self.api.trim_end_matches("/api/v1"));
+        Ok(PhaseCounters::parse(&http.get(&url).send().await?.error_for_status()?.text().await?))
+    }
+
     /// An access token of the platform admin.
     pub fn admin_token(&self) -> String {
         self.keys.issue(self.admin, chrono::Utc::now().timestamp())
@@ -170,7 +235,7 @@ impl Platform {
     /// running: what the database counted of the service's work is then all published
     /// (backends publish their counters when they exit). Returns a connection of its own.
     pub async fn quiesce(&mut self) -> anyhow::Result<sqlx::PgConnection> {
-        if let Some(control) = self.control.take() {
+        for control in [self.control.take(), self.standby.take()].into_iter().flatten() {
             control.abort();
         }
         self.server.abort();
@@ -193,7 +258,7 @@ impl Platform {
 
     /// Stops the service and PostgreSQL and removes the scratch directory.
     pub async fn stop(self) {
-        if let Some(control) = self.control {
+        for control in [self.control, self.standby].into_iter().flatten() {
             control.abort();
         }
         self.server.abort();
@@ -201,6 +266,188 @@ impl Platform {
         self.postgres.stop().await;
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// A simulated cluster of one whole-GPU `class` whose jobs start the moment they are
+/// created: `departments` racks, `rack-{d}`, of `nodes_per_department` nodes of
+/// `gpus_per_node` GPUs.
+pub fn departments_inventory(
+    class: &str,
+    departments: usize,
+    nodes_per_department: usize,
+    gpus_per_node: usize,
+) -> String {
+    let mut toml = format!(
+        "cluster = \"sim\"\nstart_delay_ms = 0\n\n[[class]]\nname = \"{class}\"\nkind = \"whole\"\nmemory_mib = 81920\n"
+    );
+    for d in 1..=departments {
+        for n in 1..=nodes_per_department {
+            toml.push_str(&format!(
+                "\n[[node]]\nname = \"dept-{d}-node-{n}\"\ngpu_class = \"{class}\"\ngpus = {gpus_per_node}\nrack = \"rack-{d}\"\n"
+            ));
+        }
+    }
+    toml
+}
+
+/// Writes where held time goes, per priority class: the mean milliseconds of each step of an
+/// attempt that ran to its end.
+pub fn write_held(out: &mut dyn std::io::Write, rows: &[db::bench::HeldBreakdown]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:<14} {:>18} {:>16} {:>8} {:>20}",
+        "", "admitted->dispatch", "dispatch->start", "run", "end->GPUs released"
+    )?;
+    for b in rows {
+        writeln!(
+            out,
+            "{:<14} {:>18.0} {:>16.0} {:>8.0} {:>20.0}",
+            b.priority_class, b.to_dispatch_ms, b.to_start_ms, b.run_ms, b.to_release_ms
+        )?;
+    }
+    Ok(())
+}
+
+/// The value at quantile `q` of an ascending sample (nearest rank); NaN when empty.
+pub fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i]
+}
+
+/// One phase of the scheduling cycles over a stretch of time, from `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Phase {
+    pub cycles: f64,
+    pub seconds: f64,
+    /// The smallest bucket bound at or below which 99% of the cycles' phase fell.
+    pub p99_bound: f64,
+}
+
+/// The cycle phases' histograms (`fairway_scheduling_cycle_phase_seconds`) at one instant,
+/// cumulative since the service started: cycles, seconds and buckets per phase.
+#[derive(Debug, Clone, Default)]
+pub struct PhaseCounters(BTreeMap<String, Counters>);
+
+#[derive(Debug, Clone, Default)]
+struct Counters {
+    cycles: f64,
+    seconds: f64,
+    /// `(le, cumulative count)`, ascending.
+    buckets: Vec<(f64, f64)>,
+}
+
+impl PhaseCounters {
+    /// Reads the histograms from a `/metrics` text.
+    pub fn parse(text: &str) -> Self {
+        const NAME: &str = "fairway_scheduling_cycle_phase_seconds";
+        let mut phases: BTreeMap<String, Counters> = BTreeMap::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(NAME) else { continue };
+            let Some((series, value)) = rest.rsplit_once(' ') else { continue };
+            let Ok(value) = value.parse::<f64>() else { continue };
+            let Some((kind, labels)) = series.split_once('{') else { continue };
+            let labels: BTreeMap<&str, &str> = labels
+                .trim_end_matches('}')
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(k, v)| (k, v.trim_matches('"')))
+                .collect();
+            let Some(phase) = labels.get("phase") else { continue };
+            let entry = phases.entry((*phase).to_owned()).or_default();
+            match kind {
+                "_count" => entry.cycles = value,
+                "_sum" => entry.seconds = value,
+                "_bucket" => {
+                    let le = labels.get("le").map_or(f64::INFINITY, |le| le.parse().unwrap_or(f64::INFINITY));
+                    entry.buckets.push((le, value));
+                }
+                _ => {}
+            }
+        }
+        for counters in phases.values_mut() {
+            counters.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        }
+        Self(phases)
+    }
+
+    /// Each phase over the cycles that ran between `before` and these counters.
+    pub fn since(&self, before: &Self) -> BTreeMap<String, Phase> {
+        let empty = Counters::default();
+        self.0
+            .iter()
+            .map(|(name, now)| {
+                let then = before.0.get(name).unwrap_or(&empty);
+                let cycles = now.cycles - then.cycles;
+                let earlier = |le: f64| then.buckets.iter().find(|(b, _)| *b == le).map_or(0.0, |(_, n)| *n);
+                let p99_bound = now
+                    .buckets
+                    .iter()
+                    .find(|(le, n)| n - earlier(*le) >= cycles * 0.99)
+                    .map_or(f64::INFINITY, |(le, _)| *le);
+                (name.clone(), Phase { cycles, seconds: now.seconds - then.seconds, p99_bound })
+            })
+            .collect()
+    }
+}
+
+/// What the leader row said over a stretch of time, sampled: whether leadership changed
+/// hands, and the longest the leader went without renewing its lease.
+#[derive(Debug, Clone, Default)]
+pub struct LeaseWatch {
+    /// Every epoch seen: one means no failover.
+    pub epochs: std::collections::BTreeSet<i64>,
+    /// Every holder seen.
+    pub holders: std::collections::BTreeSet<String>,
+    /// The longest time since a heartbeat that any sample saw, seconds.
+    pub longest_silence_s: f64,
+    pub samples: u32,
+}
+
+/// Samples the leader row in the background until [`LeaseWatcher::finish`].
+pub struct LeaseWatcher {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<LeaseWatch>>,
+}
+
+impl LeaseWatcher {
+    /// Starts sampling the leader row of `pool`'s database every `every`.
+    pub fn start(pool: PgPool, every: Duration) -> Self {
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let mut watch = LeaseWatch::default();
+            loop {
+                let mut conn = pool.acquire().await?;
+                if let Some(row) = db::leader::leader(&mut conn).await? {
+                    watch.epochs.insert(row.epoch);
+                    watch.holders.insert(row.holder);
+                    watch.longest_silence_s = watch.longest_silence_s.max(row.silent_seconds);
+                    watch.samples += 1;
+                }
+                drop(conn);
+                tokio::select! {
+                    _ = &mut stopped => return Ok(watch),
+                    () = tokio::time::sleep(every) => {}
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// Stops sampling; what the samples saw.
+    pub async fn finish(self) -> anyhow::Result<LeaseWatch> {
+        let _ = self.stop.send(());
+        self.task.await?
+    }
+}
+
+/// The machine's load averages over 1, 5 and 15 minutes, as `/proc/loadavg` says; for a
+/// report to say how busy the machine was besides the benchmark.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map_or_else(|_| "unknown".into(), |l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
 }
 
 /// An HTTP client for many concurrent requests to one host.
@@ -217,16 +464,13 @@ pub struct Percentiles {
 
 impl Percentiles {
     /// The percentiles of `sample` (sorted in place); zeros when empty.
-    pub fn of(sample: &mut [Duration]) -> Self {
+    pub fn of(sample: &[Duration]) -> Self {
         if sample.is_empty() {
             return Self::default();
         }
-        sample.sort_unstable();
-        let at = |q: f64| {
-            let i = ((sample.len() as f64 * q).ceil() as usize).clamp(1, sample.len()) - 1;
-            sample[i].as_secs_f64() * 1e3
-        };
-        Self { p50: at(0.50), p99: at(0.99) }
+        let mut ms: Vec<f64> = sample.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        Self { p50: quantile(&ms, 0.50), p99: quantile(&ms, 0.99) }
     }
 }
 
@@ -236,10 +480,52 @@ mod tests {
 
     #[test]
     fn percentiles_are_the_nearest_rank_values() {
-        let mut sample: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
-        let p = Percentiles::of(&mut sample);
+        let sample: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        let p = Percentiles::of(&sample);
         assert_eq!(p.p50, 50.0);
         assert_eq!(p.p99, 99.0);
-        assert_eq!(Percentiles::of(&mut []).p99, 0.0);
+        assert_eq!(Percentiles::of(&[]).p99, 0.0);
+    }
+
+    #[test]
+    fn cycle_phases_are_read_from_the_metrics_text_over_a_stretch_of_time() {
+        let metrics = crate::telemetry::Metrics::default();
+        let at_start = PhaseCounters::parse(&metrics.render((1, 1), crate::telemetry::Tenants::Hidden));
+        for ms in [2, 3, 40] {
+            metrics.cycle_phases([ms, ms, 1, ms * 2].map(Duration::from_millis));
+        }
+        let first = PhaseCounters::parse(&metrics.render((1, 1), crate::telemetry::Tenants::Hidden));
+        let phases = first.since(&at_start);
+        assert_eq!(phases.keys().collect::<Vec<_>>(), vec!["engine", "passes", "read", "write"]);
+        let read = phases["read"];
+        assert_eq!(read.cycles, 3.0);
+        assert!((read.seconds - 0.045).abs() < 1e-9, "{read:?}");
+        assert_eq!(read.p99_bound, 0.05, "the slowest read, 40 ms, is in the 50 ms bucket");
+        assert_eq!(phases["engine"].p99_bound, 0.001);
+
+        for _ in 0..2 {
+            metrics.cycle_phases([2, 2, 1, 4].map(Duration::from_millis));
+        }
+        let later = PhaseCounters::parse(&metrics.render((1, 1), crate::telemetry::Tenants::Hidden)).since(&first);
+        assert_eq!(later["read"].cycles, 2.0);
+        assert_eq!(later["read"].p99_bound, 0.0025, "the 40 ms read came before this stretch");
+    }
+
+    #[test]
+    fn quantiles_are_nearest_rank() {
+        let sample: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(quantile(&sample, 0.5), 50.0);
+        assert_eq!(quantile(&sample, 0.99), 99.0);
+        assert!(quantile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn a_departments_inventory_has_its_racks_of_nodes() {
+        let toml = departments_inventory("g", 3, 2, 50);
+        let config = crate::backends::sim::SimConfig::from_toml(&toml).expect("valid inventory");
+        let nodes = config.inventory();
+        assert_eq!(nodes.len(), 6);
+        assert!(nodes.iter().all(|n| n.gpus == 50));
+        assert_eq!(config.start_delay_ms, 0);
     }
 }

@@ -129,5 +129,5 @@ async fn time_page(http: &reqwest::Client, base: &str, cookie: &str, page: &str)
             sample.push(started.elapsed());
         }
     }
-    Ok(Percentiles::of(&mut sample))
+    Ok(Percentiles::of(&sample))
 }

@@ -21,7 +21,9 @@
 //! over the same time) runs first in the same invocation: the baseline that shows what grows
 //! with scale. PostgreSQL loads `pg_stat_statements`, and the report shows, per job, the
 //! transactions, WAL and rows the database wrote, per table, and the statements that took its
-//! time.
+//! time. A second control loop contends for leadership throughout, as a standby replica
+//! does, and the report shows whether leadership changed hands and the longest the leader
+//! went without renewing its lease.
 
 use std::{
     collections::BTreeMap,
@@ -31,7 +33,10 @@ use std::{
 
 use serde_json::json;
 
-use super::platform::{client, Options, Percentiles, Platform};
+use super::platform::{
+    client, departments_inventory, load_average, quantile, write_held, LeaseWatch, LeaseWatcher, Options, Percentiles,
+    Phase, Platform,
+};
 use crate::db::{self, bench::Activity};
 
 /// Closed departments (Kueue's cohorts).
@@ -99,18 +104,12 @@ impl Size {
 /// The simulated cluster: per department, nodes of [`GPUS_PER_NODE`] that hold its teams'
 /// reserved quota; jobs start when created.
 fn inventory(size: Size) -> String {
-    let nodes_per_department = size.teams_per_department * RESERVED as usize / GPUS_PER_NODE;
-    let mut toml = format!(
-        "cluster = \"sim\"\nstart_delay_ms = 0\n\n[[class]]\nname = \"{CLASS}\"\nkind = \"whole\"\nmemory_mib = 81920\n"
-    );
-    for d in 1..=DEPARTMENTS {
-        for n in 1..=nodes_per_department {
-            toml.push_str(&format!(
-                "\n[[node]]\nname = \"dept-{d}-node-{n}\"\ngpu_class = \"{CLASS}\"\ngpus = {GPUS_PER_NODE}\nrack = \"rack-{d}\"\n"
-            ));
-        }
-    }
-    toml
+    departments_inventory(
+        CLASS,
+        DEPARTMENTS,
+        size.teams_per_department * RESERVED as usize / GPUS_PER_NODE,
+        GPUS_PER_NODE,
+    )
 }
 
 /// Runs the baseline and the full size and writes the report to `out`.
@@ -148,15 +147,8 @@ struct Run {
     activity: Activity,
     statements: Vec<db::bench::StatementTime>,
     held: Vec<db::bench::HeldBreakdown>,
-}
-
-/// One phase of the scheduling cycles over the run, from `/metrics`.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Phase {
-    pub cycles: f64,
-    pub seconds: f64,
-    /// The smallest bucket bound at or below which 99% of the cycles' phase fell.
-    pub p99_bound: f64,
+    /// The leader row while the jobs arrived and drained, with a standby contending.
+    lease: LeaseWatch,
 }
 
 async fn run(size: Size) -> anyhow::Result<Run> {
@@ -168,6 +160,7 @@ async fn run(size: Size) -> anyhow::Result<Run> {
             config.min_runtime_before_preemption = Duration::ZERO;
         }),
         statement_stats: true,
+        standby: true,
     })
     .await?;
     let result = measure(&mut platform, size).await;
@@ -179,21 +172,11 @@ async fn measure(platform: &mut Platform, size: Size) -> anyhow::Result<Run> {
     for shape in &SHAPES {
         platform.priority_class(shape.priority_class, shape.priority, true).await?;
     }
-    let mut teams = Vec::new();
-    for d in 1..=DEPARTMENTS {
-        let department = platform.team(&format!("dept-{d}"), None).await?;
-        platform.quota(department, CLASS, i32::try_from(size.teams_per_department)? * RESERVED, 0).await?;
-        for t in 1..=size.teams_per_department {
-            let name = format!("dept-{d}-team-{t}");
-            let id = platform.team(&name, Some(department)).await?;
-            platform.quota(id, CLASS, RESERVED, BURST).await?;
-            teams.push((name, platform.ci_token(id).await?));
-        }
-    }
-    let metrics_url = format!("{}/metrics", platform.api.trim_end_matches("/api/v1"));
+    let teams = platform.departments(DEPARTMENTS, size.teams_per_department, CLASS, (RESERVED, BURST)).await?;
     let http = client()?;
-    let before = cycle_phases(&http.get(&metrics_url).send().await?.text().await?);
+    let before = platform.cycle_phases(&http).await?;
     db::bench::reset_activity(&platform.pool).await?;
+    let lease = LeaseWatcher::start(platform.pool.clone(), Duration::from_millis(250));
 
     let start = tokio::time::Instant::now() + Duration::from_millis(500);
     let team_count = teams.len() as u32;
@@ -248,26 +231,11 @@ async fn measure(platform: &mut Platform, size: Size) -> anyhow::Result<Run> {
         last_sent = last_sent.max(at);
     }
     let arrival_s = last_sent.saturating_duration_since(first_due).as_secs_f64();
-    let began = Instant::now();
-    let drained = loop {
-        if !db::bench::live_jobs_remain(&platform.pool).await? {
-            break true;
-        }
-        if began.elapsed() > DRAIN_LIMIT {
-            break false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    let after = cycle_phases(&http.get(&metrics_url).send().await?.text().await?);
-    let phases = after
-        .into_iter()
-        .map(|(name, a)| {
-            let b = before.get(&name).copied().unwrap_or_default();
-            (name, Phase { cycles: a.cycles - b.cycles, seconds: a.seconds - b.seconds, p99_bound: a.p99_bound })
-        })
-        .collect();
+    let drained = platform.drain(DRAIN_LIMIT, Duration::from_millis(100)).await?;
+    let phases = platform.cycle_phases(&http).await?.since(&before);
+    let lease = lease.finish().await?;
     let span = db::bench::workload_span(&platform.pool).await?;
-    let mut admission_waits = db::bench::admission_waits(&platform.pool).await?;
+    let mut admission_waits = db::bench::admission_waits(&platform.pool, "").await?;
     admission_waits.sort_by(f64::total_cmp);
     let per_second = db::bench::admissions_per_second(&platform.pool).await?;
     let held = db::bench::held_breakdown(&platform.pool).await?;
@@ -279,7 +247,7 @@ async fn measure(platform: &mut Platform, size: Size) -> anyhow::Result<Run> {
         drained,
         failed_submissions,
         arrival_s,
-        submit: Percentiles::of(&mut latencies),
+        submit: Percentiles::of(&latencies),
         drain_s: span.drain_s,
         admitted: admission_waits.len(),
         admission_waits,
@@ -288,55 +256,8 @@ async fn measure(platform: &mut Platform, size: Size) -> anyhow::Result<Run> {
         activity,
         statements,
         held,
+        lease,
     })
-}
-
-/// The cycle phases' histograms in a `/metrics` text: cycles, total seconds and the p99's
-/// bucket bound per phase. Cumulative since the process started.
-pub fn cycle_phases(text: &str) -> BTreeMap<String, Phase> {
-    const NAME: &str = "fairway_scheduling_cycle_phase_seconds";
-    let mut buckets: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    let mut phases: BTreeMap<String, Phase> = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(NAME) else { continue };
-        let Some((series, value)) = rest.rsplit_once(' ') else { continue };
-        let Ok(value) = value.parse::<f64>() else { continue };
-        let Some((kind, labels)) = series.split_once('{') else { continue };
-        let labels: BTreeMap<&str, &str> = labels
-            .trim_end_matches('}')
-            .split(',')
-            .filter_map(|pair| pair.split_once('='))
-            .map(|(k, v)| (k, v.trim_matches('"')))
-            .collect();
-        let Some(phase) = labels.get("phase") else { continue };
-        let entry = phases.entry((*phase).to_owned()).or_default();
-        match kind {
-            "_count" => entry.cycles = value,
-            "_sum" => entry.seconds = value,
-            "_bucket" => {
-                let le = labels.get("le").map_or(f64::INFINITY, |le| le.parse().unwrap_or(f64::INFINITY));
-                buckets.entry((*phase).to_owned()).or_default().push((le, value));
-            }
-            _ => {}
-        }
-    }
-    for (phase, mut bounds) in buckets {
-        bounds.sort_by(|a, b| a.0.total_cmp(&b.0));
-        if let Some(entry) = phases.get_mut(&phase) {
-            let needed = entry.cycles * 0.99;
-            entry.p99_bound = bounds.iter().find(|(_, n)| *n >= needed).map_or(f64::INFINITY, |(le, _)| *le);
-        }
-    }
-    phases
-}
-
-/// The value at quantile `q` of an ascending sample (nearest rank); NaN when empty.
-fn quantile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[i]
 }
 
 impl Run {
@@ -433,6 +354,18 @@ fn print(runs: &[Run], out: &mut dyn Write) -> anyhow::Result<()> {
             "",
         )?;
     }
+    row(
+        out,
+        "leadership changes (a standby contends)",
+        &|r| format!("{}", r.lease.epochs.len().saturating_sub(1)),
+        "0",
+    )?;
+    row(
+        out,
+        "longest time without a heartbeat",
+        &|r| format!("{:.2} s", r.lease.longest_silence_s),
+        &format!("< {} s lease", crate::config::Config::default().leader_lease.as_secs()),
+    )?;
     row(out, "database: commits per job", &|r| format!("{:.2}", r.activity.commits as f64 / r.jobs()), "")?;
     row(out, "database: statements per job", &|r| format!("{:.1}", r.statements() / r.jobs()), "")?;
     row(out, "database: statements per cycle", &|r| format!("{:.0}", r.statements() / r.cycles().max(1.0)), "")?;
@@ -474,18 +407,9 @@ fn print(runs: &[Run], out: &mut dyn Write) -> anyhow::Result<()> {
     }
     writeln!(out)?;
     writeln!(out, "where held time goes at {} jobs, mean ms per attempt that ran to its end:", full.size.jobs())?;
-    writeln!(
-        out,
-        "{:<14} {:>18} {:>16} {:>8} {:>20}",
-        "", "admitted->dispatch", "dispatch->start", "run", "end->GPUs released"
-    )?;
-    for b in &full.held {
-        writeln!(
-            out,
-            "{:<14} {:>18.0} {:>16.0} {:>8.0} {:>20.0}",
-            b.priority_class, b.to_dispatch_ms, b.to_start_ms, b.run_ms, b.to_release_ms
-        )?;
-    }
+    write_held(out, &full.held)?;
+    writeln!(out)?;
+    writeln!(out, "load average (1, 5, 15 min) at the end: {}", load_average())?;
     Ok(())
 }
 
@@ -531,29 +455,5 @@ mod tests {
             assert_eq!(gpus, size.teams() * RESERVED as usize);
             assert!(nodes.iter().all(|n| u32::from(n.gpus) >= SHAPES[0].gpus), "a large job fits one node");
         }
-    }
-
-    #[test]
-    fn cycle_phases_are_read_from_the_metrics_text() {
-        let metrics = crate::telemetry::Metrics::default();
-        for ms in [2, 3, 40] {
-            metrics.cycle_phases([ms, ms, 1, ms * 2].map(Duration::from_millis));
-        }
-        let text = metrics.render((1, 1), crate::telemetry::Tenants::Hidden);
-        let phases = cycle_phases(&text);
-        assert_eq!(phases.keys().collect::<Vec<_>>(), vec!["engine", "passes", "read", "write"]);
-        let read = phases["read"];
-        assert_eq!(read.cycles, 3.0);
-        assert!((read.seconds - 0.045).abs() < 1e-9, "{read:?}");
-        assert_eq!(read.p99_bound, 0.05, "the slowest read, 40 ms, is in the 50 ms bucket");
-        assert_eq!(phases["engine"].p99_bound, 0.001);
-    }
-
-    #[test]
-    fn quantiles_are_nearest_rank() {
-        let sample: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(quantile(&sample, 0.5), 50.0);
-        assert_eq!(quantile(&sample, 0.99), 99.0);
-        assert!(quantile(&[], 0.5).is_nan());
     }
 }

@@ -150,7 +150,7 @@ async fn api_level(
     }
     let elapsed = started.elapsed().as_secs_f64();
     let jobs = (latencies.len() * per_request) as f64;
-    Ok(Level { per_second: jobs / elapsed, latency: Percentiles::of(&mut latencies) })
+    Ok(Level { per_second: jobs / elapsed, latency: Percentiles::of(&latencies) })
 }
 
 /// A small job as a CI pipeline submits it.
@@ -197,5 +197,5 @@ async fn raw_level(
         latencies.extend(done??);
     }
     let elapsed = started.elapsed().as_secs_f64();
-    Ok(Level { per_second: latencies.len() as f64 / elapsed, latency: Percentiles::of(&mut latencies) })
+    Ok(Level { per_second: latencies.len() as f64 / elapsed, latency: Percentiles::of(&latencies) })
 }

@@ -1,7 +1,7 @@
 //! What the benchmarks compare against and read back: the raw PostgreSQL ceiling of a job
 //! insert, and the figures of a replayed workload.
 
-use crate::domain::{GpuClassId, JobId, TeamId};
+use crate::domain::{GpuClassId, JobId, JobState, TeamId};
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -370,15 +370,73 @@ pub async fn statement_times(conn: &mut PgConnection) -> Result<Vec<StatementTim
     .await
 }
 
-/// Every job's seconds from submission to its first admission (none for a job never admitted).
-pub async fn admission_waits(pool: &PgPool) -> Result<Vec<f64>, sqlx::Error> {
+/// The seconds from submission to first admission of every job whose name starts with
+/// `name_prefix` (all jobs for `""`), none for a job never admitted.
+pub async fn admission_waits(pool: &PgPool, name_prefix: &str) -> Result<Vec<f64>, sqlx::Error> {
     sqlx::query_scalar!(
         r#"select extract(epoch from a.first - j.submitted_at)::float8 as "seconds!"
            from jobs j
            join lateral (select min(e.at) as first from job_events e
-                         where e.job_id = j.id and e.kind = 'admitted') a on a.first is not null"#
+                         where e.job_id = j.id and e.kind = 'admitted') a on a.first is not null
+           where starts_with(j.name, $1)"#,
+        name_prefix
     )
     .fetch_all(pool)
+    .await
+}
+
+/// Jobs in `state` whose name starts with `name_prefix`.
+pub async fn jobs_in_state(pool: &PgPool, state: JobState, name_prefix: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select count(*) as "n!" from jobs where state = $1 and starts_with(name, $2)"#,
+        state as JobState,
+        name_prefix
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Pending jobs whose name starts with `name_prefix` that a scheduling cycle has given a reason.
+pub async fn pending_with_reason(pool: &PgPool, name_prefix: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select count(*) as "n!" from jobs
+           where state = 'pending' and pending_reason is not null and starts_with(name, $1)"#,
+        name_prefix
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// What followed one job's submission when it had to take GPUs back: seconds from its
+/// submission to the first preemption decided after it, to the first stop the dispatcher
+/// handed to a cluster after it (the victim signalled), and to its own admission; and how
+/// many jobs were preempted.
+#[derive(Debug, Clone, Copy)]
+pub struct Reclaim {
+    pub decided_s: Option<f64>,
+    pub signalled_s: Option<f64>,
+    pub admitted_s: Option<f64>,
+    /// Jobs preempted since the submission.
+    pub victims: i64,
+}
+
+/// [`Reclaim`] for the job `probe`; meaningful while nothing else preempts.
+pub async fn reclaim(pool: &PgPool, probe: JobId) -> Result<Reclaim, sqlx::Error> {
+    sqlx::query_as!(
+        Reclaim,
+        r#"select
+             (select extract(epoch from min(e.at) - j.submitted_at)::float8 from job_events e
+               where e.kind = 'preempted' and e.at >= j.submitted_at) as decided_s,
+             (select extract(epoch from min(o.done_at) - j.submitted_at)::float8 from dispatch_outbox o
+               where o.action = 'stop' and o.created_at >= j.submitted_at and o.done_at is not null) as signalled_s,
+             (select extract(epoch from min(e.at) - j.submitted_at)::float8 from job_events e
+               where e.job_id = j.id and e.kind = 'admitted') as admitted_s,
+             (select count(*) from job_events e
+               where e.kind = 'preempted' and e.at >= j.submitted_at) as "victims!"
+           from jobs j where j.id = $1"#,
+        probe as JobId
+    )
+    .fetch_one(pool)
     .await
 }
 
