@@ -42,7 +42,8 @@ pub struct Options {
     pub standby: bool,
 }
 
-/// A running platform. [`Platform::stop`] removes everything it created.
+/// A running platform. [`Platform::stop`] removes everything it created (unless
+/// `FAIRWAY_BENCH_KEEP` is set).
 pub struct Platform {
     /// `http://127.0.0.1:<port>/api/v1`.
     pub api: String,
@@ -264,7 +265,13 @@ impl Platform {
         self.server.abort();
         self.pool.close().await;
         self.postgres.stop().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // Kept on request, for PostgreSQL's log (`postgres.log` beside its data) after a run
+        // that went wrong.
+        if std::env::var_os("FAIRWAY_BENCH_KEEP").is_some() {
+            eprintln!("kept the benchmark's database and PostgreSQL log in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

@@ -88,16 +88,27 @@ pub async fn dispatch_batch(ctx: &Ctx, epoch: i64, cursor: &mut Cursor) -> Resul
     let mut tx = leader_tx(ctx, epoch).await?;
     let from = cursor.from(Instant::now());
     let rows = db::outbox::claim(&mut tx, from, BATCH).await?;
+    let mut dispatched = Vec::with_capacity(rows.len());
     for row in &rows {
-        dispatch_row(ctx, &mut tx, row).await?;
+        dispatch_row(ctx, &mut tx, row, &mut dispatched).await?;
     }
+    db::outbox::record_dispatched(&mut tx, &dispatched).await?;
     tx.commit().await?;
+    if !dispatched.is_empty() {
+        ctx.reconcile_soon.notify_one();
+    }
     cursor.claimed(from, rows.iter().map(|r| r.id));
     Ok(rows.len())
 }
 
-/// Does what one claimed outbox row asks, recording the result in `tx`.
-async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::outbox::OutboxRow) -> Result<(), ControlError> {
+/// Does what one claimed outbox row asks, recording the result in `tx`, or, for an object a
+/// cluster accepted, in `dispatched`, which the batch records at once.
+async fn dispatch_row(
+    ctx: &Ctx,
+    tx: &mut db::Tx<'_>,
+    row: &db::outbox::OutboxRow,
+    dispatched: &mut Vec<db::outbox::Dispatched>,
+) -> Result<(), ControlError> {
     let object = object_name(row.job_id, row.attempt);
     let backend = row.cluster.as_deref().and_then(|c| ctx.backends.get(c).map(|b| (c.to_owned(), b.clone())));
     let Some((cluster, backend)) = backend else {
@@ -131,19 +142,14 @@ async fn dispatch_row(ctx: &Ctx, tx: &mut db::Tx<'_>, row: &db::outbox::OutboxRo
                     if let (Some(service), Some(address)) = (&gang.service, endpoint) {
                         db::services::set_endpoint(tx, service.id, &cluster, &address).await?;
                     }
-                    db::outbox::mark_dispatched(tx, row.job_id, row.attempt).await?;
-                    db::jobs::add_event(
-                        tx,
-                        row.job_id,
-                        row.attempt,
-                        "dispatched",
-                        None,
-                        &format!("created {object} on cluster {cluster}"),
-                        Some(json!({"object": object, "cluster": cluster, "tries": row.tries + 1})),
-                    )
-                    .await?;
-                    db::outbox::complete(tx, row.id, None).await?;
-                    ctx.reconcile_soon.notify_one();
+                    dispatched.push(db::outbox::Dispatched {
+                        outbox_id: row.id,
+                        job_id: row.job_id,
+                        attempt: row.attempt,
+                        at: Utc::now(),
+                        message: format!("created {object} on cluster {cluster}"),
+                        data: json!({"object": object, "cluster": cluster, "tries": row.tries + 1}),
+                    });
                 }
                 Err(BackendError::Transient(e)) => {
                     ctx.metrics.dispatch_error(&cluster, "transient");

@@ -43,19 +43,38 @@ pub async fn ensure_gpu_class(
     memory_mib: i32,
     fraction_milli: i32,
 ) -> Result<GpuClassId, sqlx::Error> {
-    sqlx::query_scalar!(
-        r#"insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
-         values ($1, $2, $3, $4, $5, 'reported by a cluster')
-         on conflict (name) do update set name = excluded.name
-         returning id as "id: GpuClassId""#,
+    // An existing class is read, not updated: `do update` would lock its row `for update`
+    // until the inventory's transaction ends, and every job, quota and node written
+    // meanwhile checks its foreign key against that row (`for key share`), so submissions
+    // waited for the sync, and a batch of them naming two classes could deadlock with it.
+    let found = sqlx::query_scalar!(
+        r#"with new as (
+               insert into gpu_classes (id, name, kind, memory_mib, fraction_milli, description)
+               values ($1, $2, $3, $4, $5, 'reported by a cluster')
+               on conflict (name) do nothing
+               returning id
+           )
+           select id as "id!: GpuClassId" from new
+           union all
+           select id from gpu_classes where name = $2"#,
         GpuClassId::new() as GpuClassId,
         name,
         kind,
         memory_mib,
         fraction_milli
     )
-    .fetch_one(&mut **tx)
-    .await
+    .fetch_optional(&mut **tx)
+    .await?;
+    match found {
+        Some(id) => Ok(id),
+        // Another transaction inserted it after this statement's snapshot was taken; a new
+        // statement sees it.
+        None => {
+            sqlx::query_scalar!(r#"select id as "id: GpuClassId" from gpu_classes where name = $1"#, name)
+                .fetch_one(&mut **tx)
+                .await
+        }
+    }
 }
 
 /// Ids of GPU classes by name.

@@ -2,6 +2,8 @@
 //! retries later, and the mark that a backend accepted a job's object.
 
 use crate::domain::JobId;
+use chrono::{DateTime, Utc};
+use serde_json::Value;
 
 use super::Tx;
 use crate::domain::JobState;
@@ -72,13 +74,50 @@ pub async fn retry_later(tx: &mut Tx<'_>, id: i64, delay_ms: i64, error: &str) -
     Ok(())
 }
 
-/// Records that the backend accepted the job's object.
-pub async fn mark_dispatched(tx: &mut Tx<'_>, job_id: JobId, attempt: i32) -> Result<(), sqlx::Error> {
+/// An outbox row whose job's object a cluster accepted (see [`record_dispatched`]).
+pub struct Dispatched {
+    pub outbox_id: i64,
+    pub job_id: JobId,
+    pub attempt: i32,
+    /// When the cluster accepted it.
+    pub at: DateTime<Utc>,
+    /// The `dispatched` event's message and data.
+    pub message: String,
+    pub data: Value,
+}
+
+/// Records a batch of accepted objects in one statement: each job's `dispatched_at` (the
+/// first acceptance of its attempt), a `dispatched` event in the batch's order, and the
+/// outbox row done. One statement instead of three per job: at tens of thousands of jobs a
+/// minute the round trips were a tenth of the database's time.
+pub async fn record_dispatched(tx: &mut Tx<'_>, rows: &[Dispatched]) -> Result<(), sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(());
+    }
+    let outbox_ids: Vec<i64> = rows.iter().map(|r| r.outbox_id).collect();
+    let job_ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
+    let attempts: Vec<i32> = rows.iter().map(|r| r.attempt).collect();
+    let at: Vec<DateTime<Utc>> = rows.iter().map(|r| r.at).collect();
+    let messages: Vec<&str> = rows.iter().map(|r| r.message.as_str()).collect();
+    let data: Vec<Value> = rows.iter().map(|r| r.data.clone()).collect();
     sqlx::query!(
-        "update jobs set dispatched_at = coalesce(dispatched_at, clock_timestamp()), updated_at = now()
-         where id = $1 and attempt = $2",
-        job_id as JobId,
-        attempt
+        "with d as (
+             select * from unnest($1::int8[], $2::uuid[], $3::int4[], $4::timestamptz[], $5::text[], $6::jsonb[])
+                 with ordinality as d(outbox_id, job_id, attempt, at, message, data, n)
+         ), marked as (
+             update jobs j set dispatched_at = coalesce(j.dispatched_at, d.at), updated_at = now()
+             from d where j.id = d.job_id and j.attempt = d.attempt
+         ), events as (
+             insert into job_events (job_id, attempt, kind, message, data)
+             select job_id, attempt, 'dispatched', message, data from d order by n
+         )
+         update dispatch_outbox o set done_at = now(), last_error = null from d where o.id = d.outbox_id",
+        &outbox_ids,
+        &job_ids as &[JobId],
+        &attempts,
+        &at,
+        &messages as &[&str],
+        &data
     )
     .execute(&mut **tx)
     .await?;
