@@ -26,11 +26,9 @@ impl Released {
     }
 }
 
-/// Runs the pass as the leader of `epoch`.
+/// Runs the pass as the leader of `epoch`; a cycle calls it when `db::snapshot::passes_due`
+/// says it has something to do.
 pub async fn release(pool: &sqlx::PgPool, epoch: i64) -> Result<Released, ControlError> {
-    if !db::arrays::any_held(pool).await? {
-        return Ok(Released::default());
-    }
     let mut tx = pool.begin().await?;
     if !db::leader::check_epoch(&mut tx, epoch).await? {
         return Err(ControlError::NotLeader);

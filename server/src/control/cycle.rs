@@ -109,12 +109,18 @@ pub async fn run_with(
     forecast: &mut ForecastInputs,
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
+    let due = db::snapshot::passes_due(pool).await?;
     // Jobs whose dependencies are now met join this cycle's snapshot.
-    let dependencies = super::dependencies::resolve(pool, epoch).await?;
-    // And so do the tasks their arrays' parallelism now has room for.
-    let arrays = super::arrays::release(pool, epoch).await?;
+    let dependencies =
+        if due.dependencies { super::dependencies::resolve(pool, epoch).await? } else { Default::default() };
+    // And so do the tasks their arrays' parallelism now has room for (a task the dependency
+    // pass just released may be one its array holds back).
+    let arrays =
+        if due.arrays || due.dependencies { super::arrays::release(pool, epoch).await? } else { Default::default() };
     // And the replicas services now need; replicas they no longer need are stopped.
-    super::services::reconcile(pool, epoch).await?;
+    if due.services {
+        super::services::reconcile(pool, epoch).await?;
+    }
     let passes = started.elapsed();
     let world = world(pool, &config.engine, &config.pricing, live, forecast).await?;
     let read = started.elapsed() - passes;

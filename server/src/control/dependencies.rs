@@ -50,11 +50,9 @@ impl Resolved {
     }
 }
 
-/// Runs the pass as the leader of `epoch`.
+/// Runs the pass as the leader of `epoch`; a cycle calls it when `db::snapshot::passes_due`
+/// says it has something to do.
 pub async fn resolve(pool: &sqlx::PgPool, epoch: i64) -> Result<Resolved, ControlError> {
-    if !db::dependencies::any_waiting(pool).await? {
-        return Ok(Resolved::default());
-    }
     let mut tx = pool.begin().await?;
     if !db::leader::check_epoch(&mut tx, epoch).await? {
         return Err(ControlError::NotLeader);

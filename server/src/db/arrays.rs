@@ -117,12 +117,6 @@ pub async fn counts(pool: &PgPool, ids: &[ArrayId]) -> Result<Vec<(ArrayId, Task
     Ok(out)
 }
 
-/// Whether any task is held back by its array's parallelism: one probe of an index that
-/// is empty when none is, so the pass costs one round trip a cycle when no array is limited.
-pub async fn any_held(pool: &PgPool) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar!(r#"select exists (select 1 from jobs where held_by_array) as "any!""#).fetch_one(pool).await
-}
-
 /// A task the array pass released to the scheduler.
 #[derive(Debug, Clone)]
 pub struct ReleasedTask {

@@ -106,16 +106,6 @@ pub async fn dependents(pool: &PgPool, team_id: TeamId, job_id: JobId) -> Result
     .await
 }
 
-/// Whether any job waits for its dependencies: one probe of an index that is empty when
-/// none does, so the pass costs one round trip a cycle when nothing waits.
-pub async fn any_waiting(pool: &PgPool) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar!(
-        r#"select exists (select 1 from jobs where waits_for_dependencies and state = 'pending') as "any!""#
-    )
-    .fetch_one(pool)
-    .await
-}
-
 /// One dependency of a waiting job, with the waiting job's own columns the pass needs.
 #[derive(Debug, Clone)]
 pub struct WaitingRow {

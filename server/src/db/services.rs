@@ -184,20 +184,6 @@ pub async fn delete(tx: &mut Tx<'_>, id: ServiceId) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// Whether any service may need the pass: a live one, or a deleted one whose replicas
-/// have not all ended. Asked every cycle, so it starts from the services: looking for live
-/// replicas among the live jobs read thousands of rows a cycle (20 ms) while a burst waited.
-pub async fn any_open(pool: &PgPool) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar!(
-        r#"select exists (select 1 from services where deleted_at is null)
-               or exists (select 1 from services s join jobs j on j.service_id = s.id
-                          where s.deleted_at is not null
-                            and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus)) as "any!""#
-    )
-    .fetch_one(pool)
-    .await
-}
-
 /// Locks the services the pass looks after: the live ones, and the deleted ones whose
 /// replicas have not all ended. `no key update`: a dispatcher recording an endpoint (a
 /// foreign key to the service) is not held up by it.

@@ -277,3 +277,34 @@ pub async fn snapshot_rows(
     let jobs = live.sorted();
     Ok(SnapshotRows { now, classes, nodes, teams, quotas, priorities, history, jobs })
 }
+
+/// Which of the passes before a cycle's snapshot have anything to do (see
+/// `control::cycle::run_with`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassesDue {
+    /// A pending job waits for its dependencies.
+    pub dependencies: bool,
+    /// A task is held back by its array's parallelism.
+    pub arrays: bool,
+    /// A live service, or a deleted one whose replicas have not all ended.
+    pub services: bool,
+}
+
+/// [`PassesDue`] in one round trip a cycle. Each answer probes an index that is empty when
+/// the pass has nothing to do, so each costs microseconds; asked separately, on a database
+/// busy with a burst, each waited its turn for a core (about 20 ms apiece).
+pub async fn passes_due(pool: &PgPool) -> Result<PassesDue, sqlx::Error> {
+    sqlx::query_as!(
+        PassesDue,
+        r#"select exists (select 1 from jobs where waits_for_dependencies and state = 'pending') as "dependencies!",
+                  exists (select 1 from jobs where held_by_array) as "arrays!",
+                  -- From the services: looking for live replicas among the live jobs read
+                  -- thousands of rows a cycle.
+                  exists (select 1 from services where deleted_at is null)
+                  or exists (select 1 from services s join jobs j on j.service_id = s.id
+                             where s.deleted_at is not null
+                               and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus)) as "services!""#
+    )
+    .fetch_one(pool)
+    .await
+}
