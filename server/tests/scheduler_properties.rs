@@ -1173,6 +1173,13 @@ proptest! {
         prop_assert_eq!(first, second);
     }
 
+    /// The cycle's walks over a team's own victims and over the GPUs held for waiting jobs are
+    /// indexed (per team, per class); the exhaustive walks they replaced must decide the same.
+    #[test]
+    fn the_indexed_cycle_decides_exactly_as_the_exhaustive_one(s in snapshots(&ALL_POLICIES)) {
+        prop_assert_eq!(schedule(&s), fairway::scheduler::engine::run_exhaustive(&s));
+    }
+
     /// The engine documents every ordering as total (priority, age, then job id), so the order
     /// in which the control loop lists jobs must not matter either.
     #[test]

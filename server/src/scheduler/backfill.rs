@@ -87,12 +87,16 @@ impl Cycle<'_> {
     /// judged by amount (held plus available covers the job), which is cheap enough to ask
     /// for every waiting job; the code only explains, it decides nothing.
     pub(super) fn held_for(&self, job: &JobSpec) -> Option<JobId> {
-        let claims = self.claims.iter().filter(|c| c.1 == job.class);
         let mut holder = None;
         let mut held = self.claimed_free.get(&job.class).copied().unwrap_or(0);
-        for (id, _, placement) in claims {
-            holder.get_or_insert(*id);
-            held += placement.iter().flat_map(|r| r.units.iter()).map(|&(_, m)| u64::from(m)).sum::<u64>();
+        if self.exhaustive {
+            for (id, _, placement) in self.claims.iter().filter(|c| c.1 == job.class) {
+                holder.get_or_insert(*id);
+                held += placement.iter().flat_map(|r| r.units.iter()).map(|&(_, m)| u64::from(m)).sum::<u64>();
+            }
+        } else if let Some(&(first, milli)) = self.claims_by_class.get(&job.class) {
+            holder = Some(first);
+            held += milli;
         }
         if let Some(r) = self.reservations.get(&job.class) {
             holder.get_or_insert(r.job);

@@ -39,10 +39,15 @@ pub(super) struct Cycle<'a> {
     /// Per class, the running jobs that may ever be victims this cycle (preemptible, past
     /// the minimum runtime, not stopping), least work lost first, then largest.
     pub(super) victim_order: BTreeMap<ClassId, Vec<usize>>,
+    /// The same per class and team: all a walk may take when only the job's own team's
+    /// jobs may be victims, without passing every other team's candidates.
+    pub(super) team_victim_order: BTreeMap<(ClassId, TeamId), Vec<usize>>,
     /// Per class, the preemptible running jobs not stopping that are still within the
     /// minimum runtime before preemption, soonest preemptible first: only what a wait for
     /// them is explained by, so a blocked job walks these few, not every running job.
     young: BTreeMap<ClassId, Vec<usize>>,
+    /// The same per class and team, for a job that may take only its own team's jobs.
+    team_young: BTreeMap<(ClassId, TeamId), Vec<usize>>,
     /// Milli per class held by jobs that were told to stop in earlier cycles and are not
     /// yet claimed by a job ranked earlier in this cycle.
     stopping_unclaimed: BTreeMap<ClassId, u64>,
@@ -52,10 +57,24 @@ pub(super) struct Cycle<'a> {
     /// The team's lower-priority jobs of the class wait behind it, so they cannot take the
     /// reserved room its victims free and be preempted for it in turn.
     waiting_in_team: BTreeMap<(TeamId, ClassId), (JobId, i32)>,
-    /// Every team (at any level) borrowing a class, valid until the class's usage changes.
+    /// Every team (at any level) borrowing a class, valid until the class's usage changes:
+    /// the exhaustive walks' list, rebuilt over every team after each admission.
     pub(super) borrowers: BTreeMap<ClassId, Vec<TeamId>>,
-    /// GPUs held for jobs waiting for their victims: (job, class, placement).
+    /// Whether each team (team × class) borrows, as of the last admission or claim: kept
+    /// for the levels an admission or a claim changes, instead of rebuilt over every team.
+    pub(super) borrowing: Vec<bool>,
+    /// Per class, how many teams `borrowing` marks.
+    pub(super) borrowing_teams: Vec<usize>,
+    /// GPUs held for jobs waiting for their victims: (job, class, placement). Pushed only
+    /// through [`Self::push_claim`], which keeps `claims_by_class` in step.
     pub(super) claims: Vec<(JobId, ClassId, Vec<ReplicaPlacement>)>,
+    /// Per class, the first claim's job and the milli all its claims hold: what
+    /// [`Self::held_for`] asks for every waiting job, kept as claims are made rather than
+    /// summed over tens of thousands of claims each time.
+    pub(super) claims_by_class: BTreeMap<ClassId, (JobId, u64)>,
+    /// Walk every candidate of the class, as before the per-team and per-class indexes, to
+    /// hold the indexed walks to it ([`run_exhaustive`]); false in every real cycle.
+    pub(super) exhaustive: bool,
     /// Borrowed value (money per hour) in use at the start of the cycle, over top-level teams.
     pub(super) burst_value: f64,
     /// Total fair-share weight of the teams borrowing or waiting to borrow.
@@ -93,7 +112,22 @@ fn topology_key(t: Topology) -> TopologyKey {
 
 /// Runs one cycle.
 pub fn run(snapshot: &Snapshot) -> Decisions {
+    run_with(snapshot, false)
+}
+
+/// Runs one cycle the way it ran before its walks were indexed: a job that may take only its
+/// own team's jobs walks every candidate of its class (and every job of the class in its
+/// minimum runtime), whether another team borrows is found by a pass over every team after
+/// each admission, and the GPUs held for waiting jobs are summed claim by claim for every
+/// waiting job. It decides exactly what [`run`] decides, in more time at scale; kept so that
+/// tests and `fairway bench scheduler-10x` can check that.
+pub fn run_exhaustive(snapshot: &Snapshot) -> Decisions {
+    run_with(snapshot, true)
+}
+
+fn run_with(snapshot: &Snapshot, exhaustive: bool) -> Decisions {
     let mut cycle = Cycle::new(snapshot);
+    cycle.exhaustive = exhaustive;
     match snapshot.config.policy {
         Policy::Fifo => cycle.fifo(),
         Policy::Fairway | Policy::QuotaNoHistory => cycle.fair(),
@@ -159,6 +193,16 @@ impl<'a> Cycle<'a> {
         }
         let (burst_value, burst_weight) = preemption::burst_demand(s, &ledger);
         let (victim_order, young) = preemption::candidates(s);
+        let classes = s.classes.len();
+        let borrowing: Vec<bool> = (0..s.teams.len() * classes)
+            .map(|i| ledger.borrowed((i / classes) as TeamId, (i % classes) as ClassId) > 0)
+            .collect();
+        let mut borrowing_teams = vec![0; classes];
+        for (i, _) in borrowing.iter().enumerate().filter(|(_, &b)| b) {
+            borrowing_teams[i % classes] += 1;
+        }
+        let team_victim_order = preemption::by_team(s, &victim_order);
+        let team_young = preemption::by_team(s, &young);
         Self {
             s,
             inv,
@@ -169,16 +213,22 @@ impl<'a> Cycle<'a> {
             victims: BTreeSet::new(),
             victim: vec![false; s.running.len()],
             victim_order,
+            team_victim_order,
             young,
+            team_young,
             stopping_unclaimed,
             largest_borrowers: BTreeMap::new(),
             claimed_free: BTreeMap::new(),
             claims: Vec::new(),
+            claims_by_class: BTreeMap::new(),
+            exhaustive: false,
             reserved_demand: BTreeSet::new(),
             burst_value,
             burst_weight,
             waiting_in_team: BTreeMap::new(),
             borrowers: BTreeMap::new(),
+            borrowing,
+            borrowing_teams,
             fair_share_failures: BTreeMap::new(),
             admitted_ends: Vec::new(),
             reservations: BTreeMap::new(),
@@ -327,7 +377,13 @@ impl<'a> Cycle<'a> {
         if s.config.policy == Policy::Fifo || (job.team as usize) >= s.teams.len() {
             return None;
         }
-        let young = self.young.get(&job.class)?;
+        // Without reclaim only the team's own jobs may be taken: its own list has them in the
+        // same order, and every other team's job would be passed over.
+        let young = if within_reserved || self.exhaustive {
+            self.young.get(&job.class)?
+        } else {
+            self.team_young.get(&(job.class, job.team))?
+        };
         let min = s.config.min_runtime_before_preemption_ms;
         let chain: Vec<TeamId> = self.ledger.chain(job.team).collect();
         let priority = self.priority(job);
@@ -360,7 +416,7 @@ impl<'a> Cycle<'a> {
         if stopping > 0 && available + stopping >= n {
             self.stopping_unclaimed.insert(job.class, stopping - n.saturating_sub(available));
             *self.claimed_free.entry(job.class).or_default() += available.min(n);
-            self.claims.push((job.id, job.class, Vec::new()));
+            self.push_claim(job.id, job.class, Vec::new());
             self.claim_quota(job);
             return true;
         }
@@ -411,6 +467,35 @@ impl<'a> Cycle<'a> {
             .saturating_sub(claimed)
     }
 
+    /// Brings `borrowing` up to date for `team` and its ancestors in `class`, after their
+    /// usage changed.
+    pub(super) fn refresh_borrowing(&mut self, team: TeamId, class: ClassId) {
+        let (classes, c) = (self.s.classes.len(), usize::from(class));
+        if c >= classes {
+            return;
+        }
+        for t in self.ledger.chain(team) {
+            let now = self.ledger.borrowed(t, class) > 0;
+            if let Some(flag) = self.borrowing.get_mut(t as usize * classes + c) {
+                if *flag != now {
+                    *flag = now;
+                    if now {
+                        self.borrowing_teams[c] += 1;
+                    } else {
+                        self.borrowing_teams[c] -= 1;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Records GPUs held for a waiting job (none when it waits for stopping jobs' GPUs).
+    pub(super) fn push_claim(&mut self, job: JobId, class: ClassId, held: Vec<ReplicaPlacement>) {
+        let milli: u64 = held.iter().flat_map(|r| r.units.iter()).map(|&(_, m)| u64::from(m)).sum();
+        self.claims_by_class.entry(class).or_insert((job, 0)).1 += milli;
+        self.claims.push((job, class, held));
+    }
+
     /// Counts a waiting job's quota as used for the rest of the cycle, so jobs ranked after
     /// it cannot take the room its victims are making.
     pub(super) fn claim_quota(&mut self, job: &JobSpec) {
@@ -418,6 +503,7 @@ impl<'a> Cycle<'a> {
             self.ledger.add(job.team, job.class, job.total_milli(), false);
             self.largest_borrowers.remove(&job.class);
             self.borrowers.remove(&job.class);
+            self.refresh_borrowing(job.team, job.class);
         }
         let priority = self.priority(job);
         self.waiting_in_team.entry((job.team, job.class)).or_insert((job.id, priority));
@@ -463,6 +549,7 @@ impl<'a> Cycle<'a> {
         self.borrowers.remove(&job.class);
         if (job.team as usize) < s.teams.len() {
             self.ledger.add(job.team, job.class, n, false);
+            self.refresh_borrowing(job.team, job.class);
             let time = gpu_time(s, job, budgeted_ms);
             for t in budget_chain(s, job.team) {
                 if let Some(left) = &mut self.hard_left[t] {

@@ -53,6 +53,18 @@ pub(super) fn candidates(s: &Snapshot) -> (BTreeMap<ClassId, Vec<usize>>, BTreeM
     (victim_order, young_order)
 }
 
+/// `order` (per class, as [`candidates`] gives it) split by the running jobs' teams, each
+/// team's list in the class's order.
+pub(super) fn by_team(s: &Snapshot, order: &BTreeMap<ClassId, Vec<usize>>) -> BTreeMap<(ClassId, TeamId), Vec<usize>> {
+    let mut split: BTreeMap<(ClassId, TeamId), Vec<usize>> = BTreeMap::new();
+    for (&class, indices) in order {
+        for &i in indices {
+            split.entry((class, s.running[i].spec.team)).or_default().push(i);
+        }
+    }
+    split
+}
+
 /// The burst demand at the start of a cycle: the borrowed value (money per hour) in use over
 /// top-level teams, and the total fair-share weight of the teams that want burst (borrowing
 /// now, or with a pending job beyond their reserved quota). Fair-share preemption splits the
@@ -127,10 +139,28 @@ impl Cycle<'_> {
             return None;
         }
         let preemptor = self.preemptor(job, within_reserved, own_team_only);
-        // Taken out of the cycle while it is walked, and put back unchanged.
-        let order = std::mem::take(self.victim_order.entry(job.class).or_default());
-        let (mut chosen, fits) = self.choose_victims(&preemptor, &order);
-        self.victim_order.insert(job.class, order);
+        // Taken out of the cycle while it is walked, and put back unchanged. When no other
+        // team's job may be a victim, the team's own list holds every candidate the walk can
+        // take, in the same order: at 10,000 teams, passing over everyone else's was most of
+        // a cycle.
+        // A fair-share attempt whose team would end above its deserved burst may take no
+        // other team's job either (`fair_share_allows`' second test fails for every one).
+        let other_teams =
+            preemptor.cross_team && (preemptor.within_reserved || preemptor.live_after <= self.deserved(job.team));
+        let (mut chosen, fits) = if other_teams || self.exhaustive {
+            let order = std::mem::take(self.victim_order.entry(job.class).or_default());
+            let found = self.choose_victims(&preemptor, &order);
+            self.victim_order.insert(job.class, order);
+            found
+        } else {
+            let key = (job.class, job.team);
+            let order = self.team_victim_order.remove(&key).unwrap_or_default();
+            let found = self.choose_victims(&preemptor, &order);
+            if !order.is_empty() {
+                self.team_victim_order.insert(key, order);
+            }
+            found
+        };
         for &(index, _) in &chosen {
             self.victim[index] = false;
         }
@@ -276,10 +306,12 @@ impl Cycle<'_> {
         let future = self.inv.find(job);
         for &(index, _) in chosen {
             self.inv.allocate(&self.s.running[index].placement);
+            // The victims' quota stays out of the ledger: their teams may borrow no more.
+            self.refresh_borrowing(self.s.running[index].spec.team, job.class);
         }
         if let Some(placement) = future {
             let held = self.inv.hold(&placement);
-            self.claims.push((job.id, job.class, held));
+            self.push_claim(job.id, job.class, held);
         }
         self.claim_quota(job);
     }
@@ -359,6 +391,15 @@ impl Cycle<'_> {
 
     /// Whether a team outside `chain` borrows the class at some level.
     fn other_borrower(&mut self, class: ClassId, chain: &[TeamId]) -> bool {
+        let classes = self.s.classes.len();
+        if !self.exhaustive && usize::from(class) < classes {
+            // The borrowing teams counted, less those of the chain: no pass over every team.
+            let in_chain = chain
+                .iter()
+                .filter(|&&t| self.borrowing.get(t as usize * classes + usize::from(class)).copied().unwrap_or(false))
+                .count();
+            return self.borrowing_teams[usize::from(class)] > in_chain;
+        }
         let ledger = &self.ledger;
         let teams = self.s.teams.len() as TeamId;
         let list = self

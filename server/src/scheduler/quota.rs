@@ -150,21 +150,28 @@ impl Ledger {
 
     /// Records `milli` more (or less, when `release`) held by `team` and its ancestors.
     pub fn add(&mut self, team: TeamId, class: ClassId, milli: u64, release: bool) {
-        let chain: Vec<TeamId> = self.chain(team).collect();
         let c = usize::from(class);
-        // Every level's held-back amount before any changes, since a department's reads its
-        // sub-teams'; then the usage of every level; then, from the team up, each level's
-        // new amount into its department's sum, before that department's is read.
-        let before: Vec<u64> = chain.iter().map(|&t| self.held_back(t, class)).collect();
-        for &t in &chain {
-            let slot = &mut self.usage[t as usize * self.classes + c];
+        // From the team up, one level at a time: a level's held-back amount before the
+        // change (its usage and its sub-teams' sum both as they were), its usage, then its new
+        // amount into its department's sum. The department's own amount before is read
+        // before that sum moves, and its new amount after, as its turn comes. One pass
+        // without collecting the chain: tentative victims call this thousands of times a
+        // cycle.
+        let mut at = team;
+        let mut before = self.held_back(at, class);
+        loop {
+            let parent = self.parent.get(at as usize).copied().flatten();
+            let parent_before = parent.map(|p| self.held_back(p, class));
+            let slot = &mut self.usage[at as usize * self.classes + c];
             *slot = if release { slot.saturating_sub(milli) } else { *slot + milli };
-        }
-        for (&t, before) in chain.iter().zip(before) {
-            let after = self.held_back(t, class);
-            let g = self.group(t);
+            let after = self.held_back(at, class);
+            let g = self.group(at);
             let sum = &mut self.held_back_children[g * self.classes + c];
             *sum = (*sum + after).saturating_sub(before);
+            match (parent, parent_before) {
+                (Some(p), Some(b)) => (at, before) = (p, b),
+                _ => break,
+            }
         }
     }
 }
