@@ -46,6 +46,12 @@ impl Ledger {
             .enumerate()
             .map(|(t, team)| team.parent.filter(|&p| (p as usize) < teams && p as usize != t))
             .collect();
+        Self::from_parts(classes, parent, quota)
+    }
+
+    /// A ledger with no usage over teams with these parents and quotas (`classes` per team).
+    fn from_parts(classes: usize, parent: Vec<Option<TeamId>>, quota: Vec<Quota>) -> Self {
+        let teams = parent.len();
         let mut ledger = Self {
             classes,
             parent,
@@ -54,18 +60,27 @@ impl Ledger {
             held_back_children: vec![0; (teams + 1) * classes],
         };
         ledger.break_cycles();
+        ledger.held_back_children = ledger.held_back_sums();
+        ledger
+    }
+
+    /// The held-back sums computed from scratch for the current usage: what [`Self::add`]
+    /// keeps up to date one change at a time.
+    fn held_back_sums(&self) -> Vec<u64> {
+        let (teams, classes) = (self.parent.len(), self.classes);
+        let mut scratch = self.clone();
+        scratch.held_back_children = vec![0; (teams + 1) * classes];
         // Sub-teams before their departments: a department's held-back sum reads its
         // sub-teams' (see `held_back`).
         let mut order: Vec<TeamId> = (0..teams as TeamId).collect();
-        order.sort_by_key(|&t| std::cmp::Reverse(ledger.chain(t).count()));
+        order.sort_by_key(|&t| std::cmp::Reverse(self.chain(t).count()));
         for t in order {
             for c in 0..classes {
-                let hb = ledger.held_back(t, c as ClassId);
-                let g = ledger.group(t);
-                ledger.held_back_children[g * classes + c] += hb;
+                let hb = scratch.held_back(t, c as ClassId);
+                scratch.held_back_children[self.group(t) * classes + c] += hb;
             }
         }
-        ledger
+        scratch.held_back_children
     }
 
     fn break_cycles(&mut self) {
@@ -171,6 +186,46 @@ impl Ledger {
             match (parent, parent_before) {
                 (Some(p), Some(b)) => (at, before) = (p, b),
                 _ => break,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    #[test]
+    fn held_back_sums_kept_one_change_at_a_time_equal_the_sums_computed_from_scratch() {
+        for seed in 0..200u64 {
+            let mut rng = SplitMix64(0x1ed6e5 ^ seed);
+            let classes = 1 + (rng.next_u64() % 3) as usize;
+            let teams = 1 + (rng.next_u64() % 12) as usize;
+            // Parents only among earlier teams: trees up to several levels deep.
+            let parent: Vec<Option<TeamId>> = (0..teams)
+                .map(|t| (t > 0 && !rng.next_u64().is_multiple_of(3)).then(|| (rng.next_u64() % t as u64) as TeamId))
+                .collect();
+            let quota: Vec<Quota> = (0..teams * classes)
+                .map(|_| {
+                    let reserved = rng.next_u64() % 5 * 1000;
+                    Quota { reserved, burst: rng.next_u64() % 5 * 1000, lendable: rng.next_u64() % (reserved + 1) }
+                })
+                .collect();
+            let mut ledger = Ledger::from_parts(classes, parent, quota);
+            let mut held: Vec<(TeamId, ClassId, u64)> = Vec::new();
+            for step in 0..40 {
+                if !held.is_empty() && rng.next_u64().is_multiple_of(3) {
+                    let (team, class, milli) = held.swap_remove((rng.next_u64() % held.len() as u64) as usize);
+                    ledger.add(team, class, milli, true);
+                } else {
+                    let (team, class) =
+                        ((rng.next_u64() % teams as u64) as TeamId, (rng.next_u64() % classes as u64) as ClassId);
+                    let milli = 250 * (1 + rng.next_u64() % 8);
+                    ledger.add(team, class, milli, false);
+                    held.push((team, class, milli));
+                }
+                assert_eq!(ledger.held_back_children, ledger.held_back_sums(), "seed {seed}, step {step}");
             }
         }
     }
