@@ -139,13 +139,21 @@ impl Browser {
         self.call(reqwest::Method::GET, "/source", None).await.as_str().unwrap_or_default().to_owned()
     }
 
-    /// The first element matching a CSS selector.
+    /// The first element matching a CSS selector, waiting up to ten seconds for it: a page a
+    /// click or a redirect is still loading has not drawn it yet.
     pub async fn find(&self, css: &str) -> String {
-        let v =
-            self.call(reqwest::Method::POST, "/element", Some(json!({"using": "css selector", "value": css}))).await;
-        match v[ELEMENT].as_str() {
-            Some(element) => element.to_owned(),
-            None => panic!("no element {css} ({v}) on {}:\n{}", self.url().await, self.source().await),
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let find = json!({"using": "css selector", "value": css});
+        loop {
+            let answer = self.try_call(reqwest::Method::POST, "/element", Some(find.clone())).await;
+            if let Some(element) = answer.as_ref().ok().and_then(|v| v[ELEMENT].as_str()) {
+                return element.to_owned();
+            }
+            if std::time::Instant::now() >= deadline {
+                let why = answer.map_or_else(|e| e["message"].to_string(), |v| v.to_string());
+                panic!("no element {css} ({why}) on {}:\n{}", self.url().await, self.text().await);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
