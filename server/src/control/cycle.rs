@@ -67,6 +67,27 @@ pub enum Refresh {
     All,
 }
 
+/// Starts gathering the statistics of `jobs` unless this process is already at it (see
+/// `db::snapshot::analyze_jobs`): the cycle goes on meanwhile, and a failure only costs
+/// plans until the next try or autovacuum.
+fn analyze_jobs_in_background(pool: &sqlx::PgPool) {
+    static ANALYZING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if ANALYZING.swap(true, std::sync::atomic::Ordering::AcqRel) {
+        return;
+    }
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        let started = Instant::now();
+        match db::snapshot::analyze_jobs(&pool).await {
+            Ok(()) => {
+                tracing::debug!(took_ms = started.elapsed().as_millis() as u64, "gathered the statistics of jobs")
+            }
+            Err(error) => tracing::warn!(%error, "could not gather the statistics of jobs"),
+        }
+        ANALYZING.store(false, std::sync::atomic::Ordering::Release);
+    });
+}
+
 /// Reads the world at one instant and builds the engine's snapshot. `live` is the copy of
 /// the live jobs kept from the previous read, brought up to date (an empty one reads all);
 /// `forecast` what the forecast learnt, read again when it is stale.
@@ -110,6 +131,9 @@ pub async fn run_with(
 ) -> Result<CycleReport, ControlError> {
     let started = Instant::now();
     let due = db::snapshot::passes_due(pool).await?;
+    if due.jobs_statistics_stale {
+        analyze_jobs_in_background(pool);
+    }
     // Jobs whose dependencies are now met join this cycle's snapshot.
     let dependencies =
         if due.dependencies { super::dependencies::resolve(pool, epoch).await? } else { Default::default() };

@@ -58,3 +58,33 @@ async fn the_heartbeat_passes_an_open_cycle_while_a_takeover_waits_for_it_and_fe
     assert!(!leader::check_epoch(&mut late, epoch).await.unwrap());
     assert!(!leader::heartbeat(&mut leader_conn, epoch).await.unwrap());
 }
+
+/// A burst into a table whose statistics predate it: the planner takes each flag of `jobs`
+/// for true of half the rows and scans the table for the passes' probes. The cycle sees
+/// that the statistics are stale and gathers them, after which they are not.
+#[tokio::test]
+async fn a_burst_of_jobs_makes_the_statistics_stale_and_gathering_them_makes_them_current() {
+    let pool = fresh_database().await;
+    let mut tx = pool.begin().await.unwrap();
+    let team = fairway::db::teams::insert(&mut tx, "burst", None, "Burst").await.unwrap();
+    let class = fairway::db::inventory::ensure_gpu_class(&mut tx, "h100-80gb", "whole", 81_920, 1000).await.unwrap();
+    tx.commit().await.unwrap();
+    fairway::db::snapshot::analyze_jobs(&pool).await.unwrap();
+    let due = fairway::db::snapshot::passes_due(&pool).await.unwrap();
+    assert!(!due.jobs_statistics_stale, "an empty, just analysed table is current: {due:?}");
+
+    let today = chrono::Utc::now().date_naive();
+    let burst = 2 * fairway::db::snapshot::STALE_AFTER_ROWS;
+    fairway::db::bench::seed_portal(&pool, team.id, class, burst, today, 1, today).await.unwrap();
+    // A backend reports its changed rows to the statistics collector within a second or so
+    // of its transaction; wait for the report rather than guess its delay.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !fairway::db::snapshot::passes_due(&pool).await.unwrap().jobs_statistics_stale {
+        assert!(std::time::Instant::now() < deadline, "{burst} new jobs never made the statistics stale");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    fairway::db::snapshot::analyze_jobs(&pool).await.unwrap();
+    let due = fairway::db::snapshot::passes_due(&pool).await.unwrap();
+    assert!(!due.jobs_statistics_stale, "just analysed: {due:?}");
+}

@@ -1,0 +1,1 @@
+alter table jobs reset (fillfactor);
