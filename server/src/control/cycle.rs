@@ -80,7 +80,8 @@ fn analyze_jobs_in_background(pool: &sqlx::PgPool) {
         let started = Instant::now();
         match db::snapshot::analyze_jobs(&pool).await {
             Ok(()) => {
-                tracing::debug!(took_ms = started.elapsed().as_millis() as u64, "gathered the statistics of jobs")
+                let took_ms = started.elapsed().as_millis() as u64;
+                tracing::debug!(took_ms, "gathered the statistics of jobs");
             }
             Err(error) => tracing::warn!(%error, "could not gather the statistics of jobs"),
         }
