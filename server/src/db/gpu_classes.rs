@@ -139,9 +139,10 @@ pub async fn rates(pool: &PgPool, class_id: GpuClassId) -> Result<Vec<RateRow>, 
     .await
 }
 
-/// Locks a class and returns its version.
+/// Locks a class against other changes and returns its version. Jobs and nodes that point
+/// at the class may still be written meanwhile (see `db::quotas::context_for_update`).
 pub async fn lock(tx: &mut Tx<'_>, id: GpuClassId) -> Result<Option<i64>, sqlx::Error> {
-    let row = sqlx::query!("select version from gpu_classes where id = $1 for update", id as GpuClassId)
+    let row = sqlx::query!("select version from gpu_classes where id = $1 for no key update", id as GpuClassId)
         .fetch_optional(&mut **tx)
         .await?;
     Ok(row.map(|r| r.version))

@@ -64,13 +64,20 @@ pub struct QuotaContext {
 
 /// Reads and locks what a change of `team_id`'s quota for `class_id` must respect. Locks the
 /// class row first: every quota change of a class serialises on it.
+///
+/// `for no key update`, not `for update`: the rows that point at the class (jobs submitted,
+/// nodes an inventory sync writes) check their foreign key with `for key share`, which only
+/// `for update` blocks. An inventory sync holds the catalogue version (its class upsert bumps
+/// it) before it writes nodes, and this change bumps the catalogue version after the lock:
+/// with `for update` the two waited for each other until PostgreSQL broke the deadlock,
+/// and the quota change failed with a 500.
 pub async fn context_for_update(
     tx: &mut Tx<'_>,
     team_id: TeamId,
     parent_id: Option<TeamId>,
     class_id: GpuClassId,
 ) -> Result<QuotaContext, sqlx::Error> {
-    sqlx::query!("select id from gpu_classes where id = $1 for update", class_id as GpuClassId)
+    sqlx::query!("select id from gpu_classes where id = $1 for no key update", class_id as GpuClassId)
         .fetch_optional(&mut **tx)
         .await?;
     let current = sqlx::query_as!(

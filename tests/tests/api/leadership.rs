@@ -88,3 +88,57 @@ async fn a_burst_of_jobs_makes_the_statistics_stale_and_gathering_them_makes_the
     let due = fairway::db::snapshot::passes_due(&pool).await.unwrap();
     assert!(!due.jobs_statistics_stale, "just analysed: {due:?}");
 }
+
+/// The inventory sync's transaction takes the catalogue version (its class upsert bumps it)
+/// and then writes nodes pointing at the class; a quota change locks the class and then bumps
+/// the catalogue version. Interleaved, both must commit: the quota change's lock must not
+/// block the nodes' foreign-key checks, or PostgreSQL breaks a deadlock and the quota change
+/// answers 500 (seen in CI in the Kubernetes suite).
+#[tokio::test]
+async fn a_quota_change_and_an_inventory_sync_interleaved_both_commit() {
+    use fairway::db::{inventory, quotas};
+    let pool = fresh_database().await;
+    let mut setup = pool.begin().await.unwrap();
+    let team = fairway::db::teams::insert(&mut setup, "alpha", None, "Alpha").await.unwrap();
+    let class = inventory::ensure_gpu_class(&mut setup, "h100-80gb", "whole", 81_920, 1000).await.unwrap();
+    let cluster = inventory::ensure_cluster(&mut setup, "sim", "sim").await.unwrap();
+    setup.commit().await.unwrap();
+
+    // The sync's first half: the class upsert, which bumps (and row-locks) the catalogue version.
+    let mut sync = pool.begin().await.unwrap();
+    inventory::ensure_gpu_class(&mut sync, "h100-80gb", "whole", 81_920, 1000).await.unwrap();
+    // The quota change locks the class, then waits for the catalogue version.
+    let mut change = pool.begin().await.unwrap();
+    quotas::context_for_update(&mut change, team.id, None, class).await.unwrap();
+    let quota = tokio::spawn(async move {
+        quotas::upsert(&mut change, team.id, class, 8, 8, None).await?;
+        change.commit().await
+    });
+    // Wait until the quota change is blocked on the catalogue version, not merely started.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let waiting =
+        "select count(*) from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'";
+    while sqlx::query_scalar::<_, i64>(waiting).fetch_one(&pool).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the quota change never waited for the sync");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The sync's second half: nodes of the class, each checking its foreign key.
+    let node = inventory::NodeRow {
+        cluster_id: cluster,
+        cluster: "sim".into(),
+        name: "n0".into(),
+        gpu_class_id: class,
+        gpus: 8,
+        nvlink_domain_size: 8,
+        rack: None,
+        zone: None,
+        elastic: false,
+        spot: false,
+        price_micros_per_gpu_hour: None,
+    };
+    inventory::replace_nodes(&mut sync, cluster, &[node]).await.expect("the sync writes its nodes");
+    sync.commit().await.expect("the sync commits");
+    quota.await.unwrap().expect("the quota change commits");
+    let set = quotas::get(&pool, team.id, class).await.unwrap().expect("the quota is set");
+    assert_eq!((set.reserved, set.burst), (8, 8));
+}
