@@ -18,7 +18,6 @@ use super::{
 };
 use crate::{
     auth::{policy::TeamAccess, CatalogueVersion, Principal},
-    db,
     domain::{
         service::{ReplicaCounts, ServiceState},
         ServiceId,
@@ -169,8 +168,7 @@ pub async fn list_services(
     ListQuery(params): ListQuery<PageParams>,
 ) -> Result<Json<Page<ServiceView>>, ApiError> {
     let page = PageRequest::parse(params)?;
-    let rows = db::services::list(&state.db, access.team.id, page.after_number()?, page.fetch()).await?;
-    let statuses = services::statuses(&state, rows).await?;
+    let statuses = services::list(&state, access.team.id, page.after_number()?, page.fetch()).await?;
     Ok(Json(page.page(statuses, |s| s.service.seq.to_string(), |s| ServiceView::of(s, false))))
 }
 
@@ -228,7 +226,6 @@ pub async fn delete_service(
     Extension(access): Extension<TeamAccess>,
     Path(path): Path<(String, String)>,
 ) -> Result<Json<ServiceView>, ApiError> {
-    let row = services::delete(&state, &principal, &access.team, &path.1).await?;
-    let status = services::statuses(&state, vec![row]).await?.pop().ok_or(ApiError::NotFound("service"))?;
+    let status = services::delete(&state, &principal, &access.team, &path.1).await?;
     Ok(Json(ServiceView::of(status, false)))
 }

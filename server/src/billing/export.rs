@@ -496,8 +496,7 @@ where
     F: FnMut(Vec<u8>) -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let mut tx = pool.begin().await?;
-    sqlx::query("set transaction isolation level repeatable read, read only").execute(&mut *tx).await?;
+    let mut tx = crate::db::read_snapshot(pool).await?;
     let mut exporter = Exporter::new(format, period, currency);
     if !sink(exporter.header()).await {
         return Err(ExportError::Closed);

@@ -520,7 +520,11 @@ pub async fn array_tasks(
 
 /// The replicas of service `id` that run or will, or still give GPUs back, and those
 /// that ended since `since`, in slot order (newest first within a slot).
-pub async fn service_replicas(pool: &PgPool, id: ServiceId, since: DateTime<Utc>) -> Result<Vec<JobRow>, sqlx::Error> {
+pub async fn service_replicas(
+    db: impl sqlx::PgExecutor<'_>,
+    id: ServiceId,
+    since: DateTime<Utc>,
+) -> Result<Vec<JobRow>, sqlx::Error> {
     select_jobs!(
         r#"where j.service_id = $1
              and (j.state in ('pending', 'admitted', 'running') or j.holds_gpus or j.finished_at >= $2)
@@ -528,7 +532,7 @@ pub async fn service_replicas(pool: &PgPool, id: ServiceId, since: DateTime<Utc>
         id as ServiceId,
         since
     )
-    .fetch_all(pool)
+    .fetch_all(db)
     .await
 }
 

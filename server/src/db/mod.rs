@@ -48,6 +48,14 @@ pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
 /// A transaction on the service's database.
 pub type Tx<'a> = Transaction<'a, Postgres>;
 
+/// Opens a read-only transaction that sees the database at one instant (repeatable read):
+/// what a caller reads in several statements agrees, as if read in one.
+pub async fn read_snapshot(pool: &PgPool) -> Result<Tx<'static>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query!("set transaction isolation level repeatable read, read only").execute(&mut *tx).await?;
+    Ok(tx)
+}
+
 /// Opens a connection pool.
 pub async fn connect(options: sqlx::postgres::PgConnectOptions, max_connections: u32) -> Result<PgPool, sqlx::Error> {
     PgPoolOptions::new()
@@ -68,8 +76,9 @@ pub async fn ping(pool: &PgPool) -> bool {
 
 /// True when `error` means the database cannot serve right now (connection refused or lost,
 /// pool exhausted or closed, server starting or shutting down, out of disk, memory or
-/// connections), as opposed to a query that failed: the first is a 503 worth retrying, the
-/// second a bug.
+/// connections) or rolled the transaction back whole because of a concurrent one (a deadlock
+/// or a serialization failure), as opposed to a query that failed: the first is a 503 worth
+/// retrying, with nothing half-written, the second a bug.
 pub fn is_unavailable(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) | sqlx::Error::Tls(_) => true,
@@ -77,8 +86,11 @@ pub fn is_unavailable(error: &sqlx::Error) -> bool {
         sqlx::Error::Database(e) => e.code().is_some_and(|code| {
             // Class 08: connection exception; class 53: insufficient resources (disk full,
             // out of memory, too many connections); 57P01-03: admin or crash shutdown,
-            // cannot connect now.
-            code.starts_with("08") || code.starts_with("53") || matches!(&*code, "57P01" | "57P02" | "57P03")
+            // cannot connect now; 40001 and 40P01: serialization failure and deadlock, the
+            // transaction rolled back and the same request will go through.
+            code.starts_with("08")
+                || code.starts_with("53")
+                || matches!(&*code, "57P01" | "57P02" | "57P03" | "40001" | "40P01")
         }),
         _ => false,
     }

@@ -105,15 +105,19 @@ pub async fn get(
 }
 
 /// Service `id` of `team_id`, deleted or not.
-pub async fn by_id(pool: &PgPool, team_id: TeamId, id: ServiceId) -> Result<Option<ServiceRow>, sqlx::Error> {
+pub async fn by_id(
+    db: impl sqlx::PgExecutor<'_>,
+    team_id: TeamId,
+    id: ServiceId,
+) -> Result<Option<ServiceRow>, sqlx::Error> {
     select_services!(r#"where s.team_id = $1 and s.id = $2"#, team_id as TeamId, id as ServiceId)
-        .fetch_optional(pool)
+        .fetch_optional(db)
         .await
 }
 
 /// A team's live services, oldest first, after `after_seq` when given.
 pub async fn list(
-    pool: &PgPool,
+    db: impl sqlx::PgExecutor<'_>,
     team_id: TeamId,
     after_seq: Option<i64>,
     limit: i64,
@@ -126,7 +130,7 @@ pub async fn list(
         after_seq,
         limit
     )
-    .fetch_all(pool)
+    .fetch_all(db)
     .await
 }
 
@@ -304,7 +308,7 @@ pub struct Endpoint {
 }
 
 /// The endpoints of services `ids`, by cluster name.
-pub async fn endpoints(pool: &PgPool, ids: &[ServiceId]) -> Result<Vec<Endpoint>, sqlx::Error> {
+pub async fn endpoints(db: impl sqlx::PgExecutor<'_>, ids: &[ServiceId]) -> Result<Vec<Endpoint>, sqlx::Error> {
     sqlx::query_as!(
         Endpoint,
         r#"select e.service_id as "service_id: ServiceId", c.name as cluster, e.address
@@ -313,7 +317,7 @@ pub async fn endpoints(pool: &PgPool, ids: &[ServiceId]) -> Result<Vec<Endpoint>
            order by e.service_id, c.name"#,
         ids as &[ServiceId]
     )
-    .fetch_all(pool)
+    .fetch_all(db)
     .await
 }
 

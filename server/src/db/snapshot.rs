@@ -185,8 +185,7 @@ pub async fn snapshot_rows(
     half_life_seconds: f64,
     live: &mut LiveJobs,
 ) -> Result<SnapshotRows, sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query!("set transaction isolation level repeatable read, read only").execute(&mut *tx).await?;
+    let mut tx = super::read_snapshot(pool).await?;
     // The first query fixes the transaction's snapshot; its xmin is where the next read of
     // changed jobs starts (see the migration that adds `jobs.changed_in`).
     let at = sqlx::query!(r#"select now() as "now!", pg_snapshot_xmin(pg_current_snapshot())::text::int8 as "xmin!""#)

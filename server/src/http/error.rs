@@ -223,8 +223,15 @@ impl IntoResponse for ApiError {
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-        if let ApiError::TooManyAttempts { retry_after } = self {
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_seconds(retry_after)));
+        match &self {
+            ApiError::TooManyAttempts { retry_after } => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_seconds(*retry_after)));
+            }
+            // Brief by nature (a lost connection, a deadlock's rollback): say when to try.
+            ApiError::Unavailable(_) | ApiError::Timeout => {
+                headers.insert(header::RETRY_AFTER, HeaderValue::from(1));
+            }
+            _ => {}
         }
         if matches!(self, ApiError::Unauthenticated) {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"fairway\""));

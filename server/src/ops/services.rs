@@ -335,8 +335,9 @@ async fn judge(
 }
 
 /// Deletes the service `name` of `team`, audited: its replicas stop at the next cycle (with
-/// their grace period), its name is free again, its bills remain.
-pub async fn delete(state: &AppState, principal: &Principal, team: &TeamRow, name: &str) -> Result<ServiceRow> {
+/// their grace period), its name is free again, its bills remain. Answers the service as
+/// deleted.
+pub async fn delete(state: &AppState, principal: &Principal, team: &TeamRow, name: &str) -> Result<Status> {
     let mut tx = state.db.begin().await?;
     let before = db::services::lock(&mut tx, team.id, name).await?.ok_or(Error::NotFound("service"))?;
     db::services::delete(&mut tx, before.id).await?;
@@ -353,24 +354,42 @@ pub async fn delete(state: &AppState, principal: &Principal, team: &TeamRow, nam
     .await?;
     tx.commit().await?;
     state.wake_scheduler();
-    db::services::by_id(&state.db, team.id, before.id).await?.ok_or(Error::NotFound("service"))
+    let mut tx = db::read_snapshot(&state.db).await?;
+    let deleted = db::services::by_id(&mut *tx, team.id, before.id).await?.ok_or(Error::NotFound("service"))?;
+    let status = summarise(&mut tx, vec![deleted]).await?.pop().expect("one service in, one out");
+    tx.commit().await?;
+    Ok(status)
 }
 
 /// The service `name` of `team_id` as people see it, with its replica jobs.
 pub async fn status(state: &AppState, team_id: TeamId, name: &str) -> Result<Status> {
-    let service = db::services::get(&state.db, team_id, name).await?.ok_or(Error::NotFound("service"))?;
-    let jobs = db::jobs::service_replicas(&state.db, service.id, service.changed_at).await?;
-    let status = statuses(state, vec![service]).await?.pop().expect("one service in, one out");
+    // One snapshot: read apart, the jobs could still say "admitted" while the counts beside
+    // them, read a moment later, already said "ready".
+    let mut tx = db::read_snapshot(&state.db).await?;
+    let service = db::services::get(&mut *tx, team_id, name).await?.ok_or(Error::NotFound("service"))?;
+    let jobs = db::jobs::service_replicas(&mut *tx, service.id, service.changed_at).await?;
+    let status = summarise(&mut tx, vec![service]).await?.pop().expect("one service in, one out");
+    tx.commit().await?;
     Ok(Status { replicas: jobs, ..status })
 }
 
-/// Services as people see them, in the order given, without their replica jobs (a list
-/// shows counts; one service's page or answer reads the jobs, [`status`]): three reads
-/// however many services.
-pub async fn statuses(state: &AppState, services: Vec<ServiceRow>) -> Result<Vec<Status>> {
+/// A team's live services as people see them, oldest first, after `after_seq` when given,
+/// without their replica jobs (a list shows counts; one service's page or answer reads the
+/// jobs, [`status`]): three reads of one snapshot however many services.
+pub async fn list(state: &AppState, team_id: TeamId, after_seq: Option<i64>, limit: i64) -> Result<Vec<Status>> {
+    let mut tx = db::read_snapshot(&state.db).await?;
+    let services = db::services::list(&mut *tx, team_id, after_seq, limit).await?;
+    let statuses = summarise(&mut tx, services).await?;
+    tx.commit().await?;
+    Ok(statuses)
+}
+
+/// `services` as people see them, in the order given, from their replicas and endpoints as
+/// `tx` sees them.
+async fn summarise(tx: &mut db::Tx<'_>, services: Vec<ServiceRow>) -> Result<Vec<Status>> {
     let ids: Vec<ServiceId> = services.iter().map(|s| s.id).collect();
-    let seen = db::services::replicas(&state.db, &ids).await?;
-    let mut endpoints = db::services::endpoints(&state.db, &ids).await?;
+    let seen = db::services::replicas(&mut **tx, &ids).await?;
+    let mut endpoints = db::services::endpoints(&mut **tx, &ids).await?;
     let mut out = Vec::with_capacity(services.len());
     for s in services {
         let replicas: Vec<_> =

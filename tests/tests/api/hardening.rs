@@ -164,3 +164,49 @@ async fn an_early_refusal_of_an_unread_body_says_connection_close_and_a_served_r
     assert!(!response.to_ascii_lowercase().contains("connection: close"), "{response}");
     assert!(!closed, "a served request keeps the connection alive");
 }
+
+#[tokio::test]
+async fn a_transaction_a_deadlock_rolled_back_answers_503_with_retry_after_not_500() {
+    use axum::response::IntoResponse as _;
+    let pool = fairway_tests::fresh_database().await;
+    sqlx::raw_sql("create table pair (id int primary key, v int); insert into pair values (1, 0), (2, 0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Two transactions take the two rows in opposite orders: PostgreSQL rolls one back.
+    let bump = "update pair set v = v + 1 where id = $1";
+    let mut first = pool.begin().await.unwrap();
+    let mut second = pool.begin().await.unwrap();
+    sqlx::query(bump).bind(1).execute(&mut *first).await.unwrap();
+    sqlx::query(bump).bind(2).execute(&mut *second).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        sqlx::query(bump).bind(2).execute(&mut *first).await?;
+        first.commit().await
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let locks = "select count(*) from pg_stat_activity where datname = current_database() and wait_event_type = 'Lock'";
+    while sqlx::query_scalar::<_, i64>(locks).fetch_one(&pool).await.unwrap() == 0 {
+        assert!(std::time::Instant::now() < deadline, "the first transaction never waited for the second");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let closing = async {
+        sqlx::query(bump).bind(1).execute(&mut *second).await?;
+        second.commit().await
+    }
+    .await;
+    let outcomes = [waiting.await.unwrap(), closing];
+    let failed: Vec<sqlx::Error> = outcomes.into_iter().filter_map(Result::err).collect();
+    assert_eq!(failed.len(), 1, "exactly one of the two is rolled back: {failed:?}");
+    let error = failed.into_iter().next().unwrap();
+    assert_eq!(
+        error.as_database_error().and_then(sqlx::error::DatabaseError::code).as_deref(),
+        Some("40P01"),
+        "{error}"
+    );
+
+    let answer = fairway::http::error::ApiError::from(fairway::ops::Error::from(error)).into_response();
+    assert_eq!(answer.status(), 503, "worth retrying, and nothing half-written");
+    assert_eq!(answer.headers().get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    let total: i64 = sqlx::query_scalar("select sum(v)::int8 from pair").fetch_one(&pool).await.unwrap();
+    assert_eq!(total, 2, "the survivor's two updates, none of the rolled back one's");
+}

@@ -38,10 +38,15 @@ async fn create(app: &TestApp, token: &str, body: Value) -> Value {
     r.json()
 }
 
+/// Reads service `name`, checking that its counts and its replica jobs tell the same story
+/// (they are read at one instant).
 async fn read(app: &TestApp, token: &str, name: &str) -> Value {
     let r = app.send(call("GET", &format!("/api/v1/teams/ml/services/{name}")).token(token)).await;
     r.assert_status(200);
-    r.json()
+    let s = r.json();
+    let running_jobs = replicas(&s, "running").len();
+    assert_eq!(usize::try_from(running(&s)).ok(), Some(running_jobs), "counts agree with the replica jobs: {s:#}");
+    s
 }
 
 async fn patch(app: &TestApp, token: &str, name: &str, body: Value) -> Value {

@@ -136,7 +136,7 @@ impl From<ops::Error> for PageError {
                 Self {
                     status: StatusCode::SERVICE_UNAVAILABLE,
                     title: "Briefly unavailable",
-                    message: "The service cannot reach its database right now. Try again in a moment.".into(),
+                    message: "The service is briefly unavailable. Nothing was changed; try again in a moment.".into(),
                 }
             }
             // The portal never authorises from cached credentials; seeing this is a bug.

@@ -123,8 +123,7 @@ async fn services_page(
     form: CreateForm,
     error: Option<String>,
 ) -> Result<Response, PageError> {
-    let rows = db::services::list(&state.db, team.id, None, SERVICES_SHOWN).await?;
-    let statuses = ops::services::statuses(state, rows).await?;
+    let statuses = ops::services::list(state, team.id, None, SERVICES_SHOWN).await?;
     let classes = db::quotas::list(&state.db, team.id).await?.into_iter().map(|q| q.gpu_class).collect();
     Ok(render(&ServicesPage {
         signed_in: Some(signed_in(user)),
