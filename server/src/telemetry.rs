@@ -51,6 +51,11 @@ const PHASE_BUCKETS: [f64; 13] = [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 
 /// `passes`: releasing jobs whose dependencies are met and array tasks, starting and stopping
 /// services' replicas; `read`: the snapshot; `engine`: the decisions; `write`: recording them.
 pub const CYCLE_PHASES: [&str; 4] = ["passes", "read", "engine", "write"];
+/// The phases of a reconciler pass over one cluster, as labelled in
+/// `fairway_reconcile_phase_seconds`. `list`: the backend's objects and the jobs holding GPUs
+/// there; `logs`: the last lines of ended attempts; `write`: recording starts and ends;
+/// `cleanup`: stopping and deleting objects.
+pub const RECONCILE_PHASES: [&str; 4] = ["list", "logs", "write", "cleanup"];
 /// Upper bounds of the admission-latency and queue-wait histograms, in seconds.
 const WAIT_BUCKETS: [f64; 12] = [0.1, 0.5, 1.0, 5.0, 15.0, 60.0, 300.0, 900.0, 3600.0, 14_400.0, 43_200.0, 86_400.0];
 
@@ -164,6 +169,7 @@ pub struct Metrics {
     capacity: Family<ClassLabels, Gauge>,
     cycles: Histogram,
     cycle_phases: Histograms<PhaseLabels>,
+    reconcile_phases: Histograms<PhaseLabels>,
     admission_latency: Histograms<WaitLabels>,
     queue_wait: Histograms<WaitLabels>,
     preemptions: Family<ReasonLabels, Counter>,
@@ -192,6 +198,7 @@ impl Default for Metrics {
             capacity: Family::default(),
             cycles: Histogram::new(CYCLE_BUCKETS),
             cycle_phases: Family::new_with_constructor(|| Histogram::new(PHASE_BUCKETS)),
+            reconcile_phases: Family::new_with_constructor(|| Histogram::new(PHASE_BUCKETS)),
             admission_latency: waits(),
             queue_wait: waits(),
             preemptions: Family::default(),
@@ -239,6 +246,11 @@ impl Metrics {
             "fairway_scheduling_cycle_phase_seconds",
             "One phase of a scheduling cycle: passes (releasing waiting jobs, services' replicas), read (the snapshot), engine (the decisions) or write (recording them)",
             self.cycle_phases.clone(),
+        );
+        p.register(
+            "fairway_reconcile_phase_seconds",
+            "One phase of a reconciler pass over one cluster: list (the backend's objects and the jobs holding GPUs there), logs (ended attempts' last lines), write (recording starts and ends) or cleanup (stopping and deleting objects)",
+            self.reconcile_phases.clone(),
         );
         p.register(
             "fairway_admission_latency_seconds",
@@ -318,6 +330,9 @@ impl Metrics {
         for phase in CYCLE_PHASES {
             drop(self.cycle_phases.get_or_create(&PhaseLabels { phase }));
         }
+        for phase in RECONCILE_PHASES {
+            drop(self.reconcile_phases.get_or_create(&PhaseLabels { phase }));
+        }
         for outcome in ["delivered", "retrying", "failed"] {
             drop(self.webhook_attempts.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }));
         }
@@ -335,6 +350,13 @@ impl Metrics {
     pub fn cycle_phases(&self, took: [Duration; CYCLE_PHASES.len()]) {
         for (phase, took) in CYCLE_PHASES.into_iter().zip(took) {
             self.cycle_phases.get_or_create(&PhaseLabels { phase }).observe(took.as_secs_f64());
+        }
+    }
+
+    /// Records how long each phase of a reconciler pass took, in [`RECONCILE_PHASES`]' order.
+    pub fn reconcile_phases(&self, took: [Duration; RECONCILE_PHASES.len()]) {
+        for (phase, took) in RECONCILE_PHASES.into_iter().zip(took) {
+            self.reconcile_phases.get_or_create(&PhaseLabels { phase }).observe(took.as_secs_f64());
         }
     }
 
@@ -536,11 +558,15 @@ mod tests {
     }
 
     #[test]
-    fn each_phase_of_a_cycle_is_its_own_series() {
+    fn each_phase_of_a_cycle_and_of_a_reconciler_pass_is_its_own_series() {
         let metrics = Metrics::default();
         metrics.cycle_phases([1, 8, 2, 30].map(Duration::from_millis));
+        metrics.reconcile_phases([40, 700, 3, 0].map(Duration::from_millis));
         let text = metrics.render((1, 1), Tenants::Hidden);
         for series in [
+            "fairway_reconcile_phase_seconds_sum{phase=\"logs\"} 0.7",
+            "fairway_reconcile_phase_seconds_bucket{le=\"0.05\",phase=\"list\"} 1",
+            "fairway_reconcile_phase_seconds_count{phase=\"cleanup\"} 1",
             "fairway_scheduling_cycle_phase_seconds_sum{phase=\"read\"} 0.008",
             "fairway_scheduling_cycle_phase_seconds_sum{phase=\"engine\"} 0.002",
             "fairway_scheduling_cycle_phase_seconds_bucket{le=\"0.025\",phase=\"write\"} 0",

@@ -17,6 +17,8 @@ pub mod sim;
 
 use std::{collections::BTreeMap, time::Duration};
 
+use futures_util::StreamExt as _;
+
 use crate::domain::JobId;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -319,6 +321,9 @@ pub struct LogQuery {
     pub limit: usize,
 }
 
+/// Reads [`Backend::logs_many`] has in flight at once when the backend reads one log per call.
+pub const LOG_READS_AT_ONCE: usize = 8;
+
 /// A failed backend call.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -395,6 +400,17 @@ pub trait Backend: Send + Sync {
     /// when the replica has not started or its log is gone; the collector
     /// (`control::logs`) keeps what it read, so nothing here needs to last.
     async fn logs(&self, query: &LogQuery) -> Result<Vec<LogLine>, BackendError>;
+
+    /// Answers several [`LogQuery`]s, one answer per query in their order, as
+    /// [`Backend::logs`] answers each; a few at a time unless the backend can read many in
+    /// one call. The reconciler reads the last lines of every attempt that ended in a pass,
+    /// thousands after a burst of short jobs.
+    async fn logs_many(&self, queries: &[LogQuery]) -> Vec<Result<Vec<LogLine>, BackendError>> {
+        // The reads made before they are streamed: a closure inside the stream would make
+        // the future's `Send` bound depend on a higher-ranked lifetime the compiler cannot prove.
+        let reads: Vec<_> = queries.iter().map(|query| self.logs(query)).collect();
+        futures_util::stream::iter(reads).buffered(LOG_READS_AT_ONCE).collect().await
+    }
 
     /// Removes several objects, as [`Backend::delete`] does each; backends that can remove
     /// many in one call do.

@@ -489,6 +489,28 @@ impl Backend for SimBackend {
         Ok(log_lines(&row, &log, Utc::now(), query.since, query.limit))
     }
 
+    async fn logs_many(&self, queries: &[LogQuery]) -> Vec<Result<Vec<LogLine>, BackendError>> {
+        let names: Vec<&str> = queries.iter().map(|q| q.object.as_str()).collect();
+        let found = match db::sim::find_many(&self.pool, &self.config.cluster, &names).await {
+            Ok(found) => found,
+            Err(e) => {
+                let e = e.to_string();
+                return queries.iter().map(|_| Err(BackendError::Transient(e.clone()))).collect();
+            }
+        };
+        let by_name: HashMap<&str, &(db::sim::SimObjectRow, serde_json::Value)> =
+            found.iter().map(|found| (found.0.name.as_str(), found)).collect();
+        let now = Utc::now();
+        queries
+            .iter()
+            .map(|query| {
+                let Some((row, spec)) = by_name.get(query.object.as_str()) else { return Ok(Vec::new()) };
+                let Some(log) = SimLog::of(row, spec, query.replica) else { return Ok(Vec::new()) };
+                Ok(log_lines(row, &log, now, query.since, query.limit))
+            })
+            .collect()
+    }
+
     async fn delete(&self, object: &str) -> Result<(), BackendError> {
         let found = db::sim::delete(&self.pool, &self.config.cluster, object).await?;
         tracing::debug!(object, found, "sim object deleted");

@@ -333,8 +333,10 @@ pub struct Phase {
     pub p99_bound: f64,
 }
 
-/// The cycle phases' histograms (`fairway_scheduling_cycle_phase_seconds`) at one instant,
-/// cumulative since the service started: cycles, seconds and buckets per phase.
+/// The phases' histograms at one instant, cumulative since the service started: cycles,
+/// seconds and buckets per phase. A scheduling cycle's phases
+/// (`fairway_scheduling_cycle_phase_seconds`) go by their names, `read`; a reconciler
+/// pass's (`fairway_reconcile_phase_seconds`) as `reconcile <name>`, `reconcile logs`.
 #[derive(Debug, Clone, Default)]
 pub struct PhaseCounters(BTreeMap<String, Counters>);
 
@@ -349,10 +351,14 @@ struct Counters {
 impl PhaseCounters {
     /// Reads the histograms from a `/metrics` text.
     pub fn parse(text: &str) -> Self {
-        const NAME: &str = "fairway_scheduling_cycle_phase_seconds";
+        const NAMES: [(&str, &str); 2] =
+            [("fairway_scheduling_cycle_phase_seconds", ""), ("fairway_reconcile_phase_seconds", "reconcile ")];
         let mut phases: BTreeMap<String, Counters> = BTreeMap::new();
         for line in text.lines() {
-            let Some(rest) = line.strip_prefix(NAME) else { continue };
+            let Some((rest, prefix)) = NAMES.iter().find_map(|(name, prefix)| Some((line.strip_prefix(name)?, prefix)))
+            else {
+                continue;
+            };
             let Some((series, value)) = rest.rsplit_once(' ') else { continue };
             let Ok(value) = value.parse::<f64>() else { continue };
             let Some((kind, labels)) = series.split_once('{') else { continue };
@@ -363,7 +369,7 @@ impl PhaseCounters {
                 .map(|(k, v)| (k, v.trim_matches('"')))
                 .collect();
             let Some(phase) = labels.get("phase") else { continue };
-            let entry = phases.entry((*phase).to_owned()).or_default();
+            let entry = phases.entry(format!("{prefix}{phase}")).or_default();
             match kind {
                 "_count" => entry.cycles = value,
                 "_sum" => entry.seconds = value,
@@ -495,15 +501,30 @@ mod tests {
     }
 
     #[test]
-    fn cycle_phases_are_read_from_the_metrics_text_over_a_stretch_of_time() {
+    fn cycle_and_reconcile_phases_are_read_from_the_metrics_text_over_a_stretch_of_time() {
         let metrics = crate::telemetry::Metrics::default();
         let at_start = PhaseCounters::parse(&metrics.render((1, 1), crate::telemetry::Tenants::Hidden));
         for ms in [2, 3, 40] {
             metrics.cycle_phases([ms, ms, 1, ms * 2].map(Duration::from_millis));
         }
+        metrics.reconcile_phases([5, 1_200, 30, 2].map(Duration::from_millis));
         let first = PhaseCounters::parse(&metrics.render((1, 1), crate::telemetry::Tenants::Hidden));
         let phases = first.since(&at_start);
-        assert_eq!(phases.keys().collect::<Vec<_>>(), vec!["engine", "passes", "read", "write"]);
+        assert_eq!(
+            phases.keys().collect::<Vec<_>>(),
+            vec![
+                "engine",
+                "passes",
+                "read",
+                "reconcile cleanup",
+                "reconcile list",
+                "reconcile logs",
+                "reconcile write",
+                "write"
+            ]
+        );
+        let logs = phases["reconcile logs"];
+        assert_eq!((logs.cycles, logs.p99_bound), (1.0, 2.5), "one pass, its 1.2 s of logs in the 2.5 s bucket");
         let read = phases["read"];
         assert_eq!(read.cycles, 3.0);
         assert!((read.seconds - 0.045).abs() < 1e-9, "{read:?}");

@@ -354,6 +354,18 @@ fn print(runs: &[Run], out: &mut dyn Write) -> anyhow::Result<()> {
             "",
         )?;
     }
+    row(out, "reconciler passes", &|r| format!("{:.0}", r.phase("reconcile list").cycles), "")?;
+    for phase in crate::telemetry::RECONCILE_PHASES {
+        row(
+            out,
+            &format!("reconcile {phase}: mean ms / p99 bucket"),
+            &|r| {
+                let p = r.phase(&format!("reconcile {phase}"));
+                format!("{:.1} / <= {}", 1e3 * p.seconds / p.cycles.max(1.0), bound_ms(p.p99_bound))
+            },
+            "",
+        )?;
+    }
     row(
         out,
         "leadership changes (a standby contends)",

@@ -41,8 +41,13 @@ const PAGE: usize = 1_000;
 /// collector read still has its end kept, up to this many pages.
 const LAST_PAGES: usize = 20;
 
-/// Backend reads in flight at once per pass.
+/// Backend reads in flight at once per pass, for the pages after the first.
 const CONCURRENT_READS: usize = 8;
+
+/// Replicas whose first page one [`Backend::logs_many`] call asks for: a backend that reads
+/// them one by one does [`crate::backends::LOG_READS_AT_ONCE`] at a time, well within
+/// [`READ_TIMEOUT`]; the simulated cluster answers all in one statement.
+const ASKS_PER_CALL: usize = 256;
 
 /// The longest one backend read may take: a slow log service must not hold up the
 /// reconciler, which reads ended attempts' last lines before it records their ends.
@@ -154,14 +159,7 @@ pub async fn collect(
                 (!cursor.is_some_and(|c| c.complete)).then_some((*key, from, last))
             })
             .collect();
-        let reads: Vec<(LogKey, Position, Result<Read, BackendError>)> = stream::iter(asks)
-            .map(|(key, from, last)| async move {
-                let read = read_replica(backend, key, from.clone(), last).await;
-                (key, from, read)
-            })
-            .buffer_unordered(CONCURRENT_READS)
-            .collect()
-            .await;
+        let reads = read_all(backend, asks).await;
         let mut tx = leader_tx(ctx, epoch).await?;
         let read_keys: Vec<LogKey> = reads.iter().map(|r| r.0).collect();
         let locked: HashMap<LogKey, Cursor> = db::logs::lock_cursors(&mut tx, &read_keys)
@@ -213,22 +211,60 @@ pub async fn collect(
 /// New lines of one replica and the position after them.
 type Read = (Vec<(DateTime<Utc>, String)>, Position);
 
-/// Reads one replica's new lines after `from`: one page, or for an ended attempt pages until
-/// one comes back short (at most [`LAST_PAGES`]).
-async fn read_replica(backend: &dyn Backend, key: LogKey, from: Position, last: bool) -> Result<Read, BackendError> {
+/// Reads each ask's replica's new lines after its position: the first page of every one
+/// through [`Backend::logs_many`], [`ASKS_PER_CALL`] a call, then, for an ended attempt's
+/// replica whose page came back full, more pages one by one (at most [`LAST_PAGES`]).
+async fn read_all(
+    backend: &dyn Backend,
+    asks: Vec<(LogKey, Position, bool)>,
+) -> Vec<(LogKey, Position, Result<Read, BackendError>)> {
+    let mut firsts = Vec::with_capacity(asks.len());
+    for chunk in asks.chunks(ASKS_PER_CALL) {
+        let queries: Vec<LogQuery> = chunk.iter().map(|(key, from, _)| query(*key, from)).collect();
+        match tokio::time::timeout(READ_TIMEOUT, backend.logs_many(&queries)).await {
+            Ok(pages) => firsts.extend(pages),
+            Err(_) => firsts.extend(chunk.iter().map(|(key, _, _)| {
+                Err(BackendError::Transient(format!("reading the log of {} took too long", object_name(key.0, key.1))))
+            })),
+        }
+    }
+    stream::iter(asks.into_iter().zip(firsts))
+        .map(|((key, from, last), first)| async move {
+            let read = match first {
+                Ok(page) => read_on(backend, key, from.clone(), page, last).await,
+                Err(e) => Err(e),
+            };
+            (key, from, read)
+        })
+        .buffer_unordered(CONCURRENT_READS)
+        .collect()
+        .await
+}
+
+/// The query for one replica's lines after `from`.
+fn query(key: LogKey, from: &Position) -> LogQuery {
     let (job, attempt, replica) = key;
-    let mut query = LogQuery {
+    LogQuery {
         object: object_name(job, attempt),
         replica: u32::try_from(replica).unwrap_or(0),
         since: from.at,
         limit: PAGE,
-    };
+    }
+}
+
+/// One replica's new lines from its first `page`, read after `from`, and, for an ended
+/// attempt (`last`) while the pages come back full, the pages after it.
+async fn read_on(
+    backend: &dyn Backend,
+    key: LogKey,
+    from: Position,
+    mut page: Vec<LogLine>,
+    last: bool,
+) -> Result<Read, BackendError> {
+    let mut query = query(key, &from);
     let mut lines = Vec::new();
     let mut position = from;
-    for _ in 0..if last { LAST_PAGES } else { 1 } {
-        let page = tokio::time::timeout(READ_TIMEOUT, backend.logs(&query))
-            .await
-            .map_err(|_| BackendError::Transient(format!("reading the log of {} took too long", query.object)))??;
+    for pages in 1.. {
         let full = page.len() >= query.limit;
         let (new, to) = fresh(&position, page);
         if new.is_empty() {
@@ -236,10 +272,13 @@ async fn read_replica(backend: &dyn Backend, key: LogKey, from: Position, last: 
         }
         lines.extend(new);
         position = to;
-        query.since = position.at;
-        if !full {
+        if !full || !last || pages >= LAST_PAGES {
             break;
         }
+        query.since = position.at;
+        page = tokio::time::timeout(READ_TIMEOUT, backend.logs(&query))
+            .await
+            .map_err(|_| BackendError::Transient(format!("reading the log of {} took too long", query.object)))??;
     }
     Ok((lines, position))
 }

@@ -67,6 +67,7 @@ pub async fn reconcile(
     backend: &dyn Backend,
 ) -> Result<ReconcileReport, ControlError> {
     let mut report = ReconcileReport::default();
+    let mut clock = PhaseClock::start();
     // Read the backend first: any job whose object was created before this instant must
     // appear in the list.
     let listed_at = Utc::now();
@@ -112,6 +113,7 @@ pub async fn reconcile(
             }),
         }
     }
+    clock.lap();
     // Their last lines first: once the end is recorded, a client that saw it reads the log,
     // and once the object is deleted the backend may have nothing left to read.
     let ran: Vec<(JobId, i32)> =
@@ -146,6 +148,7 @@ pub async fn reconcile(
         let (job_id, attempt) = (job.id, job.attempt);
         ended.push(Ended { job_id, attempt, outcome, started_at: None, ended_at: Utc::now(), object: String::new() });
     }
+    clock.lap();
     // A lost node must leave the inventory before its jobs requeue, or the next cycle could
     // place them on it again.
     if ended.iter().any(|e| e.outcome == Outcome::NodeLost) {
@@ -180,6 +183,7 @@ pub async fn reconcile(
         crate::metering::ledger::book_many(&mut tx, &closed, None, &ctx.config.pricing).await?;
         tx.commit().await?;
     }
+    clock.lap();
     // Stops first: a delete that fails must not hold back a stop. Each failure is retried by
     // the next pass, which finds the object as it is.
     for (object, grace) in stops {
@@ -192,7 +196,31 @@ pub async fn reconcile(
             tracing::warn!(cluster, error = %e, "deleting finished objects failed; the next pass retries");
         }
     }
+    clock.lap();
+    ctx.metrics.reconcile_phases(clock.took);
     Ok(report)
+}
+
+/// Times the phases of one pass ([`crate::telemetry::RECONCILE_PHASES`]), each lap ending one.
+struct PhaseClock {
+    took: [Duration; crate::telemetry::RECONCILE_PHASES.len()],
+    phase: usize,
+    since: std::time::Instant,
+}
+
+impl PhaseClock {
+    fn start() -> Self {
+        Self { took: Default::default(), phase: 0, since: std::time::Instant::now() }
+    }
+
+    fn lap(&mut self) {
+        let now = std::time::Instant::now();
+        if let Some(slot) = self.took.get_mut(self.phase) {
+            *slot = now - self.since;
+        }
+        self.phase += 1;
+        self.since = now;
+    }
 }
 
 /// An object no job holds. A finished object of an attempt already ended (the reconciler

@@ -124,35 +124,49 @@ pub async fn find(
     cluster: &str,
     name: &str,
 ) -> Result<Option<(SimObjectRow, serde_json::Value)>, sqlx::Error> {
-    let row = sqlx::query!(
+    Ok(find_many(pool, cluster, &[name]).await?.pop())
+}
+
+/// The objects named `names` that exist, each with the spec it was created from, in one
+/// statement.
+pub async fn find_many(
+    pool: &PgPool,
+    cluster: &str,
+    names: &[&str],
+) -> Result<Vec<(SimObjectRow, serde_json::Value)>, sqlx::Error> {
+    let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+    let rows = sqlx::query!(
         r#"select name, job_id as "job_id: JobId", attempt, created_at,
                   coalesce((spec->>'start_delay_ms')::bigint, 0) as "start_delay_ms!",
                   run_ms, exit_code,
                   (spec->>'deadline_ms')::bigint as deadline_ms,
                   lost_after_ms, stop_requested_at, grace_ms, checkpoint_ms, spec
-           from sim_objects where cluster = $1 and name = $2"#,
+           from sim_objects where cluster = $1 and name = any($2)"#,
         cluster,
-        name
+        &names
     )
-    .fetch_optional(pool)
+    .fetch_all(pool)
     .await?;
-    Ok(row.map(|r| {
-        let object = SimObjectRow {
-            name: r.name,
-            job_id: r.job_id,
-            attempt: r.attempt,
-            created_at: r.created_at,
-            start_delay_ms: r.start_delay_ms,
-            run_ms: r.run_ms,
-            exit_code: r.exit_code,
-            deadline_ms: r.deadline_ms,
-            lost_after_ms: r.lost_after_ms,
-            stop_requested_at: r.stop_requested_at,
-            grace_ms: r.grace_ms,
-            checkpoint_ms: r.checkpoint_ms,
-        };
-        (object, r.spec)
-    }))
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let object = SimObjectRow {
+                name: r.name,
+                job_id: r.job_id,
+                attempt: r.attempt,
+                created_at: r.created_at,
+                start_delay_ms: r.start_delay_ms,
+                run_ms: r.run_ms,
+                exit_code: r.exit_code,
+                deadline_ms: r.deadline_ms,
+                lost_after_ms: r.lost_after_ms,
+                stop_requested_at: r.stop_requested_at,
+                grace_ms: r.grace_ms,
+                checkpoint_ms: r.checkpoint_ms,
+            };
+            (object, r.spec)
+        })
+        .collect())
 }
 
 /// Removes the object. True when it existed.

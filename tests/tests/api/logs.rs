@@ -14,6 +14,11 @@ use crate::lifecycle::{submit, wait_for, wait_for_inventory};
 /// An app whose control loop reads logs every 100 ms and keeps `tail_lines` per replica,
 /// the simulated cluster at 10×; team `ml` with 16 reserved H100s and a member token.
 async fn platform(tail_lines: u32) -> (TestApp, String) {
+    platform_reading_every(tail_lines, Duration::from_millis(100)).await
+}
+
+/// As [`platform`], the collector reading running attempts' logs every `log_interval`.
+async fn platform_reading_every(tail_lines: u32, log_interval: Duration) -> (TestApp, String) {
     let app = TestApp::spawn().await;
     let mut state = app.state.clone();
     let mut config = (*state.config).clone();
@@ -22,7 +27,7 @@ async fn platform(tail_lines: u32) -> (TestApp, String) {
     state.config = std::sync::Arc::new(config);
     let mut ctx = serve::control_context(&state).await.expect("control context");
     ctx.config.reconcile_interval = Duration::from_millis(50);
-    ctx.config.log_interval = Duration::from_millis(100);
+    ctx.config.log_interval = log_interval;
     ctx.config.log_tail_lines = tail_lines;
     let options = (*app.pool.connect_options()).clone();
     control::spawn(ctx, options, format!("test-{}", uuid::Uuid::new_v4().simple()));
@@ -136,6 +141,24 @@ async fn only_the_newest_lines_are_kept_and_the_log_says_how_many_were_let_go() 
     );
     assert!(lines[1].contains("] step 410 "), "the oldest kept line is step 410: {text}");
     assert_eq!(lines[20], "[rank 0] finished: 600 steps");
+}
+
+#[tokio::test]
+async fn an_attempt_that_wrote_thousands_of_lines_unread_has_all_of_them_kept_when_it_ends() {
+    // The collector never reads it while it runs: at its end, its last lines are more pages
+    // than one read returns (1,000 lines), and every one is kept.
+    let (app, token) = platform_reading_every(5_000, Duration::from_secs(3_600)).await;
+    let chatty = json!({"name": "train", "gpu_class": "h100-80gb", "gpus_per_replica": 1, "replicas": 1, "image": "x",
+                        "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "25", "FAIRWAY_SIM_LOG_EVERY_SECONDS": "0.01"}});
+    let id = submit(&app, &token, "ml", chatty).await;
+    assert_eq!(ended(&app, &token, &id).await["state"], "succeeded");
+    let text = log(&app, &token, &id, "").await;
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("[rank 0/1] train attempt 1 on "), "the first line is kept: {}", lines[0]);
+    let steps = lines.iter().filter(|l| l.contains("] step ")).count();
+    assert!(steps > 2_000, "every progress line is kept, not one page of them: {steps}");
+    assert!(!text.contains("earlier lines of this attempt are not kept"), "nothing was let go");
+    assert!(lines.last().is_some_and(|l| l.contains("finished")), "the last line is kept: {:?}", lines.last());
 }
 
 #[tokio::test]
