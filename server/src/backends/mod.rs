@@ -321,6 +321,17 @@ pub struct LogQuery {
     pub limit: usize,
 }
 
+/// `call`'s answer, or a transient failure when it takes longer than `limit`: a backend that
+/// hangs must not hold up the caller.
+pub async fn within<T>(
+    limit: Duration,
+    call: impl std::future::Future<Output = Result<T, BackendError>>,
+) -> Result<T, BackendError> {
+    tokio::time::timeout(limit, call)
+        .await
+        .unwrap_or_else(|_| Err(BackendError::Transient(format!("no answer within {} s", limit.as_secs()))))
+}
+
 /// Reads [`Backend::logs_many`] has in flight at once when the backend reads one log per call.
 pub const LOG_READS_AT_ONCE: usize = 8;
 
@@ -367,6 +378,17 @@ pub trait Backend: Send + Sync {
     /// Creates the gang's object, or does nothing when an object of that name exists. A
     /// service's replica is also made reachable at [`Backend::endpoint`].
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError>;
+
+    /// Submits several gangs as [`Backend::submit`] does each, one answer per gang in their
+    /// order; one by one, each given `each_within` to answer, unless the backend can create
+    /// many in one call. The dispatcher hands a batch's creates of one cluster at once.
+    async fn submit_many(&self, gangs: &[Gang], each_within: Duration) -> Vec<Result<(), BackendError>> {
+        let mut answers = Vec::with_capacity(gangs.len());
+        for gang in gangs {
+            answers.push(within(each_within, self.submit(gang)).await);
+        }
+        answers
+    }
 
     /// Where the service `gang` is a replica of can be reached on this backend, or why it
     /// cannot run here. Backends that run batch jobs to completion (cloud batch pools) take

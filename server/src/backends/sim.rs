@@ -440,7 +440,7 @@ impl Backend for SimBackend {
 
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {
         let object = plan_object(gang, &self.config, Utc::now())?;
-        let created = db::sim::insert(&self.pool, &object).await?;
+        let created = db::sim::insert_many(&self.pool, std::slice::from_ref(&object)).await? > 0;
         tracing::debug!(
             object = %gang.object,
             job.id = %gang.job_id,
@@ -449,6 +449,36 @@ impl Backend for SimBackend {
             "sim object submitted"
         );
         Ok(())
+    }
+
+    async fn submit_many(&self, gangs: &[Gang], each_within: Duration) -> Vec<Result<(), BackendError>> {
+        let now = Utc::now();
+        // Each gang's refusal, if the plan refused it; the others are created together.
+        let mut objects: Vec<NewSimObject> = Vec::with_capacity(gangs.len());
+        let mut refused: Vec<Option<BackendError>> = Vec::with_capacity(gangs.len());
+        for gang in gangs {
+            match plan_object(gang, &self.config, now) {
+                Ok(object) => {
+                    objects.push(object);
+                    refused.push(None);
+                }
+                Err(e) => refused.push(Some(e)),
+            }
+        }
+        let inserted = if objects.is_empty() {
+            Ok(0)
+        } else {
+            super::within(each_within, async { Ok(db::sim::insert_many(&self.pool, &objects).await?) }).await
+        };
+        tracing::debug!(asked = gangs.len(), planned = objects.len(), inserted = ?inserted, "sim objects submitted");
+        refused
+            .into_iter()
+            .map(|refused| match (refused, &inserted) {
+                (Some(refused), _) => Err(refused),
+                (None, Ok(_)) => Ok(()),
+                (None, Err(e)) => Err(BackendError::Transient(e.to_string())),
+            })
+            .collect()
     }
 
     async fn stop(&self, object: &str, grace: Duration) -> Result<(), BackendError> {

@@ -6,7 +6,7 @@
 //! one twice is harmless. Failed calls are retried with exponential backoff, jitter and a cap.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     time::{Duration, Instant},
 };
 
@@ -18,9 +18,9 @@ use super::{
     ControlError, Ctx,
 };
 use crate::{
-    backends::{object_name, BackendError, Gang, Outcome, ReplicaSlot},
+    backends::{object_name, within, BackendError, Gang, Outcome, ReplicaSlot},
     db,
-    domain::JobState,
+    domain::{JobId, JobState},
 };
 
 /// First retry delay.
@@ -88,9 +88,10 @@ pub async fn dispatch_batch(ctx: &Ctx, epoch: i64, cursor: &mut Cursor) -> Resul
     let mut tx = leader_tx(ctx, epoch).await?;
     let from = cursor.from(Instant::now());
     let rows = db::outbox::claim(&mut tx, from, BATCH).await?;
+    let mut asked = create_all(ctx, &mut tx, &rows).await?;
     let mut dispatched = Vec::with_capacity(rows.len());
     for row in &rows {
-        dispatch_row(ctx, &mut tx, row, &mut dispatched).await?;
+        dispatch_row(ctx, &mut tx, row, asked.remove(&row.id), &mut dispatched).await?;
     }
     db::outbox::record_dispatched(&mut tx, &dispatched).await?;
     tx.commit().await?;
@@ -101,12 +102,78 @@ pub async fn dispatch_batch(ctx: &Ctx, epoch: i64, cursor: &mut Cursor) -> Resul
     Ok(rows.len())
 }
 
+/// The answer to the object a `submit` row asks for, asked before any row is recorded.
+struct Asked {
+    gang: Gang,
+    /// The cluster's answer, with the service endpoint a replica is reached at.
+    answer: Result<Option<String>, BackendError>,
+}
+
+/// An object to ask one cluster for.
+struct Ask {
+    outbox_id: i64,
+    gang: Gang,
+    endpoint: Option<String>,
+}
+
+/// Whether `row` asks to create the object of its job's current, admitted or running attempt.
+fn creates(row: &db::outbox::OutboxRow) -> bool {
+    row.action == "submit"
+        && row.job_attempt == row.attempt
+        && matches!(row.job_state, JobState::Admitted | JobState::Running)
+}
+
+/// Creates the objects the batch's `submit` rows ask for: their jobs read in one statement,
+/// each cluster's gangs handed over in one [`crate::backends::Backend::submit_many`] call.
+/// By outbox row id; a row whose job is gone has no answer.
+async fn create_all(
+    ctx: &Ctx,
+    tx: &mut db::Tx<'_>,
+    rows: &[db::outbox::OutboxRow],
+) -> Result<HashMap<i64, Asked>, ControlError> {
+    let wanted: Vec<&db::outbox::OutboxRow> = rows
+        .iter()
+        .filter(|row| creates(row) && row.cluster.as_deref().is_some_and(|c| ctx.backends.contains_key(c)))
+        .collect();
+    let mut asked = HashMap::with_capacity(wanted.len());
+    if wanted.is_empty() {
+        return Ok(asked);
+    }
+    let ids: Vec<JobId> = wanted.iter().map(|row| row.job_id).collect();
+    let jobs: HashMap<JobId, db::jobs::JobRow> =
+        db::jobs::get_many(&mut **tx, &ids).await?.into_iter().map(|job| (job.id, job)).collect();
+    let mut by_cluster: BTreeMap<&str, Vec<Ask>> = BTreeMap::new();
+    for row in wanted {
+        let Some(job) = jobs.get(&row.job_id) else { continue };
+        let cluster = row.cluster.as_deref().unwrap_or_default();
+        let gang = gang(job, &object_name(row.job_id, row.attempt));
+        // A service's replica runs only where the service can be reached.
+        match gang.service.as_ref().map(|s| ctx.backends[cluster].endpoint(&gang.team, s)).transpose() {
+            Ok(endpoint) => by_cluster.entry(cluster).or_default().push(Ask { outbox_id: row.id, gang, endpoint }),
+            Err(e) => {
+                asked.insert(row.id, Asked { gang, answer: Err(e) });
+            }
+        }
+    }
+    for (cluster, asks) in by_cluster {
+        let gangs: Vec<Gang> = asks.iter().map(|ask| ask.gang.clone()).collect();
+        let answers = ctx.backends[cluster].submit_many(&gangs, CALL_TIMEOUT).await;
+        for (ask, answer) in asks.into_iter().zip(answers) {
+            asked.insert(ask.outbox_id, Asked { gang: ask.gang, answer: answer.map(|()| ask.endpoint) });
+        }
+    }
+    Ok(asked)
+}
+
 /// Does what one claimed outbox row asks, recording the result in `tx`, or, for an object a
-/// cluster accepted, in `dispatched`, which the batch records at once.
+/// cluster accepted, in `dispatched`, which the batch records at once. A `submit` row's
+/// object was asked for already ([`create_all`]); `asked` is the answer, none when its job
+/// is gone.
 async fn dispatch_row(
     ctx: &Ctx,
     tx: &mut db::Tx<'_>,
     row: &db::outbox::OutboxRow,
+    asked: Option<Asked>,
     dispatched: &mut Vec<db::outbox::Dispatched>,
 ) -> Result<(), ControlError> {
     let object = object_name(row.job_id, row.attempt);
@@ -116,28 +183,20 @@ async fn dispatch_row(
         db::outbox::retry_later(tx, row.id, delay, "no backend is configured for the job's cluster").await?;
         return Ok(());
     };
-    let current = row.job_attempt == row.attempt;
     match row.action.as_str() {
         // The job was cancelled or preempted before its object existed, or a newer attempt
         // replaced it: nothing to create. The reconciler releases the GPUs.
         // (A running job's object exists already: the reconciler saw it after a crash cut
         // this row short, and a repeated create is a harmless no-op that records it.)
-        "submit" if !current || !matches!(row.job_state, JobState::Admitted | JobState::Running) => {
+        "submit" if !creates(row) => {
             db::outbox::complete(tx, row.id, Some("superseded before dispatch")).await?;
         }
         "submit" => {
-            let Some(job) = db::jobs::get(&mut **tx, row.job_id).await? else {
+            let Some(Asked { gang, answer }) = asked else {
                 db::outbox::complete(tx, row.id, Some("job deleted")).await?;
                 return Ok(());
             };
-            let gang = gang(&job, &object);
-            // A service's replica runs only where the service can be reached.
-            let endpoint = gang.service.as_ref().map(|s| backend.endpoint(&gang.team, s)).transpose();
-            let result = match endpoint {
-                Ok(endpoint) => call(backend.submit(&gang)).await.map(|()| endpoint),
-                Err(e) => Err(e),
-            };
-            match result {
+            match answer {
                 Ok(endpoint) => {
                     if let (Some(service), Some(address)) = (&gang.service, endpoint) {
                         db::services::set_endpoint(tx, service.id, &cluster, &address).await?;
@@ -201,7 +260,7 @@ async fn dispatch_row(
         }
         _ => {
             let grace = Duration::from_millis(row.grace_ms.max(0) as u64);
-            match call(backend.stop(&object, grace)).await {
+            match within(CALL_TIMEOUT, backend.stop(&object, grace)).await {
                 Ok(()) => db::outbox::complete(tx, row.id, None).await?,
                 Err(e) => {
                     ctx.metrics.dispatch_error(&cluster, "stop");
@@ -212,12 +271,6 @@ async fn dispatch_row(
         }
     }
     Ok(())
-}
-
-async fn call<T>(f: impl std::future::Future<Output = Result<T, BackendError>>) -> Result<T, BackendError> {
-    tokio::time::timeout(CALL_TIMEOUT, f)
-        .await
-        .unwrap_or_else(|_| Err(BackendError::Transient(format!("no answer within {} s", CALL_TIMEOUT.as_secs()))))
 }
 
 /// The gang to create for a job's current attempt.

@@ -458,6 +458,11 @@ pub async fn get(db: impl sqlx::PgExecutor<'_>, id: JobId) -> Result<Option<JobR
     select_jobs!(r#"where j.id = $1"#, id as JobId).fetch_optional(db).await
 }
 
+/// The jobs `ids` that exist, in no particular order.
+pub async fn get_many(db: impl sqlx::PgExecutor<'_>, ids: &[JobId]) -> Result<Vec<JobRow>, sqlx::Error> {
+    select_jobs!(r#"where j.id = any($1)"#, ids as &[JobId]).fetch_all(db).await
+}
+
 /// The team owning job `id`, for authorization.
 pub async fn team_of(pool: &PgPool, id: JobId) -> Result<Option<TeamId>, sqlx::Error> {
     sqlx::query_scalar!(r#"select team_id as "team_id: TeamId" from jobs where id = $1"#, id as JobId)

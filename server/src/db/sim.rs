@@ -51,28 +51,40 @@ pub struct NewSimObject {
     pub checkpoint_ms: i64,
 }
 
-/// Creates the object unless one of that name exists. True when this call created it.
-pub async fn insert(pool: &PgPool, object: &NewSimObject) -> Result<bool, sqlx::Error> {
-    let row = sqlx::query!(
+/// Creates the objects, each unless one of its name exists, in one statement. Returns how
+/// many this call created.
+pub async fn insert_many(pool: &PgPool, objects: &[NewSimObject]) -> Result<u64, sqlx::Error> {
+    let column = |f: fn(&NewSimObject) -> String| objects.iter().map(f).collect::<Vec<_>>();
+    let names = column(|o| o.name.clone());
+    let clusters = column(|o| o.cluster.clone());
+    let job_ids: Vec<JobId> = objects.iter().map(|o| o.job_id).collect();
+    let attempts: Vec<i32> = objects.iter().map(|o| o.attempt).collect();
+    let specs: Vec<serde_json::Value> = objects.iter().map(|o| o.spec.clone()).collect();
+    let created_at: Vec<DateTime<Utc>> = objects.iter().map(|o| o.created_at).collect();
+    let run_ms: Vec<i64> = objects.iter().map(|o| o.run_ms).collect();
+    let exit_codes: Vec<i32> = objects.iter().map(|o| o.exit_code).collect();
+    let lost_after_ms: Vec<Option<i64>> = objects.iter().map(|o| o.lost_after_ms).collect();
+    let checkpoint_ms: Vec<i64> = objects.iter().map(|o| o.checkpoint_ms).collect();
+    let done = sqlx::query!(
         "insert into sim_objects (name, cluster, job_id, attempt, spec, created_at, run_ms, exit_code,
                                   lost_after_ms, checkpoint_ms)
-         values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
-         on conflict (name) do nothing
-         returning name",
-        object.name,
-        object.cluster,
-        object.job_id as JobId,
-        object.attempt,
-        object.spec,
-        object.created_at,
-        object.run_ms,
-        object.exit_code,
-        object.lost_after_ms,
-        object.checkpoint_ms
+         select * from unnest($1::text[], $2::text[], $3::uuid[], $4::int4[], $5::jsonb[], $6::timestamptz[],
+                              $7::int8[], $8::int4[], $9::int8[], $10::int8[])
+         on conflict (name) do nothing",
+        &names,
+        &clusters,
+        &job_ids as &[JobId],
+        &attempts,
+        &specs,
+        &created_at,
+        &run_ms,
+        &exit_codes,
+        &lost_after_ms as &[Option<i64>],
+        &checkpoint_ms
     )
-    .fetch_optional(pool)
+    .execute(pool)
     .await?;
-    Ok(row.is_some())
+    Ok(done.rows_affected())
 }
 
 /// Records a stop request at `at` with `grace_ms`; a later request changes nothing, as a

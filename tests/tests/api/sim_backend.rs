@@ -157,6 +157,42 @@ async fn a_gang_placed_on_an_unknown_node_is_rejected_and_nothing_is_created() {
 }
 
 #[tokio::test]
+async fn a_batch_of_gangs_creates_each_one_it_accepts_and_refuses_the_misplaced_one_alone() {
+    let sim = backend(config(|c| c.start_delay_ms = 600_000)).await;
+    let (first, second) = (gang(&[]), gang(&[]));
+    let mut misplaced = gang(&[]);
+    misplaced.replicas = vec![ReplicaSlot { node: "r9-h100-9".into(), gpus: vec![0] }];
+    let batch = [first.clone(), misplaced, second.clone(), first.clone()];
+    let answers = sim.submit_many(&batch, Duration::from_secs(10)).await;
+    assert_eq!(answers.len(), 4, "one answer per gang: {answers:?}");
+    assert!(answers[0].is_ok() && answers[2].is_ok() && answers[3].is_ok(), "{answers:?}");
+    assert!(matches!(&answers[1], Err(BackendError::Rejected(m)) if m.contains("r9-h100-9")), "{answers:?}");
+    let mut listed: Vec<String> = sim.objects().await.unwrap().into_iter().map(|o| o.object).collect();
+    listed.sort();
+    let mut expected = vec![first.object, second.object];
+    expected.sort();
+    assert_eq!(listed, expected, "the same gang twice in a batch is one object");
+}
+
+#[tokio::test]
+async fn logs_of_many_objects_come_back_one_answer_per_query_in_order() {
+    use fairway::backends::LogQuery;
+    let sim = backend(config(|c| c.start_delay_ms = 0)).await;
+    let quick = gang(&[(RUNTIME_HINT, "0.2"), ("FAIRWAY_SIM_LOG_EVERY_SECONDS", "0.05")]);
+    sim.submit(&quick).await.unwrap();
+    wait_for(&sim, &quick.object, |s| matches!(s.phase, Phase::Finished { .. })).await;
+    let ask = |object: &str, limit: usize| LogQuery { object: object.into(), replica: 0, since: None, limit };
+    let queries = [ask(&quick.object, 1_000), ask("fw-missing-1", 1_000), ask(&quick.object, 2)];
+    let answers = sim.logs_many(&queries).await;
+    assert_eq!(answers.len(), 3);
+    let whole = answers[0].as_ref().unwrap();
+    assert_eq!(whole, &sim.logs(&queries[0]).await.unwrap(), "as one query at a time answers");
+    assert!(whole.len() > 3, "a line every 50 ms of a 200 ms run, and the opening and closing lines: {whole:?}");
+    assert!(answers[1].as_ref().unwrap().is_empty(), "an object that does not exist has no lines");
+    assert_eq!(answers[2].as_ref().unwrap()[..], whole[..2], "each query's own limit");
+}
+
+#[tokio::test]
 async fn two_simulated_clusters_on_one_database_see_only_their_own_objects() {
     let a = backend(SimConfig::default()).await;
     let b = SimBackend::new(a.pool.clone(), config(|c| c.cluster = "sim-b".into()));
