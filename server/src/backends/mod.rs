@@ -424,13 +424,15 @@ pub trait Backend: Send + Sync {
     async fn logs(&self, query: &LogQuery) -> Result<Vec<LogLine>, BackendError>;
 
     /// Answers several [`LogQuery`]s, one answer per query in their order, as
-    /// [`Backend::logs`] answers each; a few at a time unless the backend can read many in
-    /// one call. The reconciler reads the last lines of every attempt that ended in a pass,
-    /// thousands after a burst of short jobs.
-    async fn logs_many(&self, queries: &[LogQuery]) -> Vec<Result<Vec<LogLine>, BackendError>> {
+    /// [`Backend::logs`] answers each; a few at a time, each given `each_within` to answer,
+    /// unless the backend can read many in one call. The reconciler reads the last lines of
+    /// every attempt that ended in a pass, thousands after a burst of short jobs. A slow
+    /// read fails alone: a log service that answers slowly (or throttles) still makes
+    /// progress with every call.
+    async fn logs_many(&self, queries: &[LogQuery], each_within: Duration) -> Vec<Result<Vec<LogLine>, BackendError>> {
         // The reads made before they are streamed: a closure inside the stream would make
         // the future's `Send` bound depend on a higher-ranked lifetime the compiler cannot prove.
-        let reads: Vec<_> = queries.iter().map(|query| self.logs(query)).collect();
+        let reads: Vec<_> = queries.iter().map(|query| within(each_within, self.logs(query))).collect();
         futures_util::stream::iter(reads).buffered(LOG_READS_AT_ONCE).collect().await
     }
 

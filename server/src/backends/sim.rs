@@ -519,9 +519,12 @@ impl Backend for SimBackend {
         Ok(log_lines(&row, &log, Utc::now(), query.since, query.limit))
     }
 
-    async fn logs_many(&self, queries: &[LogQuery]) -> Vec<Result<Vec<LogLine>, BackendError>> {
+    async fn logs_many(&self, queries: &[LogQuery], each_within: Duration) -> Vec<Result<Vec<LogLine>, BackendError>> {
         let names: Vec<&str> = queries.iter().map(|q| q.object.as_str()).collect();
-        let found = match db::sim::find_many(&self.pool, &self.config.cluster, &names).await {
+        let found = super::within(each_within, async {
+            Ok(db::sim::find_many(&self.pool, &self.config.cluster, &names).await?)
+        });
+        let found = match found.await {
             Ok(found) => found,
             Err(e) => {
                 let e = e.to_string();

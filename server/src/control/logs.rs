@@ -23,7 +23,7 @@ use futures_util::{stream, StreamExt as _};
 
 use super::{reconcile::leader_tx, ControlError, Ctx};
 use crate::{
-    backends::{object_name, Backend, BackendError, LogLine, LogQuery},
+    backends::{object_name, within, Backend, BackendError, LogLine, LogQuery},
     db::{
         self,
         logs::{Appended, Cursor, LogKey},
@@ -44,9 +44,9 @@ const LAST_PAGES: usize = 20;
 /// Backend reads in flight at once per pass, for the pages after the first.
 const CONCURRENT_READS: usize = 8;
 
-/// Replicas whose first page one [`Backend::logs_many`] call asks for: a backend that reads
-/// them one by one does [`crate::backends::LOG_READS_AT_ONCE`] at a time, well within
-/// [`READ_TIMEOUT`]; the simulated cluster answers all in one statement.
+/// Replicas whose first page one [`Backend::logs_many`] call asks for: the simulated cluster
+/// answers them in one statement; a backend that reads them one by one does
+/// [`crate::backends::LOG_READS_AT_ONCE`] at a time, each within [`READ_TIMEOUT`].
 const ASKS_PER_CALL: usize = 256;
 
 /// The longest one backend read may take: a slow log service must not hold up the
@@ -221,12 +221,7 @@ async fn read_all(
     let mut firsts = Vec::with_capacity(asks.len());
     for chunk in asks.chunks(ASKS_PER_CALL) {
         let queries: Vec<LogQuery> = chunk.iter().map(|(key, from, _)| query(*key, from)).collect();
-        match tokio::time::timeout(READ_TIMEOUT, backend.logs_many(&queries)).await {
-            Ok(pages) => firsts.extend(pages),
-            Err(_) => firsts.extend(chunk.iter().map(|(key, _, _)| {
-                Err(BackendError::Transient(format!("reading the log of {} took too long", object_name(key.0, key.1))))
-            })),
-        }
+        firsts.extend(backend.logs_many(&queries, READ_TIMEOUT).await);
     }
     stream::iter(asks.into_iter().zip(firsts))
         .map(|((key, from, last), first)| async move {
@@ -276,9 +271,7 @@ async fn read_on(
             break;
         }
         query.since = position.at;
-        page = tokio::time::timeout(READ_TIMEOUT, backend.logs(&query))
-            .await
-            .map_err(|_| BackendError::Transient(format!("reading the log of {} took too long", query.object)))??;
+        page = within(READ_TIMEOUT, backend.logs(&query)).await?;
     }
     Ok((lines, position))
 }

@@ -183,7 +183,7 @@ async fn logs_of_many_objects_come_back_one_answer_per_query_in_order() {
     wait_for(&sim, &quick.object, |s| matches!(s.phase, Phase::Finished { .. })).await;
     let ask = |object: &str, limit: usize| LogQuery { object: object.into(), replica: 0, since: None, limit };
     let queries = [ask(&quick.object, 1_000), ask("fw-missing-1", 1_000), ask(&quick.object, 2)];
-    let answers = sim.logs_many(&queries).await;
+    let answers = sim.logs_many(&queries, Duration::from_secs(10)).await;
     assert_eq!(answers.len(), 3);
     let whole = answers[0].as_ref().unwrap();
     assert_eq!(whole, &sim.logs(&queries[0]).await.unwrap(), "as one query at a time answers");
