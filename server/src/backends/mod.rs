@@ -335,8 +335,8 @@ pub async fn within<T>(
 /// Reads [`Backend::logs_many`] has in flight at once when the backend reads one log per call.
 pub const LOG_READS_AT_ONCE: usize = 8;
 
-/// A failed backend call.
-#[derive(Debug, thiserror::Error)]
+/// A failed backend call. Cloned where one failed call answers for many objects.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum BackendError {
     /// Worth retrying: the backend is unreachable, throttling or briefly unavailable.
     #[error("backend unavailable: {0}")]

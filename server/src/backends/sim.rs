@@ -476,7 +476,7 @@ impl Backend for SimBackend {
             .map(|refused| match (refused, &inserted) {
                 (Some(refused), _) => Err(refused),
                 (None, Ok(_)) => Ok(()),
-                (None, Err(e)) => Err(BackendError::Transient(e.to_string())),
+                (None, Err(e)) => Err(e.clone()),
             })
             .collect()
     }
@@ -526,10 +526,7 @@ impl Backend for SimBackend {
         });
         let found = match found.await {
             Ok(found) => found,
-            Err(e) => {
-                let e = e.to_string();
-                return queries.iter().map(|_| Err(BackendError::Transient(e.clone()))).collect();
-            }
+            Err(e) => return queries.iter().map(|_| Err(e.clone())).collect(),
         };
         let by_name: HashMap<&str, &(db::sim::SimObjectRow, serde_json::Value)> =
             found.iter().map(|found| (found.0.name.as_str(), found)).collect();

@@ -11,7 +11,7 @@ use super::{
     budget::budget_chain,
     decision::{Admission, Decisions, Figures, Pending, PendingReason},
     inventory::Inventory,
-    preemption,
+    preemption::{self, Passed, Reach},
     quota::Ledger,
     snapshot::{ClassId, JobId, JobSpec, Policy, ReplicaPlacement, Snapshot, StartTimeModel, TeamId, Topology},
 };
@@ -39,6 +39,10 @@ pub(super) struct Cycle<'a> {
     /// Per class, the running jobs that may ever be victims this cycle (preemptible, past
     /// the minimum runtime, not stopping), least work lost first, then largest.
     pub(super) victim_order: BTreeMap<ClassId, Vec<usize>>,
+    /// Per class, the places in `victim_order` that this cycle's victims have left.
+    pub(super) passed: BTreeMap<ClassId, Passed>,
+    /// Each running job's place in its class's `victim_order` (`u32::MAX` if not there).
+    pub(super) place_in_order: Vec<u32>,
     /// The same per class and team: all a walk may take when only the job's own team's
     /// jobs may be victims, without passing every other team's candidates.
     pub(super) team_victim_order: BTreeMap<(ClassId, TeamId), Vec<usize>>,
@@ -65,6 +69,8 @@ pub(super) struct Cycle<'a> {
     pub(super) borrowing: Vec<bool>,
     /// Per class, how many teams `borrowing` marks.
     pub(super) borrowing_teams: Vec<usize>,
+    /// The most preemption can free for a team's job, kept with `borrowing`.
+    pub(super) reach: Reach,
     /// GPUs held for jobs waiting for their victims: (job, class, placement). Pushed only
     /// through [`Self::push_claim`], which keeps `claims_by_class` in step.
     pub(super) claims: Vec<(JobId, ClassId, Vec<ReplicaPlacement>)>,
@@ -201,6 +207,14 @@ impl<'a> Cycle<'a> {
         for (i, _) in borrowing.iter().enumerate().filter(|(_, &b)| b) {
             borrowing_teams[i % classes] += 1;
         }
+        let reach = Reach::new(s, &victim_order, &ledger);
+        let mut place_in_order = vec![u32::MAX; s.running.len()];
+        for order in victim_order.values() {
+            for (at, &i) in order.iter().enumerate() {
+                place_in_order[i] = at as u32;
+            }
+        }
+        let passed = victim_order.iter().map(|(&class, order)| (class, Passed::new(order.len()))).collect();
         let team_victim_order = preemption::by_team(s, &victim_order);
         let team_young = preemption::by_team(s, &young);
         Self {
@@ -213,6 +227,8 @@ impl<'a> Cycle<'a> {
             victims: BTreeSet::new(),
             victim: vec![false; s.running.len()],
             victim_order,
+            passed,
+            place_in_order,
             team_victim_order,
             young,
             team_young,
@@ -229,6 +245,7 @@ impl<'a> Cycle<'a> {
             borrowers: BTreeMap::new(),
             borrowing,
             borrowing_teams,
+            reach,
             fair_share_failures: BTreeMap::new(),
             admitted_ends: Vec::new(),
             reservations: BTreeMap::new(),
@@ -475,6 +492,7 @@ impl<'a> Cycle<'a> {
             return;
         }
         for t in self.ledger.chain(team) {
+            self.reach.refresh(&self.ledger, t, class);
             let now = self.ledger.borrowed(t, class) > 0;
             if let Some(flag) = self.borrowing.get_mut(t as usize * classes + c) {
                 if *flag != now {

@@ -65,6 +65,130 @@ pub(super) fn by_team(s: &Snapshot, order: &BTreeMap<ClassId, Vec<usize>>) -> BT
     split
 }
 
+/// The places in a class's victim order that victims chosen earlier in the cycle have left,
+/// skipped in one step. Victims are taken cheapest first, so after thousands of them every
+/// walk of the class began by passing them one by one (at 10×, 33,000 victims a cycle).
+pub(super) struct Passed {
+    /// Per place, a later (or the same) place to look at next; a place is its own while its
+    /// job is no victim. The last entry stands past the end.
+    next: Vec<u32>,
+}
+
+impl Passed {
+    /// No place left yet in an order of `len` candidates.
+    pub(super) fn new(len: usize) -> Self {
+        Passed { next: (0..=len as u32).collect() }
+    }
+
+    /// The first place at or after `at` whose job is not a victim chosen earlier (the
+    /// order's length when none is), shortening the way for the next look.
+    fn first_from(&mut self, at: usize) -> usize {
+        let mut p = at.min(self.next.len() - 1);
+        loop {
+            let n = self.next[p] as usize;
+            if n == p {
+                return p;
+            }
+            let after = self.next[n];
+            self.next[p] = after;
+            p = after as usize;
+        }
+    }
+
+    /// The job at place `at` became a victim: walks pass it from now on.
+    fn leave(&mut self, at: usize) {
+        if at + 1 < self.next.len() {
+            self.next[at] = at as u32 + 1;
+        }
+    }
+}
+
+/// What preemption can free at most for a job, kept per team and class as the cycle goes,
+/// so that an attempt that must fall short by amount fails without a walk. A walk that
+/// fails passes every candidate of the class twice; at 10× (500,000 pending) thousands of
+/// attempts a cycle failed that way, nearly all of them short by amount.
+///
+/// Why the bound holds: a job's available GPUs grow by at most what its victims free (the
+/// capacity held back for other teams' idle reserved quota only grows as usage falls). Its
+/// own team gives at most its candidates. Another team gives nothing unless it borrows the
+/// class when the walk starts (reclaim and fair share both take only from borrowers, and a
+/// walk only lowers what a team borrows), and then at most what it borrows plus one job:
+/// a victim that keeps within what its team borrows lowers that by its size, and a victim
+/// larger than that (reclaim's second pass, which may cross a reserved line) leaves the team
+/// borrowing nothing, so no further job of it may follow.
+pub(super) struct Reach {
+    teams: usize,
+    classes: usize,
+    /// Milli of each team's candidates not chosen as victims so far (team × classes + class).
+    candidates: Vec<u64>,
+    /// Each team's largest candidate, as at the start of the cycle (a bound stays a bound).
+    largest: Vec<u64>,
+    /// What each team's jobs can free for another team's job: nothing unless it borrows.
+    for_others: Vec<u64>,
+    /// Per class, `for_others` summed over every team.
+    total: Vec<u64>,
+}
+
+impl Reach {
+    /// The bound at the start of a cycle, from the candidates in victim order per class.
+    pub(super) fn new(s: &Snapshot, order: &BTreeMap<ClassId, Vec<usize>>, ledger: &Ledger) -> Self {
+        let (teams, classes) = (s.teams.len(), s.classes.len());
+        let mut reach = Reach {
+            teams,
+            classes,
+            candidates: vec![0; teams * classes],
+            largest: vec![0; teams * classes],
+            for_others: vec![0; teams * classes],
+            total: vec![0; classes],
+        };
+        for (&class, indices) in order {
+            for &i in indices {
+                let r = &s.running[i];
+                if let Some(k) = reach.slot(r.spec.team, class) {
+                    reach.candidates[k] += r.spec.total_milli();
+                    reach.largest[k] = reach.largest[k].max(r.spec.total_milli());
+                }
+            }
+        }
+        for team in 0..teams as TeamId {
+            for class in 0..classes as ClassId {
+                reach.refresh(ledger, team, class);
+            }
+        }
+        reach
+    }
+
+    fn slot(&self, team: TeamId, class: ClassId) -> Option<usize> {
+        ((team as usize) < self.teams && usize::from(class) < self.classes)
+            .then(|| team as usize * self.classes + usize::from(class))
+    }
+
+    /// Brings the team's part of the class's total up to date after what it borrows changed.
+    pub(super) fn refresh(&mut self, ledger: &Ledger, team: TeamId, class: ClassId) {
+        let Some(k) = self.slot(team, class) else { return };
+        let borrowed = ledger.borrowed(team, class);
+        let now = if borrowed == 0 { 0 } else { self.candidates[k].min(borrowed.saturating_add(self.largest[k])) };
+        let c = usize::from(class);
+        self.total[c] = self.total[c] - self.for_others[k] + now;
+        self.for_others[k] = now;
+    }
+
+    /// A candidate of the team was chosen as a victim: it can free nothing more.
+    pub(super) fn chosen(&mut self, ledger: &Ledger, team: TeamId, class: ClassId, milli: u64) {
+        let Some(k) = self.slot(team, class) else { return };
+        self.candidates[k] = self.candidates[k].saturating_sub(milli);
+        self.refresh(ledger, team, class);
+    }
+
+    /// The most victims can free for a job of `team` and `class`: its own team's
+    /// candidates, and, when `other_teams` may be victims, what every other team's can.
+    pub(super) fn most(&self, team: TeamId, class: ClassId, other_teams: bool) -> u64 {
+        let Some(k) = self.slot(team, class) else { return 0 };
+        let others = if other_teams { self.total[usize::from(class)] - self.for_others[k] } else { 0 };
+        self.candidates[k] + others
+    }
+}
+
 /// The burst demand at the start of a cycle: the borrowed value (money per hour) in use over
 /// top-level teams, and the total fair-share weight of the teams that want burst (borrowing
 /// now, or with a pending job beyond their reserved quota). Fair-share preemption splits the
@@ -147,15 +271,27 @@ impl Cycle<'_> {
         // other team's job either (`fair_share_allows`' second test fails for every one).
         let other_teams =
             preemptor.cross_team && (preemptor.within_reserved || preemptor.live_after <= self.deserved(job.team));
+        // Short by amount whatever the walk takes (see `Reach`): fail as a walk would,
+        // without one. The exhaustive cycle walks, so that it holds this bound to the walks.
+        if !self.exhaustive
+            && self.available(job).saturating_add(self.reach.most(job.team, job.class, other_teams)) < preemptor.n
+        {
+            self.give_up(&preemptor, &[], memo_key);
+            return None;
+        }
         let (mut chosen, fits) = if other_teams || self.exhaustive {
             let order = std::mem::take(self.victim_order.entry(job.class).or_default());
-            let found = self.choose_victims(&preemptor, &order);
+            let mut passed = if self.exhaustive { None } else { self.passed.remove(&job.class) };
+            let found = self.choose_victims(&preemptor, &order, passed.as_mut());
             self.victim_order.insert(job.class, order);
+            if let Some(passed) = passed {
+                self.passed.insert(job.class, passed);
+            }
             found
         } else {
             let key = (job.class, job.team);
             let order = self.team_victim_order.remove(&key).unwrap_or_default();
-            let found = self.choose_victims(&preemptor, &order);
+            let found = self.choose_victims(&preemptor, &order, None);
             if !order.is_empty() {
                 self.team_victim_order.insert(key, order);
             }
@@ -204,13 +340,25 @@ impl Cycle<'_> {
     /// First without taking any team below its reserved quota; only if that cannot make
     /// room may reclaim take a borrowing team's gang across its reserved line (a gang
     /// cannot be split), since the reserved promise must hold.
-    fn choose_victims(&mut self, p: &Preemptor<'_>, order: &[usize]) -> (Vec<(usize, PreemptReason)>, bool) {
+    /// `passed`, given with a class's whole order, skips the victims chosen earlier at once.
+    fn choose_victims(
+        &mut self,
+        p: &Preemptor<'_>,
+        order: &[usize],
+        mut passed: Option<&mut Passed>,
+    ) -> (Vec<(usize, PreemptReason)>, bool) {
         let mut chosen: Vec<(usize, PreemptReason)> = Vec::new();
         for straddle in [false, true] {
             if straddle && !(p.cross_team && p.within_reserved) {
                 break;
             }
-            for &index in order {
+            let mut at = 0;
+            loop {
+                if let Some(passed) = passed.as_deref_mut() {
+                    at = passed.first_from(at);
+                }
+                let Some(&index) = order.get(at) else { break };
+                at += 1;
                 if self.victim[index] {
                     continue;
                 }
@@ -331,6 +479,10 @@ impl Cycle<'_> {
         let r = &s.running[index];
         self.victims.insert(index);
         self.victim[index] = true;
+        self.reach.chosen(&self.ledger, r.spec.team, r.spec.class, r.spec.total_milli());
+        if let (Some(passed), Some(&at)) = (self.passed.get_mut(&r.spec.class), self.place_in_order.get(index)) {
+            passed.leave(at as usize);
+        }
         let grace_ms = s.grace_ms(&r.spec);
         self.decisions.preemptions.push(Preemption {
             victim: r.spec.id,
@@ -425,5 +577,25 @@ impl Cycle<'_> {
             borrowers.into_iter().take(2).map(|(_, t)| t).collect()
         });
         top.iter().copied().find(|&t| t != except)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Passed;
+
+    #[test]
+    fn a_walk_passes_every_place_a_victim_left_and_stops_at_the_end() {
+        let mut passed = Passed::new(6);
+        assert_eq!(passed.first_from(0), 0);
+        for at in [0, 1, 2, 4] {
+            passed.leave(at);
+        }
+        assert_eq!(passed.first_from(0), 3);
+        assert_eq!(passed.first_from(4), 5);
+        passed.leave(3);
+        passed.leave(5);
+        assert_eq!(passed.first_from(0), 6, "past the end once every place is left");
+        assert_eq!(passed.first_from(9), 6);
     }
 }

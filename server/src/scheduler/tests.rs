@@ -627,3 +627,18 @@ fn the_reasons_a_rolling_update_reads_as_no_room_are_reasons_the_engine_gives() 
         assert!(PendingReason::CODES.contains(&code), "{code} is no pending reason");
     }
 }
+
+#[test]
+fn a_reclaim_that_must_take_a_borrowers_gang_across_its_reserved_line_is_not_cut_short() {
+    // b reserves 3 and runs one 4-GPU job: it borrows 1. a runs 3 of its 6 reserved and asks
+    // for 3 more; 1 GPU is free. Only b's whole gang makes room, more than b borrows.
+    let mut s = cluster(1, vec![team("a", 6, 0), team("b", 3, 5)]);
+    start(&mut s, job(1, 1, 4, 1), HOUR);
+    start(&mut s, job(2, 0, 3, 0), HOUR);
+    s.pending = vec![job(10, 0, 3, 0)];
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
+    let victims: Vec<(JobId, PreemptReason)> = d.preemptions.iter().map(|p| (p.victim, p.reason)).collect();
+    assert_eq!(victims, vec![(1, PreemptReason::Reclaim)]);
+    assert_eq!(d, super::engine::run_exhaustive(&s));
+}
