@@ -100,7 +100,9 @@ pub struct ArrayTaskEnv {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum Outcome {
-    /// Every replica exited 0.
+    /// Every replica exited 0 of its own accord: before any stop we asked for reached it. (An
+    /// exit 0 in answer to our stop is [`Outcome::Stopped`]: a job that checkpoints on
+    /// SIGTERM and exits 0 still has work left.)
     Succeeded,
     /// The application failed: a non-zero exit, out of memory, an image that cannot be
     /// pulled, the maximum runtime exceeded.

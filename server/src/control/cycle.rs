@@ -60,8 +60,12 @@ pub struct CycleReport {
 /// the database more than the decisions themselves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refresh {
-    /// Only the jobs whose reason changed (just submitted or requeued, or now waiting for
-    /// something else): few rows, and what a user looks for first.
+    /// Only the jobs with no reason recorded yet (just submitted or requeued): few rows, and
+    /// what a user looks for first. A job that has one keeps it until the next refresh
+    /// ([`Refresh::All`]) writes what it waits for then: under load the first blocking rule
+    /// of a queued job can change in every cycle and back (its department full, then its GPUs
+    /// held for a gang), and writing each change, with its timeline event, cost more than
+    /// the admissions (three to four changes a job in `fairway bench scale`).
     Changed,
     /// Every pending job.
     All,
@@ -157,10 +161,7 @@ pub async fn run_with(
     .await?;
     let (admit, preempt, recorded) = rows(&world, &decisions, refresh);
     let writing = Instant::now();
-    let mut tx = pool.begin().await?;
-    if !db::leader::check_epoch(&mut tx, epoch).await? {
-        return Err(ControlError::NotLeader);
-    }
+    let mut tx = super::leader_tx(pool, epoch).await?;
     // Pending rows first (rows others hold are skipped). Then the admitted and preempted
     // jobs, locked in id order as the reconciler locks the jobs it changes.
     let written: std::collections::HashSet<crate::domain::JobId> =
@@ -295,7 +296,7 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
         .filter_map(|p| {
             let job = world.jobs.get(&p.job)?;
             let code = p.reason.code();
-            if refresh == Refresh::Changed && job.pending_reason.as_deref() == Some(code) {
+            if refresh == Refresh::Changed && job.pending_reason.is_some() {
                 return None;
             }
             let row = PendingRow {

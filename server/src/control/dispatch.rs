@@ -14,7 +14,8 @@ use chrono::Utc;
 use serde_json::json;
 
 use super::{
-    reconcile::{end_attempts, leader_tx, Ended},
+    leader_tx,
+    reconcile::{end_attempts, Ended},
     ControlError, Ctx,
 };
 use crate::{
@@ -85,7 +86,7 @@ impl Cursor {
 
 /// Handles up to [`BATCH`] due outbox rows in one transaction; how many there were.
 pub async fn dispatch_batch(ctx: &Ctx, epoch: i64, cursor: &mut Cursor) -> Result<usize, ControlError> {
-    let mut tx = leader_tx(ctx, epoch).await?;
+    let mut tx = leader_tx(&ctx.pool, epoch).await?;
     let from = cursor.from(Instant::now());
     let rows = db::outbox::claim(&mut tx, from, BATCH).await?;
     let mut asked = create_all(ctx, &mut tx, &rows).await?;

@@ -53,6 +53,16 @@ pub fn after_attempt(state: JobState, outcome: &Outcome, c: Counters) -> Next {
     let (bump, used, charged, final_state, what) = match (state, outcome) {
         // Cancelled by a user: stays cancelled whatever the object did.
         (JobState::Cancelled, _) => return done(JobState::Cancelled, "cancelled", "stopped at the user's request"),
+        // Preempted by us, but it finished its work before the stop reached it (a backend
+        // reports success only for an end of the job's own): running it again would only
+        // waste the GPUs the preemption was for.
+        (JobState::Preempted, Outcome::Succeeded) => {
+            return done(
+                JobState::Succeeded,
+                "succeeded",
+                "every replica exited 0 before the preemption's stop reached it",
+            )
+        }
         // Preempted by us: requeues on the preemption budget (the GPUs went to a job that
         // needed them more).
         (JobState::Preempted, _) => (
@@ -150,6 +160,13 @@ mod tests {
         );
         let next = after_attempt(JobState::Cancelled, &Outcome::Succeeded, Counters::default());
         assert_eq!(next.state, JobState::Cancelled);
+    }
+
+    #[test]
+    fn a_preempted_job_that_finished_before_the_stop_reached_it_is_not_run_again() {
+        let next = after_attempt(JobState::Preempted, &Outcome::Succeeded, Counters::default());
+        assert_eq!((next.state, next.bump, next.event), (JobState::Succeeded, None, "succeeded"));
+        assert!(next.message.contains("before the preemption"), "{}", next.message);
     }
 
     #[test]

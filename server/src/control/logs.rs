@@ -21,7 +21,7 @@ use std::{collections::HashMap, time::Duration};
 use chrono::{DateTime, Utc};
 use futures_util::{stream, StreamExt as _};
 
-use super::{reconcile::leader_tx, ControlError, Ctx};
+use super::{leader_tx, ControlError, Ctx};
 use crate::{
     backends::{object_name, within, Backend, BackendError, LogLine, LogQuery},
     db::{
@@ -160,7 +160,7 @@ pub async fn collect(
             })
             .collect();
         let reads = read_all(backend, asks).await;
-        let mut tx = leader_tx(ctx, epoch).await?;
+        let mut tx = leader_tx(&ctx.pool, epoch).await?;
         let read_keys: Vec<LogKey> = reads.iter().map(|r| r.0).collect();
         let locked: HashMap<LogKey, Cursor> = db::logs::lock_cursors(&mut tx, &read_keys)
             .await?

@@ -209,11 +209,21 @@ async fn wake(listener: &mut Option<PgListener>, timeout: Duration) {
     }
 }
 
+/// A transaction of the leader of `epoch`; fails with `NotLeader` once another took over.
+pub async fn leader_tx(pool: &sqlx::PgPool, epoch: i64) -> Result<db::Tx<'static>, ControlError> {
+    let mut tx = pool.begin().await?;
+    if !db::leader::check_epoch(&mut tx, epoch).await? {
+        return Err(ControlError::NotLeader);
+    }
+    Ok(tx)
+}
+
 /// How long every pending job's recorded position and expected start may lag behind the
 /// scheduler's view, with `pending` jobs queued (see [`cycle::Refresh`]): a second, and
 /// with thousands queued longer, so that refreshes write at most about 2,000 rows a
 /// second; ten thousand rows take the database a tenth of a second, which would otherwise
-/// hold back every tenth cycle. A job's reason is recorded in the cycle it changes.
+/// hold back every tenth cycle. A job's first reason is recorded in the cycle that first
+/// ranks it; a change of reason with the next refresh.
 pub fn pending_refresh_interval(pending: usize) -> Duration {
     const ROWS_PER_SECOND: usize = 2_000;
     Duration::from_secs(1).max(Duration::from_millis((pending * 1000 / ROWS_PER_SECOND) as u64))

@@ -20,7 +20,7 @@ use hmac::{Hmac, Mac};
 use serde_json::json;
 use sha2::Sha256;
 
-use super::{reconcile::leader_tx, ControlError, Ctx};
+use super::{leader_tx, ControlError, Ctx};
 use crate::{db, db::webhooks::NewDelivery, domain::BudgetPeriod};
 
 /// The event types a webhook may ask for, as they appear on the wire.
@@ -98,7 +98,7 @@ async fn deliverer(ctx: Ctx, epoch: i64) {
 /// One notifier pass: enqueues a delivery for every new job event and budget alert a webhook
 /// asked for; how many it wrote.
 pub async fn pass(ctx: &Ctx, epoch: i64) -> Result<u64, ControlError> {
-    let mut tx = leader_tx(ctx, epoch).await?;
+    let mut tx = leader_tx(&ctx.pool, epoch).await?;
     let cursor = db::webhooks::lock_cursor(&mut tx).await?;
     let upto = db::webhooks::event_horizon(&mut tx, cursor.last_event_id, EVENTS_PER_PASS).await?;
     let jobs = db::webhooks::job_notices(&mut tx, (cursor.last_event_id - REREAD_EVENTS).max(0), upto).await?;
@@ -204,7 +204,7 @@ pub fn retry_in(attempts: i32, unit: Duration) -> Option<Duration> {
 
 /// Claims due deliveries and sends them together; how many it claimed.
 async fn deliver_due(ctx: &Ctx, epoch: i64, client: &reqwest::Client) -> Result<usize, ControlError> {
-    let mut tx = leader_tx(ctx, epoch).await?;
+    let mut tx = leader_tx(&ctx.pool, epoch).await?;
     let lease_ms = i64::try_from(ctx.config.webhook_lease.as_millis()).unwrap_or(i64::MAX);
     let claimed = db::webhooks::claim_due(&mut tx, CLAIM_BATCH, lease_ms).await?;
     tx.commit().await?;

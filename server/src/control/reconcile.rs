@@ -22,6 +22,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 
 use super::{
+    leader_tx,
     lifecycle::{after_attempt, Counters},
     ControlError, Ctx,
 };
@@ -157,7 +158,7 @@ pub async fn reconcile(
         }
     }
     if !started.is_empty() || !ended.is_empty() {
-        let mut tx = leader_tx(ctx, epoch).await?;
+        let mut tx = leader_tx(&ctx.pool, epoch).await?;
         let mut ids: Vec<JobId> = started.iter().map(|s| s.0).chain(ended.iter().map(|e| e.job_id)).collect();
         ids.sort_unstable();
         db::decisions::lock_jobs(&mut tx, &ids).await?;
@@ -260,7 +261,7 @@ async fn collect_orphan(
             report.orphans += 1;
             tracing::warn!(cluster, object = %obj.object, "stopping an orphaned backend object");
             if let Some(known) = known {
-                let mut tx = leader_tx(ctx, epoch).await?;
+                let mut tx = leader_tx(&ctx.pool, epoch).await?;
                 db::jobs::add_event(
                     &mut tx,
                     obj.job_id,
@@ -277,15 +278,6 @@ async fn collect_orphan(
         _ => {}
     }
     Ok(())
-}
-
-/// A transaction of the leader of `epoch`; fails with `NotLeader` once another took over.
-pub async fn leader_tx<'a>(ctx: &Ctx, epoch: i64) -> Result<Tx<'a>, ControlError> {
-    let mut tx = ctx.pool.begin().await?;
-    if !db::leader::check_epoch(&mut tx, epoch).await? {
-        return Err(ControlError::NotLeader);
-    }
-    Ok(tx)
 }
 
 /// Ends attempts: closes their usage intervals (opening those that started and have none),

@@ -544,3 +544,104 @@ async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_eve
     let second = kept.jobs.iter().find(|j| j.id.to_string() == second).unwrap();
     assert!(second.pending_reason.is_some(), "the reason the cycle recorded is in the copy");
 }
+
+#[tokio::test]
+async fn a_job_preempted_after_its_run_ended_but_before_the_stop_reached_it_succeeds_and_is_not_run_again() {
+    let (app, ctx, admin) = without_control_loop().await;
+    let backend = ctx.backends.get("sim").expect("sim backend").clone();
+    let mut conn = app.pool.acquire().await.unwrap();
+    let epoch = db::leader::take_leadership(&mut conn, "test").await.unwrap();
+    let id = submit(
+        &app,
+        &admin,
+        "ml",
+        json!({"name": "quick", "gpu_class": "h100-80gb", "image": "x", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "0.01"}}),
+    )
+    .await;
+    assert_eq!(control::cycle::run(&app.pool, epoch, &ctx.config).await.expect("cycle").admitted, 1);
+    let mut cursor = control::dispatch::Cursor::default();
+    assert_eq!(control::dispatch::dispatch_batch(&ctx, epoch, &mut cursor).await.expect("dispatch"), 1);
+    // The run ends on the cluster before anyone has seen it end.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !backend
+        .objects()
+        .await
+        .expect("objects")
+        .iter()
+        .any(|o| matches!(o.phase, fairway::backends::Phase::Finished { .. }))
+    {
+        assert!(tokio::time::Instant::now() < deadline, "the run never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A cycle that still saw it admitted preempts it, and the stop is delivered.
+    let job_id: fairway::domain::JobId = id.parse().unwrap();
+    let mut tx = app.pool.begin().await.unwrap();
+    let row = db::decisions::PreemptRow {
+        job_id,
+        grace_ms: 0,
+        reason: "priority".into(),
+        message: "preempted for a job that needs the GPUs more".into(),
+        data: json!({}),
+    };
+    assert_eq!(db::decisions::preempt(&mut tx, &[row]).await.unwrap(), vec![job_id]);
+    tx.commit().await.unwrap();
+    assert_eq!(control::dispatch::dispatch_batch(&ctx, epoch, &mut cursor).await.expect("dispatch"), 1);
+    control::reconcile::reconcile(&ctx, epoch, "sim", backend.as_ref()).await.expect("reconcile");
+    let done = job(&app, &admin, &id).await;
+    assert_eq!((done["state"].as_str(), done["attempt"].as_i64()), (Some("succeeded"), Some(1)), "{done:#}");
+    let timeline = events(&app, &admin, &id).await;
+    assert!(kinds(&timeline).contains(&"preempted".to_owned()), "{timeline:#?}");
+    assert!(!kinds(&timeline).contains(&"requeued".to_owned()), "{timeline:#?}");
+    let last = timeline.last().expect("events");
+    assert_eq!(last["kind"], "succeeded", "{timeline:#?}");
+    assert!(last["message"].as_str().unwrap_or_default().contains("before the preemption"), "{last:#}");
+}
+
+#[tokio::test]
+async fn a_queued_jobs_new_reason_waits_for_the_next_refresh_while_a_new_jobs_first_reason_is_recorded_at_once() {
+    use control::cycle::Refresh;
+    let (app, ctx, admin) = without_control_loop().await;
+    let mut conn = app.pool.acquire().await.unwrap();
+    let epoch = db::leader::take_leadership(&mut conn, "test").await.unwrap();
+    let body = |name: &str| json!({"name": name, "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "x"});
+    let mut live = db::snapshot::LiveJobs::default();
+    submit(&app, &admin, "ml", body("first")).await;
+    let report =
+        control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live, &mut Default::default())
+            .await
+            .unwrap();
+    assert_eq!(report.admitted, 1);
+    let second = submit(&app, &admin, "ml", body("second")).await;
+    control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live, &mut Default::default())
+        .await
+        .unwrap();
+    let reason = |job: Value| job["pending"]["reason"].as_str().map(str::to_owned);
+    let waiting = |timeline: Vec<Value>| -> Vec<String> {
+        timeline.iter().filter(|e| e["kind"] == "waiting").map(|e| e["reason"].as_str().unwrap().to_owned()).collect()
+    };
+    assert_eq!(reason(job(&app, &admin, &second).await).as_deref(), Some("burst_limit"), "recorded at once");
+    assert_eq!(waiting(events(&app, &admin, &second).await), ["burst_limit"]);
+    // The leader last recorded another reason (as if the department had been full then).
+    sqlx::query("update jobs set pending_reason = 'insufficient_capacity', version = version + 1 where id = $1::uuid")
+        .bind(&second)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::Changed, &mut live, &mut Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        reason(job(&app, &admin, &second).await).as_deref(),
+        Some("insufficient_capacity"),
+        "not between refreshes"
+    );
+    control::cycle::run_with(&app.pool, epoch, &ctx.config, Refresh::All, &mut live, &mut Default::default())
+        .await
+        .unwrap();
+    assert_eq!(reason(job(&app, &admin, &second).await).as_deref(), Some("burst_limit"), "at the refresh");
+    assert_eq!(
+        waiting(events(&app, &admin, &second).await),
+        ["burst_limit", "burst_limit"],
+        "each recorded change is an event"
+    );
+}

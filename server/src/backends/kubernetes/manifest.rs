@@ -48,6 +48,10 @@ pub const COMPLETE_ANNOTATION: &str = "fairway.dev/complete";
 /// Service annotation: when the pods must be gone by after we asked the gang to stop
 /// (RFC 3339); its presence means a stop was requested.
 pub const STOP_DEADLINE_ANNOTATION: &str = "fairway.dev/stop-deadline";
+/// Service annotation: when we asked the gang to stop (RFC 3339), written with the deadline.
+/// Pods that all exited 0 before it finished on their own; after it, exit 0 is how an
+/// application answers SIGTERM (a checkpoint written), and the job is not done.
+pub const STOP_ASKED_ANNOTATION: &str = "fairway.dev/stop-asked";
 /// Pod annotation: the node the engine placed the replica on.
 pub const NODE_ANNOTATION: &str = "fairway.dev/node";
 /// The field manager of every server-side apply.

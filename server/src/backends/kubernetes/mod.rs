@@ -649,9 +649,11 @@ impl KubeBackend {
             .and_then(|s| s.metadata.annotations.as_ref())
             .is_some_and(|a| a.contains_key(manifest::STOP_DEADLINE_ANNOTATION));
         if service.is_some() && !asked {
-            let deadline = Utc::now() + chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
+            let asked_at = Utc::now();
+            let deadline = asked_at + chrono::Duration::from_std(grace).unwrap_or(chrono::Duration::MAX);
             let patch = json!({"metadata": {"annotations": {
                 manifest::STOP_DEADLINE_ANNOTATION: deadline.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                manifest::STOP_ASKED_ANNOTATION: asked_at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
             }}});
             services
                 .patch(object, &PatchParams::apply("fairway-stop"), &Patch::Merge(&patch))

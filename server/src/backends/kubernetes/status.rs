@@ -11,7 +11,9 @@ use std::collections::{BTreeMap, HashSet};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, Service};
 
-use super::manifest::{COMPLETE_ANNOTATION, NODE_ANNOTATION, REPLICAS_ANNOTATION, STOP_DEADLINE_ANNOTATION};
+use super::manifest::{
+    COMPLETE_ANNOTATION, NODE_ANNOTATION, REPLICAS_ANNOTATION, STOP_ASKED_ANNOTATION, STOP_DEADLINE_ANNOTATION,
+};
 use crate::backends::{Outcome, Phase};
 
 /// Container waiting reasons after which the pod will not start without a change to the job.
@@ -35,15 +37,24 @@ pub fn gang_phase(
 ) -> (Phase, bool) {
     let annotations = service.and_then(|s| s.metadata.annotations.as_ref());
     let annotation = |key: &str| annotations.and_then(|a| a.get(key));
-    let stop_deadline = annotation(STOP_DEADLINE_ANNOTATION)
-        .and_then(|d| DateTime::parse_from_rfc3339(d).ok())
-        .map(|d| d.with_timezone(&Utc));
+    let instant =
+        |key: &str| annotation(key).and_then(|d| DateTime::parse_from_rfc3339(d).ok()).map(|d| d.with_timezone(&Utc));
+    let stop_deadline = instant(STOP_DEADLINE_ANNOTATION);
+    let stop_asked = instant(STOP_ASKED_ANNOTATION);
     let replicas = gang_size(service, pods);
     let complete = annotation(COMPLETE_ANNOTATION).is_some_and(|v| v == "true");
     let started_at = pods.iter().map(|p| started(p)).collect::<Option<Vec<_>>>().and_then(|s| s.into_iter().max());
     let terminal = |p: &Pod| matches!(pod_phase(p), "Succeeded" | "Failed");
     let on_lost_node = pods.iter().any(|p| pod_node(p).is_some_and(|n| lost_nodes.contains(n)));
-    let done = pods.len() >= replicas.max(1) && pods.iter().all(|p| pod_phase(p) == "Succeeded");
+    // Exit 0 is success only when every pod ended before we asked the gang to stop (with a
+    // margin for the kubelets' clocks): after the ask it is how an application answers
+    // SIGTERM, and the job has work left. A stop asked before this annotation existed has no
+    // instant, so its exit 0 counts as stopped, as it always did.
+    let on_its_own = |p: &Pod| match stop_deadline {
+        None => true,
+        Some(_) => stop_asked.zip(finished(p)).is_some_and(|(asked, ended)| ended + CLOCK_MARGIN < asked),
+    };
+    let done = pods.len() >= replicas.max(1) && pods.iter().all(|p| pod_phase(p) == "Succeeded" && on_its_own(p));
     if done {
         let ended_at = pods.iter().filter_map(|p| finished(p)).max().unwrap_or(now);
         return (Phase::Finished { started_at, ended_at, outcome: Outcome::Succeeded }, stop_deadline.is_some());
@@ -93,6 +104,10 @@ fn gang_size(service: Option<&Service>, pods: &[&Pod]) -> usize {
 /// After its stop deadline, a gang whose pods the kubelet has not confirmed gone is taken for
 /// stopped (its node is unreachable, or its kubelet stuck).
 const STOP_SLACK: chrono::Duration = chrono::Duration::seconds(60);
+
+/// How far a kubelet's clock may be behind ours when a pod's end is compared with the
+/// instant we asked its gang to stop.
+const CLOCK_MARGIN: chrono::Duration = chrono::Duration::seconds(1);
 
 /// A pod the scheduler cannot place this long (its pinned node was cordoned or filled behind
 /// the engine's back) gives its GPUs back to be placed again.
@@ -431,6 +446,29 @@ mod tests {
             phase,
             Phase::Finished { started_at: None, ended_at: t("2026-11-23T11:59:30Z"), outcome: Outcome::Stopped }
         );
+    }
+
+    #[test]
+    fn a_gang_that_exited_0_after_the_stop_was_asked_stopped_and_one_that_exited_before_succeeded() {
+        let svc = service(json!({REPLICAS_ANNOTATION: "1", COMPLETE_ANNOTATION: "true",
+            STOP_DEADLINE_ANNOTATION: "2026-11-23T11:59:30Z", STOP_ASKED_ANNOTATION: "2026-11-23T11:59:00Z"}));
+        // A checkpointing application answers SIGTERM with exit 0: it has work left.
+        let answered = terminated("n1", "Succeeded", 0, "Completed", "2026-11-23T11:59:05Z");
+        let (phase, _) = gang_phase(Some(&svc), &[&answered], &HashSet::new(), now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::Stopped, .. }), "{phase:?}");
+        // Its run was over before the stop was asked: its own success.
+        let finished = terminated("n1", "Succeeded", 0, "Completed", "2026-11-23T11:58:00Z");
+        let (phase, _) = gang_phase(Some(&svc), &[&finished], &HashSet::new(), now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::Succeeded, .. }), "{phase:?}");
+        // Within the margin for the kubelet's clock, and without the instant of the ask, it
+        // counts as stopped.
+        let close = terminated("n1", "Succeeded", 0, "Completed", "2026-11-23T11:58:59.500Z");
+        let (phase, _) = gang_phase(Some(&svc), &[&close], &HashSet::new(), now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::Stopped, .. }), "{phase:?}");
+        let older = service(json!({REPLICAS_ANNOTATION: "1", COMPLETE_ANNOTATION: "true",
+            STOP_DEADLINE_ANNOTATION: "2026-11-23T11:59:30Z"}));
+        let (phase, _) = gang_phase(Some(&older), &[&finished], &HashSet::new(), now());
+        assert!(matches!(phase, Phase::Finished { outcome: Outcome::Stopped, .. }), "{phase:?}");
     }
 
     #[test]
