@@ -64,8 +64,8 @@ pub enum Refresh {
     /// what a user looks for first. A job that has one keeps it until the next refresh
     /// ([`Refresh::All`]) writes what it waits for then: under load the first blocking rule
     /// of a queued job can change in every cycle and back (its department full, then its GPUs
-    /// held for a gang), and writing each change, with its timeline event, cost more than
-    /// the admissions (three to four changes a job in `fairway bench scale`).
+    /// held for a gang), and each change written was a row update and a timeline event (three
+    /// of each per job in `fairway bench scale` at 50,000 jobs).
     Changed,
     /// Every pending job.
     All,
