@@ -112,6 +112,19 @@ pub struct Config {
     /// Lines of each replica's log kept per attempt, the newest (`FAIRWAY_LOG_TAIL_LINES`,
     /// 1 to 1,000,000; lines are cut at 4 KiB).
     pub log_tail_lines: u32,
+    /// The Prometheus server that scrapes the clusters' dcgm-exporters, base URL
+    /// (`FAIRWAY_PROMETHEUS_URL`, e.g. `http://prometheus:9090`): where jobs' GPU activity is
+    /// read from. Unset, no activity is read.
+    pub prometheus_url: Option<String>,
+    /// The label of DCGM series that names the pod (`FAIRWAY_DCGM_POD_LABEL`, default `pod`;
+    /// `exported_pod` where the scrape's own labels took the name).
+    pub dcgm_pod_label: String,
+    /// How often jobs' GPU activity is read (`FAIRWAY_UTILISATION_INTERVAL_MS`, default 15 s,
+    /// dcgm-exporter's own collection interval is 30 s by default).
+    pub utilisation_interval: Duration,
+    /// Where the simulated clusters publish their GPUs' DCGM fields for a Prometheus server
+    /// to scrape (`FAIRWAY_SIM_DCGM_LISTEN`, e.g. `127.0.0.1:9400`); not served when unset.
+    pub sim_dcgm_listen: Option<SocketAddr>,
     /// The unit of the webhook retry schedule, a second by default
     /// (`FAIRWAY_WEBHOOK_RETRY_UNIT_MS`; for tests, which make retries come in milliseconds).
     pub webhook_retry_unit: Duration,
@@ -251,6 +264,10 @@ impl Default for Config {
             min_runtime_before_preemption: Duration::from_secs(300),
             check_invariants: false,
             log_tail_lines: 5_000,
+            prometheus_url: None,
+            dcgm_pod_label: "pod".into(),
+            utilisation_interval: Duration::from_secs(15),
+            sim_dcgm_listen: None,
             webhook_retry_unit: Duration::from_secs(1),
             webhook_lease: Duration::from_secs(60),
             public_url: None,
@@ -291,6 +308,10 @@ struct FileConfig {
     clusters: Option<PathBuf>,
     min_runtime_before_preemption_seconds: Option<u64>,
     log_tail_lines: Option<u64>,
+    prometheus_url: Option<String>,
+    dcgm_pod_label: Option<String>,
+    utilisation_interval_ms: Option<u64>,
+    sim_dcgm_listen: Option<String>,
     webhook_retry_unit_ms: Option<u64>,
     webhook_lease_ms: Option<u64>,
     public_url: Option<String>,
@@ -435,6 +456,37 @@ impl Config {
             config.log_tail_lines = u32::try_from(n).ok().filter(|n| (1..=1_000_000).contains(n)).ok_or_else(|| {
                 ConfigError::Invalid { name: "FAIRWAY_LOG_TAIL_LINES", reason: "must be from 1 to 1000000".into() }
             })?;
+        }
+        if let Some(url) = env("FAIRWAY_PROMETHEUS_URL").or(file.prometheus_url) {
+            let url = url.trim_end_matches('/').to_owned();
+            if !(url.starts_with("https://") || url.starts_with("http://")) {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_PROMETHEUS_URL",
+                    reason: format!("{url:?} is not an http(s) URL such as http://prometheus:9090"),
+                });
+            }
+            config.prometheus_url = Some(url);
+        }
+        if let Some(label) = env("FAIRWAY_DCGM_POD_LABEL").or(file.dcgm_pod_label) {
+            // A Prometheus label name: it goes into a query as it is.
+            let valid = label.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_DCGM_POD_LABEL",
+                    reason: format!("{label:?} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
+                });
+            }
+            config.dcgm_pod_label = label;
+        }
+        if let Some(ms) = number("FAIRWAY_UTILISATION_INTERVAL_MS", file.utilisation_interval_ms)? {
+            config.utilisation_interval = Duration::from_millis(ms.clamp(100, 3_600_000));
+        }
+        if let Some(addr) = env("FAIRWAY_SIM_DCGM_LISTEN").or(file.sim_dcgm_listen) {
+            config.sim_dcgm_listen = Some(addr.parse().map_err(|_| ConfigError::Invalid {
+                name: "FAIRWAY_SIM_DCGM_LISTEN",
+                reason: format!("{addr:?} is not an address such as 127.0.0.1:9400"),
+            })?);
         }
         if let Some(ms) = number("FAIRWAY_WEBHOOK_RETRY_UNIT_MS", file.webhook_retry_unit_ms)? {
             config.webhook_retry_unit = Duration::from_millis(ms.clamp(1, 60_000));

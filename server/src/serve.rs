@@ -324,10 +324,13 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         Ok(sim)
     };
     let mut backends: BTreeMap<String, Arc<dyn Backend>> = BTreeMap::new();
+    let mut sims = Vec::new();
     match &state.config.clusters {
         None => {
             let sim = sim_config(state.config.sim_inventory.as_deref(), None)?;
-            backends.insert(sim.cluster.clone(), Arc::new(SimBackend::new(pool_of(8), sim)));
+            let backend = SimBackend::new(pool_of(8), sim);
+            sims.push(backend.clone());
+            backends.insert(backend.config.cluster.clone(), Arc::new(backend));
         }
         Some(path) => {
             let clusters = crate::backends::clusters::load(path).context("FAIRWAY_CLUSTERS")?;
@@ -337,7 +340,9 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
                     ClusterConfig::Sim(c) => {
                         let mut sim = sim_config(c.inventory.as_deref(), c.speedup)?;
                         sim.cluster = c.name.clone();
-                        Arc::new(SimBackend::new(pool_of(8), sim))
+                        let backend = SimBackend::new(pool_of(8), sim);
+                        sims.push(backend.clone());
+                        Arc::new(backend)
                     }
                     ClusterConfig::GcpBatch(c) => Arc::new(GcpBatchBackend::new(*c)),
                     ClusterConfig::AwsBatch(c) => {
@@ -354,12 +359,30 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
             }
         }
     }
+    if let (Some(addr), false) = (state.config.sim_dcgm_listen, sims.is_empty()) {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("FAIRWAY_SIM_DCGM_LISTEN: cannot listen on {addr}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "the simulated clusters' dcgm-exporter serves /metrics");
+        tokio::spawn(async move {
+            if let Err(e) = crate::backends::sim::serve_dcgm_exporter(sims, listener).await {
+                tracing::warn!(error = %e, "the simulated dcgm-exporter stopped");
+            }
+        });
+    }
     let config = control::ControlConfig {
         cycle_interval: state.config.cycle_interval,
         lease: state.config.leader_lease,
         check_invariants: state.config.check_invariants,
         engine: control::engine_config(&state.config),
         log_tail_lines: state.config.log_tail_lines,
+        prometheus: state
+            .config
+            .prometheus_url
+            .as_deref()
+            .map(|url| crate::backends::dcgm::PrometheusSource::new(url, &state.config.dcgm_pod_label))
+            .transpose()?,
+        utilisation_interval: state.config.utilisation_interval,
         webhook_retry_unit: state.config.webhook_retry_unit,
         webhook_lease: state.config.webhook_lease,
         pricing: crate::metering::Pricing {

@@ -7,6 +7,7 @@
 
 pub mod browser;
 pub mod oidc;
+pub mod prometheus;
 
 use std::{
     sync::{

@@ -303,6 +303,22 @@ pub struct StatementView {
     /// Reported for showback; not part of `billed_cost`.
     pub idle_share_gpu_hours: String,
     pub idle_share_cost: String,
+    /// GPU time the team's jobs held while their GPUs were idle (SM activity below their
+    /// idle policy's threshold, or 5% without one; read from DCGM), and what it cost at what
+    /// each job was billed. Part of `billed_cost`: the jobs held the GPUs.
+    pub idle_gpu_hours: String,
+    pub idle_cost: String,
+    /// Those jobs, costliest first.
+    pub idle_jobs: Vec<IdleJobView>,
+}
+
+/// A job that held GPUs idle, on a statement.
+#[derive(Serialize, ToSchema)]
+pub struct IdleJobView {
+    pub job_id: JobId,
+    pub name: String,
+    pub idle_gpu_hours: String,
+    pub idle_cost: String,
 }
 
 /// A budget as a statement shows it.
@@ -353,6 +369,18 @@ pub async fn get_team_statement(
         forecast: s.forecast,
         idle_share_gpu_hours: gpu_hours_decimal(s.idle_share_gpu_milli_ms),
         idle_share_cost: micros_decimal(s.idle_share_cost_micros),
+        idle_gpu_hours: gpu_hours_decimal(s.idle_gpu_milli_ms),
+        idle_cost: micros_decimal(s.idle_cost_micros),
+        idle_jobs: s
+            .idle_jobs
+            .into_iter()
+            .map(|j| IdleJobView {
+                job_id: j.job_id,
+                name: j.job_name,
+                idle_gpu_hours: gpu_hours_decimal(j.idle_gpu_milli_ms),
+                idle_cost: micros_decimal(j.idle_cost_micros),
+            })
+            .collect(),
         top_jobs: s
             .top_jobs
             .into_iter()

@@ -672,6 +672,28 @@ pub struct LogParams {
     pub timestamps: Option<bool>,
 }
 
+/// What the job's GPUs did in its latest attempt, from NVIDIA DCGM as the platform's
+/// Prometheus server scrapes it (dcgm-exporter on Kubernetes; the simulated cluster publishes
+/// the same fields): utilisation, SM and tensor-core activity and memory, per replica and
+/// for the whole job, at the last sample and over the attempt. Allocation (what the job
+/// holds and is billed for) is on the job itself; this is what it used. Sampled every
+/// `FAIRWAY_UTILISATION_INTERVAL_MS` while the job runs; `measured` is false where no
+/// Prometheus server is configured. A job of another team is a 404.
+#[utoipa::path(
+    get, path = "/api/v1/jobs/{job}/utilisation", tag = "jobs", operation_id = "job_utilisation",
+    params(("job" = Uuid, Path, description = "Job id")),
+    responses(
+        (status = 200, body = ops::utilisation::JobActivity),
+        (status = 404, description = "No such job, or not visible to the caller", body = super::error::Problem)
+    )
+)]
+pub async fn job_utilisation(
+    State(state): State<AppState>,
+    Extension(job): Extension<JobAccess>,
+) -> Result<Json<ops::utilisation::JobActivity>, ApiError> {
+    Ok(Json(ops::utilisation::of_job(&state, job.id).await?))
+}
+
 /// A job's log as plain text, one line per line the application wrote (standard output and
 /// error, as its backend keeps them), oldest first. Fairway keeps the newest lines of each
 /// replica and attempt (`FAIRWAY_LOG_TAIL_LINES`, 5,000 by default) after the backend's

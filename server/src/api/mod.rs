@@ -11,6 +11,7 @@ pub mod clusters;
 pub mod document;
 pub mod gpu_classes;
 pub mod health;
+pub mod idle_policies;
 pub mod jobs;
 pub mod priority_classes;
 pub mod quotas;
@@ -108,6 +109,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/jobs/{job}/events", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/jobs/{job}/events:stream", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/jobs/{job}/logs", Job(TeamRole::Viewer)),
+    route("GET", "/api/v1/jobs/{job}/utilisation", Job(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/events:stream", Team(TeamRole::Viewer)),
     route("POST", "/api/v1/jobs/{job}/checkpoint", Job(TeamRole::Member)),
     route("GET", "/api/v1/gpu-classes", Authenticated),
@@ -116,6 +118,9 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("PATCH", "/api/v1/gpu-classes/{gpu_class}", PlatformAdmin),
     route("GET", "/api/v1/gpu-classes/{gpu_class}/rates", Authenticated),
     route("POST", "/api/v1/gpu-classes/{gpu_class}/rates", PlatformAdmin),
+    route("GET", "/api/v1/idle-policies", PlatformAdmin),
+    route("PUT", "/api/v1/idle-policies", PlatformAdmin),
+    route("DELETE", "/api/v1/idle-policies/{policy}", PlatformAdmin),
     route("GET", "/api/v1/priority-classes", Authenticated),
     route("POST", "/api/v1/priority-classes", PlatformAdmin),
     route("GET", "/api/v1/priority-classes/{priority_class}", Authenticated),
@@ -159,6 +164,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
         (name = "billing", description = "Usage, statements, budget status and finance exports"),
         (name = "gpu-classes", description = "The GPU catalogue and rate card"),
         (name = "priority-classes", description = "Priority classes"),
+        (name = "idle-policies", description = "What happens to jobs whose GPUs stay idle"),
         (name = "clusters", description = "Clusters and their capacity"),
         (name = "audit", description = "Audit log"),
         (name = "health", description = "Health and metrics"),
@@ -219,6 +225,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(jobs::list_job_events))
         .routes(routes!(jobs::stream_job_events))
         .routes(routes!(jobs::job_logs))
+        .routes(routes!(jobs::job_utilisation))
         .routes(routes!(jobs::stream_team_events))
         .routes(routes!(jobs::report_checkpoint))
         .routes(routes!(arrays::create_array, arrays::list_arrays))
@@ -236,6 +243,8 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(gpu_classes::create_gpu_class, gpu_classes::list_gpu_classes))
         .routes(routes!(gpu_classes::get_gpu_class, gpu_classes::update_gpu_class))
         .routes(routes!(gpu_classes::list_gpu_class_rates, gpu_classes::create_gpu_class_rate))
+        .routes(routes!(idle_policies::list_idle_policies, idle_policies::set_idle_policy))
+        .routes(routes!(idle_policies::delete_idle_policy))
         .routes(routes!(priority_classes::list_priority_classes, priority_classes::create_priority_class))
         .routes(routes!(priority_classes::get_priority_class, priority_classes::put_priority_class))
         .routes(routes!(clusters::list_clusters))

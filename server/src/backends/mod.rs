@@ -10,6 +10,7 @@
 
 pub mod aws_batch;
 pub mod clusters;
+pub mod dcgm;
 pub mod gcp_batch;
 pub mod kubernetes;
 pub mod pools;

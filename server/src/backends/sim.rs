@@ -55,6 +55,15 @@
 //! | `FAIRWAY_SIM_LOG_EVERY_SECONDS` | a progress line per replica this often (0: none) | 10 |
 //! | `FAIRWAY_SIM_FAIL_MESSAGE` | the error a failing job prints before a non-zero exit | a CUDA error |
 //! | `FAIRWAY_SIM_FAIL_TASKS` | array tasks (indices) or service replicas (slots), comma-separated, whose first attempt exits 1 | none |
+//! | `FAIRWAY_SIM_GPU_UTIL` | its GPUs' utilisation while it runs, percent | 90 |
+//! | `FAIRWAY_SIM_SM_ACTIVE` | its GPUs' SM activity, percent | 0.9 × the utilisation |
+//! | `FAIRWAY_SIM_TENSOR_ACTIVE` | its GPUs' tensor-core activity, percent | 0.5 × the utilisation |
+//! | `FAIRWAY_SIM_GPU_MEMORY_MIB` | memory used on each of its GPUs, MiB | 70% of the class's memory |
+//!
+//! The cluster publishes what its GPUs do as NVIDIA's dcgm-exporter does, with the same
+//! field names and labels ([`dcgm_exposition`], served on `FAIRWAY_SIM_DCGM_LISTEN`), so a
+//! Prometheus server can scrape it and Fairway read job activity from there as it would on
+//! a real cluster.
 //!
 //! Each replica writes a log as a training job does ([`log_lines`]): where it runs and from
 //! which step, a progress line (step, loss, throughput) every `FAIRWAY_SIM_LOG_EVERY_SECONDS`,
@@ -101,6 +110,15 @@ pub const LOG_EVERY_HINT: &str = "FAIRWAY_SIM_LOG_EVERY_SECONDS";
 pub const FAIL_MESSAGE_HINT: &str = "FAIRWAY_SIM_FAIL_MESSAGE";
 /// Array tasks whose first attempt fails: a retry of one then runs as the others do.
 pub const FAIL_TASKS_HINT: &str = "FAIRWAY_SIM_FAIL_TASKS";
+/// Utilisation of a job's GPUs while it runs, percent.
+pub const GPU_UTIL_HINT: &str = "FAIRWAY_SIM_GPU_UTIL";
+/// SM activity of a job's GPUs, percent.
+pub const SM_ACTIVE_HINT: &str = "FAIRWAY_SIM_SM_ACTIVE";
+/// Tensor-core activity of a job's GPUs, percent.
+pub const TENSOR_ACTIVE_HINT: &str = "FAIRWAY_SIM_TENSOR_ACTIVE";
+/// Memory a job uses on each of its GPUs, MiB.
+pub const GPU_MEMORY_HINT: &str = "FAIRWAY_SIM_GPU_MEMORY_MIB";
+const DEFAULT_GPU_UTIL_PCT: f64 = 90.0;
 
 const DEFAULT_LOG_EVERY_SECONDS: f64 = 10.0;
 const DEFAULT_FAIL_MESSAGE: &str = "CUDA error: an illegal memory access was encountered";
@@ -573,6 +591,7 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
     let serves = gang.service.is_some() && exit_code == 0 && runtime_hint.is_none();
     let lose_node_after = duration_hint(gang, LOSE_NODE_HINT)?;
     let checkpoint = duration_hint(gang, CHECKPOINT_HINT)?.unwrap_or(DEFAULT_CHECKPOINT_SECONDS);
+    GpuActivity::of(gang, 0)?;
     let log_every = duration_hint(gang, LOG_EVERY_HINT)?.unwrap_or(DEFAULT_LOG_EVERY_SECONDS);
     let scale = |seconds: f64| scaled_ms(seconds, config.speedup);
     let deadline_ms = gang.service.is_none().then(|| scale(gang.max_runtime.as_secs_f64()));
@@ -602,6 +621,184 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
         lost_after_ms: lose_node_after.map(scale),
         checkpoint_ms: scale(checkpoint),
     })
+}
+
+/// What a running job's GPUs do, from its environment (the `FAIRWAY_SIM_GPU_*` hints).
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct GpuActivity {
+    util_pct: f64,
+    sm_pct: f64,
+    tensor_pct: f64,
+    memory_mib: i64,
+}
+
+impl GpuActivity {
+    /// The gang's activity on GPUs of `memory_mib`; a hint out of range is refused.
+    fn of(gang: &Gang, memory_mib: i64) -> Result<Self, BackendError> {
+        let percent = |name: &str| match hint::<f64>(gang, name)? {
+            Some(p) if !(0.0..=100.0).contains(&p) => {
+                Err(BackendError::Rejected(format!("{name} must be a percentage between 0 and 100")))
+            }
+            other => Ok(other),
+        };
+        let util_pct = percent(GPU_UTIL_HINT)?.unwrap_or(DEFAULT_GPU_UTIL_PCT);
+        let memory = match hint::<i64>(gang, GPU_MEMORY_HINT)? {
+            Some(m) if m < 0 => return Err(BackendError::Rejected(format!("{GPU_MEMORY_HINT} must not be negative"))),
+            Some(m) => m,
+            None => memory_mib * 7 / 10,
+        };
+        Ok(Self {
+            util_pct,
+            sm_pct: percent(SM_ACTIVE_HINT)?.unwrap_or(util_pct * 0.9),
+            tensor_pct: percent(TENSOR_ACTIVE_HINT)?.unwrap_or(util_pct * 0.5),
+            memory_mib: if memory_mib > 0 { memory.min(memory_mib) } else { memory },
+        })
+    }
+}
+
+/// The simulated clusters' GPUs as dcgm-exporter publishes them at `now`, in Prometheus's
+/// text format: each field of [`super::dcgm::FIELDS`] for every GPU of the inventories'
+/// nodes (and of the cloud pools' GPUs in use), with dcgm-exporter's labels; a GPU a
+/// running replica holds also carries the pod's `namespace` (the team), `pod` and
+/// `container`, as the exporter adds on Kubernetes.
+pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Result<String, BackendError> {
+    use std::fmt::Write as _;
+
+    use super::dcgm::{FB_FREE, FB_USED, GPU_UTIL, SM_ACTIVE, TENSOR_ACTIVE};
+    /// One GPU: its node, class, unit, memory, UUID and what holds it.
+    struct SimGpu {
+        node: String,
+        class: String,
+        unit: u8,
+        memory_mib: i64,
+        uuid: String,
+        held: Option<(String, String, GpuActivity)>,
+    }
+    let mut gpus = Vec::new();
+    for backend in clusters {
+        let config = &backend.config;
+        let rows = db::sim::list(&backend.pool, &config.cluster).await?;
+        let running: Vec<&str> = rows
+            .iter()
+            .filter(|r| matches!(phase_at(r, now), (Phase::Running { .. }, false)))
+            .map(|r| r.name.as_str())
+            .collect();
+        let memory_of =
+            |class: &str| config.classes.iter().find(|c| c.name == class).map_or(0, |c| i64::from(c.memory_mib));
+        // (node, unit) → (pod, team, activity)
+        let mut held: HashMap<(String, u8), (String, String, GpuActivity)> = HashMap::new();
+        for (_, spec) in db::sim::find_many(&backend.pool, &config.cluster, &running).await? {
+            let Ok(gang) = serde_json::from_value::<Gang>(spec["gang"].clone()) else { continue };
+            let Ok(activity) = GpuActivity::of(&gang, memory_of(&gang.gpu_class)) else { continue };
+            for (rank, slot) in gang.replicas.iter().enumerate() {
+                for unit in &slot.gpus {
+                    let pod = format!("{}-{rank}", gang.object);
+                    held.insert((slot.node.clone(), *unit), (pod, gang.team.clone(), activity));
+                }
+            }
+        }
+        let mut units: BTreeSet<(String, String, u8)> = config
+            .inventory
+            .iter()
+            .filter(|n| !n.elastic)
+            .flat_map(|n| (0..n.gpus).map(move |u| (n.name.clone(), n.gpu_class.clone(), u)))
+            .collect();
+        for (node, unit) in held.keys() {
+            if let Some(n) = config.inventory.iter().find(|n| &n.name == node && n.elastic) {
+                units.insert((node.clone(), n.gpu_class.clone(), *unit));
+            }
+        }
+        for (node, class, unit) in units {
+            gpus.push(SimGpu {
+                memory_mib: memory_of(&class),
+                uuid: gpu_uuid(&config.cluster, &node, unit),
+                held: held.get(&(node.clone(), unit)).cloned(),
+                node,
+                class,
+                unit,
+            });
+        }
+    }
+    let fields: [(&str, &str); 5] = [
+        (GPU_UTIL, "GPU utilization (in %)."),
+        (SM_ACTIVE, "The ratio of cycles an SM has at least 1 warp assigned (in %)."),
+        (TENSOR_ACTIVE, "Ratio of cycles the tensor (HMMA) pipe is active (in %)."),
+        (FB_USED, "Framebuffer memory used (in MiB)."),
+        (FB_FREE, "Framebuffer memory free (in MiB)."),
+    ];
+    let mut out = String::new();
+    for (field, help) in fields {
+        let _ = writeln!(out, "# HELP {field} {help}\n# TYPE {field} gauge");
+        for gpu in &gpus {
+            let activity = gpu.held.as_ref().map(|(_, _, a)| a);
+            let value = match (field, activity) {
+                (GPU_UTIL, Some(a)) => a.util_pct,
+                // Ratios to six places, as the exporter prints them.
+                (SM_ACTIVE, Some(a)) => (a.sm_pct * 1e4).round() / 1e6,
+                (TENSOR_ACTIVE, Some(a)) => (a.tensor_pct * 1e4).round() / 1e6,
+                (FB_USED, Some(a)) => a.memory_mib as f64,
+                (FB_FREE, Some(a)) => (gpu.memory_mib - a.memory_mib).max(0) as f64,
+                (FB_FREE, None) => gpu.memory_mib as f64,
+                _ => 0.0,
+            };
+            let mut labels = format!(
+                "gpu=\"{unit}\",UUID=\"{uuid}\",device=\"nvidia{unit}\",modelName=\"{}\",Hostname=\"{}\"",
+                label_value(&gpu.class),
+                label_value(&gpu.node),
+                unit = gpu.unit,
+                uuid = gpu.uuid,
+            );
+            if let Some((pod, team, _)) = &gpu.held {
+                let _ = write!(labels, ",container=\"main\",namespace=\"{}\",pod=\"{pod}\"", label_value(team));
+            }
+            let _ = writeln!(out, "{field}{{{labels}}} {value}");
+        }
+    }
+    Ok(out)
+}
+
+/// Serves [`dcgm_exposition`] of `clusters` at `/metrics` on `listener`, as dcgm-exporter
+/// does on each node, until the process ends.
+pub async fn serve_dcgm_exporter(clusters: Vec<SimBackend>, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    use axum::{http::StatusCode, response::IntoResponse, routing::get};
+    let clusters = std::sync::Arc::new(clusters);
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let clusters = clusters.clone();
+            async move {
+                match dcgm_exposition(&clusters, Utc::now()).await {
+                    Ok(text) => {
+                        ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+                    }
+                    Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+                }
+            }
+        }),
+    );
+    axum::serve(listener, app).await
+}
+
+/// A label value in the text format: backslash, double quote and newline escaped.
+fn label_value(text: &str) -> String {
+    text.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+/// A stable GPU UUID for a simulated unit, in NVIDIA's `GPU-` form.
+fn gpu_uuid(cluster: &str, node: &str, unit: u8) -> String {
+    // FNV-1a over the name: stable across restarts and builds, unlike `DefaultHasher`.
+    let hash = |seed: u64| {
+        format!("{cluster}/{node}/{unit}").bytes().fold(seed, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    };
+    let (a, b) = (hash(0xcbf2_9ce4_8422_2325), hash(0x8422_2325_cbf2_9ce4));
+    format!(
+        "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
 }
 
 /// Every replica must sit on units the inventory has, of the gang's class.

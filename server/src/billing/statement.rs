@@ -35,6 +35,12 @@ pub struct Statement {
     /// class-hour's allocation), and its cost at the rate card: reported, not billed.
     pub idle_share_gpu_milli_ms: i64,
     pub idle_share_cost_micros: i64,
+    /// The team's jobs that held GPUs idle in the period (`domain::idle`), costliest first,
+    /// each priced at what the job was billed per GPU-millisecond; and their totals. Part
+    /// of `billed_cost` (the jobs held the GPUs), shown so the waste has a price.
+    pub idle_jobs: Vec<db::idle::IdleJob>,
+    pub idle_gpu_milli_ms: i64,
+    pub idle_cost_micros: i64,
 }
 
 /// The statement of `team_id` for `period`, as of `now`.
@@ -60,7 +66,11 @@ pub async fn statement(
     };
     let (from, to) = period_bounds(period);
     let (idle_share_gpu_milli_ms, idle_share_cost_micros) = idle_share(pool, team_id, from, to).await?;
+    let idle_jobs = db::idle::idle_jobs(pool, team_id, period, from, to).await?;
     Ok(Statement {
+        idle_gpu_milli_ms: idle_jobs.iter().map(|j| j.idle_gpu_milli_ms).sum(),
+        idle_cost_micros: idle_jobs.iter().map(|j| j.idle_cost_micros).sum(),
+        idle_jobs,
         period,
         idle_share_gpu_milli_ms,
         idle_share_cost_micros,

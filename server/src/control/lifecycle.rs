@@ -51,8 +51,9 @@ pub fn after_attempt(state: JobState, outcome: &Outcome, c: Counters) -> Next {
     };
     // (counter, its value, the outcome whose budget applies, state when out of retries, what happened)
     let (bump, used, charged, final_state, what) = match (state, outcome) {
-        // Cancelled by a user: stays cancelled whatever the object did.
-        (JobState::Cancelled, _) => return done(JobState::Cancelled, "cancelled", "stopped at the user's request"),
+        // Cancelled (by a user, or by an idle policy: its `cancel_requested` event says
+        // which): stays cancelled whatever the object did.
+        (JobState::Cancelled, _) => return done(JobState::Cancelled, "cancelled", "stopped as asked"),
         // Preempted by us, but it finished its work before the stop reached it (a backend
         // reports success only for an end of the job's own): running it again would only
         // waste the GPUs the preemption was for.

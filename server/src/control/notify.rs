@@ -24,8 +24,8 @@ use super::{leader_tx, ControlError, Ctx};
 use crate::{db, db::webhooks::NewDelivery, domain::BudgetPeriod};
 
 /// The event types a webhook may ask for, as they appear on the wire.
-pub const EVENT_TYPES: [&str; 6] =
-    ["job.succeeded", "job.failed", "job.preempted", "job.requeued", "job.cancelled", "budget.threshold"];
+pub const EVENT_TYPES: [&str; 7] =
+    ["job.succeeded", "job.failed", "job.preempted", "job.requeued", "job.cancelled", "job.idle", "budget.threshold"];
 
 /// The Standard Webhooks retry schedule after each failed attempt, in units of
 /// `ControlConfig::webhook_retry_unit` (a second in production): 5 s, 5 min, 30 min, 2 h,
@@ -128,6 +128,7 @@ fn job_sentence(n: &db::webhooks::JobNotice) -> String {
         "failed" => "failed",
         "preempted" => "was preempted",
         "requeued" => "was requeued",
+        "idle" => "holds idle GPUs",
         _ => "was cancelled",
     };
     let reason = n.reason.as_deref().map(|r| format!(" ({r})")).unwrap_or_default();

@@ -7,8 +7,9 @@
 //!   finished by its outcome's retry policy) and is then deleted;
 //! - a job asked to stop whose object has not been told (and whose stop is no longer in the
 //!   dispatch outbox) is told again;
-//! - an object no job holds (an old attempt, a job that finished, one we never knew) is an
-//!   orphan: stopped, then deleted;
+//! - an object no job holds (an old attempt, a job that finished, one we never knew) is
+//!   deleted; one still running, or live and of a job we never knew, is an orphan: stopped
+//!   and reported, then deleted;
 //! - a job whose object vanished after it was created is lost (`node_lost`), and one whose
 //!   submit was skipped because it was cancelled or preempted first is released.
 
@@ -224,10 +225,39 @@ impl PhaseClock {
     }
 }
 
-/// An object no job holds. A finished object of an attempt already ended (the reconciler
-/// was cut short before deleting it) is only collected; anything else is an orphan: an
-/// object of a job we do not know, or one still running for an attempt that is over.
-/// Orphans are stopped, then deleted, and reported.
+/// What the reconciler does with an object that no held attempt owns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leftover {
+    /// Over, of a job we know (the reconciler was cut short before deleting it): its last
+    /// log lines are read, then it is deleted.
+    Collect,
+    /// Not running, of an attempt that is over: deleted, with nothing to report. A gang
+    /// whose removal was cut short looks like this on Kubernetes (its Service gone, a pod
+    /// left), as does an old attempt's object that never came up.
+    Discard,
+    /// Over, of a job we never knew: deleted and reported.
+    RemoveUnknown,
+    /// Running for an attempt that is over, or live and of a job we never knew: an orphan,
+    /// stopped now and reported; deleted once over.
+    Stop,
+    /// An orphan already asked to stop: left to end.
+    Wait,
+}
+
+impl Leftover {
+    fn of(phase: &Phase, known_job: bool, stop_requested: bool) -> Self {
+        match (phase, known_job) {
+            (Phase::Finished { .. }, true) => Self::Collect,
+            (Phase::Finished { .. }, false) => Self::RemoveUnknown,
+            (Phase::Pending, true) => Self::Discard,
+            _ if stop_requested => Self::Wait,
+            _ => Self::Stop,
+        }
+    }
+}
+
+/// An object no held attempt owns, handled as [`Leftover`] says. Orphans are reported in
+/// the pass's count and, for a job we know, in its timeline.
 async fn collect_orphan(
     ctx: &Ctx,
     epoch: i64,
@@ -237,9 +267,9 @@ async fn collect_orphan(
     report: &mut ReconcileReport,
 ) -> Result<(), ControlError> {
     let known = db::attempts::job_attempt(&ctx.pool, obj.job_id).await?;
-    match (&obj.phase, &known) {
-        (Phase::Finished { started_at, .. }, Some(_)) => {
-            if started_at.is_some() {
+    match Leftover::of(&obj.phase, known.is_some(), obj.stop_requested) {
+        Leftover::Collect => {
+            if matches!(obj.phase, Phase::Finished { started_at: Some(_), .. }) {
                 match super::logs::read_last(ctx, epoch, backend, &[(obj.job_id, obj.attempt)]).await {
                     Ok(unread) if !unread.is_empty() => {
                         tracing::warn!(cluster, object = %obj.object, "the last lines of a log could not be read");
@@ -251,12 +281,16 @@ async fn collect_orphan(
             }
             backend.delete(&obj.object).await?;
         }
-        (Phase::Finished { .. }, None) => {
+        Leftover::Discard => {
+            tracing::info!(cluster, object = %obj.object, "deleting what is left of an ended attempt's object");
+            backend.delete(&obj.object).await?;
+        }
+        Leftover::RemoveUnknown => {
             backend.delete(&obj.object).await?;
             report.orphans += 1;
             tracing::warn!(cluster, object = %obj.object, "removed a backend object of an unknown job");
         }
-        (_, known) if !obj.stop_requested => {
+        Leftover::Stop => {
             backend.stop(&obj.object, Duration::ZERO).await?;
             report.orphans += 1;
             tracing::warn!(cluster, object = %obj.object, "stopping an orphaned backend object");
@@ -275,7 +309,7 @@ async fn collect_orphan(
                 tx.commit().await?;
             }
         }
-        _ => {}
+        Leftover::Wait => {}
     }
     Ok(())
 }
@@ -340,4 +374,28 @@ pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result
     db::attempts::end_attempts(tx, &updates).await?;
     db::jobs::add_events(tx, &events).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn finished() -> Phase {
+        Phase::Finished { started_at: None, ended_at: Utc::now(), outcome: Outcome::Succeeded }
+    }
+
+    #[test]
+    fn an_ended_attempts_object_is_reported_as_an_orphan_only_while_something_of_it_runs() {
+        let running = Phase::Running { started_at: Utc::now() };
+        // What a cut-short removal leaves on Kubernetes (the Service gone, one of two pods
+        // left, so the gang reads as not yet up) is deleted without an orphan report.
+        assert_eq!(Leftover::of(&Phase::Pending, true, false), Leftover::Discard);
+        assert_eq!(Leftover::of(&finished(), true, false), Leftover::Collect);
+        assert_eq!(Leftover::of(&running, true, false), Leftover::Stop);
+        assert_eq!(Leftover::of(&running, true, true), Leftover::Wait);
+        // A job we never knew: whatever is live is an orphan, and so is what is left of it.
+        assert_eq!(Leftover::of(&Phase::Pending, false, false), Leftover::Stop);
+        assert_eq!(Leftover::of(&Phase::Pending, false, true), Leftover::Wait);
+        assert_eq!(Leftover::of(&finished(), false, false), Leftover::RemoveUnknown);
+    }
 }

@@ -18,6 +18,7 @@ pub mod gpu_classes;
 pub mod group_commit;
 pub mod idempotency;
 pub mod identities;
+pub mod idle;
 pub mod inventory;
 pub mod jobs;
 pub mod leader;
@@ -35,6 +36,7 @@ pub mod teams;
 pub mod templates;
 pub mod tokens;
 pub mod users;
+pub mod utilisation;
 pub mod web_sessions;
 pub mod webhooks;
 

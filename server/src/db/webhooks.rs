@@ -220,7 +220,7 @@ pub async fn job_notices(tx: &mut Tx<'_>, from: i64, to: i64) -> Result<Vec<JobN
            join teams t on t.id = j.team_id
            join webhooks w on w.team_id = j.team_id and w.created_at <= e.at and 'job.' || e.kind = any(w.events)
            where e.id > $1 and e.id <= $2
-             and e.kind in ('succeeded', 'failed', 'preempted', 'requeued', 'cancelled')
+             and e.kind in ('succeeded', 'failed', 'preempted', 'requeued', 'cancelled', 'idle')
              and not exists (select 1 from webhook_deliveries d
                              where d.webhook_id = w.id and d.message_id = 'msg_evt_' || e.id)
            order by e.id, w.id"#,

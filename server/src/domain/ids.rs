@@ -90,6 +90,8 @@ id_type! {
     ArrayId;
     /// The id of an inference service.
     ServiceId;
+    /// The id of an idle policy.
+    IdlePolicyId;
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@ pub mod array;
 mod budget;
 pub mod ci_trust;
 pub mod dependency;
+pub mod idle;
 mod ids;
 pub mod job;
 mod names;
@@ -13,7 +14,9 @@ pub mod service;
 pub mod workload;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};
-pub use ids::{ArrayId, CiTrustId, ClusterId, GpuClassId, JobId, ServiceId, TeamId, TokenId, UserId, WebhookId};
+pub use ids::{
+    ArrayId, CiTrustId, ClusterId, GpuClassId, IdlePolicyId, JobId, ServiceId, TeamId, TokenId, UserId, WebhookId,
+};
 pub use job::{
     BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures, WaitedJob,
 };

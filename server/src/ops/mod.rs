@@ -13,6 +13,7 @@ pub mod ci_trusts;
 pub mod clusters;
 pub mod error;
 pub mod gpu_classes;
+pub mod idle_policies;
 pub mod jobs;
 pub mod logs;
 pub mod priority_classes;
@@ -26,6 +27,7 @@ pub mod timeline;
 pub mod token_exchange;
 pub mod tokens;
 pub mod users;
+pub mod utilisation;
 pub mod webhooks;
 
 pub use error::{Error, OnConstraint, Result};

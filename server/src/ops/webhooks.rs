@@ -49,7 +49,7 @@ pub struct NewWebhook {
     /// Where deliveries are POSTed: an `http` or `https` URL.
     pub url: String,
     /// The event types to send, at least one of `job.succeeded`, `job.failed`,
-    /// `job.preempted`, `job.requeued`, `job.cancelled`, `budget.threshold`.
+    /// `job.preempted`, `job.requeued`, `job.cancelled`, `job.idle`, `budget.threshold`.
     pub events: Vec<String>,
     /// The payload's shape; `standard` when left out.
     #[serde(default)]

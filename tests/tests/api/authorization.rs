@@ -197,6 +197,7 @@ fn matrix() -> Vec<Row> {
         row("GET", "/api/v1/jobs/{job}/events", TEAM_READ, None),
         row("GET", "/api/v1/jobs/{job}/events:stream", TEAM_READ, None),
         row("GET", "/api/v1/jobs/{job}/logs", TEAM_READ, None),
+        row("GET", "/api/v1/jobs/{job}/utilisation", TEAM_READ, None),
         row("GET", "/api/v1/teams/{team}/events:stream", TEAM_READ, None),
         // Nothing runs in the harness, so an allowed caller learns that the job is not running.
         Row {
@@ -242,6 +243,18 @@ fn matrix() -> Vec<Row> {
             PLATFORM,
             Some(json!({"effective_from": later, "rate_micros_per_gpu_hour": 2_000_000})),
         ),
+        row("GET", "/api/v1/idle-policies", PLATFORM, None),
+        row(
+            "PUT",
+            "/api/v1/idle-policies",
+            PLATFORM,
+            Some(json!({"below_sm_active_percent": 5, "idle_seconds": 600, "action": "notify"})),
+        ),
+        // No policy has that id: an allowed caller learns just that.
+        Row {
+            allowed_problem: Some((404, "not_found")),
+            ..row("DELETE", "/api/v1/idle-policies/{policy}", PLATFORM, None)
+        },
         row("GET", "/api/v1/priority-classes", SIGNED_IN, None),
         row(
             "POST",
@@ -367,6 +380,7 @@ fn concrete(path: &str, fixture: &Fixture) -> String {
         .replace("{period}", &next_month())
         .replace("{priority_class}", "experiment")
         .replace("{cluster}", "sim-1")
+        .replace("{policy}", "00000000-0000-0000-0000-000000000000")
 }
 
 #[tokio::test]

@@ -25,4 +25,5 @@ mod sim_backend;
 mod single_sign_on;
 mod templates;
 mod tenancy;
+mod utilisation;
 mod webhooks;

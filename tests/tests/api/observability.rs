@@ -3,7 +3,11 @@
 
 use std::sync::{Arc, Mutex};
 
-use fairway_tests::{call, TestApp};
+use fairway_tests::{
+    call,
+    prometheus::{Prometheus, Target},
+    TestApp,
+};
 use serde_json::json;
 
 #[tokio::test]
@@ -69,63 +73,6 @@ async fn a_database_outage_answers_503_and_is_logged_once_with_its_cause_and_the
     assert!(failures[0].contains("closed"), "with its cause:\n{text}");
 }
 
-/// A real Prometheus server (Debian's, `.ci/install-prometheus`) scraping `addr`'s
-/// `/metrics` every second with `token`; dropped, it is killed.
-struct Prometheus {
-    child: std::process::Child,
-    api: String,
-    _dir: std::path::PathBuf,
-}
-
-impl Prometheus {
-    fn scraping(addr: std::net::SocketAddr, token: &str) -> Self {
-        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../.ci/install-prometheus");
-        let installed = std::process::Command::new("bash").arg(script).output().expect("run .ci/install-prometheus");
-        assert!(installed.status.success(), "{}", String::from_utf8_lossy(&installed.stderr));
-        let binary = String::from_utf8_lossy(&installed.stdout).lines().last().expect("a path").to_owned();
-        let dir =
-            std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("prometheus-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let config = format!(
-            "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  - job_name: fairway\n    \
-             authorization:\n      credentials: {token}\n    static_configs:\n      - targets: ['{addr}']\n"
-        );
-        std::fs::write(dir.join("prometheus.yml"), config).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let log = std::fs::File::create(dir.join("prometheus.log")).unwrap();
-        let child = std::process::Command::new(binary)
-            .arg(format!("--config.file={}", dir.join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus");
-        Self { child, api: format!("http://127.0.0.1:{port}/api/v1"), _dir: dir }
-    }
-
-    /// The samples of an instant query, as (labels, value); empty until scraped.
-    async fn query(&self, http: &reqwest::Client, query: &str) -> Vec<(serde_json::Value, String)> {
-        let Ok(r) = http.get(format!("{}/query", self.api)).query(&[("query", query)]).send().await else {
-            return Vec::new();
-        };
-        let body: serde_json::Value = r.json().await.unwrap_or_default();
-        body["data"]["result"]
-            .as_array()
-            .map(|rows| {
-                rows.iter().map(|r| (r["metric"].clone(), r["value"][1].as_str().unwrap_or("").to_owned())).collect()
-            })
-            .unwrap_or_default()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[tokio::test]
 async fn a_real_prometheus_scrapes_metrics_with_the_token_and_sees_every_kind_of_series() {
     let app = TestApp::spawn_with(|c| c.metrics_token = Some(fairway::config::Secret::new("scrape-token"))).await;
@@ -133,17 +80,10 @@ async fn a_real_prometheus_scrapes_metrics_with_the_token_and_sees_every_kind_of
     app.send(call("GET", "/api/v1/teams").token(&admin)).await.assert_status(200);
     app.state.metrics.budget_alert("ml", 80);
     app.state.metrics.declare(&["priority"], &["succeeded"]);
-    let prometheus = Prometheus::scraping(app.listen().await, "scrape-token");
+    let prometheus =
+        Prometheus::start(&[Target { job: "fairway", addr: app.listen().await, token: Some("scrape-token") }]);
     let http = reqwest::Client::builder().no_proxy().timeout(std::time::Duration::from_secs(5)).build().unwrap();
-    let started = std::time::Instant::now();
-    loop {
-        let up = prometheus.query(&http, "up{job=\"fairway\"}").await;
-        if up.first().is_some_and(|(_, v)| v == "1") {
-            break;
-        }
-        assert!(started.elapsed().as_secs() < 60, "Prometheus did not scrape /metrics successfully: {up:?}");
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-    }
+    prometheus.wait_until_up(&http, &["fairway"]).await;
     // It parsed every kind: an info metric, counters (a team's, with the token; one declared
     // at zero), a histogram, gauges, and the process collector's.
     let version = prometheus.query(&http, "fairway_build_info").await;

@@ -54,6 +54,9 @@ struct StatementPage {
     forecast: String,
     idle_gpu_hours: String,
     idle_cost: String,
+    idle_hours: String,
+    idle_billed: String,
+    idle_jobs: Vec<TopJobLine>,
     top_jobs: Vec<TopJobLine>,
 }
 
@@ -102,6 +105,18 @@ pub async fn statement(
         forecast: s.forecast.map(|v| in_unit(&unit, v)).unwrap_or_default(),
         idle_gpu_hours: hours(s.idle_share_gpu_milli_ms),
         idle_cost: money(s.idle_share_cost_micros),
+        idle_hours: hours(s.idle_gpu_milli_ms),
+        idle_billed: money(s.idle_cost_micros),
+        idle_jobs: s
+            .idle_jobs
+            .iter()
+            .map(|j| TopJobLine {
+                id: j.job_id,
+                name: j.job_name.clone(),
+                gpu_hours: hours(j.idle_gpu_milli_ms),
+                billed: money(j.idle_cost_micros),
+            })
+            .collect(),
         top_jobs: s
             .top_jobs
             .iter()

@@ -162,6 +162,8 @@ pub struct JobDetail {
     pub cost: String,
     /// What it costs per hour while it runs.
     pub burn: Option<String>,
+    /// What its GPUs did (DCGM), now and over the attempt, once sampled.
+    pub activity: Option<String>,
     /// The array it is a task of: its id, this task's index and the task count.
     pub array: Option<(crate::domain::ArrayId, i32, i32)>,
     /// The service it is a replica of: its name, this replica's slot and revision.
@@ -300,8 +302,24 @@ pub async fn job(
             .collect::<Vec<_>>()
             .join(", ")
     });
+    let activity = ops::utilisation::of_job(&state, job.id).await?;
+    let gib = |mib: i64| format!("{:.1} GiB", mib as f64 / 1024.0);
+    let activity = activity.now.zip(activity.attempt_mean).map(|(now, mean)| {
+        format!(
+            "SM {}%, tensor cores {}%, utilisation {}%, memory {} of {} (last sample); \
+             over the attempt SM {}% on average, memory at most {}",
+            now.sm_active_percent,
+            now.tensor_active_percent,
+            now.gpu_util_percent,
+            gib(now.memory_used_mib),
+            gib(now.memory_total_mib),
+            mean.sm_active_percent,
+            gib(mean.memory_used_mib)
+        )
+    });
     let detail = JobDetail {
         id: job.id,
+        activity,
         gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
         waiting,
         // Where it runs now; a requeued job's last placement is history, in the timeline.

@@ -1,0 +1,2 @@
+drop table idle_spans;
+drop table idle_policies;

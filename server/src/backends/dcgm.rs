@@ -1,0 +1,261 @@
+//! What the GPUs did, from NVIDIA's DCGM as `dcgm-exporter` publishes it and a Prometheus
+//! server keeps it. Allocation (what quotas and bills count) says a job holds a GPU; these
+//! fields say whether it used it: SM activity and tensor-core activity are the truth,
+//! "GPU utilisation" only says a kernel was resident, however little of the GPU it kept busy.
+//!
+//! Platform teams already run dcgm-exporter and Prometheus, so Fairway reads them rather than
+//! run an agent: one instant query per pass over Prometheus's HTTP API
+//! (`/api/v1/query`), the series of our pods picked by the pod label dcgm-exporter adds on
+//! Kubernetes (`pod`; `exported_pod` where a scrape's own labels took the name). The
+//! simulated cluster publishes the same names and labels (`backends::sim::dcgm_exposition`),
+//! so the whole path runs without a GPU.
+
+use std::{collections::BTreeMap, time::Duration};
+
+use serde_json::Value;
+
+use super::BackendError;
+use crate::domain::JobId;
+
+/// GPU utilisation, percent: the share of the last interval in which any kernel ran.
+pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
+/// Ratio (0–1) of cycles in which a streaming multiprocessor had a warp resident: how much of
+/// the GPU the work kept busy.
+pub const SM_ACTIVE: &str = "DCGM_FI_PROF_SM_ACTIVE";
+/// Ratio (0–1) of cycles in which the tensor cores were busy.
+pub const TENSOR_ACTIVE: &str = "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE";
+/// Framebuffer memory used, MiB.
+pub const FB_USED: &str = "DCGM_FI_DEV_FB_USED";
+/// Framebuffer memory free, MiB.
+pub const FB_FREE: &str = "DCGM_FI_DEV_FB_FREE";
+
+/// Every field the reader asks for.
+pub const FIELDS: [&str; 5] = [GPU_UTIL, SM_ACTIVE, TENSOR_ACTIVE, FB_USED, FB_FREE];
+
+/// The label dcgm-exporter puts the GPU's ordinal in; with the host it names one GPU.
+pub const GPU_LABEL: &str = "gpu";
+/// The label dcgm-exporter puts the node's name in.
+pub const HOST_LABEL: &str = "Hostname";
+
+/// One replica's GPUs, as last sampled: means over its GPUs, memory of its fullest GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaActivity {
+    pub job_id: JobId,
+    pub attempt: i32,
+    pub replica: i32,
+    /// GPUs of the replica that reported.
+    pub gpus: i32,
+    /// Percent, 0–100.
+    pub gpu_util_pct: f64,
+    /// Ratio, 0–1.
+    pub sm_active: f64,
+    /// Ratio, 0–1.
+    pub tensor_active: f64,
+    /// Memory used on the replica's fullest GPU, MiB.
+    pub fb_used_mib: i64,
+    /// That GPU's memory (used + free), MiB.
+    pub fb_total_mib: i64,
+}
+
+/// The job, attempt and replica a pod of ours runs: pods are named
+/// `<object>-<rank>`, and objects `fw-<job id, 32 hex digits>-<attempt>`
+/// (`backends::object_name`, `kubernetes::manifest::pod_name`).
+pub fn replica_of_pod(pod: &str) -> Option<(JobId, i32, i32)> {
+    let rest = pod.strip_prefix("fw-")?;
+    let (hex, tail) = (rest.get(..32)?, rest.get(32..)?);
+    let mut numbers = tail.strip_prefix('-')?.split('-');
+    let attempt = numbers.next()?.parse::<i32>().ok().filter(|a| *a >= 1)?;
+    let replica = numbers.next()?.parse::<i32>().ok().filter(|r| *r >= 0)?;
+    if numbers.next().is_some() || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((JobId::from(uuid::Uuid::parse_str(hex).ok()?), attempt, replica))
+}
+
+/// The PromQL instant query for every field of our pods' GPUs.
+pub fn query(pod_label: &str) -> String {
+    format!(r#"{{__name__=~"{}",{pod_label}=~"fw-.+"}}"#, FIELDS.join("|"))
+}
+
+/// One GPU's fields, as read.
+#[derive(Default)]
+struct Gpu {
+    fields: BTreeMap<&'static str, f64>,
+}
+
+/// A replica's GPUs by (host, ordinal).
+type ReplicaGpus = BTreeMap<(String, String), Gpu>;
+
+/// The replicas an instant query's answer (`/api/v1/query`'s JSON) describes. Series of
+/// pods that are not ours, and values that are not numbers, are skipped; an answer that is
+/// not a successful vector is an error, in words.
+pub fn activity(answer: &Value, pod_label: &str) -> Result<Vec<ReplicaActivity>, String> {
+    if answer["status"] != "success" {
+        return Err(format!("Prometheus answered {}: {}", answer["status"], answer["error"]));
+    }
+    if answer["data"]["resultType"] != "vector" {
+        return Err(format!("expected a vector, Prometheus answered {}", answer["data"]["resultType"]));
+    }
+    let rows = answer["data"]["result"].as_array().ok_or("the answer has no result list")?;
+    let mut replicas: BTreeMap<(JobId, i32, i32), ReplicaGpus> = BTreeMap::new();
+    for row in rows {
+        let labels = &row["metric"];
+        let Some(field) = labels["__name__"].as_str().and_then(|n| FIELDS.iter().find(|f| **f == n)) else { continue };
+        let Some(key) = labels[pod_label].as_str().and_then(replica_of_pod) else { continue };
+        let Some(value) = row["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite()) else {
+            continue;
+        };
+        let gpu = (
+            labels[HOST_LABEL].as_str().unwrap_or_default().to_owned(),
+            labels[GPU_LABEL].as_str().unwrap_or_default().to_owned(),
+        );
+        replicas.entry(key).or_default().entry(gpu).or_default().fields.insert(field, value);
+    }
+    Ok(replicas
+        .into_iter()
+        .filter_map(|((job_id, attempt, replica), gpus)| {
+            let n = gpus.len();
+            let mean = |field: &str| {
+                gpus.values().map(|g| g.fields.get(field).copied().unwrap_or(0.0)).sum::<f64>() / n as f64
+            };
+            let fullest = gpus.values().max_by(|a, b| {
+                let used = |g: &Gpu| g.fields.get(FB_USED).copied().unwrap_or(0.0);
+                used(a).total_cmp(&used(b))
+            })?;
+            let used = fullest.fields.get(FB_USED).copied().unwrap_or(0.0);
+            let free = fullest.fields.get(FB_FREE).copied().unwrap_or(0.0);
+            Some(ReplicaActivity {
+                job_id,
+                attempt,
+                replica,
+                gpus: i32::try_from(n).unwrap_or(i32::MAX),
+                gpu_util_pct: mean(GPU_UTIL).clamp(0.0, 100.0),
+                sm_active: mean(SM_ACTIVE).clamp(0.0, 1.0),
+                tensor_active: mean(TENSOR_ACTIVE).clamp(0.0, 1.0),
+                fb_used_mib: used.max(0.0).round() as i64,
+                fb_total_mib: (used + free).max(0.0).round() as i64,
+            })
+        })
+        .collect())
+}
+
+/// A Prometheus server that scrapes dcgm-exporter (or the simulated cluster's exporter).
+#[derive(Debug, Clone)]
+pub struct PrometheusSource {
+    /// The server's base URL, e.g. `http://prometheus:9090`.
+    url: String,
+    /// The label holding the pod's name.
+    pod_label: String,
+    http: reqwest::Client,
+}
+
+impl PrometheusSource {
+    /// A source at `url` whose series name pods in `pod_label`.
+    pub fn new(url: &str, pod_label: &str) -> Result<Self, BackendError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| BackendError::Rejected(format!("an HTTP client for Prometheus: {e}")))?;
+        Ok(Self { url: url.trim_end_matches('/').to_owned(), pod_label: pod_label.to_owned(), http })
+    }
+
+    /// The latest sample of every replica of ours that Prometheus holds.
+    pub async fn read(&self) -> Result<Vec<ReplicaActivity>, BackendError> {
+        let unreachable = |e: reqwest::Error| BackendError::Transient(format!("Prometheus at {}: {e}", self.url));
+        let answer: Value = self
+            .http
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", query(&self.pod_label))])
+            .send()
+            .await
+            .map_err(unreachable)?
+            .json()
+            .await
+            .map_err(unreachable)?;
+        activity(&answer, &self.pod_label).map_err(BackendError::Transient)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    const JOB: &str = "0190c0de0000700080000000000000aa";
+
+    fn series(name: &str, pod: &str, host: &str, gpu: &str, value: &str) -> Value {
+        json!({"metric": {"__name__": name, "pod": pod, "namespace": "team-ml", "Hostname": host, "gpu": gpu,
+                          "UUID": format!("GPU-{host}-{gpu}"), "modelName": "NVIDIA H100 80GB HBM3"},
+               "value": [1_764_300_000.0, value]})
+    }
+
+    fn answer(result: Vec<Value>) -> Value {
+        json!({"status": "success", "data": {"resultType": "vector", "result": result}})
+    }
+
+    #[test]
+    fn a_pod_name_gives_the_job_its_attempt_and_its_rank_and_anything_else_is_not_ours() {
+        let (job, attempt, replica) = replica_of_pod(&format!("fw-{JOB}-3-12")).unwrap();
+        assert_eq!((job.to_string().replace('-', ""), attempt, replica), (JOB.to_owned(), 3, 12));
+        for other in [
+            "prometheus-0".to_owned(),
+            format!("fw-{JOB}-3"),
+            format!("fw-{JOB}-0-1"),
+            format!("fw-{JOB}-1-2-3"),
+            format!("fw-{}-1-0", "z".repeat(32)),
+            format!("fw-svc-{JOB}-1-0"),
+        ] {
+            assert_eq!(replica_of_pod(&other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_replica_reads_as_the_mean_of_its_gpus_and_the_memory_of_its_fullest() {
+        let pod = format!("fw-{JOB}-1-0");
+        let read = activity(
+            &answer(vec![
+                series(SM_ACTIVE, &pod, "n1", "0", "0.02"),
+                series(SM_ACTIVE, &pod, "n1", "1", "0.04"),
+                series(GPU_UTIL, &pod, "n1", "0", "10"),
+                series(GPU_UTIL, &pod, "n1", "1", "30"),
+                series(TENSOR_ACTIVE, &pod, "n1", "0", "0"),
+                series(TENSOR_ACTIVE, &pod, "n1", "1", "0.01"),
+                series(FB_USED, &pod, "n1", "0", "9216"),
+                series(FB_FREE, &pod, "n1", "0", "72704"),
+                series(FB_USED, &pod, "n1", "1", "1024"),
+                series(FB_FREE, &pod, "n1", "1", "80896"),
+                // Another pod's series, and a GPU no pod holds, are not this replica's.
+                series(SM_ACTIVE, "prometheus-0", "n1", "2", "0.9"),
+                json!({"metric": {"__name__": SM_ACTIVE, "Hostname": "n1", "gpu": "3"}, "value": [0, "0.5"]}),
+                series(SM_ACTIVE, &pod, "n1", "1", "NaN"),
+            ]),
+            "pod",
+        )
+        .unwrap();
+        assert_eq!(read.len(), 1, "{read:?}");
+        let r = &read[0];
+        assert_eq!((r.attempt, r.replica, r.gpus), (1, 0, 2));
+        assert!((r.sm_active - 0.03).abs() < 1e-9, "{r:?}");
+        assert!((r.gpu_util_pct - 20.0).abs() < 1e-9, "{r:?}");
+        assert!((r.tensor_active - 0.005).abs() < 1e-9, "{r:?}");
+        assert_eq!((r.fb_used_mib, r.fb_total_mib), (9216, 81920));
+    }
+
+    #[test]
+    fn a_failed_query_is_an_error_that_says_what_prometheus_said() {
+        let failed = json!({"status": "error", "errorType": "bad_data", "error": "parse error"});
+        assert!(activity(&failed, "pod").unwrap_err().contains("parse error"));
+        let matrix = json!({"status": "success", "data": {"resultType": "matrix", "result": []}});
+        assert!(activity(&matrix, "pod").unwrap_err().contains("vector"));
+    }
+
+    #[test]
+    fn the_query_names_every_field_and_only_our_pods_by_the_configured_label() {
+        let q = query("exported_pod");
+        for field in FIELDS {
+            assert!(q.contains(field), "{q}");
+        }
+        assert!(q.contains(r#"exported_pod=~"fw-.+""#), "{q}");
+    }
+}

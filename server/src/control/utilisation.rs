@@ -1,0 +1,234 @@
+//! The leader's utilisation pass: what running jobs' GPUs did, read from the Prometheus
+//! server that scrapes the clusters' dcgm-exporters (`backends::dcgm`), added to each
+//! replica's row (`db::utilisation`), and then idle reclamation (`domain::idle`): each
+//! sampled job's idle stretch is opened, extended or closed, and the governing policy warns
+//! and then stops or preempts a job idle too long. One transaction under the leader's epoch,
+//! so two replicas of Fairway never count one sample twice nor act twice.
+
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use super::{leader_tx, ControlError, Ctx};
+use crate::{
+    backends::dcgm::PrometheusSource,
+    db::{
+        self,
+        idle::{Sampled, SpanChange},
+    },
+    domain::idle::{governing, step, IdleAction, IdlePolicy, Step, Stretch},
+};
+
+/// Reads every `ctx.config.utilisation_interval` until leadership is lost.
+pub async fn run(ctx: Ctx, epoch: i64, source: PrometheusSource) {
+    let mut tick = tokio::time::interval(ctx.config.utilisation_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match pass(&ctx, epoch, &source).await {
+            Ok(_) => {}
+            Err(ControlError::NotLeader) => return,
+            Err(e) => tracing::warn!(error = %e, "reading GPU activity failed; the next pass reads again"),
+        }
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct UtilisationReport {
+    /// Replicas of running attempts recorded.
+    pub replicas: u64,
+    /// Jobs warned that their GPUs are idle.
+    pub warned: usize,
+    /// Jobs stopped or preempted for idleness.
+    pub reclaimed: usize,
+}
+
+/// One read, then the idle rule over the jobs it sampled.
+pub async fn pass(ctx: &Ctx, epoch: i64, source: &PrometheusSource) -> Result<UtilisationReport, ControlError> {
+    let read = source.read().await?;
+    let at = Utc::now();
+    let samples: Vec<db::utilisation::Sample> = read
+        .into_iter()
+        .map(|r| db::utilisation::Sample {
+            job_id: r.job_id,
+            attempt: r.attempt,
+            replica: r.replica,
+            gpus: r.gpus,
+            gpu_util_pct: r.gpu_util_pct,
+            sm_active: r.sm_active,
+            tensor_active: r.tensor_active,
+            fb_used_mib: r.fb_used_mib,
+            fb_total_mib: r.fb_total_mib,
+        })
+        .collect();
+    let mut tx = leader_tx(&ctx.pool, epoch).await?;
+    let mut report = UtilisationReport {
+        replicas: db::utilisation::record(&mut tx, &samples, at).await?,
+        ..UtilisationReport::default()
+    };
+    let sampled = db::idle::sampled_at(&mut tx, at).await?;
+    if !sampled.is_empty() {
+        let policies: Vec<IdlePolicy> = db::idle::policies(&mut *tx).await?.into_iter().map(|p| p.policy).collect();
+        let (warned, reclaimed) = apply(&mut tx, &policies, &sampled, at).await?;
+        (report.warned, report.reclaimed) = (warned, reclaimed);
+    }
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// The idle rule over the sampled jobs: stretches changed in one statement per kind of
+/// change, events in one, preemptions in one. Returns (warned, reclaimed).
+async fn apply(
+    tx: &mut db::Tx<'_>,
+    policies: &[IdlePolicy],
+    sampled: &[Sampled],
+    at: DateTime<Utc>,
+) -> Result<(usize, usize), ControlError> {
+    let mut open = Vec::new();
+    let mut changes: [(SpanChange, Vec<(crate::domain::JobId, i32)>); 4] = [
+        (SpanChange::Extend, Vec::new()),
+        (SpanChange::Warn, Vec::new()),
+        (SpanChange::Act, Vec::new()),
+        (SpanChange::Close, Vec::new()),
+    ];
+    let mut events = Vec::new();
+    let mut preempt = Vec::new();
+    let mut stop = Vec::new();
+    for job in sampled {
+        let policy = governing(policies, job.team_id, &job.priority_class);
+        let stretch = job.stretch_started_at.map(|started_at| Stretch {
+            started_at,
+            warned_at: job.warned_at,
+            acted: job.acted_at.is_some(),
+        });
+        let sm = job.sm_active * 100.0;
+        let key = (job.job_id, job.attempt);
+        let event = |kind: &'static str, message: String, data| db::jobs::NewEvent {
+            job_id: job.job_id,
+            attempt: job.attempt,
+            kind,
+            reason: Some("idle".into()),
+            message,
+            data: Some(data),
+        };
+        match step(policy, stretch.as_ref(), sm, at) {
+            Step::Busy => {}
+            Step::Began => open.push((job.job_id, job.attempt, job.gpu_milli)),
+            Step::Continues => changes[0].1.push(key),
+            Step::Ended { warned } => {
+                changes[3].1.push(key);
+                if warned {
+                    events.push(event(
+                        "active",
+                        format!("its GPUs are busy again (SM activity {sm:.1}%): the idle warning is lifted"),
+                        json!({"sm_active_percent": round1(sm)}),
+                    ));
+                }
+            }
+            Step::Warn { act_at } => {
+                changes[1].1.push(key);
+                let (Some(policy), Some(started)) = (policy, stretch.as_ref().map(|s| s.started_at)) else { continue };
+                let then = match (act_at, policy.action) {
+                    (Some(when), IdleAction::Stop) => {
+                        format!("it will be stopped at {} unless they get busy", when.format("%H:%M:%S UTC"))
+                    }
+                    (Some(when), _) => format!(
+                        "it will be preempted (and requeued) at {} unless they get busy",
+                        when.format("%H:%M:%S UTC")
+                    ),
+                    (None, _) => "the policy only notifies".into(),
+                };
+                events.push(event(
+                    "idle",
+                    format!(
+                        "its GPUs have been idle for {} (SM activity {sm:.1}%, below the {}% of {}): {then}",
+                        words((at - started).num_seconds()),
+                        policy.below_sm_active_percent,
+                        scope(policy, job)
+                    ),
+                    json!({"sm_active_percent": round1(sm), "below_sm_active_percent": policy.below_sm_active_percent,
+                           "idle_since": started, "action": policy.action, "acts_at": act_at}),
+                ));
+            }
+            Step::Act(action) => {
+                changes[2].1.push(key);
+                let Some(policy) = policy else { continue };
+                let started = stretch.as_ref().map_or(at, |s| s.started_at);
+                let message = format!(
+                    "its GPUs stayed idle for {} (SM activity {sm:.1}%, below the {}% of {}) after the warning",
+                    words((at - started).num_seconds()),
+                    policy.below_sm_active_percent,
+                    scope(policy, job)
+                );
+                let data = json!({"sm_active_percent": round1(sm), "idle_since": started, "action": action});
+                match action {
+                    IdleAction::Preempt => preempt.push(db::decisions::PreemptRow {
+                        job_id: job.job_id,
+                        grace_ms: job.grace_ms,
+                        reason: "idle".into(),
+                        message: format!("preempted: {message}"),
+                        data,
+                    }),
+                    _ => stop.push((job, format!("stopped by the idle policy: {message}"), data)),
+                }
+            }
+        }
+    }
+    db::idle::open_spans(tx, &open, at).await?;
+    for (change, attempts) in &changes {
+        db::idle::change_spans(tx, attempts, *change, at).await?;
+    }
+    let warned = changes[1].1.len();
+    let mut ids: Vec<_> = preempt.iter().map(|p| p.job_id).chain(stop.iter().map(|s| s.0.job_id)).collect();
+    ids.sort_unstable();
+    // The cycle and the reconciler lock the jobs they change in id order; so must this.
+    db::decisions::lock_jobs(tx, &ids).await?;
+    let reclaimed = db::decisions::preempt(tx, &preempt).await?.len();
+    for (job, message, data) in &stop {
+        db::jobs::mark_cancelled(tx, job.job_id, job.attempt, Some(job.grace_ms)).await?;
+        events.push(db::jobs::NewEvent {
+            job_id: job.job_id,
+            attempt: job.attempt,
+            kind: "cancel_requested",
+            reason: Some("idle".into()),
+            message: message.clone(),
+            data: Some(data.clone()),
+        });
+    }
+    db::jobs::add_events(tx, &events).await?;
+    Ok((warned, reclaimed + stop.len()))
+}
+
+/// Whose policy it is, in words.
+fn scope(policy: &IdlePolicy, job: &Sampled) -> String {
+    let class = policy.priority_class.as_deref().map(|c| format!(" for {c} jobs")).unwrap_or_default();
+    match policy.team_id {
+        Some(_) => format!("team {}'s idle policy{class}", job.team),
+        None => format!("the platform's idle policy{class}"),
+    }
+}
+
+/// A duration in seconds, as people say it: `45 s`, `12 min`, `2 h 5 min`.
+fn words(seconds: i64) -> String {
+    match seconds.max(0) {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7_200 => format!("{} min", s / 60),
+        s => format!("{} h {} min", s / 3_600, s % 3_600 / 60),
+    }
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::words;
+
+    #[test]
+    fn idle_time_reads_in_the_unit_people_use() {
+        assert_eq!(words(45), "45 s");
+        assert_eq!(words(600), "10 min");
+        assert_eq!(words(7_500), "2 h 5 min");
+    }
+}

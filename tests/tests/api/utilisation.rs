@@ -1,0 +1,218 @@
+//! What jobs' GPUs did, read as on a real cluster: the simulated cluster publishes its GPUs'
+//! DCGM fields as dcgm-exporter does, a real Prometheus server scrapes them, and the leader
+//! reads them from Prometheus's HTTP API.
+
+use std::time::Duration;
+
+use fairway::backends::sim::{serve_dcgm_exporter, SimBackend, SimConfig};
+use fairway_tests::{
+    call,
+    prometheus::{Prometheus, Target},
+    TestApp,
+};
+use serde_json::{json, Value};
+
+use crate::lifecycle::{events, kinds, start_control, submit, wait_for, wait_for_inventory};
+
+/// The service reading GPU activity from a real Prometheus that scrapes the simulated
+/// cluster's dcgm-exporter, with its control loop running; returns both and an HTTP client.
+async fn with_dcgm() -> (TestApp, Prometheus, reqwest::Client) {
+    let exporter = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let prometheus = Prometheus::start(&[Target { job: "dcgm", addr: exporter.local_addr().unwrap(), token: None }]);
+    let app = TestApp::spawn_with(|c| {
+        c.prometheus_url = Some(prometheus.url.clone());
+        c.utilisation_interval = Duration::from_millis(300);
+    })
+    .await;
+    tokio::spawn(serve_dcgm_exporter(vec![SimBackend::new(app.pool.clone(), SimConfig::default())], exporter));
+    start_control(&app).await;
+    wait_for_inventory(&app).await;
+    let http = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap();
+    prometheus.wait_until_up(&http, &["dcgm"]).await;
+    (app, prometheus, http)
+}
+
+/// A job whose GPUs stay at 2% utilisation (SM activity 1.8%) for long; of the production
+/// class, which is billed at the list price.
+fn idle_job(name: &str, replicas: i64, gpus: i64) -> Value {
+    json!({"name": name, "gpu_class": "h100-80gb", "replicas": replicas, "gpus_per_replica": gpus, "image": "x",
+           "priority_class": "production",
+           "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000", "FAIRWAY_SIM_GPU_UTIL": "2",
+                   "FAIRWAY_SIM_GPU_MEMORY_MIB": "9216"}})
+}
+
+async fn utilisation(app: &TestApp, token: &str, id: &str) -> Value {
+    let r = app.send(call("GET", &format!("/api/v1/jobs/{id}/utilisation")).token(token)).await;
+    r.assert_status(200);
+    r.json()
+}
+
+/// Waits until the job's activity has been sampled at least `samples` times on every replica.
+async fn sampled(app: &TestApp, token: &str, id: &str, replicas: usize, samples: i64) -> Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let u = utilisation(app, token, id).await;
+        let rows = u["replicas"].as_array().cloned().unwrap_or_default();
+        if rows.len() == replicas && rows.iter().all(|r| r["samples"].as_i64().unwrap_or(0) >= samples) {
+            return u;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the job's activity was never sampled: {u:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_jobs_gpu_activity_comes_from_dcgm_through_a_real_prometheus_per_replica_and_for_the_job() {
+    let (app, prometheus, http) = with_dcgm().await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.team(&admin, "vision", None).await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
+    let (_, ci) = app.api_token(&admin, "ml", "member").await;
+    let (_, other) = app.api_token(&admin, "vision", "member").await;
+    let idle = submit(&app, &ci, "ml", idle_job("notebook", 2, 2)).await;
+    let busy = submit(
+        &app,
+        &ci,
+        "ml",
+        json!({"name": "train", "gpu_class": "h100-80gb", "image": "x", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"}}),
+    )
+    .await;
+    for id in [&idle, &busy] {
+        wait_for(&app, &ci, id, Duration::from_secs(30), |j| j["state"] == "running").await;
+    }
+    // Prometheus holds the fields under dcgm-exporter's names, with the pod and its team's
+    // namespace on the GPUs a replica holds.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let held = loop {
+        let series = prometheus.query(&http, "DCGM_FI_PROF_SM_ACTIVE{namespace=\"ml\"}").await;
+        let held: Vec<_> =
+            series.iter().filter(|(_, v)| v.parse::<f64>().is_ok_and(|v| (v - 0.018).abs() < 1e-9)).cloned().collect();
+        if held.len() == 4 {
+            break held;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the idle job's four GPUs were never scraped: {series:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(held.iter().all(|(labels, _)| labels["pod"].as_str().is_some_and(|p| p.starts_with("fw-"))), "{held:?}");
+
+    let u = sampled(&app, &ci, &idle, 2, 2).await;
+    assert_eq!(u["measured"], true);
+    assert_eq!(u["attempt"], 1);
+    let expected = json!({"gpu_util_percent": 2.0, "sm_active_percent": 1.8, "tensor_active_percent": 1.0,
+                          "memory_used_mib": 9216, "memory_total_mib": 81920});
+    assert_eq!(u["now"], expected, "{u:#}");
+    assert_eq!(u["attempt_mean"], expected, "a constant activity has itself as its mean: {u:#}");
+    for (rank, replica) in u["replicas"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(replica["replica"], rank);
+        assert_eq!(replica["gpus"], 2, "{replica:#}");
+        assert_eq!(replica["now"], expected, "{replica:#}");
+    }
+
+    let u = sampled(&app, &ci, &busy, 1, 1).await;
+    assert_eq!(
+        u["now"],
+        json!({"gpu_util_percent": 90.0, "sm_active_percent": 81.0, "tensor_active_percent": 45.0,
+               "memory_used_mib": 57344, "memory_total_mib": 81920}),
+        "a job that says nothing is busy: {u:#}"
+    );
+
+    // Another team's member does not learn that the job exists.
+    app.send(call("GET", &format!("/api/v1/jobs/{idle}/utilisation")).token(&other))
+        .await
+        .assert_problem(404, "not_found");
+}
+
+#[tokio::test]
+async fn without_a_prometheus_server_a_job_says_its_activity_is_not_measured() {
+    let app = TestApp::spawn().await;
+    start_control(&app).await;
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
+    let id = submit(&app, &admin, "ml", json!({"name": "x", "gpu_class": "h100-80gb", "image": "x"})).await;
+    wait_for(&app, &admin, &id, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let u = utilisation(&app, &admin, &id).await;
+    assert_eq!(u["measured"], false, "{u:#}");
+    assert_eq!((u["now"].clone(), u["replicas"].clone()), (Value::Null, json!([])), "{u:#}");
+}
+
+#[tokio::test]
+async fn a_job_idle_past_its_policy_is_warned_then_stopped_and_its_statement_prices_the_idle_gpu_hours() {
+    let (app, _prometheus, _http) = with_dcgm().await;
+    let admin = app.admin().await;
+    for team in ["ml", "vision"] {
+        app.team(&admin, team, None).await;
+        app.quota(&admin, team, "h100-80gb", 8, 0).await;
+    }
+    // $3,600 per GPU-hour: a GPU-second is a dollar, so seconds of idle time have a price.
+    sqlx::query(
+        "insert into gpu_class_rates (gpu_class_id, effective_from, rate_micros_per_gpu_hour)
+         select id, '2026-01-01', 3600000000 from gpu_classes where name = 'h100-80gb'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let policy = app
+        .send(call("PUT", "/api/v1/idle-policies").token(&admin).json(&json!({
+            "team": "ml", "below_sm_active_percent": 10, "idle_seconds": 2, "notice_seconds": 2, "action": "stop"})))
+        .await;
+    policy.assert_status(200);
+    assert_eq!(policy.json()["team"], "ml");
+    // Only platform admins set them.
+    let (_, member) = app.api_token(&admin, "ml", "member").await;
+    app.send(call("PUT", "/api/v1/idle-policies").token(&member).json(&json!({
+        "below_sm_active_percent": 10, "idle_seconds": 2, "action": "exempt"})))
+        .await
+        .assert_status(403);
+    // Out of range and unknown fields name the field.
+    let bad = app
+        .send(call("PUT", "/api/v1/idle-policies").token(&admin).json(&json!({
+            "below_sm_active_percent": 0, "idle_seconds": 2, "action": "stop"})))
+        .await;
+    assert_eq!(bad.assert_problem(422, "validation_failed")["errors"][0]["field"], "below_sm_active_percent");
+
+    let governed = submit(&app, &admin, "ml", idle_job("forgotten-notebook", 1, 4)).await;
+    let ungoverned = submit(&app, &admin, "vision", idle_job("also-idle", 1, 4)).await;
+    let stopped = wait_for(&app, &admin, &governed, Duration::from_secs(60), |j| {
+        j["state"] == "cancelled" && j["finished_at"].is_string()
+    })
+    .await;
+    assert_eq!(stopped["attempt"], 1, "stopped, not requeued: {stopped:#}");
+    let timeline = events(&app, &admin, &governed).await;
+    let order = kinds(&timeline);
+    let at = |kind: &str| order.iter().position(|k| k == kind).unwrap_or_else(|| panic!("no {kind}: {timeline:#?}"));
+    assert!(
+        at("running") < at("idle") && at("idle") < at("cancel_requested") && at("cancel_requested") < at("cancelled")
+    );
+    let warning = &timeline[at("idle")];
+    assert_eq!(warning["reason"], "idle");
+    let message = warning["message"].as_str().unwrap();
+    assert!(
+        message.contains("SM activity 1.8%") && message.contains("below the 10% of team ml's idle policy"),
+        "{message}"
+    );
+    assert!(message.contains("it will be stopped at"), "{message}");
+    assert_eq!(timeline[at("cancel_requested")]["reason"], "idle");
+
+    // Without a policy the same idleness is counted, never acted on.
+    let other = crate::lifecycle::job(&app, &admin, &ungoverned).await;
+    assert_eq!(other["state"], "running", "{other:#}");
+    assert!(!kinds(&events(&app, &admin, &ungoverned).await).contains(&"idle".to_owned()));
+
+    let period = chrono::Utc::now().format("%Y-%m").to_string();
+    let statement = app.send(call("GET", &format!("/api/v1/teams/ml/statements/{period}")).token(&admin)).await;
+    statement.assert_status(200);
+    let s = statement.json();
+    let idle_jobs = s["idle_jobs"].as_array().unwrap();
+    assert_eq!(idle_jobs.len(), 1, "{s:#}");
+    assert_eq!(idle_jobs[0]["job_id"], governed.as_str());
+    let number = |v: &Value| v.as_str().unwrap().parse::<f64>().unwrap();
+    let (hours, cost) = (number(&s["idle_gpu_hours"]), number(&s["idle_cost"]));
+    // Four GPUs idle from the first read to the stop: at least the policy's 2 + 2 s.
+    assert!(hours >= 4.0 * 4.0 / 3600.0, "{s:#}");
+    assert!(cost > 0.0 && cost <= number(&s["billed_cost"]), "priced, and part of what was billed: {s:#}");
+    // The job billed a dollar per GPU-second, so its idle time costs as many dollars as seconds.
+    assert!((cost - hours * 3600.0).abs() < 0.01, "{s:#}");
+}
