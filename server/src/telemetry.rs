@@ -118,6 +118,11 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ActionLabels {
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ClusterKindLabels {
     cluster: String,
     kind: String,
@@ -140,6 +145,9 @@ struct TeamThresholdLabels {
 }
 
 type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// What idle policies do to jobs, the label values of `fairway_idle_actions_total`.
+pub const IDLE_ACTIONS: [&str; 3] = ["warned", "stopped", "preempted"];
 
 /// A job admitted in a cycle, for the wait histograms: how long it waited, and the labels
 /// operators slice waits by.
@@ -179,6 +187,9 @@ pub struct Metrics {
     webhook_attempts: Family<OutcomeLabels, Counter>,
     budget_spent_ratio: Family<TeamLabels, Gauge<f64, AtomicU64>>,
     budget_alerts: Family<TeamThresholdLabels, Counter>,
+    sm_active: Family<TeamClassLabels, Gauge<f64, AtomicU64>>,
+    idle_gpus: Family<TeamClassLabels, Gauge<f64, AtomicU64>>,
+    idle_actions: Family<ActionLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -208,6 +219,9 @@ impl Default for Metrics {
             webhook_attempts: Family::default(),
             budget_spent_ratio: Family::default(),
             budget_alerts: Family::default(),
+            sm_active: Family::default(),
+            idle_gpus: Family::default(),
+            idle_actions: Family::default(),
         };
         m.registered()
     }
@@ -279,7 +293,22 @@ impl Metrics {
             "Webhook delivery attempts, by outcome: delivered, retrying or failed",
             self.webhook_attempts.clone(),
         );
+        p.register(
+            "fairway_idle_actions",
+            "What idle policies did to jobs whose GPUs stayed idle: warned, stopped or preempted",
+            self.idle_actions.clone(),
+        );
         let t = &mut self.tenants;
+        t.register(
+            "fairway_gpu_sm_active_ratio",
+            "SM activity (DCGM) of running jobs' GPUs at the last read, weighted by GPUs, by team and GPU class",
+            self.sm_active.clone(),
+        );
+        t.register(
+            "fairway_gpus_idle",
+            "GPUs held by running jobs whose GPUs are idle (SM activity below their idle policy's threshold), by team and GPU class",
+            self.idle_gpus.clone(),
+        );
         t.register("fairway_pending_jobs", "Jobs waiting for admission, by team and GPU class", self.pending.clone());
         t.register(
             "fairway_budget_spent_ratio",
@@ -314,6 +343,8 @@ impl Metrics {
             self.allocated.clear();
             self.capacity.clear();
             self.budget_spent_ratio.clear();
+            self.sm_active.clear();
+            self.idle_gpus.clear();
         }
     }
 
@@ -335,6 +366,9 @@ impl Metrics {
         }
         for outcome in ["delivered", "retrying", "failed"] {
             drop(self.webhook_attempts.get_or_create(&OutcomeLabels { outcome: outcome.to_owned() }));
+        }
+        for action in IDLE_ACTIONS {
+            drop(self.idle_actions.get_or_create(&ActionLabels { action: action.to_owned() }));
         }
     }
 
@@ -405,6 +439,24 @@ impl Metrics {
         for (team, ratio) in spent_ratio {
             self.budget_spent_ratio.get_or_create(&TeamLabels { team }).set(ratio);
         }
+    }
+
+    /// Records what running jobs' GPUs did at the last read, per (team, GPU class): SM
+    /// activity (ratio, GPU-weighted) and GPUs held idle; replaced whole, so a team or class
+    /// with nothing running any more has no series.
+    pub fn gpu_activity(&self, by_team_class: BTreeMap<(String, String), (f64, f64)>) {
+        self.sm_active.clear();
+        self.idle_gpus.clear();
+        for ((team, gpu_class), (sm_active, idle)) in by_team_class {
+            let labels = TeamClassLabels { team, gpu_class };
+            self.sm_active.get_or_create(&labels).set(sm_active);
+            self.idle_gpus.get_or_create(&labels).set(idle);
+        }
+    }
+
+    /// Counts what idle policies did: one of [`IDLE_ACTIONS`].
+    pub fn idle_action(&self, action: &str, jobs: usize) {
+        self.idle_actions.get_or_create(&ActionLabels { action: action.to_owned() }).inc_by(jobs as u64);
     }
 
     /// Counts a budget alert.

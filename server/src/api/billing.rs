@@ -310,6 +310,34 @@ pub struct StatementView {
     pub idle_cost: String,
     /// Those jobs, costliest first.
     pub idle_jobs: Vec<IdleJobView>,
+    /// Allocated against effective: the billed GPU-hours whose activity was measured (DCGM),
+    /// and those hours weighted by each job's mean SM activity.
+    pub measured_gpu_hours: String,
+    pub effective_gpu_hours: String,
+    /// The team's recurring jobs (by name and class) that a cheaper class or MIG profile
+    /// would have held (their peak memory with 10% to spare, their SM activity with 25%),
+    /// with what they would have saved in the period; largest saving first.
+    pub right_sizing: Vec<RightSizingView>,
+}
+
+/// Right-sizing advice for the jobs of one name on one class.
+#[derive(Serialize, ToSchema)]
+pub struct RightSizingView {
+    pub job_name: String,
+    pub gpu_class: String,
+    /// Jobs of that name and class billed in the period whose activity was measured.
+    pub jobs: i64,
+    /// The most memory any of their GPUs used, MiB.
+    pub peak_memory_mib: i64,
+    /// Their mean SM activity, percent.
+    pub mean_sm_active_percent: f64,
+    /// The class or MIG profile that would have held them.
+    pub recommended_class: String,
+    pub recommended_memory_mib: i64,
+    /// Its price per unit-hour as a percentage of the current class's.
+    pub price_percent: i64,
+    /// What they were billed in the period would have been this much less.
+    pub saving: String,
 }
 
 /// A job that held GPUs idle, on a statement.
@@ -371,6 +399,23 @@ pub async fn get_team_statement(
         idle_share_cost: micros_decimal(s.idle_share_cost_micros),
         idle_gpu_hours: gpu_hours_decimal(s.idle_gpu_milli_ms),
         idle_cost: micros_decimal(s.idle_cost_micros),
+        right_sizing: s
+            .right_sizing
+            .iter()
+            .map(|a| RightSizingView {
+                job_name: a.job_name.clone(),
+                gpu_class: a.gpu_class.clone(),
+                jobs: a.jobs,
+                peak_memory_mib: a.seen.peak_memory_mib,
+                mean_sm_active_percent: (a.seen.mean_sm_active * 1000.0).round() / 10.0,
+                recommended_class: a.recommendation.class.clone(),
+                recommended_memory_mib: a.recommendation.memory_mib,
+                price_percent: (a.recommendation.price_ratio_milli + 5) / 10,
+                saving: micros_decimal(a.saving_micros),
+            })
+            .collect(),
+        measured_gpu_hours: gpu_hours_decimal(s.measured_gpu_milli_ms),
+        effective_gpu_hours: gpu_hours_decimal(s.effective_gpu_milli_ms),
         idle_jobs: s
             .idle_jobs
             .into_iter()

@@ -3,7 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use crate::domain::{GpuClassId, TeamId};
+use crate::domain::{
+    sizing::{recommend, ClassOption, Recommendation, Seen},
+    GpuClassId, TeamId,
+};
 use chrono::{DateTime, NaiveDate, Utc};
 
 use super::budgets::{period_bounds, period_of, spend};
@@ -41,6 +44,67 @@ pub struct Statement {
     pub idle_jobs: Vec<db::idle::IdleJob>,
     pub idle_gpu_milli_ms: i64,
     pub idle_cost_micros: i64,
+    /// Billed GPU time whose activity was measured (DCGM), and that time weighted by each
+    /// job's mean SM activity: allocated against effective.
+    pub measured_gpu_milli_ms: i64,
+    pub effective_gpu_milli_ms: i64,
+    /// The team's recurring jobs (by name and class) that a cheaper class or MIG profile
+    /// would have held, with what they would have saved in the period; largest saving first.
+    pub right_sizing: Vec<NameAdvice>,
+}
+
+/// Right-sizing advice for the jobs of one name on one class.
+#[derive(Debug, Clone)]
+pub struct NameAdvice {
+    pub job_name: String,
+    pub gpu_class: String,
+    pub jobs: i64,
+    pub seen: Seen,
+    pub recommendation: Recommendation,
+    /// What they were billed in the period would have been this much less.
+    pub saving_micros: i64,
+}
+
+/// The GPU classes of the catalogue with the price in force, as the sizing rule sees them.
+pub async fn sizing_options(pool: &sqlx::PgPool) -> Result<Vec<ClassOption>, sqlx::Error> {
+    Ok(db::gpu_classes::list(pool, None, 10_000)
+        .await?
+        .into_iter()
+        .map(|c| ClassOption {
+            name: c.name,
+            memory_mib: i64::from(c.memory_mib),
+            fraction_milli: c.fraction_milli,
+            rate_micros_per_hour: c.rate_micros_per_gpu_hour,
+        })
+        .collect())
+}
+
+/// Advice for each of the team's job names measured in the period that a cheaper class
+/// would have held.
+async fn right_sizing(pool: &sqlx::PgPool, team_id: TeamId, period: NaiveDate) -> Result<Vec<NameAdvice>, sqlx::Error> {
+    let names = db::utilisation::sizing_by_job_name(pool, team_id, period).await?;
+    if names.is_empty() {
+        return Ok(Vec::new());
+    }
+    let options = sizing_options(pool).await?;
+    let mut advice: Vec<NameAdvice> = names
+        .into_iter()
+        .filter_map(|n| {
+            let seen = Seen { peak_memory_mib: n.peak_memory_mib, mean_sm_active: n.mean_sm_active };
+            let current = options.iter().find(|o| o.name == n.gpu_class)?;
+            let recommendation = recommend(&seen, current, &options)?;
+            Some(NameAdvice {
+                saving_micros: recommendation.saving_of(n.billed_cost_micros),
+                job_name: n.job_name,
+                gpu_class: n.gpu_class,
+                jobs: n.jobs,
+                seen,
+                recommendation,
+            })
+        })
+        .collect();
+    advice.sort_by(|a, b| b.saving_micros.cmp(&a.saving_micros).then(a.job_name.cmp(&b.job_name)));
+    Ok(advice)
 }
 
 /// The statement of `team_id` for `period`, as of `now`.
@@ -67,7 +131,12 @@ pub async fn statement(
     let (from, to) = period_bounds(period);
     let (idle_share_gpu_milli_ms, idle_share_cost_micros) = idle_share(pool, team_id, from, to).await?;
     let idle_jobs = db::idle::idle_jobs(pool, team_id, period, from, to).await?;
+    let (measured_gpu_milli_ms, effective_gpu_milli_ms) =
+        db::utilisation::effective_in_period(pool, team_id, period).await?;
     Ok(Statement {
+        right_sizing: right_sizing(pool, team_id, period).await?,
+        measured_gpu_milli_ms,
+        effective_gpu_milli_ms,
         idle_gpu_milli_ms: idle_jobs.iter().map(|j| j.idle_gpu_milli_ms).sum(),
         idle_cost_micros: idle_jobs.iter().map(|j| j.idle_cost_micros).sum(),
         idle_jobs,

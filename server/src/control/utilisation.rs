@@ -5,6 +5,8 @@
 //! and then stops or preempts a job idle too long. One transaction under the leader's epoch,
 //! so two replicas of Fairway never count one sample twice nor act twice.
 
+use std::collections::{BTreeMap, HashSet};
+
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
@@ -15,7 +17,10 @@ use crate::{
         self,
         idle::{Sampled, SpanChange},
     },
-    domain::idle::{governing, step, IdleAction, IdlePolicy, Step, Stretch},
+    domain::{
+        idle::{governing, step, IdleAction, IdlePolicy, Step, Stretch},
+        JobId,
+    },
 };
 
 /// Reads every `ctx.config.utilisation_interval` until leadership is lost.
@@ -39,8 +44,10 @@ pub struct UtilisationReport {
     pub replicas: u64,
     /// Jobs warned that their GPUs are idle.
     pub warned: usize,
-    /// Jobs stopped or preempted for idleness.
-    pub reclaimed: usize,
+    /// Jobs stopped for idleness.
+    pub stopped: usize,
+    /// Jobs preempted for idleness.
+    pub preempted: usize,
 }
 
 /// One read, then the idle rule over the jobs it sampled.
@@ -67,25 +74,49 @@ pub async fn pass(ctx: &Ctx, epoch: i64, source: &PrometheusSource) -> Result<Ut
         ..UtilisationReport::default()
     };
     let sampled = db::idle::sampled_at(&mut tx, at).await?;
+    let mut idle = HashSet::new();
     if !sampled.is_empty() {
         let policies: Vec<IdlePolicy> = db::idle::policies(&mut *tx).await?.into_iter().map(|p| p.policy).collect();
-        let (warned, reclaimed) = apply(&mut tx, &policies, &sampled, at).await?;
-        (report.warned, report.reclaimed) = (warned, reclaimed);
+        idle = apply(&mut tx, &policies, &sampled, at, &mut report).await?;
     }
     tx.commit().await?;
+    // Per team and class: SM activity weighted by GPUs, and the GPUs held idle.
+    let mut by_team_class: BTreeMap<(String, String), (f64, f64, f64)> = BTreeMap::new();
+    for job in &sampled {
+        let gpus = job.gpu_milli as f64 / 1000.0;
+        let entry = by_team_class.entry((job.team.clone(), job.gpu_class.clone())).or_default();
+        entry.0 += job.sm_active * gpus;
+        entry.1 += gpus;
+        if idle.contains(&(job.job_id, job.attempt)) {
+            entry.2 += gpus;
+        }
+    }
+    ctx.metrics.gpu_activity(
+        by_team_class
+            .into_iter()
+            .map(|(key, (weighted, gpus, idle))| (key, (if gpus > 0.0 { weighted / gpus } else { 0.0 }, idle)))
+            .collect(),
+    );
+    for (action, n) in [("warned", report.warned), ("stopped", report.stopped), ("preempted", report.preempted)] {
+        if n > 0 {
+            ctx.metrics.idle_action(action, n);
+        }
+    }
     Ok(report)
 }
 
 /// The idle rule over the sampled jobs: stretches changed in one statement per kind of
-/// change, events in one, preemptions in one. Returns (warned, reclaimed).
+/// change, events in one, preemptions in one. Counts what it did in `report`; returns the
+/// attempts idle after this read.
 async fn apply(
     tx: &mut db::Tx<'_>,
     policies: &[IdlePolicy],
     sampled: &[Sampled],
     at: DateTime<Utc>,
-) -> Result<(usize, usize), ControlError> {
+    report: &mut UtilisationReport,
+) -> Result<HashSet<(JobId, i32)>, ControlError> {
     let mut open = Vec::new();
-    let mut changes: [(SpanChange, Vec<(crate::domain::JobId, i32)>); 4] = [
+    let mut changes: [(SpanChange, Vec<(JobId, i32)>); 4] = [
         (SpanChange::Extend, Vec::new()),
         (SpanChange::Warn, Vec::new()),
         (SpanChange::Act, Vec::new()),
@@ -178,12 +209,18 @@ async fn apply(
     for (change, attempts) in &changes {
         db::idle::change_spans(tx, attempts, *change, at).await?;
     }
-    let warned = changes[1].1.len();
+    report.warned = changes[1].1.len();
+    let idle: HashSet<(JobId, i32)> = open
+        .iter()
+        .map(|&(job, attempt, _)| (job, attempt))
+        .chain(changes[..3].iter().flat_map(|(_, attempts)| attempts.iter().copied()))
+        .collect();
     let mut ids: Vec<_> = preempt.iter().map(|p| p.job_id).chain(stop.iter().map(|s| s.0.job_id)).collect();
     ids.sort_unstable();
     // The cycle and the reconciler lock the jobs they change in id order; so must this.
     db::decisions::lock_jobs(tx, &ids).await?;
-    let reclaimed = db::decisions::preempt(tx, &preempt).await?.len();
+    report.preempted = db::decisions::preempt(tx, &preempt).await?.len();
+    report.stopped = stop.len();
     for (job, message, data) in &stop {
         db::jobs::mark_cancelled(tx, job.job_id, job.attempt, Some(job.grace_ms)).await?;
         events.push(db::jobs::NewEvent {
@@ -196,7 +233,7 @@ async fn apply(
         });
     }
     db::jobs::add_events(tx, &events).await?;
-    Ok((warned, reclaimed + stop.len()))
+    Ok(idle)
 }
 
 /// Whose policy it is, in words.

@@ -104,6 +104,7 @@ pub struct Sampled {
     pub job_name: String,
     pub team_id: TeamId,
     pub team: String,
+    pub gpu_class: String,
     pub priority_class: String,
     /// The job's own grace period, or its priority class's.
     pub grace_ms: i64,
@@ -122,7 +123,7 @@ pub async fn sampled_at(tx: &mut Tx<'_>, at: DateTime<Utc>) -> Result<Vec<Sample
     sqlx::query_as!(
         Sampled,
         r#"select j.id as "job_id: JobId", j.attempt, j.name as job_name, j.team_id as "team_id: TeamId",
-                  t.name as team, j.priority_class,
+                  t.name as team, c.name as gpu_class, j.priority_class,
                   coalesce(j.preemption_grace_seconds, pc.preemption_grace_seconds)::int8 * 1000 as "grace_ms!",
                   u.gpus::int8 * u.fraction_milli as "gpu_milli!",
                   coalesce(sum(r.sm_active * r.gpus) / nullif(sum(r.gpus), 0), 0) as "sm_active!",
@@ -130,11 +131,12 @@ pub async fn sampled_at(tx: &mut Tx<'_>, at: DateTime<Utc>) -> Result<Vec<Sample
            from replica_utilisation r
            join jobs j on j.id = r.job_id and j.attempt = r.attempt and j.state = 'running'
            join teams t on t.id = j.team_id
+           join gpu_classes c on c.id = j.gpu_class_id
            join priority_classes pc on pc.name = j.priority_class
            join usage_intervals u on u.job_id = j.id and u.attempt = j.attempt
            left join idle_spans s on s.job_id = j.id and s.attempt = j.attempt and s.open
            where r.sampled_at = $1
-           group by j.id, t.name, pc.preemption_grace_seconds, u.gpus, u.fraction_milli, s.started_at, s.warned_at,
+           group by j.id, t.name, c.name, pc.preemption_grace_seconds, u.gpus, u.fraction_milli, s.started_at, s.warned_at,
                     s.acted_at"#,
         at
     )

@@ -107,3 +107,81 @@ pub async fn of_attempt(pool: &PgPool, job: JobId, attempt: i32) -> Result<Vec<R
     .fetch_all(pool)
     .await
 }
+
+/// A team's billed GPU time in billing period `period` whose activity was measured, and that
+/// time weighted by each job's mean SM activity (over its sampled replicas and attempts):
+/// (measured, effective), GPU-thousandths × milliseconds.
+pub async fn effective_in_period(
+    pool: &PgPool,
+    team_id: crate::domain::TeamId,
+    period: chrono::NaiveDate,
+) -> Result<(i64, i64), sqlx::Error> {
+    let row = sqlx::query!(
+        r#"with used as (
+               select job_id, sum(gpu_milli_ms)::int8 as used
+               from usage_ledger where team_id = $1 and billing_period = $2 and job_id is not null
+               group by job_id
+           ), activity as (
+               select r.job_id, sum(r.sm_active_sum * r.gpus) / nullif(sum(r.samples * r.gpus), 0) as sm
+               from replica_utilisation r where r.job_id in (select job_id from used)
+               group by r.job_id
+           )
+           select coalesce(sum(u.used), 0)::int8 as "measured!",
+                  coalesce(sum(round(u.used * a.sm)), 0)::int8 as "effective!"
+           from used u join activity a on a.job_id = u.job_id
+           where a.sm is not null"#,
+        team_id as crate::domain::TeamId,
+        period
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((row.measured, row.effective))
+}
+
+/// What the jobs of one name, on one GPU class, were seen to do in a billing period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NameSizing {
+    pub job_name: String,
+    pub gpu_class: String,
+    /// Jobs of that name and class billed in the period whose activity was measured.
+    pub jobs: i64,
+    /// What they were billed in the period, micro-units.
+    pub billed_cost_micros: i64,
+    /// The most memory any of their GPUs used, MiB.
+    pub peak_memory_mib: i64,
+    /// Their SM activity, mean over their samples weighted by GPUs (ratio).
+    pub mean_sm_active: f64,
+}
+
+/// A team's measured jobs of billing period `period`, by job name and class, costliest first.
+pub async fn sizing_by_job_name(
+    pool: &PgPool,
+    team_id: crate::domain::TeamId,
+    period: chrono::NaiveDate,
+) -> Result<Vec<NameSizing>, sqlx::Error> {
+    sqlx::query_as!(
+        NameSizing,
+        r#"with billed as (
+               select job_id, min(job_name) as job_name, min(gpu_class) as gpu_class,
+                      sum(billed_cost_micros)::int8 as cost
+               from usage_ledger where team_id = $1 and billing_period = $2 and job_id is not null
+               group by job_id
+           ), activity as (
+               select r.job_id, max(r.fb_used_mib_peak) as peak, sum(r.sm_active_sum * r.gpus) as sm_weighted,
+                      sum(r.samples * r.gpus) as weight
+               from replica_utilisation r where r.job_id in (select job_id from billed)
+               group by r.job_id
+           )
+           select b.job_name as "job_name!", b.gpu_class as "gpu_class!", count(*) as "jobs!",
+                  sum(b.cost)::int8 as "billed_cost_micros!", max(a.peak)::int8 as "peak_memory_mib!",
+                  (sum(a.sm_weighted) / nullif(sum(a.weight), 0))::float8 as "mean_sm_active!"
+           from billed b join activity a on a.job_id = b.job_id
+           where a.weight > 0
+           group by b.job_name, b.gpu_class
+           order by 4 desc, 1, 2"#,
+        team_id as crate::domain::TeamId,
+        period
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -11,6 +11,7 @@ pub mod job;
 mod names;
 mod roles;
 pub mod service;
+pub mod sizing;
 pub mod workload;
 
 pub use budget::{BudgetPeriod, BudgetUnit, Enforcement, MAX_BUDGET_AMOUNT};

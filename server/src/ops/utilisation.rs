@@ -9,7 +9,10 @@ use utoipa::ToSchema;
 use super::{Error, Result};
 use crate::{
     db::{self, utilisation::ReplicaRow},
-    domain::JobId,
+    domain::{
+        sizing::{self, Recommendation, Seen},
+        JobId,
+    },
     state::AppState,
 };
 
@@ -64,13 +67,65 @@ pub struct JobActivity {
     pub attempt_mean: Option<Activity>,
     /// Each replica sampled, by rank.
     pub replicas: Vec<ReplicaActivity>,
+    /// A cheaper GPU class or MIG profile that would have held what the job was seen to use
+    /// (its peak memory with 10% to spare, its SM activity with 25%), once it was sampled.
+    pub recommendation: Option<SizingAdvice>,
 }
 
-/// The activity of `job`'s latest attempt. The caller has checked that the job is visible.
+/// Right-sizing advice for a job.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct SizingAdvice {
+    /// The class or MIG profile that would have held it.
+    pub gpu_class: String,
+    /// Memory of one of its units, MiB.
+    pub memory_mib: i64,
+    /// Its price per unit-hour as a percentage of the job's class's.
+    pub price_percent: i64,
+    /// What the job has cost so far would have been this much less there, in the platform
+    /// currency (a decimal with six places).
+    pub saving: String,
+    /// The advice in words, with the numbers.
+    pub message: String,
+}
+
+/// The activity of `job`'s latest attempt, with right-sizing advice once it was sampled.
+/// The caller has checked that the job is visible.
 pub async fn of_job(state: &AppState, job: JobId) -> Result<JobActivity> {
     let row = db::jobs::get(&state.db, job).await?.ok_or(Error::NotFound("job"))?;
     let rows = db::utilisation::of_attempt(&state.db, job, row.attempt).await?;
-    Ok(job_activity(job, row.attempt, state.config.prometheus_url.is_some(), &rows))
+    let mut activity = job_activity(job, row.attempt, state.config.prometheus_url.is_some(), &rows);
+    if let Some(mean) = &activity.attempt_mean {
+        let seen = Seen { peak_memory_mib: mean.memory_used_mib, mean_sm_active: mean.sm_active_percent / 100.0 };
+        let classes = crate::billing::statement::sizing_options(&state.db).await?;
+        let current = classes.iter().find(|c| c.name == row.gpu_class);
+        if let Some(advice) = current.and_then(|current| sizing::recommend(&seen, current, &classes)) {
+            let cost =
+                crate::billing::budgets::job_cost(&state.db, job, chrono::Utc::now(), state.config.chargeback).await?;
+            activity.recommendation =
+                Some(advice_of(&advice, &seen, &row.gpu_class, cost.cost_micros, &state.config.currency));
+        }
+    }
+    Ok(activity)
+}
+
+/// Advice in words: what was seen, what would have held it, what it would have saved.
+pub fn advice_of(r: &Recommendation, seen: &Seen, current: &str, cost_micros: i64, currency: &str) -> SizingAdvice {
+    let saving = r.saving_of(cost_micros);
+    SizingAdvice {
+        gpu_class: r.class.clone(),
+        memory_mib: r.memory_mib,
+        price_percent: (r.price_ratio_milli + 5) / 10,
+        saving: crate::metering::micros_decimal(saving),
+        message: format!(
+            "it used at most {:.1} GiB of memory and {:.1}% of its GPUs' SMs on {current}: {} ({:.0} GiB) would have held it at {}% of the price, {} {currency} less so far",
+            seen.peak_memory_mib as f64 / 1024.0,
+            seen.mean_sm_active * 100.0,
+            r.class,
+            r.memory_mib as f64 / 1024.0,
+            (r.price_ratio_milli + 5) / 10,
+            crate::metering::figures::cents(saving),
+        ),
+    }
 }
 
 fn replica_activity(r: &ReplicaRow) -> ReplicaActivity {
@@ -135,6 +190,7 @@ fn job_activity(job: JobId, attempt: i32, measured: bool, rows: &[ReplicaRow]) -
         now,
         attempt_mean,
         replicas: rows.iter().map(replica_activity).collect(),
+        recommendation: None,
     }
 }
 

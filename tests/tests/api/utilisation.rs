@@ -22,6 +22,7 @@ async fn with_dcgm() -> (TestApp, Prometheus, reqwest::Client) {
     let app = TestApp::spawn_with(|c| {
         c.prometheus_url = Some(prometheus.url.clone());
         c.utilisation_interval = Duration::from_millis(300);
+        c.metrics_token = Some(fairway::config::Secret::new("scrape"));
     })
     .await;
     tokio::spawn(serve_dcgm_exporter(vec![SimBackend::new(app.pool.clone(), SimConfig::default())], exporter));
@@ -201,6 +202,21 @@ async fn a_job_idle_past_its_policy_is_warned_then_stopped_and_its_statement_pri
     assert_eq!(other["state"], "running", "{other:#}");
     assert!(!kinds(&events(&app, &admin, &ungoverned).await).contains(&"idle".to_owned()));
 
+    // Operators see it per team and class, and what the policies did.
+    let metrics = app.send(call("GET", "/metrics").header("authorization", "Bearer scrape")).await;
+    let text = String::from_utf8(metrics.body.clone()).unwrap();
+    let line = |prefix: &str| text.lines().find(|l| l.starts_with(prefix)).map(str::to_owned);
+    assert_eq!(
+        line("fairway_gpus_idle{team=\"vision\",gpu_class=\"h100-80gb\"}").as_deref(),
+        Some("fairway_gpus_idle{team=\"vision\",gpu_class=\"h100-80gb\"} 4.0"),
+        "{text}"
+    );
+    assert!(line("fairway_gpu_sm_active_ratio{team=\"vision\",gpu_class=\"h100-80gb\"} 0.018").is_some(), "{text}");
+    assert_eq!(
+        line("fairway_idle_actions_total{action=\"stopped\"}").as_deref(),
+        Some("fairway_idle_actions_total{action=\"stopped\"} 1"),
+        "{text}"
+    );
     let period = chrono::Utc::now().format("%Y-%m").to_string();
     let statement = app.send(call("GET", &format!("/api/v1/teams/ml/statements/{period}")).token(&admin)).await;
     statement.assert_status(200);
@@ -215,4 +231,74 @@ async fn a_job_idle_past_its_policy_is_warned_then_stopped_and_its_statement_pri
     assert!(cost > 0.0 && cost <= number(&s["billed_cost"]), "priced, and part of what was billed: {s:#}");
     // The job billed a dollar per GPU-second, so its idle time costs as many dollars as seconds.
     assert!((cost - hours * 3600.0).abs() < 0.01, "{s:#}");
+    // The portal says the same: the job page its activity, the statement its idle cost.
+    app.user(&admin, "alice", None).await;
+    for team in ["ml", "vision"] {
+        app.member(&admin, team, "alice", "viewer").await;
+    }
+    let session = crate::portal::sign_in(&app, "alice").await;
+    let page = |path: String| {
+        let (app, session) = (&app, &session);
+        async move { crate::portal::body(&app.send(call("GET", &path).header("cookie", session)).await) }
+    };
+    let job_page = page(format!("/jobs/{ungoverned}")).await;
+    assert!(job_page.contains("SM 1.8%, tensor cores 1%, utilisation 2%, memory 9.0 GiB of 80.0 GiB"), "{job_page}");
+    let statement_page = page(format!("/teams/ml/statements/{period}")).await;
+    let idle_section = &statement_page[statement_page.find("Idle GPUs").expect("an idle section")..];
+    assert!(idle_section.contains("forgotten-notebook"), "{statement_page}");
+    // Allocated against effective: every billed hour was measured, at 1.8% SM activity.
+    assert_eq!(s["measured_gpu_hours"], s["gpu_hours"], "{s:#}");
+    let (measured, effective) = (number(&s["measured_gpu_hours"]), number(&s["effective_gpu_hours"]));
+    assert!(measured > 0.0 && (effective - measured * 0.018).abs() < 1e-6, "{s:#}");
+}
+
+#[tokio::test]
+async fn a_job_that_used_9_gb_of_an_80_gb_gpu_is_advised_a_1g_10gb_mig_slice_with_what_it_would_save() {
+    let (app, _prometheus, _http) = with_dcgm().await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
+    // An H100 at $4.00 an hour, an A100 1g.10gb slice at $0.40; other classes have no price
+    // and are never offered.
+    for (class, rate) in [("h100-80gb", 4_000_000), ("a100-80gb.mig-1g.10gb", 400_000)] {
+        sqlx::query(
+            "insert into gpu_class_rates (gpu_class_id, effective_from, rate_micros_per_gpu_hour)
+             select id, '2026-01-01', $2 from gpu_classes where name = $1",
+        )
+        .bind(class)
+        .bind(rate)
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    }
+    let id = submit(&app, &admin, "ml", idle_job("embeddings", 1, 2)).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let advice = loop {
+        let u = utilisation(&app, &admin, &id).await;
+        if !u["recommendation"].is_null() {
+            break u["recommendation"].clone();
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no advice came: {u:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(advice["gpu_class"], "a100-80gb.mig-1g.10gb", "{advice:#}");
+    assert_eq!((advice["memory_mib"].as_i64(), advice["price_percent"].as_i64()), (Some(10240), Some(10)));
+    let message = advice["message"].as_str().unwrap();
+    assert!(message.contains("at most 9.0 GiB of memory and 1.8% of its GPUs' SMs on h100-80gb"), "{message}");
+    assert!(message.contains("at 10% of the price"), "{message}");
+    assert!(advice["saving"].as_str().unwrap().parse::<f64>().unwrap() > 0.0, "{advice:#}");
+
+    // Ended, its statement advises the job name with what the month's bill would have saved.
+    app.send(call("POST", &format!("/api/v1/jobs/{id}/cancel")).token(&admin)).await.assert_status(200);
+    wait_for(&app, &admin, &id, Duration::from_secs(30), |j| j["finished_at"].is_string()).await;
+    let period = chrono::Utc::now().format("%Y-%m").to_string();
+    let s = app.send(call("GET", &format!("/api/v1/teams/ml/statements/{period}")).token(&admin)).await.json();
+    let advice = &s["right_sizing"][0];
+    assert_eq!(advice["job_name"], "embeddings", "{s:#}");
+    assert_eq!(advice["recommended_class"], "a100-80gb.mig-1g.10gb", "{s:#}");
+    assert_eq!((advice["jobs"].as_i64(), advice["peak_memory_mib"].as_i64()), (Some(1), Some(9216)), "{s:#}");
+    let micros = |v: &Value| (v.as_str().unwrap().parse::<f64>().unwrap() * 1e6).round() as i64;
+    let billed = micros(&s["billed_cost"]);
+    assert!(billed > 0, "{s:#}");
+    assert_eq!(micros(&advice["saving"]), billed * 9 / 10, "90% of what it was billed: {s:#}");
 }

@@ -57,6 +57,10 @@ struct StatementPage {
     idle_hours: String,
     idle_billed: String,
     idle_jobs: Vec<TopJobLine>,
+    /// "Of 12.50 GPU-hours with measured activity, 3.10 were effective (25%)", once any were.
+    effective: Option<String>,
+    /// One sentence per job name a cheaper class would have held.
+    right_sizing: Vec<String>,
     top_jobs: Vec<TopJobLine>,
 }
 
@@ -107,6 +111,33 @@ pub async fn statement(
         idle_cost: money(s.idle_share_cost_micros),
         idle_hours: hours(s.idle_gpu_milli_ms),
         idle_billed: money(s.idle_cost_micros),
+        effective: (s.measured_gpu_milli_ms > 0).then(|| {
+            format!(
+                "Of {} GPU-hours whose activity was measured, {} were effective (their mean SM activity): {}%.",
+                hours(s.measured_gpu_milli_ms),
+                hours(s.effective_gpu_milli_ms),
+                (s.effective_gpu_milli_ms as f64 * 100.0 / s.measured_gpu_milli_ms as f64).round()
+            )
+        }),
+        right_sizing: s
+            .right_sizing
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} ({} job{} on {}): at most {:.1} GiB of memory and {:.1}% SM activity; {} would have held {} at {}% of the price, {} less this month.",
+                    a.job_name,
+                    a.jobs,
+                    if a.jobs == 1 { "" } else { "s" },
+                    a.gpu_class,
+                    a.seen.peak_memory_mib as f64 / 1024.0,
+                    a.seen.mean_sm_active * 100.0,
+                    a.recommendation.class,
+                    if a.jobs == 1 { "it" } else { "them" },
+                    (a.recommendation.price_ratio_milli + 5) / 10,
+                    money(a.saving_micros)
+                )
+            })
+            .collect(),
         idle_jobs: s
             .idle_jobs
             .iter()

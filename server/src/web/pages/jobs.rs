@@ -164,6 +164,8 @@ pub struct JobDetail {
     pub burn: Option<String>,
     /// What its GPUs did (DCGM), now and over the attempt, once sampled.
     pub activity: Option<String>,
+    /// A cheaper class or MIG profile that would have held it, in words.
+    pub right_sizing: Option<String>,
     /// The array it is a task of: its id, this task's index and the task count.
     pub array: Option<(crate::domain::ArrayId, i32, i32)>,
     /// The service it is a replica of: its name, this replica's slot and revision.
@@ -303,6 +305,7 @@ pub async fn job(
             .join(", ")
     });
     let activity = ops::utilisation::of_job(&state, job.id).await?;
+    let right_sizing = activity.recommendation.as_ref().map(|r| r.message.clone());
     let gib = |mib: i64| format!("{:.1} GiB", mib as f64 / 1024.0);
     let activity = activity.now.zip(activity.attempt_mean).map(|(now, mean)| {
         format!(
@@ -320,6 +323,7 @@ pub async fn job(
     let detail = JobDetail {
         id: job.id,
         activity,
+        right_sizing,
         gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
         waiting,
         // Where it runs now; a requeued job's last placement is history, in the timeline.
