@@ -347,6 +347,49 @@ async fn a_mig_job_requests_its_mig_profile_and_an_application_failure_reports_t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gfd_sharing_labels_make_a_time_sliced_class_billed_by_its_share_and_requested_as_one_replica() {
+    let t = "tslice";
+    let labels = json!({"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.memory": "15360",
+                        "nvidia.com/gpu.count": "2", "nvidia.com/gpu.replicas": "4",
+                        "nvidia.com/gpu.sharing-strategy": "time-slicing", "fairway.dev/rack": "r1"});
+    let alloc = json!({"nvidia.com/gpu": "8", "cpu": "32", "memory": "128Gi", "pods": "110"});
+    let owned = Fairway::start(t, &[("tslice-t4-0", labels, alloc)]).await;
+    let fw = &owned;
+    let class = fw
+        .wait("the time-sliced class in the catalogue", Duration::from_secs(30), || async move {
+            let (status, class) = fw.send(reqwest::Method::GET, "/api/v1/gpu-classes/tesla-t4.shared-4", None).await;
+            (status == 200).then_some(class)
+        })
+        .await;
+    assert_eq!(
+        (class["kind"].as_str(), class["fraction_milli"].as_i64()),
+        (Some("time-slice"), Some(250)),
+        "{class:#}"
+    );
+    fw.team("vision", "tesla-t4.shared-4", 8, 0).await;
+    let id = fw
+        .submit(
+            "vision",
+            json!({"name": "notebook", "gpu_class": "tesla-t4.shared-4", "replicas": 1, "gpus_per_replica": 1,
+                   "image": "nvcr.io/nvidia/pytorch:24.05-py3"}),
+        )
+        .await;
+    let pods = fw.wait_pods(&id, 1).await;
+    // One share is one replica of the device plugin's `nvidia.com/gpu`.
+    assert_eq!(gpus_requested(&pods[0]), BTreeMap::from([("nvidia.com/gpu".to_owned(), "1".to_owned())]));
+    fw.kubelet().run(&pods[0]).await;
+    fw.wait_state(&id, "running", Duration::from_secs(30)).await;
+    // Its usage counts a quarter of a GPU.
+    let fraction: i32 = sqlx::query_scalar("select fraction_milli from usage_intervals where job_id = $1::uuid")
+        .bind(&id)
+        .fetch_one(&fw.pool)
+        .await
+        .unwrap();
+    assert_eq!(fraction, 250);
+    owned.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_job_is_preempted_with_its_grace_period_when_its_gpus_are_reclaimed() {
     let t = "preempt";
     let (l0, a0) = h100("r1");
@@ -450,6 +493,60 @@ async fn a_lost_node_requeues_its_gang_and_unknown_objects_with_our_labels_are_r
     })
     .await;
     kube_peer::peer().node_ready(&node, true).await;
+    owned.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_fault_reported_as_nvsentinel_does_requeues_the_gang_off_the_node_and_ends_its_billing_at_the_fault() {
+    let t = "fault";
+    let (l0, a0) = h100("r1");
+    let (l1, a1) = h100("r1");
+    let owned = Fairway::start(t, &[("fault-n0", l0, a0), ("fault-n1", l1, a1)]).await;
+    let fw = &owned;
+    fw.team("speech", "h100-80gb", 16, 0).await;
+    let id = fw
+        .submit(
+            "speech",
+            json!({"name": "asr", "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8,
+                   "image": "nvcr.io/nvidia/pytorch:24.05-py3"}),
+        )
+        .await;
+    let id: &str = &id;
+    let pods = fw.wait_pods(id, 1).await;
+    fw.kubelet().run(&pods[0]).await;
+    fw.wait_state(id, "running", Duration::from_secs(30)).await;
+    let node = node_of(&pods[0]);
+    // NVSentinel's health monitor reports an XID 79 on the node, and its fault quarantine
+    // taints it; the node stays Ready and the pod keeps running as far as the kubelet says.
+    let failed_at = chrono::Utc::now() - chrono::Duration::seconds(3);
+    let since = failed_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let peer = kube_peer::peer();
+    peer.node_condition(&node, "GpuXidError", true, "ErrorCode:79 GPU has fallen off the bus", &since).await;
+    peer.taints(&node, json!([{"key": "nvidia.com/gpu-xid-error", "value": "true", "effect": "NoSchedule"}])).await;
+    let signalled = Instant::now();
+    fw.wait("the job to be requeued off the faulty node", Duration::from_secs(60), || async move {
+        fw.events(id).await.contains(&("requeued".to_owned(), "node_lost".to_owned())).then_some(())
+    })
+    .await;
+    let requeued_within = signalled.elapsed();
+    let again = fw
+        .wait("the job's second attempt", Duration::from_secs(30), || async move {
+            let pods = fw.pods(Some(id)).await;
+            pods.into_iter().find(|p| p.metadata.labels.as_ref().unwrap()["fairway.dev/attempt"] == "2")
+        })
+        .await;
+    assert_ne!(node_of(&again), node, "the faulty node is excluded");
+    // The first attempt's time ends when the GPU failed, to the second the condition says.
+    let ended: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("select ended_at from usage_intervals where job_id = $1::uuid and attempt = 1")
+            .bind(id)
+            .fetch_one(&fw.pool)
+            .await
+            .unwrap();
+    assert_eq!(ended.timestamp(), failed_at.timestamp(), "billing ends at the fault, requeued in {requeued_within:?}");
+    assert!(requeued_within < Duration::from_secs(60));
+    peer.node_condition(&node, "GpuXidError", false, "", &since).await;
+    peer.taints(&node, json!([])).await;
     owned.stop().await;
 }
 

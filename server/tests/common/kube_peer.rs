@@ -269,6 +269,24 @@ impl KubePeer {
         }]}});
         nodes.patch_status(name, &PatchParams::default(), &Patch::Strategic(&status)).await.expect("node condition");
     }
+
+    /// Sets a node condition of `type_` (merged with its others by type), as a health
+    /// monitor such as NVIDIA's NVSentinel does: `status` since `since` (RFC 3339).
+    pub async fn node_condition(&self, name: &str, type_: &str, status: bool, message: &str, since: &str) {
+        let nodes: Api<Node> = Api::all(self.admin().await);
+        let patch = json!({"status": {"conditions": [{
+            "type": type_, "status": if status { "True" } else { "False" }, "reason": format!("{type_}Test"),
+            "message": message, "lastHeartbeatTime": since, "lastTransitionTime": since,
+        }]}});
+        nodes.patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.expect("node condition");
+    }
+
+    /// Replaces a node's taints (`[]` clears them).
+    pub async fn taints(&self, name: &str, taints: Value) {
+        let nodes: Api<Node> = Api::all(self.admin().await);
+        let patch = json!({"spec": {"taints": taints}});
+        nodes.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("node taints");
+    }
 }
 
 /// The labels and allocatable resources of a node with eight H100s in `rack`, as NVIDIA's

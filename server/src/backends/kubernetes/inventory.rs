@@ -4,8 +4,12 @@
 //! and `nvidia.com/mig-<profile>`. Pure: the node watch cache supplies the nodes.
 //!
 //! A node offers one inventory entry per GPU class it has (whole GPUs, and each MIG profile
-//! under the `mixed` strategy), like the simulator's MIG nodes. Cordoned nodes, nodes that are
-//! not Ready and nodes with a taint we do not tolerate offer nothing.
+//! under the `mixed` strategy), like the simulator's MIG nodes. A node whose GPUs are shared
+//! by time-slicing (GFD's `nvidia.com/gpu.replicas` and `nvidia.com/gpu.sharing-strategy`,
+//! a product ending `-SHARED`) offers a `time-slice` class `<product>.shared-<replicas>`,
+//! each unit a `1/replicas` share of a GPU in quota and bill. Cordoned nodes, nodes that are
+//! not Ready, nodes with a taint we do not tolerate and nodes that report a GPU fault (a
+//! condition or taint as NVIDIA's NVSentinel sets them, [`fault`]) offer nothing.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -16,6 +20,8 @@ use crate::backends::{ClassDecl, InventoryNode};
 
 /// The resource whole GPUs are requested by.
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
+/// The resource time-sliced GPUs are requested by when the device plugin renames them.
+pub const SHARED_RESOURCE: &str = "nvidia.com/gpu.shared";
 const MIG_PREFIX: &str = "nvidia.com/mig-";
 /// The most GPUs of one class one node may offer (the engine's unit indices are `u8`).
 const MAX_UNITS: u32 = 64;
@@ -32,6 +38,40 @@ pub struct InventorySettings {
     pub nvlink_domain_label: String,
     /// Taint keys that do not take a node out of the inventory (our pods tolerate them).
     pub tolerated_taints: Vec<String>,
+    /// Node condition types, by prefix, that report a GPU fault when `True` (NVSentinel's
+    /// health monitors write `GpuXidError`, `GpuMemWatch`, ...).
+    pub fault_conditions: Vec<String>,
+    /// Taint keys that report a GPU fault (NVSentinel's fault quarantine, by default
+    /// `nvidia.com/gpu-xid-error`).
+    pub fault_taints: Vec<String>,
+}
+
+/// A GPU fault a node reports: since when, and why, in words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub since: DateTime<Utc>,
+    pub why: String,
+}
+
+/// The GPU fault `node` reports through a condition or a taint, if any: the earliest one.
+/// Its gangs are lost from that instant, and it offers nothing until the fault clears.
+pub fn fault(node: &Node, settings: &InventorySettings, now: DateTime<Utc>) -> Option<Fault> {
+    let conditions = node.status.as_ref().and_then(|s| s.conditions.as_ref()).into_iter().flatten();
+    let by_condition = conditions
+        .filter(|c| c.status == "True" && settings.fault_conditions.iter().any(|p| c.type_.starts_with(p.as_str())))
+        .map(|c| Fault {
+            since: c.last_transition_time.as_ref().and_then(super::time).unwrap_or(now),
+            why: match c.message.as_deref().filter(|m| !m.is_empty()) {
+                Some(message) => format!("{}: {message}", c.type_),
+                None => c.type_.clone(),
+            },
+        });
+    let taints = node.spec.as_ref().and_then(|s| s.taints.as_ref()).into_iter().flatten();
+    let by_taint = taints.filter(|t| settings.fault_taints.contains(&t.key)).map(|t| Fault {
+        since: t.time_added.as_ref().and_then(super::time).unwrap_or(now),
+        why: format!("taint {}={}:{}", t.key, t.value.as_deref().unwrap_or(""), t.effect),
+    });
+    by_condition.chain(by_taint).min_by_key(|f| f.since).map(|f| Fault { since: f.since.min(now), ..f })
 }
 
 /// One GPU class on one node, and how a pod asks for it.
@@ -74,7 +114,7 @@ pub fn schedulable(node: &Node, settings: &InventorySettings) -> bool {
             matches!(t.effect.as_str(), "NoSchedule" | "NoExecute") && !settings.tolerated_taints.contains(&t.key)
         })
     });
-    !cordoned && !tainted && ready(node).0
+    !cordoned && !tainted && ready(node).0 && fault(node, settings, Utc::now()).is_none()
 }
 
 /// Nodes whose pods are lost: NotReady for longer than `after` (a short blip is not a loss).
@@ -163,8 +203,38 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
         Some((base, profile)) => (base.to_owned(), Some(profile.to_owned())),
         None => (product, None),
     };
+    // Time-slicing (or MPS) as GFD labels it: each GPU is offered `replicas` times, the
+    // product carries `-SHARED`, and the device plugin may rename the resource.
+    let replicas = label("nvidia.com/gpu.replicas").and_then(|r| r.parse::<u32>().ok()).filter(|r| *r > 1);
+    let strategy = label("nvidia.com/gpu.sharing-strategy").filter(|s| s != "none");
+    let product = product.strip_suffix("-SHARED").map(str::to_owned).unwrap_or(product);
     let base = class_of_product(&product, settings);
-    let whole = quantity(node, GPU_RESOURCE);
+    if let (Some(replicas), Some(strategy), None) = (replicas, &strategy, &single_profile) {
+        let resource = if quantity(node, SHARED_RESOURCE) > 0 { SHARED_RESOURCE } else { GPU_RESOURCE };
+        let count = quantity(node, resource);
+        let memory = label("nvidia.com/gpu.memory").and_then(|m| m.parse().ok()).or_else(|| memory_in_name(&product));
+        if count > 0 {
+            let class = format!("{base}.shared-{replicas}");
+            tracing::debug!(node = %name, class, strategy, "a time-sliced GPU node");
+            out.push(NodeGpus {
+                entry: entry(class.clone(), count),
+                class: ClassDecl {
+                    name: class,
+                    kind: "time-slice".into(),
+                    // Time-slicing does not divide memory: each share may use all of it.
+                    memory_mib: memory.unwrap_or(0),
+                    fraction_milli: i32::try_from(1000 / replicas).unwrap_or(1).max(1),
+                },
+                resource: resource.into(),
+                hostname: hostname.clone(),
+            });
+        }
+    }
+    let whole = if replicas.is_some() && strategy.is_some() && single_profile.is_none() {
+        0
+    } else {
+        quantity(node, GPU_RESOURCE)
+    };
     if whole > 0 {
         let (class, kind, memory, fraction) = match &single_profile {
             Some(profile) => (
@@ -244,6 +314,8 @@ mod tests {
             rack_label: "fairway.dev/rack".into(),
             nvlink_domain_label: "fairway.dev/nvlink-domain-size".into(),
             tolerated_taints: vec!["nvidia.com/gpu".into()],
+            fault_conditions: vec!["Gpu".into()],
+            fault_taints: vec!["nvidia.com/gpu-xid-error".into()],
         }
     }
 
@@ -266,6 +338,72 @@ mod tests {
             spec,
             ready,
         )
+    }
+
+    #[test]
+    fn a_gpu_fault_reported_as_nvsentinel_does_takes_the_node_out_from_the_instant_it_began() {
+        let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        let now = at("2026-11-23T12:00:00Z");
+        let healthy = h100(json!({}), "True");
+        assert_eq!(fault(&healthy, &settings(), now), None);
+        let mut sick = healthy.clone();
+        let conditions = sick.status.as_mut().unwrap().conditions.as_mut().unwrap();
+        conditions.push(
+            serde_json::from_value(
+                json!({"type": "GpuXidError", "status": "True", "reason": "GpuXidErrorIsNotHealthy",
+                "message": "ErrorCode:79 GPU has fallen off the bus", "lastTransitionTime": "2026-11-23T11:59:40Z"}),
+            )
+            .unwrap(),
+        );
+        // A condition of the same family that is fine says nothing.
+        conditions.push(
+            serde_json::from_value(json!({"type": "GpuThermalWatch", "status": "False",
+                "lastTransitionTime": "2026-11-23T09:00:00Z"}))
+            .unwrap(),
+        );
+        let f = fault(&sick, &settings(), now).expect("a fault");
+        assert_eq!(f.since, at("2026-11-23T11:59:40Z"));
+        assert_eq!(f.why, "GpuXidError: ErrorCode:79 GPU has fallen off the bus");
+        assert!(node_gpus(&sick, &settings()).is_empty(), "a faulty node offers nothing");
+        // Fault quarantine's taint alone (the node still Ready) is a fault too, from when it was added.
+        let tainted = h100(
+            json!({"taints": [{"key": "nvidia.com/gpu-xid-error", "value": "true", "effect": "NoSchedule",
+                               "timeAdded": "2026-11-23T11:59:50Z"}]}),
+            "True",
+        );
+        let f = fault(&tainted, &settings(), now).expect("a fault");
+        assert_eq!(
+            (f.since, f.why.as_str()),
+            (at("2026-11-23T11:59:50Z"), "taint nvidia.com/gpu-xid-error=true:NoSchedule")
+        );
+    }
+
+    #[test]
+    fn gfd_sharing_labels_make_a_time_sliced_class_whose_unit_is_a_share_of_a_gpu() {
+        let shared = |allocatable: serde_json::Value| {
+            node(
+                json!({"nvidia.com/gpu.product": "Tesla-T4-SHARED", "nvidia.com/gpu.memory": "15360",
+                    "nvidia.com/gpu.count": "2", "nvidia.com/gpu.replicas": "4",
+                    "nvidia.com/gpu.sharing-strategy": "time-slicing"}),
+                allocatable,
+                json!({}),
+                "True",
+            )
+        };
+        let gpus = node_gpus(&shared(json!({"nvidia.com/gpu": "8"})), &settings());
+        assert_eq!(gpus.len(), 1, "{gpus:?}");
+        let g = &gpus[0];
+        assert_eq!((g.entry.gpu_class.as_str(), g.entry.gpus), ("tesla-t4.shared-4", 8));
+        assert_eq!((g.class.kind.as_str(), g.class.fraction_milli, g.class.memory_mib), ("time-slice", 250, 15360));
+        assert_eq!(g.resource, "nvidia.com/gpu");
+        // The device plugin's `renameByDefault` offers them as `nvidia.com/gpu.shared`.
+        let renamed = node_gpus(&shared(json!({"nvidia.com/gpu.shared": "8"})), &settings());
+        assert_eq!((renamed[0].resource.as_str(), renamed[0].entry.gpus), ("nvidia.com/gpu.shared", 8));
+        // Without a sharing strategy the replicas label alone changes nothing.
+        let mut plain = shared(json!({"nvidia.com/gpu": "2"}));
+        plain.metadata.labels.as_mut().unwrap().remove("nvidia.com/gpu.sharing-strategy");
+        let whole = node_gpus(&plain, &settings());
+        assert_eq!((whole[0].class.kind.as_str(), whole[0].entry.gpus), ("whole", 2));
     }
 
     #[test]

@@ -101,6 +101,14 @@ pub struct KubeClusterConfig {
     /// A node NotReady this long loses its gangs.
     #[serde(default = "default_node_lost_after")]
     pub node_lost_after_seconds: u64,
+    /// Node condition types (by prefix) that report a GPU fault when `True`: the node leaves
+    /// the inventory and its gangs are lost from the condition's transition. NVSentinel's
+    /// health monitors name theirs `Gpu...`.
+    #[serde(default = "default_fault_conditions")]
+    pub gpu_fault_conditions: Vec<String>,
+    /// Taint keys that report a GPU fault, as NVSentinel's fault quarantine sets them.
+    #[serde(default = "default_fault_taints")]
+    pub gpu_fault_taints: Vec<String>,
     /// `nvidia.com/gpu.product` values → GPU class names.
     #[serde(default)]
     pub gpu_products: BTreeMap<String, String>,
@@ -123,6 +131,12 @@ fn default_tolerated_taints() -> Vec<String> {
 }
 fn default_node_lost_after() -> u64 {
     60
+}
+fn default_fault_conditions() -> Vec<String> {
+    vec!["Gpu".into()]
+}
+fn default_fault_taints() -> Vec<String> {
+    vec!["nvidia.com/gpu-xid-error".into()]
 }
 
 impl KubeClusterConfig {
@@ -205,6 +219,8 @@ impl KubeBackend {
             rack_label: config.rack_label.clone(),
             nvlink_domain_label: config.nvlink_domain_label.clone(),
             tolerated_taints: config.tolerated_taints.clone(),
+            fault_conditions: config.gpu_fault_conditions.clone(),
+            fault_taints: config.gpu_fault_taints.clone(),
         };
         let pods_settings =
             PodSettings { cluster: config.name.clone(), tolerated_taints: config.tolerated_taints.clone() };
@@ -675,6 +691,12 @@ impl KubeBackend {
         let now = Utc::now();
         let after = chrono::Duration::seconds(self.config.node_lost_after_seconds as i64);
         let mut lost = inventory::lost_nodes(nodes.iter().map(std::convert::AsRef::as_ref), now, after);
+        // A node whose GPUs fault loses its gangs at once, from the instant of the fault.
+        let faults: HashMap<String, inventory::Fault> = nodes
+            .iter()
+            .filter_map(|n| Some((n.metadata.name.clone()?, inventory::fault(n, &self.inventory, now)?)))
+            .collect();
+        lost.extend(faults.keys().cloned());
         let known: HashSet<String> = nodes.iter().filter_map(|n| n.metadata.name.clone()).collect();
         let mut gangs: BTreeMap<String, (Option<&Service>, Vec<&Pod>)> = BTreeMap::new();
         for service in &services {
@@ -713,6 +735,14 @@ impl KubeBackend {
                         .map_err(|e| api_error(&self.config.name, "list a gang's pods", e))?;
                     let live: Vec<&Pod> = live.items.iter().collect();
                     (phase, stop_requested) = status::gang_phase(service, &live, &lost, now);
+                }
+            }
+            // Its time ends when its GPUs failed, not when the fault was seen.
+            if let Phase::Finished { outcome: Outcome::NodeLost, started_at, ended_at } = &mut phase {
+                let failed = gang_pods.iter().filter_map(|p| faults.get(status::pod_node(p)?)).map(|f| f.since).min();
+                if let Some(failed) = failed {
+                    *ended_at = started_at.map_or(failed, |s| failed.max(s)).min(*ended_at);
+                    tracing::warn!(cluster = %self.config.name, object, failed = %failed, "a node of the gang reports a GPU fault");
                 }
             }
             out.push(ObjectStatus { object, job_id, attempt, phase, stop_requested, next_change: None });
