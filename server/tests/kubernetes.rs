@@ -444,13 +444,8 @@ async fn a_burst_job_is_preempted_with_its_grace_period_when_its_gpus_are_reclai
     owned.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_lost_node_requeues_its_gang_and_unknown_objects_with_our_labels_are_removed() {
-    let t = "lost";
-    let (l0, a0) = h100("r1");
-    let (l1, a1) = h100("r1");
-    let owned = Fairway::start(t, &[("lost-n0", l0, a0), ("lost-n1", l1, a1)]).await;
-    let fw = &owned;
+/// Team `speech` with one 8-GPU job running on one of the test's nodes: its id and node.
+async fn one_gang_running(fw: &Fairway) -> (String, String) {
     fw.team("speech", "h100-80gb", 16, 0).await;
     let id = fw
         .submit(
@@ -459,11 +454,22 @@ async fn a_lost_node_requeues_its_gang_and_unknown_objects_with_our_labels_are_r
                    "image": "nvcr.io/nvidia/pytorch:24.05-py3"}),
         )
         .await;
-    let id: &str = &id;
-    let pods = fw.wait_pods(id, 1).await;
+    let pods = fw.wait_pods(&id, 1).await;
     fw.kubelet().run(&pods[0]).await;
-    fw.wait_state(id, "running", Duration::from_secs(30)).await;
+    fw.wait_state(&id, "running", Duration::from_secs(30)).await;
     let node = node_of(&pods[0]);
+    (id, node)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_node_requeues_its_gang_and_unknown_objects_with_our_labels_are_removed() {
+    let t = "lost";
+    let (l0, a0) = h100("r1");
+    let (l1, a1) = h100("r1");
+    let owned = Fairway::start(t, &[("lost-n0", l0, a0), ("lost-n1", l1, a1)]).await;
+    let fw = &owned;
+    let (id, node) = one_gang_running(fw).await;
+    let id: &str = &id;
     kube_peer::peer().node_ready(&node, false).await;
     fw.wait("the job to be requeued after losing its node", Duration::from_secs(30), || async move {
         fw.events(id).await.contains(&("requeued".to_owned(), "node_lost".to_owned())).then_some(())
@@ -503,22 +509,16 @@ async fn a_gpu_fault_reported_as_nvsentinel_does_requeues_the_gang_off_the_node_
     let (l1, a1) = h100("r1");
     let owned = Fairway::start(t, &[("fault-n0", l0, a0), ("fault-n1", l1, a1)]).await;
     let fw = &owned;
-    fw.team("speech", "h100-80gb", 16, 0).await;
-    let id = fw
-        .submit(
-            "speech",
-            json!({"name": "asr", "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8,
-                   "image": "nvcr.io/nvidia/pytorch:24.05-py3"}),
-        )
-        .await;
+    let (id, node) = one_gang_running(fw).await;
     let id: &str = &id;
-    let pods = fw.wait_pods(id, 1).await;
-    fw.kubelet().run(&pods[0]).await;
-    fw.wait_state(id, "running", Duration::from_secs(30)).await;
-    let node = node_of(&pods[0]);
     // NVSentinel's health monitor reports an XID 79 on the node, and its fault quarantine
     // taints it; the node stays Ready and the pod keeps running as far as the kubelet says.
-    let failed_at = chrono::Utc::now() - chrono::Duration::seconds(3);
+    // The fault comes a whole second (condition times have no finer grain) after its start.
+    let started: chrono::DateTime<chrono::Utc> = fw.job(id).await["started_at"].as_str().unwrap().parse().unwrap();
+    let failed_at = chrono::DateTime::from_timestamp(started.timestamp() + 2, 0).unwrap();
+    if let Ok(ahead) = (failed_at - chrono::Utc::now()).to_std() {
+        tokio::time::sleep(ahead).await;
+    }
     let since = failed_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let peer = kube_peer::peer();
     peer.node_condition(&node, "GpuXidError", true, "ErrorCode:79 GPU has fallen off the bus", &since).await;
@@ -543,7 +543,7 @@ async fn a_gpu_fault_reported_as_nvsentinel_does_requeues_the_gang_off_the_node_
             .fetch_one(&fw.pool)
             .await
             .unwrap();
-    assert_eq!(ended.timestamp(), failed_at.timestamp(), "billing ends at the fault, requeued in {requeued_within:?}");
+    assert_eq!(ended, failed_at, "billing ends at the fault; requeued {requeued_within:?} after the signal");
     assert!(requeued_within < Duration::from_secs(60));
     peer.node_condition(&node, "GpuXidError", false, "", &since).await;
     peer.taints(&node, json!([])).await;

@@ -15,6 +15,7 @@ use std::{collections::BTreeMap, time::Duration};
 use serde_json::Value;
 
 use super::BackendError;
+pub use crate::domain::activity::ReplicaActivity;
 use crate::domain::JobId;
 
 /// GPU utilisation, percent: the share of the last interval in which any kernel ran.
@@ -36,26 +37,6 @@ pub const FIELDS: [&str; 5] = [GPU_UTIL, SM_ACTIVE, TENSOR_ACTIVE, FB_USED, FB_F
 pub const GPU_LABEL: &str = "gpu";
 /// The label dcgm-exporter puts the node's name in.
 pub const HOST_LABEL: &str = "Hostname";
-
-/// One replica's GPUs, as last sampled: means over its GPUs, memory of its fullest GPU.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplicaActivity {
-    pub job_id: JobId,
-    pub attempt: i32,
-    pub replica: i32,
-    /// GPUs of the replica that reported.
-    pub gpus: i32,
-    /// Percent, 0–100.
-    pub gpu_util_pct: f64,
-    /// Ratio, 0–1.
-    pub sm_active: f64,
-    /// Ratio, 0–1.
-    pub tensor_active: f64,
-    /// Memory used on the replica's fullest GPU, MiB.
-    pub fb_used_mib: i64,
-    /// That GPU's memory (used + free), MiB.
-    pub fb_total_mib: i64,
-}
 
 /// The job, attempt and replica a pod of ours runs: pods are named
 /// `<object>-<rank>`, and objects `fw-<job id, 32 hex digits>-<attempt>`

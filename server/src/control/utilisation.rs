@@ -54,23 +54,9 @@ pub struct UtilisationReport {
 pub async fn pass(ctx: &Ctx, epoch: i64, source: &PrometheusSource) -> Result<UtilisationReport, ControlError> {
     let read = source.read().await?;
     let at = Utc::now();
-    let samples: Vec<db::utilisation::Sample> = read
-        .into_iter()
-        .map(|r| db::utilisation::Sample {
-            job_id: r.job_id,
-            attempt: r.attempt,
-            replica: r.replica,
-            gpus: r.gpus,
-            gpu_util_pct: r.gpu_util_pct,
-            sm_active: r.sm_active,
-            tensor_active: r.tensor_active,
-            fb_used_mib: r.fb_used_mib,
-            fb_total_mib: r.fb_total_mib,
-        })
-        .collect();
     let mut tx = leader_tx(&ctx.pool, epoch).await?;
     let mut report = UtilisationReport {
-        replicas: db::utilisation::record(&mut tx, &samples, at).await?,
+        replicas: db::utilisation::record(&mut tx, &read, at).await?,
         ..UtilisationReport::default()
     };
     let sampled = db::idle::sampled_at(&mut tx, at).await?;

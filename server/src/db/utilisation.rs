@@ -8,18 +8,7 @@ use super::Tx;
 use crate::domain::JobId;
 
 /// One replica's sample, as `backends::dcgm` reads it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Sample {
-    pub job_id: JobId,
-    pub attempt: i32,
-    pub replica: i32,
-    pub gpus: i32,
-    pub gpu_util_pct: f64,
-    pub sm_active: f64,
-    pub tensor_active: f64,
-    pub fb_used_mib: i64,
-    pub fb_total_mib: i64,
-}
+pub type Sample = crate::domain::activity::ReplicaActivity;
 
 /// Adds `samples`, taken at `at`, to their replicas' rows. A sample of an attempt that is
 /// not running (it ended, or the series outlived it in Prometheus) is dropped. Returns the

@@ -1,6 +1,7 @@
 //! Domain types: names, roles and constrained values, each parsed once at the edge so the
 //! rest of the code can trust them ("parse, don't validate").
 
+pub mod activity;
 pub mod array;
 mod budget;
 pub mod ci_trust;
