@@ -545,6 +545,20 @@ async fn a_gpu_fault_reported_as_nvsentinel_does_requeues_the_gang_off_the_node_
             .unwrap();
     assert_eq!(ended, failed_at, "billing ends at the fault; requeued {requeued_within:?} after the signal");
     assert!(requeued_within < Duration::from_secs(60));
+    // The cluster says which node is unhealthy, since when and why.
+    let unhealthy = fw
+        .wait("the node listed as unhealthy", Duration::from_secs(30), || async move {
+            let clusters = fw.ok(reqwest::Method::GET, "/api/v1/clusters", None).await;
+            let cluster = clusters.as_array()?.iter().find(|c| c["name"] == t)?.clone();
+            cluster["unhealthy_nodes"].as_array().filter(|n| !n.is_empty()).cloned()
+        })
+        .await;
+    assert_eq!(unhealthy[0]["node"], node.as_str(), "{unhealthy:#?}");
+    assert_eq!(unhealthy[0]["why"], "GpuXidError: ErrorCode:79 GPU has fallen off the bus", "{unhealthy:#?}");
+    assert_eq!(
+        unhealthy[0]["since"].as_str().and_then(|s| s.parse::<chrono::DateTime<chrono::Utc>>().ok()),
+        Some(failed_at)
+    );
     peer.node_condition(&node, "GpuXidError", false, "", &since).await;
     peer.taints(&node, json!([])).await;
     owned.stop().await;

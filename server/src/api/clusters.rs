@@ -29,17 +29,36 @@ pub struct ClusterView {
     pub backend: Backend,
     /// GPUs per GPU class name.
     pub capacity: BTreeMap<String, i32>,
+    /// Nodes whose GPUs report a fault (out of the capacity above until it clears), as of
+    /// the last inventory sync.
+    pub unhealthy_nodes: Vec<NodeFaultView>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub version: i64,
 }
 
+/// A node whose GPUs report a fault.
+#[derive(Serialize, ToSchema)]
+pub struct NodeFaultView {
+    pub node: String,
+    /// When the fault began, as the node reports it.
+    pub since: DateTime<Utc>,
+    /// What is wrong, in the reporter's words (a node condition's type and message, or a taint).
+    pub why: String,
+}
+
 async fn views(db: &sqlx::PgPool) -> Result<Vec<ClusterView>, ApiError> {
     let clusters = db::clusters::list(db).await?;
     let capacity = db::clusters::capacity(db).await?;
+    let faults = db::clusters::faults(db).await?;
     Ok(clusters
         .into_iter()
         .map(|c| ClusterView {
+            unhealthy_nodes: faults
+                .iter()
+                .filter(|f| f.cluster == c.name)
+                .map(|f| NodeFaultView { node: f.node.clone(), since: f.since, why: f.why.clone() })
+                .collect(),
             capacity: capacity.iter().filter(|r| r.cluster == c.name).map(|r| (r.gpu_class.clone(), r.gpus)).collect(),
             name: c.name,
             backend: Backend::parse(&c.backend).unwrap_or(Backend::Sim),

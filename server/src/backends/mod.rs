@@ -292,6 +292,16 @@ pub struct ClassDecl {
     pub fraction_milli: i32,
 }
 
+/// A node whose GPUs report a fault: it offers nothing until the fault clears.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeFault {
+    pub node: String,
+    /// When the fault began, as the node reports it.
+    pub since: DateTime<Utc>,
+    /// What is wrong, in the reporter's words.
+    pub why: String,
+}
+
 /// A team's GPU limits on the platform (reserved + burst per GPU class), for backends that
 /// fence tenants themselves (a Kubernetes namespace with a quota).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -371,6 +381,12 @@ pub trait Backend: Send + Sync {
 
     /// The nodes and pools the backend offers now.
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError>;
+
+    /// Nodes whose GPUs report a fault now, for the cluster view: they are out of
+    /// [`Backend::inventory`] already. Backends that learn of no faults report none.
+    async fn faults(&self) -> Result<Vec<NodeFault>, BackendError> {
+        Ok(Vec::new())
+    }
 
     /// Brings the backend's per-team fences in line with the platform's limits. Called with
     /// every team that has a quota, at each inventory sync; backends without fences ignore it.

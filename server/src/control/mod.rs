@@ -424,6 +424,8 @@ pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend
         });
     }
     db::inventory::replace_nodes(&mut tx, cluster_id, &rows).await?;
+    let faults: Vec<_> = backend.faults().await?.into_iter().map(|f| (f.node, f.since, f.why)).collect();
+    db::inventory::replace_faults(&mut tx, cluster_id, &faults).await?;
     db::metering::record_capacity(&mut tx).await?;
     db::jobs::notify(&mut tx, db::jobs::SCHEDULE_CHANNEL).await?;
     tx.commit().await?;

@@ -162,3 +162,23 @@ pub async fn held_placements(pool: &PgPool) -> Result<Vec<HeldPlacement>, sqlx::
     .fetch_all(pool)
     .await
 }
+
+/// A node whose GPUs report a fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultRow {
+    pub cluster: String,
+    pub node: String,
+    pub since: chrono::DateTime<chrono::Utc>,
+    pub why: String,
+}
+
+/// Every node fault recorded at the clusters' last inventory syncs, by cluster and node.
+pub async fn faults(pool: &PgPool) -> Result<Vec<FaultRow>, sqlx::Error> {
+    sqlx::query_as!(
+        FaultRow,
+        "select c.name as cluster, f.node, f.since, f.why from node_faults f join clusters c on c.id = f.cluster_id
+         order by c.name, f.node"
+    )
+    .fetch_all(pool)
+    .await
+}

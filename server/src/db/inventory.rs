@@ -150,3 +150,30 @@ pub async fn class_nodes(pool: &sqlx::PgPool, class: GpuClassId) -> Result<(i64,
     .await?;
     Ok((row.fixed, row.pools))
 }
+
+/// Replaces the GPU faults recorded for a cluster's nodes: (node, since, why).
+pub async fn replace_faults(
+    tx: &mut Tx<'_>,
+    cluster_id: ClusterId,
+    faults: &[(String, chrono::DateTime<chrono::Utc>, String)],
+) -> Result<(), sqlx::Error> {
+    sqlx::query!("delete from node_faults where cluster_id = $1", cluster_id as ClusterId).execute(&mut **tx).await?;
+    if faults.is_empty() {
+        return Ok(());
+    }
+    let nodes: Vec<String> = faults.iter().map(|f| f.0.clone()).collect();
+    let since: Vec<chrono::DateTime<chrono::Utc>> = faults.iter().map(|f| f.1).collect();
+    let why: Vec<String> = faults.iter().map(|f| f.2.clone()).collect();
+    sqlx::query!(
+        "insert into node_faults (cluster_id, node, since, why)
+         select $1, u.node, u.since, u.why from unnest($2::text[], $3::timestamptz[], $4::text[]) as u(node, since, why)
+         on conflict do nothing",
+        cluster_id as ClusterId,
+        &nodes,
+        &since,
+        &why
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

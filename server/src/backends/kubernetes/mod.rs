@@ -312,11 +312,13 @@ impl KubeBackend {
     /// What the nodes matching `node_selector` offer.
     fn gpus_of(&self, mut nodes: Vec<Arc<Node>>) -> Vec<NodeGpus> {
         nodes.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let selected = |n: &Node| {
-            let labels = n.metadata.labels.clone().unwrap_or_default();
-            self.config.node_selector.as_deref().is_none_or(|s| inventory::selector_matches(s, &labels))
-        };
-        nodes.iter().filter(|n| selected(n)).flat_map(|n| inventory::node_gpus(n, &self.inventory)).collect()
+        nodes.iter().filter(|n| self.selected(n)).flat_map(|n| inventory::node_gpus(n, &self.inventory)).collect()
+    }
+
+    /// Whether a node belongs to the cluster: it matches `node_selector`.
+    fn selected(&self, node: &Node) -> bool {
+        let labels = node.metadata.labels.clone().unwrap_or_default();
+        self.config.node_selector.as_deref().is_none_or(|s| inventory::selector_matches(s, &labels))
     }
 
     /// The resource a class is requested by: as a node offering it says, else by its name.
@@ -490,6 +492,19 @@ impl Backend for KubeBackend {
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
         let (nodes, _, _) = self.state().await?;
         Ok(self.gpus_of(nodes).into_iter().map(|g| g.entry).collect())
+    }
+
+    async fn faults(&self) -> Result<Vec<super::NodeFault>, BackendError> {
+        let now = Utc::now();
+        let (nodes, _, _) = self.state().await?;
+        Ok(nodes
+            .iter()
+            .filter(|n| self.selected(n))
+            .filter_map(|n| {
+                let fault = inventory::fault(n, &self.inventory, now)?;
+                Some(super::NodeFault { node: n.metadata.name.clone()?, since: fault.since, why: fault.why })
+            })
+            .collect())
     }
 
     async fn sync_tenants(&self, tenants: &[Tenant]) -> Result<(), BackendError> {

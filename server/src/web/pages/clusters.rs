@@ -14,6 +14,9 @@ struct ClusterPage {
     classes: Vec<cluster::ClassFree>,
     /// Each team's colour, for viewers who see every team.
     teams: Vec<cluster::TeamColour>,
+    /// Nodes out of the inventory because their GPUs report a fault: "cluster/node", since
+    /// when, why.
+    faults: Vec<(String, String, String)>,
 }
 
 /// Every cluster's nodes and GPUs, coloured by whose jobs hold them.
@@ -24,5 +27,10 @@ pub async fn clusters(State(state): State<AppState>, CurrentUser(user): CurrentU
     let nodes = db::clusters::layout(&state.db).await?;
     let held = db::clusters::held_placements(&state.db).await?;
     let cluster::Layout { clusters, classes, teams } = cluster::layout(&nodes, &held, &viewer);
-    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes, teams }))
+    let faults = db::clusters::faults(&state.db)
+        .await?
+        .into_iter()
+        .map(|f| (format!("{}/{}", f.cluster, f.node), f.since.format("%Y-%m-%d %H:%M:%S UTC").to_string(), f.why))
+        .collect();
+    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes, teams, faults }))
 }

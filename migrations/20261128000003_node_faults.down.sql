@@ -1,0 +1,1 @@
+drop table node_faults;
