@@ -53,6 +53,7 @@ pub fn router() -> Router<AppState> {
         .route("/admin/teams", post(pages::create_team))
         .route("/admin/rates", post(pages::set_rate))
         .route("/admin/priority-classes", post(pages::save_priority_class))
+        .route("/admin/idle-policies", post(pages::save_idle_policy))
         .route("/admin/users", get(pages::users).post(pages::create_user))
         .route("/admin/users/{username}", post(pages::change_user))
         .route("/audit", get(pages::audit))

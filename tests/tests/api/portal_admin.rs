@@ -247,3 +247,49 @@ async fn a_platform_admin_sets_a_hard_money_budget_for_next_month_on_the_quotas_
     assert!(body(&removed).contains(&format!("Budget of ml for {month} removed.")), "{}", body(&removed));
     assert!(ml_budgets(&app, &admin).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_platform_admin_sets_and_removes_an_idle_policy_from_the_admin_page_and_a_bad_one_names_its_field() {
+    let (app, admin, ops) = setup().await;
+    let csrf = csrf_of(&app, &ops, "/admin").await;
+    let policy = |percent: &str| {
+        form_of(&[
+            ("csrf", &csrf),
+            ("team", "ml"),
+            ("priority_class", "experiment"),
+            ("below_sm_active_percent", percent),
+            ("idle_minutes", "30"),
+            ("notice_minutes", "10"),
+            ("action", "preempt"),
+        ])
+    };
+    let saved = body(&post_form(&app, &ops, "/admin/idle-policies", policy("5")).await);
+    assert!(saved.contains("Idle policy saved."), "{saved}");
+    assert!(saved.contains("team ml, experiment jobs"), "{saved}");
+    assert!(saved.contains("SM activity below 5% for 1800 s: warn, then preempt 600 s later"), "{saved}");
+    let listed = app.send(call("GET", "/api/v1/idle-policies").token(&admin)).await.json();
+    assert_eq!(listed[0]["action"], "preempt", "the API shows what the form set: {listed}");
+    assert_eq!((listed[0]["idle_seconds"].as_i64(), listed[0]["notice_seconds"].as_i64()), (Some(1800), Some(600)));
+
+    let refused = body(&post_form(&app, &ops, "/admin/idle-policies", policy("150")).await);
+    assert!(refused.contains("below_sm_active_percent"), "{refused}");
+
+    let id = listed[0]["id"].as_str().unwrap();
+    let removed =
+        body(&post_form(&app, &ops, "/admin/idle-policies", form_of(&[("csrf", &csrf), ("delete", id)])).await);
+    assert!(removed.contains("Idle policy removed."), "{removed}");
+    let listed = app.send(call("GET", "/api/v1/idle-policies").token(&admin)).await.json();
+    assert_eq!(listed, json!([]));
+
+    // A team member is refused, as the API refuses them.
+    let alice = sign_in(&app, "alice").await;
+    let alice_csrf = csrf_of(&app, &alice, "/teams/ml").await;
+    let form = form_of(&[
+        ("csrf", &alice_csrf),
+        ("below_sm_active_percent", "5"),
+        ("idle_minutes", "1"),
+        ("notice_minutes", "0"),
+        ("action", "stop"),
+    ]);
+    post_form(&app, &alice, "/admin/idle-policies", form).await.assert_status(403);
+}

@@ -36,7 +36,7 @@ pub use billing::{billing, billing_export, billing_period, billing_usage_csv, st
 pub use clusters::clusters;
 pub use jobs::{cancel, job, job_live, job_log, rerun, team_jobs};
 pub use members::{remove_member, set_member, team_members};
-pub use platform_admin::{admin, create_team, save_priority_class, set_rate};
+pub use platform_admin::{admin, create_team, save_idle_policy, save_priority_class, set_rate};
 pub use services::{change_service, create_service, delete_service, service, team_services};
 pub use submit::{delete_template, preview, submit, submit_form};
 pub use team::{home, team};

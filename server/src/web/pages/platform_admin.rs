@@ -1,5 +1,5 @@
-//! The platform admins' page: teams, the rate card and the priority classes, each with the
-//! form that changes it. Every change goes through the same API functions (and audit log)
+//! The platform admins' page: teams, the rate card, the priority classes and the idle
+//! policies, each with the form that changes it. Every change goes through the same API functions (and audit log)
 //! as the REST API.
 
 use askama::Template;
@@ -10,7 +10,7 @@ use serde::Deserialize;
 use super::{form_error, principal, render, signed_in, when, CurrentUser, PageError, PortalForm, SignedIn};
 use crate::{
     db::{self, web_sessions::SessionUser},
-    domain::PlatformRole,
+    domain::{idle::IdleAction, PlatformRole},
     ops::{self, Precondition},
     state::AppState,
 };
@@ -44,6 +44,13 @@ pub struct PriorityLine {
     pub version: i64,
 }
 
+/// An idle policy row, with what people read it by.
+pub struct IdleLine {
+    pub id: String,
+    pub scope: String,
+    pub rule: String,
+}
+
 /// Which form the page answers, so its message shows beside it.
 #[derive(Default)]
 pub struct Outcome {
@@ -61,6 +68,9 @@ struct PlatformPage {
     teams: Vec<TeamLine>,
     rates: Vec<RateLine>,
     priorities: Vec<PriorityLine>,
+    idle_policies: Vec<IdleLine>,
+    /// Priority class names, for the idle policy form.
+    class_names: Vec<String>,
     outcome: Outcome,
     team_form: NewTeamForm,
 }
@@ -136,8 +146,34 @@ async fn platform_page(
             upcoming,
         });
     }
-    let priorities = db::priority_classes::list(&state.db)
+    let idle_policies = ops::idle_policies::list(state)
         .await?
+        .into_iter()
+        .map(|p| IdleLine {
+            id: p.id.to_string(),
+            scope: format!(
+                "{}, {}",
+                p.team.map_or_else(|| "every team".to_owned(), |t| format!("team {t}")),
+                p.priority_class.map_or_else(|| "every class".to_owned(), |c| format!("{c} jobs"))
+            ),
+            rule: match p.action {
+                IdleAction::Exempt => "exempt: never warned nor reclaimed".to_owned(),
+                action => format!(
+                    "SM activity below {}% for {} s: warn{}",
+                    p.below_sm_active_percent,
+                    p.idle_seconds,
+                    match action {
+                        IdleAction::Stop => format!(", then stop {} s later", p.notice_seconds),
+                        IdleAction::Preempt => format!(", then preempt {} s later", p.notice_seconds),
+                        _ => String::new(),
+                    }
+                ),
+            },
+        })
+        .collect();
+    let priority_rows = db::priority_classes::list(&state.db).await?;
+    let class_names = priority_rows.iter().map(|p| p.name.clone()).collect();
+    let priorities = priority_rows
         .into_iter()
         .map(|p| PriorityLine {
             name: p.name,
@@ -156,6 +192,8 @@ async fn platform_page(
         teams,
         rates,
         priorities,
+        idle_policies,
+        class_names,
         outcome,
         team_form,
     }))
@@ -312,6 +350,72 @@ pub async fn save_priority_class(
             Outcome { section: "priorities", ok: Some(format!("Priority class {} saved.", row.name)), error: None }
         }
         Err(e) => error(form_error(e)?),
+    };
+    platform_page(&state, &user, outcome, NewTeamForm::default()).await
+}
+
+/// The idle policy form, as typed: a new or replaced policy, or (with `delete`) a removal.
+#[derive(Debug, Default, Deserialize)]
+pub struct IdlePolicyForm {
+    #[serde(default)]
+    pub team: String,
+    #[serde(default)]
+    pub priority_class: String,
+    #[serde(default)]
+    pub below_sm_active_percent: String,
+    #[serde(default)]
+    pub idle_minutes: String,
+    #[serde(default)]
+    pub notice_minutes: String,
+    #[serde(default)]
+    pub action: String,
+    /// The id of a policy to remove.
+    #[serde(default)]
+    pub delete: String,
+}
+
+/// Sets an idle policy for its scope, or removes one.
+pub async fn save_idle_policy(
+    State(state): State<AppState>,
+    PortalForm { user, form }: PortalForm<IdlePolicyForm>,
+) -> Result<Response, PageError> {
+    require_platform_admin(&user)?;
+    let error = |message: String| Outcome { section: "idle", ok: None, error: Some(message) };
+    let principal = principal(&user);
+    if !form.delete.trim().is_empty() {
+        let outcome = match form.delete.trim().parse::<crate::domain::IdlePolicyId>() {
+            Err(_) => error("no such idle policy".into()),
+            Ok(id) => match ops::idle_policies::delete(&state, &principal, id).await {
+                Ok(()) => Outcome { section: "idle", ok: Some("Idle policy removed.".into()), error: None },
+                Err(e) => error(form_error(e)?),
+            },
+        };
+        return platform_page(&state, &user, outcome, NewTeamForm::default()).await;
+    }
+    let minutes = |field: &str, text: &str| -> Result<i64, String> {
+        text.trim().parse::<i64>().ok().filter(|m| *m >= 0).map(|m| m * 60).ok_or(format!("{field}: whole minutes"))
+    };
+    let spec = (|| -> Result<ops::idle_policies::IdlePolicySpec, String> {
+        Ok(ops::idle_policies::IdlePolicySpec {
+            team: Some(form.team.trim().to_owned()).filter(|t| !t.is_empty()),
+            priority_class: Some(form.priority_class.trim().to_owned()).filter(|c| !c.is_empty()),
+            below_sm_active_percent: form
+                .below_sm_active_percent
+                .trim()
+                .parse()
+                .map_err(|_| "below_sm_active_percent: a percentage such as 5".to_owned())?,
+            idle_seconds: minutes("idle_minutes", &form.idle_minutes)?,
+            notice_seconds: minutes("notice_minutes", &form.notice_minutes)?,
+            action: IdleAction::parse(form.action.trim())
+                .ok_or("action: notify, stop, preempt or exempt".to_owned())?,
+        })
+    })();
+    let outcome = match spec {
+        Err(message) => error(message),
+        Ok(spec) => match ops::idle_policies::set(&state, &principal, &spec).await {
+            Ok(_) => Outcome { section: "idle", ok: Some("Idle policy saved.".into()), error: None },
+            Err(e) => error(form_error(e)?),
+        },
     };
     platform_page(&state, &user, outcome, NewTeamForm::default()).await
 }
