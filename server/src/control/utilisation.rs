@@ -59,7 +59,10 @@ pub async fn pass(ctx: &Ctx, epoch: i64, source: &PrometheusSource) -> Result<Ut
         replicas: db::utilisation::record(&mut tx, &read, at).await?,
         ..UtilisationReport::default()
     };
-    let sampled = db::idle::sampled_at(&mut tx, at).await?;
+    let mut jobs: Vec<JobId> = read.iter().map(|r| r.job_id).collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    let sampled = db::idle::sampled_at(&mut tx, &jobs, at).await?;
     let mut idle = HashSet::new();
     if !sampled.is_empty() {
         let policies: Vec<IdlePolicy> = db::idle::policies(&mut *tx).await?.into_iter().map(|p| p.policy).collect();
@@ -102,12 +105,8 @@ async fn apply(
     report: &mut UtilisationReport,
 ) -> Result<HashSet<(JobId, i32)>, ControlError> {
     let mut open = Vec::new();
-    let mut changes: [(SpanChange, Vec<(JobId, i32)>); 4] = [
-        (SpanChange::Extend, Vec::new()),
-        (SpanChange::Warn, Vec::new()),
-        (SpanChange::Act, Vec::new()),
-        (SpanChange::Close, Vec::new()),
-    ];
+    // The open stretches each read extends, warns on, acts on or closes.
+    let (mut extend, mut warn, mut act, mut close) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut events = Vec::new();
     let mut preempt = Vec::new();
     let mut stop = Vec::new();
@@ -131,9 +130,9 @@ async fn apply(
         match step(policy, stretch.as_ref(), sm, at) {
             Step::Busy => {}
             Step::Began => open.push((job.job_id, job.attempt, job.gpu_milli)),
-            Step::Continues => changes[0].1.push(key),
+            Step::Continues => extend.push(key),
             Step::Ended { warned } => {
-                changes[3].1.push(key);
+                close.push(key);
                 if warned {
                     events.push(event(
                         "active",
@@ -143,7 +142,7 @@ async fn apply(
                 }
             }
             Step::Warn { act_at } => {
-                changes[1].1.push(key);
+                warn.push(key);
                 let (Some(policy), Some(started)) = (policy, stretch.as_ref().map(|s| s.started_at)) else { continue };
                 let then = match (act_at, policy.action) {
                     (Some(when), IdleAction::Stop) => {
@@ -168,7 +167,7 @@ async fn apply(
                 ));
             }
             Step::Act(action) => {
-                changes[2].1.push(key);
+                act.push(key);
                 let Some(policy) = policy else { continue };
                 let started = stretch.as_ref().map_or(at, |s| s.started_at);
                 let message = format!(
@@ -192,14 +191,16 @@ async fn apply(
         }
     }
     db::idle::open_spans(tx, &open, at).await?;
-    for (change, attempts) in &changes {
-        db::idle::change_spans(tx, attempts, *change, at).await?;
+    for (change, attempts) in
+        [(SpanChange::Extend, &extend), (SpanChange::Warn, &warn), (SpanChange::Act, &act), (SpanChange::Close, &close)]
+    {
+        db::idle::change_spans(tx, attempts, change, at).await?;
     }
-    report.warned = changes[1].1.len();
+    report.warned = warn.len();
     let idle: HashSet<(JobId, i32)> = open
         .iter()
         .map(|&(job, attempt, _)| (job, attempt))
-        .chain(changes[..3].iter().flat_map(|(_, attempts)| attempts.iter().copied()))
+        .chain(extend.iter().chain(&warn).chain(&act).copied())
         .collect();
     let mut ids: Vec<_> = preempt.iter().map(|p| p.job_id).chain(stop.iter().map(|s| s.0.job_id)).collect();
     ids.sort_unstable();

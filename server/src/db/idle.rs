@@ -118,8 +118,9 @@ pub struct Sampled {
     pub acted_at: Option<DateTime<Utc>>,
 }
 
-/// The running attempts whose replicas were sampled at `at`.
-pub async fn sampled_at(tx: &mut Tx<'_>, at: DateTime<Utc>) -> Result<Vec<Sampled>, sqlx::Error> {
+/// The running attempts among `jobs` whose replicas were sampled at `at`. Named by job, so
+/// the read walks the rows of the jobs just sampled, never every replica ever recorded.
+pub async fn sampled_at(tx: &mut Tx<'_>, jobs: &[JobId], at: DateTime<Utc>) -> Result<Vec<Sampled>, sqlx::Error> {
     sqlx::query_as!(
         Sampled,
         r#"select j.id as "job_id: JobId", j.attempt, j.name as job_name, j.team_id as "team_id: TeamId",
@@ -135,10 +136,11 @@ pub async fn sampled_at(tx: &mut Tx<'_>, at: DateTime<Utc>) -> Result<Vec<Sample
            join priority_classes pc on pc.name = j.priority_class
            join usage_intervals u on u.job_id = j.id and u.attempt = j.attempt
            left join idle_spans s on s.job_id = j.id and s.attempt = j.attempt and s.open
-           where r.sampled_at = $1
+           where r.job_id = any($2) and r.sampled_at = $1
            group by j.id, t.name, c.name, pc.preemption_grace_seconds, u.gpus, u.fraction_milli, s.started_at, s.warned_at,
                     s.acted_at"#,
-        at
+        at,
+        jobs as &[JobId]
     )
     .fetch_all(&mut **tx)
     .await
