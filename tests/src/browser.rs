@@ -211,6 +211,21 @@ impl Browser {
         }
     }
 
+    /// Reloads until no element matches `css`, or panics once `within` passes.
+    pub async fn wait_for_absent(&self, css: &str, within: Duration) {
+        let deadline = std::time::Instant::now() + within;
+        let find = json!({"using": "css selector", "value": css});
+        loop {
+            let answer = self.try_call(reqwest::Method::POST, "/element", Some(find.clone())).await;
+            if answer.as_ref().ok().and_then(|v| v[ELEMENT].as_str()).is_none() {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{css} is still on {}", self.url().await);
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            self.call(reqwest::Method::POST, "/refresh", Some(json!({}))).await;
+        }
+    }
+
     /// Reloads until the page's text contains `needle` or `within` passes.
     pub async fn wait_for_text(&self, needle: &str, within: Duration) -> String {
         let deadline = std::time::Instant::now() + within;

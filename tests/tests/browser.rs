@@ -132,6 +132,9 @@ async fn a_member_submits_watches_cancels_and_sees_a_preemption_and_finance_down
     browser.click("button.danger").await;
     let text = browser.wait_for_text("cancelled", Duration::from_secs(30)).await;
     assert!(text.contains("user:alice"), "{text}");
+    // A cancelled job still stopping is followed live, and its page reloads itself once the
+    // job has ended: wait for that, or the reload can land on top of the next navigation.
+    browser.wait_for_absent("#timeline[data-live]", Duration::from_secs(30)).await;
     browser.screenshot(&dir, "job-cancelled-1280").await;
 
     // A job larger than the team's quota could never run: the form refuses it, naming the
