@@ -368,6 +368,7 @@ fn synthetic_nodes(count: usize) -> Vec<Node> {
                 zone: Some(rack / RACKS_PER_ZONE),
                 elastic: false,
                 spot: false,
+                drivers: Default::default(),
             }
         })
         .collect()
@@ -481,6 +482,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,
+        min_drivers: Default::default(),
     }
 }
 

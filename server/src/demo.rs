@@ -303,6 +303,8 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64)
         cpu_millis: None,
         memory_mib: None,
         workload: Default::default(),
+        min_driver_version: None,
+        min_cuda_version: None,
         depends_on: Vec::new(),
         if_dependency_fails: Default::default(),
         accepted_despite: Vec::new(),

@@ -73,6 +73,8 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 accepted_despite: Vec::new(),
                 array: None,
                 service: None,
+                min_driver_version: None,
+                min_cuda_version: None,
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &jobs).await.unwrap();

@@ -209,6 +209,7 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             elastic: n.elastic,
             // Every other elastic pool is spot capacity.
             spot: n.elastic && i % 2 == 1,
+            drivers: Default::default(),
         })
         .collect();
     let mut capacity = vec![0u64; classes.len()];
@@ -349,6 +350,7 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,
+        min_drivers: Default::default(),
     }
 }
 
@@ -1046,6 +1048,7 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         topology: Topology::Any,
         submitted_ms: s.now_ms,
         max_runtime_ms: 3_600_000,
+        min_drivers: Default::default(),
     });
     Some((s, id))
 }

@@ -32,6 +32,10 @@ pub struct ClusterView {
     /// Nodes whose GPUs report a fault (out of the capacity above until it clears), as of
     /// the last inventory sync.
     pub unhealthy_nodes: Vec<NodeFaultView>,
+    /// Per GPU class, the driver stacks its nodes run, as the cluster reports them.
+    pub drivers: Vec<clusters::DriverView>,
+    /// A sentence per GPU class whose nodes run more than one driver version.
+    pub driver_warnings: Vec<String>,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub version: i64,
@@ -51,9 +55,12 @@ async fn views(db: &sqlx::PgPool) -> Result<Vec<ClusterView>, ApiError> {
     let clusters = db::clusters::list(db).await?;
     let capacity = db::clusters::capacity(db).await?;
     let faults = db::clusters::faults(db).await?;
+    let mut drivers = clusters::drivers(db).await?;
     Ok(clusters
         .into_iter()
         .map(|c| ClusterView {
+            drivers: drivers.get_mut(&c.name).map(|d| std::mem::take(&mut d.0)).unwrap_or_default(),
+            driver_warnings: drivers.remove(&c.name).map(|d| d.1).unwrap_or_default(),
             unhealthy_nodes: faults
                 .iter()
                 .filter(|f| f.cluster == c.name)

@@ -46,7 +46,8 @@ pub struct PendingInfo {
     /// Stable code of the first rule that blocks it, one of `never_fits`, `burst_limit`,
     /// `exceeds_quota`, `reserved_quota_exhausted`, `budget_exhausted`, `no_topology_fit`,
     /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
-    /// `behind_head_of_line`, `victims_in_minimum_runtime`; or, before the scheduler sees
+    /// `behind_head_of_line`, `victims_in_minimum_runtime`, `driver_unavailable`,
+    /// `no_driver_fit`; or, before the scheduler sees
     /// the job, `waiting_for_dependencies` (jobs it depends on have not ended as it waits
     /// for; `figures.waiting_for` names them), `dependency_failed` (one never can, and
     /// the job has `if_dependency_fails: keep`) and `array_task_limit` (an array task its
@@ -112,6 +113,12 @@ pub struct JobView {
     pub image_pull_secrets: Vec<String>,
     /// Node labels each replica's node must carry.
     pub node_selector: BTreeMap<String, String>,
+    /// The least NVIDIA driver version its nodes must run; null for any.
+    #[schema(example = "550.54")]
+    pub min_driver_version: Option<String>,
+    /// The least CUDA version its nodes' driver must support; null for any.
+    #[schema(example = "12.4")]
+    pub min_cuda_version: Option<String>,
     pub state: JobState,
     /// Admissions so far; each runs as its own backend object.
     pub attempt: i32,
@@ -224,6 +231,8 @@ impl From<db::jobs::JobRow> for JobView {
             cloud_secret_env: r.workload.0.cloud_secret_env,
             image_pull_secrets: r.workload.0.image_pull_secrets,
             node_selector: r.workload.0.node_selector,
+            min_driver_version: r.min_driver_version,
+            min_cuda_version: r.min_cuda_version,
             pending: (state == JobState::Pending).then(|| {
                 let figures = r.pending_figures.map(|f| f.0);
                 PendingInfo {

@@ -210,6 +210,13 @@ pub struct InventoryNode {
     /// The pool's own price per GPU-hour in micro-units, which jobs on it are metered at
     /// instead of the rate card; `None` for the rate card.
     pub price_micros_per_gpu_hour: Option<i64>,
+    /// The NVIDIA driver's version its GPUs run (`550.54.15`), as the cluster reports it;
+    /// `None` where it does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// The CUDA version that driver supports (`12.4`); `None` where the cluster does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_version: Option<String>,
 }
 
 impl Gang {
@@ -277,6 +284,8 @@ impl InventoryNode {
             elastic: true,
             spot,
             price_micros_per_gpu_hour: Some((price_per_gpu_hour * 1_000_000.0).round() as i64),
+            driver_version: None,
+            cuda_version: None,
         }
     }
 }

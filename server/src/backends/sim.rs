@@ -28,6 +28,8 @@
 //! nvlink_domain_size = 8         # optional, default 0 = the whole node is one domain
 //! rack = "rack-1"                # optional
 //! zone = "zone-a"                # optional
+//! driver_version = "550.90.07"   # optional: the NVIDIA driver its GPUs run
+//! cuda_version = "12.4"          # optional: the CUDA version that driver supports
 //!
 //! [[pool]]                       # an elastic cloud pool without topology
 //! name = "cloud-h100"
@@ -35,6 +37,8 @@
 //! max_gpus = 32                  # 1..=64
 //! spot = false                   # optional: spot capacity, only for jobs that allow spot
 //! price_per_gpu_hour = 6.5       # optional: metered at this price instead of the rate card
+//! driver_version = "550.90.07"   # optional, as for a node: its instances' driver
+//! cuda_version = "12.4"          # optional
 //! ```
 //!
 //! A MIG-partitioned node is several `[[node]]` entries with the same name, one per MIG
@@ -202,6 +206,8 @@ struct NodeEntry {
     nvlink_domain_size: u32,
     rack: Option<String>,
     zone: Option<String>,
+    driver_version: Option<String>,
+    cuda_version: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -213,6 +219,8 @@ struct PoolEntry {
     #[serde(default)]
     spot: bool,
     price_per_gpu_hour: Option<f64>,
+    driver_version: Option<String>,
+    cuda_version: Option<String>,
 }
 
 /// A configuration that cannot be used.
@@ -331,6 +339,8 @@ impl TryFrom<SimConfigFile> for SimConfig {
                 elastic: false,
                 spot: false,
                 price_micros_per_gpu_hour: None,
+                driver_version: check_version(&key("driver_version"), &node.driver_version)?,
+                cuda_version: check_version(&key("cuda_version"), &node.cuda_version)?,
             });
         }
         for (i, pool) in file.pool.iter().enumerate() {
@@ -358,6 +368,8 @@ impl TryFrom<SimConfigFile> for SimConfig {
                 elastic: true,
                 spot: pool.spot,
                 price_micros_per_gpu_hour: price,
+                driver_version: check_version(&key("driver_version"), &pool.driver_version)?,
+                cuda_version: check_version(&key("cuda_version"), &pool.cuda_version)?,
             });
         }
         Ok(Self {
@@ -405,6 +417,17 @@ fn check_gpus(key: &str, gpus: u32) -> Result<u8, SimConfigError> {
     match u8::try_from(gpus) {
         Ok(n) if (1..=MAX_GPUS_PER_NODE).contains(&gpus) => Ok(n),
         _ => Err(invalid(key, format!("must be between 1 and {MAX_GPUS_PER_NODE}"))),
+    }
+}
+
+/// A driver or CUDA version as written, refused unless it reads as one.
+fn check_version(key: &str, version: &Option<String>) -> Result<Option<String>, SimConfigError> {
+    match version {
+        Some(v) => match v.parse::<crate::domain::driver::Version>() {
+            Ok(_) => Ok(Some(v.clone())),
+            Err(e) => Err(invalid(key, e.to_string())),
+        },
+        None => Ok(None),
     }
 }
 

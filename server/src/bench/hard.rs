@@ -74,6 +74,7 @@ fn nodes(count: usize) -> Vec<Node> {
             zone: Some((i / (NODES_PER_RACK * RACKS_PER_ZONE)) as u32),
             elastic: false,
             spot: false,
+            drivers: Default::default(),
         })
         .collect()
 }
@@ -132,6 +133,7 @@ fn job(id: JobId, team: TeamId, replicas: u16, gpus_per_replica: u32, priority: 
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,
+        min_drivers: Default::default(),
     }
 }
 

@@ -155,6 +155,7 @@ fn figures(waiting_for: Vec<WaitedJob>) -> serde_json::Value {
         unforeseeable: None,
         victims_preemptible_at: None,
         waiting_for,
+        drivers: None,
     };
     serde_json::to_value(figures).unwrap_or_default()
 }

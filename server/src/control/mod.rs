@@ -421,6 +421,8 @@ pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend
             elastic: n.elastic,
             spot: n.spot,
             price_micros_per_gpu_hour: n.price_micros_per_gpu_hour,
+            driver_version: n.driver_version,
+            cuda_version: n.cuda_version,
         });
     }
     db::inventory::replace_nodes(&mut tx, cluster_id, &rows).await?;

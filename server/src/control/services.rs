@@ -54,6 +54,8 @@ pub fn replica_job(service: &ServiceRow, slot: i32) -> NewJob {
         cpu_millis: t.cpu_millis,
         memory_mib: t.memory_mib,
         workload: t.workload.clone(),
+        min_driver_version: None,
+        min_cuda_version: None,
         depends_on: Vec::new(),
         if_dependency_fails: Default::default(),
         accepted_despite: Vec::new(),

@@ -112,6 +112,7 @@ impl World {
                 zone,
                 elastic: n.elastic,
                 spot: n.spot,
+                drivers: domain::driver::DriverStack::read(n.driver_version.as_deref(), n.cuda_version.as_deref()),
             });
             node_refs.push((n.cluster_id, n.cluster.clone(), n.name.clone()));
         }
@@ -227,6 +228,10 @@ impl World {
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
             grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
+            min_drivers: domain::driver::DriverStack::read(
+                job.min_driver_version.as_deref(),
+                job.min_cuda_version.as_deref(),
+            ),
         })
     }
 
@@ -255,6 +260,10 @@ impl World {
             kind: Some(scheduler::runtime::kind_of(&job.name)),
             expected_runtime_ms: job.expected_runtime_seconds.map(|s| i64::from(s) * 1000),
             grace_ms: job.preemption_grace_seconds.map(|s| i64::from(s) * 1000),
+            min_drivers: domain::driver::DriverStack::read(
+                job.min_driver_version.as_deref(),
+                job.min_cuda_version.as_deref(),
+            ),
         })
     }
 
@@ -405,6 +414,19 @@ impl World {
                 "not enough free GPUs of {of}: it needs {needs} and {free} are free to it; the jobs it may preempt for the rest have not yet run the minimum runtime before preemption, and enough of them have at {}",
                 Utc.timestamp_millis_opt(*at_ms).single().map_or_else(String::new, |t| t.format("%H:%M:%S UTC").to_string())
             ),
+            PendingReason::DriverUnavailable => {
+                let (required, newest) = drivers_in_words(f);
+                format!(
+                    "it requires {required}, and no node of {of} runs it, or not enough of them to hold its {needs} GPUs ({newest}); it starts only after nodes are upgraded"
+                )
+            }
+            PendingReason::NoDriverFit => {
+                let (required, _) = drivers_in_words(f);
+                let meeting = gpus(f.drivers.map_or(0, |d| d.free_meeting));
+                format!(
+                    "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but only {meeting} of them on nodes that run {required}; it starts when enough of those are free"
+                )
+            }
         }
     }
 }
@@ -445,8 +467,31 @@ impl World {
                 _ => None,
             },
             waiting_for: Vec::new(),
+            drivers: f.drivers.map(|d| {
+                let text = |v: Option<domain::driver::Version>| v.map(|v| v.to_string());
+                domain::DriverWait {
+                    min_driver_version: text(d.required.driver),
+                    min_cuda_version: text(d.required.cuda),
+                    newest_driver_version: text(d.newest.driver),
+                    newest_cuda_version: text(d.newest.cuda),
+                    free_gpus_meeting: units(d.free_meeting),
+                }
+            }),
         }
     }
+}
+
+/// A driver reason's requirement, and the newest versions the class's nodes run, in words.
+fn drivers_in_words(f: &Figures) -> (String, String) {
+    let Some(d) = f.drivers else { return (String::new(), String::new()) };
+    let newest = match (d.newest.driver, d.newest.cuda) {
+        (None, None) => "its nodes do not say which driver they run".to_owned(),
+        (driver, cuda) => {
+            let say = |v: Option<domain::driver::Version>| v.map_or_else(|| "unknown".to_owned(), |v| v.to_string());
+            format!("the newest there: driver {}, CUDA {}", say(driver), say(cuda))
+        }
+    };
+    (d.required.as_minimum(), newest)
 }
 
 /// Milli-units as a number of GPUs: whole when whole, else with up to three decimals.
@@ -522,6 +567,8 @@ mod tests {
             last_checkpoint_at: None,
             pending_reason: None,
             allow_spot: false,
+            min_driver_version: None,
+            min_cuda_version: None,
             held: false,
             service_replica: false,
             fixed_nodes_only: false,
@@ -566,6 +613,8 @@ mod tests {
             cpu_millis: None,
             memory_mib: None,
             workload: Default::default(),
+            min_driver_version: None,
+            min_cuda_version: None,
             depends_on: Vec::new(),
             if_dependency_fails: Default::default(),
             array: None,

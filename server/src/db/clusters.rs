@@ -182,3 +182,31 @@ pub async fn faults(pool: &PgPool) -> Result<Vec<FaultRow>, sqlx::Error> {
     .fetch_all(pool)
     .await
 }
+
+/// Nodes of one GPU class of one cluster that run one driver stack.
+#[derive(Debug, Clone)]
+pub struct DriverRow {
+    pub cluster: String,
+    pub gpu_class: String,
+    pub driver_version: Option<String>,
+    pub cuda_version: Option<String>,
+    pub nodes: i64,
+    pub gpus: i64,
+}
+
+/// Per cluster and GPU class, the driver stacks its nodes run (cloud pools included where
+/// they say), as of the last inventory syncs.
+pub async fn drivers(pool: &PgPool) -> Result<Vec<DriverRow>, sqlx::Error> {
+    sqlx::query_as!(
+        DriverRow,
+        r#"select c.name as cluster, g.name as gpu_class, n.driver_version, n.cuda_version,
+                  count(distinct n.name) as "nodes!", sum(n.gpus)::int8 as "gpus!"
+           from cluster_nodes n
+           join clusters c on c.id = n.cluster_id
+           join gpu_classes g on g.id = n.gpu_class_id
+           group by c.name, g.name, n.driver_version, n.cuda_version
+           order by c.name, g.name, n.driver_version, n.cuda_version"#
+    )
+    .fetch_all(pool)
+    .await
+}

@@ -19,6 +19,9 @@ pub struct NodeRow {
     pub elastic: bool,
     pub spot: bool,
     pub price_micros_per_gpu_hour: Option<i64>,
+    /// The driver and CUDA version its GPUs run, as its cluster reports them.
+    pub driver_version: Option<String>,
+    pub cuda_version: Option<String>,
 }
 
 /// Ensures a cluster row exists and returns its id.
@@ -95,11 +98,13 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[Node
     let elastic: Vec<bool> = nodes.iter().map(|n| n.elastic).collect();
     let spot: Vec<bool> = nodes.iter().map(|n| n.spot).collect();
     let prices: Vec<Option<i64>> = nodes.iter().map(|n| n.price_micros_per_gpu_hour).collect();
+    let drivers: Vec<Option<String>> = nodes.iter().map(|n| n.driver_version.clone()).collect();
+    let cudas: Vec<Option<String>> = nodes.iter().map(|n| n.cuda_version.clone()).collect();
     sqlx::query!(
         "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic,
-                                    spot, price_micros_per_gpu_hour)
+                                    spot, price_micros_per_gpu_hour, driver_version, cuda_version)
          select $1, * from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[],
-                                  $9::bool[], $10::int8[])",
+                                  $9::bool[], $10::int8[], $11::text[], $12::text[])",
         cluster_id as ClusterId,
         &names,
         &classes as &[GpuClassId],
@@ -109,7 +114,9 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[Node
         &zones as &[Option<String>],
         &elastic,
         &spot,
-        &prices as &[Option<i64>]
+        &prices as &[Option<i64>],
+        &drivers as &[Option<String>],
+        &cudas as &[Option<String>]
     )
     .execute(&mut **tx)
     .await?;
@@ -149,6 +156,22 @@ pub async fn class_nodes(pool: &sqlx::PgPool, class: GpuClassId) -> Result<(i64,
     .fetch_one(pool)
     .await?;
     Ok((row.fixed, row.pools))
+}
+
+/// The driver stacks the nodes of GPU class `class` run, across clusters: (driver version,
+/// CUDA version, GPUs), as reported.
+pub async fn class_drivers(
+    pool: &sqlx::PgPool,
+    class: GpuClassId,
+) -> Result<Vec<(Option<String>, Option<String>, i64)>, sqlx::Error> {
+    let rows = sqlx::query!(
+        r#"select driver_version, cuda_version, sum(gpus)::int8 as "gpus!" from cluster_nodes
+           where gpu_class_id = $1 group by driver_version, cuda_version"#,
+        class as GpuClassId
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows.into_iter().map(|r| (r.driver_version, r.cuda_version, r.gpus)).collect())
 }
 
 /// Replaces the GPU faults recorded for a cluster's nodes: (node, since, why).

@@ -45,6 +45,9 @@ pub struct JobRow {
     pub memory_mib: Option<i32>,
     /// Volumes, secret references, image pull secrets and node selector.
     pub workload: Json<Workload>,
+    /// The least driver and CUDA version its nodes must run.
+    pub min_driver_version: Option<String>,
+    pub min_cuda_version: Option<String>,
     pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
@@ -110,6 +113,9 @@ pub struct NewJob {
     pub memory_mib: Option<i32>,
     /// Volumes, secret references, image pull secrets and node selector, validated.
     pub workload: Workload,
+    /// The least driver and CUDA version its nodes must run, checked as versions.
+    pub min_driver_version: Option<String>,
+    pub min_cuda_version: Option<String>,
     /// The jobs it waits for, each visible to its team: with some, it is stored waiting for
     /// them (`waits_for_dependencies`) until the leader's dependency pass releases it.
     pub depends_on: Vec<(JobId, After)>,
@@ -236,6 +242,8 @@ pub async fn insert_submissions(
         submissions.iter().map(|s| s.job.service.as_ref().map(|r| r.service_id)).collect();
     let slots: Vec<Option<i32>> = submissions.iter().map(|s| s.job.service.as_ref().map(|r| r.slot)).collect();
     let revisions: Vec<Option<i32>> = submissions.iter().map(|s| s.job.service.as_ref().map(|r| r.revision)).collect();
+    let min_drivers: Vec<Option<String>> = submissions.iter().map(|s| s.job.min_driver_version.clone()).collect();
+    let min_cudas: Vec<Option<String>> = submissions.iter().map(|s| s.job.min_cuda_version.clone()).collect();
     let (mut dependents, mut depended, mut afters) = (Vec::new(), Vec::new(), Vec::new());
     for s in submissions {
         for &(on, after) in &s.job.depends_on {
@@ -252,22 +260,24 @@ pub async fn insert_submissions(
                                  preemption_grace_seconds, max_retries, allow_spot, submitted_by,
                                  expected_runtime_seconds, waits_for_dependencies, if_dependency_fails,
                                  array_id, array_index, held_by_array, pending_reason, pending_message,
-                                 cpu_millis, memory_mib, workload, service_id, service_slot, service_revision)
+                                 cpu_millis, memory_mib, workload, service_id, service_slot, service_revision,
+                                 min_driver_version, min_cuda_version)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
                       u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected, u.waits,
                       u.if_fails, u.array_id, u.array_index, u.held is not null,
                       case when u.held is not null then 'array_task_limit' end, u.held,
-                      u.cpu, u.memory, u.workload, u.service_id, u.service_slot, u.service_revision
+                      u.cpu, u.memory, u.workload, u.service_id, u.service_slot, u.service_revision,
+                      u.min_driver, u.min_cuda
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
                            $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[], $29::uuid[],
                            $30::int4[], $31::text[], $32::int4[], $33::int4[], $34::jsonb[], $35::uuid[],
-                           $36::int4[], $37::int4[])
+                           $36::int4[], $37::int4[], $38::text[], $39::text[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
                          mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails,
                          array_id, array_index, held, cpu, memory, workload, service_id, service_slot,
-                         service_revision)
+                         service_revision, min_driver, min_cuda)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -319,6 +329,8 @@ pub async fn insert_submissions(
         &services as &[Option<ServiceId>],
         &slots as &[Option<i32>],
         &revisions as &[Option<i32>],
+        &min_drivers as &[Option<String>],
+        &min_cudas as &[Option<String>],
     )
     .fetch_all(db)
     .await
@@ -353,6 +365,8 @@ impl JobRow {
             cpu_millis: job.cpu_millis,
             memory_mib: job.memory_mib,
             workload: Json(job.workload),
+            min_driver_version: job.min_driver_version,
+            min_cuda_version: job.min_cuda_version,
             state: JobState::Pending,
             attempt: 0,
             holds_gpus: false,
@@ -432,7 +446,8 @@ macro_rules! select_jobs {
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
                   j.preemption_grace_seconds, j.max_retries, j.allow_spot,
-                  j.cpu_millis, j.memory_mib, j.workload as "workload: Json<Workload>", j.state as "state: JobState", j.attempt, j.holds_gpus,
+                  j.cpu_millis, j.memory_mib, j.workload as "workload: Json<Workload>", j.min_driver_version, j.min_cuda_version,
+                  j.state as "state: JobState", j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,
                   j.pending_reason, j.pending_message, j.pending_figures as "pending_figures: Json<WaitFigures>",
                   j.queue_position, j.expected_start_at, j.stop_requested_at, j.last_checkpoint_at, j.exit_code, j.preemptions, j.submitted_by,

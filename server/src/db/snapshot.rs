@@ -80,6 +80,9 @@ pub struct LiveJob {
     /// The reason last recorded while it waits.
     pub pending_reason: Option<String>,
     pub allow_spot: bool,
+    /// The least driver and CUDA version its nodes must run, as submitted.
+    pub min_driver_version: Option<String>,
+    pub min_cuda_version: Option<String>,
     /// Held back before the engine: it still waits for jobs it depends on, or its array's
     /// parallelism holds it. The engine does not see it until the leader's dependency or
     /// array pass releases it (`control::dependencies`, `control::arrays`).
@@ -164,7 +167,7 @@ macro_rules! select_live_jobs {
             r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
                       topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
-                      last_checkpoint_at, pending_reason, allow_spot,
+                      last_checkpoint_at, pending_reason, allow_spot, min_driver_version, min_cuda_version,
                       (waits_for_dependencies or held_by_array) as "held!",
                       service_id is not null as "service_replica!",
                       (service_id is not null
@@ -205,7 +208,7 @@ pub async fn snapshot_rows(
     let nodes = sqlx::query_as!(
         NodeRow,
         "select n.cluster_id, cl.name as cluster, n.name, n.gpu_class_id, n.gpus, n.nvlink_domain_size, n.rack, n.zone,
-                n.elastic, n.spot, n.price_micros_per_gpu_hour
+                n.elastic, n.spot, n.price_micros_per_gpu_hour, n.driver_version, n.cuda_version
          from cluster_nodes n join clusters cl on cl.id = n.cluster_id
          order by cl.name, n.name, n.gpu_class_id"
     )

@@ -259,4 +259,54 @@ mod tests {
         assert_eq!(fields, ["below_sm_active_percent", "idle_seconds", "notice_seconds"]);
         assert!(policy(None, None, IdleAction::Stop).validate().is_ok());
     }
+
+    /// The idle rule over what a real H200 reported, sample by sample: one thread block
+    /// spinning keeps GPU utilisation at 100% (a kernel runs at every instant) while under 1%
+    /// of the chip works, and the rule, which reads SM activity, reclaims it as it does a
+    /// GPU that only holds memory; dense matrix work never reads idle.
+    #[test]
+    fn a_real_gpu_at_100_percent_utilisation_with_one_block_spinning_is_idle_and_reclaimed() {
+        use crate::domain::activity::h200;
+        let spinning = h200::phase("one block spinning");
+        let util = h200::median(spinning.iter().map(|s| s.gpu_util_pct).collect());
+        let sm = h200::median(spinning.iter().filter_map(|s| s.sm_active_pct).collect());
+        assert!(util >= 99.0 && sm < 1.0, "what the H200 said: utilisation {util}%, SM activity {sm}%");
+        // A policy of 10% for 2 s with 1 s of notice, over each phase from its start.
+        let p = IdlePolicy { idle_seconds: 2, notice_seconds: 1, ..policy(None, None, IdleAction::Stop) };
+        let replay = |phase: &str, skip: usize| -> Vec<Step> {
+            let mut stretch: Option<Stretch> = None;
+            let mut steps = Vec::new();
+            for s in h200::phase(phase).into_iter().skip(skip) {
+                let Some(sm) = s.sm_active_pct else { continue };
+                let now = at(0) + Duration::milliseconds((s.t_s * 1000.0) as i64);
+                let step = step(Some(&p), stretch.as_ref(), sm, now);
+                match step {
+                    Step::Began => stretch = Some(Stretch { started_at: now, warned_at: None, acted: false }),
+                    Step::Warn { .. } => stretch.as_mut().unwrap().warned_at = Some(now),
+                    Step::Act(_) => stretch.as_mut().unwrap().acted = true,
+                    Step::Ended { .. } => stretch = None,
+                    Step::Busy | Step::Continues => {}
+                }
+                steps.push(step);
+            }
+            steps
+        };
+        for phase in ["idle, 9 GiB held", "one block spinning"] {
+            let steps = replay(phase, 0);
+            assert_eq!(
+                steps.iter().filter(|s| matches!(s, Step::Act(IdleAction::Stop))).count(),
+                1,
+                "{phase}: {steps:?}"
+            );
+        }
+        // Its first sample straddles the phase before it.
+        let busy = replay("bf16 matmul continuously", 1);
+        assert!(busy.iter().all(|s| *s == Step::Busy), "{busy:?}");
+        // Work 2% of each second reads about that on average, as an exporter that averages
+        // over its interval reports it: idle too.
+        let sparse: Vec<f64> =
+            h200::phase("bf16 matmul 2% of each second").iter().filter_map(|s| s.sm_active_pct).collect();
+        let mean = sparse.iter().sum::<f64>() / sparse.len() as f64;
+        assert!(mean < p.below_sm_active_percent, "{mean}");
+    }
 }

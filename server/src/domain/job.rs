@@ -417,7 +417,8 @@ pub struct WaitFigures {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub latest_start_at: Option<chrono::DateTime<chrono::Utc>>,
     /// What its start waits for that no forecast can know, when that is what it waits for:
-    /// `quota_change`, `budget_change` or `capacity_change`. It then has no expected start.
+    /// `quota_change`, `budget_change`, `capacity_change` or `driver_change`. It then has no
+    /// expected start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unforeseeable: Option<String>,
     /// For `victims_in_minimum_runtime`: when enough of the jobs it may preempt have run the
@@ -428,6 +429,27 @@ pub struct WaitFigures {
     /// or the one that can no longer end as it waits for, with their states.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub waiting_for: Vec<WaitedJob>,
+    /// For `driver_unavailable` and `no_driver_fit`: what the job requires and what the
+    /// nodes of its class run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drivers: Option<DriverWait>,
+}
+
+/// The driver stack a waiting job requires beside what the nodes of its class run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct DriverWait {
+    /// The least driver version it accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_driver_version: Option<String>,
+    /// The least CUDA version it accepts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cuda_version: Option<String>,
+    /// The newest driver any node of its class runs; null where none says.
+    pub newest_driver_version: Option<String>,
+    /// The newest CUDA version any node of its class supports; null where none says.
+    pub newest_cuda_version: Option<String>,
+    /// Free GPUs of its class on nodes that run what it requires.
+    pub free_gpus_meeting: f64,
 }
 
 /// A job another waits for, as a waiting job's figures name it.

@@ -6,6 +6,7 @@ pub mod array;
 mod budget;
 pub mod ci_trust;
 pub mod dependency;
+pub mod driver;
 pub mod idle;
 mod ids;
 pub mod job;
@@ -20,7 +21,8 @@ pub use ids::{
     ArrayId, CiTrustId, ClusterId, GpuClassId, IdlePolicyId, JobId, ServiceId, TeamId, TokenId, UserId, WebhookId,
 };
 pub use job::{
-    BudgetShortfall, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures, WaitedJob,
+    BudgetShortfall, DriverWait, JobState, RetryCounter, TopologyLevel, TopologyMode, TopologyWish, WaitFigures,
+    WaitedJob,
 };
 pub use names::{
     CiTrustName, ClusterName, DisplayText, GpuClassName, Password, PriorityClassName, TeamName, TemplateName, Username,

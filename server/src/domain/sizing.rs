@@ -118,4 +118,34 @@ mod tests {
         let only_l4 = [catalogue()[0].clone(), catalogue()[4].clone()];
         assert_eq!(recommend(&seen, &catalogue()[0], &only_l4), None);
     }
+
+    /// Right-sizing from what a real H200 reported while a job held 9 GiB and did matrix
+    /// work for a while: NVML counts more than the 9 GiB the job asked for (the CUDA
+    /// context's and the libraries' memory too), and the advice holds what was seen.
+    #[test]
+    fn a_job_that_held_9_gib_on_a_real_h200_is_advised_the_mig_slice_that_holds_what_the_gpu_saw() {
+        use crate::domain::activity::h200;
+        let samples = h200::samples();
+        let peak = samples.iter().map(|s| s.fb_used_mib).max().unwrap();
+        assert!(peak > 9 * 1024, "NVML saw {peak} MiB: more than the 9 GiB asked for");
+        let sm: Vec<f64> = samples.iter().filter_map(|s| s.sm_active_pct).collect();
+        let seen = Seen { peak_memory_mib: peak, mean_sm_active: sm.iter().sum::<f64>() / sm.len() as f64 / 100.0 };
+        // H200 MIG profiles by their names' memory (GFD's `nvidia.com/mig-<profile>.memory`
+        // is what a cluster reports), priced by their share of the GPU.
+        let h200 = |name: &str, gb: i64, sevenths: i32| {
+            class(name, gb * 1024, sevenths * 1000 / 7, Some(4_000_000 * i64::from(sevenths) / 7))
+        };
+        let options = [
+            class("h200", h200::MEMORY_MIB, 1000, Some(4_000_000)),
+            h200("h200.mig-1g.18gb", 18, 1),
+            h200("h200.mig-2g.35gb", 35, 2),
+            h200("h200.mig-3g.71gb", 71, 3),
+        ];
+        let r = recommend(&seen, &options[0], &options).unwrap();
+        // 18 GB holds the memory with its headroom, but a seventh of the chip cannot give
+        // the share the matrix work kept busy, with its 25%.
+        assert!(seen.mean_sm_active * 1.25 > 1.0 / 7.0, "{seen:?}");
+        assert_eq!(r.class, "h200.mig-2g.35gb");
+        assert_eq!(r.price_ratio_milli, 285);
+    }
 }

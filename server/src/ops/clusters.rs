@@ -9,7 +9,11 @@ use super::{audit::record, Precondition, Result};
 use crate::{
     auth::Principal,
     db,
-    domain::{check_range, FieldError, TeamName, MAX_GPUS},
+    domain::{
+        check_range,
+        driver::{mixed_warning, Installed},
+        FieldError, TeamName, MAX_GPUS,
+    },
     state::AppState,
 };
 
@@ -91,4 +95,47 @@ pub async fn put(
     .await?;
     tx.commit().await?;
     Ok((name.as_str().to_owned(), before.is_none()))
+}
+
+/// Nodes of one GPU class that run one driver stack.
+#[derive(Serialize, ToSchema)]
+pub struct DriverView {
+    pub gpu_class: String,
+    /// The NVIDIA driver's version; null where the nodes do not say.
+    #[schema(example = "550.90.07")]
+    pub driver_version: Option<String>,
+    /// The CUDA version that driver supports; null where the nodes do not say.
+    #[schema(example = "12.4")]
+    pub cuda_version: Option<String>,
+    pub nodes: i64,
+    pub gpus: i64,
+}
+
+/// Per cluster, the driver stacks its GPU classes' nodes run, and a warning for each class
+/// that runs several (the cluster view's, in the API and the portal alike).
+pub async fn drivers(db: &sqlx::PgPool) -> Result<BTreeMap<String, (Vec<DriverView>, Vec<String>)>> {
+    let rows = db::clusters::drivers(db).await?;
+    let mut by_class: BTreeMap<(String, String), Vec<Installed>> = BTreeMap::new();
+    let mut out: BTreeMap<String, (Vec<DriverView>, Vec<String>)> = BTreeMap::new();
+    for r in rows {
+        by_class.entry((r.cluster.clone(), r.gpu_class.clone())).or_default().push(Installed {
+            driver: r.driver_version.clone(),
+            cuda: r.cuda_version.clone(),
+            nodes: r.nodes,
+            gpus: r.gpus,
+        });
+        out.entry(r.cluster).or_default().0.push(DriverView {
+            gpu_class: r.gpu_class,
+            driver_version: r.driver_version,
+            cuda_version: r.cuda_version,
+            nodes: r.nodes,
+            gpus: r.gpus,
+        });
+    }
+    for ((cluster, class), installed) in by_class {
+        if let Some(warning) = mixed_warning(&class, &installed) {
+            out.entry(cluster).or_default().1.push(warning);
+        }
+    }
+    Ok(out)
 }

@@ -20,6 +20,7 @@ use crate::{
     domain::{
         check_range,
         dependency::{After, Dependency, IfDependencyFails, Standing, MAX_DEPENDENCIES},
+        driver::{check_version, DriverStack},
         job::{self, check_command, check_env, check_grace, check_image, check_labels},
         workload::{self, CloudSecretEnv, SecretEnv, Volume, Workload},
         FieldError, JobState, TopologyLevel, TopologyMode, TopologyWish,
@@ -139,6 +140,18 @@ pub struct JobSpec {
     /// `kubernetes.io/hostname` is the scheduler's).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// The least NVIDIA driver version its nodes must run (`550.54`, compared number by
+    /// number): it is placed only on nodes whose cluster reports at least that (GPU Feature
+    /// Discovery's `nvidia.com/cuda.driver-version.full` on Kubernetes), never where the driver
+    /// is unknown. Default: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "550.54")]
+    pub min_driver_version: Option<String>,
+    /// The least CUDA version its nodes' driver must support (`12.4`), as GFD's
+    /// `nvidia.com/cuda.runtime-version.full` reports it. Default: any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(example = "12.4")]
+    pub min_cuda_version: Option<String>,
 }
 
 impl JobSpec {
@@ -295,6 +308,10 @@ impl Catalogue {
         let memory = spec.memory.as_deref().map(|m| workload::parse_memory(&at("memory"), m)).transpose();
         check(cpu.clone().map(drop));
         check(memory.clone().map(drop));
+        let min_driver = check_version(&at("min_driver_version"), spec.min_driver_version.as_deref());
+        let min_cuda = check_version(&at("min_cuda_version"), spec.min_cuda_version.as_deref());
+        check(min_driver.clone().map(drop));
+        check(min_cuda.clone().map(drop));
         let workload = spec.workload();
         let team = self.chain.first().map_or("", |t| t.name.as_str());
         for e in workload::check(prefix, &workload, &spec.env, team) {
@@ -474,6 +491,8 @@ impl Catalogue {
                 memory.ok().flatten().unwrap_or_else(|| per_replica(per_gpu_memory, workload::MAX_MEMORY_MIB)),
             ),
             workload,
+            min_driver_version: min_driver.ok().flatten(),
+            min_cuda_version: min_cuda.ok().flatten(),
             // Jobs of the same batch are added once the batch has its ids (`submit_batch`).
             depends_on: spec.depends_on.iter().filter_map(|d| Some((d.job?, d.after))).collect(),
             if_dependency_fails: spec.if_dependency_fails.unwrap_or_default(),
@@ -678,6 +697,8 @@ pub async fn rerun(
         cloud_secret_env: job.workload.0.cloud_secret_env.clone(),
         image_pull_secrets: job.workload.0.image_pull_secrets.clone(),
         node_selector: job.workload.0.node_selector.clone(),
+        min_driver_version: job.min_driver_version.clone(),
+        min_cuda_version: job.min_cuda_version.clone(),
     };
     // An array task run again is no task of its array (which has its task at that index),
     // but it is told the same index: it was asked to do that shard's work.
@@ -769,6 +790,7 @@ pub(super) async fn validated(
     if !nowhere.is_empty() {
         return Err(Error::Validation(nowhere));
     }
+    warnings.extend(drivers_it_lacks(state, prefix, spec, &job).await?);
     let mut budgets = Budgets::read(state, team_id, catalogue.budgeted).await?;
     let (refusals, soft) = budgets.problems(state, prefix, &job).await?;
     if !refusals.is_empty() && !spec.wait_for_quota {
@@ -803,6 +825,44 @@ async fn needs_nodes_it_lacks(state: &AppState, prefix: &str, spec: &JobSpec, jo
         format!(
             "needs a Kubernetes cluster, and {} is offered only by cloud batch pools, which cannot honour it; leave it out or choose a class a Kubernetes cluster offers",
             spec.gpu_class
+        ),
+    )])
+}
+
+/// A warning when the GPUs of the job's class that run the driver stack it requires cannot
+/// hold it now: it is accepted (nodes are upgraded while jobs wait), and waits, saying so.
+async fn drivers_it_lacks(state: &AppState, prefix: &str, spec: &JobSpec, job: &NewJob) -> Result<Vec<FieldError>> {
+    let min = DriverStack::read(job.min_driver_version.as_deref(), job.min_cuda_version.as_deref());
+    if !min.requires_any() {
+        return Ok(Vec::new());
+    }
+    let installed = db::inventory::class_drivers(&state.db, job.gpu_class_id).await?;
+    let meeting: i64 = installed
+        .iter()
+        .filter(|(driver, cuda, _)| DriverStack::read(driver.as_deref(), cuda.as_deref()).meets(&min))
+        .map(|(_, _, gpus)| gpus)
+        .sum();
+    let needs = i64::from(job.replicas) * i64::from(job.gpus_per_replica);
+    // With no inventory reported yet, nothing is known to lack.
+    if installed.is_empty() || meeting >= needs {
+        return Ok(Vec::new());
+    }
+    let field = if min.driver.is_some() { "min_driver_version" } else { "min_cuda_version" };
+    let newest = installed
+        .iter()
+        .filter_map(|(driver, _, _)| driver.as_deref())
+        .max_by_key(|d| d.parse::<crate::domain::driver::Version>().ok())
+        .map_or_else(
+            || "its nodes do not say which driver they run".to_owned(),
+            |d| format!("the newest driver there is {d}"),
+        );
+    Ok(vec![FieldError::new(
+        format!("{prefix}{field}"),
+        "no_node_meets",
+        format!(
+            "{meeting} GPUs of {} run {}, and the job needs {needs} ({newest}); it waits until enough nodes are upgraded",
+            spec.gpu_class,
+            min.as_minimum()
         ),
     )])
 }

@@ -450,6 +450,8 @@ async fn checked(
         cloud_secret_env: Vec::new(),
         image_pull_secrets: replica.image_pull_secrets.clone(),
         node_selector: replica.node_selector.clone(),
+        min_driver_version: None,
+        min_cuda_version: None,
     };
     let mut errors = Vec::new();
     for (class, field, preemptible) in

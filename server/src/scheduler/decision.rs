@@ -90,11 +90,16 @@ pub enum PendingReason {
     /// within its reserved quota, borrowers of it) free enough once they have run the
     /// minimum runtime before preemption, which enough of them have at `at_ms`.
     VictimsInMinimumRuntime { at_ms: i64 },
+    /// No node of its class runs the driver or CUDA version it requires (or enough of them
+    /// to hold it): it starts only once nodes are upgraded.
+    DriverUnavailable,
+    /// Enough GPUs are free, but not on nodes that run the driver or CUDA version it requires.
+    NoDriverFit,
 }
 
 impl PendingReason {
     /// Every code, in a fixed order: the taxonomy a gauge per reason shows from the start.
-    pub const CODES: [&'static str; 12] = [
+    pub const CODES: [&'static str; 14] = [
         "never_fits",
         "burst_limit",
         "exceeds_quota",
@@ -107,6 +112,8 @@ impl PendingReason {
         "reserved_for_gang",
         "behind_head_of_line",
         "victims_in_minimum_runtime",
+        "driver_unavailable",
+        "no_driver_fit",
     ];
 
     /// Its place in [`PendingReason::CODES`].
@@ -124,6 +131,8 @@ impl PendingReason {
             PendingReason::ReservedFor { .. } => 9,
             PendingReason::BehindHeadOfLine { .. } => 10,
             PendingReason::VictimsInMinimumRuntime { .. } => 11,
+            PendingReason::DriverUnavailable => 12,
+            PendingReason::NoDriverFit => 13,
         }
     }
 
@@ -149,6 +158,20 @@ pub struct Figures {
     pub quota: Option<(Quota, u64)>,
     /// For a budget reason: the hard budget that cannot cover the job.
     pub budget: Option<Shortfall>,
+    /// For a driver reason: what the job requires and what the class's nodes run.
+    pub drivers: Option<DriverFigures>,
+}
+
+/// The driver stack a job requires beside what its class's nodes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DriverFigures {
+    /// The least driver and CUDA version the job accepts.
+    pub required: super::snapshot::DriverStack,
+    /// The newest driver and the newest CUDA version any node of its class runs (each
+    /// unknown where no node says).
+    pub newest: super::snapshot::DriverStack,
+    /// Free milli-units of the class on nodes that meet the requirement.
+    pub free_meeting: u64,
 }
 
 /// A hard budget smaller than a job's maximum cost.
@@ -199,6 +222,9 @@ pub enum Unforeseeable {
     BudgetChange,
     /// No cluster can hold the gang: it starts only once capacity is added.
     CapacityChange,
+    /// No node of its class runs the driver stack it requires: it starts only once nodes
+    /// are upgraded.
+    DriverChange,
 }
 
 impl Unforeseeable {
@@ -208,6 +234,7 @@ impl Unforeseeable {
             Unforeseeable::QuotaChange { .. } => "quota_change",
             Unforeseeable::BudgetChange => "budget_change",
             Unforeseeable::CapacityChange => "capacity_change",
+            Unforeseeable::DriverChange => "driver_change",
         }
     }
 
@@ -219,6 +246,9 @@ impl Unforeseeable {
             }
             Unforeseeable::BudgetChange => "it starts only after the team's hard budget is raised or renewed".into(),
             Unforeseeable::CapacityChange => "it starts only after GPUs of this class are added".into(),
+            Unforeseeable::DriverChange => {
+                "it starts only after nodes of this class are upgraded to the driver it requires".into()
+            }
         }
     }
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     backfill::Reservation,
     budget::budget_chain,
-    decision::{Admission, Decisions, Figures, Pending, PendingReason},
+    decision::{Admission, Decisions, DriverFigures, Figures, Pending, PendingReason},
     inventory::Inventory,
     preemption::{self, Passed, Reach},
     quota::Ledger,
@@ -299,7 +299,11 @@ impl<'a> Cycle<'a> {
             PendingReason::BudgetExhausted => self.budget_shortfall(job),
             _ => None,
         };
-        Figures { needs: job.total_milli(), free, quota, budget }
+        let drivers = matches!(reason, PendingReason::DriverUnavailable | PendingReason::NoDriverFit).then(|| {
+            let (newest, free_meeting) = self.inv.driver_figures(job.class, &job.min_drivers);
+            DriverFigures { required: job.min_drivers, newest, free_meeting }
+        });
+        Figures { needs: job.total_milli(), free, quota, budget, drivers }
     }
 
     /// True when the job cannot be admitted now whatever the order: it never fits, its
@@ -308,6 +312,7 @@ impl<'a> Cycle<'a> {
         let n = job.total_milli();
         (job.team as usize) >= self.s.teams.len()
             || !self.inv.could_ever_fit(job)
+            || !self.inv.drivers_could_ever_fit(job)
             || !self.hard_budgets_cover(job)
             || self.waiting_in_team.get(&(job.team, job.class)).is_some_and(|&(_, p)| self.priority(job) < p)
             || self.ledger.over_limit(job.team, job.class, n).is_some()
@@ -322,6 +327,9 @@ impl<'a> Cycle<'a> {
         let n = job.total_milli();
         if (job.team as usize) >= s.teams.len() || !self.inv.could_ever_fit(job) {
             return self.pend(job, PendingReason::NeverFits);
+        }
+        if !self.inv.drivers_could_ever_fit(job) {
+            return self.pend(job, PendingReason::DriverUnavailable);
         }
         if !self.hard_budgets_cover(job) {
             return self.pend(job, PendingReason::BudgetExhausted);
@@ -448,6 +456,8 @@ impl<'a> Cycle<'a> {
             PendingReason::ReservedFor { job: holder }
         } else if available >= job.total_milli() && matches!(job.topology, Topology::Required(_)) {
             PendingReason::NoTopologyFit
+        } else if available >= job.total_milli() && job.min_drivers.requires_any() {
+            PendingReason::NoDriverFit
         } else if let Some(at_ms) = self.victims_in_minimum_runtime(job, available, beyond.is_none()) {
             PendingReason::VictimsInMinimumRuntime { at_ms }
         } else if beyond.is_some() {

@@ -167,6 +167,7 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
         let p = &mut decisions.pending[i];
         let cause = match p.reason {
             PendingReason::NeverFits => Some(Unforeseeable::CapacityChange),
+            PendingReason::DriverUnavailable => Some(Unforeseeable::DriverChange),
             PendingReason::ExceedsQuota { team } => Some(Unforeseeable::QuotaChange { team }),
             PendingReason::BudgetExhausted => Some(Unforeseeable::BudgetChange),
             _ => None,
@@ -631,6 +632,7 @@ pub fn naive(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &
                 | PendingReason::WaitingForReclaim
                 | PendingReason::ReservedFor { .. }
                 | PendingReason::NoTopologyFit
+                | PendingReason::NoDriverFit
                 | PendingReason::BehindHeadOfLine { .. }
                 | PendingReason::VictimsInMinimumRuntime { .. }
         );

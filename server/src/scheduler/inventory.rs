@@ -19,7 +19,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::snapshot::{ClassId, JobSpec, Level, Node, NodeId, ReplicaPlacement, Topology, UNIT};
+use super::snapshot::{ClassId, DriverStack, JobSpec, Level, Node, NodeId, ReplicaPlacement, Topology, UNIT};
 
 const UNIT_U16: u16 = UNIT as u16;
 
@@ -46,6 +46,7 @@ struct NodeState {
     class: ClassId,
     elastic: bool,
     spot: bool,
+    drivers: DriverStack,
     /// Free milli per unit.
     free: Vec<u16>,
     free_whole: u8,
@@ -107,6 +108,7 @@ impl Inventory {
                 class: n.class,
                 elastic: n.elastic,
                 spot: n.spot,
+                drivers: n.drivers,
                 free: vec![UNIT_U16; usize::from(units)],
                 free_whole: units,
                 domain_size: if n.elastic { 0 } else { n.nvlink_domain_size },
@@ -146,6 +148,37 @@ impl Inventory {
             && job.replicas > 0
             && per_replica_units <= u32::from(c.max_node_units)
             && job.total_milli() <= c.capacity_milli
+    }
+
+    /// Whether some nodes of the job's class run the driver stack it requires, enough of them
+    /// to hold it when idle (always, for a job that requires none). When not, no amount of
+    /// waiting for other jobs helps: only a driver upgrade does.
+    pub fn drivers_could_ever_fit(&self, job: &JobSpec) -> bool {
+        if !job.min_drivers.requires_any() {
+            return true;
+        }
+        let per_replica_units = job.milli_per_replica.div_ceil(UNIT);
+        let (mut capacity, mut largest) = (0u64, 0u32);
+        for n in self.nodes.iter().filter(|n| n.class == job.class && n.drivers.meets(&job.min_drivers)) {
+            capacity += n.free.len() as u64 * u64::from(UNIT);
+            largest = largest.max(n.free.len() as u32);
+        }
+        per_replica_units <= largest && job.total_milli() <= capacity
+    }
+
+    /// The newest driver and the newest CUDA version any node of `class` runs, and the free
+    /// milli-units on nodes of the class that meet `min`: the figures behind a driver reason.
+    pub fn driver_figures(&self, class: ClassId, min: &DriverStack) -> (DriverStack, u64) {
+        let mut newest = DriverStack::default();
+        let mut free = 0u64;
+        for n in self.nodes.iter().filter(|n| n.class == class) {
+            newest.driver = newest.driver.max(n.drivers.driver);
+            newest.cuda = newest.cuda.max(n.drivers.cuda);
+            if n.drivers.meets(min) {
+                free += n.free.iter().map(|&f| u64::from(f)).sum::<u64>();
+            }
+        }
+        (newest, free)
     }
 
     /// Free milli of one unit.
@@ -253,6 +286,7 @@ impl Inventory {
     fn whole_replica_slots(&self, job: &JobSpec) -> Option<u64> {
         let class = self.classes.get(usize::from(job.class))?;
         let counted = !class.has_elastic
+            && !job.min_drivers.requires_any()
             && job.milli_per_replica >= UNIT
             && job.milli_per_replica.is_multiple_of(UNIT)
             && !matches!(job.topology, Topology::Required(_));
@@ -298,7 +332,7 @@ impl Inventory {
             .iter()
             .skip(whole_needed)
             .flat_map(|b| b.iter().copied())
-            .filter(|&n| tier.admits(&self.nodes[n as usize]))
+            .filter(|&n| tier.admits(&self.nodes[n as usize]) && self.nodes[n as usize].drivers.meets(&job.min_drivers))
             .collect();
         candidates.into_iter().find_map(|node| self.place_on_node(job, node, false))
     }
@@ -313,7 +347,7 @@ impl Inventory {
     ) -> Option<Vec<ReplicaPlacement>> {
         let mut placed: Vec<ReplicaPlacement> = Vec::with_capacity(usize::from(job.replicas));
         for _ in 0..job.replicas {
-            match self.best_replica(job.class, job.milli_per_replica, within, tier) {
+            match self.best_replica(job, within, tier) {
                 Some(r) => {
                     self.allocate(std::slice::from_ref(&r));
                     placed.push(r);
@@ -340,7 +374,10 @@ impl Inventory {
                     .iter()
                     .skip(whole_needed.min(64) as usize)
                     .flat_map(|b| b.iter().copied())
-                    .filter(|&n| tier.is_none_or(|t| t.admits(&self.nodes[n as usize])))
+                    .filter(|&n| {
+                        let node = &self.nodes[n as usize];
+                        tier.is_none_or(|t| t.admits(node)) && node.drivers.meets(&job.min_drivers)
+                    })
                     .collect();
                 for node in candidates {
                     if let Some(p) = self.place_on_node(job, node, level == Level::NvlinkDomain) {
@@ -369,7 +406,7 @@ impl Inventory {
     /// All replicas on one node (and, if asked, one NVLink domain of it).
     fn place_on_node(&mut self, job: &JobSpec, node: NodeId, one_domain: bool) -> Option<Vec<ReplicaPlacement>> {
         let state = &self.nodes[node as usize];
-        if state.class != job.class {
+        if state.class != job.class || !state.drivers.meets(&job.min_drivers) {
             return None;
         }
         let domains: Vec<Option<usize>> = if one_domain && state.domain_size > 0 {
@@ -410,18 +447,21 @@ impl Inventory {
         None
     }
 
-    /// The best place for one replica of the class, optionally within a rack or zone.
+    /// The best place for one replica of the job, optionally within a rack or zone, on a node
+    /// that runs the driver stack it requires.
     fn best_replica(
         &self,
-        class: ClassId,
-        milli: u32,
+        job: &JobSpec,
         within: Option<DomainFilter>,
         tier: Option<Tier>,
     ) -> Option<ReplicaPlacement> {
-        let index = self.classes.get(usize::from(class))?;
+        let milli = job.milli_per_replica;
+        let index = self.classes.get(usize::from(job.class))?;
         let allowed = |node: NodeId| {
             let state = &self.nodes[node as usize];
-            within.is_none_or(|f| f.contains(state)) && tier.is_none_or(|t| t.admits(state))
+            within.is_none_or(|f| f.contains(state))
+                && tier.is_none_or(|t| t.admits(state))
+                && state.drivers.meets(&job.min_drivers)
         };
         if milli < UNIT {
             // A share: the partially used unit with the least room that fits, so whole
@@ -533,6 +573,7 @@ mod tests {
             zone: Some(0),
             elastic: false,
             spot: false,
+            drivers: Default::default(),
         }
     }
 
@@ -552,6 +593,7 @@ mod tests {
             kind: None,
             expected_runtime_ms: None,
             grace_ms: None,
+            min_drivers: Default::default(),
         }
     }
 

@@ -64,6 +64,10 @@ impl<'a> Cycle<'a> {
                 self.pend(job, PendingReason::NeverFits);
                 continue;
             }
+            if !self.inv.drivers_could_ever_fit(job) {
+                self.pend(job, PendingReason::DriverUnavailable);
+                continue;
+            }
             if let Some(h) = head {
                 self.pend(job, PendingReason::BehindHeadOfLine { job: h });
                 continue;

@@ -164,6 +164,7 @@ mod tests {
             kind,
             expected_runtime_ms: None,
             grace_ms: None,
+            min_drivers: Default::default(),
         }
     }
 

@@ -8,6 +8,8 @@
 
 use std::collections::BTreeMap;
 
+pub use crate::domain::driver::DriverStack;
+
 /// One unit of a GPU class, in milli-units.
 pub const UNIT: u32 = 1000;
 
@@ -78,6 +80,9 @@ pub struct Node {
     pub elastic: bool,
     /// Spot capacity (a pool): only jobs that allow spot are placed on it.
     pub spot: bool,
+    /// The driver stack it runs, as far as its cluster says: jobs that require a minimum
+    /// are placed only where it holds.
+    pub drivers: DriverStack,
 }
 
 /// A team's quota for one class, in milli-units.
@@ -163,6 +168,8 @@ pub struct JobSpec {
     /// Its own grace period to checkpoint when preempted (ms), overriding its priority
     /// class's; see [`Snapshot::grace_ms`].
     pub grace_ms: Option<i64>,
+    /// The least driver and CUDA version its nodes must run; default: none.
+    pub min_drivers: DriverStack,
 }
 
 impl JobSpec {

@@ -51,6 +51,7 @@ fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
                 zone: Some(0),
                 elastic: false,
                 spot: false,
+                drivers: Default::default(),
             })
             .collect(),
         teams,
@@ -79,6 +80,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,
+        min_drivers: Default::default(),
     }
 }
 
@@ -461,6 +463,67 @@ fn a_job_larger_than_any_node_never_fits() {
     assert_eq!(d.pending[0].expected_start_ms, None);
 }
 
+/// Node `n0` runs driver 550.90.07 (CUDA 12.4), `n1` 560.35.03 (CUDA 12.6).
+fn mid_upgrade(teams: Vec<Team>) -> Snapshot {
+    let mut s = cluster(2, teams);
+    s.nodes[0].drivers = DriverStack::read(Some("550.90.07"), Some("12.4"));
+    s.nodes[1].drivers = DriverStack::read(Some("560.35.03"), Some("12.6"));
+    s
+}
+
+fn requiring(spec: JobSpec, driver: Option<&str>, cuda: Option<&str>) -> JobSpec {
+    JobSpec { min_drivers: DriverStack::read(driver, cuda), ..spec }
+}
+
+#[test]
+fn a_job_that_requires_a_newer_driver_is_placed_only_on_nodes_that_run_it() {
+    let mut s = mid_upgrade(vec![team("a", 16, 0)]);
+    // Best fit would take the fuller node 0 for each; the requirement sends them to node 1.
+    start(&mut s, job(9, 0, 2, 0), HOUR);
+    assert_eq!(s.running[0].placement[0].node, 0, "best fit");
+    s.pending = vec![requiring(job(1, 0, 4, 0), Some("560"), None), requiring(job(2, 0, 2, 0), None, Some("12.6"))];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), [1, 2]);
+    assert!(d.admissions.iter().all(|a| a.placement.iter().all(|r| r.node == 1)), "{:?}", d.admissions);
+    // A job that requires an older driver than both runs anywhere: best fit, node 0.
+    s.pending = vec![requiring(job(3, 0, 2, 0), Some("535.104.05"), Some("12.2"))];
+    assert_eq!(schedule(&s).admissions[0].placement[0].node, 0);
+}
+
+#[test]
+fn a_job_whose_driver_nodes_are_busy_waits_saying_how_many_gpus_run_that_driver() {
+    let mut s = mid_upgrade(vec![team("a", 16, 0)]);
+    start(&mut s, requiring(job(9, 0, 6, 0), Some("560"), None), HOUR);
+    s.pending = vec![requiring(job(1, 0, 4, 0), Some("560.35"), None)];
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 1), PendingReason::NoDriverFit);
+    let figures = d.pending[0].figures;
+    assert_eq!(figures.free, 10_000, "10 GPUs free in all");
+    let drivers = figures.drivers.expect("driver figures");
+    assert_eq!(drivers.free_meeting, 2_000, "2 of them on the node with the driver");
+    assert_eq!(drivers.newest.driver.map(|v| v.to_string()).as_deref(), Some("560.35.03"));
+    assert!(d.pending[0].expected_start_ms.is_some(), "it waits for capacity, which a forecast can place");
+}
+
+#[test]
+fn a_job_that_requires_a_driver_no_node_runs_waits_for_an_upgrade_with_no_forecast() {
+    let mut s = mid_upgrade(vec![team("a", 16, 0)]);
+    s.pending = vec![requiring(job(1, 0, 1, 0), None, Some("12.8")), requiring(job(2, 0, 8, 0), Some("560"), None)];
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 1), PendingReason::DriverUnavailable);
+    let p = d.pending.iter().find(|p| p.job == 1).unwrap();
+    assert_eq!(p.unforeseeable, Some(decision::Unforeseeable::DriverChange));
+    assert_eq!(p.expected_start_ms, None);
+    assert_eq!(p.figures.drivers.unwrap().newest.cuda.map(|v| v.to_string()).as_deref(), Some("12.6"));
+    assert_eq!(admitted(&d), [2], "8 GPUs on the one node that runs 560 hold the other");
+    // Nodes whose cluster does not say which driver they run hold no job that requires one.
+    let mut unknown = cluster(2, vec![team("a", 16, 0)]);
+    unknown.pending = vec![requiring(job(1, 0, 1, 0), Some("1"), None), job(2, 0, 1, 0)];
+    let d = schedule(&unknown);
+    assert_eq!(reason_of(&d, 1), PendingReason::DriverUnavailable);
+    assert_eq!(admitted(&d), [2]);
+}
+
 #[test]
 fn a_dry_run_answers_like_a_real_submission_without_changing_anything() {
     let mut s = cluster(1, vec![team("a", 4, 4), team("b", 0, 8)]);
@@ -539,6 +602,8 @@ fn every_reason_has_its_own_code_from_the_fixed_list() {
         PendingReason::ReservedFor { job: 1 },
         PendingReason::BehindHeadOfLine { job: 1 },
         PendingReason::VictimsInMinimumRuntime { at_ms: NOW },
+        PendingReason::DriverUnavailable,
+        PendingReason::NoDriverFit,
     ];
     let codes: Vec<&str> = reasons.iter().map(PendingReason::code).collect();
     assert_eq!(codes, PendingReason::CODES);

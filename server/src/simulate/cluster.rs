@@ -190,6 +190,7 @@ fn build_nodes(groups: &[NodeGroup], class_ids: &HashMap<&str, ClassId>) -> Resu
                 zone: Some(0),
                 elastic: false,
                 spot: false,
+                drivers: Default::default(),
             });
         }
         if let Some(per_rack) = group.nodes_per_rack {

@@ -207,6 +207,7 @@ impl Place for FairwayPlacer {
             kind: None,
             expected_runtime_ms: None,
             grace_ms: None,
+            min_drivers: Default::default(),
         };
         match self.inventory.find(&job) {
             Some(placement) => {
@@ -308,6 +309,7 @@ mod tests {
                 zone: Some(0),
                 elastic: false,
                 spot: false,
+                drivers: Default::default(),
             })
             .collect()
     }

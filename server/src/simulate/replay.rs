@@ -93,7 +93,7 @@ pub struct ReplayOutcome {
 }
 
 /// The pending reasons' codes, in the order of [`ReplayOutcome::waiting_ms_by_reason`].
-pub const PENDING_REASONS: [&str; 12] = PendingReason::CODES;
+pub const PENDING_REASONS: [&str; 14] = PendingReason::CODES;
 
 fn reason_index(reason: &PendingReason) -> usize {
     reason.index()
@@ -464,6 +464,7 @@ impl<'a> Replay<'a> {
             kind: Some(trace_kind(j)),
             expected_runtime_ms: None,
             grace_ms: None,
+            min_drivers: Default::default(),
         }
     }
 

@@ -405,6 +405,7 @@ pub fn alibaba_cluster(nodes: &[AlibabaNode], quotas: &[(String, u32)]) -> Clust
             zone: Some(0),
             elastic: false,
             spot: false,
+            drivers: Default::default(),
         })
         .collect();
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();

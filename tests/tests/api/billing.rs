@@ -86,6 +86,8 @@ async fn admitted_job(s: &Setup, team: TeamId, class: GpuClassId, gpus: i32, nam
         accepted_despite: Vec::new(),
         array: None,
         service: None,
+        min_driver_version: None,
+        min_cuda_version: None,
     };
     let id = job.id;
     db::jobs::insert_many(&s.app.pool, team, "test", &[job]).await.expect("insert job");

@@ -120,6 +120,8 @@ async fn two_nodes_of_eight(app: &TestApp) {
             elastic: false,
             spot: false,
             price_micros_per_gpu_hour: None,
+            driver_version: None,
+            cuda_version: None,
         })
         .collect();
     fairway::db::inventory::replace_nodes(&mut tx, cluster, &nodes).await.expect("nodes");
@@ -925,6 +927,8 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             accepted_despite: Vec::new(),
             array: None,
             service: None,
+            min_driver_version: None,
+            min_cuda_version: None,
         };
         writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });
     }

@@ -7,6 +7,7 @@ mod bad_input;
 mod billing;
 mod ci_federation;
 mod dependencies;
+mod drivers;
 mod follow;
 mod hardening;
 mod idempotency;

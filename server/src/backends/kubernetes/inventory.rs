@@ -7,7 +7,9 @@
 //! under the `mixed` strategy), like the simulator's MIG nodes. A node whose GPUs are shared
 //! by time-slicing (GFD's `nvidia.com/gpu.replicas` and `nvidia.com/gpu.sharing-strategy`,
 //! a product ending `-SHARED`) offers a `time-slice` class `<product>.shared-<replicas>`,
-//! each unit a `1/replicas` share of a GPU in quota and bill. Cordoned nodes, nodes that are
+//! each unit a `1/replicas` share of a GPU in quota and bill. Each entry carries the node's
+//! driver and CUDA version from GFD's labels ([`driver_version`], [`cuda_version`]), which jobs
+//! that require a minimum are placed by. Cordoned nodes, nodes that are
 //! not Ready, nodes with a taint we do not tolerate and nodes that report a GPU fault (a
 //! condition or taint as NVIDIA's NVSentinel sets them, [`fault`]) offer nothing.
 
@@ -149,6 +151,50 @@ pub fn selector_matches(selector: &str, labels: &BTreeMap<String, String>) -> bo
     })
 }
 
+/// The NVIDIA driver's version a node runs, from GFD's labels: `nvidia.com/cuda.driver-version.full`,
+/// else its `.major`, `.minor` and `.revision`, else the deprecated `nvidia.com/cuda.driver.*`
+/// labels of older GFD releases. `None` when none reads as a version.
+pub fn driver_version(labels: &BTreeMap<String, String>) -> Option<String> {
+    version_label(
+        labels,
+        "nvidia.com/cuda.driver-version.full",
+        &[
+            [
+                "nvidia.com/cuda.driver-version.major",
+                "nvidia.com/cuda.driver-version.minor",
+                "nvidia.com/cuda.driver-version.revision",
+            ],
+            ["nvidia.com/cuda.driver.major", "nvidia.com/cuda.driver.minor", "nvidia.com/cuda.driver.rev"],
+        ],
+    )
+}
+
+/// The CUDA version a node's driver supports, from GFD's `nvidia.com/cuda.runtime-version.full`,
+/// else its `.major` and `.minor`, else the deprecated `nvidia.com/cuda.runtime.*` labels.
+pub fn cuda_version(labels: &BTreeMap<String, String>) -> Option<String> {
+    version_label(
+        labels,
+        "nvidia.com/cuda.runtime-version.full",
+        &[
+            ["nvidia.com/cuda.runtime-version.major", "nvidia.com/cuda.runtime-version.minor", ""],
+            ["nvidia.com/cuda.runtime.major", "nvidia.com/cuda.runtime.minor", ""],
+        ],
+    )
+}
+
+/// The version in label `full`, else assembled from the first set of part labels present;
+/// only text that reads as a version.
+fn version_label(labels: &BTreeMap<String, String>, full: &str, parts: &[[&str; 3]]) -> Option<String> {
+    let valid = |v: String| v.parse::<crate::domain::driver::Version>().is_ok().then_some(v);
+    if let Some(v) = labels.get(full).cloned().and_then(valid) {
+        return Some(v);
+    }
+    parts.iter().find_map(|keys| {
+        let found: Vec<&String> = keys.iter().filter(|k| !k.is_empty()).map_while(|k| labels.get(*k)).collect();
+        (found.len() >= 2).then(|| found.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(".")).and_then(valid)
+    })
+}
+
 /// The GPU class name of a product label value.
 pub fn class_of_product(product: &str, settings: &InventorySettings) -> String {
     if let Some(class) = settings.products.get(product) {
@@ -195,6 +241,8 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
         elastic: false,
         spot: false,
         price_micros_per_gpu_hour: None,
+        driver_version: driver_version(&labels),
+        cuda_version: cuda_version(&labels),
     };
     let mut out = Vec::new();
     // Under the `single` strategy every GPU is cut alike and the product label names the
@@ -490,5 +538,52 @@ mod tests {
         assert!(lost_nodes([&n].into_iter(), at("2026-11-23T10:01:00Z"), after).contains("gpu-1"));
         let ok = h100(json!({}), "True");
         assert!(lost_nodes([&ok].into_iter(), at("2026-11-23T11:00:00Z"), after).is_empty());
+    }
+
+    /// GPU Feature Discovery's labels as NVML's answers on a real H200 give them
+    /// (`server/data/gpu/h200/facts.json`, captured by `server/data/gpu/capture.py`).
+    fn h200_labels() -> BTreeMap<String, String> {
+        let facts: serde_json::Value = serde_json::from_str(include_str!("../../../data/gpu/h200/facts.json")).unwrap();
+        serde_json::from_value(facts["gfd_labels"].clone()).unwrap()
+    }
+
+    #[test]
+    fn a_nodes_driver_and_cuda_versions_come_from_gfds_labels_as_a_real_h200_gives_them() {
+        let labels = h200_labels();
+        assert_eq!(driver_version(&labels).as_deref(), Some("580.159.04"), "as nvidia-smi prints it");
+        assert_eq!(cuda_version(&labels).as_deref(), Some("13.0"));
+        let mut gfd = serde_json::to_value(&labels).unwrap();
+        gfd["kubernetes.io/hostname"] = json!("gpu-1");
+        let gpus = node_gpus(&node(gfd, json!({"nvidia.com/gpu": "1"}), json!({}), "True"), &settings());
+        assert_eq!(gpus[0].entry.gpu_class, "h200");
+        assert_eq!(gpus[0].class.memory_mib, 143771);
+        assert_eq!(
+            (gpus[0].entry.driver_version.as_deref(), gpus[0].entry.cuda_version.as_deref()),
+            (Some("580.159.04"), Some("13.0"))
+        );
+    }
+
+    #[test]
+    fn older_gfd_releases_driver_labels_in_parts_are_read_too_and_nonsense_is_not() {
+        let parts = |keys: [(&str, &str); 3]| -> BTreeMap<String, String> {
+            keys.iter().filter(|(_, v)| !v.is_empty()).map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+        };
+        let old = parts([
+            ("nvidia.com/cuda.driver.major", "535"),
+            ("nvidia.com/cuda.driver.minor", "104"),
+            ("nvidia.com/cuda.driver.rev", "05"),
+        ]);
+        assert_eq!(driver_version(&old).as_deref(), Some("535.104.05"));
+        let runtime =
+            parts([("nvidia.com/cuda.runtime.major", "12"), ("nvidia.com/cuda.runtime.minor", "2"), ("", "")]);
+        assert_eq!(cuda_version(&runtime).as_deref(), Some("12.2"));
+        let mut bad = h200_labels();
+        bad.insert("nvidia.com/cuda.driver-version.full".into(), "latest".into());
+        assert_eq!(
+            driver_version(&bad).as_deref(),
+            Some("580.159.04"),
+            "the parts stand in for a full label that is not a version"
+        );
+        assert_eq!(driver_version(&BTreeMap::new()), None);
     }
 }

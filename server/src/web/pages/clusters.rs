@@ -4,7 +4,7 @@ use askama::Template;
 use axum::{extract::State, response::Response};
 
 use super::{principal, render, signed_in, CurrentUser, PageError, SignedIn};
-use crate::{db, state::AppState, web::cluster};
+use crate::{db, ops, state::AppState, web::cluster};
 
 #[derive(Template)]
 #[template(path = "cluster.html")]
@@ -17,6 +17,8 @@ struct ClusterPage {
     /// Nodes out of the inventory because their GPUs report a fault: "cluster/node", since
     /// when, why.
     faults: Vec<(String, String, String)>,
+    /// Per cluster, a sentence for each GPU class whose nodes run several driver versions.
+    driver_warnings: Vec<(String, String)>,
 }
 
 /// Every cluster's nodes and GPUs, coloured by whose jobs hold them.
@@ -32,5 +34,10 @@ pub async fn clusters(State(state): State<AppState>, CurrentUser(user): CurrentU
         .into_iter()
         .map(|f| (format!("{}/{}", f.cluster, f.node), f.since.format("%Y-%m-%d %H:%M:%S UTC").to_string(), f.why))
         .collect();
-    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes, teams, faults }))
+    let driver_warnings = ops::clusters::drivers(&state.db)
+        .await?
+        .into_iter()
+        .flat_map(|(cluster, (_, warnings))| warnings.into_iter().map(move |w| (cluster.clone(), w)))
+        .collect();
+    Ok(render(&ClusterPage { signed_in: Some(signed_in(&user)), clusters, classes, teams, faults, driver_warnings }))
 }
