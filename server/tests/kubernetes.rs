@@ -389,6 +389,69 @@ async fn gfd_sharing_labels_make_a_time_sliced_class_billed_by_its_share_and_req
     owned.stop().await;
 }
 
+/// GPU Feature Discovery's driver labels as NVML's answers on a real H200 give them
+/// (`server/data/gpu/h200/facts.json`): the driver and CUDA version ones only.
+fn real_driver_labels() -> Value {
+    let facts: Value = serde_json::from_str(include_str!("../data/gpu/h200/facts.json")).unwrap();
+    let labels = facts["gfd_labels"].as_object().unwrap();
+    labels.iter().filter(|(k, _)| k.starts_with("nvidia.com/cuda.")).map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gfd_driver_labels_place_a_job_only_on_the_node_that_runs_the_cuda_it_requires() {
+    let t = "drivers";
+    // One H100 node upgraded (the driver labels a real H200's driver gives: 580.159.04, CUDA
+    // 13.0), one not, labelled as older GFD releases do (`cuda.driver.*` in parts).
+    let (mut new, alloc) = h100("r1");
+    new.as_object_mut().unwrap().extend(real_driver_labels().as_object().unwrap().clone());
+    let (mut old, _) = h100("r1");
+    old.as_object_mut().unwrap().extend(
+        json!({"nvidia.com/cuda.driver.major": "535", "nvidia.com/cuda.driver.minor": "104",
+               "nvidia.com/cuda.driver.rev": "05", "nvidia.com/cuda.runtime.major": "12",
+               "nvidia.com/cuda.runtime.minor": "2"})
+        .as_object()
+        .unwrap()
+        .clone(),
+    );
+    // The old node has fewer GPUs: best fit alone would put a gang there first.
+    let fewer = json!({"nvidia.com/gpu": "6", "cpu": "96", "memory": "1Ti", "pods": "110"});
+    let owned = Fairway::start(t, &[("drivers-old", old, fewer), ("drivers-new", new, alloc)]).await;
+    let fw = &owned;
+    fw.team("ml", "h100-80gb", 16, 0).await;
+    let spec = |name: &str, gpus: i64, requires: Value| {
+        let mut spec = json!({"name": name, "gpu_class": "h100-80gb", "gpus_per_replica": gpus,
+                              "priority_class": "production", "image": "nvcr.io/nvidia/pytorch:25.01-py3"});
+        spec.as_object_mut().unwrap().extend(requires.as_object().unwrap().clone());
+        spec
+    };
+    let cuda13 = fw.submit("ml", spec("cuda13", 4, json!({"min_cuda_version": "13.0"}))).await;
+    let pods = fw.wait_pods(&cuda13, 1).await;
+    assert_eq!(node_of(&pods[0]), "drivers-new", "the only node whose driver supports CUDA 13.0");
+    assert_eq!(affinity_host(&pods[0]), "drivers-new-host", "pinned by its hostname label");
+    // A job that requires a driver newer than either waits, saying what the nodes run.
+    let newer = fw.submit("ml", spec("newer", 1, json!({"min_driver_version": "590"}))).await;
+    let newer = newer.as_str();
+    let job = fw
+        .wait("the job's driver reason", Duration::from_secs(30), || async move {
+            let job = fw.job(newer).await;
+            (job["pending"]["reason"] == "driver_unavailable").then_some(job)
+        })
+        .await;
+    assert_eq!(job["pending"]["figures"]["drivers"]["newest_driver_version"], "580.159.04", "{job:#}");
+    assert_eq!(job["pending"]["figures"]["drivers"]["newest_cuda_version"], "13.0");
+    // The cluster view names both drivers of the class.
+    let clusters = fw.ok(reqwest::Method::GET, "/api/v1/clusters", None).await;
+    let cluster = clusters.as_array().unwrap().iter().find(|c| c["name"] == t).unwrap();
+    let warning = cluster["driver_warnings"][0].as_str().unwrap_or_default();
+    assert!(
+        warning.starts_with(
+            "h100-80gb runs 2 driver versions: 580.159.04 (CUDA 13.0) on 1 node, 535.104.05 (CUDA 12.2) on 1 node"
+        ),
+        "{cluster:#}"
+    );
+    owned.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_job_is_preempted_with_its_grace_period_when_its_gpus_are_reclaimed() {
     let t = "preempt";
