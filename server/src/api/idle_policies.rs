@@ -8,9 +8,9 @@ use axum::{
 
 use super::{error::ApiError, extract::ApiJson};
 use crate::{
-    auth::Principal,
+    auth::{policy::TeamAccess, Principal},
     domain::IdlePolicyId,
-    ops::idle_policies::{self, IdlePolicySpec, IdlePolicyView},
+    ops::idle_policies::{self, GoverningPolicy, IdlePolicySpec, IdlePolicyView},
     state::AppState,
 };
 
@@ -41,6 +41,20 @@ pub async fn set_idle_policy(
     ApiJson(spec): ApiJson<IdlePolicySpec>,
 ) -> Result<Json<IdlePolicyView>, ApiError> {
     Ok(Json(idle_policies::set(&state, &principal, &spec).await?))
+}
+
+/// What happens to the team's jobs whose GPUs stay idle: for each priority class, the idle
+/// policy that governs them (the most specific of the team's and the platform's), in words.
+#[utoipa::path(
+    get, path = "/api/v1/teams/{team}/idle-policies", tag = "idle-policies", operation_id = "list_team_idle_policies",
+    params(("team" = String, Path, description = "Team name")),
+    responses((status = 200, body = Vec<GoverningPolicy>), (status = 404, body = super::error::Problem))
+)]
+pub async fn list_team_idle_policies(
+    State(state): State<AppState>,
+    Extension(access): Extension<TeamAccess>,
+) -> Result<Json<Vec<GoverningPolicy>>, ApiError> {
+    Ok(Json(idle_policies::governing_for_team(&state, access.team.id).await?))
 }
 
 /// Removes an idle policy.

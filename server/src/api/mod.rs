@@ -121,6 +121,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("GET", "/api/v1/idle-policies", PlatformAdmin),
     route("PUT", "/api/v1/idle-policies", PlatformAdmin),
     route("DELETE", "/api/v1/idle-policies/{policy}", PlatformAdmin),
+    route("GET", "/api/v1/teams/{team}/idle-policies", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/priority-classes", Authenticated),
     route("POST", "/api/v1/priority-classes", PlatformAdmin),
     route("GET", "/api/v1/priority-classes/{priority_class}", Authenticated),
@@ -245,6 +246,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(gpu_classes::list_gpu_class_rates, gpu_classes::create_gpu_class_rate))
         .routes(routes!(idle_policies::list_idle_policies, idle_policies::set_idle_policy))
         .routes(routes!(idle_policies::delete_idle_policy))
+        .routes(routes!(idle_policies::list_team_idle_policies))
         .routes(routes!(priority_classes::list_priority_classes, priority_classes::create_priority_class))
         .routes(routes!(priority_classes::get_priority_class, priority_classes::put_priority_class))
         .routes(routes!(clusters::list_clusters))

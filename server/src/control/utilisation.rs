@@ -18,7 +18,7 @@ use crate::{
         idle::{Sampled, SpanChange},
     },
     domain::{
-        idle::{governing, step, IdleAction, IdlePolicy, Step, Stretch},
+        idle::{duration_words as words, governing, step, IdleAction, IdlePolicy, Step, Stretch},
         JobId,
     },
 };
@@ -232,27 +232,6 @@ fn scope(policy: &IdlePolicy, job: &Sampled) -> String {
     }
 }
 
-/// A duration in seconds, as people say it: `45 s`, `12 min`, `2 h 5 min`.
-fn words(seconds: i64) -> String {
-    match seconds.max(0) {
-        s if s < 120 => format!("{s} s"),
-        s if s < 7_200 => format!("{} min", s / 60),
-        s => format!("{} h {} min", s / 3_600, s % 3_600 / 60),
-    }
-}
-
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
-}
-
-#[cfg(test)]
-mod tests {
-    use super::words;
-
-    #[test]
-    fn idle_time_reads_in_the_unit_people_use() {
-        assert_eq!(words(45), "45 s");
-        assert_eq!(words(600), "10 min");
-        assert_eq!(words(7_500), "2 h 5 min");
-    }
 }

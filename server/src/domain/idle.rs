@@ -123,6 +123,34 @@ pub fn governing<'a>(policies: &'a [IdlePolicy], team: TeamId, priority_class: &
         .max_by_key(|p| p.rank())
 }
 
+impl IdlePolicy {
+    /// What it does to a job, in words: `SM activity below 10% for 30 min: warned, then
+    /// stopped 10 min later`.
+    pub fn summary(&self) -> String {
+        let when = format!(
+            "SM activity below {}% for {}",
+            self.below_sm_active_percent,
+            duration_words(i64::from(self.idle_seconds))
+        );
+        let notice = duration_words(i64::from(self.notice_seconds));
+        match self.action {
+            IdleAction::Notify => format!("{when}: warned"),
+            IdleAction::Stop => format!("{when}: warned, then stopped {notice} later unless its GPUs get busy"),
+            IdleAction::Preempt => format!("{when}: warned, then requeued {notice} later unless its GPUs get busy"),
+            IdleAction::Exempt => "exempt: never warned nor reclaimed".to_owned(),
+        }
+    }
+}
+
+/// A duration in seconds, as people say it: `45 s`, `12 min`, `2 h 5 min`.
+pub fn duration_words(seconds: i64) -> String {
+    match seconds.max(0) {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7_200 => format!("{} min", s / 60),
+        s => format!("{} h {} min", s / 3_600, s % 3_600 / 60),
+    }
+}
+
 /// An attempt's current idle stretch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stretch {
@@ -195,6 +223,25 @@ mod tests {
 
     fn at(minute: i64) -> DateTime<Utc> {
         "2026-11-28T10:00:00Z".parse::<DateTime<Utc>>().unwrap() + Duration::minutes(minute)
+    }
+
+    #[test]
+    fn idle_time_reads_in_the_unit_people_use() {
+        assert_eq!(duration_words(45), "45 s");
+        assert_eq!(duration_words(600), "10 min");
+        assert_eq!(duration_words(7_500), "2 h 5 min");
+    }
+
+    #[test]
+    fn a_policy_says_what_it_does_to_a_job_in_one_sentence() {
+        let stop = IdlePolicy { idle_seconds: 1800, notice_seconds: 600, ..policy(None, None, IdleAction::Stop) };
+        assert_eq!(
+            stop.summary(),
+            "SM activity below 10% for 30 min: warned, then stopped 10 min later unless its GPUs get busy"
+        );
+        let notify = IdlePolicy { below_sm_active_percent: 2.5, ..policy(None, None, IdleAction::Notify) };
+        assert_eq!(notify.summary(), "SM activity below 2.5% for 10 min: warned");
+        assert_eq!(policy(None, None, IdleAction::Exempt).summary(), "exempt: never warned nor reclaimed");
     }
 
     #[test]

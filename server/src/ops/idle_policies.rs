@@ -10,8 +10,8 @@ use crate::{
     auth::Principal,
     db::{self, idle::PolicyRow},
     domain::{
-        idle::{IdleAction, IdlePolicy},
-        FieldError, IdlePolicyId,
+        idle::{governing, IdleAction, IdlePolicy, DEFAULT_IDLE_BELOW_SM_ACTIVE_PERCENT},
+        FieldError, IdlePolicyId, TeamId,
     },
     state::AppState,
 };
@@ -70,6 +70,50 @@ impl From<PolicyRow> for IdlePolicyView {
             updated_at: r.updated_at,
         }
     }
+}
+
+/// The idle policy that governs a team's jobs of one priority class.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct GoverningPolicy {
+    pub priority_class: String,
+    /// The policy: the team's own for the class, else the team's own, else the platform's for
+    /// the class, else the platform's; null where none governs.
+    pub policy: Option<IdlePolicyView>,
+    /// What happens to the team's idle jobs of the class, in words.
+    pub summary: String,
+}
+
+/// For each priority class, the idle policy that governs team `team_id`'s jobs of it. Where
+/// none does, idle time is still counted (below the default SM activity), never acted on.
+pub async fn governing_for_team(state: &AppState, team_id: TeamId) -> Result<Vec<GoverningPolicy>> {
+    let rows = db::idle::policies(&state.db).await?;
+    let policies: Vec<IdlePolicy> = rows.iter().map(|r| r.policy.clone()).collect();
+    let classes = db::priority_classes::list(&state.db).await?;
+    Ok(classes
+        .into_iter()
+        .map(|class| {
+            let found = governing(&policies, team_id, &class.name)
+                .and_then(|p| policies.iter().position(|q| std::ptr::eq(p, q)))
+                .map(|i| &rows[i]);
+            let summary = match found {
+                Some(row) => {
+                    let whose = match &row.team {
+                        Some(team) => format!("team {team}'s policy"),
+                        None => "the platform's policy".to_owned(),
+                    };
+                    format!("{} ({whose})", row.policy.summary())
+                }
+                None => format!(
+                    "no policy: idle time (SM activity below {DEFAULT_IDLE_BELOW_SM_ACTIVE_PERCENT}%) is counted on statements, never acted on"
+                ),
+            };
+            GoverningPolicy {
+                priority_class: class.name,
+                policy: found.cloned().map(Into::into),
+                summary,
+            }
+        })
+        .collect())
 }
 
 /// Every idle policy.

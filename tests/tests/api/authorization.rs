@@ -244,6 +244,7 @@ fn matrix() -> Vec<Row> {
             Some(json!({"effective_from": later, "rate_micros_per_gpu_hour": 2_000_000})),
         ),
         row("GET", "/api/v1/idle-policies", PLATFORM, None),
+        row("GET", "/api/v1/teams/{team}/idle-policies", TEAM_READ, None),
         row(
             "PUT",
             "/api/v1/idle-policies",

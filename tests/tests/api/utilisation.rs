@@ -302,3 +302,63 @@ async fn a_job_that_used_9_gb_of_an_80_gb_gpu_is_advised_a_1g_10gb_mig_slice_wit
     assert!(billed > 0, "{s:#}");
     assert_eq!(micros(&advice["saving"]), billed * 9 / 10, "90% of what it was billed: {s:#}");
 }
+
+#[tokio::test]
+async fn a_team_sees_which_idle_policy_governs_each_of_its_priority_classes_in_the_api_and_on_its_page() {
+    let app = TestApp::spawn().await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.team(&admin, "vision", None).await;
+    let (_, ml) = app.api_token(&admin, "ml", "viewer").await;
+    let (_, vision) = app.api_token(&admin, "vision", "viewer").await;
+    let governing = |token: String, team: &'static str| {
+        let app = &app;
+        async move {
+            let r = app.send(call("GET", &format!("/api/v1/teams/{team}/idle-policies")).token(&token)).await;
+            r.assert_status(200);
+            let by_class: std::collections::BTreeMap<String, Value> = r
+                .json()
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|g| (g["priority_class"].as_str().unwrap().to_owned(), g.clone()))
+                .collect();
+            by_class
+        }
+    };
+    let none = governing(ml.clone(), "ml").await;
+    assert_eq!(
+        none["experiment"]["summary"],
+        "no policy: idle time (SM activity below 5%) is counted on statements, never acted on"
+    );
+    assert!(none["experiment"]["policy"].is_null());
+    for spec in [
+        json!({"below_sm_active_percent": 5, "idle_seconds": 1800, "action": "notify"}),
+        json!({"team": "ml", "priority_class": "experiment", "below_sm_active_percent": 10, "idle_seconds": 1800,
+               "notice_seconds": 600, "action": "stop"}),
+    ] {
+        app.send(call("PUT", "/api/v1/idle-policies").token(&admin).json(&spec)).await.assert_status(200);
+    }
+    let ml_policies = governing(ml.clone(), "ml").await;
+    let stop = "SM activity below 10% for 30 min: warned, then stopped 10 min later unless its GPUs get busy (team ml's policy)";
+    assert_eq!(ml_policies["experiment"]["summary"], stop);
+    assert_eq!(ml_policies["experiment"]["policy"]["team"], "ml");
+    assert_eq!(ml_policies["production"]["summary"], "SM activity below 5% for 30 min: warned (the platform's policy)");
+    // Another team's classes fall to the platform's policy; its member cannot read ml's.
+    let vision_policies = governing(vision.clone(), "vision").await;
+    assert_eq!(
+        vision_policies["experiment"]["summary"],
+        "SM activity below 5% for 30 min: warned (the platform's policy)"
+    );
+    let r = app.send(call("GET", "/api/v1/teams/ml/idle-policies").token(&vision)).await;
+    assert_eq!(r.status.as_u16(), 404, "another team's policies are not there for it");
+    // The team's page says the same.
+    app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "member").await;
+    let alice = crate::portal::sign_in(&app, "alice").await;
+    let r = app.send(call("GET", "/teams/ml").header("cookie", &alice)).await;
+    r.assert_status(200);
+    let page = crate::portal::body(&r);
+    assert!(page.contains("<h2>Idle GPUs</h2>"), "{page}");
+    assert!(page.contains(&format!("<strong>experiment</strong>: {}", stop.replace('\'', "&#39;"))), "{page}");
+}

@@ -165,6 +165,8 @@ struct TeamPage {
     quotas: Vec<QuotaLine>,
     running: Vec<RunningLine>,
     pending: Vec<PendingLine>,
+    /// Per priority class, what happens to the team's jobs whose GPUs stay idle.
+    idle_policies: Vec<(String, String)>,
 }
 
 /// A team's dashboard: quota and use per class, what runs, what waits and why.
@@ -255,6 +257,11 @@ pub async fn team(
         quotas,
         running,
         pending,
+        idle_policies: crate::ops::idle_policies::governing_for_team(&state, team.id)
+            .await?
+            .into_iter()
+            .map(|g| (g.priority_class, g.summary))
+            .collect(),
     };
     Ok(render(&page))
 }
