@@ -94,6 +94,12 @@ pub struct JobArgs {
     /// A label each replica's node must carry; repeat for more.
     #[arg(long = "node-selector", value_name = "K=V", value_parser = pair)]
     pub node_selector: Vec<(String, String)>,
+    /// The least NVIDIA driver version its nodes must run, e.g. `550.54` [server's default: any].
+    #[arg(long, value_name = "VERSION")]
+    pub min_driver: Option<String>,
+    /// The least CUDA version its nodes' driver must support, e.g. `12.4` [server's default: any].
+    #[arg(long, value_name = "VERSION")]
+    pub min_cuda: Option<String>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, value_name = "COMMAND")]
     pub command: Vec<String>,
@@ -159,6 +165,8 @@ pub fn body(args: &JobArgs) -> Result<Value, Error> {
     set("if_dependency_fails", args.if_dependency_fails.clone().map(Value::from));
     set("cpu", args.cpu.clone().map(Value::from));
     set("memory", args.memory.clone().map(Value::from));
+    set("min_driver_version", args.min_driver.clone().map(Value::from));
+    set("min_cuda_version", args.min_cuda.clone().map(Value::from));
     if !args.command.is_empty() {
         set("command", Some(Value::from(args.command.clone())));
     }
@@ -341,12 +349,14 @@ mod tests {
             cloud_secret_env: vec![pair("KEY=arn:aws:secretsmanager:us-east-1:1:secret:fairway/ml/k").unwrap()],
             image_pull_secrets: vec!["regcred".to_owned()],
             node_selector: vec![("example.com/fabric".to_owned(), "ib".to_owned())],
+            min_driver: Some("550.54".to_owned()),
+            min_cuda: Some("12.4".to_owned()),
             ..JobArgs::default()
         };
         assert_eq!(
             body(&args).unwrap(),
             json!({
-                "name": "f", "cpu": "4", "memory": "32Gi",
+                "name": "f", "cpu": "4", "memory": "32Gi", "min_driver_version": "550.54", "min_cuda_version": "12.4",
                 "volumes": [
                     {"claim": "home", "mount_path": "/home/jovyan"},
                     {"claim": "datasets", "mount_path": "/data", "read_only": true},

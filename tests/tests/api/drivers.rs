@@ -62,6 +62,12 @@ async fn a_job_that_requires_a_newer_driver_runs_only_on_the_nodes_that_have_it(
     assert_eq!(j["pending"]["figures"]["drivers"]["free_gpus_meeting"], 0.0);
     assert!(j["pending"]["expected_start_at"].is_string(), "capacity frees: a forecast can place it: {j:#}");
     // A job that requires nothing takes rack-1.
+    // The job's page says what it requires.
+    app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "member").await;
+    let alice = sign_in(&app, "alice").await;
+    let page = body(&app.send(call("GET", &format!("/jobs/{}", placed[0])).header("cookie", &alice)).await);
+    assert!(page.contains(r#"<dd class="requires-drivers">driver ≥ 560.35</dd>"#), "{page}");
     let any = submit(&app, &ci, "ml", job("any", 8, json!({}))).await;
     let j = wait_for(&app, &ci, &any, Duration::from_secs(30), |j| j["state"] == "running").await;
     assert!(nodes_of(&j)[0].starts_with("r1-"), "{j:#}");

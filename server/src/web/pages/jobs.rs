@@ -178,6 +178,8 @@ pub struct JobDetail {
     pub secrets: Vec<String>,
     pub pull_secrets: Option<String>,
     pub node_selector: Option<String>,
+    /// The driver stack it requires, in words (`driver ≥ 550.54 and CUDA ≥ 12.4`).
+    pub requires_drivers: Option<String>,
 }
 
 /// One entry of the timeline.
@@ -374,6 +376,14 @@ pub async fn job(
         node_selector: (!job.workload.0.node_selector.is_empty()).then(|| {
             job.workload.0.node_selector.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(", ")
         }),
+        requires_drivers: Some(
+            crate::domain::driver::DriverStack::read(
+                job.min_driver_version.as_deref(),
+                job.min_cuda_version.as_deref(),
+            )
+            .as_minimum(),
+        )
+        .filter(|words| !words.is_empty()),
         name: job.name,
         team: job.team,
         state: job.state.to_string(),
