@@ -190,6 +190,7 @@ pub struct Metrics {
     sm_active: Family<TeamClassLabels, Gauge<f64, AtomicU64>>,
     idle_gpus: Family<TeamClassLabels, Gauge<f64, AtomicU64>>,
     idle_actions: Family<ActionLabels, Counter>,
+    gpu_faults: Family<ClusterKindLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -222,6 +223,7 @@ impl Default for Metrics {
             sm_active: Family::default(),
             idle_gpus: Family::default(),
             idle_actions: Family::default(),
+            gpu_faults: Family::default(),
         };
         m.registered()
     }
@@ -297,6 +299,11 @@ impl Metrics {
             "fairway_idle_actions",
             "What idle policies did to jobs whose GPUs stayed idle: warned, stopped or preempted",
             self.idle_actions.clone(),
+        );
+        p.register(
+            "fairway_gpu_faults",
+            "GPU faults DCGM's fields opened, by cluster and kind (xid, row_remap_failure)",
+            self.gpu_faults.clone(),
         );
         let t = &mut self.tenants;
         t.register(
@@ -457,6 +464,11 @@ impl Metrics {
     /// Counts what idle policies did: one of [`IDLE_ACTIONS`].
     pub fn idle_action(&self, action: &str, jobs: usize) {
         self.idle_actions.get_or_create(&ActionLabels { action: action.to_owned() }).inc_by(jobs as u64);
+    }
+
+    /// Counts a GPU fault opened on `cluster` of `kind` (`xid` or `row_remap_failure`).
+    pub fn gpu_fault(&self, cluster: &str, kind: &str) {
+        self.gpu_faults.get_or_create(&ClusterKindLabels { cluster: cluster.to_owned(), kind: kind.to_owned() }).inc();
     }
 
     /// Counts a budget alert.

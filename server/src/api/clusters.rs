@@ -47,8 +47,13 @@ pub struct NodeFaultView {
     pub node: String,
     /// When the fault began, as the node reports it.
     pub since: DateTime<Utc>,
-    /// What is wrong, in the reporter's words (a node condition's type and message, or a taint).
+    /// What is wrong, in the reporter's words (a node condition's type and message, a taint,
+    /// or each GPU's XID or row-remap failure as DCGM reported it).
     pub why: String,
+    /// Who reported it: `node`, a condition or taint on the node, which clears when they do;
+    /// `dcgm`, a GPU's DCGM fields, which a platform admin clears once the GPU is reset or
+    /// replaced (`DELETE /api/v1/clusters/{cluster}/nodes/{node}/faults`).
+    pub source: String,
 }
 
 async fn views(db: &sqlx::PgPool) -> Result<Vec<ClusterView>, ApiError> {
@@ -58,20 +63,32 @@ async fn views(db: &sqlx::PgPool) -> Result<Vec<ClusterView>, ApiError> {
     let mut drivers = clusters::drivers(db).await?;
     Ok(clusters
         .into_iter()
-        .map(|c| ClusterView {
-            drivers: drivers.get_mut(&c.name).map(|d| std::mem::take(&mut d.0)).unwrap_or_default(),
-            driver_warnings: drivers.remove(&c.name).map(|d| d.1).unwrap_or_default(),
-            unhealthy_nodes: faults
-                .iter()
-                .filter(|f| f.cluster == c.name)
-                .map(|f| NodeFaultView { node: f.node.clone(), since: f.since, why: f.why.clone() })
-                .collect(),
-            capacity: capacity.iter().filter(|r| r.cluster == c.name).map(|r| (r.gpu_class.clone(), r.gpus)).collect(),
-            name: c.name,
-            backend: Backend::parse(&c.backend).unwrap_or(Backend::Sim),
-            created_at: c.created_at,
-            updated_at: c.updated_at,
-            version: c.version,
+        .map(|c| {
+            let (stacks, driver_warnings) = drivers.remove(&c.name).unwrap_or_default();
+            ClusterView {
+                drivers: stacks,
+                driver_warnings,
+                unhealthy_nodes: faults
+                    .iter()
+                    .filter(|f| f.cluster == c.name)
+                    .map(|f| NodeFaultView {
+                        node: f.node.clone(),
+                        since: f.since,
+                        why: f.why.clone(),
+                        source: f.source.clone(),
+                    })
+                    .collect(),
+                capacity: capacity
+                    .iter()
+                    .filter(|r| r.cluster == c.name)
+                    .map(|r| (r.gpu_class.clone(), r.gpus))
+                    .collect(),
+                name: c.name,
+                backend: Backend::parse(&c.backend).unwrap_or(Backend::Sim),
+                created_at: c.created_at,
+                updated_at: c.updated_at,
+                version: c.version,
+            }
         })
         .collect())
 }
@@ -105,4 +122,20 @@ pub async fn put_cluster(
     let view = views(&state.db).await?.into_iter().find(|c| c.name == name).ok_or(ApiError::NotFound("cluster"))?;
     let status = if created { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(view)))
+}
+
+/// Clears the GPU faults DCGM reported on a node, once its GPUs were reset or replaced: the
+/// node offers them again from the next inventory sync. Audited.
+#[utoipa::path(
+    delete, path = "/api/v1/clusters/{cluster}/nodes/{node}/faults", tag = "clusters", operation_id = "clear_node_faults",
+    params(("cluster" = String, Path, description = "Cluster name"), ("node" = String, Path, description = "Node name")),
+    responses((status = 200, description = "The faults cleared", body = clusters::ClearedFaults),
+              (status = 403, body = super::error::Problem), (status = 404, body = super::error::Problem))
+)]
+pub async fn clear_node_faults(
+    State(state): State<AppState>,
+    Extension(principal): Extension<Principal>,
+    Path((cluster, node)): Path<(String, String)>,
+) -> Result<Json<clusters::ClearedFaults>, ApiError> {
+    Ok(Json(clusters::clear_faults(&state, &principal, &cluster, &node).await?))
 }

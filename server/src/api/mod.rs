@@ -128,6 +128,7 @@ pub const ROUTE_POLICIES: &[RoutePolicy] = &[
     route("PUT", "/api/v1/priority-classes/{priority_class}", PlatformAdmin),
     route("GET", "/api/v1/clusters", Authenticated),
     route("PUT", "/api/v1/clusters/{cluster}", PlatformAdmin),
+    route("DELETE", "/api/v1/clusters/{cluster}/nodes/{node}/faults", PlatformAdmin),
     route("GET", "/api/v1/audit-log", PlatformAdmin),
     route("GET", "/api/v1/teams/{team}/usage", Team(TeamRole::Viewer)),
     route("GET", "/api/v1/teams/{team}/statements/{period}", Team(TeamRole::Viewer)),
@@ -251,6 +252,7 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(priority_classes::get_priority_class, priority_classes::put_priority_class))
         .routes(routes!(clusters::list_clusters))
         .routes(routes!(clusters::put_cluster))
+        .routes(routes!(clusters::clear_node_faults))
         .routes(routes!(billing::get_team_usage))
         .routes(routes!(billing::get_team_statement))
         .routes(routes!(billing::get_team_budget_status))

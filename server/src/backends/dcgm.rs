@@ -12,11 +12,12 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
+use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use super::BackendError;
 pub use crate::domain::activity::ReplicaActivity;
-use crate::domain::JobId;
+use crate::domain::{gpu_health, JobId};
 
 /// GPU utilisation, percent: the share of the last interval in which any kernel ran.
 pub const GPU_UTIL: &str = "DCGM_FI_DEV_GPU_UTIL";
@@ -120,6 +121,73 @@ pub fn activity(answer: &Value, pod_label: &str) -> Result<Vec<ReplicaActivity>,
         .collect())
 }
 
+/// One GPU's health field as Prometheus kept it over the window asked for.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HealthRead {
+    /// The node, from dcgm-exporter's `Hostname` label.
+    pub host: String,
+    /// The GPU's ordinal on the node, from the `gpu` label.
+    pub gpu: String,
+    /// One of [`crate::domain::gpu_health::FIELDS`].
+    pub field: &'static str,
+    /// The latest value.
+    pub value: f64,
+    /// The first sample of the window's last run of that value: when the GPU first reported
+    /// it, to the scrape (or the window's start, for a value older than the window).
+    pub since: DateTime<Utc>,
+}
+
+/// A series' samples: (when, value).
+type Samples = Vec<(DateTime<Utc>, f64)>;
+
+/// The PromQL range query for every GPU's health fields over the last `window_seconds`:
+/// every GPU, held by a pod of ours or not, since an idle GPU that failed must not be given
+/// to the next gang.
+pub fn health_query(window_seconds: u64) -> String {
+    format!(r#"{{__name__=~"{}"}}[{window_seconds}s]"#, gpu_health::FIELDS.join("|"))
+}
+
+/// The health reads a range query's answer (`/api/v1/query`'s JSON, a matrix) describes, one
+/// per GPU and field. Series without a host or a GPU, and samples that are not numbers, are
+/// skipped; an answer that is not a successful matrix is an error, in words.
+pub fn health(answer: &Value) -> Result<Vec<HealthRead>, String> {
+    if answer["status"] != "success" {
+        return Err(format!("Prometheus answered {}: {}", answer["status"], answer["error"]));
+    }
+    if answer["data"]["resultType"] != "matrix" {
+        return Err(format!("expected a matrix, Prometheus answered {}", answer["data"]["resultType"]));
+    }
+    let rows = answer["data"]["result"].as_array().ok_or("the answer has no result list")?;
+    // One GPU may have several series in the window: dcgm-exporter adds the pod's labels
+    // while a pod holds it, and a MIG-partitioned GPU is listed per profile. Their samples
+    // are one history.
+    let mut samples: BTreeMap<(String, String, &'static str), Samples> = BTreeMap::new();
+    for row in rows {
+        let labels = &row["metric"];
+        let Some(field) = labels["__name__"].as_str().and_then(|n| gpu_health::FIELDS.iter().find(|f| **f == n)) else {
+            continue;
+        };
+        let (Some(host), Some(gpu)) = (labels[HOST_LABEL].as_str(), labels[GPU_LABEL].as_str()) else { continue };
+        let history = samples.entry((host.to_owned(), gpu.to_owned(), *field)).or_default();
+        history.extend(row["values"].as_array().into_iter().flatten().filter_map(|pair| {
+            let at = pair[0].as_f64()?;
+            let value = pair[1].as_str()?.parse::<f64>().ok().filter(|v| v.is_finite())?;
+            Some((DateTime::from_timestamp_millis((at * 1000.0).round() as i64)?, value))
+        }));
+    }
+    let mut reads = Vec::new();
+    for ((host, gpu, field), mut history) in samples {
+        // At one instant, the highest value: a fault on any series of the GPU is its fault.
+        history.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        history.dedup_by(|later, earlier| later.0 == earlier.0);
+        let Some(&(_, value)) = history.last() else { continue };
+        let run = history.iter().rev().take_while(|(_, v)| *v == value).count();
+        let since = history[history.len() - run].0;
+        reads.push(HealthRead { host, gpu, field, value, since });
+    }
+    Ok(reads)
+}
+
 /// A Prometheus server that scrapes dcgm-exporter (or the simulated cluster's exporter).
 #[derive(Debug, Clone)]
 pub struct PrometheusSource {
@@ -154,6 +222,22 @@ impl PrometheusSource {
             .await
             .map_err(unreachable)?;
         activity(&answer, &self.pod_label).map_err(BackendError::Transient)
+    }
+
+    /// Every GPU's health fields over the last `window`.
+    pub async fn read_health(&self, window: Duration) -> Result<Vec<HealthRead>, BackendError> {
+        let unreachable = |e: reqwest::Error| BackendError::Transient(format!("Prometheus at {}: {e}", self.url));
+        let answer: Value = self
+            .http
+            .get(format!("{}/api/v1/query", self.url))
+            .query(&[("query", health_query(window.as_secs().max(1)))])
+            .send()
+            .await
+            .map_err(unreachable)?
+            .json()
+            .await
+            .map_err(unreachable)?;
+        health(&answer).map_err(BackendError::Transient)
     }
 }
 
@@ -229,6 +313,54 @@ mod tests {
         assert!(activity(&failed, "pod").unwrap_err().contains("parse error"));
         let matrix = json!({"status": "success", "data": {"resultType": "matrix", "result": []}});
         assert!(activity(&matrix, "pod").unwrap_err().contains("vector"));
+    }
+
+    #[test]
+    fn a_gpus_health_is_its_latest_value_since_the_first_sample_of_that_value() {
+        let sample = |at: f64, v: &str| json!([at, v]);
+        let answer = json!({"status": "success", "data": {"resultType": "matrix", "result": [
+            {"metric": {"__name__": gpu_health::XID_ERRORS, "Hostname": "n1", "gpu": "3", "UUID": "GPU-x"},
+             "values": [sample(85.0, "0"), sample(100.0, "0"), sample(115.0, "79"), sample(130.0, "79")]},
+            // The same GPU while a pod held it: one history with the series above, and at one
+            // instant the fault wins.
+            {"metric": {"__name__": gpu_health::XID_ERRORS, "Hostname": "n1", "gpu": "3", "UUID": "GPU-x", "pod": "p"},
+             "values": [sample(70.0, "0"), sample(85.0, "0"), sample(100.0, "79")]},
+            {"metric": {"__name__": gpu_health::ROW_REMAP_FAILURE, "Hostname": "n1", "gpu": "0"},
+             "values": [sample(100.0, "0"), sample(115.5, "0")]},
+            // No host, another field, and no samples: skipped.
+            {"metric": {"__name__": gpu_health::XID_ERRORS, "gpu": "1"}, "values": [sample(100.0, "79")]},
+            {"metric": {"__name__": SM_ACTIVE, "Hostname": "n1", "gpu": "1"}, "values": [sample(100.0, "1")]},
+            {"metric": {"__name__": gpu_health::XID_ERRORS, "Hostname": "n2", "gpu": "0"}, "values": []},
+        ]}});
+        let reads = health(&answer).unwrap();
+        let at = |s: f64| DateTime::from_timestamp_millis((s * 1000.0) as i64).unwrap();
+        assert_eq!(
+            reads,
+            vec![
+                HealthRead {
+                    host: "n1".into(),
+                    gpu: "0".into(),
+                    field: gpu_health::ROW_REMAP_FAILURE,
+                    value: 0.0,
+                    since: at(100.0)
+                },
+                HealthRead {
+                    host: "n1".into(),
+                    gpu: "3".into(),
+                    field: gpu_health::XID_ERRORS,
+                    value: 79.0,
+                    since: at(100.0)
+                },
+            ]
+        );
+        assert!(health(&json!({"status": "success", "data": {"resultType": "vector", "result": []}}))
+            .unwrap_err()
+            .contains("matrix"));
+        let q = health_query(60);
+        assert!(
+            q.contains(gpu_health::XID_ERRORS) && q.contains(gpu_health::ROW_REMAP_FAILURE) && q.ends_with("[60s]"),
+            "{q}"
+        );
     }
 
     #[test]

@@ -63,6 +63,8 @@
 //! | `FAIRWAY_SIM_SM_ACTIVE` | its GPUs' SM activity, percent | 0.9 × the utilisation |
 //! | `FAIRWAY_SIM_TENSOR_ACTIVE` | its GPUs' tensor-core activity, percent | 0.5 × the utilisation |
 //! | `FAIRWAY_SIM_GPU_MEMORY_MIB` | memory used on each of its GPUs, MiB | 70% of the class's memory |
+//! | `FAIRWAY_SIM_XID` | an XID the first GPU of its first replica reports in its first attempt (`DCGM_FI_DEV_XID_ERRORS`); the job hangs on, as a gang whose GPU failed does | none |
+//! | `FAIRWAY_SIM_XID_AFTER_SECONDS` | when, after its start | 0 |
 //!
 //! The cluster publishes what its GPUs do as NVIDIA's dcgm-exporter does, with the same
 //! field names and labels ([`dcgm_exposition`], served on `FAIRWAY_SIM_DCGM_LISTEN`), so a
@@ -122,6 +124,11 @@ pub const SM_ACTIVE_HINT: &str = "FAIRWAY_SIM_SM_ACTIVE";
 pub const TENSOR_ACTIVE_HINT: &str = "FAIRWAY_SIM_TENSOR_ACTIVE";
 /// Memory a job uses on each of its GPUs, MiB.
 pub const GPU_MEMORY_HINT: &str = "FAIRWAY_SIM_GPU_MEMORY_MIB";
+/// An XID the first GPU of the job's first replica reports while its first attempt runs, as
+/// DCGM does.
+pub const XID_HINT: &str = "FAIRWAY_SIM_XID";
+/// Seconds after the start when that GPU reports the XID; 0 by default.
+pub const XID_AFTER_HINT: &str = "FAIRWAY_SIM_XID_AFTER_SECONDS";
 const DEFAULT_GPU_UTIL_PCT: f64 = 90.0;
 
 const DEFAULT_LOG_EVERY_SECONDS: f64 = 10.0;
@@ -602,6 +609,7 @@ pub fn plan_object(gang: &Gang, config: &SimConfig, now: DateTime<Utc>) -> Resul
     if !(config.speedup.is_finite() && config.speedup > 0.0) {
         return Err(BackendError::Rejected(format!("the sim speedup {} is not a positive number", config.speedup)));
     }
+    xid_hint(gang, config.speedup)?;
     check_placement(gang, config)?;
     let runtime_hint = duration_hint(gang, RUNTIME_HINT)?;
     let runtime = runtime_hint.unwrap_or(config.default_runtime_seconds);
@@ -688,6 +696,7 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
     use std::fmt::Write as _;
 
     use super::dcgm::{FB_FREE, FB_USED, GPU_UTIL, SM_ACTIVE, TENSOR_ACTIVE};
+    use crate::domain::gpu_health::{ROW_REMAP_FAILURE, XID_ERRORS};
     /// One GPU: its node, class, unit, memory, UUID and what holds it.
     struct SimGpu {
         node: String,
@@ -696,23 +705,41 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
         memory_mib: i64,
         uuid: String,
         held: Option<(String, String, GpuActivity)>,
+        /// The last XID it reported: 0 for none, as DCGM has it.
+        xid: u32,
     }
     let mut gpus = Vec::new();
     for backend in clusters {
         let config = &backend.config;
         let rows = db::sim::list(&backend.pool, &config.cluster).await?;
-        let running: Vec<&str> = rows
+        let started: HashMap<&str, DateTime<Utc>> = rows
             .iter()
-            .filter(|r| matches!(phase_at(r, now), (Phase::Running { .. }, false)))
-            .map(|r| r.name.as_str())
+            .filter_map(|r| match phase_at(r, now) {
+                (Phase::Running { started_at }, false) => Some((r.name.as_str(), started_at)),
+                _ => None,
+            })
             .collect();
+        let running: Vec<&str> = started.keys().copied().collect();
         let memory_of =
             |class: &str| config.classes.iter().find(|c| c.name == class).map_or(0, |c| i64::from(c.memory_mib));
         // (node, unit) → (pod, team, activity)
         let mut held: HashMap<(String, u8), (String, String, GpuActivity)> = HashMap::new();
-        for (_, spec) in db::sim::find_many(&backend.pool, &config.cluster, &running).await? {
+        // (node, unit) → the XID it reports
+        let mut xids: HashMap<(String, u8), u32> = HashMap::new();
+        for (row, spec) in db::sim::find_many(&backend.pool, &config.cluster, &running).await? {
             let Ok(gang) = serde_json::from_value::<Gang>(spec["gang"].clone()) else { continue };
             let Ok(activity) = GpuActivity::of(&gang, memory_of(&gang.gpu_class)) else { continue };
+            // Its first attempt's: the retry, elsewhere, runs on healthy GPUs.
+            if let (Ok(Some((xid, after_ms))), Some(first), Some(&started_at), true) = (
+                xid_hint(&gang, config.speedup),
+                gang.replicas.first(),
+                started.get(row.name.as_str()),
+                gang.attempt <= 1,
+            ) {
+                if let (Some(&unit), true) = (first.gpus.first(), (now - started_at).num_milliseconds() >= after_ms) {
+                    xids.insert((first.node.clone(), unit), xid);
+                }
+            }
             for (rank, slot) in gang.replicas.iter().enumerate() {
                 for unit in &slot.gpus {
                     let pod = format!("{}-{rank}", gang.object);
@@ -736,18 +763,21 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
                 memory_mib: memory_of(&class),
                 uuid: gpu_uuid(&config.cluster, &node, unit),
                 held: held.get(&(node.clone(), unit)).cloned(),
+                xid: xids.get(&(node.clone(), unit)).copied().unwrap_or(0),
                 node,
                 class,
                 unit,
             });
         }
     }
-    let fields: [(&str, &str); 5] = [
+    let fields: [(&str, &str); 7] = [
         (GPU_UTIL, "GPU utilization (in %)."),
         (SM_ACTIVE, "The ratio of cycles an SM has at least 1 warp assigned (in %)."),
         (TENSOR_ACTIVE, "Ratio of cycles the tensor (HMMA) pipe is active (in %)."),
         (FB_USED, "Framebuffer memory used (in MiB)."),
         (FB_FREE, "Framebuffer memory free (in MiB)."),
+        (XID_ERRORS, "Value of the last XID error encountered."),
+        (ROW_REMAP_FAILURE, "Whether remapping of rows has failed."),
     ];
     let mut out = String::new();
     for (field, help) in fields {
@@ -762,6 +792,7 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
                 (FB_USED, Some(a)) => a.memory_mib as f64,
                 (FB_FREE, Some(a)) => (gpu.memory_mib - a.memory_mib).max(0) as f64,
                 (FB_FREE, None) => gpu.memory_mib as f64,
+                (XID_ERRORS, _) => f64::from(gpu.xid),
                 _ => 0.0,
             };
             let mut labels = format!(
@@ -878,6 +909,13 @@ fn fails_as_task(gang: &Gang) -> Result<bool, BackendError> {
         named |= gang.service.as_ref().is_some_and(|s| s.slot == index);
     }
     Ok(named)
+}
+
+/// The XID the gang's first GPU reports, and how long after its start (scaled), from
+/// [`XID_HINT`] and [`XID_AFTER_HINT`].
+fn xid_hint(gang: &Gang, speedup: f64) -> Result<Option<(u32, i64)>, BackendError> {
+    let after = duration_hint(gang, XID_AFTER_HINT)?.unwrap_or(0.0);
+    Ok(hint::<u32>(gang, XID_HINT)?.map(|xid| (xid, scaled_ms(after, speedup))))
 }
 
 /// A hint from the gang's environment; a value that does not parse rejects the gang.

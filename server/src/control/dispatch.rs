@@ -252,6 +252,7 @@ async fn dispatch_row(
                         started_at: None,
                         ended_at: Utc::now(),
                         object: object.clone(),
+                        cause: None,
                     };
                     end_attempts(tx, &[ended], ctx).await?;
                     let attempt = [(row.job_id, row.attempt)];

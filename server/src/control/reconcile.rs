@@ -11,7 +11,9 @@
 //!   deleted; one still running, or live and of a job we never knew, is an orphan: stopped
 //!   and reported, then deleted;
 //! - a job whose object vanished after it was created is lost (`node_lost`), and one whose
-//!   submit was skipped because it was cancelled or preempted first is released.
+//!   submit was skipped because it was cancelled or preempted first is released;
+//! - a job on a node with a GPU fault DCGM reported (`db::health`) is lost (`node_lost`) from
+//!   the fault, and its object stopped.
 
 use crate::domain::JobId;
 use std::{
@@ -58,6 +60,8 @@ pub struct Ended {
     pub ended_at: DateTime<Utc>,
     /// The backend object, for the timeline; empty when there was none.
     pub object: String,
+    /// What ended it when the backend did not say: a GPU fault, in words, for the timeline.
+    pub cause: Option<String>,
 }
 
 /// One pass over one cluster. Every start and end it finds is written in one transaction,
@@ -94,6 +98,26 @@ pub async fn reconcile(
         seen.insert(job.id);
         report.next_change = report.next_change.into_iter().chain(obj.next_change).min();
         match &obj.phase {
+            // A GPU of the gang failed (DCGM said so): the attempt is lost from the fault, its
+            // billing ends there, and its object, hung or crashing, is stopped.
+            Phase::Pending | Phase::Running { .. } if job.fault_since.is_some() => {
+                let started_at = match obj.phase {
+                    Phase::Running { started_at } => Some(started_at),
+                    _ => None,
+                };
+                ended.push(Ended {
+                    job_id: job.id,
+                    attempt: job.attempt,
+                    outcome: Outcome::NodeLost,
+                    started_at,
+                    ended_at: job.fault_since.unwrap_or(listed_at),
+                    object: obj.object.clone(),
+                    cause: job.fault.clone(),
+                });
+                if !obj.stop_requested {
+                    stops.push((obj.object.as_str(), Duration::ZERO));
+                }
+            }
             Phase::Pending | Phase::Running { .. } => {
                 if let (Phase::Running { started_at }, JobState::Admitted) = (&obj.phase, job.state) {
                     started.push((job.id, job.attempt, *started_at, obj.object.as_str()));
@@ -112,6 +136,7 @@ pub async fn reconcile(
                 started_at: *started_at,
                 ended_at: *ended_at,
                 object: obj.object.clone(),
+                cause: None,
             }),
         }
     }
@@ -148,7 +173,15 @@ pub async fn reconcile(
             tracing::warn!(cluster, job = %job.id, "the job's backend object vanished");
         }
         let (job_id, attempt) = (job.id, job.attempt);
-        ended.push(Ended { job_id, attempt, outcome, started_at: None, ended_at: Utc::now(), object: String::new() });
+        ended.push(Ended {
+            job_id,
+            attempt,
+            outcome,
+            started_at: None,
+            ended_at: Utc::now(),
+            object: String::new(),
+            cause: None,
+        });
     }
     clock.lap();
     // A lost node must leave the inventory before its jobs requeue, or the next cycle could
@@ -361,13 +394,20 @@ pub async fn end_attempts(tx: &mut Tx<'_>, ended: &[Ended], ctx: &Ctx) -> Result
             exit_code,
             bump: next.bump,
         });
+        let (message, data) = match &e.cause {
+            Some(cause) => (
+                format!("{}: {cause}", next.message),
+                json!({"outcome": e.outcome, "object": e.object, "ended_at": e.ended_at, "cause": cause}),
+            ),
+            None => (next.message, json!({"outcome": e.outcome, "object": e.object, "ended_at": e.ended_at})),
+        };
         events.push(db::jobs::NewEvent {
             job_id: e.job_id,
             attempt: e.attempt,
             kind: next.event,
             reason: Some(next.reason),
-            message: next.message,
-            data: Some(json!({"outcome": e.outcome, "object": e.object, "ended_at": e.ended_at})),
+            message,
+            data: Some(data),
         });
         ctx.metrics.outcome(e.outcome.code());
     }

@@ -4,8 +4,12 @@
 //! sampled job's idle stretch is opened, extended or closed, and the governing policy warns
 //! and then stops or preempts a job idle too long. One transaction under the leader's epoch,
 //! so two replicas of Fairway never count one sample twice nor act twice.
+//!
+//! Before that, GPU health: every GPU's XID and row-remap fields, a fault opened for each
+//! GPU whose field changed to a fault (`domain::gpu_health`), its node out of the inventory
+//! and the reconciler woken to end the gangs on it (`control::reconcile`).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use chrono::{DateTime, Utc};
 use serde_json::json;
@@ -18,6 +22,7 @@ use crate::{
         idle::{Sampled, SpanChange},
     },
     domain::{
+        gpu_health,
         idle::{duration_words as words, governing, step, IdleAction, IdlePolicy, Step, Stretch},
         JobId,
     },
@@ -27,9 +32,10 @@ use crate::{
 pub async fn run(ctx: Ctx, epoch: i64, source: PrometheusSource) {
     let mut tick = tokio::time::interval(ctx.config.utilisation_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut faulted = BTreeSet::new();
     loop {
         tick.tick().await;
-        match pass(&ctx, epoch, &source).await {
+        match pass(&ctx, epoch, &source, &mut faulted).await {
             Ok(_) => {}
             Err(ControlError::NotLeader) => return,
             Err(e) => tracing::warn!(error = %e, "reading GPU activity failed; the next pass reads again"),
@@ -48,15 +54,103 @@ pub struct UtilisationReport {
     pub stopped: usize,
     /// Jobs preempted for idleness.
     pub preempted: usize,
+    /// GPU faults opened.
+    pub faults: usize,
 }
 
-/// One read, then the idle rule over the jobs it sampled.
-pub async fn pass(ctx: &Ctx, epoch: i64, source: &PrometheusSource) -> Result<UtilisationReport, ControlError> {
+/// How far back the health read looks: far enough that a pass that came late still sees
+/// when a value began, at most a few passes.
+fn health_window(interval: std::time::Duration) -> std::time::Duration {
+    (interval * 4).max(std::time::Duration::from_secs(60))
+}
+
+/// Reads every GPU's health fields and opens a fault for each that changed to a fault
+/// (`domain::gpu_health::opens`), from when the GPU first reported it. A node with a new
+/// fault leaves its cluster's inventory at once (a sync, which leaves it out) and the
+/// reconciler is woken to end the gangs on it; a node whose faults a platform admin cleared
+/// since the last pass (it is in `faulted` no more) comes back the same way. Returns the
+/// faults opened.
+async fn health(
+    ctx: &Ctx,
+    epoch: i64,
+    source: &PrometheusSource,
+    faulted: &mut BTreeSet<(String, String)>,
+) -> Result<usize, ControlError> {
+    let reads = source.read_health(health_window(ctx.config.utilisation_interval)).await?;
+    let at = Utc::now();
+    let mut tx = leader_tx(&ctx.pool, epoch).await?;
+    let keys: Vec<db::health::FieldKey> =
+        reads.iter().map(|r| (r.host.clone(), r.gpu.clone(), r.field.to_owned())).collect();
+    let last = db::health::last_reads(&mut tx, &keys).await?;
+    let mut changed = Vec::new();
+    let mut new_faults = Vec::new();
+    let mut kinds = BTreeMap::new();
+    for (read, key) in reads.iter().zip(keys) {
+        let previous = last.get(&key).copied();
+        if previous == Some(read.value) {
+            continue;
+        }
+        if let Some(why) = gpu_health::opens(read.field, previous, read.value) {
+            let kind = if read.field == gpu_health::XID_ERRORS { "xid" } else { "row_remap_failure" };
+            kinds.insert((read.host.clone(), read.gpu.clone()), kind);
+            new_faults.push((read.host.clone(), read.gpu.clone(), read.since.min(at), why));
+        }
+        changed.push((key, read.value));
+    }
+    db::health::record_reads(&mut tx, &changed, at).await?;
+    let opened = db::health::open_faults(&mut tx, &new_faults).await?;
+    tx.commit().await?;
+    for fault in &opened {
+        tracing::warn!(cluster = %fault.cluster, node = %fault.node, gpu = %fault.gpu, since = %fault.since,
+                       why = %fault.why, "a GPU reported a fault: its node leaves the inventory until it is cleared");
+        let kind = kinds.get(&(fault.node.clone(), fault.gpu.clone())).copied().unwrap_or("xid");
+        ctx.metrics.gpu_fault(&fault.cluster, kind);
+    }
+    let now_faulted = db::health::faulted_nodes(&ctx.pool).await?;
+    let changed: BTreeSet<&str> = now_faulted
+        .symmetric_difference(faulted)
+        .map(|(cluster, _)| cluster.as_str())
+        .chain(opened.iter().map(|f| f.cluster.as_str()))
+        .collect();
+    for cluster in changed {
+        if let Some(backend) = ctx.backends.get(cluster) {
+            if let Err(e) = super::sync_cluster(ctx, cluster, backend.as_ref()).await {
+                tracing::warn!(cluster, error = %e, "inventory sync after a GPU fault changed failed");
+            }
+        }
+    }
+    *faulted = now_faulted;
+    if opened.is_empty() {
+        return Ok(0);
+    }
+    ctx.reconcile_soon.notify_one();
+    Ok(opened.len())
+}
+
+/// The GPU health read, then one read of activity and the idle rule over the jobs it sampled.
+/// `faulted` holds the nodes with a GPU fault as the last pass left them.
+pub async fn pass(
+    ctx: &Ctx,
+    epoch: i64,
+    source: &PrometheusSource,
+    faulted: &mut BTreeSet<(String, String)>,
+) -> Result<UtilisationReport, ControlError> {
+    // Health first, and on its own: a GPU that failed must leave the inventory even when
+    // reading activity fails.
+    let faults = match health(ctx, epoch, source, faulted).await {
+        Ok(opened) => opened,
+        Err(ControlError::NotLeader) => return Err(ControlError::NotLeader),
+        Err(e) => {
+            tracing::warn!(error = %e, "reading GPU health failed; the next pass reads again");
+            0
+        }
+    };
     let read = source.read().await?;
     let at = Utc::now();
     let mut tx = leader_tx(&ctx.pool, epoch).await?;
     let mut report = UtilisationReport {
         replicas: db::utilisation::record(&mut tx, &read, at).await?,
+        faults,
         ..UtilisationReport::default()
     };
     let mut jobs: Vec<JobId> = read.iter().map(|r| r.job_id).collect();

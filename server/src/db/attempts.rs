@@ -23,6 +23,10 @@ pub struct HeldJob {
     pub submit_pending: bool,
     /// A `stop` for this attempt is still in the outbox: the dispatcher tells the backend.
     pub stop_pending: bool,
+    /// When a GPU fault DCGM reported began on a node the attempt runs on (the earliest),
+    /// and on which node and why: the attempt is lost from then.
+    pub fault_since: Option<DateTime<Utc>>,
+    pub fault: Option<String>,
 }
 
 /// Jobs holding GPUs on `cluster`.
@@ -34,10 +38,16 @@ pub async fn held_jobs(pool: &PgPool, cluster: &str) -> Result<Vec<HeldJob>, sql
                   exists (select 1 from dispatch_outbox o where o.job_id = j.id and o.attempt = j.attempt
                           and o.action = 'submit' and o.done_at is null) as "submit_pending!",
                   exists (select 1 from dispatch_outbox o where o.job_id = j.id and o.attempt = j.attempt
-                          and o.action = 'stop' and o.done_at is null) as "stop_pending!"
+                          and o.action = 'stop' and o.done_at is null) as "stop_pending!",
+                  f.since as "fault_since?", f.what as "fault?"
            from jobs j
            join clusters cl on cl.id = j.cluster_id
            join priority_classes p on p.name = j.priority_class
+           left join lateral (
+               select g.since, 'node ' || g.node || ', GPU ' || g.gpu || ': ' || g.why as what from gpu_faults g
+               where g.cluster_id = j.cluster_id
+                 and g.node in (select r ->> 'node' from jsonb_array_elements(j.placement) r)
+               order by g.since limit 1) f on true
            where j.holds_gpus and cl.name = $1"#,
         cluster
     )

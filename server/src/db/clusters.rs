@@ -170,14 +170,23 @@ pub struct FaultRow {
     pub node: String,
     pub since: chrono::DateTime<chrono::Utc>,
     pub why: String,
+    /// `node` (a condition or taint the cluster reports, gone when it clears) or `dcgm` (a
+    /// GPU's DCGM fields, until a platform admin clears it).
+    pub source: String,
 }
 
-/// Every node fault recorded at the clusters' last inventory syncs, by cluster and node.
+/// Every node fault: those recorded at the clusters' last inventory syncs and those DCGM's
+/// fields opened (one row per node, its GPUs' reasons joined), by cluster and node.
 pub async fn faults(pool: &PgPool) -> Result<Vec<FaultRow>, sqlx::Error> {
     sqlx::query_as!(
         FaultRow,
-        "select c.name as cluster, f.node, f.since, f.why from node_faults f join clusters c on c.id = f.cluster_id
-         order by c.name, f.node"
+        r#"select c.name as "cluster!", f.node as "node!", f.since as "since!", f.why as "why!", f.source as "source!"
+           from (select cluster_id, node, since, why, 'node' as source from node_faults
+                 union all
+                 select cluster_id, node, min(since), string_agg('GPU ' || gpu || ': ' || why, '; ' order by gpu), 'dcgm'
+                 from gpu_faults group by cluster_id, node) f
+           join clusters c on c.id = f.cluster_id
+           order by c.name, f.node, f.source"#
     )
     .fetch_all(pool)
     .await

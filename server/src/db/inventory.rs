@@ -86,7 +86,8 @@ pub async fn class_ids(tx: &mut Tx<'_>) -> Result<Vec<(String, GpuClassId)>, sql
     Ok(rows.into_iter().map(|r| (r.name, r.id)).collect())
 }
 
-/// Replaces a cluster's nodes and its declared capacity with what its backend reports.
+/// Replaces a cluster's nodes and its declared capacity with what its backend reports, less
+/// the nodes with an open GPU fault (`db::health`).
 pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[NodeRow]) -> Result<(), sqlx::Error> {
     sqlx::query!("delete from cluster_nodes where cluster_id = $1", cluster_id as ClusterId).execute(&mut **tx).await?;
     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
@@ -103,8 +104,12 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[Node
     sqlx::query!(
         "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic,
                                     spot, price_micros_per_gpu_hour, driver_version, cuda_version)
-         select $1, * from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[],
-                                  $9::bool[], $10::int8[], $11::text[], $12::text[])",
+         select $1, u.* from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[],
+                                    $9::bool[], $10::int8[], $11::text[], $12::text[])
+                               as u(name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic, spot, price,
+                                    driver_version, cuda_version)
+         -- A node with a GPU fault DCGM reported offers nothing until a platform admin clears it.
+         where not exists (select 1 from gpu_faults f where f.cluster_id = $1 and f.node = u.name)",
         cluster_id as ClusterId,
         &names,
         &classes as &[GpuClassId],

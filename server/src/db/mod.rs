@@ -16,6 +16,7 @@ pub mod embedded;
 pub mod forecast;
 pub mod gpu_classes;
 pub mod group_commit;
+pub mod health;
 pub mod idempotency;
 pub mod identities;
 pub mod idle;

@@ -7,6 +7,7 @@ mod budget;
 pub mod ci_trust;
 pub mod dependency;
 pub mod driver;
+pub mod gpu_health;
 pub mod idle;
 mod ids;
 pub mod job;

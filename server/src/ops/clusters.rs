@@ -139,3 +139,41 @@ pub async fn drivers(db: &sqlx::PgPool) -> Result<BTreeMap<String, (Vec<DriverVi
     }
     Ok(out)
 }
+
+/// The GPU faults a platform admin cleared on one node.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClearedFaults {
+    pub cluster: String,
+    pub node: String,
+    /// Each GPU cleared, with why it was out.
+    pub gpus: Vec<ClearedGpu>,
+}
+
+/// One GPU whose fault was cleared.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ClearedGpu {
+    /// Its ordinal on the node, as DCGM numbers it.
+    pub gpu: String,
+    pub why: String,
+}
+
+/// Clears the GPU faults DCGM reported on `node` of `cluster`, once a person has reset or
+/// replaced its GPUs; audited. The node offers its GPUs again from the next inventory sync.
+/// A node with no such fault is not found; faults its cluster reports (a condition or a
+/// taint) clear with them, not here.
+pub async fn clear_faults(state: &AppState, principal: &Principal, cluster: &str, node: &str) -> Result<ClearedFaults> {
+    let mut tx = state.db.begin().await?;
+    let cleared = db::health::clear_faults(&mut tx, cluster, node).await?;
+    if cleared.is_empty() {
+        return Err(super::Error::NotFound("GPU fault"));
+    }
+    let view = ClearedFaults {
+        cluster: cluster.to_owned(),
+        node: node.to_owned(),
+        gpus: cleared.into_iter().map(|(gpu, why)| ClearedGpu { gpu, why }).collect(),
+    };
+    record(&mut tx, principal, "gpu_fault.clear", "node", &format!("{cluster}/{node}"), None, Some(&view), None::<&()>)
+        .await?;
+    tx.commit().await?;
+    Ok(view)
+}

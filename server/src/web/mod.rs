@@ -67,6 +67,7 @@ pub fn router() -> Router<AppState> {
         .route("/jobs/{job}/cancel", post(pages::cancel))
         .route("/jobs/{job}/rerun", post(pages::rerun))
         .route("/clusters", get(pages::clusters))
+        .route("/clusters/{cluster}/nodes/{node}/clear-faults", post(pages::clear_faults))
         .route("/billing", get(pages::billing))
         .route("/billing/usage.csv", get(pages::billing_usage_csv))
         .route("/billing/periods/{period}", get(pages::billing_period))

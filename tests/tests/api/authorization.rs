@@ -276,6 +276,10 @@ fn matrix() -> Vec<Row> {
         ),
         row("GET", "/api/v1/clusters", SIGNED_IN, None),
         row("PUT", "/api/v1/clusters/{cluster}", PLATFORM, Some(json!({"backend": "sim", "capacity": {"h100": 8}}))),
+        Row {
+            allowed_problem: Some((404, "not_found")),
+            ..row("DELETE", "/api/v1/clusters/{cluster}/nodes/{node}/faults", PLATFORM, None)
+        },
         row("GET", "/api/v1/audit-log", PLATFORM, None),
     ]
 }
@@ -381,6 +385,7 @@ fn concrete(path: &str, fixture: &Fixture) -> String {
         .replace("{period}", &next_month())
         .replace("{priority_class}", "experiment")
         .replace("{cluster}", "sim-1")
+        .replace("{node}", "rack1-node1")
         .replace("{policy}", "00000000-0000-0000-0000-000000000000")
 }
 

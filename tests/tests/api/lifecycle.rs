@@ -531,6 +531,7 @@ async fn the_schedulers_kept_copy_of_the_live_jobs_matches_a_full_read_after_eve
         started_at: Some(started),
         ended_at: chrono::Utc::now(),
         object: "obj".into(),
+        cause: None,
     };
     control::reconcile::end_attempts(&mut tx, &[ended], &ctx).await.unwrap();
     tx.commit().await.unwrap();

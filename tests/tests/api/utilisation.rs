@@ -362,3 +362,151 @@ async fn a_team_sees_which_idle_policy_governs_each_of_its_priority_classes_in_t
     assert!(page.contains("<h2>Idle GPUs</h2>"), "{page}");
     assert!(page.contains(&format!("<strong>experiment</strong>: {}", stop.replace('\'', "&#39;"))), "{page}");
 }
+
+/// The clusters as the API lists them, by name.
+async fn cluster(app: &TestApp, token: &str) -> Value {
+    let r = app.send(call("GET", "/api/v1/clusters").token(token)).await;
+    r.assert_status(200);
+    r.json()[0].clone()
+}
+
+#[tokio::test]
+async fn a_gpu_whose_dcgm_fields_report_xid_79_takes_its_node_out_and_its_gang_requeues_elsewhere_billed_to_the_fault()
+{
+    let (app, _prometheus, _http) = with_dcgm().await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "h100-80gb", 16, 0).await;
+    let whole_node = |name: &str, xid: Option<&str>| {
+        let mut env = json!({"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"});
+        if let Some(xid) = xid {
+            env["FAIRWAY_SIM_XID"] = json!(xid);
+            env["FAIRWAY_SIM_XID_AFTER_SECONDS"] = json!("2");
+        }
+        json!({"name": name, "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8, "image": "x", "env": env})
+    };
+    let before = cluster(&app, &admin).await;
+    let capacity = |c: &Value| c["capacity"]["h100-80gb"].as_i64().unwrap();
+    let gang = submit(&app, &admin, "ml", whole_node("pretrain", Some("79"))).await;
+    let bystander = submit(&app, &admin, "ml", whole_node("eval", None)).await;
+    let first = wait_for(&app, &admin, &gang, Duration::from_secs(60), |j| j["state"] == "running").await;
+    let node = first["placement"][0]["node"].as_str().unwrap().to_owned();
+    let gpu = first["placement"][0]["gpus"][0].as_i64().unwrap();
+    let started: chrono::DateTime<chrono::Utc> = first["started_at"].as_str().unwrap().parse().unwrap();
+
+    // Two seconds in, the gang's first GPU reports XID 79 through dcgm-exporter's series in
+    // Prometheus; the gang hangs on as far as its cluster says, yet it is requeued elsewhere.
+    let again =
+        wait_for(&app, &admin, &gang, Duration::from_secs(60), |j| j["attempt"] == 2 && j["state"] == "running").await;
+    assert_ne!(again["placement"][0]["node"], node.as_str(), "the faulty node is excluded: {again:#}");
+    let (since, opened_at): (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("select since, opened_at from gpu_faults where node = $1")
+            .bind(&node)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    // The fault began at the first scrape that showed it (Prometheus scrapes every second).
+    let after_start = (since - started).num_milliseconds();
+    assert!((2_000..4_000).contains(&after_start), "the fault began {after_start} ms after the start");
+    assert!(opened_at - since < chrono::TimeDelta::seconds(30), "out of the inventory within 30 s");
+    let timeline = events(&app, &admin, &gang).await;
+    let requeued = timeline.iter().find(|e| e["kind"] == "requeued").unwrap_or_else(|| panic!("{timeline:#?}"));
+    assert_eq!(requeued["reason"], "node_lost");
+    let message = requeued["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("node {node}, GPU {gpu}: XID 79 (GPU has fallen off the bus)")),
+        "the timeline says which GPU failed and how: {message}"
+    );
+    let requeued_at: chrono::DateTime<chrono::Utc> = requeued["at"].as_str().unwrap().parse().unwrap();
+    assert!(requeued_at - since < chrono::TimeDelta::seconds(60), "requeued {} after the fault", requeued_at - since);
+    // Its first attempt is billed to the fault, not to when Fairway noticed it.
+    let ended: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("select ended_at from usage_intervals where job_id = $1::uuid and attempt = 1")
+            .bind(&gang)
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(ended, since, "billing ends at the fault");
+    // A gang on another node runs on, untouched.
+    let other = crate::lifecycle::job(&app, &admin, &bystander).await;
+    assert_eq!((other["state"].as_str(), other["attempt"].as_i64()), (Some("running"), Some(1)), "{other:#}");
+
+    // The cluster view says which node is out, since when, why, and that a person clears it.
+    let out = cluster(&app, &admin).await;
+    let unhealthy = out["unhealthy_nodes"].as_array().unwrap();
+    let listed = unhealthy.iter().find(|n| n["node"] == node.as_str()).unwrap_or_else(|| panic!("{out:#}"));
+    assert_eq!(listed["source"], "dcgm");
+    assert_eq!(listed["why"], format!("GPU {gpu}: XID 79 (GPU has fallen off the bus)"));
+    assert_eq!(capacity(&out), capacity(&before) - 8, "its 8 GPUs are out of the capacity: {out:#}");
+    let metrics = app.send(call("GET", "/metrics").header("authorization", "Bearer scrape")).await;
+    let text = String::from_utf8(metrics.body.clone()).unwrap();
+    assert!(
+        text.lines().any(|l| l.starts_with("fairway_gpu_faults_total{") && l.contains("kind=\"xid\"} 1")),
+        "{text}"
+    );
+
+    // Sticky: once the failed attempt's object is gone, its GPU reads 0 again, and the node
+    // still stays out until a platform admin clears it.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let read: Option<f64> = sqlx::query_scalar(
+            "select value from gpu_health_reads where host = $1 and gpu = $2 and field = 'DCGM_FI_DEV_XID_ERRORS'",
+        )
+        .bind(&node)
+        .bind(gpu.to_string())
+        .fetch_optional(&app.pool)
+        .await
+        .unwrap();
+        if read == Some(0.0) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the GPU never read 0 again: {read:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let in_inventory = |node: String| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, bool>("select exists (select 1 from cluster_nodes where name = $1)")
+                .bind(node)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    assert!(!in_inventory(node.clone()).await, "a cleared gauge does not clear the fault");
+
+    // The portal's cluster page lists it too, with a Clear button for platform admins only.
+    let cluster_name = out["name"].as_str().unwrap();
+    app.user(&admin, "ops", Some("platform-admin")).await;
+    app.user(&admin, "alice", None).await;
+    app.member(&admin, "ml", "alice", "viewer").await;
+    let clear_form = format!("action=\"/clusters/{cluster_name}/nodes/{node}/clear-faults\"");
+    for (user, may_clear) in [("ops", true), ("alice", false)] {
+        let session = crate::portal::sign_in(&app, user).await;
+        let page = crate::portal::body(&app.send(call("GET", "/clusters").header("cookie", &session)).await);
+        assert!(page.contains("XID 79 (GPU has fallen off the bus)"), "{user}: {page}");
+        assert_eq!(page.contains(&clear_form), may_clear, "{user}: {page}");
+    }
+    let path = format!("/api/v1/clusters/{cluster_name}/nodes/{node}/faults");
+    let (_, member) = app.api_token(&admin, "ml", "member").await;
+    app.send(call("DELETE", &path).token(&member)).await.assert_status(403);
+    let cleared = app.send(call("DELETE", &path).token(&admin)).await;
+    cleared.assert_status(200);
+    assert_eq!(cleared.json()["gpus"][0]["why"], "XID 79 (GPU has fallen off the bus)");
+    app.send(call("DELETE", &path).token(&admin)).await.assert_problem(404, "not_found");
+    let audited: i64 = sqlx::query_scalar("select count(*) from audit_log where action = 'gpu_fault.clear'")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(audited, 1);
+    // Cleared, the node offers its GPUs again at the next health read, and the gauge at 0
+    // opens nothing.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !in_inventory(node.clone()).await {
+        assert!(tokio::time::Instant::now() < deadline, "the cleared node never came back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(capacity(&cluster(&app, &admin).await), capacity(&before));
+    let faults: i64 = sqlx::query_scalar("select count(*) from gpu_faults").fetch_one(&app.pool).await.unwrap();
+    assert_eq!(faults, 0);
+}

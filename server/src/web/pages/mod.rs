@@ -33,7 +33,7 @@ use std::collections::HashMap;
 pub use arrays::{array, cancel_array, team_arrays};
 pub use auth::{login, login_form, logout, oidc_begin, oidc_callback};
 pub use billing::{billing, billing_export, billing_period, billing_usage_csv, statement};
-pub use clusters::clusters;
+pub use clusters::{clear_faults, clusters};
 pub use jobs::{cancel, job, job_live, job_log, rerun, team_jobs};
 pub use members::{remove_member, set_member, team_members};
 pub use platform_admin::{admin, create_team, save_idle_policy, save_priority_class, set_rate};

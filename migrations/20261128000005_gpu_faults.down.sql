@@ -1,0 +1,2 @@
+drop table gpu_faults;
+drop table gpu_health_reads;
