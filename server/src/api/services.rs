@@ -62,6 +62,11 @@ pub struct ServiceView {
     pub burst_priority_class: String,
     /// Restarts each replica gets after the application fails.
     pub restart_budget: i32,
+    /// The oldest driver, and CUDA version, each replica's node must run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_driver_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_cuda_version: Option<String>,
     /// Its replica jobs that run, will run, still stop, or ended since the last change, in
     /// slot order. Only when one service is read.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,6 +110,8 @@ impl ServiceView {
             priority_class: t.priority_class,
             burst_priority_class: t.burst_priority_class,
             restart_budget: t.restart_budget,
+            min_driver_version: t.min_driver_version,
+            min_cuda_version: t.min_cuda_version,
             replica_jobs: with_jobs.then(|| replicas.into_iter().map(JobView::from).collect()),
             created_by: s.created_by,
             created_at: s.created_at,

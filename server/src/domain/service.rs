@@ -111,6 +111,12 @@ pub struct Template {
     pub burst_priority_class: String,
     /// Restarts each replica gets after the application fails (its job's `max_retries`).
     pub restart_budget: i32,
+    /// The driver stack each replica's node must run at least (a job's minimums); absent
+    /// from templates stored before services could ask.
+    #[serde(default)]
+    pub min_driver_version: Option<String>,
+    #[serde(default)]
+    pub min_cuda_version: Option<String>,
 }
 
 impl Template {
@@ -581,6 +587,8 @@ mod tests {
             priority_class: "production".into(),
             burst_priority_class: "experiment".into(),
             restart_budget: 5,
+            min_driver_version: None,
+            min_cuda_version: None,
         };
         assert_eq!(
             [t.priority_of(0, 2), t.priority_of(1, 2), t.priority_of(2, 2)],

@@ -126,6 +126,12 @@ pub struct ReplicaSpec {
     /// Node labels each replica's node must carry.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub node_selector: BTreeMap<String, String>,
+    /// The oldest NVIDIA driver each replica's node may run, as a job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_driver_version: Option<String>,
+    /// The oldest CUDA version each replica's node's driver must support, as a job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_cuda_version: Option<String>,
 }
 
 /// A change of a service: its size, or what its replicas run (a rolling update). Fields
@@ -450,8 +456,8 @@ async fn checked(
         cloud_secret_env: Vec::new(),
         image_pull_secrets: replica.image_pull_secrets.clone(),
         node_selector: replica.node_selector.clone(),
-        min_driver_version: None,
-        min_cuda_version: None,
+        min_driver_version: replica.min_driver_version.clone(),
+        min_cuda_version: replica.min_cuda_version.clone(),
     };
     let mut errors = Vec::new();
     for (class, field, preemptible) in
@@ -548,5 +554,7 @@ async fn checked(
         priority_class: classes.guaranteed.clone(),
         burst_priority_class: classes.burst.clone(),
         restart_budget,
+        min_driver_version: job.min_driver_version,
+        min_cuda_version: job.min_cuda_version,
     })
 }

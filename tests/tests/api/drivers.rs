@@ -157,3 +157,31 @@ async fn the_cluster_view_warns_that_a_class_runs_mixed_driver_versions() {
     assert!(page.contains("<h2>Mixed driver versions</h2>"), "{page}");
     assert!(page.contains(&format!("sim: {warning}")), "{page}");
 }
+
+#[tokio::test]
+async fn a_services_replicas_that_require_cuda_12_6_run_only_on_the_upgraded_rack() {
+    let (app, admin) = fleet().await;
+    let (_, ci) = app.api_token(&admin, "ml", "member").await;
+    let r = app
+        .send(call("POST", "/api/v1/teams/ml/services").token(&ci).json(&json!({
+            "name": "chat", "min_replicas": 3,
+            "replica": {"gpu_class": "h100-80gb", "gpus": 8, "image": "ghcr.io/acme/chat:1", "min_cuda_version": "12.6"}})))
+        .await;
+    r.assert_status(201);
+    assert_eq!(r.json()["min_cuda_version"], "12.6", "the service shows what its replicas require");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let jobs = loop {
+        let s = app.send(call("GET", "/api/v1/teams/ml/services/chat").token(&ci)).await.json();
+        let jobs = s["replica_jobs"].as_array().cloned().unwrap_or_default();
+        if jobs.len() == 3 && jobs.iter().all(|j| j["state"] == "running") {
+            break jobs;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the replicas never all ran: {s:#}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for j in &jobs {
+        assert_eq!(j["min_cuda_version"], "12.6", "each replica job carries the requirement: {j:#}");
+        let node = j["placement"][0]["node"].as_str().unwrap();
+        assert!(node.starts_with("r2-"), "a replica on {node}, whose driver supports only CUDA 12.4: {j:#}");
+    }
+}

@@ -188,6 +188,8 @@ pub async fn create_service(
             secret_env: Vec::new(),
             image_pull_secrets: Vec::new(),
             node_selector: Default::default(),
+            min_driver_version: None,
+            min_cuda_version: None,
         },
     };
     match ops::services::create(&state, &principal(&user), &team, spec, CatalogueVersion(None)).await {
