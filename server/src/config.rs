@@ -116,6 +116,10 @@ pub struct Config {
     /// (`FAIRWAY_PROMETHEUS_URL`, e.g. `http://prometheus:9090`): where jobs' GPU activity is
     /// read from. Unset, no activity is read.
     pub prometheus_url: Option<String>,
+    /// dcgm-exporter endpoints read directly, without a Prometheus server
+    /// (`FAIRWAY_DCGM_EXPORTER_URLS`, comma-separated, e.g. `http://gpu-node-1:9400/metrics`):
+    /// for a small fleet or the simulated cluster. Not with `prometheus_url`.
+    pub dcgm_exporter_urls: Vec<String>,
     /// The label of DCGM series that names the pod (`FAIRWAY_DCGM_POD_LABEL`, default `pod`;
     /// `exported_pod` where the scrape's own labels took the name).
     pub dcgm_pod_label: String,
@@ -224,6 +228,11 @@ fn default_groups_claim() -> String {
 const ALGORITHMS: &[&str] = &["RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA"];
 
 impl Config {
+    /// Whether jobs' GPU activity and health are read (from Prometheus or dcgm-exporters).
+    pub fn reads_gpu_activity(&self) -> bool {
+        self.prometheus_url.is_some() || !self.dcgm_exporter_urls.is_empty()
+    }
+
     /// The base of Fairway's own URLs as people and providers reach it.
     pub fn public_url(&self) -> String {
         self.public_url.clone().unwrap_or_else(|| format!("http://{}", self.listen))
@@ -265,6 +274,7 @@ impl Default for Config {
             check_invariants: false,
             log_tail_lines: 5_000,
             prometheus_url: None,
+            dcgm_exporter_urls: Vec::new(),
             dcgm_pod_label: "pod".into(),
             utilisation_interval: Duration::from_secs(15),
             sim_dcgm_listen: None,
@@ -309,6 +319,7 @@ struct FileConfig {
     min_runtime_before_preemption_seconds: Option<u64>,
     log_tail_lines: Option<u64>,
     prometheus_url: Option<String>,
+    dcgm_exporter_urls: Option<String>,
     dcgm_pod_label: Option<String>,
     utilisation_interval_ms: Option<u64>,
     sim_dcgm_listen: Option<String>,
@@ -466,6 +477,20 @@ impl Config {
                 });
             }
             config.prometheus_url = Some(url);
+        }
+        if let Some(urls) = env("FAIRWAY_DCGM_EXPORTER_URLS").or(file.dcgm_exporter_urls) {
+            let invalid = |reason: String| ConfigError::Invalid { name: "FAIRWAY_DCGM_EXPORTER_URLS", reason };
+            if config.prometheus_url.is_some() {
+                return Err(invalid("set it or FAIRWAY_PROMETHEUS_URL, not both".into()));
+            }
+            for url in urls.split(',').map(str::trim).filter(|u| !u.is_empty()) {
+                if !(url.starts_with("https://") || url.starts_with("http://")) {
+                    return Err(invalid(format!(
+                        "{url:?} is not an http(s) URL such as http://gpu-node-1:9400/metrics"
+                    )));
+                }
+                config.dcgm_exporter_urls.push(url.to_owned());
+            }
         }
         if let Some(label) = env("FAIRWAY_DCGM_POD_LABEL").or(file.dcgm_pod_label) {
             // A Prometheus label name: it goes into a query as it is.

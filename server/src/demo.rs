@@ -13,6 +13,7 @@ use crate::{
     auth::password,
     control,
     db::{self, jobs::NewJob},
+    domain::idle::{IdleAction, IdlePolicy},
     rng::SplitMix64,
 };
 
@@ -86,6 +87,20 @@ pub async fn seed(ctx: &control::Ctx) -> anyhow::Result<bool> {
             db::gpu_classes::add_rate(&mut tx, c, None, rate).await?;
         }
     }
+    // Every team's jobs are warned after two minutes below 10% SM activity; nothing is
+    // stopped, so the demo's decisions stay the scheduler's.
+    db::idle::upsert_policy(
+        &mut tx,
+        &IdlePolicy {
+            team_id: None,
+            priority_class: None,
+            below_sm_active_percent: 10.0,
+            idle_seconds: 120,
+            notice_seconds: 60,
+            action: IdleAction::Notify,
+        },
+    )
+    .await?;
     for (name, role, team, team_role) in USERS {
         let user = db::users::insert(&mut tx, name, &hash, role).await?;
         if let Some(&t) = team.and_then(|t| ids.get(t)) {
@@ -113,6 +128,9 @@ struct Shape {
     priority: &'static str,
     seconds: u32,
     max_runtime_seconds: i32,
+    /// Its GPUs sit nearly idle (a stalled data loader): what the idle policy warns about
+    /// and right-sizing prices.
+    idle: bool,
 }
 
 const DAY: i32 = 86_400;
@@ -126,7 +144,7 @@ const fn shape(
     priority: &'static str,
     seconds: u32,
 ) -> Shape {
-    Shape { name, team, class, replicas, gpus, priority, seconds, max_runtime_seconds: DAY }
+    Shape { name, team, class, replicas, gpus, priority, seconds, max_runtime_seconds: DAY, idle: false }
 }
 
 /// The opening, in acts: each act is submitted once the jobs of the one before all run and
@@ -149,7 +167,7 @@ const OPENING: [&[Shape]; 4] = [
     &[
         shape("prod-inference-llm-serve", "prod-inference", "h100-80gb", 1, 8, "serving", 7200),
         shape("vision-detector-a", "vision", "h100-80gb", 1, 8, "experiment", 5400),
-        shape("vision-detector-b", "vision", "h100-80gb", 1, 8, "experiment", 5400),
+        Shape { idle: true, ..shape("vision-detector-b", "vision", "h100-80gb", 1, 8, "experiment", 5400) },
         shape("nlp-sweep-1", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
         shape("nlp-sweep-2", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
         shape("nlp-sweep-3", "nlp", "h100-80gb", 1, 8, "experiment", 5400),
@@ -276,6 +294,29 @@ async fn started_long_enough(pool: &PgPool, ids: &[JobId], min_runtime: Duration
     }
 }
 
+/// What a demo job's GPUs do, as the simulated cluster's dcgm-exporter reports it: training
+/// keeps them busy (the simulator's default), serving at about a third of the SMs, and an
+/// idle job at 1.5% with 9 GiB held.
+fn activity_env(shape: &Shape, ran: u32) -> serde_json::Value {
+    let mut env = json!({"FAIRWAY_SIM_RUNTIME_SECONDS": ran.to_string()});
+    let activity: &[(&str, &str)] = if shape.idle {
+        &[
+            ("FAIRWAY_SIM_GPU_UTIL", "3"),
+            ("FAIRWAY_SIM_SM_ACTIVE", "1.5"),
+            ("FAIRWAY_SIM_TENSOR_ACTIVE", "0"),
+            ("FAIRWAY_SIM_GPU_MEMORY_MIB", "9216"),
+        ]
+    } else if shape.priority == "serving" {
+        &[("FAIRWAY_SIM_GPU_UTIL", "60"), ("FAIRWAY_SIM_SM_ACTIVE", "35"), ("FAIRWAY_SIM_TENSOR_ACTIVE", "20")]
+    } else {
+        &[]
+    };
+    for (name, value) in activity {
+        env[*name] = json!(value);
+    }
+    env
+}
+
 /// Submits one demo job that runs `ran` simulated seconds and declares the shape's expected
 /// runtime, in real time at `speedup`, and wakes the scheduler.
 async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64) -> anyhow::Result<JobId> {
@@ -293,7 +334,7 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64)
         expected_runtime_seconds: Some(((f64::from(shape.seconds) / speedup).ceil() as i32).max(1)),
         image: "nvcr.io/nvidia/pytorch:24.05-py3".into(),
         command: json!(["python", "train.py"]),
-        env: json!({"FAIRWAY_SIM_RUNTIME_SECONDS": ran.to_string()}),
+        env: activity_env(&shape, ran),
         labels: json!({"demo": "true"}),
         topology_mode: if gang { "preferred".into() } else { "any".into() },
         topology_level: gang.then(|| "rack".to_owned()),

@@ -214,10 +214,30 @@ pub async fn bootstrap_admin(pool: &PgPool, config: &Config) -> anyhow::Result<(
     Ok(())
 }
 
+/// Where GPU activity and health are read from: a Prometheus server, dcgm-exporters read
+/// directly, or nothing.
+fn dcgm_source(config: &Config) -> anyhow::Result<Option<crate::backends::dcgm::DcgmSource>> {
+    use crate::backends::dcgm::{DcgmSource, ExporterSource, PrometheusSource};
+    Ok(match (&config.prometheus_url, config.dcgm_exporter_urls.as_slice()) {
+        (Some(url), _) => Some(DcgmSource::Prometheus(PrometheusSource::new(url, &config.dcgm_pod_label)?)),
+        (None, []) => None,
+        (None, urls) => Some(DcgmSource::Exporters(ExporterSource::new(urls, &config.dcgm_pod_label)?)),
+    })
+}
+
 /// Runs the service until SIGTERM or SIGINT.
 pub async fn serve(mut config: Config, demo: bool) -> anyhow::Result<()> {
     if demo && config.sim_speedup.is_none() {
         config.sim_speedup = Some(10.0);
+    }
+    if demo && !config.reads_gpu_activity() && config.sim_dcgm_listen.is_none() {
+        // The demo's GPUs have activity to show: the simulated cluster serves its
+        // dcgm-exporter on a free port, read directly, as a small fleet without Prometheus is.
+        let free = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr());
+        if let Ok(addr) = free {
+            config.sim_dcgm_listen = Some(addr);
+            config.dcgm_exporter_urls = vec![format!("http://{addr}/metrics")];
+        }
     }
     if demo && std::env::var_os("FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS").is_none() {
         // At 10× speed, 30 s is the default five minutes of simulated work.
@@ -376,12 +396,7 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
         check_invariants: state.config.check_invariants,
         engine: control::engine_config(&state.config),
         log_tail_lines: state.config.log_tail_lines,
-        prometheus: state
-            .config
-            .prometheus_url
-            .as_deref()
-            .map(|url| crate::backends::dcgm::PrometheusSource::new(url, &state.config.dcgm_pod_label))
-            .transpose()?,
+        dcgm: dcgm_source(&state.config)?,
         utilisation_interval: state.config.utilisation_interval,
         webhook_retry_unit: state.config.webhook_retry_unit,
         webhook_lease: state.config.webhook_lease,

@@ -242,6 +242,45 @@ async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preem
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert!(checked > 0, "no waiting job was ever seen: the demo showed no queue");
+    // Its GPUs have activity to show, read from the simulated cluster's dcgm-exporter: the
+    // stalled detector's nearly idle GPUs, with the MIG slice that would have held it.
+    let jobs: Value = server
+        .http
+        .get(server.url("/api/v1/teams/vision/jobs?limit=200"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stalled = jobs["items"].as_array().unwrap().iter().find(|j| j["name"] == "vision-detector-b").unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let activity = loop {
+        let u: Value = server
+            .http
+            .get(server.url(&format!("/api/v1/jobs/{stalled}/utilisation")))
+            .bearer_auth(&token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if u["now"].is_object() {
+            break u;
+        }
+        assert!(Instant::now() < deadline, "the demo's GPU activity was never read: {u:#}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert_eq!(
+        (activity["measured"].as_bool(), activity["now"]["sm_active_percent"].as_f64()),
+        (Some(true), Some(1.5))
+    );
+    assert!(activity["recommendation"]["message"].as_str().is_some_and(|m| m.contains("mig-1g.10gb")), "{activity:#}");
     let (status, log) = server.terminate().await;
     assert!(status.success(), "fairway serve --demo exited with {status}:\n{log}");
 }

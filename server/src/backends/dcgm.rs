@@ -241,6 +241,144 @@ impl PrometheusSource {
     }
 }
 
+/// One sample of a text exposition (Prometheus's text format, as dcgm-exporter serves it):
+/// its labels, with the metric's name under `__name__`, and its value.
+pub type ExposedSample = (BTreeMap<String, String>, f64);
+
+/// The samples of a text exposition. Comments, and lines that are not a sample, are skipped;
+/// a label value's escapes (`\\`, `\"`, `\n`) are read.
+pub fn parse_exposition(text: &str) -> Vec<ExposedSample> {
+    text.lines().filter_map(|line| parse_sample(line.trim())).collect()
+}
+
+fn parse_sample(line: &str) -> Option<ExposedSample> {
+    if line.is_empty() || line.starts_with('#') {
+        return None;
+    }
+    let name_end = line.find(|c: char| c == '{' || c.is_whitespace())?;
+    let mut labels = BTreeMap::from([("__name__".to_owned(), line[..name_end].to_owned())]);
+    let mut rest = &line[name_end..];
+    if let Some(inner) = rest.strip_prefix('{') {
+        let mut chars = inner.char_indices();
+        loop {
+            let (start, c) = chars.next()?;
+            if c == '}' {
+                rest = &inner[start + 1..];
+                break;
+            }
+            if c == ',' || c.is_whitespace() {
+                continue;
+            }
+            let eq = start + inner[start..].find('=')?;
+            let key = inner[start..eq].trim().to_owned();
+            // Skip to the opening quote, then read to the closing one.
+            while chars.next()?.0 < eq + 1 {}
+            let mut value = String::new();
+            loop {
+                match chars.next()?.1 {
+                    '\\' => match chars.next()?.1 {
+                        'n' => value.push('\n'),
+                        other => value.push(other),
+                    },
+                    '"' => break,
+                    other => value.push(other),
+                }
+            }
+            labels.insert(key, value);
+        }
+    }
+    let value = rest.split_whitespace().next()?.parse::<f64>().ok()?;
+    Some((labels, value))
+}
+
+/// The answers a Prometheus server would give for one scrape of `samples` taken at `at`: an
+/// instant vector (for [`activity`]) and a one-sample matrix (for [`health`]).
+fn as_answers(samples: &[ExposedSample], at: DateTime<Utc>) -> (Value, Value) {
+    let seconds = at.timestamp_millis() as f64 / 1000.0;
+    let vector: Vec<Value> = samples
+        .iter()
+        .map(|(labels, value)| serde_json::json!({"metric": labels, "value": [seconds, value.to_string()]}))
+        .collect();
+    let matrix: Vec<Value> = samples
+        .iter()
+        .filter(|(labels, _)| labels.get("__name__").is_some_and(|n| gpu_health::FIELDS.contains(&n.as_str())))
+        .map(|(labels, value)| serde_json::json!({"metric": labels, "values": [[seconds, value.to_string()]]}))
+        .collect();
+    (
+        serde_json::json!({"status": "success", "data": {"resultType": "vector", "result": vector}}),
+        serde_json::json!({"status": "success", "data": {"resultType": "matrix", "result": matrix}}),
+    )
+}
+
+/// dcgm-exporter endpoints read directly, without a Prometheus server: each scrape is read
+/// as Prometheus would answer for that instant. Without history, a health fault begins at
+/// the scrape that first showed it.
+#[derive(Debug, Clone)]
+pub struct ExporterSource {
+    urls: Vec<String>,
+    pod_label: String,
+    http: reqwest::Client,
+}
+
+impl ExporterSource {
+    /// A source that scrapes `urls` (each an exporter's `/metrics`); pods are named in
+    /// `pod_label`.
+    pub fn new(urls: &[String], pod_label: &str) -> Result<Self, BackendError> {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| BackendError::Rejected(format!("an HTTP client for dcgm-exporter: {e}")))?;
+        Ok(Self { urls: urls.to_vec(), pod_label: pod_label.to_owned(), http })
+    }
+
+    /// One scrape of every endpoint: its samples, and when it was taken. An endpoint that
+    /// does not answer fails the read (a node whose exporter is down says nothing of its
+    /// GPUs, and must not read as idle).
+    async fn scrape(&self) -> Result<(Vec<ExposedSample>, DateTime<Utc>), BackendError> {
+        let at = Utc::now();
+        let mut samples = Vec::new();
+        for url in &self.urls {
+            let failed = |e: reqwest::Error| BackendError::Transient(format!("dcgm-exporter at {url}: {e}"));
+            let text = self.http.get(url).send().await.and_then(reqwest::Response::error_for_status).map_err(failed)?;
+            samples.extend(parse_exposition(&text.text().await.map_err(failed)?));
+        }
+        Ok((samples, at))
+    }
+}
+
+/// Where GPU activity and health are read from.
+#[derive(Debug, Clone)]
+pub enum DcgmSource {
+    /// A Prometheus server that keeps dcgm-exporter's series.
+    Prometheus(PrometheusSource),
+    /// dcgm-exporter endpoints, scraped at each read.
+    Exporters(ExporterSource),
+}
+
+impl DcgmSource {
+    /// The latest sample of every replica of ours.
+    pub async fn read(&self) -> Result<Vec<ReplicaActivity>, BackendError> {
+        match self {
+            Self::Prometheus(p) => p.read().await,
+            Self::Exporters(e) => {
+                let (samples, at) = e.scrape().await?;
+                activity(&as_answers(&samples, at).0, &e.pod_label).map_err(BackendError::Transient)
+            }
+        }
+    }
+
+    /// Every GPU's health fields over the last `window` (an exporter has only its latest).
+    pub async fn read_health(&self, window: Duration) -> Result<Vec<HealthRead>, BackendError> {
+        match self {
+            Self::Prometheus(p) => p.read_health(window).await,
+            Self::Exporters(e) => {
+                let (samples, at) = e.scrape().await?;
+                health(&as_answers(&samples, at).1).map_err(BackendError::Transient)
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -361,6 +499,32 @@ mod tests {
             q.contains(gpu_health::XID_ERRORS) && q.contains(gpu_health::ROW_REMAP_FAILURE) && q.ends_with("[60s]"),
             "{q}"
         );
+    }
+
+    #[test]
+    fn an_exporters_text_reads_as_prometheus_would_answer_for_it() {
+        let pod = format!("fw-{JOB}-1-0");
+        let text = format!(
+            "# HELP DCGM_FI_PROF_SM_ACTIVE ratio\n# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n\
+             DCGM_FI_PROF_SM_ACTIVE{{gpu=\"0\",UUID=\"GPU-1\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"n1\",pod=\"{pod}\"}} 0.25\n\
+             DCGM_FI_DEV_FB_USED{{gpu=\"0\",Hostname=\"n1\",pod=\"{pod}\"}} 9216\n\
+             DCGM_FI_DEV_FB_FREE{{gpu=\"0\",Hostname=\"n1\",pod=\"{pod}\"}} 72704\n\
+             DCGM_FI_DEV_XID_ERRORS{{gpu=\"1\",Hostname=\"n1\",note=\"a \\\"quoted\\\" \\\\ value\"}} 79 1764300000000\n\
+             not a sample\n"
+        );
+        let samples = parse_exposition(&text);
+        assert_eq!(samples.len(), 4, "{samples:?}");
+        assert_eq!(samples[3].0["note"], r#"a "quoted" \ value"#);
+        assert_eq!(samples[3].1, 79.0);
+        let at = DateTime::from_timestamp(1_764_300_000, 0).unwrap();
+        let (vector, matrix) = as_answers(&samples, at);
+        let read = activity(&vector, "pod").unwrap();
+        assert_eq!(read.len(), 1);
+        assert!((read[0].sm_active - 0.25).abs() < 1e-9);
+        assert_eq!((read[0].fb_used_mib, read[0].fb_total_mib), (9216, 81920));
+        let faults = health(&matrix).unwrap();
+        assert_eq!(faults.len(), 1);
+        assert_eq!((faults[0].gpu.as_str(), faults[0].value, faults[0].since), ("1", 79.0, at));
     }
 
     #[test]

@@ -86,8 +86,8 @@ pub struct ControlConfig {
     /// How often the notifier looks for new job events and budget alerts, and how long an
     /// idle delivery worker waits before looking for due deliveries.
     pub notify_interval: Duration,
-    /// Where jobs' GPU activity is read from; `None` reads none.
-    pub prometheus: Option<crate::backends::dcgm::PrometheusSource>,
+    /// Where jobs' GPU activity and GPUs' health are read from; `None` reads none.
+    pub dcgm: Option<crate::backends::dcgm::DcgmSource>,
     /// How often it is read.
     pub utilisation_interval: Duration,
     /// The unit of the webhook retry schedule ([`notify::RETRY_AFTER`]): a second in
@@ -113,7 +113,7 @@ impl Default for ControlConfig {
             log_interval: Duration::from_secs(2),
             log_tail_lines: 5_000,
             notify_interval: Duration::from_millis(500),
-            prometheus: None,
+            dcgm: None,
             utilisation_interval: Duration::from_secs(15),
             webhook_retry_unit: Duration::from_secs(1),
             webhook_lease: Duration::from_secs(60),
@@ -187,7 +187,7 @@ async fn lead(ctx: &Ctx, epoch: i64) {
     workers.spawn(meter::run(ctx.clone()));
     workers.spawn(logs::run(ctx.clone(), epoch));
     workers.spawn(notify::run(ctx.clone(), epoch));
-    if let Some(source) = ctx.config.prometheus.clone() {
+    if let Some(source) = ctx.config.dcgm.clone() {
         workers.spawn(utilisation::run(ctx.clone(), epoch, source));
     }
     for _ in 0..ctx.config.dispatch_workers.max(1) {

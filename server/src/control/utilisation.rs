@@ -16,7 +16,7 @@ use serde_json::json;
 
 use super::{leader_tx, ControlError, Ctx};
 use crate::{
-    backends::dcgm::PrometheusSource,
+    backends::dcgm::DcgmSource,
     db::{
         self,
         idle::{Sampled, SpanChange},
@@ -29,7 +29,7 @@ use crate::{
 };
 
 /// Reads every `ctx.config.utilisation_interval` until leadership is lost.
-pub async fn run(ctx: Ctx, epoch: i64, source: PrometheusSource) {
+pub async fn run(ctx: Ctx, epoch: i64, source: DcgmSource) {
     let mut tick = tokio::time::interval(ctx.config.utilisation_interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut faulted = BTreeSet::new();
@@ -73,7 +73,7 @@ fn health_window(interval: std::time::Duration) -> std::time::Duration {
 async fn health(
     ctx: &Ctx,
     epoch: i64,
-    source: &PrometheusSource,
+    source: &DcgmSource,
     faulted: &mut BTreeSet<(String, String)>,
 ) -> Result<usize, ControlError> {
     let reads = source.read_health(health_window(ctx.config.utilisation_interval)).await?;
@@ -132,7 +132,7 @@ async fn health(
 pub async fn pass(
     ctx: &Ctx,
     epoch: i64,
-    source: &PrometheusSource,
+    source: &DcgmSource,
     faulted: &mut BTreeSet<(String, String)>,
 ) -> Result<UtilisationReport, ControlError> {
     // Health first, and on its own: a GPU that failed must leave the inventory even when

@@ -93,7 +93,7 @@ pub struct SizingAdvice {
 pub async fn of_job(state: &AppState, job: JobId) -> Result<JobActivity> {
     let row = db::jobs::get(&state.db, job).await?.ok_or(Error::NotFound("job"))?;
     let rows = db::utilisation::of_attempt(&state.db, job, row.attempt).await?;
-    let mut activity = job_activity(job, row.attempt, state.config.prometheus_url.is_some(), &rows);
+    let mut activity = job_activity(job, row.attempt, state.config.reads_gpu_activity(), &rows);
     if let Some(mean) = &activity.attempt_mean {
         let seen = Seen { peak_memory_mib: mean.memory_used_mib, mean_sm_active: mean.sm_active_percent / 100.0 };
         let classes = crate::billing::statement::sizing_options(&state.db).await?;

@@ -510,3 +510,37 @@ async fn a_gpu_whose_dcgm_fields_report_xid_79_takes_its_node_out_and_its_gang_r
     let faults: i64 = sqlx::query_scalar("select count(*) from gpu_faults").fetch_one(&app.pool).await.unwrap();
     assert_eq!(faults, 0);
 }
+
+#[tokio::test]
+async fn without_a_prometheus_server_activity_and_faults_are_read_straight_from_dcgm_exporter() {
+    let exporter = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/metrics", exporter.local_addr().unwrap());
+    let app = TestApp::spawn_with(|c| {
+        c.dcgm_exporter_urls = vec![url];
+        c.utilisation_interval = Duration::from_millis(300);
+    })
+    .await;
+    tokio::spawn(serve_dcgm_exporter(vec![SimBackend::new(app.pool.clone(), SimConfig::default())], exporter));
+    start_control(&app).await;
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "h100-80gb", 16, 0).await;
+    let idle = submit(&app, &admin, "ml", idle_job("notebook", 1, 2)).await;
+    wait_for(&app, &admin, &idle, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let u = sampled(&app, &admin, &idle, 1, 2).await;
+    assert_eq!(u["measured"], true);
+    assert_eq!(u["now"]["sm_active_percent"], 1.8, "{u:#}");
+    assert_eq!(u["now"]["memory_used_mib"], 9216, "{u:#}");
+    // An XID read from the exporter takes the node out, from the scrape that first showed it.
+    let mut failing = idle_job("hangs", 1, 8);
+    failing["env"]["FAIRWAY_SIM_XID"] = json!("48");
+    let failing = submit(&app, &admin, "ml", failing).await;
+    let again =
+        wait_for(&app, &admin, &failing, Duration::from_secs(60), |j| j["attempt"] == 2 && j["state"] == "running")
+            .await;
+    let unhealthy = cluster(&app, &admin).await["unhealthy_nodes"].clone();
+    let listed = unhealthy.as_array().and_then(|n| n.first()).cloned().unwrap_or_default();
+    assert!(listed["why"].as_str().is_some_and(|w| w.ends_with("XID 48 (double-bit ECC error)")), "{unhealthy:#}");
+    assert_ne!(again["placement"][0]["node"], listed["node"], "{again:#}");
+}
