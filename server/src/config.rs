@@ -123,6 +123,13 @@ pub struct Config {
     /// The label of DCGM series that names the pod (`FAIRWAY_DCGM_POD_LABEL`, default `pod`;
     /// `exported_pod` where the scrape's own labels took the name).
     pub dcgm_pod_label: String,
+    /// The label of DCGM series that holds a cloud batch job's name (`fw-<job>-<attempt>`),
+    /// as the scrape's relabelling sets it from instance or job tags
+    /// (`FAIRWAY_DCGM_OBJECT_LABEL`); unset, only pods are read.
+    pub dcgm_object_label: Option<String>,
+    /// With it, the label holding the replica's index (`FAIRWAY_DCGM_REPLICA_LABEL`; absent,
+    /// replica 0).
+    pub dcgm_replica_label: Option<String>,
     /// How often jobs' GPU activity is read (`FAIRWAY_UTILISATION_INTERVAL_MS`, default 15 s,
     /// dcgm-exporter's own collection interval is 30 s by default).
     pub utilisation_interval: Duration,
@@ -276,6 +283,8 @@ impl Default for Config {
             prometheus_url: None,
             dcgm_exporter_urls: Vec::new(),
             dcgm_pod_label: "pod".into(),
+            dcgm_object_label: None,
+            dcgm_replica_label: None,
             utilisation_interval: Duration::from_secs(15),
             sim_dcgm_listen: None,
             webhook_retry_unit: Duration::from_secs(1),
@@ -321,6 +330,8 @@ struct FileConfig {
     prometheus_url: Option<String>,
     dcgm_exporter_urls: Option<String>,
     dcgm_pod_label: Option<String>,
+    dcgm_object_label: Option<String>,
+    dcgm_replica_label: Option<String>,
     utilisation_interval_ms: Option<u64>,
     sim_dcgm_listen: Option<String>,
     webhook_retry_unit_ms: Option<u64>,
@@ -492,17 +503,27 @@ impl Config {
                 config.dcgm_exporter_urls.push(url.to_owned());
             }
         }
-        if let Some(label) = env("FAIRWAY_DCGM_POD_LABEL").or(file.dcgm_pod_label) {
-            // A Prometheus label name: it goes into a query as it is.
+        // Prometheus label names: they go into a query as they are.
+        let label_name = |name: &'static str, label: String| {
             let valid = label.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid {
-                return Err(ConfigError::Invalid {
-                    name: "FAIRWAY_DCGM_POD_LABEL",
+            if valid {
+                Ok(label)
+            } else {
+                Err(ConfigError::Invalid {
+                    name,
                     reason: format!("{label:?} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*)"),
-                });
+                })
             }
-            config.dcgm_pod_label = label;
+        };
+        if let Some(label) = env("FAIRWAY_DCGM_POD_LABEL").or(file.dcgm_pod_label) {
+            config.dcgm_pod_label = label_name("FAIRWAY_DCGM_POD_LABEL", label)?;
+        }
+        if let Some(label) = env("FAIRWAY_DCGM_OBJECT_LABEL").or(file.dcgm_object_label) {
+            config.dcgm_object_label = Some(label_name("FAIRWAY_DCGM_OBJECT_LABEL", label)?);
+        }
+        if let Some(label) = env("FAIRWAY_DCGM_REPLICA_LABEL").or(file.dcgm_replica_label) {
+            config.dcgm_replica_label = Some(label_name("FAIRWAY_DCGM_REPLICA_LABEL", label)?);
         }
         if let Some(ms) = number("FAIRWAY_UTILISATION_INTERVAL_MS", file.utilisation_interval_ms)? {
             config.utilisation_interval = Duration::from_millis(ms.clamp(100, 3_600_000));

@@ -214,14 +214,21 @@ pub async fn bootstrap_admin(pool: &PgPool, config: &Config) -> anyhow::Result<(
     Ok(())
 }
 
+use crate::backends::sim::{POOL_OBJECT_LABEL as SIM_POOL_OBJECT_LABEL, POOL_REPLICA_LABEL as SIM_POOL_REPLICA_LABEL};
+
 /// Where GPU activity and health are read from: a Prometheus server, dcgm-exporters read
 /// directly, or nothing.
 fn dcgm_source(config: &Config) -> anyhow::Result<Option<crate::backends::dcgm::DcgmSource>> {
-    use crate::backends::dcgm::{DcgmSource, ExporterSource, PrometheusSource};
+    use crate::backends::dcgm::{DcgmSource, ExporterSource, PrometheusSource, SeriesLabels};
+    let labels = SeriesLabels {
+        pod: config.dcgm_pod_label.clone(),
+        object: config.dcgm_object_label.clone(),
+        replica: config.dcgm_replica_label.clone(),
+    };
     Ok(match (&config.prometheus_url, config.dcgm_exporter_urls.as_slice()) {
-        (Some(url), _) => Some(DcgmSource::Prometheus(PrometheusSource::new(url, &config.dcgm_pod_label)?)),
+        (Some(url), _) => Some(DcgmSource::Prometheus(PrometheusSource::new(url, labels)?)),
         (None, []) => None,
-        (None, urls) => Some(DcgmSource::Exporters(ExporterSource::new(urls, &config.dcgm_pod_label)?)),
+        (None, urls) => Some(DcgmSource::Exporters(ExporterSource::new(urls, labels)?)),
     })
 }
 
@@ -237,6 +244,9 @@ pub async fn serve(mut config: Config, demo: bool) -> anyhow::Result<()> {
         if let Ok(addr) = free {
             config.sim_dcgm_listen = Some(addr);
             config.dcgm_exporter_urls = vec![format!("http://{addr}/metrics")];
+            // Its cloud pool's GPUs are labelled as a cloud scrape's relabelling does.
+            config.dcgm_object_label.get_or_insert_with(|| SIM_POOL_OBJECT_LABEL.to_owned());
+            config.dcgm_replica_label.get_or_insert_with(|| SIM_POOL_REPLICA_LABEL.to_owned());
         }
     }
     if demo && std::env::var_os("FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS").is_none() {

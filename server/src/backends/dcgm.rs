@@ -54,9 +54,62 @@ pub fn replica_of_pod(pod: &str) -> Option<(JobId, i32, i32)> {
     Some((JobId::from(uuid::Uuid::parse_str(hex).ok()?), attempt, replica))
 }
 
-/// The PromQL instant query for every field of our pods' GPUs.
-pub fn query(pod_label: &str) -> String {
-    format!(r#"{{__name__=~"{}",{pod_label}=~"fw-.+"}}"#, FIELDS.join("|"))
+/// The job and attempt a backend object of ours is: `fw-<job id, 32 hex digits>-<attempt>`
+/// (`backends::object_name`), as a cloud batch pool names its jobs.
+pub fn attempt_of_object(object: &str) -> Option<(JobId, i32)> {
+    let rest = object.strip_prefix("fw-")?;
+    let (hex, tail) = (rest.get(..32)?, rest.get(32..)?);
+    let attempt = tail.strip_prefix('-')?.parse::<i32>().ok().filter(|a| *a >= 1)?;
+    if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    Some((JobId::from(uuid::Uuid::parse_str(hex).ok()?), attempt))
+}
+
+/// Which labels of a DCGM series name the replica of ours whose GPU it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeriesLabels {
+    /// The pod's name, as dcgm-exporter adds it on Kubernetes (`pod`; `exported_pod` where
+    /// a scrape's own labels took the name).
+    pub pod: String,
+    /// Where the GPUs of a cloud batch pool's instances are read, the label a scrape's
+    /// relabelling puts the batch job's name in (`fw-<job>-<attempt>`), from the instance's
+    /// or the job's tags.
+    pub object: Option<String>,
+    /// With `object`, the label holding the replica's index (a multi-node job's node
+    /// index); a series without it is replica 0.
+    pub replica: Option<String>,
+}
+
+impl SeriesLabels {
+    /// Pods named in `pod`, and nothing else.
+    pub fn pods(pod: &str) -> Self {
+        Self { pod: pod.to_owned(), object: None, replica: None }
+    }
+
+    /// The job, attempt and replica a series' labels name, if ours.
+    fn replica_of(&self, labels: &Value) -> Option<(JobId, i32, i32)> {
+        if let Some(key) = labels[self.pod.as_str()].as_str().and_then(replica_of_pod) {
+            return Some(key);
+        }
+        let (job, attempt) = labels[self.object.as_deref()?].as_str().and_then(attempt_of_object)?;
+        let replica = match self.replica.as_deref().and_then(|l| labels[l].as_str()) {
+            Some(index) => index.parse::<i32>().ok().filter(|r| *r >= 0)?,
+            None => 0,
+        };
+        Some((job, attempt, replica))
+    }
+}
+
+/// The PromQL instant query for every field of our replicas' GPUs: pods, and the cloud
+/// pools' jobs where a label names them.
+pub fn query(labels: &SeriesLabels) -> String {
+    let fields = FIELDS.join("|");
+    let pods = format!(r#"{{__name__=~"{fields}",{}=~"fw-.+"}}"#, labels.pod);
+    match &labels.object {
+        Some(object) => format!(r#"{pods} or {{__name__=~"{fields}",{object}=~"fw-.+"}}"#),
+        None => pods,
+    }
 }
 
 /// One GPU's fields, as read.
@@ -71,7 +124,7 @@ type ReplicaGpus = BTreeMap<(String, String), Gpu>;
 /// The replicas an instant query's answer (`/api/v1/query`'s JSON) describes. Series of
 /// pods that are not ours, and values that are not numbers, are skipped; an answer that is
 /// not a successful vector is an error, in words.
-pub fn activity(answer: &Value, pod_label: &str) -> Result<Vec<ReplicaActivity>, String> {
+pub fn activity(answer: &Value, names: &SeriesLabels) -> Result<Vec<ReplicaActivity>, String> {
     if answer["status"] != "success" {
         return Err(format!("Prometheus answered {}: {}", answer["status"], answer["error"]));
     }
@@ -83,7 +136,7 @@ pub fn activity(answer: &Value, pod_label: &str) -> Result<Vec<ReplicaActivity>,
     for row in rows {
         let labels = &row["metric"];
         let Some(field) = labels["__name__"].as_str().and_then(|n| FIELDS.iter().find(|f| **f == n)) else { continue };
-        let Some(key) = labels[pod_label].as_str().and_then(replica_of_pod) else { continue };
+        let Some(key) = names.replica_of(labels) else { continue };
         let Some(value) = row["value"][1].as_str().and_then(|v| v.parse::<f64>().ok()).filter(|v| v.is_finite()) else {
             continue;
         };
@@ -193,19 +246,19 @@ pub fn health(answer: &Value) -> Result<Vec<HealthRead>, String> {
 pub struct PrometheusSource {
     /// The server's base URL, e.g. `http://prometheus:9090`.
     url: String,
-    /// The label holding the pod's name.
-    pod_label: String,
+    /// The labels that name our replicas.
+    labels: SeriesLabels,
     http: reqwest::Client,
 }
 
 impl PrometheusSource {
-    /// A source at `url` whose series name pods in `pod_label`.
-    pub fn new(url: &str, pod_label: &str) -> Result<Self, BackendError> {
+    /// A source at `url` whose series name our replicas in `labels`.
+    pub fn new(url: &str, labels: SeriesLabels) -> Result<Self, BackendError> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| BackendError::Rejected(format!("an HTTP client for Prometheus: {e}")))?;
-        Ok(Self { url: url.trim_end_matches('/').to_owned(), pod_label: pod_label.to_owned(), http })
+        Ok(Self { url: url.trim_end_matches('/').to_owned(), labels, http })
     }
 
     /// The latest sample of every replica of ours that Prometheus holds.
@@ -214,14 +267,14 @@ impl PrometheusSource {
         let answer: Value = self
             .http
             .get(format!("{}/api/v1/query", self.url))
-            .query(&[("query", query(&self.pod_label))])
+            .query(&[("query", query(&self.labels))])
             .send()
             .await
             .map_err(unreachable)?
             .json()
             .await
             .map_err(unreachable)?;
-        activity(&answer, &self.pod_label).map_err(BackendError::Transient)
+        activity(&answer, &self.labels).map_err(BackendError::Transient)
     }
 
     /// Every GPU's health fields over the last `window`.
@@ -316,19 +369,19 @@ fn as_answers(samples: &[ExposedSample], at: DateTime<Utc>) -> (Value, Value) {
 #[derive(Debug, Clone)]
 pub struct ExporterSource {
     urls: Vec<String>,
-    pod_label: String,
+    labels: SeriesLabels,
     http: reqwest::Client,
 }
 
 impl ExporterSource {
-    /// A source that scrapes `urls` (each an exporter's `/metrics`); pods are named in
-    /// `pod_label`.
-    pub fn new(urls: &[String], pod_label: &str) -> Result<Self, BackendError> {
+    /// A source that scrapes `urls` (each an exporter's `/metrics`); our replicas are named
+    /// in `labels`.
+    pub fn new(urls: &[String], labels: SeriesLabels) -> Result<Self, BackendError> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| BackendError::Rejected(format!("an HTTP client for dcgm-exporter: {e}")))?;
-        Ok(Self { urls: urls.to_vec(), pod_label: pod_label.to_owned(), http })
+        Ok(Self { urls: urls.to_vec(), labels, http })
     }
 
     /// One scrape of every endpoint: its samples, and when it was taken. An endpoint that
@@ -362,7 +415,7 @@ impl DcgmSource {
             Self::Prometheus(p) => p.read().await,
             Self::Exporters(e) => {
                 let (samples, at) = e.scrape().await?;
-                activity(&as_answers(&samples, at).0, &e.pod_label).map_err(BackendError::Transient)
+                activity(&as_answers(&samples, at).0, &e.labels).map_err(BackendError::Transient)
             }
         }
     }
@@ -433,7 +486,7 @@ mod tests {
                 json!({"metric": {"__name__": SM_ACTIVE, "Hostname": "n1", "gpu": "3"}, "value": [0, "0.5"]}),
                 series(SM_ACTIVE, &pod, "n1", "1", "NaN"),
             ]),
-            "pod",
+            &SeriesLabels::pods("pod"),
         )
         .unwrap();
         assert_eq!(read.len(), 1, "{read:?}");
@@ -448,9 +501,9 @@ mod tests {
     #[test]
     fn a_failed_query_is_an_error_that_says_what_prometheus_said() {
         let failed = json!({"status": "error", "errorType": "bad_data", "error": "parse error"});
-        assert!(activity(&failed, "pod").unwrap_err().contains("parse error"));
+        assert!(activity(&failed, &SeriesLabels::pods("pod")).unwrap_err().contains("parse error"));
         let matrix = json!({"status": "success", "data": {"resultType": "matrix", "result": []}});
-        assert!(activity(&matrix, "pod").unwrap_err().contains("vector"));
+        assert!(activity(&matrix, &SeriesLabels::pods("pod")).unwrap_err().contains("vector"));
     }
 
     #[test]
@@ -518,7 +571,7 @@ mod tests {
         assert_eq!(samples[3].1, 79.0);
         let at = DateTime::from_timestamp(1_764_300_000, 0).unwrap();
         let (vector, matrix) = as_answers(&samples, at);
-        let read = activity(&vector, "pod").unwrap();
+        let read = activity(&vector, &SeriesLabels::pods("pod")).unwrap();
         assert_eq!(read.len(), 1);
         assert!((read[0].sm_active - 0.25).abs() < 1e-9);
         assert_eq!((read[0].fb_used_mib, read[0].fb_total_mib), (9216, 81920));
@@ -529,10 +582,45 @@ mod tests {
 
     #[test]
     fn the_query_names_every_field_and_only_our_pods_by_the_configured_label() {
-        let q = query("exported_pod");
+        let q = query(&SeriesLabels::pods("exported_pod"));
         for field in FIELDS {
             assert!(q.contains(field), "{q}");
         }
         assert!(q.contains(r#"exported_pod=~"fw-.+""#), "{q}");
+        assert!(!q.contains(" or "), "{q}");
+        let cloud = SeriesLabels { object: Some("batch_job".into()), ..SeriesLabels::pods("pod") };
+        assert!(query(&cloud).ends_with(r#" or {__name__=~"DCGM_FI_DEV_GPU_UTIL|DCGM_FI_PROF_SM_ACTIVE|DCGM_FI_PROF_PIPE_TENSOR_ACTIVE|DCGM_FI_DEV_FB_USED|DCGM_FI_DEV_FB_FREE",batch_job=~"fw-.+"}"#), "{}", query(&cloud));
+    }
+
+    #[test]
+    fn a_cloud_pools_series_names_its_replica_by_the_batch_jobs_name_and_node_index() {
+        let names = SeriesLabels {
+            pod: "pod".into(),
+            object: Some("batch_job".into()),
+            replica: Some("batch_node_index".into()),
+        };
+        let job = JobId::from(uuid::Uuid::parse_str(JOB).unwrap());
+        let series = |labels: Value| {
+            let mut metric = labels;
+            metric["__name__"] = json!(SM_ACTIVE);
+            metric["Hostname"] = json!("ip-10-0-0-1");
+            metric["gpu"] = json!("0");
+            json!({"metric": metric, "value": [0, "0.5"]})
+        };
+        let read = activity(
+            &answer(vec![
+                series(json!({"batch_job": format!("fw-{JOB}-2"), "batch_node_index": "3"})),
+                series(json!({"batch_job": format!("fw-{JOB}-2")})),
+                // Not ours, or not an index: skipped.
+                series(json!({"batch_job": "nightly-etl"})),
+                series(json!({"batch_job": format!("fw-{JOB}-2"), "batch_node_index": "x"})),
+            ]),
+            &names,
+        )
+        .unwrap();
+        let keys: Vec<_> = read.iter().map(|r| (r.job_id, r.attempt, r.replica)).collect();
+        assert_eq!(keys, [(job, 2, 0), (job, 2, 3)]);
+        assert_eq!(attempt_of_object(&format!("fw-{JOB}-0")), None);
+        assert_eq!(attempt_of_object(&format!("fw-{JOB}-1-0")), None);
     }
 }

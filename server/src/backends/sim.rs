@@ -124,6 +124,12 @@ pub const SM_ACTIVE_HINT: &str = "FAIRWAY_SIM_SM_ACTIVE";
 pub const TENSOR_ACTIVE_HINT: &str = "FAIRWAY_SIM_TENSOR_ACTIVE";
 /// Memory a job uses on each of its GPUs, MiB.
 pub const GPU_MEMORY_HINT: &str = "FAIRWAY_SIM_GPU_MEMORY_MIB";
+/// The label the simulated cloud pool's GPUs carry their batch job's name in
+/// (`fw-<job>-<attempt>`), as a cloud scrape's relabelling would set it from the job's tags;
+/// they carry no pod labels.
+pub const POOL_OBJECT_LABEL: &str = "batch_job";
+/// The label with the replica's index (a multi-node job's node index) on those GPUs.
+pub const POOL_REPLICA_LABEL: &str = "batch_node_index";
 /// An XID the first GPU of the job's first replica reports while its first attempt runs, as
 /// DCGM does.
 pub const XID_HINT: &str = "FAIRWAY_SIM_XID";
@@ -690,8 +696,10 @@ impl GpuActivity {
 /// The simulated clusters' GPUs as dcgm-exporter publishes them at `now`, in Prometheus's
 /// text format: each field of [`super::dcgm::FIELDS`] for every GPU of the inventories'
 /// nodes (and of the cloud pools' GPUs in use), with dcgm-exporter's labels; a GPU a
-/// running replica holds also carries the pod's `namespace` (the team), `pod` and
-/// `container`, as the exporter adds on Kubernetes.
+/// running replica holds on a node also carries the pod's `namespace` (the team), `pod` and
+/// `container`, as the exporter adds on Kubernetes, and one of a cloud pool its batch job's
+/// name and node index ([`POOL_OBJECT_LABEL`], [`POOL_REPLICA_LABEL`]), as a cloud scrape's
+/// relabelling sets them from tags.
 pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Result<String, BackendError> {
     use std::fmt::Write as _;
 
@@ -707,6 +715,8 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
         held: Option<(String, String, GpuActivity)>,
         /// The last XID it reported: 0 for none, as DCGM has it.
         xid: u32,
+        /// Of an elastic cloud pool: labelled by batch job, not by pod.
+        pool: bool,
     }
     let mut gpus = Vec::new();
     for backend in clusters {
@@ -759,7 +769,9 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
             }
         }
         for (node, class, unit) in units {
+            let pool = config.inventory.iter().any(|n| n.name == node && n.elastic);
             gpus.push(SimGpu {
+                pool,
                 memory_mib: memory_of(&class),
                 uuid: gpu_uuid(&config.cluster, &node, unit),
                 held: held.get(&(node.clone(), unit)).cloned(),
@@ -802,8 +814,16 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
                 unit = gpu.unit,
                 uuid = gpu.uuid,
             );
-            if let Some((pod, team, _)) = &gpu.held {
-                let _ = write!(labels, ",container=\"main\",namespace=\"{}\",pod=\"{pod}\"", label_value(team));
+            match (&gpu.held, gpu.pool) {
+                (Some((pod, _, _)), true) => {
+                    if let Some((object, rank)) = pod.rsplit_once('-') {
+                        let _ = write!(labels, ",{POOL_OBJECT_LABEL}=\"{object}\",{POOL_REPLICA_LABEL}=\"{rank}\"");
+                    }
+                }
+                (Some((pod, team, _)), false) => {
+                    let _ = write!(labels, ",container=\"main\",namespace=\"{}\",pod=\"{pod}\"", label_value(team));
+                }
+                (None, _) => {}
             }
             let _ = writeln!(out, "{field}{{{labels}}} {value}");
         }

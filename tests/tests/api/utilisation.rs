@@ -17,12 +17,18 @@ use crate::lifecycle::{events, kinds, start_control, submit, wait_for, wait_for_
 /// The service reading GPU activity from a real Prometheus that scrapes the simulated
 /// cluster's dcgm-exporter, with its control loop running; returns both and an HTTP client.
 async fn with_dcgm() -> (TestApp, Prometheus, reqwest::Client) {
+    with_dcgm_and(|_| {}).await
+}
+
+/// The same, with more configuration.
+async fn with_dcgm_and(more: impl FnOnce(&mut fairway::config::Config)) -> (TestApp, Prometheus, reqwest::Client) {
     let exporter = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let prometheus = Prometheus::start(&[Target { job: "dcgm", addr: exporter.local_addr().unwrap(), token: None }]);
     let app = TestApp::spawn_with(|c| {
         c.prometheus_url = Some(prometheus.url.clone());
         c.utilisation_interval = Duration::from_millis(300);
         c.metrics_token = Some(fairway::config::Secret::new("scrape"));
+        more(c);
     })
     .await;
     tokio::spawn(serve_dcgm_exporter(vec![SimBackend::new(app.pool.clone(), SimConfig::default())], exporter));
@@ -543,4 +549,44 @@ async fn without_a_prometheus_server_activity_and_faults_are_read_straight_from_
     let listed = unhealthy.as_array().and_then(|n| n.first()).cloned().unwrap_or_default();
     assert!(listed["why"].as_str().is_some_and(|w| w.ends_with("XID 48 (double-bit ECC error)")), "{unhealthy:#}");
     assert_ne!(again["placement"][0]["node"], listed["node"], "{again:#}");
+}
+
+#[tokio::test]
+async fn a_cloud_pool_jobs_activity_is_read_by_the_batch_job_label_a_scrape_sets_from_its_tags() {
+    use fairway::backends::sim::{POOL_OBJECT_LABEL, POOL_REPLICA_LABEL};
+    let (app, prometheus, http) = with_dcgm_and(|c| {
+        c.dcgm_object_label = Some(POOL_OBJECT_LABEL.into());
+        c.dcgm_replica_label = Some(POOL_REPLICA_LABEL.into());
+    })
+    .await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "l4-24gb", 8, 0).await;
+    let job = submit(
+        &app,
+        &admin,
+        "ml",
+        json!({"name": "embed", "gpu_class": "l4-24gb", "replicas": 2, "gpus_per_replica": 1, "image": "x",
+               "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000", "FAIRWAY_SIM_GPU_UTIL": "40",
+                       "FAIRWAY_SIM_GPU_MEMORY_MIB": "4096"}}),
+    )
+    .await;
+    wait_for(&app, &admin, &job, Duration::from_secs(30), |j| j["state"] == "running").await;
+    // Prometheus keeps the pool's GPUs under the batch job's name and node index, no pod.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let series = prometheus.query(&http, &format!("DCGM_FI_DEV_GPU_UTIL{{{POOL_OBJECT_LABEL}=~\"fw-.+\"}}")).await;
+        if series.len() == 2 {
+            assert!(series.iter().all(|(labels, _)| labels.get("pod").is_none()), "{series:?}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the pool's GPUs were never scraped: {series:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let u = sampled(&app, &admin, &job, 2, 1).await;
+    assert_eq!(u["measured"], true);
+    assert_eq!(u["now"]["gpu_util_percent"], 40.0, "{u:#}");
+    assert_eq!(u["now"]["memory_used_mib"], 4096, "{u:#}");
+    let ranks: Vec<i64> = u["replicas"].as_array().unwrap().iter().map(|r| r["replica"].as_i64().unwrap()).collect();
+    assert_eq!(ranks, [0, 1]);
 }
