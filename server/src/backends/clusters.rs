@@ -36,12 +36,14 @@
 //! max_instances = 4
 //! price_per_gpu_hour = 3.10
 //! spot = true
+//! driver_version = "550.90.07"   # optional: the driver its image runs, for jobs that require one
+//! cuda_version = "12.4"          # optional
 //! ```
 //!
 //! A Google Cloud Batch cluster is alike, with a machine type and accelerator per pool
 //! (`kind = "gcp-batch"`, `project`, `location`, `[[cluster.pool]]` with `machine_type`,
 //! `accelerator_type`, `gpu_class`, `gpus_per_instance`, `max_instances`,
-//! `price_per_gpu_hour`, `spot`).
+//! `price_per_gpu_hour`, `spot`, `driver_version`, `cuda_version`).
 //!
 //! The settings are documented on [`KubeClusterConfig`], [`AwsBatchConfig`] and
 //! [`GcpBatchConfig`].
@@ -167,6 +169,27 @@ mod tests {
         assert_eq!(k.tolerated_taints, vec!["nvidia.com/gpu".to_owned()]);
         assert_eq!(k.gpu_products["NVIDIA-H100-80GB-HBM3"], "h100-80gb");
         assert!(matches!(&clusters[0], ClusterConfig::Sim(s) if s.speedup == Some(5.0)));
+    }
+
+    #[test]
+    fn a_cloud_pool_declares_the_driver_its_image_runs_and_the_inventory_carries_it() {
+        let aws = |driver: &str| {
+            format!(
+                "[[cluster]]\nname = \"aws\"\nkind = \"aws-batch\"\nregion = \"us-east-1\"\n[[cluster.pool]]\n\
+                 name = \"p5\"\njob_queue = \"q\"\ninstance_type = \"p5.48xlarge\"\ngpu_class = \"h100-80gb\"\n\
+                 gpus_per_instance = 8\nmax_instances = 2\nprice_per_gpu_hour = 3.1\n\
+                 driver_version = \"{driver}\"\ncuda_version = \"12.4\"\n"
+            )
+        };
+        let clusters = parse(&aws("550.90.07")).unwrap();
+        let ClusterConfig::AwsBatch(c) = &clusters[0] else { panic!("{clusters:?}") };
+        let nodes = crate::backends::pools::inventory(&c.pools);
+        assert_eq!(
+            (nodes[0].driver_version.as_deref(), nodes[0].cuda_version.as_deref()),
+            (Some("550.90.07"), Some("12.4"))
+        );
+        let bad = parse(&aws("latest")).unwrap_err().to_string();
+        assert!(bad.contains("pool \"p5\": driver_version"), "{bad}");
     }
 
     #[test]

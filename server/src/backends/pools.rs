@@ -21,6 +21,11 @@ pub trait ElasticPool {
     fn spot(&self) -> bool;
     /// Price per GPU-hour in the platform currency.
     fn price_per_gpu_hour(&self) -> f64;
+    /// The NVIDIA driver and CUDA version its instances' image runs, as declared (a cloud
+    /// pool has no GPU Feature Discovery to say): jobs that require a minimum are placed by it.
+    fn drivers(&self) -> (Option<&str>, Option<&str>) {
+        (None, None)
+    }
 }
 
 /// The cloud secret references of `gang` for a pool of `kind` (`AWS Batch`, `Google Cloud
@@ -82,19 +87,24 @@ pub fn inventory<P: ElasticPool>(pools: &[P]) -> Vec<InventoryNode> {
     pools
         .iter()
         .map(|p| {
-            InventoryNode::pool(
-                p.name(),
-                p.gpu_class(),
-                p.gpus_per_instance() * p.max_instances(),
-                p.spot(),
-                p.price_per_gpu_hour(),
-            )
+            let (driver, cuda) = p.drivers();
+            InventoryNode {
+                driver_version: driver.map(str::to_owned),
+                cuda_version: cuda.map(str::to_owned),
+                ..InventoryNode::pool(
+                    p.name(),
+                    p.gpu_class(),
+                    p.gpus_per_instance() * p.max_instances(),
+                    p.spot(),
+                    p.price_per_gpu_hour(),
+                )
+            }
         })
         .collect()
 }
 
 /// Checks what the engine and the service would refuse later: at least one pool, unique
-/// names, 1 to 64 GPUs per pool, a finite non-negative price.
+/// names, 1 to 64 GPUs per pool, a finite non-negative price, versions that are versions.
 pub fn validate<P: ElasticPool>(cluster: &str, pools: &[P]) -> Result<(), String> {
     if pools.is_empty() {
         return Err(format!("cluster {cluster}: no [[cluster.pool]]"));
@@ -114,6 +124,12 @@ pub fn validate<P: ElasticPool>(cluster: &str, pools: &[P]) -> Result<(), String
         let price = p.price_per_gpu_hour();
         if !(price.is_finite() && (0.0..1e6).contains(&price)) {
             return bad("price_per_gpu_hour must be a price");
+        }
+        let (driver, cuda) = p.drivers();
+        for (field, version) in [("driver_version", driver), ("cuda_version", cuda)] {
+            if let Some(Err(e)) = version.map(str::parse::<crate::domain::driver::Version>) {
+                return bad(&format!("{field} {e}"));
+            }
         }
     }
     Ok(())
@@ -140,6 +156,9 @@ macro_rules! elastic_pool {
             }
             fn price_per_gpu_hour(&self) -> f64 {
                 self.price_per_gpu_hour
+            }
+            fn drivers(&self) -> (Option<&str>, Option<&str>) {
+                (self.driver_version.as_deref(), self.cuda_version.as_deref())
             }
         }
     };

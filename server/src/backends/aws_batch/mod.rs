@@ -137,6 +137,13 @@ pub struct PoolConfig {
     pub vcpus_per_gpu: u32,
     #[serde(default = "default_memory_per_gpu")]
     pub memory_mib_per_gpu: u32,
+    /// The NVIDIA driver its instances' image runs, e.g. `550.90.07`; jobs that require a
+    /// minimum run here only when this meets it.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// The CUDA version that driver supports, e.g. `12.4`.
+    #[serde(default)]
+    pub cuda_version: Option<String>,
 }
 
 fn default_vcpus_per_gpu() -> u32 {

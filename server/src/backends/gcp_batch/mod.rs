@@ -112,6 +112,13 @@ pub struct GcpPoolConfig {
     /// Spot VMs (`provisioningModel: SPOT`).
     #[serde(default)]
     pub spot: bool,
+    /// The NVIDIA driver its instances' image runs, e.g. `550.90.07`; jobs that require a
+    /// minimum run here only when this meets it.
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    /// The CUDA version that driver supports, e.g. `12.4`.
+    #[serde(default)]
+    pub cuda_version: Option<String>,
 }
 
 elastic_pool!(GcpPoolConfig);
