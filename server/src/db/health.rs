@@ -70,8 +70,9 @@ pub struct OpenedFault {
     pub why: String,
 }
 
-/// Opens `faults` on the nodes of that name in any cluster's inventory (not cloud pools,
-/// whose failed instances their provider replaces). A GPU with an open fault keeps it.
+/// Opens `faults` on the nodes of that name in any cluster's inventory, or out of it for a
+/// fault (not cloud pools, whose failed instances their provider replaces). A GPU with an
+/// open fault keeps it.
 /// Returns the faults opened.
 pub async fn open_faults(tx: &mut Tx<'_>, faults: &[NewFault]) -> Result<Vec<OpenedFault>, sqlx::Error> {
     if faults.is_empty() {
@@ -87,7 +88,12 @@ pub async fn open_faults(tx: &mut Tx<'_>, faults: &[NewFault]) -> Result<Vec<Ope
              insert into gpu_faults (cluster_id, node, gpu, since, why)
              select distinct n.cluster_id, u.host, u.gpu, u.since, u.why
              from unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[]) as u(host, gpu, since, why)
-             join cluster_nodes n on n.name = u.host and not n.elastic
+             -- A node out of the inventory for a fault already (another GPU's, or one its
+             -- cluster reports) still records this one: clearing the first must not bring
+             -- back a node whose other GPU failed.
+             join (select cluster_id, name from cluster_nodes where not elastic
+                   union select cluster_id, node from node_faults
+                   union select cluster_id, node from gpu_faults) n on n.name = u.host
              on conflict do nothing
              returning cluster_id, node, gpu, since, why)
          select c.name as cluster, o.node, o.gpu, o.since, o.why

@@ -450,6 +450,24 @@ async fn a_gpu_whose_dcgm_fields_report_xid_79_takes_its_node_out_and_its_gang_r
         text.lines().any(|l| l.starts_with("fairway_gpu_faults_total{") && l.contains("kind=\"xid\"} 1")),
         "{text}"
     );
+    // Another GPU of the node fails while it is out: recorded too, so clearing the first
+    // does not bring back a node whose other GPU failed.
+    let mut tx = app.pool.begin().await.unwrap();
+    let double_bit = (node.clone(), "5".to_owned(), chrono::Utc::now(), "XID 48 (double-bit ECC error)".to_owned());
+    let opened = fairway::db::health::open_faults(&mut tx, &[double_bit]).await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    let listed = cluster(&app, &admin).await["unhealthy_nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == node.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        listed["why"],
+        format!("GPU {gpu}: XID 79 (GPU has fallen off the bus); GPU 5: XID 48 (double-bit ECC error)")
+    );
 
     // Sticky: once the failed attempt's object is gone, its GPU reads 0 again, and the node
     // still stays out until a platform admin clears it.
@@ -498,7 +516,9 @@ async fn a_gpu_whose_dcgm_fields_report_xid_79_takes_its_node_out_and_its_gang_r
     app.send(call("DELETE", &path).token(&member)).await.assert_status(403);
     let cleared = app.send(call("DELETE", &path).token(&admin)).await;
     cleared.assert_status(200);
-    assert_eq!(cleared.json()["gpus"][0]["why"], "XID 79 (GPU has fallen off the bus)");
+    let gpus = cleared.json()["gpus"].clone();
+    assert_eq!(gpus[0]["why"], "XID 79 (GPU has fallen off the bus)", "{gpus:#}");
+    assert_eq!((gpus[1]["gpu"].as_str(), gpus[1]["why"].as_str()), (Some("5"), Some("XID 48 (double-bit ECC error)")));
     app.send(call("DELETE", &path).token(&admin)).await.assert_problem(404, "not_found");
     let audited: i64 = sqlx::query_scalar("select count(*) from audit_log where action = 'gpu_fault.clear'")
         .fetch_one(&app.pool)
