@@ -244,32 +244,21 @@ async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preem
     assert!(checked > 0, "no waiting job was ever seen: the demo showed no queue");
     // Its GPUs have activity to show, read from the simulated cluster's dcgm-exporter: the
     // stalled detector's nearly idle GPUs, with the MIG slice that would have held it.
-    let jobs: Value = server
-        .http
-        .get(server.url("/api/v1/teams/vision/jobs?limit=200"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let get = |path: String| {
+        let (server, token) = (&server, &token);
+        async move {
+            let r = server.http.get(server.url(&path)).bearer_auth(token).send().await.unwrap();
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let jobs = get("/api/v1/teams/vision/jobs?limit=200".into()).await;
     let stalled = jobs["items"].as_array().unwrap().iter().find(|j| j["name"] == "vision-detector-b").unwrap()["id"]
         .as_str()
         .unwrap()
         .to_owned();
     let deadline = Instant::now() + Duration::from_secs(60);
     let activity = loop {
-        let u: Value = server
-            .http
-            .get(server.url(&format!("/api/v1/jobs/{stalled}/utilisation")))
-            .bearer_auth(&token)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let u = get(format!("/api/v1/jobs/{stalled}/utilisation")).await;
         if u["now"].is_object() {
             break u;
         }

@@ -263,34 +263,28 @@ impl PrometheusSource {
 
     /// The latest sample of every replica of ours that Prometheus holds.
     pub async fn read(&self) -> Result<Vec<ReplicaActivity>, BackendError> {
-        let unreachable = |e: reqwest::Error| BackendError::Transient(format!("Prometheus at {}: {e}", self.url));
-        let answer: Value = self
-            .http
-            .get(format!("{}/api/v1/query", self.url))
-            .query(&[("query", query(&self.labels))])
-            .send()
-            .await
-            .map_err(unreachable)?
-            .json()
-            .await
-            .map_err(unreachable)?;
+        let answer = self.query(&query(&self.labels)).await?;
         activity(&answer, &self.labels).map_err(BackendError::Transient)
     }
 
     /// Every GPU's health fields over the last `window`.
     pub async fn read_health(&self, window: Duration) -> Result<Vec<HealthRead>, BackendError> {
+        let answer = self.query(&health_query(window.as_secs().max(1))).await?;
+        health(&answer).map_err(BackendError::Transient)
+    }
+
+    /// Prometheus's answer to `promql` at this instant (`/api/v1/query`), as JSON.
+    async fn query(&self, promql: &str) -> Result<Value, BackendError> {
         let unreachable = |e: reqwest::Error| BackendError::Transient(format!("Prometheus at {}: {e}", self.url));
-        let answer: Value = self
-            .http
+        self.http
             .get(format!("{}/api/v1/query", self.url))
-            .query(&[("query", health_query(window.as_secs().max(1)))])
+            .query(&[("query", promql)])
             .send()
             .await
             .map_err(unreachable)?
             .json()
             .await
-            .map_err(unreachable)?;
-        health(&answer).map_err(BackendError::Transient)
+            .map_err(unreachable)
     }
 }
 
