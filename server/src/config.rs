@@ -700,6 +700,34 @@ mod tests {
     }
 
     #[test]
+    fn where_gpu_activity_is_read_from_is_checked_and_names_the_variable_at_fault() {
+        let config = |pairs: &[(&str, &str)]| Config::from_layers(FileConfig::default(), &env_of(pairs));
+        let direct = config(&[
+            ("FAIRWAY_DCGM_EXPORTER_URLS", "http://n1:9400/metrics, http://n2:9400/metrics"),
+            ("FAIRWAY_DCGM_OBJECT_LABEL", "batch_job"),
+        ])
+        .unwrap();
+        assert_eq!(direct.dcgm_exporter_urls, ["http://n1:9400/metrics", "http://n2:9400/metrics"]);
+        assert_eq!(direct.dcgm_object_label.as_deref(), Some("batch_job"));
+        assert!(direct.reads_gpu_activity() && !config(&[]).unwrap().reads_gpu_activity());
+        for (pairs, variable) in [
+            (&[("FAIRWAY_DCGM_EXPORTER_URLS", "n1:9400")][..], "FAIRWAY_DCGM_EXPORTER_URLS"),
+            (
+                &[
+                    ("FAIRWAY_PROMETHEUS_URL", "http://prom:9090"),
+                    ("FAIRWAY_DCGM_EXPORTER_URLS", "http://n1:9400/metrics"),
+                ],
+                "FAIRWAY_DCGM_EXPORTER_URLS",
+            ),
+            (&[("FAIRWAY_DCGM_OBJECT_LABEL", "batch-job")], "FAIRWAY_DCGM_OBJECT_LABEL"),
+            (&[("FAIRWAY_DCGM_REPLICA_LABEL", "0index")], "FAIRWAY_DCGM_REPLICA_LABEL"),
+        ] {
+            let err = config(pairs).unwrap_err();
+            assert!(err.to_string().starts_with(variable), "{pairs:?}: {err}");
+        }
+    }
+
+    #[test]
     fn a_bad_listen_address_names_the_variable() {
         let env = env_of(&[("FAIRWAY_LISTEN", "not-an-address")]);
         let err = Config::from_layers(FileConfig::default(), &env).unwrap_err();
