@@ -12,6 +12,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::{error::ApiError, extract::ApiJson};
+use crate::domain::gpu_health::FaultSource;
 use crate::{
     auth::Principal,
     db,
@@ -53,7 +54,7 @@ pub struct NodeFaultView {
     /// Who reported it: `node`, a condition or taint on the node, which clears when they do;
     /// `dcgm`, a GPU's DCGM fields, which a platform admin clears once the GPU is reset or
     /// replaced (`DELETE /api/v1/clusters/{cluster}/nodes/{node}/faults`).
-    pub source: String,
+    pub source: FaultSource,
 }
 
 async fn views(db: &sqlx::PgPool) -> Result<Vec<ClusterView>, ApiError> {
@@ -75,7 +76,7 @@ async fn views(db: &sqlx::PgPool) -> Result<Vec<ClusterView>, ApiError> {
                         node: f.node.clone(),
                         since: f.since,
                         why: f.why.clone(),
-                        source: f.source.clone(),
+                        source: f.source,
                     })
                     .collect(),
                 capacity: capacity

@@ -170,9 +170,7 @@ pub struct FaultRow {
     pub node: String,
     pub since: chrono::DateTime<chrono::Utc>,
     pub why: String,
-    /// `node` (a condition or taint the cluster reports, gone when it clears) or `dcgm` (a
-    /// GPU's DCGM fields, until a platform admin clears it).
-    pub source: String,
+    pub source: crate::domain::gpu_health::FaultSource,
 }
 
 /// Every node fault: those recorded at the clusters' last inventory syncs and those DCGM's
@@ -180,7 +178,8 @@ pub struct FaultRow {
 pub async fn faults(pool: &PgPool) -> Result<Vec<FaultRow>, sqlx::Error> {
     sqlx::query_as!(
         FaultRow,
-        r#"select c.name as "cluster!", f.node as "node!", f.since as "since!", f.why as "why!", f.source as "source!"
+        r#"select c.name as "cluster!", f.node as "node!", f.since as "since!", f.why as "why!",
+                  f.source as "source!: crate::domain::gpu_health::FaultSource"
            from (select cluster_id, node, since, why, 'node' as source from node_faults
                  union all
                  select cluster_id, node, min(since), string_agg('GPU ' || gpu || ': ' || why, '; ' order by gpu), 'dcgm'

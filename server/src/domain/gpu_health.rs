@@ -12,6 +12,18 @@
 //! application (13, 31, 43, 45, and 94, an ECC error the hardware contained) say nothing of
 //! the GPU and are left to the job's own failure.
 
+/// Who reported a node's GPU fault, which says how it clears.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "text", rename_all = "snake_case")]
+pub enum FaultSource {
+    /// A condition or taint on the node (as NVIDIA's NVSentinel sets them): it clears when
+    /// they do.
+    Node,
+    /// A GPU's DCGM fields: it stays until a platform admin clears it.
+    Dcgm,
+}
+
 /// The DCGM field holding the last XID a GPU reported.
 pub const XID_ERRORS: &str = "DCGM_FI_DEV_XID_ERRORS";
 /// The DCGM field that is 1 once a GPU failed to remap a memory row.

@@ -51,7 +51,7 @@ pub async fn clusters(State(state): State<AppState>, CurrentUser(user): CurrentU
         .await?
         .into_iter()
         .map(|f| FaultLine {
-            sticky: f.source == "dcgm",
+            sticky: f.source == crate::domain::gpu_health::FaultSource::Dcgm,
             since: f.since.format("%Y-%m-%d %H:%M:%S UTC").to_string(),
             cluster: f.cluster,
             node: f.node,
