@@ -106,6 +106,11 @@ pub struct Config {
     /// A job runs at least this long before it may be preempted
     /// (`FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS`).
     pub min_runtime_before_preemption: Duration,
+    /// How a team's waiting jobs of one priority are ordered (`FAIRWAY_QUEUE_ORDER`:
+    /// `service`, least expected GPU-time first, the default; or `arrival`, oldest first),
+    /// and for `service` how long a job waits before it goes first regardless
+    /// (`FAIRWAY_STARVATION_SECONDS`, 4 hours by default).
+    pub queue_order: crate::scheduler::QueueOrder,
     /// Check the quota invariant after every cycle and log breaches
     /// (`FAIRWAY_CHECK_INVARIANTS=1`; for tests).
     pub check_invariants: bool,
@@ -278,6 +283,9 @@ impl Default for Config {
             sim_speedup: None,
             clusters: None,
             min_runtime_before_preemption: Duration::from_secs(300),
+            queue_order: crate::scheduler::QueueOrder::ServiceIndex {
+                starvation_ms: crate::scheduler::DEFAULT_STARVATION_MS,
+            },
             check_invariants: false,
             log_tail_lines: 5_000,
             prometheus_url: None,
@@ -326,6 +334,8 @@ struct FileConfig {
     sim_speedup: Option<f64>,
     clusters: Option<PathBuf>,
     min_runtime_before_preemption_seconds: Option<u64>,
+    queue_order: Option<String>,
+    starvation_seconds: Option<u64>,
     log_tail_lines: Option<u64>,
     prometheus_url: Option<String>,
     dcgm_exporter_urls: Option<String>,
@@ -474,6 +484,30 @@ impl Config {
         {
             config.min_runtime_before_preemption = Duration::from_secs(s.min(7 * 86_400));
         }
+        let starvation = number("FAIRWAY_STARVATION_SECONDS", file.starvation_seconds)?;
+        if starvation.is_some_and(|s| !(60..=30 * 86_400).contains(&s)) {
+            return Err(ConfigError::Invalid {
+                name: "FAIRWAY_STARVATION_SECONDS",
+                reason: "must be from 60 (a minute) to 2592000 (30 days)".into(),
+            });
+        }
+        let starvation_ms = starvation.map_or(crate::scheduler::DEFAULT_STARVATION_MS, |s| s as i64 * 1000);
+        config.queue_order = match env("FAIRWAY_QUEUE_ORDER").or(file.queue_order).as_deref() {
+            None | Some("service") => crate::scheduler::QueueOrder::ServiceIndex { starvation_ms },
+            Some("arrival") if starvation.is_none() => crate::scheduler::QueueOrder::Arrival,
+            Some("arrival") => {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_STARVATION_SECONDS",
+                    reason: "applies to FAIRWAY_QUEUE_ORDER=service only: in arrival order no job is overtaken".into(),
+                })
+            }
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_QUEUE_ORDER",
+                    reason: format!("{other:?} is neither `service` nor `arrival`"),
+                })
+            }
+        };
         if let Some(n) = number("FAIRWAY_LOG_TAIL_LINES", file.log_tail_lines)? {
             config.log_tail_lines = u32::try_from(n).ok().filter(|n| (1..=1_000_000).contains(n)).ok_or_else(|| {
                 ConfigError::Invalid { name: "FAIRWAY_LOG_TAIL_LINES", reason: "must be from 1 to 1000000".into() }
@@ -721,6 +755,32 @@ mod tests {
             ),
             (&[("FAIRWAY_DCGM_OBJECT_LABEL", "batch-job")], "FAIRWAY_DCGM_OBJECT_LABEL"),
             (&[("FAIRWAY_DCGM_REPLICA_LABEL", "0index")], "FAIRWAY_DCGM_REPLICA_LABEL"),
+        ] {
+            let err = config(pairs).unwrap_err();
+            assert!(err.to_string().starts_with(variable), "{pairs:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn the_queue_order_defaults_to_least_service_first_and_is_checked() {
+        use crate::scheduler::QueueOrder;
+        let config = |pairs: &[(&str, &str)]| Config::from_layers(FileConfig::default(), &env_of(pairs));
+        assert_eq!(
+            config(&[]).unwrap().queue_order,
+            QueueOrder::ServiceIndex { starvation_ms: crate::scheduler::DEFAULT_STARVATION_MS }
+        );
+        assert_eq!(
+            config(&[("FAIRWAY_STARVATION_SECONDS", "600")]).unwrap().queue_order,
+            QueueOrder::ServiceIndex { starvation_ms: 600_000 }
+        );
+        assert_eq!(config(&[("FAIRWAY_QUEUE_ORDER", "arrival")]).unwrap().queue_order, QueueOrder::Arrival);
+        for (pairs, variable) in [
+            (&[("FAIRWAY_QUEUE_ORDER", "fifo")][..], "FAIRWAY_QUEUE_ORDER"),
+            (&[("FAIRWAY_STARVATION_SECONDS", "5")][..], "FAIRWAY_STARVATION_SECONDS"),
+            (
+                &[("FAIRWAY_QUEUE_ORDER", "arrival"), ("FAIRWAY_STARVATION_SECONDS", "600")][..],
+                "FAIRWAY_STARVATION_SECONDS",
+            ),
         ] {
             let err = config(pairs).unwrap_err();
             assert!(err.to_string().starts_with(variable), "{pairs:?}: {err}");

@@ -126,6 +126,7 @@ impl Default for ControlConfig {
 pub fn engine_config(config: &crate::config::Config) -> scheduler::snapshot::Config {
     scheduler::snapshot::Config {
         min_runtime_before_preemption_ms: config.min_runtime_before_preemption.as_millis() as i64,
+        queue_order: config.queue_order,
         ..scheduler::snapshot::Config::default()
     }
 }

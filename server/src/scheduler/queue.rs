@@ -3,7 +3,7 @@
 //! decision (see the [module docs](super)).
 
 use std::{
-    cmp::Ordering,
+    cmp::{Ordering, Reverse},
     collections::{BTreeMap, BinaryHeap, VecDeque},
 };
 
@@ -11,10 +11,10 @@ use super::{
     decision::PendingReason,
     engine::Cycle,
     fairshare,
-    snapshot::{ClassId, JobId, JobSpec, Policy, TeamId},
+    snapshot::{ClassId, JobId, JobSpec, Policy, QueueOrder, TeamId},
 };
 
-/// Each team's jobs left for the burst phase, in priority then age order.
+/// Each team's jobs left for the burst phase, in [`Cycle::wait_order`].
 type Queues<'a> = BTreeMap<TeamId, VecDeque<&'a JobSpec>>;
 
 /// Orders team heads: reserved demand first (by priority, then age), then burst demand by
@@ -101,6 +101,23 @@ impl<'a> Cycle<'a> {
         }
     }
 
+    /// A job's place in the order of waiting jobs: priority first; then, under
+    /// [`QueueOrder::ServiceIndex`] and Fairway's policy, the jobs that waited past the
+    /// starvation bound, oldest first, before the rest by Gittins index (least expected
+    /// GPU-time first); then age. Totally ordered (the job id last).
+    fn wait_order(&self, job: &JobSpec) -> (Reverse<i32>, bool, Reverse<u64>, i64, JobId) {
+        let index = match self.s.config.queue_order {
+            QueueOrder::ServiceIndex { starvation_ms }
+                if self.s.config.policy == Policy::Fairway && self.s.now_ms - job.submitted_ms < starvation_ms =>
+            {
+                // A non-negative finite f64's bits order as the number does.
+                Some(self.s.history.gittins_index(job).to_bits())
+            }
+            _ => None,
+        };
+        (Reverse(self.priority(job)), index.is_some(), Reverse(index.unwrap_or(0)), job.submitted_ms, job.id)
+    }
+
     /// Reserved first, then burst by fair share.
     ///
     /// Phase one decides, in priority then age order across all teams, every job that fits
@@ -114,13 +131,11 @@ impl<'a> Cycle<'a> {
     }
 
     /// Phase one of [`Self::fair`]: decides the jobs within reserved quota (and those rules
-    /// alone keep waiting) in priority then age order, and queues the rest per team for
-    /// phase two.
+    /// alone keep waiting) in [`Self::wait_order`], and queues the rest per team, in that
+    /// order, for phase two.
     fn reserved_first(&mut self) -> Queues<'a> {
         let mut order: Vec<&'a JobSpec> = self.s.pending.iter().collect();
-        order.sort_by(|a, b| {
-            self.priority(b).cmp(&self.priority(a)).then(a.submitted_ms.cmp(&b.submitted_ms)).then(a.id.cmp(&b.id))
-        });
+        order.sort_by_cached_key(|j| self.wait_order(j));
         let mut queues: Queues<'a> = BTreeMap::new();
         // Highest priority deferred to phase two per (team, class): the team's lower-priority
         // jobs wait for phase two too, or they would take room the higher-priority job then

@@ -119,6 +119,41 @@ impl RuntimeHistory {
     }
 }
 
+/// Equally likely runtimes a job's Gittins index is computed over: the quantiles at the
+/// middle of ten equal slices of probability.
+const INDEX_GRID: [f64; 10] = [0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
+
+impl RuntimeHistory {
+    /// The job's Gittins index for GPU-time (per GPU-ms, higher goes first), before it has
+    /// run: `max over Δ of P(S ≤ Δ) / E[min(S, Δ)]` for its service `S` = GPUs × runtime,
+    /// with the runtime's distribution estimated like [`Self::remaining`] (declared, history,
+    /// or uniform over the maximum runtime). For a known runtime it is 1 / service, shortest
+    /// job first; for an uncertain one it weighs the chance of finishing soon against the
+    /// time the attempt may take, which is what minimises the mean wait when runtimes are
+    /// not known but their distribution is (Gittins; Tiresias without known durations).
+    pub fn gittins_index(&self, job: &JobSpec) -> f64 {
+        let gpus = (job.total_milli() as f64 / f64::from(super::snapshot::UNIT)).max(0.001);
+        gittins_index(&self.remaining_at(job, 0, INDEX_GRID).map(|ms| ms as f64 * gpus))
+    }
+}
+
+/// The Gittins index of a service whose equally likely values are `sorted` (ascending): the
+/// best ratio, over every quantum `Δ` at one of the values, of the chance of finishing within
+/// `Δ` to the service expected to be spent trying. Values below 1 count as 1.
+pub fn gittins_index(sorted: &[f64]) -> f64 {
+    let n = sorted.len();
+    let mut best = 0f64;
+    let mut below = 0f64;
+    for (k, &s) in sorted.iter().enumerate() {
+        let s = s.max(1.0);
+        // E[min(S, Δ = s)] × n: the values up to s in full, the rest cut at s.
+        let spent = below + s * (n - k) as f64;
+        best = best.max((k + 1) as f64 / spent);
+        below += s;
+    }
+    best
+}
+
 /// Remaining time at quantile `q` of a job that has run `elapsed_ms` under a Pareto tail of
 /// index 1: `P(T > t | T > e) = e / t`, so `t_q = e / (1 - q)`; at least a minute.
 fn pareto_remaining(elapsed_ms: i64, q: f64) -> i64 {
@@ -236,6 +271,36 @@ mod tests {
         let mut j = job(0, None, 24 * HOUR);
         j.expected_runtime_ms = Some(2 * HOUR);
         assert_eq!(h.remaining(&j, 0), [HOUR, 2 * HOUR, 4 * HOUR]);
+    }
+
+    #[test]
+    fn the_gittins_index_of_a_known_service_is_its_inverse() {
+        assert!((gittins_index(&[4.0; 10]) - 0.25).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_service_that_is_often_short_outranks_one_always_of_its_mean() {
+        // Nine in ten finish in 1, one in ten runs 91: mean 10, yet most attempts end at once.
+        let mut mostly_short = [1.0; 10];
+        mostly_short[9] = 91.0;
+        assert!(gittins_index(&mostly_short) > gittins_index(&[10.0; 10]));
+        // Trying for 1 finishes nine times in ten: index 0.9 / 1.
+        assert!((gittins_index(&mostly_short) - 0.9).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_job_expected_to_take_less_gpu_time_has_the_higher_index() {
+        let mut h = RuntimeHistory::default();
+        for m in 1..=9 {
+            h.record(0, Some(7), m * MIN);
+            h.record(0, Some(8), m * HOUR);
+        }
+        let short = job(0, Some(7), 24 * HOUR);
+        let long = job(0, Some(8), 24 * HOUR);
+        assert!(h.gittins_index(&short) > h.gittins_index(&long));
+        let mut wide = short.clone();
+        wide.replicas = 64;
+        assert!(h.gittins_index(&short) > h.gittins_index(&wide), "64 GPUs for minutes is more service than 1");
     }
 
     #[test]

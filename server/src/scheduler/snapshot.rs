@@ -218,7 +218,26 @@ pub struct Config {
     /// which has no maximum runtime) commits this period's budgets only up to it. `None`:
     /// no bound (a trace replay, unit tests).
     pub budget_period_end_ms: Option<i64>,
+    /// How a team's waiting jobs of one priority are ordered (Fairway's policy only; the
+    /// baselines keep arrival order).
+    pub queue_order: QueueOrder,
 }
+
+/// How a team's waiting jobs of one priority are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueOrder {
+    /// Oldest first.
+    Arrival,
+    /// Least expected service first, as Tiresias: by the Gittins index of the job's GPU-time
+    /// ([`runtime::gittins_index`](super::runtime::gittins_index)), its runtime not known
+    /// but its distribution estimated from history. A job that has waited `starvation_ms`
+    /// goes before every job that has not, oldest first, so no job waits forever behind
+    /// shorter ones.
+    ServiceIndex { starvation_ms: i64 },
+}
+
+/// The starvation bound of [`QueueOrder::ServiceIndex`] by default.
+pub const DEFAULT_STARVATION_MS: i64 = 4 * 3600 * 1000;
 
 /// How the engine foresees when waiting jobs start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -242,6 +261,7 @@ impl Default for Config {
             estimate_start_times: true,
             start_time_model: StartTimeModel::QuantileForecast,
             budget_period_end_ms: None,
+            queue_order: QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS },
         }
     }
 }

@@ -269,6 +269,9 @@ fn a_blocked_gang_gets_a_reservation_and_only_short_jobs_backfill() {
     let mut short = job(12, 0, 2, 1);
     short.max_runtime_ms = HOUR;
     s.pending = vec![gang, long, short];
+    // In arrival order the gang is decided first; by expected service the 2-GPU jobs would
+    // be, and take the free GPUs before the gang is blocked.
+    s.config.queue_order = QueueOrder::Arrival;
     let d = schedule(&s);
     assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
     assert_eq!(reason_of(&d, 11), PendingReason::ReservedFor { job: 10 });
@@ -483,7 +486,7 @@ fn a_job_that_requires_a_newer_driver_is_placed_only_on_nodes_that_run_it() {
     assert_eq!(s.running[0].placement[0].node, 0, "best fit");
     s.pending = vec![requiring(job(1, 0, 4, 0), Some("560"), None), requiring(job(2, 0, 2, 0), None, Some("12.6"))];
     let d = schedule(&s);
-    assert_eq!(admitted(&d), [1, 2]);
+    assert_eq!(admitted(&d), [2, 1], "the smaller first");
     assert!(d.admissions.iter().all(|a| a.placement.iter().all(|r| r.node == 1)), "{:?}", d.admissions);
     // A job that requires an older driver than both runs anywhere: best fit, node 0.
     s.pending = vec![requiring(job(3, 0, 2, 0), Some("535.104.05"), Some("12.2"))];
@@ -706,4 +709,53 @@ fn a_reclaim_that_must_take_a_borrowers_gang_across_its_reserved_line_is_not_cut
     let victims: Vec<(JobId, PreemptReason)> = d.preemptions.iter().map(|p| (p.victim, p.reason)).collect();
     assert_eq!(victims, vec![(1, PreemptReason::Reclaim)]);
     assert_eq!(d, super::engine::run_exhaustive(&s));
+}
+
+/// Team a alone on one node, 6 of its 8 GPUs busy; two 2-GPU jobs wait: 1 (submitted first)
+/// of a kind that has run for hours, 2 of a kind that has run for minutes.
+fn a_long_and_a_short_job_wait_for_two_gpus() -> Snapshot {
+    let mut s = cluster(1, vec![team("a", 8, 0)]);
+    start(&mut s, job(9, 0, 6, 1), HOUR);
+    let mut history = runtime::RuntimeHistory::default();
+    for m in 1..=9 {
+        history.record(0, Some(7), m * 60_000);
+        history.record(0, Some(8), m * HOUR / 3);
+    }
+    s.history = std::sync::Arc::new(history);
+    s.pending = vec![job(1, 0, 2, 1), job(2, 0, 2, 1)];
+    s.pending[0].kind = Some(8);
+    s.pending[1].kind = Some(7);
+    s
+}
+
+#[test]
+fn a_job_expected_to_run_minutes_goes_before_its_teams_earlier_job_expected_to_run_hours() {
+    let s = a_long_and_a_short_job_wait_for_two_gpus();
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![2]);
+    assert_eq!(d.pending.iter().find(|p| p.job == 1).map(|p| p.position), Some(2));
+}
+
+#[test]
+fn in_arrival_order_and_under_the_quota_baseline_the_earlier_job_goes_first() {
+    let mut s = a_long_and_a_short_job_wait_for_two_gpus();
+    s.config.queue_order = QueueOrder::Arrival;
+    assert_eq!(admitted(&schedule(&s)), vec![1]);
+    let mut s = a_long_and_a_short_job_wait_for_two_gpus();
+    s.config.policy = Policy::QuotaNoHistory;
+    assert_eq!(admitted(&schedule(&s)), vec![1]);
+}
+
+#[test]
+fn a_job_that_waited_past_the_starvation_bound_goes_before_shorter_ones() {
+    let mut s = a_long_and_a_short_job_wait_for_two_gpus();
+    s.pending[0].submitted_ms = NOW - DEFAULT_STARVATION_MS;
+    assert_eq!(admitted(&schedule(&s)), vec![1]);
+}
+
+#[test]
+fn priority_still_goes_before_expected_service() {
+    let mut s = a_long_and_a_short_job_wait_for_two_gpus();
+    s.pending[0].priority = 0;
+    assert_eq!(admitted(&schedule(&s)), vec![1]);
 }

@@ -53,24 +53,25 @@ use std::{
 
 use super::{
     metrics::{self, summarize, RunMetrics, Window},
-    replay::{replay, BadDecision, ReplayOutcome, PENDING_REASONS},
+    replay::{replay, replay_ordered, BadDecision, ReplayOutcome, PENDING_REASONS},
     Cluster, TraceJob, Workload,
 };
-use crate::scheduler::{ClassId, Policy, Quota, TeamId, UNIT};
+use crate::scheduler::{ClassId, Policy, QueueOrder, Quota, TeamId, DEFAULT_STARVATION_MS, UNIT};
 
 /// FIFO's utilisation over the window that counts as contended.
 pub const TARGET_UTILISATION: f64 = 0.70;
 /// The largest compression factor tried.
 pub const MAX_COMPRESSION: f64 = 1024.0;
 
-/// The three policies, in table order, with their names.
-pub const POLICIES: [(Policy, &str); 3] =
-    [(Policy::Fairway, "Fairway"), (Policy::Fifo, "FIFO"), (Policy::QuotaNoHistory, "Quota (no history)")];
-
-/// The printable name of a policy.
-pub fn policy_name(policy: Policy) -> &'static str {
-    POLICIES.iter().find(|(p, _)| *p == policy).map_or("?", |(_, n)| n)
-}
+/// The policies compared, in table order: each with its order of a team's waiting jobs
+/// (which only Fairway's policy uses) and its name. Fairway runs twice, by expected service
+/// (its default) and by arrival, to show what the order alone changes.
+pub const POLICIES: [(Policy, QueueOrder, &str); 4] = [
+    (Policy::Fairway, QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS }, "Fairway"),
+    (Policy::Fairway, QueueOrder::Arrival, "Fairway, arrival order"),
+    (Policy::Fifo, QueueOrder::Arrival, "FIFO"),
+    (Policy::QuotaNoHistory, QueueOrder::Arrival, "Quota (no history)"),
+];
 
 /// One load tried: shrink factor, compression factor, FIFO's window utilisation.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -191,6 +192,8 @@ pub struct Comparison {
     pub window: Window,
     pub rows: Vec<RunMetrics>,
     pub anomalies: Vec<TeamAnomaly>,
+    /// Team names, by index.
+    pub teams: Vec<String>,
 }
 
 /// Replays `workload` shrunk by `shrink` and compressed by `compression` under every policy,
@@ -200,9 +203,9 @@ pub fn compare(workload: &Workload, shrink: u32, compression: f64) -> Result<Com
     let window = arrival_window(&loaded);
     let mut rows = Vec::new();
     let mut outcomes = Vec::new();
-    for (policy, _) in POLICIES {
-        let outcome = replay(&loaded, policy)?;
-        rows.push(summarize(&loaded, &outcome, window));
+    for (policy, order, name) in POLICIES {
+        let outcome = replay_ordered(&loaded, policy, order)?;
+        rows.push(RunMetrics { name, ..summarize(&loaded, &outcome, window) });
         outcomes.push(outcome);
     }
     let anomalies = team_anomalies(&loaded, &outcomes)?;
@@ -215,6 +218,7 @@ pub fn compare(workload: &Workload, shrink: u32, compression: f64) -> Result<Com
         window,
         rows,
         anomalies,
+        teams: loaded.cluster.teams.iter().map(|t| t.name.clone()).collect(),
     })
 }
 
@@ -402,6 +406,7 @@ pub fn render(comparison: &Comparison, search: Option<&LoadSearch>) -> String {
     render_load(&mut out, comparison, search);
     render_policies(&mut out, comparison);
     render_waiting(&mut out, comparison);
+    render_team_waits(&mut out, comparison);
     render_anomalies(&mut out, comparison);
     out
 }
@@ -434,7 +439,7 @@ fn render_policies(out: &mut String, c: &Comparison) {
         let _ = writeln!(
             out,
             "| {} | {:.1}% | {:.2}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} ({}/{}/{}) | {} | {:.1} | {:.3} | {}/{} |",
-            policy_name(r.policy),
+            r.name,
             r.window_utilisation * 100.0,
             r.utilisation * 100.0,
             r.avg_completion_s,
@@ -454,7 +459,7 @@ fn render_policies(out: &mut String, c: &Comparison) {
         );
     }
     for r in c.rows.iter().filter(|r| r.stopped.is_some()) {
-        let _ = writeln!(out, "  {} stopped early: {}", policy_name(r.policy), r.stopped.as_deref().unwrap_or(""));
+        let _ = writeln!(out, "  {} stopped early: {}", r.name, r.stopped.as_deref().unwrap_or(""));
     }
 }
 
@@ -473,12 +478,42 @@ fn render_waiting(out: &mut String, c: &Comparison) {
     for r in &c.rows {
         let cells: Vec<String> =
             used.iter().map(|&i| format!("{:.1}%", r.waiting_share_by_reason[i] * 100.0)).collect();
-        let _ = writeln!(out, "| {} | {} |", policy_name(r.policy), cells.join(" | "));
+        let _ = writeln!(out, "| {} | {} |", r.name, cells.join(" | "));
     }
 }
 
+/// Each team's wait under every policy: average and p99 in seconds, and mean bounded
+/// slowdown.
+fn render_team_waits(out: &mut String, c: &Comparison) {
+    let _ = writeln!(
+        out,
+        "\nWait per team: average s / p99 s / mean bounded slowdown ((wait + run) / max(run, {:.0} s))",
+        metrics::SLOWDOWN_BOUND_S
+    );
+    let names: Vec<&str> = c.rows.iter().map(|r| r.name).collect();
+    let _ = writeln!(out, "| team | jobs | {} |", names.join(" | "));
+    let _ = writeln!(out, "|---|---:|{}", "---:|".repeat(names.len()));
+    for (t, a) in c.teams.iter().enumerate() {
+        let Some(jobs) = c.rows.first().and_then(|r| r.teams.get(t)).map(|w| w.jobs).filter(|&n| n > 0) else {
+            continue;
+        };
+        let cells: Vec<String> = c
+            .rows
+            .iter()
+            .map(|r| {
+                let w = r.teams.get(t).copied().unwrap_or_default();
+                format!("{:.0} / {:.0} / {:.1}", w.avg_wait_s, w.p99_wait_s, w.avg_slowdown)
+            })
+            .collect();
+        let _ = writeln!(out, "| {a} | {jobs} | {} |", cells.join(" | "));
+    }
+    let cells: Vec<String> =
+        c.rows.iter().map(|r| format!("{:.0} / {:.0} / {:.1}", r.avg_wait_s, r.p99_wait_s, r.avg_slowdown)).collect();
+    let _ = writeln!(out, "| all | {} | {} |", c.jobs, cells.join(" | "));
+}
+
 fn render_anomalies(out: &mut String, c: &Comparison) {
-    let names: Vec<&str> = POLICIES.iter().map(|(_, n)| *n).collect();
+    let names: Vec<&str> = POLICIES.iter().map(|(_, _, n)| *n).collect();
     let _ = writeln!(
         out,
         "\nSharing anomaly: avg queueing delay in the shared cluster minus on a private FIFO cluster of the team's reserved size (s); \"within\" = over its within-reserved jobs"
@@ -608,11 +643,18 @@ mod tests {
     fn the_comparison_has_a_row_per_policy_and_an_anomaly_per_team() {
         let jobs: Vec<TraceJob> = (0..30).map(|i| job(i % 2, 1 + i % 3, i64::from(i) * 60, 900)).collect();
         let comparison = compare(&workload(jobs), 1, 2.0).unwrap();
-        assert_eq!(comparison.rows.len(), 3);
+        assert_eq!(comparison.rows.len(), 4);
         assert!(comparison.rows.iter().all(|r| r.completed == 30 && r.stopped.is_none()));
         assert_eq!(comparison.anomalies.len(), 2);
+        // Each team's waits add up to the row's: 15 jobs each.
+        for r in &comparison.rows {
+            assert_eq!(r.teams.iter().map(|t| t.jobs).collect::<Vec<_>>(), [15, 15]);
+            let mean = (r.teams[0].avg_wait_s + r.teams[1].avg_wait_s) / 2.0;
+            assert!((mean - r.avg_wait_s).abs() < 1e-9 && r.avg_slowdown >= 1.0, "{r:?}");
+        }
         let text = render(&comparison, None);
         assert!(text.contains("| Fairway |") && text.contains("| FIFO |") && text.contains("| Quota (no history) |"));
+        assert!(text.contains("| Fairway, arrival order |") && text.contains("Wait per team"));
         assert!(text.contains("Max anomaly, Fairway"));
     }
 }

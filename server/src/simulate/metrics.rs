@@ -36,6 +36,8 @@ impl Window {
 #[derive(Debug, Clone)]
 pub struct RunMetrics {
     pub policy: Policy,
+    /// The row's name (a policy may be run with more than one setting).
+    pub name: &'static str,
     pub jobs: usize,
     pub completed: usize,
     /// Over the makespan.
@@ -46,6 +48,8 @@ pub struct RunMetrics {
     pub p99_completion_s: f64,
     pub avg_wait_s: f64,
     pub p99_wait_s: f64,
+    /// Mean bounded slowdown of completed jobs (see [`TeamWaits::avg_slowdown`]).
+    pub avg_slowdown: f64,
     /// First arrival to last completion.
     pub makespan_s: f64,
     pub preemptions: u64,
@@ -60,7 +64,23 @@ pub struct RunMetrics {
     pub cycles: u64,
     /// Why the replay stopped early, if it did.
     pub stopped: Option<String>,
+    /// Per team (by index), how long its completed jobs waited.
+    pub teams: Vec<TeamWaits>,
 }
+
+/// How long one team's completed jobs waited.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TeamWaits {
+    pub jobs: usize,
+    pub avg_wait_s: f64,
+    pub p99_wait_s: f64,
+    /// Mean bounded slowdown: (wait + runtime) / max(runtime, [`SLOWDOWN_BOUND_S`]), so a
+    /// one-second job that waited a minute counts as 6, not 60.
+    pub avg_slowdown: f64,
+}
+
+/// The runtime below which a job's slowdown is measured as if it ran this long (seconds).
+pub const SLOWDOWN_BOUND_S: f64 = 10.0;
 
 /// Summarises a replay of `workload`.
 pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -> RunMetrics {
@@ -71,10 +91,13 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
     let makespan = Window { from_ms: first_arrival, to_ms: last_completion };
     let mut completion = Vec::new();
     let mut wait = Vec::new();
+    let mut slowdown = Vec::new();
     for (job, o) in workload.jobs.iter().zip(&outcome.jobs) {
         if let (Some(start), Some(end)) = (o.first_start_ms, o.completion_ms) {
             completion.push((end - job.submit_ms) as f64 / 1000.0);
             wait.push((start - job.submit_ms) as f64 / 1000.0);
+            let run = job.duration_ms as f64 / 1000.0;
+            slowdown.push(((start - job.submit_ms) as f64 / 1000.0 + run) / run.max(SLOWDOWN_BOUND_S));
         }
     }
     RunMetrics {
@@ -87,6 +110,7 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
         p99_completion_s: percentile(&completion, 99.0),
         avg_wait_s: mean(&wait),
         p99_wait_s: percentile(&wait, 99.0),
+        avg_slowdown: mean(&slowdown),
         makespan_s: makespan.seconds(),
         preemptions: outcome.preemptions,
         preemptions_by_reason: outcome.preemptions_by_reason,
@@ -96,7 +120,32 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
         jain: jain(&team_service_rates(workload, outcome)),
         cycles: outcome.cycles,
         stopped: outcome.stopped.clone(),
+        name: "",
+        teams: team_waits(workload, outcome),
     }
+}
+
+/// Each team's [`TeamWaits`], by team index.
+pub fn team_waits(workload: &Workload, outcome: &ReplayOutcome) -> Vec<TeamWaits> {
+    let mut waits = vec![Vec::new(); workload.cluster.teams.len()];
+    let mut slowdowns = vec![Vec::new(); workload.cluster.teams.len()];
+    for (job, o) in workload.jobs.iter().zip(&outcome.jobs) {
+        if let (Some(start), Some(_)) = (o.first_start_ms, o.completion_ms) {
+            let (wait, run) = ((start - job.submit_ms) as f64 / 1000.0, job.duration_ms as f64 / 1000.0);
+            waits[job.team as usize].push(wait);
+            slowdowns[job.team as usize].push((wait + run) / run.max(SLOWDOWN_BOUND_S));
+        }
+    }
+    waits
+        .iter()
+        .zip(&slowdowns)
+        .map(|(w, s)| TeamWaits {
+            jobs: w.len(),
+            avg_wait_s: mean(w),
+            p99_wait_s: percentile(w, 99.0),
+            avg_slowdown: mean(s),
+        })
+        .collect()
 }
 
 /// Each entry's share of the sum; zeros when the sum is zero.

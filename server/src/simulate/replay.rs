@@ -26,7 +26,7 @@ use std::{
 use super::{TraceJob, Workload};
 use crate::scheduler::{
     runtime::kind_of, schedule, ClassId, Config, Decisions, JobId, JobSpec, KindId, PendingReason, Policy,
-    PreemptReason, PriorityId, ReplicaPlacement, RunningJob, Snapshot, StartTimeModel, Topology, UNIT,
+    PreemptReason, PriorityId, QueueOrder, ReplicaPlacement, RunningJob, Snapshot, StartTimeModel, Topology, UNIT,
 };
 
 /// Simulated jobs checkpoint after every this much runtime.
@@ -110,7 +110,13 @@ pub struct BadDecision {
 
 /// Replays a workload under a policy.
 pub fn replay(workload: &Workload, policy: Policy) -> Result<ReplayOutcome, BadDecision> {
+    replay_ordered(workload, policy, Config::default().queue_order)
+}
+
+/// Replays a workload under a policy, ordering each team's waiting jobs by `order`.
+pub fn replay_ordered(workload: &Workload, policy: Policy, order: QueueOrder) -> Result<ReplayOutcome, BadDecision> {
     let mut state = Replay::new(workload, policy);
+    state.snapshot.config.queue_order = order;
     state.run()?;
     Ok(state.into_outcome())
 }
@@ -382,11 +388,10 @@ impl<'a> Replay<'a> {
             }
             EventKind::Completion => {
                 if self.current_run(event) {
-                    if self.predictions.is_some() {
-                        let job = &self.workload.jobs[event.job as usize];
-                        let history = std::sync::Arc::make_mut(&mut self.snapshot.history);
-                        history.record(job.team, Some(trace_kind(job)), job.duration_ms);
-                    }
+                    // What the engine orders waiting jobs by and forecasts from.
+                    let job = &self.workload.jobs[event.job as usize];
+                    let history = std::sync::Arc::make_mut(&mut self.snapshot.history);
+                    history.record(job.team, Some(trace_kind(job)), job.duration_ms);
                     self.stop(event.job);
                     self.remaining_ms[event.job as usize] = 0;
                     self.outcomes[event.job as usize].completion_ms = Some(event.at_ms);
