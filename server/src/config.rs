@@ -107,7 +107,7 @@ pub struct Config {
     /// (`FAIRWAY_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS`).
     pub min_runtime_before_preemption: Duration,
     /// How a team's waiting jobs of one priority are ordered (`FAIRWAY_QUEUE_ORDER`:
-    /// `service`, least expected GPU-time first, the default; or `arrival`, oldest first),
+    /// `arrival`, oldest first, the default; or `service`, least expected GPU-time first),
     /// and for `service` how long a job waits before it goes first regardless
     /// (`FAIRWAY_STARVATION_SECONDS`, 4 hours by default).
     pub queue_order: crate::scheduler::QueueOrder,
@@ -283,9 +283,7 @@ impl Default for Config {
             sim_speedup: None,
             clusters: None,
             min_runtime_before_preemption: Duration::from_secs(300),
-            queue_order: crate::scheduler::QueueOrder::ServiceIndex {
-                starvation_ms: crate::scheduler::DEFAULT_STARVATION_MS,
-            },
+            queue_order: crate::scheduler::QueueOrder::Arrival,
             check_invariants: false,
             log_tail_lines: 5_000,
             prometheus_url: None,
@@ -493,9 +491,9 @@ impl Config {
         }
         let starvation_ms = starvation.map_or(crate::scheduler::DEFAULT_STARVATION_MS, |s| s as i64 * 1000);
         config.queue_order = match env("FAIRWAY_QUEUE_ORDER").or(file.queue_order).as_deref() {
-            None | Some("service") => crate::scheduler::QueueOrder::ServiceIndex { starvation_ms },
-            Some("arrival") if starvation.is_none() => crate::scheduler::QueueOrder::Arrival,
-            Some("arrival") => {
+            Some("service") => crate::scheduler::QueueOrder::ServiceIndex { starvation_ms },
+            None | Some("arrival") if starvation.is_none() => crate::scheduler::QueueOrder::Arrival,
+            None | Some("arrival") => {
                 return Err(ConfigError::Invalid {
                     name: "FAIRWAY_STARVATION_SECONDS",
                     reason: "applies to FAIRWAY_QUEUE_ORDER=service only: in arrival order no job is overtaken".into(),
@@ -762,21 +760,25 @@ mod tests {
     }
 
     #[test]
-    fn the_queue_order_defaults_to_least_service_first_and_is_checked() {
+    fn the_queue_order_defaults_to_arrival_and_is_checked() {
         use crate::scheduler::QueueOrder;
         let config = |pairs: &[(&str, &str)]| Config::from_layers(FileConfig::default(), &env_of(pairs));
+        assert_eq!(config(&[]).unwrap().queue_order, QueueOrder::Arrival);
         assert_eq!(
-            config(&[]).unwrap().queue_order,
+            config(&[("FAIRWAY_QUEUE_ORDER", "service")]).unwrap().queue_order,
             QueueOrder::ServiceIndex { starvation_ms: crate::scheduler::DEFAULT_STARVATION_MS }
         );
         assert_eq!(
-            config(&[("FAIRWAY_STARVATION_SECONDS", "600")]).unwrap().queue_order,
+            config(&[("FAIRWAY_QUEUE_ORDER", "service"), ("FAIRWAY_STARVATION_SECONDS", "600")]).unwrap().queue_order,
             QueueOrder::ServiceIndex { starvation_ms: 600_000 }
         );
-        assert_eq!(config(&[("FAIRWAY_QUEUE_ORDER", "arrival")]).unwrap().queue_order, QueueOrder::Arrival);
         for (pairs, variable) in [
             (&[("FAIRWAY_QUEUE_ORDER", "fifo")][..], "FAIRWAY_QUEUE_ORDER"),
-            (&[("FAIRWAY_STARVATION_SECONDS", "5")][..], "FAIRWAY_STARVATION_SECONDS"),
+            (
+                &[("FAIRWAY_QUEUE_ORDER", "service"), ("FAIRWAY_STARVATION_SECONDS", "5")][..],
+                "FAIRWAY_STARVATION_SECONDS",
+            ),
+            (&[("FAIRWAY_STARVATION_SECONDS", "600")][..], "FAIRWAY_STARVATION_SECONDS"),
             (
                 &[("FAIRWAY_QUEUE_ORDER", "arrival"), ("FAIRWAY_STARVATION_SECONDS", "600")][..],
                 "FAIRWAY_STARVATION_SECONDS",

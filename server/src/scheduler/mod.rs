@@ -7,8 +7,8 @@
 //!
 //! # A cycle
 //!
-//! 1. **Ranking.** Each team's queue is ordered by priority, then (by default) least
-//!    expected GPU-time first by the Gittins index of its runtime's distribution as history
+//! 1. **Ranking.** Each team's queue is ordered by priority, then age, or with
+//!    [`QueueOrder::ServiceIndex`] least expected GPU-time first by the Gittins index of its runtime's distribution as history
 //!    estimates it ([`runtime::RuntimeHistory::gittins_index`]), jobs that waited past the
 //!    starvation bound first and oldest first, then age ([`QueueOrder`]). Team heads compete:
 //!    a head that fits within its team's reserved quota (at every level of the team tree)

@@ -261,7 +261,7 @@ impl Default for Config {
             estimate_start_times: true,
             start_time_model: StartTimeModel::QuantileForecast,
             budget_period_end_ms: None,
-            queue_order: QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS },
+            queue_order: QueueOrder::Arrival,
         }
     }
 }

@@ -269,9 +269,6 @@ fn a_blocked_gang_gets_a_reservation_and_only_short_jobs_backfill() {
     let mut short = job(12, 0, 2, 1);
     short.max_runtime_ms = HOUR;
     s.pending = vec![gang, long, short];
-    // In arrival order the gang is decided first; by expected service the 2-GPU jobs would
-    // be, and take the free GPUs before the gang is blocked.
-    s.config.queue_order = QueueOrder::Arrival;
     let d = schedule(&s);
     assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
     assert_eq!(reason_of(&d, 11), PendingReason::ReservedFor { job: 10 });
@@ -486,7 +483,7 @@ fn a_job_that_requires_a_newer_driver_is_placed_only_on_nodes_that_run_it() {
     assert_eq!(s.running[0].placement[0].node, 0, "best fit");
     s.pending = vec![requiring(job(1, 0, 4, 0), Some("560"), None), requiring(job(2, 0, 2, 0), None, Some("12.6"))];
     let d = schedule(&s);
-    assert_eq!(admitted(&d), [2, 1], "the smaller first");
+    assert_eq!(admitted(&d), [1, 2]);
     assert!(d.admissions.iter().all(|a| a.placement.iter().all(|r| r.node == 1)), "{:?}", d.admissions);
     // A job that requires an older driver than both runs anywhere: best fit, node 0.
     s.pending = vec![requiring(job(3, 0, 2, 0), Some("535.104.05"), Some("12.2"))];
@@ -725,6 +722,7 @@ fn a_long_and_a_short_job_wait_for_two_gpus() -> Snapshot {
     s.pending = vec![job(1, 0, 2, 1), job(2, 0, 2, 1)];
     s.pending[0].kind = Some(8);
     s.pending[1].kind = Some(7);
+    s.config.queue_order = QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS };
     s
 }
 

@@ -64,11 +64,11 @@ pub const TARGET_UTILISATION: f64 = 0.70;
 pub const MAX_COMPRESSION: f64 = 1024.0;
 
 /// The policies compared, in table order: each with its order of a team's waiting jobs
-/// (which only Fairway's policy uses) and its name. Fairway runs twice, by expected service
-/// (its default) and by arrival, to show what the order alone changes.
+/// (which only Fairway's policy uses) and its name. Fairway runs twice, in arrival order
+/// (its default) and by expected service, to show what the order alone changes.
 pub const POLICIES: [(Policy, QueueOrder, &str); 4] = [
-    (Policy::Fairway, QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS }, "Fairway"),
-    (Policy::Fairway, QueueOrder::Arrival, "Fairway, arrival order"),
+    (Policy::Fairway, QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS }, "Fairway, by service"),
+    (Policy::Fairway, QueueOrder::Arrival, "Fairway"),
     (Policy::Fifo, QueueOrder::Arrival, "FIFO"),
     (Policy::QuotaNoHistory, QueueOrder::Arrival, "Quota (no history)"),
 ];
@@ -654,7 +654,7 @@ mod tests {
         }
         let text = render(&comparison, None);
         assert!(text.contains("| Fairway |") && text.contains("| FIFO |") && text.contains("| Quota (no history) |"));
-        assert!(text.contains("| Fairway, arrival order |") && text.contains("Wait per team"));
+        assert!(text.contains("| Fairway, by service |") && text.contains("Wait per team"));
         assert!(text.contains("Max anomaly, Fairway"));
     }
 }
