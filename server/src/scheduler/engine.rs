@@ -46,6 +46,9 @@ pub(super) struct Cycle<'a> {
     /// The same per class and team: all a walk may take when only the job's own team's
     /// jobs may be victims, without passing every other team's candidates.
     pub(super) team_victim_order: BTreeMap<(ClassId, TeamId), Vec<usize>>,
+    /// Per class and team, the lowest priority among its candidate victims at the start of
+    /// the cycle: a job of the team with a higher priority may make room by preemption.
+    lowest_victim_priority: BTreeMap<(ClassId, TeamId), i32>,
     /// Per class, the preemptible running jobs not stopping that are still within the
     /// minimum runtime before preemption, soonest preemptible first: only what a wait for
     /// them is explained by, so a blocked job walks these few, not every running job.
@@ -216,6 +219,14 @@ impl<'a> Cycle<'a> {
         }
         let passed = victim_order.iter().map(|(&class, order)| (class, Passed::new(order.len()))).collect();
         let team_victim_order = preemption::by_team(s, &victim_order);
+        let lowest_victim_priority = team_victim_order
+            .iter()
+            .filter_map(|(&key, order)| {
+                let priority =
+                    |i: &usize| s.priorities.get(usize::from(s.running[*i].spec.priority)).map_or(0, |p| p.priority);
+                order.iter().map(priority).min().map(|p| (key, p))
+            })
+            .collect();
         let team_young = preemption::by_team(s, &young);
         Self {
             s,
@@ -230,6 +241,7 @@ impl<'a> Cycle<'a> {
             passed,
             place_in_order,
             team_victim_order,
+            lowest_victim_priority,
             young,
             team_young,
             stopping_unclaimed,
@@ -307,16 +319,33 @@ impl<'a> Cycle<'a> {
     }
 
     /// True when the job cannot be admitted now whatever the order: it never fits, its
-    /// budget is spent, its quota is exhausted, or a higher-priority job of its team waits.
+    /// budget is spent, its quota is exhausted and no lower-priority job of its own team
+    /// could make room, or a higher-priority job of its team waits.
+    ///
+    /// A job over its quota that could preempt its own team's lower-priority jobs is not
+    /// decided ahead of the ranking: its preemption holds quota its ancestors share with
+    /// other teams, so it must come in rank order. Decided early, it could hold a parent's
+    /// quota against a job ranked before it that had already preempted for that room, whose
+    /// victim would then take the room back, and the two would take turns for ever.
     pub(super) fn blocked_by_rules(&self, job: &JobSpec) -> bool {
         let n = job.total_milli();
+        let over_quota = || {
+            self.ledger.over_limit(job.team, job.class, n).is_some()
+                || (!self.preemptible(job) && self.ledger.beyond_reserved(job.team, job.class, n).is_some())
+        };
         (job.team as usize) >= self.s.teams.len()
             || !self.inv.could_ever_fit(job)
             || !self.inv.drivers_could_ever_fit(job)
             || !self.hard_budgets_cover(job)
             || self.waiting_in_team.get(&(job.team, job.class)).is_some_and(|&(_, p)| self.priority(job) < p)
-            || self.ledger.over_limit(job.team, job.class, n).is_some()
-            || (!self.preemptible(job) && self.ledger.beyond_reserved(job.team, job.class, n).is_some())
+            || (over_quota() && !self.may_preempt_own_team(job))
+    }
+
+    /// Whether some running job of the job's own team and class had a lower priority and
+    /// could be a victim when the cycle began (never under FIFO, which does not preempt).
+    fn may_preempt_own_team(&self, job: &JobSpec) -> bool {
+        self.s.config.policy != Policy::Fifo
+            && self.lowest_victim_priority.get(&(job.class, job.team)).is_some_and(|&p| p < self.priority(job))
     }
 
     /// Decides one job: admits it, has it wait for victims or stopping jobs, or says why it

@@ -757,3 +757,29 @@ fn priority_still_goes_before_expected_service() {
     s.pending[0].priority = 0;
     assert_eq!(admitted(&schedule(&s)), vec![1]);
 }
+
+#[test]
+fn a_job_that_could_preempt_its_own_team_waits_its_rank_and_its_teams_victim_does_not_take_the_room_back() {
+    // t1 and t2 share their parent's limit of 6 GPUs. t1's experiment 1000 preempted t1's
+    // scavenger job 1 last cycle, which is back in the queue; t2's experiment 1001 is over
+    // t2's own limit and could preempt t2's scavenger job 2. Decided ahead of the ranking,
+    // 1001 would hold the parent's quota, 1000 would not fit it, job 1 would run again in the
+    // room freed for 1000, and next cycle 1000 would preempt it again.
+    let mut parent = team("t0", 4, 2);
+    parent.quotas.get_mut(&0).unwrap().lendable = 0;
+    let mut t1 = team("t1", 4, 1);
+    t1.parent = Some(0);
+    let mut t2 = team("t2", 0, 3);
+    t2.parent = Some(0);
+    let mut s = cluster(1, vec![parent, t1, t2]);
+    start(&mut s, job(3, 1, 2, 0), HOUR);
+    start(&mut s, job(2, 2, 1, 2), HOUR);
+    s.pending = vec![job(1000, 1, 3, 1), job(1001, 2, 3, 1), job(1, 1, 1, 2)];
+    for j in &mut s.pending {
+        j.submitted_ms = NOW - HOUR;
+    }
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![1000]);
+    assert!(d.preemptions.is_empty(), "{:?}", d.preemptions);
+    assert!(matches!(reason_of(&d, 1), PendingReason::BurstLimit { .. }), "{:?}", reason_of(&d, 1));
+}
