@@ -74,6 +74,13 @@
 //! job ranked after it cannot take the room its victims make and force another round.
 //! A job whose victims are still stopping waits for them (`waiting_for_reclaim`) instead of
 //! choosing more.
+//!
+//! For the same reason preemption happens in rank order. Jobs that rules alone keep waiting
+//! are decided before the ranking, but a job over its quota that could preempt its own
+//! team's lower-priority jobs is ranked like any other: decided early, its preemption could
+//! hold a parent's quota against a job ranked before it that had already preempted for that
+//! room; that job's victim would take the room back, and the two would take turns for ever
+//! (found by the property test, whose seed is kept in its regressions file).
 
 mod backfill;
 mod budget;

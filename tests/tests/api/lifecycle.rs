@@ -646,3 +646,49 @@ async fn a_queued_jobs_new_reason_waits_for_the_next_refresh_while_a_new_jobs_fi
         "each recorded change is an event"
     );
 }
+
+#[tokio::test]
+async fn with_the_service_order_a_teams_job_declared_to_take_a_minute_runs_before_its_earlier_job_declared_to_take_hours(
+) {
+    let app = TestApp::spawn().await;
+    let mut state = app.state.clone();
+    let mut config = (*state.config).clone();
+    config.sim_speedup = Some(10.0);
+    config.cycle_interval = Duration::from_millis(50);
+    // What `FAIRWAY_QUEUE_ORDER=service` sets.
+    config.queue_order =
+        fairway::scheduler::QueueOrder::ServiceIndex { starvation_ms: fairway::scheduler::DEFAULT_STARVATION_MS };
+    state.config = std::sync::Arc::new(config);
+    let mut ctx = serve::control_context(&state).await.expect("control context");
+    ctx.config.reconcile_interval = Duration::from_millis(50);
+    control::spawn(ctx, (*app.pool.connect_options()).clone(), format!("test-{}", uuid::Uuid::new_v4().simple()));
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
+    let (_, ci) = app.api_token(&admin, "ml", "member").await;
+    let spec = |name: &str, max: u32, expected: u32, ran: &str| {
+        json!({"name": name, "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8,
+               "image": "nvcr.io/nvidia/pytorch:24.05-py3", "max_runtime_seconds": max,
+               "expected_runtime_seconds": expected, "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": ran}})
+    };
+    // The team's 8 GPUs are busy for 200 simulated seconds (20 s here): long enough for both
+    // jobs to be ranked while they wait, even on a loaded machine.
+    let blocker = submit(&app, &ci, "ml", spec("blocker", 3600, 60, "200")).await;
+    wait_for(&app, &ci, &blocker, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let long = submit(&app, &ci, "ml", spec("long", 36_000, 18_000, "30")).await;
+    let short = submit(&app, &ci, "ml", spec("short", 3600, 60, "30")).await;
+    // Both wait on the team's quota, the one declared to take a minute first (positions of
+    // jobs already queued are refreshed each second: wait for the long one's to move).
+    wait_for(&app, &ci, &long, Duration::from_secs(30), |j| j["pending"]["position"] == 2).await;
+    let waiting = job(&app, &ci, &short).await;
+    assert_eq!((&waiting["state"], &waiting["pending"]["position"]), (&json!("pending"), &json!(1)), "{waiting:#}");
+    let short_done = wait_for(&app, &ci, &short, Duration::from_secs(90), |j| j["state"] == "succeeded").await;
+    let long_done = wait_for(&app, &ci, &long, Duration::from_secs(60), |j| j["state"] == "succeeded").await;
+    let at = |j: &Value| chrono::DateTime::parse_from_rfc3339(j["admitted_at"].as_str().expect("admitted")).unwrap();
+    assert!(at(&short_done) < at(&long_done), "short {short_done:#}\nlong {long_done:#}");
+    assert!(
+        at(&long_done) >= chrono::DateTime::parse_from_rfc3339(short_done["finished_at"].as_str().unwrap()).unwrap(),
+        "the long job waited for the team's quota the short one held"
+    );
+}
