@@ -7,10 +7,11 @@
 //!
 //! # A cycle
 //!
-//! 1. **Ranking.** Each team's queue is ordered by priority, then age, or with
-//!    [`QueueOrder::ServiceIndex`] least expected GPU-time first by the Gittins index of its runtime's distribution as history
-//!    estimates it ([`runtime::RuntimeHistory::gittins_index`]), jobs that waited past the
-//!    starvation bound first and oldest first, then age ([`QueueOrder`]). Team heads compete:
+//! 1. **Ranking.** Each team's queue is ordered by priority, then age; or, with
+//!    [`QueueOrder::ServiceIndex`], jobs that waited past the starvation bound first (oldest
+//!    first), then least expected GPU-time first by the Gittins index of the runtime's
+//!    distribution as history estimates it ([`runtime::RuntimeHistory::gittins_index`]),
+//!    then age. Team heads compete:
 //!    a head that fits within its team's reserved quota (at every level of the team tree)
 //!    goes before any head that needs to borrow; among borrowers the lowest fair-share
 //!    score goes first (see [`fairshare`] for the formula: cost-weighted borrowed capacity

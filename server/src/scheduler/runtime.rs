@@ -117,13 +117,7 @@ impl RuntimeHistory {
         };
         total.map(|t| t.saturating_sub(elapsed).clamp(0, left))
     }
-}
 
-/// Equally likely runtimes a job's Gittins index is computed over: the quantiles at the
-/// middle of ten equal slices of probability.
-const INDEX_GRID: [f64; 10] = [0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
-
-impl RuntimeHistory {
     /// The job's Gittins index for GPU-time (per GPU-ms, higher goes first), before it has
     /// run: `max over Δ of P(S ≤ Δ) / E[min(S, Δ)]` for its service `S` = GPUs × runtime,
     /// with the runtime's distribution estimated like [`Self::remaining`] (declared, history,
@@ -136,6 +130,10 @@ impl RuntimeHistory {
         gittins_index(&self.remaining_at(job, 0, INDEX_GRID).map(|ms| ms as f64 * gpus))
     }
 }
+
+/// Equally likely runtimes a job's Gittins index is computed over: the quantiles at the
+/// middle of ten equal slices of probability.
+const INDEX_GRID: [f64; 10] = [0.05, 0.15, 0.25, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95];
 
 /// The Gittins index of a service whose equally likely values are `sorted` (ascending): the
 /// best ratio, over every quantum `Δ` at one of the values, of the chance of finishing within

@@ -485,6 +485,7 @@ fn render_waiting(out: &mut String, c: &Comparison) {
 /// Each team's wait under every policy: average and p99 in seconds, and mean bounded
 /// slowdown.
 fn render_team_waits(out: &mut String, c: &Comparison) {
+    let cell = |avg: f64, p99: f64, slowdown: f64| format!("{avg:.0} / {p99:.0} / {slowdown:.1}");
     let _ = writeln!(
         out,
         "\nWait per team: average s / p99 s / mean bounded slowdown ((wait + run) / max(run, {:.0} s))",
@@ -502,13 +503,12 @@ fn render_team_waits(out: &mut String, c: &Comparison) {
             .iter()
             .map(|r| {
                 let w = r.teams.get(t).copied().unwrap_or_default();
-                format!("{:.0} / {:.0} / {:.1}", w.avg_wait_s, w.p99_wait_s, w.avg_slowdown)
+                cell(w.avg_wait_s, w.p99_wait_s, w.avg_slowdown)
             })
             .collect();
         let _ = writeln!(out, "| {a} | {jobs} | {} |", cells.join(" | "));
     }
-    let cells: Vec<String> =
-        c.rows.iter().map(|r| format!("{:.0} / {:.0} / {:.1}", r.avg_wait_s, r.p99_wait_s, r.avg_slowdown)).collect();
+    let cells: Vec<String> = c.rows.iter().map(|r| cell(r.avg_wait_s, r.p99_wait_s, r.avg_slowdown)).collect();
     let _ = writeln!(out, "| all | {} | {} |", c.jobs, cells.join(" | "));
 }
 

@@ -92,12 +92,23 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
     let mut completion = Vec::new();
     let mut wait = Vec::new();
     let mut slowdown = Vec::new();
+    // The same waits and slowdowns per team (by index).
+    let mut team_wait = vec![Vec::new(); workload.cluster.teams.len()];
+    let mut team_slowdown = team_wait.clone();
     for (job, o) in workload.jobs.iter().zip(&outcome.jobs) {
         if let (Some(start), Some(end)) = (o.first_start_ms, o.completion_ms) {
             completion.push((end - job.submit_ms) as f64 / 1000.0);
-            wait.push((start - job.submit_ms) as f64 / 1000.0);
+            let w = (start - job.submit_ms) as f64 / 1000.0;
             let run = job.duration_ms as f64 / 1000.0;
-            slowdown.push(((start - job.submit_ms) as f64 / 1000.0 + run) / run.max(SLOWDOWN_BOUND_S));
+            let s = (w + run) / run.max(SLOWDOWN_BOUND_S);
+            wait.push(w);
+            slowdown.push(s);
+            if let (Some(tw), Some(ts)) =
+                (team_wait.get_mut(job.team as usize), team_slowdown.get_mut(job.team as usize))
+            {
+                tw.push(w);
+                ts.push(s);
+            }
         }
     }
     RunMetrics {
@@ -121,31 +132,20 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
         cycles: outcome.cycles,
         stopped: outcome.stopped.clone(),
         name: "",
-        teams: team_waits(workload, outcome),
+        teams: team_wait.iter().zip(&team_slowdown).map(|(w, s)| TeamWaits::of(w, s)).collect(),
     }
 }
 
-/// Each team's [`TeamWaits`], by team index.
-pub fn team_waits(workload: &Workload, outcome: &ReplayOutcome) -> Vec<TeamWaits> {
-    let mut waits = vec![Vec::new(); workload.cluster.teams.len()];
-    let mut slowdowns = vec![Vec::new(); workload.cluster.teams.len()];
-    for (job, o) in workload.jobs.iter().zip(&outcome.jobs) {
-        if let (Some(start), Some(_)) = (o.first_start_ms, o.completion_ms) {
-            let (wait, run) = ((start - job.submit_ms) as f64 / 1000.0, job.duration_ms as f64 / 1000.0);
-            waits[job.team as usize].push(wait);
-            slowdowns[job.team as usize].push((wait + run) / run.max(SLOWDOWN_BOUND_S));
+impl TeamWaits {
+    /// From one team's waits (seconds) and slowdowns, one per completed job.
+    fn of(waits: &[f64], slowdowns: &[f64]) -> Self {
+        TeamWaits {
+            jobs: waits.len(),
+            avg_wait_s: mean(waits),
+            p99_wait_s: percentile(waits, 99.0),
+            avg_slowdown: mean(slowdowns),
         }
     }
-    waits
-        .iter()
-        .zip(&slowdowns)
-        .map(|(w, s)| TeamWaits {
-            jobs: w.len(),
-            avg_wait_s: mean(w),
-            p99_wait_s: percentile(w, 99.0),
-            avg_slowdown: mean(s),
-        })
-        .collect()
 }
 
 /// Each entry's share of the sum; zeros when the sum is zero.
