@@ -211,7 +211,7 @@ impl Occupancy {
                 used[usize::from(u)] = UNIT;
             }
             self.free_units[node as usize] -= want;
-            return Some(ReplicaPlacement { node, units });
+            return Some(ReplicaPlacement { node, units, host: Default::default() });
         }
         // A share of one unit: best fit among partly used units first, so shares pack.
         let mut empty = None;
@@ -235,7 +235,7 @@ impl Occupancy {
             self.free_units[node as usize] -= 1;
         }
         *used += milli;
-        ReplicaPlacement { node, units: vec![(unit as u8, milli)] }
+        ReplicaPlacement { node, units: vec![(unit as u8, milli)], host: Default::default() }
     }
 
     fn release(&mut self, replica: &ReplicaPlacement) {
@@ -369,6 +369,7 @@ fn synthetic_nodes(count: usize) -> Vec<Node> {
                 elastic: false,
                 spot: false,
                 drivers: Default::default(),
+                host: None,
             }
         })
         .collect()
@@ -483,6 +484,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         expected_runtime_ms: None,
         grace_ms: None,
         min_drivers: Default::default(),
+        host: Default::default(),
     }
 }
 

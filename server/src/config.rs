@@ -111,6 +111,10 @@ pub struct Config {
     /// and for `service` how long a job waits before it goes first regardless
     /// (`FAIRWAY_STARVATION_SECONDS`, 4 hours by default).
     pub queue_order: crate::scheduler::QueueOrder,
+    /// Where replicas go on the nodes (`FAIRWAY_PLACEMENT`: `best-fit`, the default; or
+    /// `fragmentation`, least growth of the expected fragmentation of the shapes that arrive,
+    /// as FGD, counting the CPU and memory nodes report).
+    pub placement: crate::scheduler::Placement,
     /// Check the quota invariant after every cycle and log breaches
     /// (`FAIRWAY_CHECK_INVARIANTS=1`; for tests).
     pub check_invariants: bool,
@@ -284,6 +288,7 @@ impl Default for Config {
             clusters: None,
             min_runtime_before_preemption: Duration::from_secs(300),
             queue_order: crate::scheduler::QueueOrder::Arrival,
+            placement: crate::scheduler::Placement::BestFit,
             check_invariants: false,
             log_tail_lines: 5_000,
             prometheus_url: None,
@@ -333,6 +338,7 @@ struct FileConfig {
     clusters: Option<PathBuf>,
     min_runtime_before_preemption_seconds: Option<u64>,
     queue_order: Option<String>,
+    placement: Option<String>,
     starvation_seconds: Option<u64>,
     log_tail_lines: Option<u64>,
     prometheus_url: Option<String>,
@@ -503,6 +509,16 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     name: "FAIRWAY_QUEUE_ORDER",
                     reason: format!("{other:?} is neither `service` nor `arrival`"),
+                })
+            }
+        };
+        config.placement = match env("FAIRWAY_PLACEMENT").or(file.placement).as_deref() {
+            None | Some("best-fit") => crate::scheduler::Placement::BestFit,
+            Some("fragmentation") => crate::scheduler::Placement::Fragmentation,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: "FAIRWAY_PLACEMENT",
+                    reason: format!("{other:?} is neither `best-fit` nor `fragmentation`"),
                 })
             }
         };
@@ -787,6 +803,16 @@ mod tests {
             let err = config(pairs).unwrap_err();
             assert!(err.to_string().starts_with(variable), "{pairs:?}: {err}");
         }
+    }
+
+    #[test]
+    fn placement_defaults_to_best_fit_and_is_checked() {
+        use crate::scheduler::Placement;
+        let config = |pairs: &[(&str, &str)]| Config::from_layers(FileConfig::default(), &env_of(pairs));
+        assert_eq!(config(&[]).unwrap().placement, Placement::BestFit);
+        assert_eq!(config(&[("FAIRWAY_PLACEMENT", "fragmentation")]).unwrap().placement, Placement::Fragmentation);
+        let err = config(&[("FAIRWAY_PLACEMENT", "fgd")]).unwrap_err();
+        assert!(err.to_string().starts_with("FAIRWAY_PLACEMENT"), "{err}");
     }
 
     #[test]

@@ -15,8 +15,8 @@ use std::{
 };
 
 use fairway::scheduler::{
-    schedule, Admission, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, PendingReason, Policy,
-    PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot, Team, TeamId,
+    schedule, Admission, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, PendingReason, Placement,
+    Policy, PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot, Team, TeamId,
     Topology, UNIT,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
@@ -210,6 +210,7 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             // Every other elastic pool is spot capacity.
             spot: n.elastic && i % 2 == 1,
             drivers: Default::default(),
+            host: None,
         })
         .collect();
     let mut capacity = vec![0u64; classes.len()];
@@ -283,6 +284,8 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             min_runtime_before_preemption_ms: raw.min_runtime_ms,
             policy,
             estimate_start_times: raw.estimate_start_times,
+            // Both placements must keep every property; which one is drawn with the nodes.
+            placement: if raw.nodes.len().is_multiple_of(2) { Placement::Fragmentation } else { Placement::BestFit },
             ..Config::default()
         },
     };
@@ -351,6 +354,7 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         expected_runtime_ms: None,
         grace_ms: None,
         min_drivers: Default::default(),
+        host: Default::default(),
     }
 }
 
@@ -510,7 +514,7 @@ fn plan_in(used: &Occupancy, job: &JobSpec, domain: &Domain) -> Option<Vec<Repli
                 if units.len() < per_replica {
                     break;
                 }
-                placement.push(ReplicaPlacement { node: *node as u32, units });
+                placement.push(ReplicaPlacement { node: *node as u32, units, host: Default::default() });
             }
         }
     } else {
@@ -521,12 +525,11 @@ fn plan_in(used: &Occupancy, job: &JobSpec, domain: &Domain) -> Option<Vec<Repli
             .map(|(node, u)| (used.free(node, u), node, u))
             .collect();
         candidates.sort();
-        placement.extend(
-            candidates.into_iter().take(usize::from(job.replicas)).map(|(_, node, u)| ReplicaPlacement {
-                node: node as u32,
-                units: vec![(u as u8, job.milli_per_replica)],
-            }),
-        );
+        placement.extend(candidates.into_iter().take(usize::from(job.replicas)).map(|(_, node, u)| ReplicaPlacement {
+            node: node as u32,
+            units: vec![(u as u8, job.milli_per_replica)],
+            host: Default::default(),
+        }));
     }
     (placement.len() == usize::from(job.replicas)).then_some(placement)
 }
@@ -1049,6 +1052,7 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         submitted_ms: s.now_ms,
         max_runtime_ms: 3_600_000,
         min_drivers: Default::default(),
+        host: Default::default(),
     });
     Some((s, id))
 }

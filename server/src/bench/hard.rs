@@ -75,6 +75,7 @@ fn nodes(count: usize) -> Vec<Node> {
             elastic: false,
             spot: false,
             drivers: Default::default(),
+            host: None,
         })
         .collect()
 }
@@ -134,6 +135,7 @@ fn job(id: JobId, team: TeamId, replicas: u16, gpus_per_replica: u32, priority: 
         expected_runtime_ms: None,
         grace_ms: None,
         min_drivers: Default::default(),
+        host: Default::default(),
     }
 }
 
@@ -149,7 +151,11 @@ fn running(rng: &mut SplitMix64, mut spec: JobSpec, node: usize, units: std::ops
         spec,
         started_ms,
         last_checkpoint_ms,
-        placement: vec![ReplicaPlacement { node: node as u32, units: units.map(|u| (u, UNIT)).collect() }],
+        placement: vec![ReplicaPlacement {
+            node: node as u32,
+            units: units.map(|u| (u, UNIT)).collect(),
+            host: Default::default(),
+        }],
         terminating: false,
     }
 }

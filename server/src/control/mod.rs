@@ -127,6 +127,7 @@ pub fn engine_config(config: &crate::config::Config) -> scheduler::snapshot::Con
     scheduler::snapshot::Config {
         min_runtime_before_preemption_ms: config.min_runtime_before_preemption.as_millis() as i64,
         queue_order: config.queue_order,
+        placement: config.placement,
         ..scheduler::snapshot::Config::default()
     }
 }

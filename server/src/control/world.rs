@@ -113,6 +113,7 @@ impl World {
                 elastic: n.elastic,
                 spot: n.spot,
                 drivers: domain::driver::DriverStack::read(n.driver_version.as_deref(), n.cuda_version.as_deref()),
+                host: None,
             });
             node_refs.push((n.cluster_id, n.cluster.clone(), n.name.clone()));
         }
@@ -232,6 +233,7 @@ impl World {
                 job.min_driver_version.as_deref(),
                 job.min_cuda_version.as_deref(),
             ),
+            host: Default::default(),
         })
     }
 
@@ -264,6 +266,7 @@ impl World {
                 job.min_driver_version.as_deref(),
                 job.min_cuda_version.as_deref(),
             ),
+            host: Default::default(),
         })
     }
 
@@ -283,7 +286,11 @@ impl World {
                 let slot: ReplicaSlot = serde_json::from_value(r.clone()).ok()?;
                 // A node that left the inventory no longer counts; its jobs are reconciled.
                 let node = *index.get(&(cluster, slot.node.as_str(), class))?;
-                Some(ReplicaPlacement { node, units: slot.gpus.iter().map(|&u| (u, UNIT)).collect() })
+                Some(ReplicaPlacement {
+                    node,
+                    units: slot.gpus.iter().map(|&u| (u, UNIT)).collect(),
+                    host: Default::default(),
+                })
             })
             .collect()
     }

@@ -13,7 +13,9 @@ use super::{
     inventory::Inventory,
     preemption::{self, Passed, Reach},
     quota::Ledger,
-    snapshot::{ClassId, JobId, JobSpec, Policy, ReplicaPlacement, Snapshot, StartTimeModel, TeamId, Topology},
+    snapshot::{
+        ClassId, JobId, JobSpec, Placement, Policy, ReplicaPlacement, Snapshot, StartTimeModel, TeamId, Topology,
+    },
 };
 
 pub use super::{
@@ -171,6 +173,9 @@ impl<'a> Cycle<'a> {
     /// their quota and the budget they may still spend, so every check sees what is left.
     fn new(s: &'a Snapshot) -> Self {
         let mut inv = Inventory::new(&s.nodes, s.classes.len());
+        if s.config.placement == Placement::Fragmentation {
+            inv.place_by_fragmentation(super::fragmentation::mixes_of(s));
+        }
         let mut ledger = Ledger::new(s);
         let mut hard_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.hard_budget_left_micros).collect();
         let mut soft_left: Vec<Option<i64>> = s.teams.iter().map(|t| t.soft_budget_left_micros).collect();

@@ -16,10 +16,16 @@
 //! one pool: it is one job of one queue at one price. Jobs that do not allow spot never land
 //! on spot pools. Reserved quota is guaranteed on the organisation's own nodes; cloud pools
 //! are burst capacity.
+//!
+//! A node that reports its CPU and memory ([`Host`]) takes a replica only where the replica's
+//! CPU and memory fit beside its GPUs. With [`Placement::Fragmentation`] a replica goes to the
+//! node (and, for a share, the unit) where the expected fragmentation of the arriving shapes
+//! grows least ([`super::fragmentation`]), instead of best-fit; best-fit breaks its ties.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use super::snapshot::{ClassId, DriverStack, JobSpec, Level, Node, NodeId, ReplicaPlacement, Topology, UNIT};
+use super::fragmentation::ShapeMix;
+use super::snapshot::{ClassId, DriverStack, Host, JobSpec, Level, Node, NodeId, ReplicaPlacement, Topology, UNIT};
 
 const UNIT_U16: u16 = UNIT as u16;
 
@@ -47,6 +53,8 @@ struct NodeState {
     elastic: bool,
     spot: bool,
     drivers: DriverStack,
+    /// Free CPU and memory; `None`: not limited.
+    host_free: Option<Host>,
     /// Free milli per unit.
     free: Vec<u16>,
     free_whole: u8,
@@ -82,6 +90,13 @@ struct ClassIndex {
     /// Free whole units per rack and per zone.
     rack_free: BTreeMap<u64, u32>,
     zone_free: BTreeMap<u64, u32>,
+    /// The kinds of node of the class: units and CPU and memory (`None`: not limited), for
+    /// whether a replica could ever fit one.
+    node_kinds: BTreeSet<(u8, Option<Host>)>,
+    /// Whether any node of the class reports its CPU and memory.
+    has_host_limits: bool,
+    /// The shapes that arrive, under [`Placement::Fragmentation`].
+    mix: Option<ShapeMix>,
 }
 
 /// The free GPUs of every node, with the indexes placement needs.
@@ -89,6 +104,9 @@ struct ClassIndex {
 pub struct Inventory {
     nodes: Vec<NodeState>,
     classes: Vec<ClassIndex>,
+    /// Expected fragmentation by a node's class, free CPU and memory, and free units sorted:
+    /// nodes alike (idle ones above all) are measured once.
+    fragmentation_memo: HashMap<(ClassId, Option<Host>, Vec<u16>), f64>,
 }
 
 impl Inventory {
@@ -109,6 +127,7 @@ impl Inventory {
                 elastic: n.elastic,
                 spot: n.spot,
                 drivers: n.drivers,
+                host_free: if n.elastic { None } else { n.host },
                 free: vec![UNIT_U16; usize::from(units)],
                 free_whole: units,
                 domain_size: if n.elastic { 0 } else { n.nvlink_domain_size },
@@ -123,10 +142,21 @@ impl Inventory {
                 c.has_elastic |= n.elastic;
                 *c.rack_free.entry(rack).or_default() += u32::from(units);
                 *c.zone_free.entry(zone).or_default() += u32::from(units);
+                c.node_kinds.insert((units, state.host_free));
+                c.has_host_limits |= state.host_free.is_some();
             }
             states.push(state);
         }
-        Self { nodes: states, classes }
+        Self { nodes: states, classes, fragmentation_memo: HashMap::new() }
+    }
+
+    /// Places by expected fragmentation of the shapes `mix` holds for each class (indexed by
+    /// class; a class without a mix stays best-fit): [`Placement::Fragmentation`].
+    pub fn place_by_fragmentation(&mut self, mixes: Vec<Option<ShapeMix>>) {
+        for (class, mix) in self.classes.iter_mut().zip(mixes) {
+            class.mix = mix.filter(|m| !m.is_empty());
+        }
+        self.fragmentation_memo.clear();
     }
 
     /// Free milli-units of a class.
@@ -148,6 +178,10 @@ impl Inventory {
             && job.replicas > 0
             && per_replica_units <= u32::from(c.max_node_units)
             && job.total_milli() <= c.capacity_milli
+            && (job.host.is_empty()
+                || c.node_kinds.iter().any(|&(units, host)| {
+                    u32::from(units) >= per_replica_units && host.is_none_or(|h| h.holds(&job.host))
+                }))
     }
 
     /// Whether some nodes of the job's class run the driver stack it requires, enough of them
@@ -181,6 +215,11 @@ impl Inventory {
         (newest, free)
     }
 
+    /// A node's free milli over its units, and its free CPU and memory (`None`: not limited).
+    pub fn node_free(&self, node: NodeId) -> (u32, Option<Host>) {
+        self.nodes.get(node as usize).map_or((0, None), |n| (n.free.iter().map(|&f| u32::from(f)).sum(), n.host_free))
+    }
+
     /// Free milli of one unit.
     pub fn unit_free(&self, node: NodeId, unit: u8) -> u32 {
         self.nodes.get(node as usize).and_then(|n| n.free.get(usize::from(unit))).map_or(0, |&f| u32::from(f))
@@ -198,7 +237,14 @@ impl Inventory {
                 .filter(|&(_, milli)| milli > 0)
                 .collect();
             if !units.is_empty() {
-                held.push(ReplicaPlacement { node: replica.node, units });
+                let host = match self.nodes.get(replica.node as usize).and_then(|n| n.host_free) {
+                    Some(free) => Host {
+                        cpu_millis: replica.host.cpu_millis.min(free.cpu_millis),
+                        memory_mib: replica.host.memory_mib.min(free.memory_mib),
+                    },
+                    None => replica.host,
+                };
+                held.push(ReplicaPlacement { node: replica.node, units, host });
             }
         }
         self.allocate(&held);
@@ -211,6 +257,7 @@ impl Inventory {
             for &(unit, milli) in &replica.units {
                 self.change(replica.node, unit, -(milli as i32));
             }
+            self.change_host(replica.node, &replica.host, false);
         }
     }
 
@@ -220,7 +267,27 @@ impl Inventory {
             for &(unit, milli) in &replica.units {
                 self.change(replica.node, unit, milli as i32);
             }
+            self.change_host(replica.node, &replica.host, true);
         }
+    }
+
+    /// Takes (or gives back) a replica's CPU and memory on a node that counts them. Taking
+    /// more than is free leaves none: a placement that does not match the inventory must not
+    /// wrap around.
+    fn change_host(&mut self, node: NodeId, host: &Host, give_back: bool) {
+        let Some(free) = self.nodes.get_mut(node as usize).and_then(|n| n.host_free.as_mut()) else { return };
+        if give_back {
+            free.cpu_millis = free.cpu_millis.saturating_add(host.cpu_millis);
+            free.memory_mib = free.memory_mib.saturating_add(host.memory_mib);
+        } else {
+            free.cpu_millis = free.cpu_millis.saturating_sub(host.cpu_millis);
+            free.memory_mib = free.memory_mib.saturating_sub(host.memory_mib);
+        }
+    }
+
+    /// Whether the node's free CPU and memory hold a replica of `job`.
+    fn host_fits(&self, node: NodeId, job: &JobSpec) -> bool {
+        self.nodes[node as usize].host_free.is_none_or(|free| free.holds(&job.host))
     }
 
     /// Adds `delta` milli to a unit's free amount, keeping every index current. Amounts
@@ -286,6 +353,7 @@ impl Inventory {
     fn whole_replica_slots(&self, job: &JobSpec) -> Option<u64> {
         let class = self.classes.get(usize::from(job.class))?;
         let counted = !class.has_elastic
+            && (job.host.is_empty() || !class.has_host_limits)
             && !job.min_drivers.requires_any()
             && job.milli_per_replica >= UNIT
             && job.milli_per_replica.is_multiple_of(UNIT)
@@ -428,7 +496,7 @@ impl Inventory {
             let mut placed = Vec::with_capacity(usize::from(job.replicas));
             let mut ok = true;
             for _ in 0..job.replicas {
-                match self.replica_on_node(node, job.milli_per_replica, domain) {
+                match self.replica_on_node(node, job, domain) {
                     Some(r) => {
                         self.allocate(std::slice::from_ref(&r));
                         placed.push(r);
@@ -450,7 +518,7 @@ impl Inventory {
     /// The best place for one replica of the job, optionally within a rack or zone, on a node
     /// that runs the driver stack it requires.
     fn best_replica(
-        &self,
+        &mut self,
         job: &JobSpec,
         within: Option<DomainFilter>,
         tier: Option<Tier>,
@@ -462,13 +530,27 @@ impl Inventory {
             within.is_none_or(|f| f.contains(state))
                 && tier.is_none_or(|t| t.admits(state))
                 && state.drivers.meets(&job.min_drivers)
+                && state.host_free.is_none_or(|free| free.holds(&job.host))
         };
+        if index.mix.is_some() {
+            let candidates: Vec<NodeId> = if milli < UNIT {
+                // Every node with a unit that holds the share: partly used ones and those with
+                // an idle unit.
+                let partial = index.partial.range((milli as u16, 0, 0)..).map(|&(_, node, _)| node);
+                let idle = index.buckets.iter().skip(1).flat_map(|b| b.iter().copied());
+                partial.chain(idle).filter(|&n| allowed(n)).collect::<BTreeSet<_>>().into_iter().collect()
+            } else {
+                let whole = (milli / UNIT) as usize;
+                index.buckets.iter().skip(whole).flat_map(|b| b.iter().copied()).filter(|&n| allowed(n)).collect()
+            };
+            return self.least_fragmenting(job, candidates);
+        }
         if milli < UNIT {
             // A share: the partially used unit with the least room that fits, so whole
             // units stay whole for whole-GPU jobs.
             let share = milli as u16;
             if let Some(&(_, node, unit)) = index.partial.range((share, 0, 0)..).find(|&&(_, node, _)| allowed(node)) {
-                return Some(ReplicaPlacement { node, units: vec![(unit, milli)] });
+                return Some(ReplicaPlacement { node, units: vec![(unit, milli)], host: job.host });
             }
         }
         let whole = milli.div_ceil(UNIT) as usize;
@@ -477,7 +559,7 @@ impl Inventory {
                 if !allowed(node) {
                     continue;
                 }
-                if let Some(r) = self.replica_on_node(node, milli, None) {
+                if let Some(r) = self.replica_on_node(node, job, None) {
                     return Some(r);
                 }
             }
@@ -485,9 +567,14 @@ impl Inventory {
         None
     }
 
-    /// One replica on `node`: whole units packed into the fullest NVLink domain that holds
-    /// them, or a share of a unit.
-    fn replica_on_node(&self, node: NodeId, milli: u32, domain: Option<usize>) -> Option<ReplicaPlacement> {
+    /// One replica of `job` on `node`: whole units packed into the fullest NVLink domain that
+    /// holds them, or a share of a unit; `None` when they or its CPU and memory do not fit.
+    fn replica_on_node(&self, node: NodeId, job: &JobSpec, domain: Option<usize>) -> Option<ReplicaPlacement> {
+        let milli = job.milli_per_replica;
+        if !self.host_fits(node, job) {
+            return None;
+        }
+        let host = job.host;
         let state = &self.nodes[node as usize];
         let in_domain = |u: usize| domain.is_none_or(|d| state.domain_of(u) == d);
         if milli < UNIT {
@@ -496,7 +583,7 @@ impl Inventory {
             let unit = (0..state.free.len())
                 .filter(|&u| in_domain(u) && state.free[u] >= share)
                 .min_by_key(|&u| (state.free[u], u))?;
-            return Some(ReplicaPlacement { node, units: vec![(unit as u8, milli)] });
+            return Some(ReplicaPlacement { node, units: vec![(unit as u8, milli)], host });
         }
         let whole = (milli / UNIT) as usize;
         let free: Vec<usize> = (0..state.free.len()).filter(|&u| in_domain(u) && state.free[u] == UNIT_U16).collect();
@@ -516,7 +603,79 @@ impl Inventory {
                 None => free.into_iter().take(whole).collect(),
             }
         };
-        Some(ReplicaPlacement { node, units: units.into_iter().map(|u| (u as u8, UNIT)).collect() })
+        Some(ReplicaPlacement { node, units: units.into_iter().map(|u| (u as u8, UNIT)).collect(), host })
+    }
+
+    /// Among `candidates`, the replica placement that least increases the expected
+    /// fragmentation of its node (for a share, each distinct free amount of a unit that holds
+    /// it is tried); ties go to the node left with the least free milli, then the lower index.
+    fn least_fragmenting(&mut self, job: &JobSpec, candidates: Vec<NodeId>) -> Option<ReplicaPlacement> {
+        // (growth, node's free milli after, node, the placement)
+        let mut best: Option<(f64, u32, NodeId, ReplicaPlacement)> = None;
+        for node in candidates {
+            let state = &self.nodes[node as usize];
+            let node_free: u32 = state.free.iter().map(|&f| u32::from(f)).sum();
+            let mut options: Vec<ReplicaPlacement> = Vec::new();
+            if job.milli_per_replica < UNIT {
+                let mut seen: Vec<u16> = Vec::new();
+                for (u, &f) in state.free.iter().enumerate() {
+                    if u32::from(f) >= job.milli_per_replica && !seen.contains(&f) {
+                        seen.push(f);
+                        options.push(ReplicaPlacement {
+                            node,
+                            units: vec![(u as u8, job.milli_per_replica)],
+                            host: job.host,
+                        });
+                    }
+                }
+            } else if let Some(r) = self.replica_on_node(node, job, None) {
+                options.push(r);
+            }
+            if options.is_empty() {
+                continue;
+            }
+            let before = self.node_fragmentation(node);
+            for option in options {
+                self.allocate(std::slice::from_ref(&option));
+                let after = self.node_fragmentation(node);
+                self.release(std::slice::from_ref(&option));
+                let growth = after - before;
+                let key = (growth, node_free - job.milli_per_replica, node);
+                let better = best
+                    .as_ref()
+                    .is_none_or(|b| key.0 < b.0 - 1e-9 || ((key.0 - b.0).abs() <= 1e-9 && (key.1, key.2) < (b.1, b.2)));
+                if better {
+                    best = Some((key.0, key.1, key.2, option));
+                }
+            }
+        }
+        best.map(|b| b.3)
+    }
+
+    /// The expected fragmentation of a node under its class's mix (0 without one).
+    fn node_fragmentation(&mut self, node: NodeId) -> f64 {
+        let state = &self.nodes[node as usize];
+        let Some(mix) = self.classes.get(usize::from(state.class)).and_then(|c| c.mix.as_ref()) else { return 0.0 };
+        let mut units = state.free.clone();
+        units.sort_unstable();
+        let key = (state.class, state.host_free, units);
+        if let Some(&f) = self.fragmentation_memo.get(&key) {
+            return f;
+        }
+        let f = mix.expected(&key.2, key.1);
+        self.fragmentation_memo.insert(key, f);
+        f
+    }
+
+    /// The expected fragmentation of the whole class under `mix` (FGD's measure of a node
+    /// set: free milli the arriving shapes could not use, weighted by how often each arrives)
+    /// and the class's free milli; their ratio is the fragmentation ratio.
+    pub fn fragmentation(&self, class: ClassId, mix: &ShapeMix) -> (f64, u64) {
+        let mut expected = 0.0;
+        for state in self.nodes.iter().filter(|n| n.class == class && !n.elastic) {
+            expected += mix.expected(&state.free, state.host_free);
+        }
+        (expected, self.free_milli(class))
     }
 
     /// Free milli-units that no replica of the given shapes could use: units on nodes whose
@@ -574,6 +733,7 @@ mod tests {
             elastic: false,
             spot: false,
             drivers: Default::default(),
+            host: None,
         }
     }
 
@@ -594,6 +754,7 @@ mod tests {
             expected_runtime_ms: None,
             grace_ms: None,
             min_drivers: Default::default(),
+            host: Default::default(),
         }
     }
 
@@ -613,7 +774,11 @@ mod tests {
         assert_eq!(inv.find(&tolerant).unwrap()[0].node, 1, "then the spot pool for a spot-tolerant job");
         assert_eq!(inv.find(&job(1, 8000, Topology::Any)).unwrap()[0].node, 0, "never spot for the others");
         // With the on-demand pool full too, a job that refuses spot waits.
-        inv.allocate(&[ReplicaPlacement { node: 0, units: (0..8).map(|u| (u, 1000)).collect() }]);
+        inv.allocate(&[ReplicaPlacement {
+            node: 0,
+            units: (0..8).map(|u| (u, 1000)).collect(),
+            host: Default::default(),
+        }]);
         assert!(inv.find(&job(1, 8000, Topology::Any)).is_none());
         assert_eq!(inv.find(&tolerant).unwrap()[0].node, 1);
     }
@@ -624,7 +789,11 @@ mod tests {
         let mut inv = Inventory::new(&nodes, 1);
         let replica = JobSpec { fixed_nodes_only: true, ..job(1, 4000, Topology::Any) };
         assert_eq!(inv.find(&replica).unwrap()[0].node, 1);
-        inv.allocate(&[ReplicaPlacement { node: 1, units: (0..8).map(|u| (u, 1000)).collect() }]);
+        inv.allocate(&[ReplicaPlacement {
+            node: 1,
+            units: (0..8).map(|u| (u, 1000)).collect(),
+            host: Default::default(),
+        }]);
         assert!(inv.find(&replica).is_none(), "the own node is full: it waits rather than go to the pool");
         assert_eq!(inv.find(&job(1, 4000, Topology::Any)).unwrap()[0].node, 0, "a batch job takes the pool");
     }
@@ -634,7 +803,11 @@ mod tests {
         // Two on-demand pools with 8 free GPUs each: a gang of 2 × 8 fits neither alone.
         let nodes = [pool("a", 8, false), pool("b", 8, false), node("own", 8, 0)];
         let mut inv = Inventory::new(&nodes, 1);
-        inv.allocate(&[ReplicaPlacement { node: 2, units: (0..8).map(|u| (u, 1000)).collect() }]);
+        inv.allocate(&[ReplicaPlacement {
+            node: 2,
+            units: (0..8).map(|u| (u, 1000)).collect(),
+            host: Default::default(),
+        }]);
         assert!(inv.find(&job(2, 8000, Topology::Any)).is_none(), "never split across pools");
         let one = inv.find(&job(1, 8000, Topology::Any)).unwrap();
         assert!(one[0].node < 2);
@@ -647,8 +820,8 @@ mod tests {
     fn a_gang_of_shares_fits_on_the_partly_used_units_of_a_cloud_pool() {
         let mut inv = Inventory::new(&[pool("on-demand", 2, false)], 1);
         inv.allocate(&[
-            ReplicaPlacement { node: 0, units: vec![(0, 250)] },
-            ReplicaPlacement { node: 0, units: vec![(1, 250)] },
+            ReplicaPlacement { node: 0, units: vec![(0, 250)], host: Default::default() },
+            ReplicaPlacement { node: 0, units: vec![(1, 250)], host: Default::default() },
         ]);
         let placement = inv.find(&job(2, 500, Topology::Any)).expect("750 free on each unit");
         assert_eq!(placement.len(), 2);
@@ -658,7 +831,11 @@ mod tests {
     #[test]
     fn a_single_gpu_goes_to_the_fullest_node_that_fits() {
         let mut inv = Inventory::new(&[node("a", 8, 0), node("b", 8, 0)], 1);
-        inv.allocate(&[ReplicaPlacement { node: 1, units: vec![(0, 1000), (1, 1000), (2, 1000)] }]);
+        inv.allocate(&[ReplicaPlacement {
+            node: 1,
+            units: vec![(0, 1000), (1, 1000), (2, 1000)],
+            host: Default::default(),
+        }]);
         let p = inv.find(&job(1, 1000, Topology::Any)).unwrap();
         assert_eq!(p[0].node, 1, "packs onto the busier node, keeping node a whole");
         // Within node b, the replica goes to the partly used NVLink domain (units 0..4).
@@ -668,7 +845,7 @@ mod tests {
     #[test]
     fn shares_fill_partly_used_units_before_whole_ones() {
         let mut inv = Inventory::new(&[node("a", 2, 0)], 1);
-        inv.allocate(&[ReplicaPlacement { node: 0, units: vec![(1, 600)] }]);
+        inv.allocate(&[ReplicaPlacement { node: 0, units: vec![(1, 600)], host: Default::default() }]);
         let p = inv.find(&job(1, 300, Topology::Any)).unwrap();
         assert_eq!(p[0].units, vec![(1, 300)]);
     }
@@ -686,8 +863,16 @@ mod tests {
     #[test]
     fn required_topology_keeps_the_gang_in_one_domain() {
         let mut inv = Inventory::new(&[node("a", 8, 0), node("b", 8, 1)], 1);
-        inv.allocate(&[ReplicaPlacement { node: 0, units: (0..5).map(|u| (u, 1000)).collect() }]);
-        inv.allocate(&[ReplicaPlacement { node: 1, units: (0..5).map(|u| (u, 1000)).collect() }]);
+        inv.allocate(&[ReplicaPlacement {
+            node: 0,
+            units: (0..5).map(|u| (u, 1000)).collect(),
+            host: Default::default(),
+        }]);
+        inv.allocate(&[ReplicaPlacement {
+            node: 1,
+            units: (0..5).map(|u| (u, 1000)).collect(),
+            host: Default::default(),
+        }]);
         // Six GPUs are free in total but at most three per node and rack.
         assert!(inv.find(&job(2, 2000, Topology::Required(Level::Node))).is_none());
         assert!(inv.find(&job(2, 2000, Topology::Required(Level::Rack))).is_none());
@@ -723,8 +908,16 @@ mod tests {
             for (i, n) in nodes.iter().enumerate() {
                 for unit in 0..n.units {
                     match rng.below(4) {
-                        0 => inv.allocate(&[ReplicaPlacement { node: i as NodeId, units: vec![(unit, 1000)] }]),
-                        1 => inv.allocate(&[ReplicaPlacement { node: i as NodeId, units: vec![(unit, 300)] }]),
+                        0 => inv.allocate(&[ReplicaPlacement {
+                            node: i as NodeId,
+                            units: vec![(unit, 1000)],
+                            host: Default::default(),
+                        }]),
+                        1 => inv.allocate(&[ReplicaPlacement {
+                            node: i as NodeId,
+                            units: vec![(unit, 300)],
+                            host: Default::default(),
+                        }]),
                         _ => {}
                     }
                 }

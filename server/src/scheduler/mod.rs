@@ -91,6 +91,7 @@ pub mod engine;
 pub mod eta;
 pub mod fairshare;
 pub mod forecast_errors;
+pub mod fragmentation;
 pub mod inventory;
 mod preemption;
 mod queue;

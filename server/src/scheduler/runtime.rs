@@ -198,6 +198,7 @@ mod tests {
             expected_runtime_ms: None,
             grace_ms: None,
             min_drivers: Default::default(),
+            host: Default::default(),
         }
     }
 

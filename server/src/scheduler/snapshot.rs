@@ -24,6 +24,30 @@ pub type JobId = u64;
 /// Index of a priority class in [`Snapshot::priorities`].
 pub type PriorityId = u8;
 
+/// CPU and memory beside a node's GPUs: what a node has, what a replica asks for or takes.
+/// GPUs are what the engine schedules, but a node whose CPUs or memory are spent cannot take
+/// a replica however many GPUs it has free, and the GPUs it strands there are lost to
+/// everyone: placement checks both, and [`fragmentation`](super::fragmentation) counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Host {
+    /// CPU in thousandths of a core.
+    pub cpu_millis: u32,
+    /// Memory in MiB.
+    pub memory_mib: u32,
+}
+
+impl Host {
+    /// Whether `ask` fits in what this has.
+    pub fn holds(&self, ask: &Host) -> bool {
+        ask.cpu_millis <= self.cpu_millis && ask.memory_mib <= self.memory_mib
+    }
+
+    /// Whether it asks for nothing.
+    pub fn is_empty(&self) -> bool {
+        self.cpu_millis == 0 && self.memory_mib == 0
+    }
+}
+
 /// A GPU class as the engine sees it.
 #[derive(Debug, Clone)]
 pub struct GpuClass {
@@ -83,6 +107,9 @@ pub struct Node {
     /// The driver stack it runs, as far as its cluster says: jobs that require a minimum
     /// are placed only where it holds.
     pub drivers: DriverStack,
+    /// Its allocatable CPU and memory, where its cluster reports them; `None`: not limited
+    /// (an elastic pool sizes its machines to the job).
+    pub host: Option<Host>,
 }
 
 /// A team's quota for one class, in milli-units.
@@ -170,6 +197,8 @@ pub struct JobSpec {
     pub grace_ms: Option<i64>,
     /// The least driver and CUDA version its nodes must run; default: none.
     pub min_drivers: DriverStack,
+    /// CPU and memory each replica needs beside its GPUs, on the replica's node.
+    pub host: Host,
 }
 
 impl JobSpec {
@@ -185,6 +214,8 @@ pub struct ReplicaPlacement {
     pub node: NodeId,
     /// (unit index on the node, milli-units taken).
     pub units: Vec<(u8, u32)>,
+    /// The node's CPU and memory the replica takes.
+    pub host: Host,
 }
 
 /// A job that holds GPUs now.
@@ -221,6 +252,21 @@ pub struct Config {
     /// How a team's waiting jobs of one priority are ordered (Fairway's policy only; the
     /// baselines keep arrival order).
     pub queue_order: QueueOrder,
+    /// Where replicas go on the nodes.
+    pub placement: Placement,
+}
+
+/// Where a replica goes among the nodes that hold it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Placement {
+    /// The node with the fewest free units that still holds it (see
+    /// [`inventory`](super::inventory)).
+    #[default]
+    BestFit,
+    /// The node, and for a share the unit, where the expected fragmentation of the shapes
+    /// that arrive grows least, as FGD does ([`fragmentation`](super::fragmentation)); the
+    /// mix is the shapes of the snapshot's waiting and running jobs, each replica counted.
+    Fragmentation,
 }
 
 /// How a team's waiting jobs of one priority are ordered.
@@ -262,6 +308,7 @@ impl Default for Config {
             start_time_model: StartTimeModel::QuantileForecast,
             budget_period_end_ms: None,
             queue_order: QueueOrder::Arrival,
+            placement: Placement::BestFit,
         }
     }
 }

@@ -52,6 +52,7 @@ fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
                 elastic: false,
                 spot: false,
                 drivers: Default::default(),
+                host: None,
             })
             .collect(),
         teams,
@@ -81,6 +82,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         expected_runtime_ms: None,
         grace_ms: None,
         min_drivers: Default::default(),
+        host: Default::default(),
     }
 }
 
@@ -782,4 +784,80 @@ fn a_job_that_could_preempt_its_own_team_waits_its_rank_and_its_teams_victim_doe
     assert_eq!(admitted(&d), vec![1000]);
     assert!(d.preemptions.is_empty(), "{:?}", d.preemptions);
     assert!(matches!(reason_of(&d, 1), PendingReason::BurstLimit { .. }), "{:?}", reason_of(&d, 1));
+}
+
+/// Two 8-GPU nodes with 64 cores each; node 0 already runs a 6-GPU job taking 40 cores.
+fn cpu_bound_cluster(placement: Placement) -> Snapshot {
+    let mut s = cluster(2, vec![team("a", 16, 0)]);
+    for n in &mut s.nodes {
+        n.host = Some(Host { cpu_millis: 64_000, memory_mib: 512 * 1024 });
+    }
+    s.config.placement = placement;
+    let mut busy = job(1, 0, 6, 0);
+    busy.host = Host { cpu_millis: 40_000, memory_mib: 1024 };
+    start(&mut s, busy, HOUR);
+    assert_eq!(s.running[0].placement[0].node, 0);
+    s
+}
+
+#[test]
+fn a_replica_whose_cpus_do_not_fit_beside_the_fullest_nodes_gpus_goes_to_a_node_where_they_do() {
+    let mut s = cpu_bound_cluster(Placement::BestFit);
+    // Best-fit by GPUs alone is node 0 (2 GPUs free), but only 24 of its cores are.
+    let mut wide = job(2, 0, 2, 0);
+    wide.host = Host { cpu_millis: 32_000, memory_mib: 1024 };
+    let mut narrow = job(3, 0, 2, 0);
+    narrow.host = Host { cpu_millis: 8_000, memory_mib: 1024 };
+    s.pending = vec![wide, narrow];
+    let d = schedule(&s);
+    let node_of = |id| d.admissions.iter().find(|a| a.job == id).map(|a| a.placement[0].node);
+    assert_eq!(node_of(2), Some(1), "32 cores do not fit beside node 0's free GPUs");
+    assert_eq!(node_of(3), Some(0), "8 cores do: best-fit keeps node 1's GPUs together");
+    let taken = d.admissions.iter().find(|a| a.job == 2).unwrap().placement[0].host;
+    assert_eq!(taken.cpu_millis, 32_000, "the placement carries the CPUs it takes");
+}
+
+#[test]
+fn a_replica_that_fits_on_no_node_with_its_cpus_never_fits() {
+    let mut s = cpu_bound_cluster(Placement::BestFit);
+    let mut huge = job(2, 0, 1, 0);
+    huge.host = Host { cpu_millis: 65_000, memory_mib: 1024 };
+    s.pending = vec![huge];
+    let d = schedule(&s);
+    assert!(d.admissions.is_empty());
+    assert_eq!(reason_of(&d, 2), PendingReason::NeverFits);
+}
+
+#[test]
+fn by_fragmentation_a_replica_goes_where_it_strands_the_fewest_gpus_for_the_shapes_that_arrive() {
+    // Waiting: one GPU with 16 cores, then jobs of 1 GPU with 24 cores. Best-fit puts the first
+    // on node 0 (2 GPUs free, 24 cores): 8 cores are left, and its last GPU is stranded for
+    // every shape. By fragmentation it goes to node 1, where the cores left still hold every
+    // shape, and node 0 keeps its 24 cores for one 24-core job.
+    let pending = |s: &mut Snapshot| {
+        let mut first = job(2, 0, 1, 0);
+        first.host = Host { cpu_millis: 16_000, memory_mib: 1024 };
+        let mut rest: Vec<JobSpec> = (3..8)
+            .map(|id| {
+                let mut j = job(id, 0, 1, 0);
+                j.host = Host { cpu_millis: 24_000, memory_mib: 1024 };
+                j
+            })
+            .collect();
+        s.pending = vec![first];
+        s.pending.append(&mut rest);
+    };
+    let mut best = cpu_bound_cluster(Placement::BestFit);
+    pending(&mut best);
+    let by_best_fit = schedule(&best);
+    let mut fgd = cpu_bound_cluster(Placement::Fragmentation);
+    pending(&mut fgd);
+    let by_fragmentation = schedule(&fgd);
+    let node_of = |d: &Decisions, id| d.admissions.iter().find(|a| a.job == id).map(|a| a.placement[0].node);
+    assert_eq!(node_of(&by_best_fit, 2), Some(0));
+    assert_eq!(node_of(&by_fragmentation, 2), Some(1));
+    // Best-fit: 16 cores on node 0, two 24-core jobs on node 1 (16 cores left there, 8 on
+    // node 0). By fragmentation: 16 + 24 + 24 cores on node 1 and 24 on node 0: one job more.
+    assert_eq!(by_best_fit.admissions.len(), 3, "{:?}", admitted(&by_best_fit));
+    assert_eq!(by_fragmentation.admissions.len(), 4, "{:?}", admitted(&by_fragmentation));
 }

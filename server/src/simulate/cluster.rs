@@ -191,6 +191,7 @@ fn build_nodes(groups: &[NodeGroup], class_ids: &HashMap<&str, ClassId>) -> Resu
                 elastic: false,
                 spot: false,
                 drivers: Default::default(),
+                host: None,
             });
         }
         if let Some(per_rack) = group.nodes_per_rack {

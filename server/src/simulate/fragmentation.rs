@@ -1,8 +1,10 @@
 //! `fairway fragmentation`: the FGD paper's experiment (Weng et al., ATC '23). Pods of each
-//! list are placed on the Alibaba v2023 GPU nodes until the first pod that does not fit; at
-//! that point, GPUs allocated (milli-GPUs / 1000) and GPUs stranded (capacity − allocated:
-//! free capacity the next pod could not use) measure how well a placement policy avoids
-//! fragmentation.
+//! list are placed on the Alibaba v2023 GPU nodes, with their CPU and memory, until the first
+//! GPU pod that does not fit; at that point, GPUs allocated (milli-GPUs / 1000) and GPUs
+//! stranded (capacity − allocated: free capacity the next pod could not use) measure how
+//! well a placement policy avoids fragmentation, beside the fragmentation ratio (the
+//! expected fragmentation of the nodes under the list's GPU shapes, as a share of what is
+//! free; [`crate::scheduler::fragmentation`]).
 //!
 //! Two arrival orders:
 //! - **listed**: the list's own order, starting over from the top if it runs out before a pod
@@ -12,34 +14,44 @@
 //!   variants' shape mixes matter), by a fixed-seed generator; the table shows the mean over
 //!   [`SAMPLED_RUNS`] seeds.
 //!
-//! Only GPUs are modelled, as Fairway schedules GPUs: pods without GPUs are skipped, and
-//! CPU and memory are not checked. A pod is one replica (its GPUs on one node; a share of one
-//! GPU when `num_gpu == 1` and `gpu_milli < 1000`), as in [`super::traces`].
+//! A pod is one replica (its GPUs on one node; a share of one GPU when `num_gpu == 1` and
+//! `gpu_milli < 1000`), as in [`super::traces`], with its CPU and memory on the same node.
+//! Pods without GPUs take CPU and memory too; Fairway does not place them (a cluster's own
+//! scheduler does), so under every policy they go by one rule: the node with the fewest free
+//! GPUs, then the least free CPU, that holds them. One that fits nowhere is skipped.
 //!
 //! Policies:
 //! - **Fairway**: the engine's own placement ([`Inventory::find`]), exactly what an admission
-//!   would choose for the pod.
-//! - **Best-fit**: a whole-GPU pod goes to the node whose free GPU capacity after placing it
-//!   is the smallest; a share goes to the GPU with the least free capacity that still holds
-//!   it, among equally free GPUs to the one on the node with the least free capacity. Other
-//!   ties go to the lower node (and GPU) index.
+//!   would choose for the pod: best-fit ([`Placement::BestFit`]).
+//! - **Fairway, FGD**: the same with [`Placement::Fragmentation`], the mix being the list's
+//!   GPU pods' shapes.
+//! - **Best-fit**: plain best-fit, independent of the engine: a whole-GPU pod goes to the node
+//!   whose free GPU capacity after placing it is the smallest, a share to the GPU with the
+//!   least free capacity that still holds it (among equally free GPUs, the one on the node
+//!   with the least free capacity); only nodes with the pod's CPU and memory free. Other ties
+//!   go to the lower node (and GPU) index.
 
 use std::fmt::Write as _;
 
 use super::traces::{self, files, AlibabaPod, TraceError, Traces};
 use crate::{
     rng::SplitMix64,
-    scheduler::{inventory::Inventory, JobSpec, Node, Topology, UNIT},
+    scheduler::{
+        fragmentation::{Shape, ShapeMix},
+        inventory::Inventory,
+        Host, JobSpec, Node, ReplicaPlacement, Topology, UNIT,
+    },
 };
 
 /// A placement policy under test.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placer {
+    /// The engine, best-fit.
     Fairway,
+    /// The engine, by fragmentation gradient descent.
+    FairwayFgd,
+    /// Plain best-fit.
     BestFit,
-    /// Fragmentation gradient descent (FGD): the placement that least increases the expected
-    /// fragmentation of the node, given the shapes that arrive ([`Fgd`]).
-    Fgd,
 }
 
 impl Placer {
@@ -47,13 +59,13 @@ impl Placer {
     pub fn name(self) -> &'static str {
         match self {
             Placer::Fairway => "Fairway",
+            Placer::FairwayFgd => "Fairway, FGD",
             Placer::BestFit => "best-fit",
-            Placer::Fgd => "FGD",
         }
     }
 
     /// Every placer, in the table's order.
-    pub const ALL: [Placer; 3] = [Placer::Fairway, Placer::BestFit, Placer::Fgd];
+    pub const ALL: [Placer; 3] = [Placer::BestFit, Placer::Fairway, Placer::FairwayFgd];
 }
 
 /// The order pods arrive in.
@@ -68,10 +80,10 @@ pub enum Order {
 /// When a run stops.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Until {
-    /// At the first pod that does not fit.
+    /// At the first GPU pod that does not fit.
     FirstFailure,
-    /// FGD's measure: once the pods that arrived ask for the cluster's whole capacity, pods
-    /// that do not fit skipped (they do not run).
+    /// FGD's measure: once the GPU pods that arrived ask for the cluster's whole GPU capacity,
+    /// pods that do not fit skipped (they do not run).
     ArrivedCapacity,
 }
 
@@ -86,12 +98,14 @@ pub struct FragmentationRow {
     pub order: &'static str,
     pub until: Until,
     pub placer: Placer,
-    /// GPU pods placed before the first failure (a mean for the sampled order).
+    /// GPU pods placed before the end (a mean for the sampled order).
     pub pods_placed: f64,
     /// GPU pods in the list.
     pub gpu_pods: usize,
     pub allocated_gpus: f64,
     pub stranded_gpus: f64,
+    /// Expected fragmentation over free capacity at the end, in percent.
+    pub fragmentation_percent: f64,
 }
 
 /// The pod lists of the experiment, by name.
@@ -133,20 +147,25 @@ pub struct Outcome {
     pub gpu_pods: usize,
     pub allocated_milli: f64,
     pub capacity_milli: f64,
+    /// The nodes' expected fragmentation at the end, in milli.
+    pub fragmentation_milli: f64,
 }
 
 impl Outcome {
     fn mean(runs: &[Outcome]) -> Outcome {
         let n = runs.len().max(1) as f64;
+        let mean = |f: fn(&Outcome) -> f64| runs.iter().map(f).sum::<f64>() / n;
         Outcome {
-            pods_placed: runs.iter().map(|r| r.pods_placed).sum::<f64>() / n,
+            pods_placed: mean(|r| r.pods_placed),
             gpu_pods: runs.first().map_or(0, |r| r.gpu_pods),
-            allocated_milli: runs.iter().map(|r| r.allocated_milli).sum::<f64>() / n,
+            allocated_milli: mean(|r| r.allocated_milli),
             capacity_milli: runs.first().map_or(0.0, |r| r.capacity_milli),
+            fragmentation_milli: mean(|r| r.fragmentation_milli),
         }
     }
 
     fn row(&self, workload: &str, order: &'static str, until: Until, placer: Placer) -> FragmentationRow {
+        let free = self.capacity_milli - self.allocated_milli;
         FragmentationRow {
             workload: workload.into(),
             order,
@@ -155,7 +174,24 @@ impl Outcome {
             pods_placed: self.pods_placed,
             gpu_pods: self.gpu_pods,
             allocated_gpus: self.allocated_milli / f64::from(UNIT),
-            stranded_gpus: (self.capacity_milli - self.allocated_milli) / f64::from(UNIT),
+            stranded_gpus: free / f64::from(UNIT),
+            fragmentation_percent: if free > 0.0 { 100.0 * self.fragmentation_milli / free } else { 0.0 },
+        }
+    }
+}
+
+/// What a pod asks of one node: GPU milli (0 for none) and CPU and memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ask {
+    milli: u32,
+    host: Host,
+}
+
+impl Ask {
+    fn of(pod: &AlibabaPod) -> Self {
+        Ask {
+            milli: pod.milli_per_replica().unwrap_or(0),
+            host: Host { cpu_millis: pod.cpu_milli, memory_mib: u32::try_from(pod.memory_mib).unwrap_or(u32::MAX) },
         }
     }
 }
@@ -166,16 +202,18 @@ pub fn place_until_failure(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, 
     place(nodes, pods, placer, order, Until::FirstFailure)
 }
 
-/// Places GPU pods in the given order until `until`: the first that does not fit, or the
-/// arrivals asking for the whole capacity (those that do not fit skipped). `pods_placed`
-/// counts the pods that run.
+/// Places pods in the given order until `until`: the first GPU pod that does not fit, or the
+/// GPU pods that arrived asking for the whole capacity (those that do not fit skipped).
+/// `pods_placed` counts the GPU pods that run.
 pub fn place(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, order: Order, until: Until) -> Outcome {
-    let requests: Vec<u32> = pods.iter().filter_map(AlibabaPod::milli_per_replica).collect();
+    let asks: Vec<Ask> = pods.iter().map(Ask::of).collect();
+    let gpu_pods = asks.iter().filter(|a| a.milli > 0).count();
+    let mix = ShapeMix::from_counts(asks.iter().map(|a| (Shape { milli: a.milli, host: a.host }, 1.0)));
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();
     let mut state: Box<dyn Place> = match placer {
-        Placer::Fairway => Box::new(FairwayPlacer::new(nodes)),
+        Placer::Fairway => Box::new(FairwayPlacer::new(nodes, None)),
+        Placer::FairwayFgd => Box::new(FairwayPlacer::new(nodes, Some(mix.clone()))),
         Placer::BestFit => Box::new(BestFit::new(nodes)),
-        Placer::Fgd => Box::new(Fgd::new(nodes, &requests)),
     };
     let mut allocated = 0u64;
     let mut placed = 0usize;
@@ -184,57 +222,86 @@ pub fn place(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, order: Order, 
         Order::Sampled(seed) => seed,
         Order::Listed => 0,
     });
-    while !requests.is_empty() {
-        let next = match order {
-            Order::Listed => arrived % requests.len(),
-            Order::Sampled(_) => rng.index(requests.len()),
-        };
-        let milli = requests[next];
-        arrived += 1;
-        asked += u64::from(milli);
-        if until == Until::ArrivedCapacity && asked > capacity {
-            break;
-        }
-        if state.place(milli) {
-            allocated += u64::from(milli);
-            placed += 1;
-        } else if until == Until::FirstFailure {
-            break;
+    // Without a GPU pod nothing ends a run; with one, capacity does (each placed pod takes
+    // some, and a failure or the arrivals' total ends it).
+    if gpu_pods > 0 {
+        loop {
+            let next = match order {
+                Order::Listed => arrived % asks.len(),
+                Order::Sampled(_) => rng.index(asks.len()),
+            };
+            let ask = asks[next];
+            arrived += 1;
+            if ask.milli == 0 {
+                state.place_host_only(ask.host);
+                continue;
+            }
+            asked += u64::from(ask.milli);
+            if until == Until::ArrivedCapacity && asked > capacity {
+                break;
+            }
+            if state.place(ask) {
+                allocated += u64::from(ask.milli);
+                placed += 1;
+            } else if until == Until::FirstFailure {
+                break;
+            }
         }
     }
     Outcome {
         pods_placed: placed as f64,
-        gpu_pods: requests.len(),
+        gpu_pods,
         allocated_milli: allocated as f64,
         capacity_milli: capacity as f64,
+        fragmentation_milli: state.fragmentation(&mix),
     }
 }
 
 /// A placement policy with its free-GPU state.
 trait Place {
-    /// Places one replica of `milli` milli-GPUs; false when it does not fit.
-    fn place(&mut self, milli: u32) -> bool;
+    /// Places one GPU pod; false when it does not fit.
+    fn place(&mut self, ask: Ask) -> bool;
+    /// Places a pod without GPUs by the common rule (see the module doc); false when it fits
+    /// nowhere.
+    fn place_host_only(&mut self, host: Host) -> bool;
+    /// The nodes' expected fragmentation under `mix`, in milli.
+    fn fragmentation(&self, mix: &ShapeMix) -> f64;
+}
+
+/// The node for a pod without GPUs: the fewest free GPU milli, then the least free CPU, then
+/// the lower index, among `nodes` (free GPU milli, free CPU and memory) that hold it.
+fn host_only_node(nodes: impl Iterator<Item = (u32, Host)>, host: Host) -> Option<usize> {
+    nodes
+        .enumerate()
+        .filter(|(_, (_, free))| free.holds(&host))
+        .min_by_key(|&(i, (gpu, free))| (gpu, free.cpu_millis, i))
+        .map(|(i, _)| i)
 }
 
 /// The engine's inventory, placing as an admission does.
 struct FairwayPlacer {
     inventory: Inventory,
+    nodes: usize,
 }
 
 impl FairwayPlacer {
-    fn new(nodes: &[Node]) -> Self {
-        Self { inventory: Inventory::new(nodes, 1) }
+    fn new(nodes: &[Node], mix: Option<ShapeMix>) -> Self {
+        let mut inventory = Inventory::new(nodes, 1);
+        if let Some(mix) = mix {
+            inventory.place_by_fragmentation(vec![Some(mix)]);
+        }
+        Self { inventory, nodes: nodes.len() }
     }
 }
 
 impl Place for FairwayPlacer {
-    fn place(&mut self, milli: u32) -> bool {
+    fn place(&mut self, ask: Ask) -> bool {
         let job = JobSpec {
             id: 0,
             team: 0,
             class: 0,
             replicas: 1,
-            milli_per_replica: milli,
+            milli_per_replica: ask.milli,
             priority: 0,
             topology: Topology::Any,
             submitted_ms: 0,
@@ -245,6 +312,7 @@ impl Place for FairwayPlacer {
             expected_runtime_ms: None,
             grace_ms: None,
             min_drivers: Default::default(),
+            host: ask.host,
         };
         match self.inventory.find(&job) {
             Some(placement) => {
@@ -254,29 +322,56 @@ impl Place for FairwayPlacer {
             None => false,
         }
     }
+
+    fn place_host_only(&mut self, host: Host) -> bool {
+        let free = (0..self.nodes as u32).map(|n| {
+            let (gpu, host) = self.inventory.node_free(n);
+            (gpu, host.unwrap_or(Host { cpu_millis: u32::MAX, memory_mib: u32::MAX }))
+        });
+        let Some(node) = host_only_node(free, host) else { return false };
+        self.inventory.allocate(&[ReplicaPlacement { node: node as u32, units: Vec::new(), host }]);
+        true
+    }
+
+    fn fragmentation(&self, mix: &ShapeMix) -> f64 {
+        self.inventory.fragmentation(0, mix).0
+    }
 }
 
-/// Plain best-fit over free milli-GPUs per GPU.
+/// Plain best-fit over free milli-GPUs per GPU, on nodes with the CPU and memory free.
 struct BestFit {
     free: Vec<Vec<u32>>,
+    host: Vec<Host>,
 }
 
 impl BestFit {
     fn new(nodes: &[Node]) -> Self {
-        Self { free: nodes.iter().map(|n| vec![UNIT; usize::from(n.units)]).collect() }
+        let unlimited = Host { cpu_millis: u32::MAX, memory_mib: u32::MAX };
+        Self {
+            free: nodes.iter().map(|n| vec![UNIT; usize::from(n.units)]).collect(),
+            host: nodes.iter().map(|n| n.host.unwrap_or(unlimited)).collect(),
+        }
+    }
+
+    fn take_host(&mut self, n: usize, host: Host) {
+        self.host[n].cpu_millis -= host.cpu_millis;
+        self.host[n].memory_mib -= host.memory_mib;
     }
 }
 
 impl Place for BestFit {
-    fn place(&mut self, milli: u32) -> bool {
+    fn place(&mut self, ask: Ask) -> bool {
+        let milli = ask.milli;
         if milli < UNIT {
             // The GPU with the least free capacity that still holds the share; among equally
             // free GPUs (idle ones, typically), the one on the node with the least free.
             let best = self
                 .free
                 .iter()
+                .zip(&self.host)
                 .enumerate()
-                .flat_map(|(n, units)| {
+                .filter(|(_, (_, host))| host.holds(&ask.host))
+                .flat_map(|(n, (units, _))| {
                     let node_free: u32 = units.iter().sum();
                     units.iter().enumerate().map(move |(u, &f)| (f, node_free, n, u))
                 })
@@ -284,6 +379,7 @@ impl Place for BestFit {
                 .min();
             let Some((_, _, n, u)) = best else { return false };
             self.free[n][u] -= milli;
+            self.take_host(n, ask.host);
             return true;
         }
         let whole = (milli / UNIT) as usize;
@@ -291,130 +387,35 @@ impl Place for BestFit {
         let best = self
             .free
             .iter()
+            .zip(&self.host)
             .enumerate()
-            .filter(|(_, units)| units.iter().filter(|&&f| f == UNIT).count() >= whole)
-            .map(|(n, units)| (units.iter().sum::<u32>() - milli, n))
+            .filter(|(_, (units, host))| host.holds(&ask.host) && units.iter().filter(|&&f| f == UNIT).count() >= whole)
+            .map(|(n, (units, _))| (units.iter().sum::<u32>() - milli, n))
             .min();
         let Some((_, n)) = best else { return false };
         for unit in self.free[n].iter_mut().filter(|f| **f == UNIT).take(whole) {
             *unit = 0;
         }
+        self.take_host(n, ask.host);
         true
     }
-}
 
-/// Fragmentation gradient descent (Weng et al., "Beware of Fragmentation", ATC '23), GPUs
-/// only. A node's fragmentation for a task shape is the free capacity that shape cannot use
-/// there: all of it when the shape fits nowhere on the node; otherwise the free capacity of
-/// the GPUs too full for it (a share larger than what a GPU has left; any partly used GPU,
-/// for whole-GPU shapes). Its expected fragmentation weighs each shape by how often it
-/// arrives. Each pod goes where that expectation grows least (for a share, to the GPU where
-/// it does), ties to the fuller node, then the lower index.
-struct Fgd {
-    free: Vec<Vec<u32>>,
-    /// The arriving shapes (milli-GPUs per replica) and their frequencies.
-    shapes: Vec<(u32, f64)>,
-    /// A node's expected fragmentation by its free capacity per GPU, sorted: nodes alike
-    /// (idle ones, typically) are measured once.
-    memo: std::collections::HashMap<Vec<u32>, f64>,
-}
-
-impl Fgd {
-    fn new(nodes: &[Node], requests: &[u32]) -> Self {
-        let mut counts: std::collections::BTreeMap<u32, usize> = std::collections::BTreeMap::new();
-        for &r in requests {
-            *counts.entry(r).or_default() += 1;
-        }
-        let n = requests.len().max(1) as f64;
-        Self {
-            free: nodes.iter().map(|n| vec![UNIT; usize::from(n.units)]).collect(),
-            shapes: counts.into_iter().map(|(milli, count)| (milli, count as f64 / n)).collect(),
-            memo: std::collections::HashMap::new(),
-        }
-    }
-
-    /// The free capacity of a node with GPUs `free` that a task of `milli` cannot use.
-    fn fragmentation(free: &[u32], milli: u32) -> u32 {
-        let total: u32 = free.iter().sum();
-        if milli < UNIT {
-            if free.iter().all(|&f| f < milli) {
-                return total;
-            }
-            return free.iter().filter(|&&f| f < milli).sum();
-        }
-        let idle = free.iter().filter(|&&f| f == UNIT).count() as u32;
-        if idle < milli / UNIT {
-            return total;
-        }
-        free.iter().filter(|&&f| f < UNIT).sum()
-    }
-
-    /// The expected fragmentation of a node with GPUs `free`.
-    fn expected(&mut self, free: &[u32]) -> f64 {
-        let mut key = free.to_vec();
-        key.sort_unstable();
-        if let Some(&f) = self.memo.get(&key) {
-            return f;
-        }
-        let f = self.shapes.iter().map(|&(milli, p)| p * f64::from(Self::fragmentation(&key, milli))).sum();
-        self.memo.insert(key, f);
-        f
-    }
-}
-
-impl Place for Fgd {
-    fn place(&mut self, milli: u32) -> bool {
-        // (growth of the expected fragmentation, node's free capacity after, node, GPU).
-        let mut best: Option<(f64, u32, usize, usize)> = None;
-        for n in 0..self.free.len() {
-            let units = self.free[n].clone();
-            let node_free: u32 = units.iter().sum();
-            if node_free < milli {
-                continue;
-            }
-            let before = self.expected(&units);
-            // The candidates: for a share, one GPU per distinct free capacity that holds it;
-            // for whole GPUs, the node's idle ones.
-            let mut candidates: Vec<usize> = Vec::new();
-            if milli < UNIT {
-                let mut seen = Vec::new();
-                for (u, &f) in units.iter().enumerate() {
-                    if f >= milli && !seen.contains(&f) {
-                        seen.push(f);
-                        candidates.push(u);
-                    }
-                }
-            } else if units.iter().filter(|&&f| f == UNIT).count() >= (milli / UNIT) as usize {
-                candidates.push(usize::MAX);
-            }
-            for u in candidates {
-                let mut after = units.clone();
-                if u == usize::MAX {
-                    for unit in after.iter_mut().filter(|f| **f == UNIT).take((milli / UNIT) as usize) {
-                        *unit = 0;
-                    }
-                } else {
-                    after[u] -= milli;
-                }
-                let growth = self.expected(&after) - before;
-                let key = (growth, node_free - milli, n, u);
-                let better = best.is_none_or(|b| {
-                    key.0 < b.0 - 1e-9 || ((key.0 - b.0).abs() <= 1e-9 && (key.1, key.2, key.3) < (b.1, b.2, b.3))
-                });
-                if better {
-                    best = Some(key);
-                }
-            }
-        }
-        let Some((_, _, n, u)) = best else { return false };
-        if u == usize::MAX {
-            for unit in self.free[n].iter_mut().filter(|f| **f == UNIT).take((milli / UNIT) as usize) {
-                *unit = 0;
-            }
-        } else {
-            self.free[n][u] -= milli;
-        }
+    fn place_host_only(&mut self, host: Host) -> bool {
+        let free = self.free.iter().zip(&self.host).map(|(units, &h)| (units.iter().sum::<u32>(), h));
+        let Some(n) = host_only_node(free, host) else { return false };
+        self.take_host(n, host);
         true
+    }
+
+    fn fragmentation(&self, mix: &ShapeMix) -> f64 {
+        self.free
+            .iter()
+            .zip(&self.host)
+            .map(|(units, &host)| {
+                let units: Vec<u16> = units.iter().map(|&f| f as u16).collect();
+                mix.expected(&units, Some(host))
+            })
+            .sum()
     }
 }
 
@@ -431,7 +432,11 @@ pub fn render(rows: &[FragmentationRow]) -> String {
         if !out.is_empty() {
             out.push('\n');
         }
-        let _ = writeln!(out, "{title} (GPU pods only; sampled = mean of {SAMPLED_RUNS} seeds)");
+        let _ = writeln!(
+            out,
+            "{title} (CPU and memory checked; sampled = mean of {SAMPLED_RUNS} seeds; fragmentation: expected \
+             fragmentation under the list's GPU shapes as a share of free GPU capacity)"
+        );
         render_table(&mut out, rows.iter().filter(|r| r.until == until));
     }
     out
@@ -440,18 +445,19 @@ pub fn render(rows: &[FragmentationRow]) -> String {
 fn render_table<'a>(out: &mut String, rows: impl Iterator<Item = &'a FragmentationRow>) {
     let _ = writeln!(
         out,
-        "| workload | order | policy | GPUs allocated | GPUs stranded | pods placed | GPU pods in list |"
+        "| workload | order | policy | GPUs allocated | GPUs stranded | fragmentation | GPU pods placed | GPU pods in list |"
     );
-    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1} | {} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1}% | {:.1} | {} |",
             r.workload,
             r.order,
             r.placer.name(),
             r.allocated_gpus,
             r.stranded_gpus,
+            r.fragmentation_percent,
             r.pods_placed,
             r.gpu_pods
         );
@@ -476,6 +482,7 @@ mod tests {
                 elastic: false,
                 spot: false,
                 drivers: Default::default(),
+                host: Some(Host { cpu_millis: 8000 * u32::from(u), memory_mib: 65536 }),
             })
             .collect()
     }
@@ -494,37 +501,81 @@ mod tests {
         }
     }
 
-    #[test]
-    fn best_fit_puts_a_gpu_on_the_fullest_node_and_a_share_on_the_fullest_gpu() {
-        let mut bf = BestFit::new(&nodes(&[4, 2]));
-        assert!(bf.place(1000));
-        assert_eq!(bf.free[1], [0, 1000], "the 2-GPU node is left with less");
-        assert!(bf.place(300));
-        assert_eq!(bf.free[1], [0, 700], "among idle GPUs, the one on the fuller node");
-        assert!(bf.place(600));
-        assert_eq!(bf.free[1], [0, 100], "the share joins the partly used GPU");
-        assert!(bf.place(500));
-        assert_eq!(bf.free[0], [500, 1000, 1000, 1000]);
-        assert!(!bf.place(8000));
+    fn with_cpu(mut pod: AlibabaPod, cpu_milli: u32) -> AlibabaPod {
+        pod.cpu_milli = cpu_milli;
+        pod
+    }
+
+    fn ask(milli: u32, cpu_millis: u32) -> Ask {
+        Ask { milli, host: Host { cpu_millis, memory_mib: 0 } }
     }
 
     #[test]
-    fn fgd_keeps_whole_gpus_whole_where_best_fit_splits_them() {
-        // Shares of 0.5 and whole GPUs arrive alike. Best-fit puts the second share beside
-        // the first only by luck of the index; FGD measures: a share on an idle GPU of a node
-        // whose other GPU is partly used leaves nothing a whole GPU can take.
-        let requests = [500, 1000];
-        let mut fgd = Fgd::new(&nodes(&[2, 2]), &requests);
-        assert!(fgd.place(500));
-        assert!(fgd.place(500));
-        assert_eq!(fgd.free.iter().filter(|n| n.contains(&UNIT)).count(), 2, "{:?}", fgd.free);
-        assert!(fgd.free.iter().any(|n| n.contains(&0)), "the two shares share a GPU: {:?}", fgd.free);
-        // The expected fragmentation of an idle 2-GPU node is nothing; of one with half a
-        // GPU left, that half for the whole-GPU shape (half the arrivals): 250.
-        assert_eq!(fgd.expected(&[UNIT, UNIT]), 0.0);
-        assert_eq!(fgd.expected(&[500, UNIT]), 250.0);
-        assert_eq!(Fgd::fragmentation(&[500, 0], 1000), 500, "no whole GPU: all of it");
-        assert_eq!(Fgd::fragmentation(&[300, 1000], 500), 300);
+    fn best_fit_puts_a_gpu_on_the_fullest_node_and_a_share_on_the_fullest_gpu() {
+        let mut bf = BestFit::new(&nodes(&[4, 2]));
+        assert!(bf.place(ask(1000, 0)));
+        assert_eq!(bf.free[1], [0, 1000], "the 2-GPU node is left with less");
+        assert!(bf.place(ask(300, 0)));
+        assert_eq!(bf.free[1], [0, 700], "among idle GPUs, the one on the fuller node");
+        assert!(bf.place(ask(600, 0)));
+        assert_eq!(bf.free[1], [0, 100], "the share joins the partly used GPU");
+        assert!(bf.place(ask(500, 0)));
+        assert_eq!(bf.free[0], [500, 1000, 1000, 1000]);
+        assert!(!bf.place(ask(8000, 0)));
+    }
+
+    #[test]
+    fn a_node_whose_cpus_are_spent_takes_no_pod_however_many_gpus_it_has_free() {
+        // 6 GPUs, 48 cores; pods of one GPU and 12 cores: the CPUs hold only three of them (two
+        // on the 4-GPU node, one on the 2-GPU node), however the GPUs are chosen.
+        for placer in Placer::ALL {
+            let pods = [with_cpu(pod(1, 1000), 12_000)];
+            let outcome = place(&nodes(&[4, 2]), &pods, placer, Order::Listed, Until::ArrivedCapacity);
+            assert_eq!(outcome.pods_placed, 3.0, "{placer:?}");
+        }
+        let mut bf = BestFit::new(&nodes(&[4, 2]));
+        assert!(bf.place(ask(1000, 12_000)));
+        assert!(bf.place(ask(1000, 12_000)));
+        assert_eq!((bf.free[0].iter().sum::<u32>(), bf.free[1].iter().sum::<u32>()), (3000, 1000));
+        assert_eq!(bf.host[1].cpu_millis, 4000, "the second went to the 4-GPU node: 4 cores were left here");
+    }
+
+    #[test]
+    fn fgd_keeps_a_nodes_cpus_for_its_gpus_where_best_fit_strands_them() {
+        // A 2-GPU node with 16 cores and a 4-GPU node with 32. One pod of a GPU and 16 cores,
+        // then pods of a GPU and 1 core. Best-fit puts the first on the fuller 2-GPU node: its
+        // cores are gone and its other GPU is stranded. FGD sees that and puts it on the big
+        // node, where the cores left still hold every shape; all six pods run.
+        let pods = [
+            with_cpu(pod(1, 1000), 16_000),
+            with_cpu(pod(1, 1000), 1000),
+            with_cpu(pod(1, 1000), 1000),
+            with_cpu(pod(1, 1000), 1000),
+            with_cpu(pod(1, 1000), 1000),
+            with_cpu(pod(1, 1000), 1000),
+        ];
+        let run = |placer| place(&nodes(&[2, 4]), &pods, placer, Order::Listed, Until::ArrivedCapacity);
+        let fgd = run(Placer::FairwayFgd);
+        assert_eq!((fgd.pods_placed, fgd.allocated_milli), (6.0, 6000.0));
+        for placer in [Placer::Fairway, Placer::BestFit] {
+            let outcome = run(placer);
+            assert_eq!((outcome.pods_placed, outcome.allocated_milli), (5.0, 5000.0), "{placer:?}");
+            let row = outcome.row("t", "listed", Until::ArrivedCapacity, placer);
+            assert_eq!(row.stranded_gpus, 1.0);
+            assert_eq!(row.fragmentation_percent, 100.0, "the GPU left can take no shape: {placer:?}");
+        }
+    }
+
+    #[test]
+    fn pods_without_gpus_go_where_the_fewest_gpus_are_free_and_are_not_counted() {
+        let mut bf = BestFit::new(&nodes(&[2, 1]));
+        assert!(bf.place(ask(1000, 0)));
+        // Node 1 has no free GPU now: the CPU pod goes there.
+        assert!(bf.place_host_only(Host { cpu_millis: 6000, memory_mib: 0 }));
+        assert_eq!(bf.host[1].cpu_millis, 2000);
+        let pods = [with_cpu(pod(0, 0), 1000), pod(1, 1000)];
+        let outcome = place(&nodes(&[1]), &pods, Placer::Fairway, Order::Listed, Until::FirstFailure);
+        assert_eq!((outcome.pods_placed, outcome.gpu_pods), (1.0, 1));
     }
 
     #[test]
@@ -547,7 +598,7 @@ mod tests {
         let outcome = place(&nodes(&[2, 2]), &pods, Placer::BestFit, Order::Listed, Until::ArrivedCapacity);
         assert_eq!(outcome.pods_placed, 1.0);
         // Shares only: 8 of 0.5 ask for 4 GPUs and all fit.
-        let shares = place(&nodes(&[2, 2]), &[pod(1, 500)], Placer::Fgd, Order::Listed, Until::ArrivedCapacity);
+        let shares = place(&nodes(&[2, 2]), &[pod(1, 500)], Placer::FairwayFgd, Order::Listed, Until::ArrivedCapacity);
         assert_eq!((shares.pods_placed, shares.allocated_milli), (8.0, 4000.0));
     }
 

@@ -470,6 +470,7 @@ impl<'a> Replay<'a> {
             expected_runtime_ms: None,
             grace_ms: None,
             min_drivers: Default::default(),
+            host: Default::default(),
         }
     }
 

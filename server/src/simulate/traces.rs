@@ -31,7 +31,7 @@ use std::{
 };
 
 use super::{cluster::default_priorities, Cluster, TraceJob, Workload};
-use crate::scheduler::{ClassId, GpuClass, Node, PriorityId, Quota, Team, TeamId, UNIT};
+use crate::scheduler::{ClassId, GpuClass, Host, Node, PriorityId, Quota, Team, TeamId, UNIT};
 
 /// Why a trace or cluster file cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -406,6 +406,7 @@ pub fn alibaba_cluster(nodes: &[AlibabaNode], quotas: &[(String, u32)]) -> Clust
             elastic: false,
             spot: false,
             drivers: Default::default(),
+            host: Some(Host { cpu_millis: n.cpu_milli, memory_mib: u32::try_from(n.memory_mib).unwrap_or(u32::MAX) }),
         })
         .collect();
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();
