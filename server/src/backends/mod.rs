@@ -217,6 +217,13 @@ pub struct InventoryNode {
     /// The CUDA version that driver supports (`12.4`); `None` where the cluster does not say.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cuda_version: Option<String>,
+    /// The CPU (thousandths of a core) the node gives to replicas (Kubernetes' allocatable);
+    /// `None` where the cluster does not say, and for cloud pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u32>,
+    /// Its memory for replicas in MiB; `None` where the cluster does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mib: Option<u32>,
 }
 
 impl Gang {
@@ -286,6 +293,8 @@ impl InventoryNode {
             price_micros_per_gpu_hour: Some((price_per_gpu_hour * 1_000_000.0).round() as i64),
             driver_version: None,
             cuda_version: None,
+            cpu_millis: None,
+            memory_mib: None,
         }
     }
 }

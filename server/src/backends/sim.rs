@@ -221,6 +221,10 @@ struct NodeEntry {
     zone: Option<String>,
     driver_version: Option<String>,
     cuda_version: Option<String>,
+    /// Cores the node gives to replicas beside its GPUs (decimals allowed); none: not counted.
+    cpus: Option<f64>,
+    /// Memory it gives to replicas, in GiB; none: not counted.
+    memory_gib: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -354,7 +358,31 @@ impl TryFrom<SimConfigFile> for SimConfig {
                 price_micros_per_gpu_hour: None,
                 driver_version: check_version(&key("driver_version"), &node.driver_version)?,
                 cuda_version: check_version(&key("cuda_version"), &node.cuda_version)?,
+                cpu_millis: match node.cpus {
+                    Some(c) if c.is_finite() && (0.0..=1_000_000.0).contains(&c) => Some((c * 1000.0).round() as u32),
+                    Some(_) => return Err(invalid(key("cpus"), "must be a number of cores from 0 to 1000000")),
+                    None => None,
+                },
+                memory_mib: match node.memory_gib {
+                    Some(g) if g <= 1024 * 1024 => Some(g * 1024),
+                    Some(_) => return Err(invalid(key("memory_gib"), "must be at most 1048576 (1 PiB)")),
+                    None => None,
+                },
             });
+        }
+        // A node's CPU and memory belong to one class's entry: the engine holds each class's
+        // GPUs of a node apart, so a node split across classes would offer them twice.
+        for (i, node) in file.node.iter().enumerate() {
+            let split = file.node.iter().filter(|n| n.name == node.name).count() > 1;
+            if split && (node.cpus.is_some() || node.memory_gib.is_some()) {
+                return Err(invalid(
+                    format!("node[{i}].cpus"),
+                    format!(
+                        "node {:?} lists several classes: cpus and memory_gib apply to one-class nodes only",
+                        node.name
+                    ),
+                ));
+            }
         }
         for (i, pool) in file.pool.iter().enumerate() {
             let key = |field: &str| format!("pool[{i}].{field}");
@@ -383,6 +411,8 @@ impl TryFrom<SimConfigFile> for SimConfig {
                 price_micros_per_gpu_hour: price,
                 driver_version: check_version(&key("driver_version"), &pool.driver_version)?,
                 cuda_version: check_version(&key("cuda_version"), &pool.cuda_version)?,
+                cpu_millis: None,
+                memory_mib: None,
             });
         }
         Ok(Self {
@@ -1363,6 +1393,25 @@ mod tests {
                     [[node]]\nname = \"a\"\ngpu_class = \"a.mig-1g\"\ngpus = 8\n";
         let config = SimConfig::from_toml(text).unwrap();
         assert_eq!(config.inventory().len(), 2);
+    }
+
+    #[test]
+    fn a_node_may_declare_the_cpus_and_memory_it_gives_replicas_when_it_has_one_class() {
+        let node =
+            |extra: &str| format!("{CLASS}[[node]]\nname = \"n1\"\ngpu_class = \"h100-80gb\"\ngpus = 8\n{extra}");
+        let config = SimConfig::from_toml(&node("cpus = 96.5\nmemory_gib = 1024")).unwrap();
+        let n = &config.inventory()[0];
+        assert_eq!((n.cpu_millis, n.memory_mib), (Some(96_500), Some(1024 * 1024)));
+        let plain = SimConfig::from_toml(&node("")).unwrap();
+        assert_eq!((plain.inventory()[0].cpu_millis, plain.inventory()[0].memory_mib), (None, None));
+        assert_eq!(error_key(&node("cpus = -1")).0, "node[0].cpus");
+        let split = "[[class]]\nname = \"a.mig-3g\"\nkind = \"mig\"\nmemory_mib = 40960\nfraction_milli = 428\n\
+                     [[class]]\nname = \"a.mig-1g\"\nkind = \"mig\"\nmemory_mib = 10240\nfraction_milli = 142\n\
+                     [[node]]\nname = \"a\"\ngpu_class = \"a.mig-3g\"\ngpus = 16\ncpus = 64\n\
+                     [[node]]\nname = \"a\"\ngpu_class = \"a.mig-1g\"\ngpus = 8\n";
+        let (key, message) = error_key(split);
+        assert_eq!(key, "node[0].cpus");
+        assert!(message.contains("one-class nodes only"), "{message}");
     }
 
     #[test]

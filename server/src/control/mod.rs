@@ -425,6 +425,8 @@ pub(crate) async fn sync_cluster(ctx: &Ctx, cluster: &str, backend: &dyn Backend
             price_micros_per_gpu_hour: n.price_micros_per_gpu_hour,
             driver_version: n.driver_version,
             cuda_version: n.cuda_version,
+            cpu_millis: n.cpu_millis.and_then(|c| i32::try_from(c).ok()),
+            memory_mib: n.memory_mib.and_then(|m| i32::try_from(m).ok()),
         });
     }
     db::inventory::replace_nodes(&mut tx, cluster_id, &rows).await?;

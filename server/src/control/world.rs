@@ -47,6 +47,13 @@ fn millis(t: chrono::DateTime<chrono::Utc>) -> i64 {
     t.timestamp_millis()
 }
 
+/// A replica's CPU and memory as the engine counts them (none for a job from before they were
+/// recorded).
+fn host_of(cpu_millis: Option<i32>, memory_mib: Option<i32>) -> scheduler::Host {
+    let amount = |v: Option<i32>| v.and_then(|v| u32::try_from(v).ok()).unwrap_or(0);
+    scheduler::Host { cpu_millis: amount(cpu_millis), memory_mib: amount(memory_mib) }
+}
+
 /// The engine's topology for a stored mode and level.
 pub fn topology(mode: &str, level: Option<&str>) -> Topology {
     let level = match level {
@@ -113,7 +120,14 @@ impl World {
                 elastic: n.elastic,
                 spot: n.spot,
                 drivers: domain::driver::DriverStack::read(n.driver_version.as_deref(), n.cuda_version.as_deref()),
-                host: None,
+                // Counted only where the cluster says both.
+                host: match (n.cpu_millis, n.memory_mib) {
+                    (Some(cpu), Some(memory)) => Some(scheduler::Host {
+                        cpu_millis: u32::try_from(cpu).unwrap_or(0),
+                        memory_mib: u32::try_from(memory).unwrap_or(0),
+                    }),
+                    _ => None,
+                },
             });
             node_refs.push((n.cluster_id, n.cluster.clone(), n.name.clone()));
         }
@@ -233,7 +247,7 @@ impl World {
                 job.min_driver_version.as_deref(),
                 job.min_cuda_version.as_deref(),
             ),
-            host: Default::default(),
+            host: host_of(job.cpu_millis, job.memory_mib),
         })
     }
 
@@ -266,7 +280,7 @@ impl World {
                 job.min_driver_version.as_deref(),
                 job.min_cuda_version.as_deref(),
             ),
-            host: Default::default(),
+            host: host_of(job.cpu_millis, job.memory_mib),
         })
     }
 
@@ -289,7 +303,7 @@ impl World {
                 Some(ReplicaPlacement {
                     node,
                     units: slot.gpus.iter().map(|&u| (u, UNIT)).collect(),
-                    host: Default::default(),
+                    host: host_of(job.cpu_millis, job.memory_mib),
                 })
             })
             .collect()
@@ -579,6 +593,8 @@ mod tests {
             held: false,
             service_replica: false,
             fixed_nodes_only: false,
+            cpu_millis: None,
+            memory_mib: None,
         }
     }
 

@@ -22,6 +22,10 @@ pub struct NodeRow {
     /// The driver and CUDA version its GPUs run, as its cluster reports them.
     pub driver_version: Option<String>,
     pub cuda_version: Option<String>,
+    /// The CPU (thousandths of a core) and memory (MiB) it gives to replicas; `None` where
+    /// its cluster does not say.
+    pub cpu_millis: Option<i32>,
+    pub memory_mib: Option<i32>,
 }
 
 /// Ensures a cluster row exists and returns its id.
@@ -101,13 +105,16 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[Node
     let prices: Vec<Option<i64>> = nodes.iter().map(|n| n.price_micros_per_gpu_hour).collect();
     let drivers: Vec<Option<String>> = nodes.iter().map(|n| n.driver_version.clone()).collect();
     let cudas: Vec<Option<String>> = nodes.iter().map(|n| n.cuda_version.clone()).collect();
+    let cpus: Vec<Option<i32>> = nodes.iter().map(|n| n.cpu_millis).collect();
+    let memories: Vec<Option<i32>> = nodes.iter().map(|n| n.memory_mib).collect();
     sqlx::query!(
         "insert into cluster_nodes (cluster_id, name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic,
-                                    spot, price_micros_per_gpu_hour, driver_version, cuda_version)
+                                    spot, price_micros_per_gpu_hour, driver_version, cuda_version, cpu_millis,
+                                    memory_mib)
          select $1, u.* from unnest($2::text[], $3::uuid[], $4::int4[], $5::int4[], $6::text[], $7::text[], $8::bool[],
-                                    $9::bool[], $10::int8[], $11::text[], $12::text[])
+                                    $9::bool[], $10::int8[], $11::text[], $12::text[], $13::int4[], $14::int4[])
                                as u(name, gpu_class_id, gpus, nvlink_domain_size, rack, zone, elastic, spot, price,
-                                    driver_version, cuda_version)
+                                    driver_version, cuda_version, cpu_millis, memory_mib)
          -- A node with a GPU fault DCGM reported offers nothing until a platform admin clears it.
          where not exists (select 1 from gpu_faults f where f.cluster_id = $1 and f.node = u.name)",
         cluster_id as ClusterId,
@@ -121,7 +128,9 @@ pub async fn replace_nodes(tx: &mut Tx<'_>, cluster_id: ClusterId, nodes: &[Node
         &spot,
         &prices as &[Option<i64>],
         &drivers as &[Option<String>],
-        &cudas as &[Option<String>]
+        &cudas as &[Option<String>],
+        &cpus as &[Option<i32>],
+        &memories as &[Option<i32>]
     )
     .execute(&mut **tx)
     .await?;

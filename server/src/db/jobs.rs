@@ -818,7 +818,7 @@ pub async fn checkpoint(tx: &mut Tx<'_>, id: JobId, at: DateTime<Utc>) -> Result
 
 /// The longest gang (replicas × GPUs per replica) and largest replica any placement of a
 /// class could give, and whether any cluster reports inventory at all.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ClassCapacity {
     pub inventory_known: bool,
     pub total_gpus: i64,
@@ -830,6 +830,10 @@ pub struct ClassCapacity {
     /// names none; `None`: the platform's default.
     pub cpu_millis_per_gpu: Option<i32>,
     pub memory_mib_per_gpu: Option<i32>,
+    /// The most CPU (millicores) and memory (MiB) any node of the class gives a replica;
+    /// `None` when some node (or cloud pool) does not say, so no bound is known.
+    pub largest_cpu_millis: Option<i32>,
+    pub largest_memory_mib: Option<i32>,
 }
 
 /// What submissions of one team are validated against, read in one round trip.
@@ -890,7 +894,11 @@ pub async fn submit_catalogue(
                   coalesce(max(cc.largest_nvlink_domain), 0) as "largest_nvlink_domain!",
                   coalesce(max(cc.largest_rack), 0)::int8 as "largest_rack!",
                   coalesce(max(cc.largest_zone), 0)::int8 as "largest_zone!",
-                  c.cpu_millis_per_gpu, c.memory_mib_per_gpu
+                  c.cpu_millis_per_gpu, c.memory_mib_per_gpu,
+                  (select case when bool_or(n.cpu_millis is null) then null else max(n.cpu_millis) end
+                   from cluster_nodes n where n.gpu_class_id = c.id) as largest_cpu_millis,
+                  (select case when bool_or(n.memory_mib is null) then null else max(n.memory_mib) end
+                   from cluster_nodes n where n.gpu_class_id = c.id) as largest_memory_mib
            from teams t
            left join gpu_classes c on c.name = any($2::text[])
            left join cluster_capacity cc on cc.gpu_class_id = c.id and cc.largest_node > 0
@@ -950,6 +958,8 @@ pub async fn submit_catalogue(
                 largest_zone: r.largest_zone,
                 cpu_millis_per_gpu: r.cpu_millis_per_gpu,
                 memory_mib_per_gpu: r.memory_mib_per_gpu,
+                largest_cpu_millis: r.largest_cpu_millis,
+                largest_memory_mib: r.largest_memory_mib,
             };
             Some((r.class_name?, r.class_id?, capacity))
         })

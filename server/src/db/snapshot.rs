@@ -83,6 +83,10 @@ pub struct LiveJob {
     /// The least driver and CUDA version its nodes must run, as submitted.
     pub min_driver_version: Option<String>,
     pub min_cuda_version: Option<String>,
+    /// CPU (thousandths of a core) and memory (MiB) per replica; `None` for jobs from before
+    /// they were recorded, which ask for none.
+    pub cpu_millis: Option<i32>,
+    pub memory_mib: Option<i32>,
     /// Held back before the engine: it still waits for jobs it depends on, or its array's
     /// parallelism holds it. The engine does not see it until the leader's dependency or
     /// array pass releases it (`control::dependencies`, `control::arrays`).
@@ -168,6 +172,7 @@ macro_rules! select_live_jobs {
                       topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot, min_driver_version, min_cuda_version,
+                      cpu_millis, memory_mib,
                       (waits_for_dependencies or held_by_array) as "held!",
                       service_id is not null as "service_replica!",
                       (service_id is not null
@@ -208,7 +213,8 @@ pub async fn snapshot_rows(
     let nodes = sqlx::query_as!(
         NodeRow,
         "select n.cluster_id, cl.name as cluster, n.name, n.gpu_class_id, n.gpus, n.nvlink_domain_size, n.rack, n.zone,
-                n.elastic, n.spot, n.price_micros_per_gpu_hour, n.driver_version, n.cuda_version
+                n.elastic, n.spot, n.price_micros_per_gpu_hour, n.driver_version, n.cuda_version, n.cpu_millis,
+                n.memory_mib
          from cluster_nodes n join clusters cl on cl.id = n.cluster_id
          order by cl.name, n.name, n.gpu_class_id"
     )

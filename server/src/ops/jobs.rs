@@ -232,6 +232,18 @@ impl Catalogue {
         })
     }
 
+    /// The CPU (millicores) and memory (MiB) a replica of `gpus_per_replica` GPUs gets when
+    /// its job names none: the class's default per GPU (else the platform's) times its GPUs,
+    /// held to what one replica may ask for.
+    fn host_defaults(cap: &db::jobs::ClassCapacity, gpus_per_replica: i64) -> (i32, i32) {
+        let per_gpu_cpu = cap.cpu_millis_per_gpu.unwrap_or(workload::DEFAULT_CPU_MILLIS_PER_GPU);
+        let per_gpu_memory = cap.memory_mib_per_gpu.unwrap_or(workload::DEFAULT_MEMORY_MIB_PER_GPU);
+        // Both bounds are i32 values; gpus_per_replica is at most 64 once checked, and the
+        // products are held to the bounds before narrowing.
+        let per_replica = |per_gpu: i32, max: i64| (i64::from(per_gpu) * gpus_per_replica.clamp(0, 64)).min(max) as i32;
+        (per_replica(per_gpu_cpu, workload::MAX_CPU_MILLIS), per_replica(per_gpu_memory, workload::MAX_MEMORY_MIB))
+    }
+
     /// Why a job of `gpus` GPUs of `class` can never run under the quotas as they are: at
     /// some level of the team tree it is larger than reserved + burst (a team with no quota
     /// for the class at all is said so), or, not preemptible, larger than its team's
@@ -434,6 +446,35 @@ impl Catalogue {
                         )));
                     }
                 }
+                // A replica's CPU and memory must fit beside its GPUs on one node; a class
+                // default asked of nodes too small for it is the admin's to lower.
+                let (cpu_default, memory_default) = Self::host_defaults(cap, spec.gpus_per_replica);
+                let asked_cpu = cpu.clone().ok().flatten().unwrap_or(cpu_default);
+                let asked_memory = memory.clone().ok().flatten().unwrap_or(memory_default);
+                let host = [
+                    ("cpu", asked_cpu, cap.largest_cpu_millis, workload::format_cpu as fn(i32) -> String),
+                    ("memory", asked_memory, cap.largest_memory_mib, workload::format_memory),
+                ];
+                for (field, asked, largest, format) in host {
+                    if let Some(largest) = largest.filter(|&l| asked > l) {
+                        let whose =
+                            if spec.cpu.is_none() && field == "cpu" || spec.memory.is_none() && field == "memory" {
+                                format!(" (the default for {} GPUs of {})", spec.gpus_per_replica, spec.gpu_class)
+                            } else {
+                                String::new()
+                            };
+                        check(Err(FieldError::new(
+                            at(field),
+                            "never_fits",
+                            format!(
+                                "a replica asks for {}{whose} beside its GPUs, and the largest node of {} gives {}",
+                                format(asked),
+                                spec.gpu_class,
+                                format(largest)
+                            ),
+                        )));
+                    }
+                }
             }
             Some(_) => {}
         }
@@ -456,17 +497,10 @@ impl Catalogue {
                 ("preferred", Some(level.as_str().to_owned()))
             }
         };
-        // A class's default is per GPU; a replica of several GPUs gets that many times it,
-        // held to what one replica may ask for.
-        let (per_gpu_cpu, per_gpu_memory) =
-            class.map_or((workload::DEFAULT_CPU_MILLIS_PER_GPU, workload::DEFAULT_MEMORY_MIB_PER_GPU), |(_, cap)| {
-                (
-                    cap.cpu_millis_per_gpu.unwrap_or(workload::DEFAULT_CPU_MILLIS_PER_GPU),
-                    cap.memory_mib_per_gpu.unwrap_or(workload::DEFAULT_MEMORY_MIB_PER_GPU),
-                )
-            });
-        // Both bounds are i32 values; gpus_per_replica was checked to be 1 to 64.
-        let per_replica = |per_gpu: i32, max: i64| (i64::from(per_gpu) * spec.gpus_per_replica).min(max) as i32;
+        let (cpu_default, memory_default) = class.map_or_else(
+            || Self::host_defaults(&db::jobs::ClassCapacity::default(), spec.gpus_per_replica),
+            |(_, cap)| Self::host_defaults(cap, spec.gpus_per_replica),
+        );
         let job = NewJob {
             id: JobId::new(),
             name: spec.name.trim().to_owned(),
@@ -486,10 +520,8 @@ impl Catalogue {
             preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
             max_retries: spec.max_retries.unwrap_or(0) as i32,
             allow_spot: spec.allow_spot,
-            cpu_millis: Some(cpu.ok().flatten().unwrap_or_else(|| per_replica(per_gpu_cpu, workload::MAX_CPU_MILLIS))),
-            memory_mib: Some(
-                memory.ok().flatten().unwrap_or_else(|| per_replica(per_gpu_memory, workload::MAX_MEMORY_MIB)),
-            ),
+            cpu_millis: Some(cpu.ok().flatten().unwrap_or(cpu_default)),
+            memory_mib: Some(memory.ok().flatten().unwrap_or(memory_default)),
             workload,
             min_driver_version: min_driver.ok().flatten(),
             min_cuda_version: min_cuda.ok().flatten(),

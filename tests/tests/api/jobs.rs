@@ -122,6 +122,8 @@ async fn two_nodes_of_eight(app: &TestApp) {
             price_micros_per_gpu_hour: None,
             driver_version: None,
             cuda_version: None,
+            cpu_millis: None,
+            memory_mib: None,
         })
         .collect();
     fairway::db::inventory::replace_nodes(&mut tx, cluster, &nodes).await.expect("nodes");

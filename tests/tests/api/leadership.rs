@@ -137,6 +137,8 @@ async fn a_quota_change_and_an_inventory_sync_interleaved_both_commit() {
         price_micros_per_gpu_hour: None,
         driver_version: None,
         cuda_version: None,
+        cpu_millis: None,
+        memory_mib: None,
     };
     inventory::replace_nodes(&mut sync, cluster, &[node]).await.expect("the sync writes its nodes");
     sync.commit().await.expect("the sync commits");

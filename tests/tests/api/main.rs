@@ -19,6 +19,7 @@ mod logs;
 mod migrations;
 mod observability;
 mod openapi;
+mod placement;
 mod portal;
 mod portal_admin;
 mod services;

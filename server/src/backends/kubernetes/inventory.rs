@@ -243,6 +243,8 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
         price_micros_per_gpu_hour: None,
         driver_version: driver_version(&labels),
         cuda_version: cuda_version(&labels),
+        cpu_millis: None,
+        memory_mib: None,
     };
     let mut out = Vec::new();
     // Under the `single` strategy every GPU is cut alike and the product label names the
@@ -346,7 +348,54 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
         }
         known
     });
+    // A node of one class gives its CPU and memory to that class's replicas; a node split
+    // across classes (mixed MIG, time-slicing beside whole GPUs) is counted by none, as the
+    // engine holds each class's GPUs of a node apart.
+    if let [only] = out.as_mut_slice() {
+        let allocatable = |resource: &str| {
+            node.status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| a.get(resource))
+                .map(|q| q.0.as_str())
+        };
+        only.entry.cpu_millis = allocatable("cpu").and_then(cpu_millis);
+        only.entry.memory_mib = allocatable("memory").and_then(memory_mib);
+    }
     out
+}
+
+/// A Kubernetes CPU quantity (`64`, `63500m`, `0.5`) in thousandths of a core; `None` for a
+/// form this does not read.
+pub fn cpu_millis(text: &str) -> Option<u32> {
+    if let Some(m) = text.strip_suffix('m') {
+        return m.parse().ok();
+    }
+    let cores: f64 = text.parse().ok().filter(|c: &f64| c.is_finite() && *c >= 0.0)?;
+    let millis = (cores * 1000.0).floor();
+    (millis <= f64::from(u32::MAX)).then_some(millis as u32)
+}
+
+/// A Kubernetes memory quantity (`527951876Ki`, `512Gi`, `16G`, bytes) in MiB, rounded down;
+/// `None` for a form this does not read.
+pub fn memory_mib(text: &str) -> Option<u32> {
+    const UNITS: [(&str, f64); 11] = [
+        ("Ki", 1024.0),
+        ("Mi", 1024.0 * 1024.0),
+        ("Gi", 1024.0 * 1024.0 * 1024.0),
+        ("Ti", 1024.0 * 1024.0 * 1024.0 * 1024.0),
+        ("Pi", 1024.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0),
+        ("k", 1e3),
+        ("M", 1e6),
+        ("G", 1e9),
+        ("T", 1e12),
+        ("P", 1e15),
+        ("", 1.0),
+    ];
+    let (number, factor) = UNITS.iter().find_map(|&(suffix, f)| text.strip_suffix(suffix).map(|n| (n, f)))?;
+    let number: f64 = number.parse().ok().filter(|n: &f64| n.is_finite() && *n >= 0.0)?;
+    let mib = (number * factor / (1024.0 * 1024.0)).floor();
+    (mib <= f64::from(u32::MAX)).then_some(mib as u32)
 }
 
 #[cfg(test)]
@@ -468,6 +517,40 @@ mod tests {
         assert_eq!(g.class.kind, "whole");
         assert_eq!(g.resource, "nvidia.com/gpu");
         assert_eq!(g.hostname, "gpu-1.example");
+    }
+
+    #[test]
+    fn a_one_class_node_gives_its_allocatable_cpu_and_memory_and_a_split_one_gives_none() {
+        let mut n = h100(json!({}), "True");
+        let allocatable = n.status.as_mut().unwrap().allocatable.as_mut().unwrap();
+        allocatable
+            .insert("memory".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("2113175188Ki".into()));
+        let g = &node_gpus(&n, &settings())[0];
+        assert_eq!((g.entry.cpu_millis, g.entry.memory_mib), (Some(96_000), Some(2_063_647)));
+        let mixed = node(
+            json!({"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "nvidia.com/mig-3g.40gb.memory": "40192",
+                "nvidia.com/mig-1g.10gb.memory": "9728"}),
+            json!({"nvidia.com/mig-3g.40gb": "4", "nvidia.com/mig-1g.10gb": "6", "cpu": "64", "memory": "512Gi"}),
+            json!({}),
+            "True",
+        );
+        let gpus = node_gpus(&mixed, &settings());
+        assert_eq!(gpus.len(), 2);
+        assert!(gpus.iter().all(|g| g.entry.cpu_millis.is_none() && g.entry.memory_mib.is_none()));
+    }
+
+    #[test]
+    fn kubernetes_quantities_of_cpu_and_memory_are_read_in_every_common_form() {
+        assert_eq!(cpu_millis("96"), Some(96_000));
+        assert_eq!(cpu_millis("63500m"), Some(63_500));
+        assert_eq!(cpu_millis("0.5"), Some(500));
+        assert_eq!(cpu_millis("lots"), None);
+        assert_eq!(cpu_millis("-1"), None);
+        assert_eq!(memory_mib("512Gi"), Some(512 * 1024));
+        assert_eq!(memory_mib("1048576Ki"), Some(1024));
+        assert_eq!(memory_mib("16G"), Some(15_258));
+        assert_eq!(memory_mib("1073741824"), Some(1024));
+        assert_eq!(memory_mib("1Ei"), None);
     }
 
     #[test]
