@@ -30,6 +30,8 @@
 //! zone = "zone-a"                # optional
 //! driver_version = "550.90.07"   # optional: the NVIDIA driver its GPUs run
 //! cuda_version = "12.4"          # optional: the CUDA version that driver supports
+//! cpus = 96                      # optional: cores it gives replicas beside its GPUs
+//! memory_gib = 1024              # optional: memory it gives them; both are counted by placement
 //!
 //! [[pool]]                       # an elastic cloud pool without topology
 //! name = "cloud-h100"
@@ -40,6 +42,9 @@
 //! driver_version = "550.90.07"   # optional, as for a node: its instances' driver
 //! cuda_version = "12.4"          # optional
 //! ```
+//!
+//! A node that declares `cpus` or `memory_gib` must have one entry (one class): the engine
+//! holds each class's GPUs of a node apart, so a split node would offer them twice.
 //!
 //! A MIG-partitioned node is several `[[node]]` entries with the same name, one per MIG
 //! class. The built-in inventory (`sim_default.toml`, [`SimConfig::default`]) has two racks

@@ -106,6 +106,8 @@ pub struct FragmentationRow {
     pub stranded_gpus: f64,
     /// Expected fragmentation over free capacity at the end, in percent.
     pub fragmentation_percent: f64,
+    /// The nodes' CPU taken at the end (by GPU pods and pods without GPUs), in percent.
+    pub cpu_used_percent: f64,
 }
 
 /// The pod lists of the experiment, by name.
@@ -149,6 +151,9 @@ pub struct Outcome {
     pub capacity_milli: f64,
     /// The nodes' expected fragmentation at the end, in milli.
     pub fragmentation_milli: f64,
+    /// The nodes' free CPU at the end and their CPU, in millicores.
+    pub cpu_free_millis: f64,
+    pub cpu_millis: f64,
 }
 
 impl Outcome {
@@ -161,6 +166,8 @@ impl Outcome {
             allocated_milli: mean(|r| r.allocated_milli),
             capacity_milli: runs.first().map_or(0.0, |r| r.capacity_milli),
             fragmentation_milli: mean(|r| r.fragmentation_milli),
+            cpu_free_millis: mean(|r| r.cpu_free_millis),
+            cpu_millis: runs.first().map_or(0.0, |r| r.cpu_millis),
         }
     }
 
@@ -176,6 +183,11 @@ impl Outcome {
             allocated_gpus: self.allocated_milli / f64::from(UNIT),
             stranded_gpus: free / f64::from(UNIT),
             fragmentation_percent: if free > 0.0 { 100.0 * self.fragmentation_milli / free } else { 0.0 },
+            cpu_used_percent: if self.cpu_millis > 0.0 {
+                100.0 * (self.cpu_millis - self.cpu_free_millis) / self.cpu_millis
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -210,6 +222,7 @@ pub fn place(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, order: Order, 
     let gpu_pods = asks.iter().filter(|a| a.milli > 0).count();
     let mix = ShapeMix::from_counts(asks.iter().map(|a| (Shape { milli: a.milli, host: a.host }, 1.0)));
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();
+    let cpu_millis: u64 = nodes.iter().filter_map(|n| n.host).map(|h| u64::from(h.cpu_millis)).sum();
     let mut state: Box<dyn Place> = match placer {
         Placer::Fairway => Box::new(FairwayPlacer::new(nodes, None)),
         Placer::FairwayFgd => Box::new(FairwayPlacer::new(nodes, Some(mix.clone()))),
@@ -254,6 +267,8 @@ pub fn place(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, order: Order, 
         allocated_milli: allocated as f64,
         capacity_milli: capacity as f64,
         fragmentation_milli: state.fragmentation(&mix),
+        cpu_free_millis: state.cpu_free() as f64,
+        cpu_millis: cpu_millis as f64,
     }
 }
 
@@ -266,6 +281,8 @@ trait Place {
     fn place_host_only(&mut self, host: Host) -> bool;
     /// The nodes' expected fragmentation under `mix`, in milli.
     fn fragmentation(&self, mix: &ShapeMix) -> f64;
+    /// The free CPU of the nodes that count it, in millicores.
+    fn cpu_free(&self) -> u64;
 }
 
 /// The node for a pod without GPUs: the fewest free GPU milli, then the least free CPU, then
@@ -335,6 +352,10 @@ impl Place for FairwayPlacer {
 
     fn fragmentation(&self, mix: &ShapeMix) -> f64 {
         self.inventory.fragmentation(0, mix).0
+    }
+
+    fn cpu_free(&self) -> u64 {
+        (0..self.nodes as u32).filter_map(|n| self.inventory.node_free(n).1).map(|h| u64::from(h.cpu_millis)).sum()
     }
 }
 
@@ -417,6 +438,10 @@ impl Place for BestFit {
             })
             .sum()
     }
+
+    fn cpu_free(&self) -> u64 {
+        self.host.iter().filter(|h| h.cpu_millis != u32::MAX).map(|h| u64::from(h.cpu_millis)).sum()
+    }
 }
 
 /// Formats the tables: until the first failure, then until the arrivals ask for the capacity.
@@ -445,19 +470,20 @@ pub fn render(rows: &[FragmentationRow]) -> String {
 fn render_table<'a>(out: &mut String, rows: impl Iterator<Item = &'a FragmentationRow>) {
     let _ = writeln!(
         out,
-        "| workload | order | policy | GPUs allocated | GPUs stranded | fragmentation | GPU pods placed | GPU pods in list |"
+        "| workload | order | policy | GPUs allocated | GPUs stranded | fragmentation | CPU used | GPU pods placed | GPU pods in list |"
     );
-    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---|---|---:|---:|---:|---:|---:|---:|");
     for r in rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.1} | {:.1} | {:.1}% | {:.1} | {} |",
+            "| {} | {} | {} | {:.1} | {:.1} | {:.1}% | {:.1}% | {:.1} | {} |",
             r.workload,
             r.order,
             r.placer.name(),
             r.allocated_gpus,
             r.stranded_gpus,
             r.fragmentation_percent,
+            r.cpu_used_percent,
             r.pods_placed,
             r.gpu_pods
         );
