@@ -15,9 +15,9 @@ use std::{
 };
 
 use fairway::scheduler::{
-    schedule, Admission, ClassId, Config, Decisions, GpuClass, JobId, JobSpec, Level, Node, PendingReason, Placement,
-    Policy, PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot, Team, TeamId,
-    Topology, UNIT,
+    schedule, Admission, ClassId, Config, Decisions, GpuClass, Host, JobId, JobSpec, Level, Node, PendingReason,
+    Placement, Policy, PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot,
+    Team, TeamId, Topology, UNIT,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
 
@@ -181,6 +181,45 @@ fn snapshots(policies: &[Policy]) -> impl Strategy<Value = Snapshot> {
 const ALL_POLICIES: [Policy; 3] = [Policy::Fairway, Policy::QuotaNoHistory, Policy::Fifo];
 /// The policies that enforce quotas (FIFO, a baseline, ignores them by definition).
 const QUOTA_POLICIES: [Policy; 2] = [Policy::Fairway, Policy::QuotaNoHistory];
+
+/// The snapshot with CPUs scarce: each node (not pool) gives `cores` per GPU and 64 GiB per
+/// GPU, and each waiting job's replica asks 2, 4, 8 or 12 cores and 16 GiB per GPU, so CPUs
+/// and not GPUs often decide where a replica goes. Running jobs ask none (the snapshot placed
+/// them by GPUs).
+fn with_scarce_cpus(mut s: Snapshot, cores: u32) -> Snapshot {
+    for n in s.nodes.iter_mut().filter(|n| !n.elastic) {
+        let units = u32::from(n.units);
+        n.host = Some(Host { cpu_millis: units * cores * 1000, memory_mib: units * 65_536 });
+    }
+    for (i, job) in s.pending.iter_mut().enumerate() {
+        let gpus = job.milli_per_replica.div_ceil(UNIT);
+        job.host = Host { cpu_millis: gpus * [2, 4, 8, 12][i % 4] * 1000, memory_mib: gpus * 16_384 };
+    }
+    s
+}
+
+/// Every admitted replica takes its job's CPU and memory, and no node gives more than it has.
+fn check_host(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
+    let mut taken: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    for a in &d.admissions {
+        let spec = s.pending.iter().find(|j| j.id == a.job).expect("admitted jobs wait");
+        for r in &a.placement {
+            prop_assert_eq!(r.host, spec.host, "job {} replica on node {}", a.job, r.node);
+            let t = taken.entry(r.node).or_default();
+            t.0 += u64::from(r.host.cpu_millis);
+            t.1 += u64::from(r.host.memory_mib);
+        }
+    }
+    for (node, (cpu, memory)) in taken {
+        if let Some(host) = s.nodes[node as usize].host {
+            prop_assert!(
+                cpu <= u64::from(host.cpu_millis) && memory <= u64::from(host.memory_mib),
+                "node {node} gives {host:?} but was asked {cpu} millicores and {memory} MiB"
+            );
+        }
+    }
+    Ok(())
+}
 
 // ---------------------------------------------------------------------------------------------
 // Building a valid snapshot.
@@ -1068,6 +1107,15 @@ proptest! {
     fn admissions_never_put_more_on_a_gpu_than_it_has(s in snapshots(&ALL_POLICIES)) {
         let d = schedule(&s);
         check_capacity(&s, &d)?;
+    }
+
+    #[test]
+    fn admissions_never_take_more_cpu_or_memory_than_a_node_gives(
+        s in (snapshots(&ALL_POLICIES), 2u32..=12).prop_map(|(s, cores)| with_scarce_cpus(s, cores))
+    ) {
+        let d = schedule(&s);
+        check_capacity(&s, &d)?;
+        check_host(&s, &d)?;
     }
 
     #[test]
