@@ -59,6 +59,14 @@ pub enum EmbeddedError {
     NotReady(Duration, String),
     #[error("embedded PostgreSQL: {0}")]
     Sql(#[from] sqlx::Error),
+    #[error(
+        "the data directory {data} is out of reach of the account PostgreSQL runs as (uid {uid}): \
+         {blocked} (mode {mode:04o}) does not let it through. As root, fairway runs the embedded \
+         PostgreSQL as `postgres` (or `nobody`), which must be able to enter every directory above \
+         the data directory: allow it (`chmod o+x {blocked}`), choose a data directory it can reach \
+         (FAIRWAY_DATA_DIR), or set DATABASE_URL"
+    )]
+    Unreachable { data: PathBuf, blocked: PathBuf, mode: u32, uid: u32 },
 }
 
 fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> EmbeddedError {
@@ -128,6 +136,9 @@ impl EmbeddedPostgres {
         let pgdata = absolute(pgdata)?;
         let run_as = unprivileged_account();
         prepare_dir(&pgdata, run_as)?;
+        if let Some(account) = run_as {
+            check_reachable(&pgdata, account)?;
+        }
         let socket_dir = socket_dir_for(&pgdata, run_as)?;
         let log_path = pgdata.with_extension("log");
 
@@ -500,6 +511,38 @@ fn prepare_dir(pgdata: &Path, run_as: Option<RunAs>) -> Result<(), EmbeddedError
     Ok(())
 }
 
+/// Fails, naming the directory, when an ancestor of `pgdata` does not let `account` through
+/// (no search permission for it as owner, primary group or other): `initdb` would otherwise
+/// fail with a bare "Permission denied". Supplementary groups and ACLs are not read, so a
+/// directory that admits the account only through them is reported too.
+fn check_reachable(pgdata: &Path, account: RunAs) -> Result<(), EmbeddedError> {
+    use std::os::unix::fs::MetadataExt as _;
+    for dir in pgdata.ancestors().skip(1) {
+        let Ok(meta) = fs::metadata(dir) else { continue };
+        if !searchable(meta.uid(), meta.gid(), meta.mode(), account) {
+            return Err(EmbeddedError::Unreachable {
+                data: pgdata.to_path_buf(),
+                blocked: dir.to_path_buf(),
+                mode: meta.mode() & 0o7777,
+                uid: account.uid,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether a directory owned by `uid`:`gid` with `mode` lets `account` search it.
+fn searchable(uid: u32, gid: u32, mode: u32, account: RunAs) -> bool {
+    let bit = if uid == account.uid {
+        0o100
+    } else if gid == account.gid {
+        0o010
+    } else {
+        0o001
+    };
+    mode & bit != 0
+}
+
 /// The socket lives in the data directory unless that path is too long for a Unix socket,
 /// in which case a private directory under the system temp dir is used.
 fn socket_dir_for(pgdata: &Path, run_as: Option<RunAs>) -> Result<PathBuf, EmbeddedError> {
@@ -564,6 +607,38 @@ mod tests {
         assert_eq!((pg.uid, pg.gid), (104, 110));
         assert!(account(passwd, "nobody").is_none());
         assert!(account(passwd, "broken").is_none(), "a malformed uid is no account");
+    }
+
+    #[test]
+    fn a_directory_lets_the_account_through_by_its_owner_group_or_other_bit() {
+        let pg = RunAs { uid: 104, gid: 110 };
+        assert!(searchable(104, 0, 0o700, pg), "its own");
+        assert!(!searchable(0, 0, 0o700, pg), "root's private directory");
+        assert!(searchable(0, 110, 0o750, pg), "through its group");
+        assert!(searchable(0, 0, 0o711, pg), "through other");
+        assert!(!searchable(0, 110, 0o705, pg), "the group bit decides for a member, not other's");
+    }
+
+    #[test]
+    fn a_data_directory_under_a_private_one_is_refused_naming_the_private_one() {
+        use std::os::unix::fs::MetadataExt as _;
+        let private = std::env::temp_dir().join(format!("fairway-private-{}", std::process::id()));
+        fs::create_dir_all(private.join("inner")).unwrap();
+        fs::set_permissions(&private, fs::Permissions::from_mode(0o700)).unwrap();
+        let owner = fs::metadata(&private).unwrap().uid();
+        // An account that is neither the owner nor in its group.
+        let stranger = RunAs { uid: owner.wrapping_add(1), gid: u32::MAX - 1 };
+        let data = private.join("inner").join("data");
+        let err = check_reachable(&data, stranger).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            matches!(&err, EmbeddedError::Unreachable { blocked, mode: 0o700, .. } if *blocked == private),
+            "{err:?}"
+        );
+        assert!(message.contains(&format!("chmod o+x {}", private.display())), "{message}");
+        fs::set_permissions(&private, fs::Permissions::from_mode(0o711)).unwrap();
+        check_reachable(&data, stranger).expect("reachable once other may search it");
+        fs::remove_dir_all(&private).unwrap();
     }
 
     #[test]
