@@ -47,7 +47,7 @@ pub struct PendingInfo {
     /// `exceeds_quota`, `reserved_quota_exhausted`, `budget_exhausted`, `no_topology_fit`,
     /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
     /// `behind_head_of_line`, `victims_in_minimum_runtime`, `driver_unavailable`,
-    /// `no_driver_fit`; or, before the scheduler sees
+    /// `no_driver_fit`, `no_cpu_memory_fit`; or, before the scheduler sees
     /// the job, `waiting_for_dependencies` (jobs it depends on have not ended as it waits
     /// for; `figures.waiting_for` names them), `dependency_failed` (one never can, and
     /// the job has `if_dependency_fails: keep`) and `array_task_limit` (an array task its

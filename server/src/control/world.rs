@@ -441,6 +441,13 @@ impl World {
                     "it requires {required}, and no node of {of} runs it, or not enough of them to hold its {needs} GPUs ({newest}); it starts only after nodes are upgraded"
                 )
             }
+            PendingReason::NoHostFit { asks } => {
+                let cpu = domain::workload::format_cpu(i32::try_from(asks.cpu_millis).unwrap_or(i32::MAX));
+                let memory = domain::workload::format_memory(i32::try_from(asks.memory_mib).unwrap_or(i32::MAX));
+                format!(
+                    "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but no node with free GPUs also has the {cpu} CPU and {memory} memory a replica asks beside them; it starts when a node has both"
+                )
+            }
             PendingReason::NoDriverFit => {
                 let (required, _) = drivers_in_words(f);
                 let meeting = gpus(f.drivers.map_or(0, |d| d.free_meeting));

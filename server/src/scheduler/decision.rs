@@ -95,11 +95,14 @@ pub enum PendingReason {
     DriverUnavailable,
     /// Enough GPUs are free, but not on nodes that run the driver or CUDA version it requires.
     NoDriverFit,
+    /// Enough GPUs are free, and a placement by GPUs alone exists, but no node with free GPUs
+    /// also has the CPU and memory each replica asks beside them (`asks`).
+    NoHostFit { asks: super::snapshot::Host },
 }
 
 impl PendingReason {
     /// Every code, in a fixed order: the taxonomy a gauge per reason shows from the start.
-    pub const CODES: [&'static str; 14] = [
+    pub const CODES: [&'static str; 15] = [
         "never_fits",
         "burst_limit",
         "exceeds_quota",
@@ -114,6 +117,7 @@ impl PendingReason {
         "victims_in_minimum_runtime",
         "driver_unavailable",
         "no_driver_fit",
+        "no_cpu_memory_fit",
     ];
 
     /// Its place in [`PendingReason::CODES`].
@@ -133,6 +137,7 @@ impl PendingReason {
             PendingReason::VictimsInMinimumRuntime { .. } => 11,
             PendingReason::DriverUnavailable => 12,
             PendingReason::NoDriverFit => 13,
+            PendingReason::NoHostFit { .. } => 14,
         }
     }
 

@@ -492,6 +492,8 @@ impl<'a> Cycle<'a> {
             PendingReason::NoTopologyFit
         } else if available >= job.total_milli() && job.min_drivers.requires_any() {
             PendingReason::NoDriverFit
+        } else if available >= job.total_milli() && !job.host.is_empty() && self.fits_by_gpus_alone(job) {
+            PendingReason::NoHostFit { asks: job.host }
         } else if let Some(at_ms) = self.victims_in_minimum_runtime(job, available, beyond.is_none()) {
             PendingReason::VictimsInMinimumRuntime { at_ms }
         } else if beyond.is_some() {
@@ -502,6 +504,13 @@ impl<'a> Cycle<'a> {
         } else {
             PendingReason::InsufficientCapacity
         }
+    }
+
+    /// Whether the job would be placed now if its replicas asked for no CPU or memory: then
+    /// CPU or memory, not GPUs, keep it waiting.
+    fn fits_by_gpus_alone(&mut self, job: &JobSpec) -> bool {
+        let gpus_only = JobSpec { host: Default::default(), ..job.clone() };
+        self.inv.can_place(&gpus_only)
     }
 
     /// The team whose quota is smaller than the whole job, so that it can never be admitted

@@ -633,6 +633,7 @@ pub fn naive(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &
                 | PendingReason::ReservedFor { .. }
                 | PendingReason::NoTopologyFit
                 | PendingReason::NoDriverFit
+                | PendingReason::NoHostFit { .. }
                 | PendingReason::BehindHeadOfLine { .. }
                 | PendingReason::VictimsInMinimumRuntime { .. }
         );

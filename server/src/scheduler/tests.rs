@@ -606,6 +606,7 @@ fn every_reason_has_its_own_code_from_the_fixed_list() {
         PendingReason::VictimsInMinimumRuntime { at_ms: NOW },
         PendingReason::DriverUnavailable,
         PendingReason::NoDriverFit,
+        PendingReason::NoHostFit { asks: Host::default() },
     ];
     let codes: Vec<&str> = reasons.iter().map(PendingReason::code).collect();
     assert_eq!(codes, PendingReason::CODES);
@@ -860,4 +861,20 @@ fn by_fragmentation_a_replica_goes_where_it_strands_the_fewest_gpus_for_the_shap
     // node 0). By fragmentation: 16 + 24 + 24 cores on node 1 and 24 on node 0: one job more.
     assert_eq!(by_best_fit.admissions.len(), 3, "{:?}", admitted(&by_best_fit));
     assert_eq!(by_fragmentation.admissions.len(), 4, "{:?}", admitted(&by_fragmentation));
+}
+
+#[test]
+fn a_job_whose_gpus_are_free_but_whose_cpus_are_not_says_so() {
+    let mut s = cpu_bound_cluster(Placement::BestFit);
+    let mut hungry = job(2, 0, 6, 0);
+    hungry.host = Host { cpu_millis: 60_000, memory_mib: 1024 };
+    start(&mut s, hungry, HOUR);
+    // Node 0: 2 GPUs and 24 cores free; node 1: 2 GPUs and 4 cores.
+    let mut wide = job(3, 0, 2, 0);
+    wide.host = Host { cpu_millis: 32_000, memory_mib: 1024 };
+    s.pending = vec![wide];
+    let d = schedule(&s);
+    assert!(d.admissions.is_empty());
+    assert_eq!(reason_of(&d, 3), PendingReason::NoHostFit { asks: Host { cpu_millis: 32_000, memory_mib: 1024 } });
+    assert_eq!(reason_of(&d, 3).code(), "no_cpu_memory_fit");
 }

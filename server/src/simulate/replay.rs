@@ -93,7 +93,7 @@ pub struct ReplayOutcome {
 }
 
 /// The pending reasons' codes, in the order of [`ReplayOutcome::waiting_ms_by_reason`].
-pub const PENDING_REASONS: [&str; 14] = PendingReason::CODES;
+pub const PENDING_REASONS: [&str; 15] = PendingReason::CODES;
 
 fn reason_index(reason: &PendingReason) -> usize {
     reason.index()

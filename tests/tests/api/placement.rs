@@ -83,6 +83,13 @@ async fn a_replica_goes_only_where_its_cpus_fit_beside_its_gpus() {
     // One asking for 8 still fits beside the last GPU of the fuller node.
     let narrow = submit(&app, &ci, "ml", job("narrow", 1, "8")).await;
     assert_eq!(node_of(&running(&app, &ci, &narrow).await), "a-lean");
+    // Three GPUs are free on the 4-GPU node, but 52 of its cores: a job asking 60 waits, and
+    // says it is CPU, not GPUs, that it waits for.
+    let hungry = submit(&app, &ci, "ml", job("hungry", 1, "60")).await;
+    let j = wait_for(&app, &ci, &hungry, Duration::from_secs(30), |j| j["pending"]["reason"].is_string()).await;
+    assert_eq!(j["pending"]["reason"], "no_cpu_memory_fit", "{j:#}");
+    let message = j["pending"]["message"].as_str().unwrap();
+    assert!(message.contains("no node with free GPUs also has the 60 CPU and 8Gi memory"), "{message}");
     // No node has 100 cores: it could never run, and is refused, naming the field.
     let r = app.send(call("POST", "/api/v1/teams/ml/jobs").token(&ci).json(&job("huge", 1, "100"))).await;
     let doc = r.assert_problem(422, "validation_failed");
