@@ -91,8 +91,9 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         eta_every: u64,
     },
-    /// Places the Alibaba placement-only pod lists until the first failure, with Fairway's
-    /// placement and with plain best-fit, and prints GPUs allocated and stranded.
+    /// Places the Alibaba pod lists on the Alibaba GPU nodes, CPU and memory included, with
+    /// plain best-fit, Fairway's best-fit and Fairway by fragmentation (FGD), and prints GPUs
+    /// allocated and stranded, the fragmentation ratio and the CPU taken.
     Fragmentation {
         /// Directory of the public traces [default: the copies built into the binary, from
         /// server/data/traces].
