@@ -48,11 +48,6 @@ impl ShapeMix {
         self.shapes.is_empty()
     }
 
-    /// The shapes and their shares.
-    pub fn shapes(&self) -> &[(Shape, f64)] {
-        &self.shapes
-    }
-
     /// The node's expected fragmentation in milli-units: `free` milli per unit, `host` its free
     /// CPU and memory (`None`: not limited).
     pub fn expected(&self, free: &[u16], host: Option<Host>) -> f64 {
@@ -62,7 +57,7 @@ impl ShapeMix {
 
 /// The mix of each class (indexed by class) in a snapshot: the shapes of its waiting and
 /// running jobs, each replica counted once.
-pub fn mixes_of(s: &Snapshot) -> Vec<Option<ShapeMix>> {
+pub fn mixes_of(s: &Snapshot) -> Vec<ShapeMix> {
     let mut counts: Vec<Vec<(Shape, f64)>> = vec![Vec::new(); s.classes.len()];
     let specs = s.pending.iter().chain(s.running.iter().map(|r| &r.spec));
     for spec in specs {
@@ -70,7 +65,7 @@ pub fn mixes_of(s: &Snapshot) -> Vec<Option<ShapeMix>> {
             c.push((Shape { milli: spec.milli_per_replica, host: spec.host }, f64::from(spec.replicas)));
         }
     }
-    counts.into_iter().map(|c| Some(ShapeMix::from_counts(c)).filter(|m| !m.is_empty())).collect()
+    counts.into_iter().map(ShapeMix::from_counts).collect()
 }
 
 /// The free milli of a node (`free` per unit, `host` free beside them) that one replica of
@@ -119,7 +114,7 @@ mod tests {
     #[test]
     fn the_mix_weighs_each_shape_by_how_often_it_arrives_and_leaves_out_shapes_without_gpus() {
         let mix = ShapeMix::from_counts([(shape(500, 0), 1.0), (shape(1000, 0), 1.0), (shape(0, 4000), 5.0)]);
-        assert_eq!(mix.shapes().len(), 2);
+        // Had the CPU-only shape counted, an idle node would strand its GPUs for it.
         assert_eq!(mix.expected(&[1000, 1000], None), 0.0);
         // Half a unit left: lost to whole GPUs (half the arrivals), usable by shares.
         assert_eq!(mix.expected(&[500, 1000], None), 250.0);

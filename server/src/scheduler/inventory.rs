@@ -150,11 +150,11 @@ impl Inventory {
         Self { nodes: states, classes, fragmentation_memo: HashMap::new() }
     }
 
-    /// Places by expected fragmentation of the shapes `mix` holds for each class (indexed by
-    /// class; a class without a mix stays best-fit): [`Placement::Fragmentation`].
-    pub fn place_by_fragmentation(&mut self, mixes: Vec<Option<ShapeMix>>) {
+    /// Places by expected fragmentation of the shapes in each class's mix (indexed by class;
+    /// a class whose mix is empty stays best-fit): [`Placement::Fragmentation`].
+    pub fn place_by_fragmentation(&mut self, mixes: Vec<ShapeMix>) {
         for (class, mix) in self.classes.iter_mut().zip(mixes) {
-            class.mix = mix.filter(|m| !m.is_empty());
+            class.mix = Some(mix).filter(|m| !m.is_empty());
         }
         self.fragmentation_memo.clear();
     }
@@ -668,14 +668,10 @@ impl Inventory {
     }
 
     /// The expected fragmentation of the whole class under `mix` (FGD's measure of a node
-    /// set: free milli the arriving shapes could not use, weighted by how often each arrives)
-    /// and the class's free milli; their ratio is the fragmentation ratio.
-    pub fn fragmentation(&self, class: ClassId, mix: &ShapeMix) -> (f64, u64) {
-        let mut expected = 0.0;
-        for state in self.nodes.iter().filter(|n| n.class == class && !n.elastic) {
-            expected += mix.expected(&state.free, state.host_free);
-        }
-        (expected, self.free_milli(class))
+    /// set: free milli the arriving shapes could not use, weighted by how often each
+    /// arrives); over the class's free milli, it is the fragmentation ratio.
+    pub fn fragmentation(&self, class: ClassId, mix: &ShapeMix) -> f64 {
+        self.nodes.iter().filter(|n| n.class == class && !n.elastic).map(|n| mix.expected(&n.free, n.host_free)).sum()
     }
 
     /// Free milli-units that no replica of the given shapes could use: units on nodes whose

@@ -305,7 +305,7 @@ impl FairwayPlacer {
     fn new(nodes: &[Node], mix: Option<ShapeMix>) -> Self {
         let mut inventory = Inventory::new(nodes, 1);
         if let Some(mix) = mix {
-            inventory.place_by_fragmentation(vec![Some(mix)]);
+            inventory.place_by_fragmentation(vec![mix]);
         }
         Self { inventory, nodes: nodes.len() }
     }
@@ -351,7 +351,7 @@ impl Place for FairwayPlacer {
     }
 
     fn fragmentation(&self, mix: &ShapeMix) -> f64 {
-        self.inventory.fragmentation(0, mix).0
+        self.inventory.fragmentation(0, mix)
     }
 
     fn cpu_free(&self) -> u64 {

@@ -88,13 +88,12 @@ pub struct NodeGpus {
 }
 
 fn quantity(node: &Node, resource: &str) -> u32 {
-    node.status
-        .as_ref()
-        .and_then(|s| s.allocatable.as_ref())
-        .and_then(|a| a.get(resource))
-        .and_then(|q| q.0.parse::<u32>().ok())
-        .unwrap_or(0)
-        .min(MAX_UNITS)
+    allocatable(node, resource).and_then(|q| q.parse::<u32>().ok()).unwrap_or(0).min(MAX_UNITS)
+}
+
+/// The node's allocatable amount of `resource`, as Kubernetes writes it.
+fn allocatable<'a>(node: &'a Node, resource: &str) -> Option<&'a str> {
+    node.status.as_ref().and_then(|s| s.allocatable.as_ref()).and_then(|a| a.get(resource)).map(|q| q.0.as_str())
 }
 
 /// The node's Ready condition: true, and since when it was last not.
@@ -314,8 +313,8 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
             hostname: hostname.clone(),
         });
     }
-    let allocatable = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
-    let profiles: Vec<String> = allocatable
+    let resources = node.status.as_ref().and_then(|s| s.allocatable.as_ref());
+    let profiles: Vec<String> = resources
         .map(|a| a.keys().filter_map(|k| k.strip_prefix(MIG_PREFIX)).map(str::to_owned).collect())
         .unwrap_or_default();
     for profile in profiles {
@@ -352,15 +351,8 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
     // across classes (mixed MIG, time-slicing beside whole GPUs) is counted by none, as the
     // engine holds each class's GPUs of a node apart.
     if let [only] = out.as_mut_slice() {
-        let allocatable = |resource: &str| {
-            node.status
-                .as_ref()
-                .and_then(|s| s.allocatable.as_ref())
-                .and_then(|a| a.get(resource))
-                .map(|q| q.0.as_str())
-        };
-        only.entry.cpu_millis = allocatable("cpu").and_then(cpu_millis);
-        only.entry.memory_mib = allocatable("memory").and_then(memory_mib);
+        only.entry.cpu_millis = allocatable(node, "cpu").and_then(cpu_millis);
+        only.entry.memory_mib = allocatable(node, "memory").and_then(memory_mib);
     }
     out
 }
