@@ -12,7 +12,7 @@ pub mod prometheus;
 use std::{
     sync::{
         atomic::{AtomicU32, Ordering},
-        OnceLock,
+        Arc, Mutex, OnceLock,
     },
     time::Duration,
 };
@@ -46,11 +46,36 @@ const TEMPLATE: &str = "fairway_template";
 struct Server {
     options: PgConnectOptions,
     /// Kept alive for the whole process; its supervisor thread stops it at exit.
-    _embedded: Option<EmbeddedPostgres>,
+    embedded: Option<EmbeddedPostgres>,
+}
+
+impl Server {
+    /// The end of the embedded server's log, to show when it stops answering (a full disk, a
+    /// crash): otherwise every later test fails with nothing but "connection refused".
+    fn log_tail(&self) -> String {
+        let Some(embedded) = &self.embedded else { return String::new() };
+        let log = std::fs::read_to_string(embedded.pgdata().with_extension("log")).unwrap_or_default();
+        let start = log.len().saturating_sub(4000);
+        let start = (start..log.len()).find(|&i| log.is_char_boundary(i)).unwrap_or(log.len());
+        format!("\n--- the end of the test database's log ---\n{}", &log[start..])
+    }
 }
 
 static SERVER: OnceLock<Server> = OnceLock::new();
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
+/// Databases of tests that have ended, dropped by the next `fresh_database`: a run of hundreds
+/// of tests would otherwise keep ~10 MB per test on disk until the process exits.
+static ENDED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Held by every clone of a [`TestApp`]; when the last one goes, the test is over and its
+/// database may be dropped.
+struct DatabaseInUse(String);
+
+impl Drop for DatabaseInUse {
+    fn drop(&mut self) {
+        ENDED.lock().unwrap_or_else(|e| e.into_inner()).push(std::mem::take(&mut self.0));
+    }
+}
 
 fn server() -> &'static Server {
     SERVER.get_or_init(|| {
@@ -84,7 +109,7 @@ fn start_server() -> Server {
         let pool = db::connect(options.clone().database(&template), 2).await.expect("connect template");
         db::MIGRATOR.run(&pool).await.expect("migrate template");
         pool.close().await;
-        Server { options, _embedded: embedded }
+        Server { options, embedded }
     })
 }
 
@@ -108,14 +133,34 @@ fn remove_stale_clusters(root: &std::path::Path) {
 
 /// A fresh, migrated database for one test.
 pub async fn fresh_database() -> PgPool {
+    fresh_named_database().await.1
+}
+
+async fn fresh_named_database() -> (String, PgPool) {
     let server = server();
     let name = format!("t{}_{}", std::process::id(), NEXT_DB.fetch_add(1, Ordering::Relaxed));
-    let mut admin = server.options.clone().database("postgres").connect().await.expect("connect");
+    let mut admin = server
+        .options
+        .clone()
+        .database("postgres")
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to the test database server: {e}{}", server.log_tail()));
+    let ended = std::mem::take(&mut *ENDED.lock().unwrap_or_else(|e| e.into_inner()));
+    for done in ended {
+        // `force` ends what connections an ended test's tasks still hold.
+        if let Err(e) = sqlx::query(&format!("drop database if exists {done} with (force)")).execute(&mut admin).await {
+            panic!("drop the database of an ended test: {e}{}", server.log_tail());
+        }
+    }
     sqlx::query(&format!("create database {name} template {TEMPLATE}_{}", std::process::id()))
         .execute(&mut admin)
         .await
-        .expect("create test database");
-    db::connect(server.options.clone().database(&name), 8).await.expect("connect test database")
+        .unwrap_or_else(|e| panic!("create test database: {e}{}", server.log_tail()));
+    let pool = db::connect(server.options.clone().database(&name), 8)
+        .await
+        .unwrap_or_else(|e| panic!("connect test database: {e}{}", server.log_tail()));
+    (name, pool)
 }
 
 /// The configuration of a test app: fixed keys and admin password.
@@ -139,6 +184,8 @@ pub struct TestApp {
     pub router: Router,
     pub pool: PgPool,
     pub state: AppState,
+    /// The test's database is dropped once every clone of the app is gone.
+    _database: Arc<DatabaseInUse>,
 }
 
 /// A response, fully read.
@@ -242,12 +289,13 @@ impl TestApp {
 
     /// The service with a changed configuration.
     pub async fn spawn_with(change: impl FnOnce(&mut Config)) -> Self {
-        let pool = fresh_database().await;
+        let (name, pool) = fresh_named_database().await;
+        let database = Arc::new(DatabaseInUse(name));
         let mut config = test_config();
         change(&mut config);
         serve::bootstrap_admin(&pool, &config).await.expect("bootstrap admin");
         let state = AppState::new(pool.clone(), config, &SIGNING_KEY).expect("state");
-        Self { router: serve::app(state.clone()), pool, state }
+        Self { router: serve::app(state.clone()), pool, state, _database: database }
     }
 
     /// Sends a request through the router.
