@@ -341,6 +341,7 @@ fn priority(name: &str, priority: i32, preemptible: bool, price: u32, usage: u32
         price_multiplier_milli: price,
         usage_factor_milli: usage,
         preemption_grace_ms: grace_ms,
+        preemption_delay_ms: 0,
     }
 }
 
@@ -477,6 +478,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         priority: EXPERIMENT,
         topology,
         submitted_ms: NOW_MS,
+        queued_ms: NOW_MS,
         max_runtime_ms: 0,
         allow_spot: false,
         fixed_nodes_only: false,
@@ -485,6 +487,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         grace_ms: None,
         min_drivers: Default::default(),
         host: Default::default(),
+        preemption_delay_ms: None,
     }
 }
 

@@ -79,6 +79,8 @@ struct RawPriority {
     priority: i32,
     preemptible: bool,
     grace_ms: i64,
+    /// Jobs are up to 20 minutes old: a 10-minute delay holds back about half of them.
+    delay_ms: i64,
 }
 
 #[derive(Debug, Clone)]
@@ -152,8 +154,13 @@ fn raw_job() -> impl Strategy<Value = RawJob> {
 }
 
 fn raw_priority() -> impl Strategy<Value = RawPriority> {
-    (-1i32..=4, any::<bool>(), prop::sample::select(vec![0i64, 30_000]))
-        .prop_map(|(priority, preemptible, grace_ms)| RawPriority { priority, preemptible, grace_ms })
+    (-1i32..=4, any::<bool>(), prop::sample::select(vec![0i64, 30_000]), prop::sample::select(vec![0i64, 0, 600_000]))
+        .prop_map(|(priority, preemptible, grace_ms, delay_ms)| RawPriority {
+            priority,
+            preemptible,
+            grace_ms,
+            delay_ms,
+        })
 }
 
 fn raw() -> impl Strategy<Value = Raw> {
@@ -306,6 +313,7 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             price_multiplier_milli: 1_000,
             usage_factor_milli: if p.preemptible { 500 } else { 1_000 },
             preemption_grace_ms: p.grace_ms,
+            preemption_delay_ms: p.delay_ms,
         })
         .collect();
 
@@ -385,6 +393,8 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         priority: (r.priority % s.priorities.len()) as u8,
         topology,
         submitted_ms: NOW_MS - r.age_s * 1_000,
+        // Requeued a little after submission now and then (a preempted job's delay runs anew).
+        queued_ms: NOW_MS - r.age_s * 1_000 + (r.runtime_min % 3) * 100_000,
         max_runtime_ms: r.runtime_min * 60_000,
         allow_spot: r.age_s % 2 == 0,
         // Every fifth job is a service's replica: nodes only, never a cloud pool.
@@ -392,6 +402,8 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         kind: None,
         expected_runtime_ms: None,
         grace_ms: None,
+        // Every seventh job overrides its class's preemption delay: none.
+        preemption_delay_ms: (r.runtime_min % 7 == 0).then_some(0),
         min_drivers: Default::default(),
         host: Default::default(),
     }
@@ -591,7 +603,13 @@ fn apply(s: &Snapshot, d: &Decisions) -> Snapshot {
         })
     }));
     next.pending = s.pending.iter().filter(|job| !admitted.contains_key(&job.id)).cloned().collect();
-    next.pending.extend(s.running.iter().filter(|r| victims.contains(&r.spec.id)).map(|r| r.spec.clone()));
+    // A victim goes back to the queue now: its preemption delay runs anew.
+    next.pending.extend(
+        s.running
+            .iter()
+            .filter(|r| victims.contains(&r.spec.id))
+            .map(|r| JobSpec { queued_ms: s.now_ms, ..r.spec.clone() }),
+    );
     next
 }
 
@@ -833,6 +851,15 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
                 p.victim
             )));
         };
+        prop_assert!(
+            s.preemption_delayed_until(beneficiary).is_none(),
+            "job {} preempted for job {} within its preemption delay (until {:?}, now {}): {:?}",
+            p.victim,
+            p.for_job,
+            s.preemption_delayed_until(beneficiary),
+            s.now_ms,
+            p
+        );
         if p.reason == PreemptReason::Priority {
             prop_assert_eq!(beneficiary.team, victim.spec.team, "a priority preemption across teams: {:?}", p);
             prop_assert!(
@@ -840,6 +867,19 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
                 "a priority preemption for a job of no higher priority: {:?}",
                 p
             );
+        }
+    }
+    for w in &d.pending {
+        if let PendingReason::PreemptionDelayed { until_ms, victims } = w.reason {
+            let job = pending.get(&w.job).copied();
+            prop_assert_eq!(
+                job.and_then(|j| s.preemption_delayed_until(j)),
+                Some(until_ms),
+                "job {} says its preemption is delayed: {:?}",
+                w.job,
+                w
+            );
+            prop_assert!(victims > 0, "a delayed preemption of no one: {:?}", w);
         }
     }
     Ok(())
@@ -881,7 +921,10 @@ fn check_budgets(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
 /// budget: the free GPUs are held for another job (a gang's reservation that the job cannot
 /// backfill, or GPUs set aside while victims of a reclaim stop).
 fn may_hold_back_a_fitting_job(reason: &PendingReason) -> bool {
-    matches!(reason, PendingReason::ReservedFor { .. } | PendingReason::WaitingForReclaim)
+    matches!(
+        reason,
+        PendingReason::ReservedFor { .. } | PendingReason::WaitingForReclaim | PendingReason::PreemptionDelayed { .. }
+    )
 }
 
 /// Work conservation: a job left pending that fits on the GPUs still free after the cycle,
@@ -966,7 +1009,7 @@ fn check_work_conserving(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseErro
         // another round); a job sharing that chain may wait behind it.
         let behind_a_preemptor = d.pending.iter().any(|w| {
             let Some(waiting) = s.pending.iter().find(|j| j.id == w.job) else { return false };
-            w.reason == PendingReason::WaitingForReclaim
+            matches!(w.reason, PendingReason::WaitingForReclaim | PendingReason::PreemptionDelayed { .. })
                 && w.position < p.position
                 && waiting.class == job.class
                 && chain(s, waiting.team).iter().any(|t| teams.contains(t))
@@ -1089,6 +1132,9 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         priority: (priority % s.priorities.len()) as u8,
         topology: Topology::Any,
         submitted_ms: s.now_ms,
+        // It has waited out its preemption delay: the promise is one round from then on.
+        queued_ms: s.now_ms - s.priorities[priority % s.priorities.len()].preemption_delay_ms,
+        preemption_delay_ms: None,
         max_runtime_ms: 3_600_000,
         min_drivers: Default::default(),
         host: Default::default(),

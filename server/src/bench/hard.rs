@@ -128,6 +128,7 @@ fn job(id: JobId, team: TeamId, replicas: u16, gpus_per_replica: u32, priority: 
         priority,
         topology: Topology::Any,
         submitted_ms: NOW_MS,
+        queued_ms: NOW_MS,
         max_runtime_ms: 24 * HOUR_MS,
         allow_spot: false,
         fixed_nodes_only: false,
@@ -136,6 +137,7 @@ fn job(id: JobId, team: TeamId, replicas: u16, gpus_per_replica: u32, priority: 
         grace_ms: None,
         min_drivers: Default::default(),
         host: Default::default(),
+        preemption_delay_ms: None,
     }
 }
 

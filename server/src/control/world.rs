@@ -173,6 +173,7 @@ impl World {
                 price_multiplier_milli: p.price_multiplier_milli.max(0) as u32,
                 usage_factor_milli: p.usage_factor_milli.max(0) as u32,
                 preemption_grace_ms: i64::from(p.preemption_grace_seconds) * 1000,
+                preemption_delay_ms: 0,
             })
             .collect();
         // Budgets are monthly: what a job spends after this month is next month's.
@@ -237,6 +238,7 @@ impl World {
             priority: *self.priority_index.get(&job.priority_class)?,
             topology: topology(&job.topology_mode, job.topology_level.as_deref()),
             submitted_ms: millis(job.submitted_at),
+            queued_ms: millis(job.queued_at),
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
             fixed_nodes_only: job.fixed_nodes_only,
@@ -248,6 +250,7 @@ impl World {
                 job.min_cuda_version.as_deref(),
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
+            preemption_delay_ms: None,
         })
     }
 
@@ -270,6 +273,7 @@ impl World {
             priority: *self.priority_index.get(&job.priority_class)?,
             topology: topology(&job.topology_mode, job.topology_level.as_deref()),
             submitted_ms: self.snapshot.now_ms,
+            queued_ms: self.snapshot.now_ms,
             max_runtime_ms: i64::from(job.max_runtime_seconds) * 1000,
             allow_spot: job.allow_spot,
             fixed_nodes_only: job.service.is_some() || job.workload.needs_kubernetes(),
@@ -281,6 +285,7 @@ impl World {
                 job.min_cuda_version.as_deref(),
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
+            preemption_delay_ms: None,
         })
     }
 
@@ -446,6 +451,13 @@ impl World {
                 let memory = domain::workload::format_memory(i32::try_from(asks.memory_mib).unwrap_or(i32::MAX));
                 format!(
                     "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but no node with free GPUs also has the {cpu} CPU and {memory} memory a replica asks beside them; it starts when a node has both"
+                )
+            }
+            PendingReason::PreemptionDelayed { until_ms, victims } => {
+                let jobs = if *victims == 1 { "1 running job".to_owned() } else { format!("{victims} running jobs") };
+                format!(
+                    "not enough free GPUs of {of}: it needs {needs} and {free} are free to it; preempting {jobs} would make room, but its preemption delay lets capacity come first (jobs ending, nodes being added): it takes any that comes, and preempts them at {} if none has",
+                    Utc.timestamp_millis_opt(*until_ms).single().map_or_else(String::new, |t| t.format("%H:%M:%S UTC").to_string())
                 )
             }
             PendingReason::NoDriverFit => {

@@ -98,11 +98,15 @@ pub enum PendingReason {
     /// Enough GPUs are free, and a placement by GPUs alone exists, but no node with free GPUs
     /// also has the CPU and memory each replica asks beside them (`asks`).
     NoHostFit { asks: super::snapshot::Host },
+    /// Preempting `victims` running jobs would make room, but the job is within its
+    /// preemption delay: it waits for capacity to come without preempting until `until_ms`,
+    /// the room those jobs hold kept for it meanwhile.
+    PreemptionDelayed { until_ms: i64, victims: u32 },
 }
 
 impl PendingReason {
     /// Every code, in a fixed order: the taxonomy a gauge per reason shows from the start.
-    pub const CODES: [&'static str; 15] = [
+    pub const CODES: [&'static str; 16] = [
         "never_fits",
         "burst_limit",
         "exceeds_quota",
@@ -118,6 +122,7 @@ impl PendingReason {
         "driver_unavailable",
         "no_driver_fit",
         "no_cpu_memory_fit",
+        "preemption_delayed",
     ];
 
     /// Its place in [`PendingReason::CODES`].
@@ -138,6 +143,7 @@ impl PendingReason {
             PendingReason::DriverUnavailable => 12,
             PendingReason::NoDriverFit => 13,
             PendingReason::NoHostFit { .. } => 14,
+            PendingReason::PreemptionDelayed { .. } => 15,
         }
     }
 

@@ -390,10 +390,8 @@ impl<'a> Cycle<'a> {
         if self.claim_stopping(job, available) {
             return self.pend(job, PendingReason::WaitingForReclaim);
         }
-        if s.config.policy != Policy::Fifo {
-            if let Some(victims) = self.try_preempt(job, beyond.is_none(), false) {
-                return self.wait_for(job, victims);
-            }
+        if self.preempt(job, beyond.is_none(), false) {
+            return;
         }
         let reason = self.capacity_reason(job, available, beyond);
         if s.config.policy == Policy::Fairway
@@ -410,10 +408,8 @@ impl<'a> Cycle<'a> {
     /// own reserved quota takes back what borrowing siblings hold; otherwise only the team's
     /// own lower-priority work can make room. Failing that, it waits with the quota reason.
     fn consider_over_quota(&mut self, job: &JobSpec, over: Option<TeamId>, beyond: Option<TeamId>) {
-        if self.s.config.policy != Policy::Fifo {
-            if let Some(victims) = self.try_preempt(job, beyond.is_none(), beyond.is_some()) {
-                return self.wait_for(job, victims);
-            }
+        if self.preempt(job, beyond.is_none(), beyond.is_some()) {
+            return;
         }
         if let Some(team) = self.quota_too_small(job) {
             return self.pend(job, PendingReason::ExceedsQuota { team });

@@ -231,6 +231,8 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             let candidates = if within { by_class.get(&job.class) } else { by_team.get(&(job.class, job.team)) };
             let mut freed = have;
             let mut chosen = Vec::new();
+            // Within its preemption delay the job preempts no one before the delay ends.
+            let delayed_until = s.preemption_delayed_until(job).unwrap_or(s.now_ms);
             for &(gone, _, h, i) in candidates.map_or(&[][..], Vec::as_slice) {
                 if freed >= n {
                     break;
@@ -242,7 +244,7 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
                     continue;
                 }
                 freed += holders[h].milli;
-                chosen.push((gone, h));
+                chosen.push((gone.max(delayed_until.saturating_add(grace(&r.spec))), h));
             }
             if freed >= n {
                 let at = chosen.iter().map(|c| c.0).max().unwrap_or(s.now_ms);
@@ -634,6 +636,7 @@ pub fn naive(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &
                 | PendingReason::NoTopologyFit
                 | PendingReason::NoDriverFit
                 | PendingReason::NoHostFit { .. }
+                | PendingReason::PreemptionDelayed { .. }
                 | PendingReason::BehindHeadOfLine { .. }
                 | PendingReason::VictimsInMinimumRuntime { .. }
         );

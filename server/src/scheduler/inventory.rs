@@ -743,6 +743,7 @@ mod tests {
             priority: 0,
             topology,
             submitted_ms: 0,
+            queued_ms: 0,
             max_runtime_ms: 1,
             allow_spot: false,
             fixed_nodes_only: false,
@@ -751,6 +752,7 @@ mod tests {
             grace_ms: None,
             min_drivers: Default::default(),
             host: Default::default(),
+            preemption_delay_ms: None,
         }
     }
 

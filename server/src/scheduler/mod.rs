@@ -76,6 +76,14 @@
 //! A job whose victims are still stopping waits for them (`waiting_for_reclaim`) instead of
 //! choosing more.
 //!
+//! **Preemption delay.** A job within its preemption delay (its own, or its priority
+//! class's, counted from when it last entered the queue) chooses its victims as above but
+//! tells none of them to stop: it holds the room they would free, as a preemptor does, and
+//! waits (`preemption_delayed`) for capacity to come without evicting anyone: jobs ending,
+//! nodes an autoscaler or a cloud pool adds. Whatever fits it in a later cycle admits it;
+//! only once the delay has passed does it preempt. A delay only withholds preemptions, so
+//! none of the arguments above change.
+//!
 //! For the same reason preemption happens in rank order. Jobs that rules alone keep waiting
 //! are decided before the ranking, but a job over its quota that could preempt its own
 //! team's lower-priority jobs is ranked like any other: decided early, its preemption could

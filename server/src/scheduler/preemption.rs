@@ -464,8 +464,44 @@ impl Cycle<'_> {
         self.claim_quota(job);
     }
 
+    /// Makes room for `job` by preemption if the rules allow it (never under FIFO): tells its
+    /// victims to stop, or, while the job is within its preemption delay, only holds the room
+    /// they would free, telling no one to stop, so that capacity arriving in the meantime
+    /// (jobs ending, nodes an autoscaler or a cloud pool adds) is taken instead. Returns
+    /// whether victims were found, the job then waiting for them either way.
+    ///
+    /// Held room keeps jobs ranked after it, as a preemption would, so the job is not passed
+    /// while it waits; the next cycle decides afresh, and admits the job wherever it then
+    /// fits. A delay only withholds preemptions, so it adds no way to loop (module docs).
+    pub(super) fn preempt(&mut self, job: &JobSpec, within_reserved: bool, own_team_only: bool) -> bool {
+        if self.s.config.policy == Policy::Fifo {
+            return false;
+        }
+        let Some(victims) = self.try_preempt(job, within_reserved, own_team_only) else { return false };
+        match self.s.preemption_delayed_until(job) {
+            Some(until_ms) => {
+                let count = victims.len() as u32;
+                for (index, _) in victims {
+                    self.mark_victim(index);
+                    // They keep running: their quota goes back into the ledger, which
+                    // `try_preempt` left without it for jobs that will be gone.
+                    let r = &self.s.running[index].spec;
+                    if (r.team as usize) < self.s.teams.len() {
+                        self.ledger.add(r.team, r.class, r.total_milli(), false);
+                        self.refresh_borrowing(r.team, r.class);
+                    }
+                }
+                self.largest_borrowers.remove(&job.class);
+                self.borrowers.remove(&job.class);
+                self.pend(job, PendingReason::PreemptionDelayed { until_ms, victims: count });
+            }
+            None => self.wait_for(job, victims),
+        }
+        true
+    }
+
     /// Records the victims chosen for `job`, which waits for them to stop.
-    pub(super) fn wait_for(&mut self, job: &JobSpec, victims: Vec<(usize, PreemptReason)>) {
+    fn wait_for(&mut self, job: &JobSpec, victims: Vec<(usize, PreemptReason)>) {
         for (index, reason) in victims {
             self.record_victim(job, index, reason);
         }
@@ -478,11 +514,7 @@ impl Cycle<'_> {
         let s = self.s;
         let r = &s.running[index];
         self.victims.insert(index);
-        self.victim[index] = true;
-        self.reach.chosen(&self.ledger, r.spec.team, r.spec.class, r.spec.total_milli());
-        if let (Some(passed), Some(&at)) = (self.passed.get_mut(&r.spec.class), self.place_in_order.get(index)) {
-            passed.leave(at as usize);
-        }
+        self.mark_victim(index);
         let grace_ms = s.grace_ms(&r.spec);
         self.decisions.preemptions.push(Preemption {
             victim: r.spec.id,
@@ -491,6 +523,16 @@ impl Cycle<'_> {
             grace_ms,
             lost_work: lost_work(s.now_ms, r),
         });
+    }
+
+    /// Takes running job `index` out of every later walk of the cycle: it is spoken for.
+    fn mark_victim(&mut self, index: usize) {
+        let r = &self.s.running[index];
+        self.victim[index] = true;
+        self.reach.chosen(&self.ledger, r.spec.team, r.spec.class, r.spec.total_milli());
+        if let (Some(passed), Some(&at)) = (self.passed.get_mut(&r.spec.class), self.place_in_order.get(index)) {
+            passed.leave(at as usize);
+        }
     }
 
     /// Tentatively removes (or puts back) a running job's GPUs and quota use.

@@ -191,6 +191,7 @@ mod tests {
             priority: 0,
             topology: Topology::Any,
             submitted_ms: 0,
+            queued_ms: 0,
             max_runtime_ms,
             allow_spot: false,
             fixed_nodes_only: false,
@@ -199,6 +200,7 @@ mod tests {
             grace_ms: None,
             min_drivers: Default::default(),
             host: Default::default(),
+            preemption_delay_ms: None,
         }
     }
 

@@ -164,6 +164,10 @@ pub struct PriorityClass {
     pub usage_factor_milli: u32,
     /// Grace period given to a preempted job to checkpoint, in milliseconds.
     pub preemption_grace_ms: i64,
+    /// How long a job of the class waits for capacity (jobs ending, nodes a cloud pool or an
+    /// autoscaler adds) after it entered the queue before it may preempt anyone, in
+    /// milliseconds; 0: it preempts at once. See [`Snapshot::preemption_delay_ms`].
+    pub preemption_delay_ms: i64,
 }
 
 /// What a job asks for.
@@ -180,6 +184,9 @@ pub struct JobSpec {
     pub topology: Topology,
     /// When it was submitted (ms since the epoch): the tie-breaker within a priority.
     pub submitted_ms: i64,
+    /// When it last entered the queue (its submission, or its requeue after an attempt): its
+    /// preemption delay runs from here.
+    pub queued_ms: i64,
     /// Longest it may run; it is stopped then.
     pub max_runtime_ms: i64,
     /// The job tolerates spot capacity (interruptions requeue it).
@@ -195,6 +202,9 @@ pub struct JobSpec {
     /// Its own grace period to checkpoint when preempted (ms), overriding its priority
     /// class's; see [`Snapshot::grace_ms`].
     pub grace_ms: Option<i64>,
+    /// Its own preemption delay (ms), overriding its priority class's; see
+    /// [`Snapshot::preemption_delay_ms`].
+    pub preemption_delay_ms: Option<i64>,
     /// The least driver and CUDA version its nodes must run; default: none.
     pub min_drivers: DriverStack,
     /// CPU and memory each replica needs beside its GPUs, on the replica's node.
@@ -361,5 +371,18 @@ impl Snapshot {
     pub fn grace_ms(&self, spec: &JobSpec) -> i64 {
         spec.grace_ms
             .unwrap_or_else(|| self.priorities.get(usize::from(spec.priority)).map_or(0, |p| p.preemption_grace_ms))
+    }
+
+    /// How long `spec` waits for capacity after it entered the queue before it may preempt:
+    /// its own delay, or its priority class's.
+    pub fn preemption_delay_ms(&self, spec: &JobSpec) -> i64 {
+        spec.preemption_delay_ms
+            .unwrap_or_else(|| self.priorities.get(usize::from(spec.priority)).map_or(0, |p| p.preemption_delay_ms))
+    }
+
+    /// Until when `spec` may not preempt (ms since the epoch), if that is still ahead.
+    pub fn preemption_delayed_until(&self, spec: &JobSpec) -> Option<i64> {
+        let until = spec.queued_ms.saturating_add(self.preemption_delay_ms(spec).max(0));
+        (until > self.now_ms).then_some(until)
     }
 }

@@ -16,6 +16,7 @@ fn priorities() -> Vec<PriorityClass> {
         price_multiplier_milli: 1000,
         usage_factor_milli: 1000,
         preemption_grace_ms: 30_000,
+        preemption_delay_ms: 0,
     };
     vec![p("production", 500, false), p("experiment", 100, true), p("scavenger", 0, true)]
 }
@@ -75,6 +76,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         priority,
         topology: Topology::Any,
         submitted_ms: NOW - HOUR + id as i64,
+        queued_ms: NOW - HOUR + id as i64,
         max_runtime_ms: 4 * HOUR,
         allow_spot: false,
         fixed_nodes_only: false,
@@ -83,6 +85,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         grace_ms: None,
         min_drivers: Default::default(),
         host: Default::default(),
+        preemption_delay_ms: None,
     }
 }
 
@@ -607,6 +610,7 @@ fn every_reason_has_its_own_code_from_the_fixed_list() {
         PendingReason::DriverUnavailable,
         PendingReason::NoDriverFit,
         PendingReason::NoHostFit { asks: Host::default() },
+        PendingReason::PreemptionDelayed { until_ms: NOW, victims: 1 },
     ];
     let codes: Vec<&str> = reasons.iter().map(PendingReason::code).collect();
     assert_eq!(codes, PendingReason::CODES);
@@ -877,4 +881,77 @@ fn a_job_whose_gpus_are_free_but_whose_cpus_are_not_says_so() {
     assert!(d.admissions.is_empty());
     assert_eq!(reason_of(&d, 3), PendingReason::NoHostFit { asks: Host { cpu_millis: 32_000, memory_mib: 1024 } });
     assert_eq!(reason_of(&d, 3).code(), "no_cpu_memory_fit");
+}
+
+/// One full 8-GPU node running team b's experiment, which borrows team a's idle quota, and
+/// team a's production job of 4 GPUs arriving now, with a two-minute preemption delay.
+fn a_reclaim_with_a_delay() -> Snapshot {
+    let mut s = cluster(1, vec![team("a", 4, 0), team("b", 4, 4)]);
+    start(&mut s, job(1, 1, 8, 1), HOUR);
+    let mut arriving = job(10, 0, 4, 0);
+    arriving.queued_ms = NOW;
+    arriving.preemption_delay_ms = Some(2 * 60_000);
+    s.pending = vec![arriving];
+    s
+}
+
+#[test]
+fn within_its_preemption_delay_a_job_preempts_no_one_and_says_until_when() {
+    let s = a_reclaim_with_a_delay();
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "{:?}", d.preemptions);
+    assert_eq!(reason_of(&d, 10), PendingReason::PreemptionDelayed { until_ms: NOW + 120_000, victims: 1 });
+    // Its expected start is when its victim would be gone: the delay, then the grace period.
+    let pending = d.pending.iter().find(|p| p.job == 10).unwrap();
+    assert_eq!(pending.played_start_ms, Some(NOW + 120_000 + 30_000), "{pending:?}");
+}
+
+#[test]
+fn capacity_that_arrives_within_the_delay_is_taken_and_no_one_is_preempted() {
+    let mut s = a_reclaim_with_a_delay();
+    s.now_ms += 60_000;
+    // An autoscaler added a node in the meantime.
+    let mut added = s.nodes[0].clone();
+    added.name = "n1".into();
+    s.nodes.push(added);
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![10]);
+    assert_eq!(d.admissions[0].placement[0].node, 1);
+    assert!(d.preemptions.is_empty());
+}
+
+#[test]
+fn once_the_delay_has_passed_without_capacity_the_job_preempts_as_it_would_have_at_once() {
+    let mut s = a_reclaim_with_a_delay();
+    s.now_ms += 120_000;
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
+    assert_eq!(d.preemptions.iter().map(|p| (p.victim, p.reason)).collect::<Vec<_>>(), [(1, PreemptReason::Reclaim)]);
+    // Without a delay it does the same at once.
+    let mut s = a_reclaim_with_a_delay();
+    s.pending[0].preemption_delay_ms = None;
+    assert_eq!(schedule(&s).preemptions.len(), 1);
+}
+
+#[test]
+fn a_priority_classes_delay_applies_to_its_jobs_and_a_jobs_own_overrides_it() {
+    let mut s = a_reclaim_with_a_delay();
+    s.pending[0].preemption_delay_ms = None;
+    s.priorities[0].preemption_delay_ms = 60_000;
+    assert_eq!(reason_of(&schedule(&s), 10), PendingReason::PreemptionDelayed { until_ms: NOW + 60_000, victims: 1 });
+    s.pending[0].preemption_delay_ms = Some(0);
+    assert_eq!(reason_of(&schedule(&s), 10), PendingReason::WaitingForReclaim);
+}
+
+#[test]
+fn the_room_a_delayed_job_would_take_is_not_preempted_for_a_job_ranked_after_it() {
+    let mut s = a_reclaim_with_a_delay();
+    // Team a's second job, of the same class and no delay, ranks after the first.
+    let mut second = job(11, 0, 4, 0);
+    second.queued_ms = NOW;
+    s.pending.push(second);
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "{:?}", d.preemptions);
+    assert!(matches!(reason_of(&d, 10), PendingReason::PreemptionDelayed { .. }));
+    assert_ne!(reason_of(&d, 11), PendingReason::WaitingForReclaim);
 }

@@ -307,6 +307,7 @@ fn build_priorities(entries: &[PriorityEntry]) -> Result<Vec<PriorityClass>, Str
             price_multiplier_milli: p.price_multiplier_milli,
             usage_factor_milli: p.usage_factor_milli,
             preemption_grace_ms: i64::from(p.grace_s) * 1000,
+            preemption_delay_ms: 0,
         })
         .collect())
 }
@@ -322,6 +323,7 @@ pub fn default_priorities() -> Vec<PriorityClass> {
         price_multiplier_milli,
         usage_factor_milli,
         preemption_grace_ms: 30_000,
+        preemption_delay_ms: 0,
     };
     vec![
         class("serving", 1000, false, 1000, 1250),

@@ -322,6 +322,7 @@ impl Place for FairwayPlacer {
             priority: 0,
             topology: Topology::Any,
             submitted_ms: 0,
+            queued_ms: 0,
             max_runtime_ms: 1,
             allow_spot: false,
             fixed_nodes_only: false,
@@ -330,6 +331,7 @@ impl Place for FairwayPlacer {
             grace_ms: None,
             min_drivers: Default::default(),
             host: ask.host,
+            preemption_delay_ms: None,
         };
         match self.inventory.find(&job) {
             Some(placement) => {

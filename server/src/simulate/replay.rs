@@ -93,7 +93,7 @@ pub struct ReplayOutcome {
 }
 
 /// The pending reasons' codes, in the order of [`ReplayOutcome::waiting_ms_by_reason`].
-pub const PENDING_REASONS: [&str; 15] = PendingReason::CODES;
+pub const PENDING_REASONS: [&str; 16] = PendingReason::CODES;
 
 fn reason_index(reason: &PendingReason) -> usize {
     reason.index()
@@ -463,6 +463,7 @@ impl<'a> Replay<'a> {
             priority: j.priority,
             topology: Topology::Any,
             submitted_ms: j.submit_ms,
+            queued_ms: j.submit_ms,
             max_runtime_ms: j.max_runtime_ms,
             allow_spot: false,
             fixed_nodes_only: false,
@@ -471,6 +472,7 @@ impl<'a> Replay<'a> {
             grace_ms: None,
             min_drivers: Default::default(),
             host: Default::default(),
+            preemption_delay_ms: None,
         }
     }
 
