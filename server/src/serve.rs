@@ -358,7 +358,10 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
     match &state.config.clusters {
         None => {
             let sim = sim_config(state.config.sim_inventory.as_deref(), None)?;
-            let backend = SimBackend::new(pool_of(8), sim);
+            let mut backend = SimBackend::new(pool_of(8), sim);
+            if let Some(path) = &state.config.sim_inventory {
+                backend = backend.following(path.clone());
+            }
             sims.push(backend.clone());
             backends.insert(backend.config.cluster.clone(), Arc::new(backend));
         }
@@ -370,7 +373,10 @@ pub async fn control_context(state: &AppState) -> anyhow::Result<control::Ctx> {
                     ClusterConfig::Sim(c) => {
                         let mut sim = sim_config(c.inventory.as_deref(), c.speedup)?;
                         sim.cluster = c.name.clone();
-                        let backend = SimBackend::new(pool_of(8), sim);
+                        let mut backend = SimBackend::new(pool_of(8), sim);
+                        if let Some(path) = &c.inventory {
+                            backend = backend.following(path.clone());
+                        }
                         sims.push(backend.clone());
                         Arc::new(backend)
                     }

@@ -75,6 +75,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 service: None,
                 min_driver_version: None,
                 min_cuda_version: None,
+                preemption_delay_seconds: None,
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &jobs).await.unwrap();

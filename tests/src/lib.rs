@@ -73,7 +73,7 @@ struct DatabaseInUse(String);
 
 impl Drop for DatabaseInUse {
     fn drop(&mut self) {
-        ENDED.lock().unwrap_or_else(|e| e.into_inner()).push(std::mem::take(&mut self.0));
+        ENDED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(std::mem::take(&mut self.0));
     }
 }
 
@@ -146,7 +146,7 @@ async fn fresh_named_database() -> (String, PgPool) {
         .connect()
         .await
         .unwrap_or_else(|e| panic!("connect to the test database server: {e}{}", server.log_tail()));
-    let ended = std::mem::take(&mut *ENDED.lock().unwrap_or_else(|e| e.into_inner()));
+    let ended = std::mem::take(&mut *ENDED.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
     for done in ended {
         // `force` ends what connections an ended test's tasks still hold.
         if let Err(e) = sqlx::query(&format!("drop database if exists {done} with (force)")).execute(&mut admin).await {

@@ -47,7 +47,7 @@ pub struct PendingInfo {
     /// `exceeds_quota`, `reserved_quota_exhausted`, `budget_exhausted`, `no_topology_fit`,
     /// `fair_share`, `insufficient_capacity`, `waiting_for_reclaim`, `reserved_for_gang`,
     /// `behind_head_of_line`, `victims_in_minimum_runtime`, `driver_unavailable`,
-    /// `no_driver_fit`, `no_cpu_memory_fit`; or, before the scheduler sees
+    /// `no_driver_fit`, `no_cpu_memory_fit`, `preemption_delayed`; or, before the scheduler sees
     /// the job, `waiting_for_dependencies` (jobs it depends on have not ended as it waits
     /// for; `figures.waiting_for` names them), `dependency_failed` (one never can, and
     /// the job has `if_dependency_fails: keep`) and `array_task_limit` (an array task its
@@ -89,6 +89,8 @@ pub struct JobView {
     pub labels: Value,
     pub topology: Option<TopologyWish>,
     pub preemption_grace_seconds: Option<i32>,
+    /// Its own preemption delay in seconds; null: its priority class's.
+    pub preemption_delay_seconds: Option<i32>,
     pub max_retries: i32,
     /// May run on spot capacity.
     pub allow_spot: bool,
@@ -220,6 +222,7 @@ impl From<db::jobs::JobRow> for JobView {
             labels: r.labels.0,
             topology,
             preemption_grace_seconds: r.preemption_grace_seconds,
+            preemption_delay_seconds: r.preemption_delay_seconds,
             max_retries: r.max_retries,
             allow_spot: r.allow_spot,
             cpu: r.cpu_millis.map(workload::format_cpu),

@@ -43,6 +43,10 @@
 //! cuda_version = "12.4"          # optional
 //! ```
 //!
+//! A cluster whose inventory is a file ([`SimBackend::following`]) follows it while it runs:
+//! nodes added to the file join at the next inventory read, as an autoscaler's nodes join a
+//! real cluster, and nodes taken out of it leave.
+//!
 //! A node that declares `cpus` or `memory_gib` must have one entry (one class): the engine
 //! holds each class's GPUs of a node apart, so a split node would offer them twice.
 //!
@@ -88,7 +92,8 @@ use std::{
     collections::{BTreeSet, HashMap},
     path::{Path, PathBuf},
     str::FromStr,
-    time::Duration,
+    sync::{Arc, Mutex},
+    time::{Duration, SystemTime},
 };
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -488,13 +493,56 @@ fn line_of(text: &str, offset: usize) -> usize {
 #[derive(Debug, Clone)]
 pub struct SimBackend {
     pub pool: PgPool,
+    /// The configuration it started with; its nodes may since have changed (see
+    /// [`SimBackend::following`]).
     pub config: SimConfig,
+    /// The nodes it has now.
+    nodes: Arc<LiveNodes>,
+}
+
+/// A simulated cluster's nodes, re-read from its inventory file whenever the file changes,
+/// as nodes join a real cluster when an autoscaler adds them or leave when they are removed.
+#[derive(Debug, Default)]
+struct LiveNodes {
+    /// The file followed; `None`: the nodes never change.
+    path: Option<PathBuf>,
+    /// The file's modification time when last read, and the nodes read then.
+    read: Mutex<(Option<SystemTime>, Option<Vec<InventoryNode>>)>,
 }
 
 impl SimBackend {
     /// A simulated cluster keeping its objects in `pool`.
     pub fn new(pool: PgPool, config: SimConfig) -> Self {
-        Self { pool, config }
+        Self { pool, config, nodes: Arc::default() }
+    }
+
+    /// The same, following its inventory file at `path`: nodes added to the file join the
+    /// cluster at its next inventory read, and nodes taken out leave it. A file that no longer
+    /// reads as a valid configuration is ignored, with a warning, until it does again.
+    pub fn following(mut self, path: PathBuf) -> Self {
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok();
+        self.nodes = Arc::new(LiveNodes { path: Some(path), read: Mutex::new((modified, None)) });
+        self
+    }
+
+    /// Its configuration with the nodes it has now.
+    fn current(&self) -> SimConfig {
+        let Some(path) = &self.nodes.path else { return self.config.clone() };
+        let mut read = self.nodes.read.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let modified = std::fs::metadata(path).and_then(|m| m.modified()).ok();
+        if modified.is_some() && modified != read.0 {
+            read.0 = modified;
+            match SimConfig::load(path) {
+                Ok(changed) => read.1 = Some(changed.inventory),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "the changed sim inventory is not valid; its nodes stay as they were");
+                }
+            }
+        }
+        match &read.1 {
+            Some(nodes) => SimConfig { inventory: nodes.clone(), ..self.config.clone() },
+            None => self.config.clone(),
+        }
     }
 }
 
@@ -524,11 +572,11 @@ impl Backend for SimBackend {
     }
 
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
-        Ok(self.config.inventory.clone())
+        Ok(self.current().inventory)
     }
 
     async fn submit(&self, gang: &Gang) -> Result<(), BackendError> {
-        let object = plan_object(gang, &self.config, Utc::now())?;
+        let object = plan_object(gang, &self.current(), Utc::now())?;
         let created = db::sim::insert_many(&self.pool, std::slice::from_ref(&object)).await? > 0;
         tracing::debug!(
             object = %gang.object,
@@ -545,8 +593,9 @@ impl Backend for SimBackend {
         // Each gang's refusal, if the plan refused it; the others are created together.
         let mut objects: Vec<NewSimObject> = Vec::with_capacity(gangs.len());
         let mut refused: Vec<Option<BackendError>> = Vec::with_capacity(gangs.len());
+        let config = self.current();
         for gang in gangs {
-            match plan_object(gang, &self.config, now) {
+            match plan_object(gang, &config, now) {
                 Ok(object) => {
                     objects.push(object);
                     refused.push(None);
@@ -755,7 +804,7 @@ pub async fn dcgm_exposition(clusters: &[SimBackend], now: DateTime<Utc>) -> Res
     }
     let mut gpus = Vec::new();
     for backend in clusters {
-        let config = &backend.config;
+        let config = &backend.current();
         let rows = db::sim::list(&backend.pool, &config.cluster).await?;
         let started: HashMap<&str, DateTime<Utc>> = rows
             .iter()

@@ -155,6 +155,7 @@ impl Platform {
             created_at: chrono::Utc::now(),
             updated_at: chrono::Utc::now(),
             version: 1,
+            preemption_delay_seconds: 0,
         };
         db::priority_classes::upsert(&mut tx, &row).await?;
         tx.commit().await?;

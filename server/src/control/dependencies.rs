@@ -154,6 +154,8 @@ fn figures(waiting_for: Vec<WaitedJob>) -> serde_json::Value {
         latest_start_at: None,
         unforeseeable: None,
         victims_preemptible_at: None,
+        preempts_at: None,
+        would_preempt_jobs: None,
         waiting_for,
         drivers: None,
     };

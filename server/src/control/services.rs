@@ -67,6 +67,7 @@ pub fn replica_job(service: &ServiceRow, slot: i32) -> NewJob {
             slot,
             revision: service.revision,
         }),
+        preemption_delay_seconds: None,
     }
 }
 

@@ -173,7 +173,7 @@ impl World {
                 price_multiplier_milli: p.price_multiplier_milli.max(0) as u32,
                 usage_factor_milli: p.usage_factor_milli.max(0) as u32,
                 preemption_grace_ms: i64::from(p.preemption_grace_seconds) * 1000,
-                preemption_delay_ms: 0,
+                preemption_delay_ms: i64::from(p.preemption_delay_seconds) * 1000,
             })
             .collect();
         // Budgets are monthly: what a job spends after this month is next month's.
@@ -250,7 +250,7 @@ impl World {
                 job.min_cuda_version.as_deref(),
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
-            preemption_delay_ms: None,
+            preemption_delay_ms: job.preemption_delay_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 
@@ -285,7 +285,7 @@ impl World {
                 job.min_cuda_version.as_deref(),
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
-            preemption_delay_ms: None,
+            preemption_delay_ms: job.preemption_delay_seconds.map(|s| i64::from(s) * 1000),
         })
     }
 
@@ -506,6 +506,14 @@ impl World {
                 PendingReason::VictimsInMinimumRuntime { at_ms } => Utc.timestamp_millis_opt(*at_ms).single(),
                 _ => None,
             },
+            preempts_at: match reason {
+                PendingReason::PreemptionDelayed { until_ms, .. } => Utc.timestamp_millis_opt(*until_ms).single(),
+                _ => None,
+            },
+            would_preempt_jobs: match reason {
+                PendingReason::PreemptionDelayed { victims, .. } => Some(*victims),
+                _ => None,
+            },
             waiting_for: Vec::new(),
             drivers: f.drivers.map(|d| {
                 let text = |v: Option<domain::driver::Version>| v.map(|v| v.to_string());
@@ -565,6 +573,7 @@ mod tests {
                 usage_factor_milli: 1000,
                 price_multiplier_milli: 1000,
                 preemption_grace_seconds: 30,
+                preemption_delay_seconds: 0,
             }],
             history: Vec::new(),
             jobs: jobs.into_iter().map(Arc::new).collect(),
@@ -614,6 +623,7 @@ mod tests {
             fixed_nodes_only: false,
             cpu_millis: None,
             memory_mib: None,
+            preemption_delay_seconds: None,
         }
     }
 
@@ -662,6 +672,7 @@ mod tests {
             array: None,
             service: None,
             accepted_despite: Vec::new(),
+            preemption_delay_seconds: None,
         };
         assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));
         let undeclared = NewJob { expected_runtime_seconds: None, ..job };

@@ -37,6 +37,8 @@ pub struct JobRow {
     pub topology_mode: String,
     pub topology_level: Option<String>,
     pub preemption_grace_seconds: Option<i32>,
+    /// Its own preemption delay; `None`: its priority class's.
+    pub preemption_delay_seconds: Option<i32>,
     pub max_retries: i32,
     pub allow_spot: bool,
     /// CPU (millicores) and memory (MiB) per replica; `None` for jobs from before they were
@@ -105,6 +107,8 @@ pub struct NewJob {
     pub topology_mode: String,
     pub topology_level: Option<String>,
     pub preemption_grace_seconds: Option<i32>,
+    /// Its own preemption delay; `None`: its priority class's.
+    pub preemption_delay_seconds: Option<i32>,
     pub max_retries: i32,
     /// Tolerates spot capacity.
     pub allow_spot: bool,
@@ -221,6 +225,7 @@ pub async fn insert_submissions(
     let classes: Vec<GpuClassId> = submissions.iter().map(|s| s.job.gpu_class_id).collect();
     let levels: Vec<Option<String>> = submissions.iter().map(|s| s.job.topology_level.clone()).collect();
     let graces: Vec<Option<i32>> = submissions.iter().map(|s| s.job.preemption_grace_seconds).collect();
+    let delays: Vec<Option<i32>> = submissions.iter().map(|s| s.job.preemption_delay_seconds).collect();
     let tokens: Vec<Option<TokenId>> = submissions.iter().map(|s| s.check.map(|c| c.token_id)).collect();
     let team_versions: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.team_version)).collect();
     let catalogues: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.catalogue_version)).collect();
@@ -261,23 +266,23 @@ pub async fn insert_submissions(
                                  expected_runtime_seconds, waits_for_dependencies, if_dependency_fails,
                                  array_id, array_index, held_by_array, pending_reason, pending_message,
                                  cpu_millis, memory_mib, workload, service_id, service_slot, service_revision,
-                                 min_driver_version, min_cuda_version)
+                                 min_driver_version, min_cuda_version, preemption_delay_seconds)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
                       u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected, u.waits,
                       u.if_fails, u.array_id, u.array_index, u.held is not null,
                       case when u.held is not null then 'array_task_limit' end, u.held,
                       u.cpu, u.memory, u.workload, u.service_id, u.service_slot, u.service_revision,
-                      u.min_driver, u.min_cuda
+                      u.min_driver, u.min_cuda, u.delay
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
                            $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[], $29::uuid[],
                            $30::int4[], $31::text[], $32::int4[], $33::int4[], $34::jsonb[], $35::uuid[],
-                           $36::int4[], $37::int4[], $38::text[], $39::text[])
+                           $36::int4[], $37::int4[], $38::text[], $39::text[], $40::int4[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
                          mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails,
                          array_id, array_index, held, cpu, memory, workload, service_id, service_slot,
-                         service_revision, min_driver, min_cuda)
+                         service_revision, min_driver, min_cuda, delay)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -331,6 +336,7 @@ pub async fn insert_submissions(
         &revisions as &[Option<i32>],
         &min_drivers as &[Option<String>],
         &min_cudas as &[Option<String>],
+        &delays as &[Option<i32>],
     )
     .fetch_all(db)
     .await
@@ -360,6 +366,7 @@ impl JobRow {
             topology_mode: job.topology_mode,
             topology_level: job.topology_level,
             preemption_grace_seconds: job.preemption_grace_seconds,
+            preemption_delay_seconds: job.preemption_delay_seconds,
             max_retries: job.max_retries,
             allow_spot: job.allow_spot,
             cpu_millis: job.cpu_millis,
@@ -445,7 +452,7 @@ macro_rules! select_jobs {
                   j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.expected_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
-                  j.preemption_grace_seconds, j.max_retries, j.allow_spot,
+                  j.preemption_grace_seconds, j.preemption_delay_seconds, j.max_retries, j.allow_spot,
                   j.cpu_millis, j.memory_mib, j.workload as "workload: Json<Workload>", j.min_driver_version, j.min_cuda_version,
                   j.state as "state: JobState", j.attempt, j.holds_gpus,
                   cl.name as "cluster?", j.placement as "placement: Json<Value>", j.borrowing,

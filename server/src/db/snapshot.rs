@@ -47,6 +47,7 @@ pub struct PriorityRow {
     pub usage_factor_milli: i32,
     pub price_multiplier_milli: i32,
     pub preemption_grace_seconds: i32,
+    pub preemption_delay_seconds: i32,
 }
 
 /// A job the engine must know of: pending, or holding GPUs.
@@ -67,6 +68,8 @@ pub struct LiveJob {
     /// The runtime it declared it expects, if any: the median of its runtime forecast.
     pub expected_runtime_seconds: Option<i32>,
     pub preemption_grace_seconds: Option<i32>,
+    /// Its own preemption delay, overriding its priority class's.
+    pub preemption_delay_seconds: Option<i32>,
     pub state: JobState,
     pub attempt: i32,
     pub holds_gpus: bool,
@@ -169,7 +172,7 @@ macro_rules! select_live_jobs {
         sqlx::query_as!(
             LiveJob,
             r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
-                      topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, state as "state: JobState",
+                      topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, preemption_delay_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot, min_driver_version, min_cuda_version,
                       cpu_millis, memory_mib,
@@ -231,7 +234,8 @@ pub async fn snapshot_rows(
         .await?;
     let priorities = sqlx::query_as!(
         PriorityRow,
-        "select name, priority, preemptible, usage_factor_milli, price_multiplier_milli, preemption_grace_seconds
+        "select name, priority, preemptible, usage_factor_milli, price_multiplier_milli, preemption_grace_seconds,
+                preemption_delay_seconds
          from priority_classes order by priority desc, name"
     )
     .fetch_all(&mut *tx)

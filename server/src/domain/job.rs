@@ -425,6 +425,13 @@ pub struct WaitFigures {
     /// minimum runtime before preemption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub victims_preemptible_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// For `preemption_delayed`: when its preemption delay ends and it preempts, if no
+    /// capacity has come by then.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempts_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// For `preemption_delayed`: how many running jobs it would preempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_preempt_jobs: Option<u32>,
     /// For `waiting_for_dependencies` and `dependency_failed`: the jobs it still waits for,
     /// or the one that can no longer end as it waits for, with their states.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

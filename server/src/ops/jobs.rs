@@ -80,6 +80,12 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 86400)]
     pub preemption_grace_seconds: Option<i64>,
+    /// Seconds the job waits for capacity to come (jobs ending, nodes an autoscaler or a cloud
+    /// pool adds) after it entered the queue before it may preempt anyone, 0 to 86,400;
+    /// default from the priority class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 86400)]
+    pub preemption_delay_seconds: Option<i64>,
     /// Times to rerun the job after the application fails. Default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 0, maximum = 100)]
@@ -334,6 +340,9 @@ impl Catalogue {
         if let Some(g) = spec.preemption_grace_seconds {
             check(check_grace(&at("preemption_grace_seconds"), g));
         }
+        if let Some(d) = spec.preemption_delay_seconds {
+            check(check_range(&at("preemption_delay_seconds"), d, 0, 86_400));
+        }
         if let Some(r) = spec.max_retries {
             check(check_range(&at("max_retries"), r, 0, 100));
         }
@@ -518,6 +527,8 @@ impl Catalogue {
             topology_mode: mode.to_owned(),
             topology_level: level,
             preemption_grace_seconds: spec.preemption_grace_seconds.map(|g| g as i32),
+            // Checked above: within 0 and 86,400.
+            preemption_delay_seconds: spec.preemption_delay_seconds.map(|d| d as i32),
             max_retries: spec.max_retries.unwrap_or(0) as i32,
             allow_spot: spec.allow_spot,
             cpu_millis: Some(cpu.ok().flatten().unwrap_or(cpu_default)),
@@ -717,6 +728,7 @@ pub async fn rerun(
         labels,
         topology: job.topology(),
         preemption_grace_seconds: job.preemption_grace_seconds.map(i64::from),
+        preemption_delay_seconds: job.preemption_delay_seconds.map(i64::from),
         max_retries: Some(job.max_retries.into()),
         allow_spot: job.allow_spot,
         wait_for_quota: false,

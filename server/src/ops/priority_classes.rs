@@ -27,6 +27,12 @@ pub struct PriorityClassSpec {
     /// Multiplier on the rate card, in thousandths (1000 = list price).
     #[schema(minimum = 0, maximum = 100000)]
     pub price_multiplier_milli: i64,
+    /// How long a job of this class waits for capacity (jobs ending, nodes an autoscaler or a
+    /// cloud pool adds) after it entered the queue before it may preempt anyone; 0 to 86,400,
+    /// default 0: it preempts at once. A job may set its own.
+    #[serde(default)]
+    #[schema(minimum = 0, maximum = 86400)]
+    pub preemption_delay_seconds: i64,
     #[serde(default)]
     pub description: Option<String>,
 }
@@ -53,6 +59,8 @@ struct NewPriorityClassFields {
     usage_factor_milli: i64,
     price_multiplier_milli: i64,
     #[serde(default)]
+    preemption_delay_seconds: i64,
+    #[serde(default)]
     description: Option<String>,
 }
 
@@ -65,6 +73,7 @@ impl From<NewPriorityClassFields> for NewPriorityClass {
                 preemptible: f.preemptible,
                 usage_factor_milli: f.usage_factor_milli,
                 price_multiplier_milli: f.price_multiplier_milli,
+                preemption_delay_seconds: f.preemption_delay_seconds,
                 description: f.description,
             },
         }
@@ -79,6 +88,8 @@ pub struct PriorityClassView {
     pub preemptible: bool,
     pub usage_factor_milli: i32,
     pub price_multiplier_milli: i32,
+    /// How long its jobs wait for capacity before they may preempt anyone.
+    pub preemption_delay_seconds: i32,
     pub description: String,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
@@ -93,6 +104,7 @@ impl From<PriorityClassRow> for PriorityClassView {
             preemptible: r.preemptible,
             usage_factor_milli: r.usage_factor_milli,
             price_multiplier_milli: r.price_multiplier_milli,
+            preemption_delay_seconds: r.preemption_delay_seconds,
             description: r.description,
             created_at: r.created_at,
             updated_at: r.updated_at,
@@ -105,6 +117,7 @@ fn validated(name: &str, spec: &PriorityClassSpec) -> Result<PriorityClassRow> {
     check_range("priority", spec.priority, -1_000_000, 1_000_000)?;
     check_range("usage_factor_milli", spec.usage_factor_milli, 0, 10_000)?;
     check_range("price_multiplier_milli", spec.price_multiplier_milli, 0, 100_000)?;
+    check_range("preemption_delay_seconds", spec.preemption_delay_seconds, 0, 86_400)?;
     let description = DisplayText::parse("description", spec.description.as_deref().unwrap_or(""), 1000)?;
     let now = Utc::now();
     Ok(PriorityClassRow {
@@ -113,6 +126,7 @@ fn validated(name: &str, spec: &PriorityClassSpec) -> Result<PriorityClassRow> {
         preemptible: spec.preemptible,
         usage_factor_milli: spec.usage_factor_milli as i32,
         price_multiplier_milli: spec.price_multiplier_milli as i32,
+        preemption_delay_seconds: spec.preemption_delay_seconds as i32,
         description: description.as_str().to_owned(),
         created_at: now,
         updated_at: now,

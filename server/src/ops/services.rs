@@ -444,6 +444,7 @@ async fn checked(
         labels: replica.labels.clone(),
         topology: None,
         preemption_grace_seconds: replica.preemption_grace_seconds,
+        preemption_delay_seconds: None,
         max_retries: Some(i64::from(restart_budget)),
         allow_spot: false,
         wait_for_quota: false,

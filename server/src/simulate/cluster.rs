@@ -32,6 +32,7 @@
 //! usage_factor_milli = 750
 //! price_multiplier_milli = 800
 //! grace_s = 30
+//! delay_s = 0                         # optional: the preemption delay, default 0
 //! ```
 
 use std::{
@@ -103,6 +104,8 @@ struct PriorityEntry {
     usage_factor_milli: u32,
     price_multiplier_milli: u32,
     grace_s: u32,
+    #[serde(default)]
+    delay_s: u32,
 }
 
 /// Reads and checks a cluster description.
@@ -307,7 +310,7 @@ fn build_priorities(entries: &[PriorityEntry]) -> Result<Vec<PriorityClass>, Str
             price_multiplier_milli: p.price_multiplier_milli,
             usage_factor_milli: p.usage_factor_milli,
             preemption_grace_ms: i64::from(p.grace_s) * 1000,
-            preemption_delay_ms: 0,
+            preemption_delay_ms: i64::from(p.delay_s) * 1000,
         })
         .collect())
 }

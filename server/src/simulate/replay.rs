@@ -381,6 +381,7 @@ impl<'a> Replay<'a> {
         match event.kind {
             EventKind::Arrival => {
                 let spec = self.spec(event.job);
+                self.wake_when_its_delay_ends(&spec);
                 self.snapshot.pending.push(spec);
                 if self.predictions.is_some() && event.job.is_multiple_of(self.predict_every) {
                     self.arrived.push(event.job);
@@ -402,7 +403,8 @@ impl<'a> Replay<'a> {
                     self.exit_preempted(event.job);
                 }
             }
-            // Nothing changes but the time: the cycle that follows sees the job as a victim.
+            // Nothing changes but the time: the cycle that follows sees the job as a victim,
+            // or lets a waiting job whose preemption delay has ended preempt.
             EventKind::Eligible => {}
         }
     }
@@ -422,8 +424,18 @@ impl<'a> Replay<'a> {
         self.outcomes[job as usize].preemptions += 1;
         self.preemptions += 1;
         self.stop(job);
-        let spec = self.spec(job);
+        // Back in the queue now: its preemption delay runs anew.
+        let spec = JobSpec { queued_ms: self.snapshot.now_ms, ..self.spec(job) };
+        self.wake_when_its_delay_ends(&spec);
         self.snapshot.pending.push(spec);
+    }
+
+    /// A cycle when a job that has just entered the queue may first preempt: without one, it
+    /// would wait for the next unrelated event past its preemption delay.
+    fn wake_when_its_delay_ends(&mut self, spec: &JobSpec) {
+        if let Some(at_ms) = self.snapshot.preemption_delayed_until(spec) {
+            self.events.push(Reverse(Event { at_ms, kind: EventKind::Eligible, job: spec.id, run: 0 }));
+        }
     }
 
     /// Frees a running job's GPUs and forgets its run.
@@ -833,5 +845,25 @@ mod tests {
         let restart = 50 * MINUTE + grace;
         assert!(end >= restart + 90 * MINUTE, "it redoes 90 minutes after b's job: ended at {end}");
         assert!(outcome.jobs.iter().all(|o| o.completion_ms.is_some()));
+    }
+
+    #[test]
+    fn a_preemption_delay_postpones_a_reclaim_and_one_that_outlasts_the_borrowers_jobs_preempts_no_one() {
+        // As above: team b asks at 40 minutes for its reserved GPU; a's experiments end at 120.
+        let jobs =
+            [(0, 0, 1000, 120 * MINUTE, 2), (0, 0, 1000, 120 * MINUTE, 2), (40 * MINUTE, 1, 1000, 10 * MINUTE, 1)];
+        let mut w = workload(2, 1, &jobs);
+        // Ten minutes' delay: it preempts at 50 minutes, then waits the victim's grace.
+        w.cluster.priorities[1].preemption_delay_ms = 10 * MINUTE;
+        let outcome = replay(&w, Policy::Fairway).unwrap();
+        assert_eq!(outcome.preemptions, 1);
+        assert_eq!(outcome.jobs[2].first_start_ms, Some(50 * MINUTE + 30_000));
+        // Ninety minutes' delay outlasts the experiments: b's job takes the GPU one of them
+        // leaves at 120 minutes, and no work is lost.
+        w.cluster.priorities[1].preemption_delay_ms = 90 * MINUTE;
+        let outcome = replay(&w, Policy::Fairway).unwrap();
+        assert_eq!(outcome.preemptions, 0);
+        assert_eq!(outcome.jobs[2].first_start_ms, Some(120 * MINUTE));
+        assert_eq!(outcome.lost_milli_ms, 0);
     }
 }

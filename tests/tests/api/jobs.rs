@@ -146,6 +146,7 @@ async fn a_ci_token_submits_a_job_and_reads_it_back_pending_with_its_fields() {
         "labels": {"project": "llm"},
         "topology": {"level": "node", "mode": "preferred"},
         "preemption_grace_seconds": 60,
+        "preemption_delay_seconds": 120,
         "max_retries": 2
     });
     let created = s.submit(&s.ml_ci, "ml", &body).await;
@@ -170,6 +171,7 @@ async fn a_ci_token_submits_a_job_and_reads_it_back_pending_with_its_fields() {
         ("labels", json!({"project": "llm"})),
         ("topology", json!({"level": "node", "mode": "preferred"})),
         ("preemption_grace_seconds", json!(60)),
+        ("preemption_delay_seconds", json!(120)),
         ("max_retries", json!(2)),
         ("state", json!("pending")),
         ("attempt", json!(0)),
@@ -210,6 +212,7 @@ async fn a_job_that_names_only_what_it_must_gets_the_defaults() {
         ("labels", json!({})),
         ("topology", Value::Null),
         ("preemption_grace_seconds", Value::Null),
+        ("preemption_delay_seconds", Value::Null),
         ("max_retries", json!(0)),
         ("submitted_by", json!("user:alice")),
     ] {
@@ -931,6 +934,7 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             service: None,
             min_driver_version: None,
             min_cuda_version: None,
+            preemption_delay_seconds: None,
         };
         writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });
     }
@@ -1038,7 +1042,7 @@ async fn running_a_job_again_submits_what_it_asked_for_labelled_with_the_job_it_
         json!({"replicas": 2, "gpus_per_replica": 4, "priority_class": "production", "max_runtime_seconds": 7200,
                "expected_runtime_seconds": 600, "command": ["python", "train.py"], "env": {"SEED": "7"},
                "labels": {"project": "llm"}, "topology": {"level": "rack", "mode": "preferred"},
-               "preemption_grace_seconds": 45, "max_retries": 2, "allow_spot": true}),
+               "preemption_grace_seconds": 45, "preemption_delay_seconds": 300, "max_retries": 2, "allow_spot": true}),
     );
     let r = s.submit(&s.ml_ci, "ml", &asked).await;
     r.assert_status(201);
@@ -1064,6 +1068,7 @@ async fn running_a_job_again_submits_what_it_asked_for_labelled_with_the_job_it_
         "env",
         "topology",
         "preemption_grace_seconds",
+        "preemption_delay_seconds",
         "max_retries",
         "allow_spot",
     ] {

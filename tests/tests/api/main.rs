@@ -22,6 +22,7 @@ mod openapi;
 mod placement;
 mod portal;
 mod portal_admin;
+mod preemption_delay;
 mod services;
 mod sim_backend;
 mod single_sign_on;

@@ -40,6 +40,8 @@ pub struct PriorityLine {
     pub preemptible: bool,
     pub usage_factor: String,
     pub price_multiplier: String,
+    /// Seconds its jobs wait for capacity before they may preempt.
+    pub preemption_delay: i32,
     pub description: String,
     pub version: i64,
 }
@@ -181,6 +183,7 @@ async fn platform_page(
             preemptible: p.preemptible,
             usage_factor: milli_decimal(p.usage_factor_milli),
             price_multiplier: milli_decimal(p.price_multiplier_milli),
+            preemption_delay: p.preemption_delay_seconds,
             description: p.description,
             version: p.version,
         })
@@ -306,6 +309,9 @@ pub struct PriorityForm {
     pub usage_factor: String,
     #[serde(default)]
     pub price_multiplier: String,
+    /// Seconds; empty means 0.
+    #[serde(default)]
+    pub preemption_delay: String,
     #[serde(default)]
     pub description: String,
     #[serde(default)]
@@ -327,6 +333,12 @@ pub async fn save_priority_class(
                 .ok_or("usage_factor: a factor such as 1 or 0.5")?,
             price_multiplier_milli: decimal_units(&form.price_multiplier, 3)
                 .ok_or("price_multiplier: a multiplier such as 1 or 0.6")?,
+            preemption_delay_seconds: match form.preemption_delay.trim() {
+                "" => 0,
+                seconds => {
+                    seconds.parse().map_err(|_| "preemption_delay: whole seconds, such as 0 or 120".to_owned())?
+                }
+            },
             description: Some(form.description.trim().to_owned()),
         })
     })();
