@@ -15,9 +15,9 @@ use std::{
 };
 
 use fairway::scheduler::{
-    schedule, Admission, ClassId, Config, Decisions, GpuClass, Host, JobId, JobSpec, Level, Node, PendingReason,
-    Placement, Policy, PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob, RuntimeHistory, Snapshot,
-    Team, TeamId, Topology, UNIT,
+    schedule, Admission, ClassId, Config, Decisions, Elastic, GpuClass, Host, JobId, JobSpec, Level, Node,
+    PendingReason, Placement, Policy, PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob,
+    RuntimeHistory, Snapshot, Team, TeamId, Topology, UNIT,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
 
@@ -345,6 +345,10 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
         if whole_units_only && spec.milli_per_replica < UNIT {
             spec.milli_per_replica = UNIT;
         }
+        // A running elastic gang may hold extras beyond its minimum.
+        if let Some(e) = spec.elastic {
+            spec.replicas = (e.min_replicas + (r.age_s % 3) as u16).min(e.max_replicas);
+        }
         if !held.admits(&snapshot, &spec) {
             continue;
         }
@@ -404,6 +408,9 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         grace_ms: None,
         // Every seventh job overrides its class's preemption delay: none.
         preemption_delay_ms: (r.runtime_min % 7 == 0).then_some(0),
+        // Every fourth job is an elastic gang, waiting at its minimum.
+        elastic: (r.runtime_min % 4 == 1)
+            .then(|| Elastic { min_replicas: r.replicas, max_replicas: r.replicas + 1 + (r.age_s % 3) as u16 }),
         min_drivers: Default::default(),
         host: Default::default(),
     }
@@ -593,6 +600,19 @@ fn apply(s: &Snapshot, d: &Decisions) -> Snapshot {
     let admitted: BTreeMap<JobId, &Admission> = d.admissions.iter().map(|a| (a.job, a)).collect();
     let mut next = s.clone();
     next.running = s.running.iter().filter(|r| !r.terminating && !victims.contains(&r.spec.id)).cloned().collect();
+    // Elastic gangs lose their taken extras at once (as victims leave) and gain their growth.
+    for r in &mut next.running {
+        let mut taken: Vec<usize> =
+            d.shrinks.iter().filter(|k| k.job == r.spec.id).map(|k| usize::from(k.replica)).collect();
+        taken.sort_unstable_by(|a, b| b.cmp(a));
+        for k in taken {
+            r.placement.remove(k);
+        }
+        for g in d.growths.iter().filter(|g| g.job == r.spec.id) {
+            r.placement.extend(g.placement.iter().cloned());
+        }
+        r.spec.replicas = r.placement.len() as u16;
+    }
     next.running.extend(s.pending.iter().filter_map(|job| {
         admitted.get(&job.id).map(|a| RunningJob {
             spec: job.clone(),
@@ -656,6 +676,9 @@ fn occupancy_after(s: &Snapshot, d: &Decisions) -> Occupancy {
     }
     for admission in &d.admissions {
         used.take(&admission.placement);
+    }
+    for growth in &d.growths {
+        used.take(&growth.placement);
     }
     used
 }
@@ -739,10 +762,55 @@ fn check_placements(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Elastic gangs grow only while running, up to their maximum, with whole replicas on nodes
+/// of their class, and only in a class where no job is left waiting for what capacity cures.
+fn check_growths(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
+    let pending = pending_by_id(s);
+    for g in &d.growths {
+        let Some(gang) = s.running.iter().find(|r| r.spec.id == g.job) else {
+            return Err(TestCaseError::fail(format!("grows job {}, which is not running", g.job)));
+        };
+        let Some(e) = gang.spec.elastic else {
+            return Err(TestCaseError::fail(format!("grows job {}, which is not elastic", g.job)));
+        };
+        prop_assert!(!gang.terminating, "grows job {}, which is stopping", g.job);
+        let taken = d.shrinks.iter().filter(|k| k.job == g.job).count();
+        prop_assert!(
+            gang.placement.len() - taken + g.placement.len() <= usize::from(e.max_replicas),
+            "job {} grows past its maximum {}: holds {}, grows {}",
+            g.job,
+            e.max_replicas,
+            gang.placement.len(),
+            g.placement.len()
+        );
+        for replica in &g.placement {
+            let node = &s.nodes[replica.node as usize];
+            prop_assert_eq!(node.class, gang.spec.class, "job {} grows onto another class: {:?}", g.job, replica);
+            prop_assert!(gang.spec.allow_spot || !node.spot, "job {} grows onto spot", g.job);
+            prop_assert!(!(gang.spec.fixed_nodes_only && node.elastic), "job {} grows into a cloud pool", g.job);
+            let milli: u32 = replica.units.iter().map(|&(_, m)| m).sum();
+            prop_assert_eq!(milli, gang.spec.milli_per_replica, "job {} grows a wrong replica: {:?}", g.job, replica);
+        }
+        let blocked = d.pending.iter().any(|p| {
+            pending.get(&p.job).is_some_and(|j| j.class == gang.spec.class)
+                && !matches!(
+                    p.reason,
+                    PendingReason::NeverFits
+                        | PendingReason::ExceedsQuota { .. }
+                        | PendingReason::BudgetExhausted
+                        | PendingReason::DriverUnavailable
+                )
+        });
+        prop_assert!(!blocked, "job {} grows while a job of its class waits for capacity: {:#?}", g.job, d);
+    }
+    Ok(())
+}
+
 /// No unit holds more than a whole GPU: running jobs (victims included, as they keep their
 /// GPUs through their grace period) plus admissions.
 fn check_capacity(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
     check_placements(s, d)?;
+    check_growths(s, d)?;
     let used = occupancy_after(s, d);
     for (node, units) in used.0.iter().enumerate() {
         for (unit, &milli) in units.iter().enumerate() {
@@ -868,6 +936,35 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
                 p
             );
         }
+    }
+    // A shrink takes an extra of a running elastic gang, under the rules of a preemption.
+    let mut taken = BTreeSet::new();
+    for k in &d.shrinks {
+        prop_assert!(taken.insert((k.job, k.replica)), "extra {:?} taken twice", k);
+        prop_assert!(!victims.contains(&k.job), "the extras of preempted job {} are taken too: {:?}", k.job, k);
+        let Some(gang) = running.get(&k.job) else {
+            return Err(TestCaseError::fail(format!("shrinks job {}, which is not running: {k:?}", k.job)));
+        };
+        let min = gang.spec.elastic.map(|e| e.min_replicas);
+        prop_assert!(
+            min.is_some_and(|m| k.replica >= m && usize::from(k.replica) < gang.placement.len()),
+            "takes replica {} of job {}, which is no extra of it (minimum {:?}, holds {})",
+            k.replica,
+            k.job,
+            min,
+            gang.placement.len()
+        );
+        prop_assert!(!gang.terminating, "shrinks job {}, which is already terminating", k.job);
+        let class = &s.priorities[usize::from(gang.spec.priority)];
+        prop_assert!(class.preemptible, "takes an extra of non-preemptible job {}: {:?}", k.job, k);
+        let beneficiary = pending.get(&k.for_job);
+        prop_assert!(beneficiary.is_some(), "an extra taken for job {}, which is not pending: {:?}", k.for_job, k);
+        prop_assert!(
+            beneficiary.is_some_and(|b| s.preemption_delayed_until(b).is_none()),
+            "an extra taken for job {} within its preemption delay: {:?}",
+            k.for_job,
+            k
+        );
     }
     for w in &d.pending {
         if let PendingReason::PreemptionDelayed { until_ms, victims } = w.reason {
@@ -1138,6 +1235,7 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         max_runtime_ms: 3_600_000,
         min_drivers: Default::default(),
         host: Default::default(),
+        elastic: None,
     });
     Some((s, id))
 }
@@ -1309,7 +1407,7 @@ proptest! {
             let d = schedule(&state);
             check_capacity(&state, &d)?;
             check_preemptions(&state, &d)?;
-            if d.preemptions.is_empty() {
+            if d.preemptions.is_empty() && d.shrinks.is_empty() {
                 settled = true;
                 break;
             }

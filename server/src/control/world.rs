@@ -251,6 +251,7 @@ impl World {
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
             preemption_delay_ms: job.preemption_delay_seconds.map(|s| i64::from(s) * 1000),
+            elastic: None,
         })
     }
 
@@ -286,6 +287,7 @@ impl World {
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
             preemption_delay_ms: job.preemption_delay_seconds.map(|s| i64::from(s) * 1000),
+            elastic: None,
         })
     }
 

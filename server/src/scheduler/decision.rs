@@ -199,6 +199,29 @@ pub struct Shortfall {
     pub left: i64,
 }
 
+/// Replicas added to a running elastic gang, in capacity no one else is promised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Growth {
+    pub job: JobId,
+    /// Where each new replica runs, after those it has.
+    pub placement: Vec<ReplicaPlacement>,
+}
+
+/// One extra replica of a running elastic gang taken for a waiting job: the gang goes on
+/// without it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shrink {
+    pub job: JobId,
+    /// Its place among the gang's replicas (an extra: at or past its minimum).
+    pub replica: u16,
+    /// The pending job the GPUs go to.
+    pub for_job: JobId,
+    /// The rule that lets that job take it, as for a preemption.
+    pub reason: PreemptReason,
+    /// How long the replica has to leave.
+    pub grace_ms: i64,
+}
+
 /// A job left waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Pending {
@@ -281,6 +304,10 @@ pub struct Fragmentation {
 pub struct Decisions {
     pub admissions: Vec<Admission>,
     pub preemptions: Vec<Preemption>,
+    /// Elastic gangs grown this cycle.
+    pub growths: Vec<Growth>,
+    /// Extras taken from elastic gangs this cycle, before any whole job was preempted.
+    pub shrinks: Vec<Shrink>,
     pub pending: Vec<Pending>,
     /// Per class with capacity: free and stranded capacity after the cycle.
     pub fragmentation: Vec<Fragmentation>,

@@ -36,6 +36,8 @@ pub(super) struct Cycle<'a> {
     pub(super) hard_gpu_left: Vec<Option<i64>>,
     /// Running jobs chosen as victims this cycle.
     pub(super) victims: BTreeSet<usize>,
+    /// The running index of each of `decisions.preemptions`, in order.
+    pub(super) preempted: Vec<usize>,
     /// The same, by running-job index, for the hot loops (also marks tentative victims).
     pub(super) victim: Vec<bool>,
     /// Per class, the running jobs that may ever be victims this cycle (preemptible, past
@@ -137,13 +139,20 @@ pub fn run_exhaustive(snapshot: &Snapshot) -> Decisions {
 }
 
 fn run_with(snapshot: &Snapshot, exhaustive: bool) -> Decisions {
+    // Elastic gangs' extras are running jobs of their own to the cycle.
+    let expanded = super::elastic::expand(snapshot);
+    let snapshot = expanded.as_ref().map_or(snapshot, |e| &e.snapshot);
     let mut cycle = Cycle::new(snapshot);
     cycle.exhaustive = exhaustive;
     match snapshot.config.policy {
         Policy::Fifo => cycle.fifo(),
         Policy::Fairway | Policy::QuotaNoHistory => cycle.fair(),
     }
+    cycle.grow();
     let mut decisions = std::mem::take(&mut cycle.decisions);
+    if let Some(expanded) = &expanded {
+        expanded.fold(&mut decisions, &cycle.preempted);
+    }
     decisions.fragmentation = fragmentation(snapshot, &cycle.inv, &decisions);
     if snapshot.config.estimate_start_times {
         // GPUs held for waiting jobs are theirs to start on: count them as free.
@@ -241,6 +250,7 @@ impl<'a> Cycle<'a> {
             soft_left,
             hard_gpu_left,
             victims: BTreeSet::new(),
+            preempted: Vec::new(),
             victim: vec![false; s.running.len()],
             victim_order,
             passed,
@@ -606,8 +616,25 @@ impl<'a> Cycle<'a> {
         borrowing: bool,
         backfilled_ahead_of: Option<JobId>,
     ) {
+        let (cost, exceeds_soft_budget) = self.take(job, &placement);
         let s = self.s;
-        self.inv.allocate(&placement);
+        self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, job.id, placement.clone()));
+        self.decisions.admissions.push(Admission {
+            job: job.id,
+            placement,
+            borrowing,
+            max_cost_micros: cost,
+            exceeds_soft_budget,
+            backfilled_ahead_of,
+        });
+    }
+
+    /// Gives `job` the GPUs of `placement`: allocates them, counts its quota, and spends its
+    /// maximum cost from every budget over its team. Returns that cost, and whether it goes
+    /// past a soft budget.
+    pub(super) fn take(&mut self, job: &JobSpec, placement: &[ReplicaPlacement]) -> (i64, bool) {
+        let s = self.s;
+        self.inv.allocate(placement);
         let n = job.total_milli();
         let budgeted_ms = s.within_budget_period(s.now_ms, job.max_runtime_ms);
         let cost = cost_micros(s, job, budgeted_ms);
@@ -631,15 +658,7 @@ impl<'a> Cycle<'a> {
                 }
             }
         }
-        self.admitted_ends.push((s.now_ms.saturating_add(job.max_runtime_ms), job.class, job.id, placement.clone()));
-        self.decisions.admissions.push(Admission {
-            job: job.id,
-            placement,
-            borrowing,
-            max_cost_micros: cost,
-            exceeds_soft_budget,
-            backfilled_ahead_of,
-        });
+        (cost, exceeds_soft_budget)
     }
 }
 

@@ -753,6 +753,7 @@ mod tests {
             min_drivers: Default::default(),
             host: Default::default(),
             preemption_delay_ms: None,
+            elastic: None,
         }
     }
 

@@ -29,7 +29,9 @@
 //! 4. **Preemption** when it does not fit (below), else a **reservation**: the first gang of
 //!    a class blocked by capacity gets a shadow time (when enough GPUs return by maximum
 //!    runtimes) and later jobs backfill only if they end before it, so no gang starves.
-//! 5. **Expected starts** ([`eta`]) by playing the queue forward on runtimes estimated from
+//! 5. **Growth** of running elastic gangs into what no waiting job can use ([`elastic`]);
+//!    their extras are the first victims of step 4, taken as shrinks.
+//! 6. **Expected starts** ([`eta`]) by playing the queue forward on runtimes estimated from
 //!    history ([`runtime`]), as an interval.
 //!
 //! # Preemption, and why it cannot loop
@@ -95,6 +97,7 @@ mod backfill;
 mod budget;
 pub mod decision;
 pub mod dry_run;
+mod elastic;
 pub mod engine;
 pub mod eta;
 pub mod fairshare;
@@ -111,7 +114,8 @@ pub mod snapshot;
 mod tests;
 
 pub use decision::{
-    Admission, Decisions, Fragmentation, Pending, PendingReason, PreemptReason, Preemption, Unforeseeable,
+    Admission, Decisions, Fragmentation, Growth, Pending, PendingReason, PreemptReason, Preemption, Shrink,
+    Unforeseeable,
 };
 pub use forecast_errors::ForecastErrors;
 pub use runtime::{KindId, RuntimeHistory};

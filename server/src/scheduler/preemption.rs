@@ -514,6 +514,7 @@ impl Cycle<'_> {
         let s = self.s;
         let r = &s.running[index];
         self.victims.insert(index);
+        self.preempted.push(index);
         self.mark_victim(index);
         let grace_ms = s.grace_ms(&r.spec);
         self.decisions.preemptions.push(Preemption {

@@ -209,6 +209,21 @@ pub struct JobSpec {
     pub min_drivers: DriverStack,
     /// CPU and memory each replica needs beside its GPUs, on the replica's node.
     pub host: Host,
+    /// An elastic gang's bounds; `None`: a fixed gang. A waiting elastic job's `replicas` is
+    /// its minimum, placed all or nothing; a running one's is what it holds now.
+    pub elastic: Option<Elastic>,
+}
+
+/// The bounds of an elastic gang (torchrun's `--nnodes=MIN:MAX`, Kueue's elastic jobs, KAI's
+/// semi-preemptible workloads): it starts with `min_replicas`, grows one replica at a time
+/// into capacity no waiting job needs, up to `max_replicas`, and gives its extras (the
+/// replicas beyond its minimum, last added first) back before it is itself preempted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elastic {
+    /// What it needs to run at all.
+    pub min_replicas: u16,
+    /// The most it can use.
+    pub max_replicas: u16,
 }
 
 impl JobSpec {

@@ -86,6 +86,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         min_drivers: Default::default(),
         host: Default::default(),
         preemption_delay_ms: None,
+        elastic: None,
     }
 }
 
@@ -954,4 +955,81 @@ fn the_room_a_delayed_job_would_take_is_not_preempted_for_a_job_ranked_after_it(
     assert!(d.preemptions.is_empty(), "{:?}", d.preemptions);
     assert!(matches!(reason_of(&d, 10), PendingReason::PreemptionDelayed { .. }));
     assert_ne!(reason_of(&d, 11), PendingReason::WaitingForReclaim);
+}
+
+/// Team a's elastic job of 1-GPU replicas, `min` to `max`, running with `holds`.
+fn elastic(s: &mut Snapshot, id: JobId, holds: u16, min: u16, max: u16, priority: PriorityId) {
+    let mut spec = job(id, 0, 1, priority);
+    spec.replicas = holds;
+    spec.elastic = Some(Elastic { min_replicas: min, max_replicas: max });
+    start(s, spec, HOUR);
+}
+
+#[test]
+fn a_running_elastic_gang_grows_one_replica_at_a_time_into_free_gpus_up_to_its_maximum() {
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 0)]);
+    elastic(&mut s, 1, 2, 2, 6, 1);
+    let d = schedule(&s);
+    assert_eq!(d.growths.len(), 1);
+    assert_eq!((d.growths[0].job, d.growths[0].placement.len()), (1, 4));
+    assert!(d.preemptions.is_empty() && d.shrinks.is_empty());
+}
+
+#[test]
+fn an_elastic_gang_grows_only_within_its_teams_quota() {
+    let mut s = cluster(1, vec![team("a", 3, 1), team("b", 4, 0)]);
+    elastic(&mut s, 1, 2, 2, 8, 1);
+    let d = schedule(&s);
+    assert_eq!(d.growths.iter().map(|g| g.placement.len()).sum::<usize>(), 2, "reserved 3 + burst 1");
+    // A class that cannot be preempted grows within reserved quota only.
+    let mut s = cluster(1, vec![team("a", 3, 1), team("b", 4, 0)]);
+    elastic(&mut s, 1, 2, 2, 8, 0);
+    let d = schedule(&s);
+    assert_eq!(d.growths.iter().map(|g| g.placement.len()).sum::<usize>(), 1);
+}
+
+#[test]
+fn an_elastic_gang_does_not_grow_while_a_job_of_its_class_waits_for_gpus() {
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
+    elastic(&mut s, 1, 2, 2, 8, 1);
+    // Team b's 8-GPU gang cannot fit in the 6 free GPUs, and takes nothing from a.
+    s.pending = vec![job(10, 1, 8, 1)];
+    let d = schedule(&s);
+    assert!(d.growths.is_empty(), "{:?}", d.growths);
+    assert!(d.admissions.is_empty());
+}
+
+#[test]
+fn a_reclaim_takes_an_elastic_gangs_extras_last_added_first_and_leaves_the_gang_running() {
+    // Team b borrows all of a's 8 reserved GPUs with one elastic gang: 2 needed, 6 extras.
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
+    let mut spec = job(1, 1, 1, 1);
+    spec.replicas = 8;
+    spec.elastic = Some(Elastic { min_replicas: 2, max_replicas: 8 });
+    start(&mut s, spec, HOUR);
+    // a asks for 4 of its GPUs back.
+    s.pending = vec![job(10, 0, 4, 0)];
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "the gang itself is not preempted: {:?}", d.preemptions);
+    let mut taken: Vec<u16> = d.shrinks.iter().map(|k| k.replica).collect();
+    taken.sort_unstable();
+    assert_eq!(taken, [4, 5, 6, 7]);
+    assert!(d.shrinks.iter().all(|k| k.job == 1 && k.for_job == 10 && k.reason == PreemptReason::Reclaim));
+    assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
+    // Asking for 7 takes all six extras and then the gang itself, which goes whole.
+    s.pending = vec![job(10, 0, 7, 0)];
+    let d = schedule(&s);
+    assert_eq!(d.preemptions.iter().map(|p| p.victim).collect::<Vec<_>>(), [1]);
+    assert!(d.shrinks.is_empty(), "its extras go with it: {:?}", d.shrinks);
+}
+
+#[test]
+fn the_extras_of_a_class_that_cannot_be_preempted_are_never_taken() {
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
+    elastic(&mut s, 1, 8, 2, 8, 0);
+    // Team a's own higher-priority work cannot take them either: production is not preemptible.
+    s.priorities.push(PriorityClass { name: "urgent".into(), priority: 900, ..s.priorities[0].clone() });
+    s.pending = vec![job(10, 0, 2, 3)];
+    let d = schedule(&s);
+    assert!(d.shrinks.is_empty() && d.preemptions.is_empty(), "{d:?}");
 }

@@ -332,6 +332,7 @@ impl Place for FairwayPlacer {
             min_drivers: Default::default(),
             host: ask.host,
             preemption_delay_ms: None,
+            elastic: None,
         };
         match self.inventory.find(&job) {
             Some(placement) => {

@@ -485,6 +485,7 @@ impl<'a> Replay<'a> {
             min_drivers: Default::default(),
             host: Default::default(),
             preemption_delay_ms: None,
+            elastic: None,
         }
     }
 
