@@ -210,7 +210,10 @@ pub struct JobSpec {
     /// CPU and memory each replica needs beside its GPUs, on the replica's node.
     pub host: Host,
     /// An elastic gang's bounds; `None`: a fixed gang. A waiting elastic job's `replicas` is
-    /// its minimum, placed all or nothing; a running one's is what it holds now.
+    /// its minimum, placed all or nothing; a running one's is what it holds now, its
+    /// placement listing them, extras last. An extra taken by a shrink that is still leaving
+    /// is listed apart, as a running job of the same id with that one replica, `elastic` none
+    /// and `terminating` set: it holds its GPUs until it has gone.
     pub elastic: Option<Elastic>,
 }
 

@@ -1033,3 +1033,30 @@ fn the_extras_of_a_class_that_cannot_be_preempted_are_never_taken() {
     let d = schedule(&s);
     assert!(d.shrinks.is_empty() && d.preemptions.is_empty(), "{d:?}");
 }
+
+#[test]
+fn an_extra_still_leaving_is_listed_as_a_stopping_job_of_its_own_and_its_gpus_go_to_the_job_it_left_for() {
+    // Team b's elastic gang holds 6 GPUs (2 needed); one more extra is leaving for a's job,
+    // listed as a one-replica running job of the gang's id, stopping.
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
+    let mut spec = job(1, 1, 1, 1);
+    spec.replicas = 7;
+    spec.elastic = Some(Elastic { min_replicas: 2, max_replicas: 8 });
+    start(&mut s, spec, HOUR);
+    let mut gang = s.running.pop().unwrap();
+    let leaving = gang.placement.pop().unwrap();
+    gang.spec.replicas = 6;
+    let stopping = RunningJob {
+        spec: JobSpec { replicas: 1, elastic: None, ..gang.spec.clone() },
+        placement: vec![leaving],
+        terminating: true,
+        ..gang.clone()
+    };
+    s.running = vec![gang, stopping];
+    // a's job of 2 GPUs: the free one and the leaving one, so nothing more is taken.
+    s.pending = vec![job(10, 0, 2, 0)];
+    let d = schedule(&s);
+    assert!(d.shrinks.is_empty() && d.preemptions.is_empty(), "{d:?}");
+    assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
+    assert!(d.growths.is_empty(), "no growth while a job waits: {:?}", d.growths);
+}
