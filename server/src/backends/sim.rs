@@ -1283,6 +1283,40 @@ mod tests {
     use super::*;
     use crate::backends::ReplicaSlot;
 
+    #[tokio::test]
+    async fn a_cluster_following_its_inventory_file_gains_the_nodes_written_into_it_and_keeps_them_through_a_broken_edit(
+    ) {
+        let dir = std::env::temp_dir().join(format!("fairway-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("inventory.toml");
+        let class = "[[class]]\nname = \"h100\"\nkind = \"whole\"\nmemory_mib = 81920\n";
+        let node = |n: &str| format!("[[node]]\nname = \"{n}\"\ngpu_class = \"h100\"\ngpus = 8\n");
+        let write = |text: String, second: u64| {
+            std::fs::write(&path, text).unwrap();
+            // Set apart from the last write whatever the file system's clock resolution.
+            let at = SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000 + second);
+            std::fs::File::options().write(true).open(&path).unwrap().set_modified(at).unwrap();
+        };
+        write(format!("{class}{}", node("n1")), 0);
+        let pool = PgPool::connect_lazy("postgres://unused@localhost/unused").unwrap();
+        let backend = SimBackend::new(pool, SimConfig::load(&path).unwrap()).following(path.clone());
+        let names = |nodes: Vec<InventoryNode>| nodes.into_iter().map(|n| n.name).collect::<Vec<_>>();
+        assert_eq!(names(backend.inventory().await.unwrap()), ["n1"]);
+        write(format!("{class}{}{}", node("n1"), node("n2")), 1);
+        assert_eq!(names(backend.inventory().await.unwrap()), ["n1", "n2"]);
+        // A broken edit changes nothing until the file reads again.
+        write(format!("{class}{}gpus = 'many'\n", node("n3")), 2);
+        assert_eq!(names(backend.inventory().await.unwrap()), ["n1", "n2"]);
+        write(format!("{class}{}", node("n3")), 3);
+        assert_eq!(names(backend.inventory().await.unwrap()), ["n3"]);
+        // Without a file to follow, the nodes stay those it started with.
+        let fixed =
+            SimBackend::new(PgPool::connect_lazy("postgres://unused@localhost/unused").unwrap(), SimConfig::default());
+        assert_eq!(backend.config.inventory().len(), 1);
+        assert!(!fixed.inventory().await.unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     fn t0() -> DateTime<Utc> {
         DateTime::from_timestamp(1_800_000_000, 0).unwrap()
     }

@@ -882,7 +882,7 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
     let version = before.header("etag").expect("etag").trim_matches('"').to_owned();
     let form = |v: &str| {
         format!(
-            "csrf={csrf}&name=experiment&priority=150&preemptible=on&usage_factor=0.5&price_multiplier=0.8&description=cheap&version={v}"
+            "csrf={csrf}&name=experiment&priority=150&preemptible=on&usage_factor=0.5&price_multiplier=0.8&preemption_delay=90&description=cheap&version={v}"
         )
     };
     let saved = post_form(&p.app, &ops, "/admin/priority-classes", form(&version)).await;
@@ -892,6 +892,8 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
         (&after["priority"], &after["usage_factor_milli"], &after["price_multiplier_milli"], &after["preemptible"]),
         (&json!(150), &json!(500), &json!(800), &json!(true))
     );
+    assert_eq!(after["preemption_delay_seconds"], 90);
+    assert!(body(&saved).contains(r#"name="preemption_delay" type="number" min="0" max="86400" size="6" value="90""#));
     let stale = post_form(&p.app, &ops, "/admin/priority-classes", form(&version)).await;
     assert!(body(&stale).contains("Someone changed this since the page was shown"), "{}", body(&stale));
     // A new class, not preemptible (the box unticked).
@@ -899,6 +901,13 @@ async fn a_platform_admin_creates_a_team_schedules_a_price_and_edits_a_priority_
     post_form(&p.app, &ops, "/admin/priority-classes", new).await.assert_status(200);
     let urgent = p.app.send(call("GET", "/api/v1/priority-classes/urgent").token(&admin)).await.json();
     assert_eq!((&urgent["preemptible"], &urgent["price_multiplier_milli"]), (&json!(false), &json!(1500)));
+    // Left empty, the preemption delay is none; words are refused, naming the field.
+    assert_eq!(urgent["preemption_delay_seconds"], 0);
+    let words = format!(
+        "csrf={csrf}&name=later&priority=1&usage_factor=1&price_multiplier=1&preemption_delay=soon&description=&version="
+    );
+    let refused = post_form(&p.app, &ops, "/admin/priority-classes", words).await;
+    assert!(body(&refused).contains("preemption_delay: whole seconds, such as 0 or 120"), "{}", body(&refused));
 
     // Nobody else has an admin page, and a form posted without its token does nothing.
     let alice = sign_in(&p.app, "alice").await;
