@@ -352,6 +352,7 @@ async fn submit(pool: &PgPool, name: &str, shape: Shape, ran: u32, speedup: f64)
         array: None,
         service: None,
         preemption_delay_seconds: None,
+        max_replicas: None,
     };
     let id = job.id;
     db::jobs::insert_many(pool, team_row.id, "demo", &[job]).await?;

@@ -76,6 +76,7 @@ async fn sigkill_during_dispatch_a_hundred_times_leaves_one_object_per_attempt_a
                 min_driver_version: None,
                 min_cuda_version: None,
                 preemption_delay_seconds: None,
+                max_replicas: None,
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &jobs).await.unwrap();

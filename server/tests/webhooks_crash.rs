@@ -143,6 +143,7 @@ async fn sigkill_during_webhook_delivery_twenty_times_loses_no_notification_and_
                 min_driver_version: None,
                 min_cuda_version: None,
                 preemption_delay_seconds: None,
+                max_replicas: None,
             })
             .collect();
         db::jobs::insert_many(&pool, team.id, "crash-test", &round_jobs).await.unwrap();

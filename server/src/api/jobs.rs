@@ -78,6 +78,10 @@ pub struct JobView {
     pub priority_class: String,
     pub replicas: i32,
     pub gpus_per_replica: i32,
+    /// An elastic gang's most replicas (`replicas` is its least); null for a fixed gang.
+    pub max_replicas: Option<i32>,
+    /// The elastic gang this job is an extra replica of; null for any other job.
+    pub extra_of: Option<JobId>,
     pub max_runtime_seconds: i32,
     /// What the job expects to run, in seconds; the forecast of expected starts uses it as
     /// this job's median runtime instead of its team's history. At most max_runtime_seconds.
@@ -214,6 +218,8 @@ impl From<db::jobs::JobRow> for JobView {
             priority_class: r.priority_class,
             replicas: r.replicas,
             gpus_per_replica: r.gpus_per_replica,
+            max_replicas: r.max_replicas,
+            extra_of: r.extra_of,
             max_runtime_seconds: r.max_runtime_seconds,
             expected_runtime_seconds: r.expected_runtime_seconds,
             image: r.image,

@@ -27,6 +27,14 @@ pub struct JobArgs {
     /// Replicas of the gang, all or none running [server's default: 1].
     #[arg(long, value_name = "N")]
     pub replicas: Option<u32>,
+    /// Make it an elastic gang: it grows from --replicas up to N replicas into GPUs no waiting
+    /// job needs, and gives the extras back first when one does.
+    #[arg(long, value_name = "N")]
+    pub max_replicas: Option<u32>,
+    /// How long it waits for capacity before it may preempt anyone [its priority class's]:
+    /// seconds, or e.g. 5m.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    pub preemption_delay: Option<std::time::Duration>,
     /// Priority class [server's default: experiment].
     #[arg(long, value_name = "CLASS")]
     pub priority: Option<String>,
@@ -155,6 +163,8 @@ pub fn body(args: &JobArgs) -> Result<Value, Error> {
     set("gpu_class", args.gpu_class.clone().map(Value::from));
     set("gpus_per_replica", args.gpus.map(Value::from));
     set("replicas", args.replicas.map(Value::from));
+    set("max_replicas", args.max_replicas.map(Value::from));
+    set("preemption_delay_seconds", args.preemption_delay.map(|d| Value::from(d.as_secs())));
     set("priority_class", args.priority.clone().map(Value::from));
     set("image", args.image.clone().map(Value::from));
     set("max_runtime_seconds", args.max_runtime.map(|d| Value::from(d.as_secs())));
@@ -269,6 +279,8 @@ mod tests {
             gpu_class: Some("h100-80gb".to_owned()),
             gpus: Some(8),
             replicas: Some(2),
+            max_replicas: Some(6),
+            preemption_delay: Some(duration::parse("5m").unwrap()),
             priority: Some("production".to_owned()),
             image: Some("ghcr.io/acme/train:1".to_owned()),
             max_runtime: Some(duration::parse("2h").unwrap()),
@@ -290,6 +302,7 @@ mod tests {
             body(&args).unwrap(),
             json!({
                 "name": "train", "gpu_class": "h100-80gb", "gpus_per_replica": 8, "replicas": 2,
+                "max_replicas": 6, "preemption_delay_seconds": 300,
                 "priority_class": "production", "image": "ghcr.io/acme/train:1",
                 "max_runtime_seconds": 7200, "expected_runtime_seconds": 5400,
                 "env": {"SEED": "1"}, "labels": {"project": "vision"}, "max_retries": 2,

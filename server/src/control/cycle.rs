@@ -150,6 +150,14 @@ pub async fn run_with(
     if due.services {
         super::services::reconcile(pool, epoch).await?;
     }
+    // Extra replicas whose elastic gang stopped running end with it.
+    {
+        let mut tx = super::leader_tx(pool, epoch).await?;
+        if db::jobs::end_orphan_extras(&mut tx).await? > 0 {
+            db::jobs::notify(&mut tx, db::outbox::DISPATCH_CHANNEL).await?;
+        }
+        tx.commit().await?;
+    }
     let passes = started.elapsed();
     let world = world(pool, &config.engine, &config.pricing, live, forecast).await?;
     let read = started.elapsed() - passes;
@@ -159,20 +167,31 @@ pub async fn run_with(
         (world, decisions, t.elapsed())
     })
     .await?;
-    let (admit, preempt, recorded) = rows(&world, &decisions, refresh);
+    let (mut admit, preempt, recorded) = rows(&world, &decisions, refresh);
+    let (extras, extra_admissions, shrink) = elastic_rows(&world, &decisions);
+    admit.extend(extra_admissions);
     let writing = Instant::now();
     let mut tx = super::leader_tx(pool, epoch).await?;
     // Pending rows first (rows others hold are skipped). Then the admitted and preempted
     // jobs, locked in id order as the reconciler locks the jobs it changes.
     let written: std::collections::HashSet<crate::domain::JobId> =
         db::decisions::set_pending(&mut tx, &recorded).await?.into_iter().collect();
-    let mut changed: Vec<crate::domain::JobId> =
-        admit.iter().map(|a| a.job_id).chain(preempt.iter().map(|p| p.job_id)).collect();
+    let mut changed: Vec<crate::domain::JobId> = admit
+        .iter()
+        .map(|a| a.job_id)
+        .chain(preempt.iter().map(|p| p.job_id))
+        .chain(shrink.iter().map(|k| k.job_id))
+        .collect();
     changed.sort_unstable();
     db::decisions::lock_jobs(&mut tx, &changed).await?;
+    // A growth's extras are new rows, admitted with the cycle's other admissions.
+    for (gang, ids) in &extras {
+        db::jobs::insert_extras(&mut tx, *gang, ids).await?;
+    }
     let admitted = db::decisions::admit(&mut tx, &admit).await?;
     let preempted = db::decisions::preempt(&mut tx, &preempt).await?;
-    if !admitted.is_empty() || !preempted.is_empty() {
+    let shrunk = db::jobs::shrink(&mut tx, &shrink).await?;
+    if !admitted.is_empty() || !preempted.is_empty() || !shrunk.is_empty() {
         db::jobs::notify(&mut tx, db::outbox::DISPATCH_CHANNEL).await?;
     }
     tx.commit().await?;
@@ -224,6 +243,66 @@ pub async fn run_with(
         pending_by_team: pending_by_team(&world, &decisions),
         pending_by_reason: pending_by_reason(&decisions, &dependencies, &arrays),
     })
+}
+
+/// The elastic gangs' growths as new extras to insert and admit (per gang, one admission per
+/// replica; a replica the engine put on another cluster than its gang's is left out, as a
+/// gang runs on one cluster), and their shrinks as extras to give back.
+type ElasticRows = (Vec<(crate::domain::JobId, Vec<crate::domain::JobId>)>, Vec<AdmitRow>, Vec<db::jobs::ShrinkRow>);
+
+fn elastic_rows(world: &World, decisions: &Decisions) -> ElasticRows {
+    let mut extras = Vec::new();
+    let mut admissions = Vec::new();
+    for g in &decisions.growths {
+        let Some(gang) = world.jobs.get(&g.job) else { continue };
+        let mut rows = Vec::new();
+        for replica in &g.placement {
+            let Some((cluster_id, cluster, slots)) = world.stored_placement(std::slice::from_ref(replica)) else {
+                continue;
+            };
+            if gang.cluster_id != Some(cluster_id) {
+                continue;
+            }
+            let nodes: Vec<String> =
+                slots.iter().map(|s| format!("{} (GPUs {})", s.node, join(s.gpus.iter().map(u8::to_string)))).collect();
+            rows.push(AdmitRow {
+                job_id: crate::domain::JobId::new(),
+                cluster_id,
+                placement: json!(slots),
+                borrowing: true,
+                message: format!(
+                    "admitted on cluster {cluster}, {}, as an extra replica of elastic gang {}: it is given back when a waiting job needs its GPUs",
+                    nodes.join(", "),
+                    gang.id
+                ),
+                data: json!({"cluster": cluster, "placement": slots, "extra_of": gang.id}),
+            });
+        }
+        if !rows.is_empty() {
+            extras.push((gang.id, rows.iter().map(|r| r.job_id).collect()));
+            admissions.extend(rows);
+        }
+    }
+    let mut shrink = Vec::new();
+    for k in &decisions.shrinks {
+        let (Some(gang), Some(for_job)) = (world.jobs.get(&k.job), world.jobs.get(&k.for_job)) else { continue };
+        let Some((own, rows)) = world.extras.get(&k.job) else { continue };
+        let Some(&extra) = usize::from(k.replica).checked_sub(*own).and_then(|i| rows.get(i)) else { continue };
+        let for_team = world.team_name_of(for_job.team_id);
+        shrink.push(db::jobs::ShrinkRow {
+            job_id: extra,
+            grace_ms: k.grace_ms,
+            reason: "shrunk".to_owned(),
+            message: format!(
+                "given back by elastic gang {} for job {} of team {for_team} ({}), before the gang itself would be preempted",
+                gang.id,
+                for_job.id,
+                k.reason.code()
+            ),
+            data: json!({"extra_of": gang.id, "by_job": for_job.id, "by_team": for_team, "rule": k.reason.code(), "grace_ms": k.grace_ms}),
+        });
+    }
+    (extras, admissions, shrink)
 }
 
 /// The decisions as rows to write, with the pending rows `refresh` asks for.

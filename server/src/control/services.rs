@@ -68,6 +68,7 @@ pub fn replica_job(service: &ServiceRow, slot: i32) -> NewJob {
             revision: service.revision,
         }),
         preemption_delay_seconds: None,
+        max_replicas: None,
     }
 }
 

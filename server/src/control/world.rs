@@ -38,6 +38,9 @@ pub struct World {
     pub team_names: Vec<String>,
     /// The currency budgets are counted in, for sentences.
     pub currency: String,
+    /// Per running elastic gang (by engine id): how many replicas its own row holds, and its
+    /// running extras' rows in the order their replicas follow those in its placement.
+    pub extras: HashMap<u64, (usize, Vec<domain::JobId>)>,
     class_index: HashMap<domain::GpuClassId, ClassId>,
     team_index: HashMap<domain::TeamId, TeamId>,
     priority_index: HashMap<String, PriorityId>,
@@ -200,10 +203,43 @@ impl World {
             class_index,
             team_index,
             priority_index,
+            extras: HashMap::new(),
         };
+        // Running elastic gangs, by job id: their engine id and running index.
+        let mut gangs: HashMap<domain::JobId, (u64, usize)> = HashMap::new();
         for job in rows.jobs {
-            let Some(spec) = world.spec_of(&job) else { continue };
+            let Some(mut spec) = world.spec_of(&job) else { continue };
+            if let Some(gang) = job.extra_of {
+                // An extra replica is part of its gang's running job while both run; one that
+                // is leaving is a stopping job of its own (the engine's convention), and one
+                // holding nothing is the orphan pass's to end.
+                if job.holds_gpus {
+                    let placement = world.placement_from_json(&job, &node_index);
+                    let active = matches!(job.state, JobState::Admitted | JobState::Running);
+                    match gangs.get(&gang) {
+                        Some(&(id, index)) if active => {
+                            let r = &mut world.snapshot.running[index];
+                            r.spec.replicas += placement.len() as u16;
+                            r.placement.extend(placement);
+                            world.extras.entry(id).or_default().1.push(job.id);
+                        }
+                        _ => world.snapshot.running.push(RunningJob {
+                            spec: JobSpec { elastic: None, ..spec },
+                            started_ms: job.started_at.or(job.admitted_at).map_or(now_ms, millis),
+                            last_checkpoint_ms: Some(now_ms),
+                            placement,
+                            terminating: true,
+                        }),
+                    }
+                }
+                world.jobs.insert(job.seq as u64, job);
+                continue;
+            }
             if job.holds_gpus {
+                if let Some(max) = job.max_replicas {
+                    let min = spec.replicas;
+                    spec.elastic = Some(scheduler::Elastic { min_replicas: min, max_replicas: max.max(1) as u16 });
+                }
                 let placement = world.placement_from_json(&job, &node_index);
                 let started = job.started_at.or(job.admitted_at).map_or(now_ms, millis);
                 world.snapshot.running.push(RunningJob {
@@ -219,7 +255,20 @@ impl World {
                     placement,
                     terminating: !matches!(job.state, JobState::Admitted | JobState::Running),
                 });
+                let index = world.snapshot.running.len() - 1;
+                let r = &mut world.snapshot.running[index];
+                if r.spec.elastic.is_some() && !r.terminating {
+                    // Its extras' rows follow its own (their seq is later).
+                    r.spec.replicas = r.placement.len() as u16;
+                    let (id, own) = (r.spec.id, r.placement.len());
+                    gangs.insert(job.id, (id, index));
+                    world.extras.insert(id, (own, Vec::new()));
+                }
             } else if job.state == JobState::Pending {
+                if let Some(max) = job.max_replicas {
+                    spec.elastic =
+                        Some(scheduler::Elastic { min_replicas: spec.replicas, max_replicas: max.max(1) as u16 });
+                }
                 world.snapshot.pending.push(spec);
             }
             world.jobs.insert(job.seq as u64, job);
@@ -626,6 +675,8 @@ mod tests {
             cpu_millis: None,
             memory_mib: None,
             preemption_delay_seconds: None,
+            max_replicas: None,
+            extra_of: None,
         }
     }
 
@@ -675,6 +726,7 @@ mod tests {
             service: None,
             accepted_despite: Vec::new(),
             preemption_delay_seconds: None,
+            max_replicas: None,
         };
         assert_eq!(world.proposed(team(), &job).map(|j| j.expected_runtime_ms), Some(Some(900_000)));
         let undeclared = NewJob { expected_runtime_seconds: None, ..job };

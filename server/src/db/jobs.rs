@@ -27,6 +27,10 @@ pub struct JobRow {
     pub priority_class: String,
     pub replicas: i32,
     pub gpus_per_replica: i32,
+    /// An elastic gang's most replicas (`replicas` is its least); `None`: a fixed gang.
+    pub max_replicas: Option<i32>,
+    /// The elastic gang this job is an extra replica of.
+    pub extra_of: Option<JobId>,
     pub max_runtime_seconds: i32,
     /// The runtime the job declared it expects; `None` when it declared none.
     pub expected_runtime_seconds: Option<i32>,
@@ -96,6 +100,8 @@ pub struct NewJob {
     pub priority_class: String,
     pub replicas: i32,
     pub gpus_per_replica: i32,
+    /// An elastic gang's most replicas, at least `replicas`; `None`: a fixed gang.
+    pub max_replicas: Option<i32>,
     pub max_runtime_seconds: i32,
     /// The runtime the job declares it expects, at most `max_runtime_seconds`: the median of
     /// its runtime forecast. `None`: the forecast learns it from history.
@@ -226,6 +232,7 @@ pub async fn insert_submissions(
     let levels: Vec<Option<String>> = submissions.iter().map(|s| s.job.topology_level.clone()).collect();
     let graces: Vec<Option<i32>> = submissions.iter().map(|s| s.job.preemption_grace_seconds).collect();
     let delays: Vec<Option<i32>> = submissions.iter().map(|s| s.job.preemption_delay_seconds).collect();
+    let maxima: Vec<Option<i32>> = submissions.iter().map(|s| s.job.max_replicas).collect();
     let tokens: Vec<Option<TokenId>> = submissions.iter().map(|s| s.check.map(|c| c.token_id)).collect();
     let team_versions: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.team_version)).collect();
     let catalogues: Vec<Option<i64>> = submissions.iter().map(|s| s.check.map(|c| c.catalogue_version)).collect();
@@ -266,23 +273,23 @@ pub async fn insert_submissions(
                                  expected_runtime_seconds, waits_for_dependencies, if_dependency_fails,
                                  array_id, array_index, held_by_array, pending_reason, pending_message,
                                  cpu_millis, memory_mib, workload, service_id, service_slot, service_revision,
-                                 min_driver_version, min_cuda_version, preemption_delay_seconds)
+                                 min_driver_version, min_cuda_version, preemption_delay_seconds, max_replicas)
                select u.id, u.team, u.name, u.class, u.priority, u.replicas, u.gpus, u.runtime, u.image, u.command,
                       u.env, u.labels, u.mode, u.level, u.grace, u.retries, u.spot, u.by, u.expected, u.waits,
                       u.if_fails, u.array_id, u.array_index, u.held is not null,
                       case when u.held is not null then 'array_task_limit' end, u.held,
                       u.cpu, u.memory, u.workload, u.service_id, u.service_slot, u.service_revision,
-                      u.min_driver, u.min_cuda, u.delay
+                      u.min_driver, u.min_cuda, u.delay, u.max_replicas
                from unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::uuid[], $6::text[], $7::int4[],
                            $8::int4[], $9::int4[], $10::text[], $11::jsonb[], $12::jsonb[], $13::jsonb[],
                            $14::text[], $15::text[], $16::int4[], $17::int4[], $18::bool[], $19::uuid[],
                            $20::int8[], $21::int8[], $22::int4[], $24::bool[], $25::text[], $29::uuid[],
                            $30::int4[], $31::text[], $32::int4[], $33::int4[], $34::jsonb[], $35::uuid[],
-                           $36::int4[], $37::int4[], $38::text[], $39::text[], $40::int4[])
+                           $36::int4[], $37::int4[], $38::text[], $39::text[], $40::int4[], $41::int4[])
                     as u(team, by, id, name, class, priority, replicas, gpus, runtime, image, command, env, labels,
                          mode, level, grace, retries, spot, token, team_version, catalogue, expected, waits, if_fails,
                          array_id, array_index, held, cpu, memory, workload, service_id, service_slot,
-                         service_revision, min_driver, min_cuda, delay)
+                         service_revision, min_driver, min_cuda, delay, max_replicas)
                where u.token is null or submission_check_holds(u.token, u.team, u.team_version, u.catalogue)
                returning id, seq, submitted_at, submitted_by
            ),
@@ -337,6 +344,7 @@ pub async fn insert_submissions(
         &min_drivers as &[Option<String>],
         &min_cudas as &[Option<String>],
         &delays as &[Option<i32>],
+        &maxima as &[Option<i32>],
     )
     .fetch_all(db)
     .await
@@ -357,6 +365,8 @@ impl JobRow {
             priority_class: job.priority_class,
             replicas: job.replicas,
             gpus_per_replica: job.gpus_per_replica,
+            max_replicas: job.max_replicas,
+            extra_of: None,
             max_runtime_seconds: job.max_runtime_seconds,
             expected_runtime_seconds: job.expected_runtime_seconds,
             image: job.image,
@@ -449,7 +459,8 @@ macro_rules! select_jobs {
             JobRow,
             r#"select j.id as "id: JobId", j.seq, j.team_id as "team_id: TeamId", t.name as team, j.name,
                   j.gpu_class_id as "gpu_class_id: GpuClassId", c.name as gpu_class,
-                  j.priority_class, j.replicas, j.gpus_per_replica, j.max_runtime_seconds, j.expected_runtime_seconds, j.image,
+                  j.priority_class, j.replicas, j.gpus_per_replica, j.max_replicas, j.extra_of as "extra_of: JobId",
+                  j.max_runtime_seconds, j.expected_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,
                   j.preemption_grace_seconds, j.preemption_delay_seconds, j.max_retries, j.allow_spot,
@@ -972,4 +983,123 @@ pub async fn submit_catalogue(
         })
         .collect();
     Ok(Some(SubmitCatalogue { max_runtime, priorities, preemptible, classes, chain, budgeted, version }))
+}
+
+/// Adds `ids.len()` extra replicas to elastic gang `gang`: job rows of one replica each,
+/// copied from the gang and naming it in `extra_of`, pending until the cycle that added them
+/// admits them in the same transaction. They never retry: an extra comes back only by the
+/// gang growing again.
+pub async fn insert_extras(tx: &mut Tx<'_>, gang: JobId, ids: &[JobId]) -> Result<u64, sqlx::Error> {
+    let inserted = sqlx::query!(
+        r#"with e as (
+               insert into jobs (id, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
+                                 max_runtime_seconds, image, command, env, labels, topology_mode, topology_level,
+                                 preemption_grace_seconds, max_retries, allow_spot, submitted_by, cpu_millis,
+                                 memory_mib, workload, min_driver_version, min_cuda_version,
+                                 preemption_delay_seconds, extra_of)
+               select u.id, g.team_id, g.name, g.gpu_class_id, g.priority_class, 1, g.gpus_per_replica,
+                      g.max_runtime_seconds, g.image, g.command, g.env, g.labels, 'any', null,
+                      g.preemption_grace_seconds, 0, g.allow_spot, g.submitted_by, g.cpu_millis,
+                      g.memory_mib, g.workload, g.min_driver_version, g.min_cuda_version,
+                      g.preemption_delay_seconds, g.id
+               from jobs g cross join unnest($2::uuid[]) as u(id)
+               where g.id = $1 and g.max_replicas is not null
+               returning id
+           )
+           insert into job_events (job_id, kind, attempt, message)
+           select e.id, 'submitted', 0, 'added to elastic gang ' || $1::uuid || ' as an extra replica, in capacity no waiting job needs'
+           from e"#,
+        gang as JobId,
+        ids as &[JobId]
+    )
+    .execute(&mut **tx)
+    .await?;
+    Ok(inserted.rows_affected())
+}
+
+/// An extra replica to give back, with why.
+pub struct ShrinkRow {
+    pub job_id: JobId,
+    pub grace_ms: i64,
+    pub reason: String,
+    pub message: String,
+    pub data: Value,
+}
+
+/// Gives extra replicas back: each is cancelled, keeps its GPUs until its object is gone, and
+/// gets an event and a `stop` outbox row with its grace period. Returns those given back.
+pub async fn shrink(tx: &mut Tx<'_>, rows: &[ShrinkRow]) -> Result<Vec<JobId>, sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
+    let graces: Vec<i64> = rows.iter().map(|r| r.grace_ms).collect();
+    let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
+    let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
+    let data: Vec<Value> = rows.iter().map(|r| r.data.clone()).collect();
+    sqlx::query_scalar!(
+        r#"with u as (
+               select * from unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::jsonb[])
+                   as u(id, grace, reason, message, data)
+           ), given as (
+               update jobs j set state = 'cancelled', stop_requested_at = now(), updated_at = now(),
+                      version = j.version + 1
+               from u where j.id = u.id and j.extra_of is not null and j.state in ('admitted', 'running')
+               returning j.id, j.attempt
+           ), events as (
+               insert into job_events (job_id, attempt, kind, reason, message, data)
+               select g.id, g.attempt, 'cancel_requested', u.reason, u.message, u.data from given g join u on u.id = g.id
+           ), outbox as (
+               insert into dispatch_outbox (job_id, attempt, action, grace_ms)
+               select g.id, g.attempt, 'stop', u.grace from given g join u on u.id = g.id
+           )
+           select id as "id!: JobId" from given"#,
+        &ids as &[JobId],
+        &graces,
+        &reasons,
+        &messages,
+        &data
+    )
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Ends the extras that no longer belong to a running gang: those of a gang that ended or is
+/// stopping, and any that was sent back to the queue (an extra never waits: it comes back
+/// only by the gang growing). One holding GPUs is stopped with its grace period. Returns how
+/// many were ended.
+pub async fn end_orphan_extras(tx: &mut Tx<'_>) -> Result<u64, sqlx::Error> {
+    let ended = sqlx::query!(
+        r#"with o as (
+               select e.id, e.attempt, e.holds_gpus,
+                      coalesce(e.preemption_grace_seconds, p.preemption_grace_seconds)::int8 * 1000 as grace
+               from jobs e
+               join jobs g on g.id = e.extra_of
+               join priority_classes p on p.name = e.priority_class
+               where e.extra_of is not null and e.state in ('pending', 'admitted', 'running')
+                 and (e.state = 'pending' or g.state not in ('admitted', 'running'))
+               order by e.id
+               for update of e
+           ), ended as (
+               update jobs j set state = 'cancelled',
+                      stop_requested_at = case when o.holds_gpus then coalesce(j.stop_requested_at, now()) end,
+                      finished_at = case when o.holds_gpus then null else now() end,
+                      pending_reason = null, pending_message = null, pending_figures = null, queue_position = null,
+                      expected_start_at = null, updated_at = now(), version = j.version + 1
+               from o where j.id = o.id
+               returning j.id, j.attempt, o.holds_gpus, o.grace
+           ), events as (
+               insert into job_events (job_id, attempt, kind, reason, message)
+               select id, attempt, case when holds_gpus then 'cancel_requested' else 'cancelled' end, 'gang_ended',
+                      'its elastic gang is no longer running, or it was sent back to the queue: an extra replica ends'
+               from ended
+           ), outbox as (
+               insert into dispatch_outbox (job_id, attempt, action, grace_ms)
+               select id, attempt, 'stop', grace from ended where holds_gpus
+           )
+           select count(*) as "ended!" from ended"#
+    )
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok(ended.ended as u64)
 }

@@ -62,6 +62,10 @@ pub struct LiveJob {
     pub priority_class: String,
     pub replicas: i32,
     pub gpus_per_replica: i32,
+    /// An elastic gang's most replicas; `None`: a fixed gang.
+    pub max_replicas: Option<i32>,
+    /// The elastic gang it is an extra replica of.
+    pub extra_of: Option<JobId>,
     pub topology_mode: String,
     pub topology_level: Option<String>,
     pub max_runtime_seconds: i32,
@@ -171,7 +175,8 @@ macro_rules! select_live_jobs {
     ($rest:tt $(, $arg:expr)* $(,)?) => {
         sqlx::query_as!(
             LiveJob,
-            r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica, topology_mode,
+            r#"select id, seq, team_id, name, gpu_class_id, priority_class, replicas, gpus_per_replica,
+                      max_replicas, extra_of as "extra_of: JobId", topology_mode,
                       topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, preemption_delay_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
                       last_checkpoint_at, pending_reason, allow_spot, min_driver_version, min_cuda_version,

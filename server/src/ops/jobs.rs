@@ -46,6 +46,15 @@ pub struct JobSpec {
     #[serde(default = "one")]
     #[schema(minimum = 1, maximum = 1024)]
     pub replicas: i64,
+    /// Makes the job an elastic gang (torchrun's `--nnodes=MIN:MAX`): it starts with
+    /// `replicas`, all or none, and grows one replica at a time, up to this many, into GPUs no
+    /// waiting job needs; each replica beyond `replicas` (an extra) is a job of its own
+    /// (`extra_of` names the gang), given back when a waiting job needs its GPUs, before the
+    /// gang itself would be preempted, and billed for what it ran. At least `replicas`, at
+    /// most 1,024. Default: a fixed gang.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1024)]
+    pub max_replicas: Option<i64>,
     /// GPUs (units of the class) per replica, all on one node. Default 1.
     #[serde(default = "one")]
     #[schema(minimum = 1, maximum = 64)]
@@ -336,6 +345,9 @@ impl Catalogue {
             check(Err(e));
         }
         check(check_range(&at("replicas"), spec.replicas, 1, 1024));
+        if let Some(max) = spec.max_replicas {
+            check(check_range(&at("max_replicas"), max, spec.replicas.clamp(1, 1024), 1024));
+        }
         check(check_range(&at("gpus_per_replica"), spec.gpus_per_replica, 1, 64));
         if let Some(g) = spec.preemption_grace_seconds {
             check(check_grace(&at("preemption_grace_seconds"), g));
@@ -517,6 +529,8 @@ impl Catalogue {
             priority_class: priority,
             replicas: spec.replicas as i32,
             gpus_per_replica: spec.gpus_per_replica as i32,
+            // Checked above: within `replicas` and 1,024.
+            max_replicas: spec.max_replicas.map(|m| m as i32),
             max_runtime_seconds: max_runtime as i32,
             // Checked above: within 1 and the maximum runtime, an `i32`.
             expected_runtime_seconds: spec.expected_runtime_seconds.map(|e| e as i32),
@@ -718,6 +732,7 @@ pub async fn rerun(
         name: job.name.clone(),
         gpu_class: job.gpu_class.clone(),
         replicas: job.replicas.into(),
+        max_replicas: job.max_replicas.map(i64::from),
         gpus_per_replica: job.gpus_per_replica.into(),
         priority_class: Some(job.priority_class.clone()),
         max_runtime_seconds: Some(job.max_runtime_seconds.into()),

@@ -434,6 +434,7 @@ async fn checked(
         name: "service".into(),
         gpu_class: replica.gpu_class.clone(),
         replicas: i64::from(replicas),
+        max_replicas: None,
         gpus_per_replica: replica.gpus,
         priority_class: Some(priority.to_owned()),
         max_runtime_seconds: None,

@@ -89,6 +89,7 @@ async fn admitted_job(s: &Setup, team: TeamId, class: GpuClassId, gpus: i32, nam
         min_driver_version: None,
         min_cuda_version: None,
         preemption_delay_seconds: None,
+        max_replicas: None,
     };
     let id = job.id;
     db::jobs::insert_many(&s.app.pool, team, "test", &[job]).await.expect("insert job");

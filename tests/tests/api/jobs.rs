@@ -935,6 +935,7 @@ async fn a_submission_the_database_refuses_fails_alone_not_the_submissions_writt
             min_driver_version: None,
             min_cuda_version: None,
             preemption_delay_seconds: None,
+            max_replicas: None,
         };
         writes.spawn(async move { (i, job.id, queue.submit(team, "test", job, None).await) });
     }

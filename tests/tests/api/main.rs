@@ -8,6 +8,7 @@ mod billing;
 mod ci_federation;
 mod dependencies;
 mod drivers;
+mod elastic;
 mod follow;
 mod hardening;
 mod idempotency;
