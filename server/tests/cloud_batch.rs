@@ -395,6 +395,7 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
             .collect(),
         array: None,
         service: None,
+        extra_of: None,
     }
 }
 

@@ -307,6 +307,7 @@ fn placed_gang(replicas: usize) -> fairway::backends::Gang {
             .collect(),
         array: None,
         service: None,
+        extra_of: None,
     }
 }
 

@@ -795,6 +795,7 @@ async fn on_a_real_cluster_a_one_gpu_job_runs_nvidia_smi_to_success() {
         replicas: vec![ReplicaSlot { node: node.name.clone(), gpus: vec![0] }],
         array: None,
         service: None,
+        extra_of: None,
     };
     backend.submit(&gang).await.expect("submit");
     let started = Instant::now();

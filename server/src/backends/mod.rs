@@ -73,6 +73,19 @@ pub struct Gang {
     /// backend makes it reachable at the service's endpoint ([`Backend::endpoint`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceBinding>,
+    /// The elastic gang it is an extra replica of, when it is one: it joins that gang's
+    /// rendezvous rather than starting one of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_of: Option<ElasticBinding>,
+}
+
+/// The elastic gang an extra replica belongs to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElasticBinding {
+    /// The gang's job.
+    pub job_id: JobId,
+    /// The object of the gang's current attempt ([`object_name`]), whose rendezvous it joins.
+    pub object: String,
 }
 
 /// A replica's place in its service, which its environment tells it and its backend's
@@ -255,6 +268,9 @@ impl Gang {
             for (k, v) in crate::domain::service::replica_env(&s.name, s.slot, s.revision, s.port) {
                 env.insert(k.into(), v);
             }
+        }
+        if let Some(e) = &self.extra_of {
+            env.insert("FAIRWAY_ELASTIC_GANG".into(), e.job_id.to_string());
         }
         env
     }

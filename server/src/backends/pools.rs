@@ -225,6 +225,7 @@ mod tests {
             replicas: Vec::new(),
             array: None,
             service: None,
+            extra_of: None,
         }
     }
 

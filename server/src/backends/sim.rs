@@ -1363,6 +1363,7 @@ mod tests {
             replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
             array: None,
             service: None,
+            extra_of: None,
         }
     }
 

@@ -311,6 +311,13 @@ pub fn gang(job: &db::jobs::JobRow, object: &str) -> Gang {
             }
             _ => None,
         },
+        extra_of: match (job.extra_of, job.extra_of_attempt) {
+            (Some(gang), Some(attempt)) => Some(crate::backends::ElasticBinding {
+                job_id: gang,
+                object: crate::backends::object_name(gang, attempt),
+            }),
+            _ => None,
+        },
     }
 }
 

@@ -31,6 +31,8 @@ pub struct JobRow {
     pub max_replicas: Option<i32>,
     /// The elastic gang this job is an extra replica of.
     pub extra_of: Option<JobId>,
+    /// That gang's current attempt, whose rendezvous the extra joins.
+    pub extra_of_attempt: Option<i32>,
     pub max_runtime_seconds: i32,
     /// The runtime the job declared it expects; `None` when it declared none.
     pub expected_runtime_seconds: Option<i32>,
@@ -367,6 +369,7 @@ impl JobRow {
             gpus_per_replica: job.gpus_per_replica,
             max_replicas: job.max_replicas,
             extra_of: None,
+            extra_of_attempt: None,
             max_runtime_seconds: job.max_runtime_seconds,
             expected_runtime_seconds: job.expected_runtime_seconds,
             image: job.image,
@@ -460,6 +463,7 @@ macro_rules! select_jobs {
             r#"select j.id as "id: JobId", j.seq, j.team_id as "team_id: TeamId", t.name as team, j.name,
                   j.gpu_class_id as "gpu_class_id: GpuClassId", c.name as gpu_class,
                   j.priority_class, j.replicas, j.gpus_per_replica, j.max_replicas, j.extra_of as "extra_of: JobId",
+                  (select g.attempt from jobs g where g.id = j.extra_of) as "extra_of_attempt?",
                   j.max_runtime_seconds, j.expected_runtime_seconds, j.image,
                   j.command as "command: Json<Vec<String>>", j.env as "env: Json<Value>",
                   j.labels as "labels: Json<Value>", j.topology_mode, j.topology_level,

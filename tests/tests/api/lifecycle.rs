@@ -473,6 +473,7 @@ async fn an_object_no_job_knows_is_stopped_and_removed_by_the_reconciler() {
         replicas: vec![fairway::backends::ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0] }],
         array: None,
         service: None,
+        extra_of: None,
     };
     backend.submit(&gang).await.expect("submit");
     let mut conn = app.pool.acquire().await.unwrap();

@@ -34,6 +34,7 @@ fn gang(env: &[(&str, &str)]) -> Gang {
         replicas: vec![ReplicaSlot { node: "r1-h100-1".into(), gpus: vec![0, 1, 2, 3] }],
         array: None,
         service: None,
+        extra_of: None,
     }
 }
 

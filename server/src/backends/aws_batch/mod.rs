@@ -896,6 +896,7 @@ mod tests {
             replicas: Vec::new(),
             array: None,
             service: None,
+            extra_of: None,
         };
         let asked = replica_resources(&gang(Some(2500), Some(32768)), &pool, 2, "aws").unwrap().unwrap();
         let figures: Vec<(String, String)> = asked

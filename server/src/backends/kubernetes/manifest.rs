@@ -247,7 +247,9 @@ pub fn pod(
         labels.insert(SERVICE_LABEL.into(), binding.name.clone());
     }
     let world = gang.replicas.len().to_string();
-    let master = format!("{}.{}", pod_name(&gang.object, 0), gang.object);
+    // An elastic gang's extra replica joins its gang's rendezvous.
+    let anchor = gang.extra_of.as_ref().map_or(gang.object.as_str(), |e| e.object.as_str());
+    let master = format!("{}.{}", pod_name(anchor, 0), anchor);
     // The platform's variables (`Gang::env`) and the rendezvous ones win over the user's.
     let mut env = gang.env();
     for (k, v) in [
@@ -450,6 +452,7 @@ mod tests {
             replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: (0..8).collect() }).collect(),
             array: None,
             service: None,
+            extra_of: None,
         }
     }
 
@@ -518,6 +521,24 @@ mod tests {
         assert!(!env.contains_key("NVIDIA_VISIBLE_DEVICES"), "never chooses its own devices");
         assert_eq!(v["spec"]["hostname"], format!("{}-3", g.object));
         assert_eq!(v["spec"]["subdomain"], g.object);
+    }
+
+    #[test]
+    fn an_elastic_gangs_extra_replica_joins_its_gangs_rendezvous() {
+        let mut g = gang(1);
+        let gang_object = crate::backends::object_name(JobId::from_u128(3), 2);
+        g.extra_of = Some(crate::backends::ElasticBinding { job_id: JobId::from_u128(3), object: gang_object.clone() });
+        let v = serde_json::to_value(pod(&g, "fw-vision", 0, &target(), "u", &settings())).unwrap();
+        let env: BTreeMap<String, String> = v["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].as_str().unwrap().to_owned(), e["value"].as_str().unwrap().to_owned()))
+            .collect();
+        assert_eq!(env["MASTER_ADDR"], format!("{gang_object}-0.{gang_object}"));
+        assert_eq!(env["FAIRWAY_ELASTIC_GANG"], JobId::from_u128(3).to_string());
+        // Its own pod still has its own name.
+        assert_eq!(v["spec"]["hostname"], format!("{}-0", g.object));
     }
 
     #[test]

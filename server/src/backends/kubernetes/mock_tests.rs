@@ -104,6 +104,7 @@ fn gang(replicas: usize) -> Gang {
         replicas: (0..replicas).map(|i| ReplicaSlot { node: format!("n{i}"), gpus: vec![0, 1] }).collect(),
         array: None,
         service: None,
+        extra_of: None,
     }
 }
 
