@@ -783,6 +783,7 @@ fn check_growths(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             gang.placement.len(),
             g.placement.len()
         );
+        prop_assert_eq!(g.borrowing.len(), g.placement.len(), "job {}: one borrowing flag per new replica", g.job);
         for replica in &g.placement {
             let node = &s.nodes[replica.node as usize];
             prop_assert_eq!(node.class, gang.spec.class, "job {} grows onto another class: {:?}", g.job, replica);

@@ -256,7 +256,7 @@ fn elastic_rows(world: &World, decisions: &Decisions) -> ElasticRows {
     for g in &decisions.growths {
         let Some(gang) = world.jobs.get(&g.job) else { continue };
         let mut rows = Vec::new();
-        for replica in &g.placement {
+        for (replica, &borrowing) in g.placement.iter().zip(&g.borrowing) {
             let Some((cluster_id, cluster, slots)) = world.stored_placement(std::slice::from_ref(replica)) else {
                 continue;
             };
@@ -269,13 +269,14 @@ fn elastic_rows(world: &World, decisions: &Decisions) -> ElasticRows {
                 job_id: crate::domain::JobId::new(),
                 cluster_id,
                 placement: json!(slots),
-                borrowing: true,
+                borrowing,
                 message: format!(
-                    "admitted on cluster {cluster}, {}, as an extra replica of elastic gang {}: it is given back when a waiting job needs its GPUs",
+                    "admitted on cluster {cluster}, {}, as an extra replica of elastic gang {}{}: it is given back when a waiting job needs its GPUs",
                     nodes.join(", "),
-                    gang.id
+                    gang.id,
+                    if borrowing { ", borrowing burst capacity" } else { "" }
                 ),
-                data: json!({"cluster": cluster, "placement": slots, "extra_of": gang.id}),
+                data: json!({"cluster": cluster, "placement": slots, "extra_of": gang.id, "borrowing": borrowing}),
             });
         }
         if !rows.is_empty() {

@@ -205,6 +205,8 @@ pub struct Growth {
     pub job: JobId,
     /// Where each new replica runs, after those it has.
     pub placement: Vec<ReplicaPlacement>,
+    /// Per new replica, whether it runs on capacity borrowed beyond its team's reserved quota.
+    pub borrowing: Vec<bool>,
 }
 
 /// One extra replica of a running elastic gang taken for a waiting job: the gang goes on

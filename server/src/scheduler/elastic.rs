@@ -168,7 +168,7 @@ impl Cycle<'_> {
                 r.spec.elastic.is_some_and(|e| n < e.max_replicas) && !waiting.contains(&r.spec.class)
             })
             .collect();
-        let mut grown: BTreeMap<u64, Vec<ReplicaPlacement>> = BTreeMap::new();
+        let mut grown: BTreeMap<u64, (Vec<ReplicaPlacement>, Vec<bool>)> = BTreeMap::new();
         while !gangs.is_empty() {
             gangs
                 .sort_by_key(|&(i, n)| (std::cmp::Reverse(self.priority(&s.running[i].spec)), n, s.running[i].spec.id));
@@ -184,15 +184,22 @@ impl Cycle<'_> {
                     ..r.spec.clone()
                 };
                 let Some(placement) = self.place_extra(&extra) else { continue };
+                let borrowing = self.ledger.beyond_reserved(extra.team, extra.class, extra.total_milli()).is_some();
                 self.take(&extra, &placement);
-                grown.entry(r.spec.id).or_default().extend(placement);
+                let entry = grown.entry(r.spec.id).or_default();
+                entry.1.extend(placement.iter().map(|_| borrowing));
+                entry.0.extend(placement);
                 if r.spec.elastic.is_some_and(|e| n + 1 < e.max_replicas) {
                     still.push((i, n + 1));
                 }
             }
             gangs = still;
         }
-        self.decisions.growths.extend(grown.into_iter().map(|(job, placement)| Growth { job, placement }));
+        self.decisions.growths.extend(grown.into_iter().map(|(job, (placement, borrowing))| Growth {
+            job,
+            placement,
+            borrowing,
+        }));
     }
 
     /// Where one more replica of a gang may go, by its team's quota and budgets and the GPUs

@@ -981,6 +981,7 @@ fn an_elastic_gang_grows_only_within_its_teams_quota() {
     elastic(&mut s, 1, 2, 2, 8, 1);
     let d = schedule(&s);
     assert_eq!(d.growths.iter().map(|g| g.placement.len()).sum::<usize>(), 2, "reserved 3 + burst 1");
+    assert_eq!(d.growths[0].borrowing, [false, true], "the third GPU is reserved, the fourth borrowed");
     // A class that cannot be preempted grows within reserved quota only.
     let mut s = cluster(1, vec![team("a", 3, 1), team("b", 4, 0)]);
     elastic(&mut s, 1, 2, 2, 8, 0);
