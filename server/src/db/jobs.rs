@@ -1107,3 +1107,13 @@ pub async fn end_orphan_extras(tx: &mut Tx<'_>) -> Result<u64, sqlx::Error> {
     .await?;
     Ok(ended.ended as u64)
 }
+
+/// How many extra replicas of elastic gang `gang` run (or are being started) now.
+pub async fn running_extras(pool: &PgPool, gang: JobId) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar!(
+        r#"select count(*) as "n!" from jobs where extra_of = $1 and state in ('admitted', 'running')"#,
+        gang as JobId
+    )
+    .fetch_one(pool)
+    .await
+}

@@ -8,7 +8,10 @@ use std::time::Duration;
 use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
 
-use crate::lifecycle::{start_control, submit, wait_for, wait_for_inventory};
+use crate::{
+    lifecycle::{start_control, submit, wait_for, wait_for_inventory},
+    portal::{body, sign_in},
+};
 
 /// One node of 8 GPUs.
 const INVENTORY: &str = r#"
@@ -44,6 +47,8 @@ async fn fleet() -> (TestApp, String, String) {
     }
     let (_, prod) = app.api_token(&admin, "prod", "member").await;
     let (_, research) = app.api_token(&admin, "research", "member").await;
+    app.user(&admin, "rhea", None).await;
+    app.member(&admin, "research", "rhea", "member").await;
     (app, prod, research)
 }
 
@@ -91,6 +96,13 @@ async fn an_elastic_gang_grows_gives_its_extras_back_first_and_is_billed_for_wha
         assert_eq!((e["replicas"].as_i64(), e["gpus_per_replica"].as_i64()), (Some(1), Some(1)), "{e:#}");
         assert_eq!((e["name"].as_str(), e["priority_class"].as_str()), (Some("elastic-train"), Some("experiment")));
     }
+    // The portal says so on the gang's page, and an extra's page links to its gang.
+    let cookie = sign_in(&app, "rhea").await;
+    let page = body(&app.send(call("GET", &format!("/jobs/{gang}")).header("cookie", &cookie)).await);
+    assert!(page.contains("2 to 8 replicas, 8 running now (6 of them extras"), "{page}");
+    let extra = extras[0]["id"].as_str().unwrap();
+    let page = body(&app.send(call("GET", &format!("/jobs/{extra}")).header("cookie", &cookie)).await);
+    assert!(page.contains(&format!(r#"<a href="/jobs/{gang}">elastic gang {gang}</a>"#)), "{page}");
     // Team prod takes back 4 of its reserved GPUs: four extras are given back, the gang runs on.
     let reclaim = submit(
         &app,

@@ -170,6 +170,10 @@ pub struct JobDetail {
     pub array: Option<(crate::domain::ArrayId, i32, i32)>,
     /// The service it is a replica of: its name, this replica's slot and revision.
     pub service: Option<(String, i32, i32)>,
+    /// An elastic gang: its bounds and what it holds now, in words.
+    pub elastic: Option<String>,
+    /// The elastic gang it is an extra replica of.
+    pub extra_of: Option<crate::domain::JobId>,
     /// CPU and memory per replica, e.g. `8 CPUs and 64Gi of memory per replica`.
     pub resources: Option<String>,
     /// What each replica mounts and reads, one line each: claims, secret references (names
@@ -322,8 +326,21 @@ pub async fn job(
             gib(mean.memory_used_mib)
         )
     });
+    let elastic = match job.max_replicas {
+        Some(max) => {
+            let extras = db::jobs::running_extras(&state.db, job.id).await?;
+            let held = if job.holds_gpus { i64::from(job.replicas) + extras } else { 0 };
+            Some(format!(
+                "{} to {max} replicas, {held} running now ({extras} of them extras, each a job of its own in the team's list)",
+                job.replicas
+            ))
+        }
+        None => None,
+    };
     let detail = JobDetail {
         id: job.id,
+        elastic,
+        extra_of: job.extra_of,
         activity,
         right_sizing,
         gpus: i64::from(job.replicas) * i64::from(job.gpus_per_replica),
