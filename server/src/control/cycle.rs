@@ -190,7 +190,7 @@ pub async fn run_with(
     }
     let admitted = db::decisions::admit(&mut tx, &admit).await?;
     let preempted = db::decisions::preempt(&mut tx, &preempt).await?;
-    let shrunk = db::jobs::shrink(&mut tx, &shrink).await?;
+    let shrunk = db::decisions::shrink(&mut tx, &shrink).await?;
     if !admitted.is_empty() || !preempted.is_empty() || !shrunk.is_empty() {
         db::jobs::notify(&mut tx, db::outbox::DISPATCH_CHANNEL).await?;
     }
@@ -248,7 +248,7 @@ pub async fn run_with(
 /// The elastic gangs' growths as new extras to insert and admit (per gang, one admission per
 /// replica; a replica the engine put on another cluster than its gang's is left out, as a
 /// gang runs on one cluster), and their shrinks as extras to give back.
-type ElasticRows = (Vec<(crate::domain::JobId, Vec<crate::domain::JobId>)>, Vec<AdmitRow>, Vec<db::jobs::ShrinkRow>);
+type ElasticRows = (Vec<(crate::domain::JobId, Vec<crate::domain::JobId>)>, Vec<AdmitRow>, Vec<PreemptRow>);
 
 fn elastic_rows(world: &World, decisions: &Decisions) -> ElasticRows {
     let mut extras = Vec::new();
@@ -290,7 +290,7 @@ fn elastic_rows(world: &World, decisions: &Decisions) -> ElasticRows {
         let Some((own, rows)) = world.extras.get(&k.job) else { continue };
         let Some(&extra) = usize::from(k.replica).checked_sub(*own).and_then(|i| rows.get(i)) else { continue };
         let for_team = world.team_name_of(for_job.team_id);
-        shrink.push(db::jobs::ShrinkRow {
+        shrink.push(PreemptRow {
             job_id: extra,
             grace_ms: k.grace_ms,
             reason: "shrunk".to_owned(),

@@ -62,7 +62,7 @@ pub async fn admit(tx: &mut Tx<'_>, rows: &[AdmitRow]) -> Result<Vec<JobId>, sql
     .await
 }
 
-/// A preemption to record.
+/// A preemption to record, or an extra replica to give back ([`shrink`]).
 pub struct PreemptRow {
     pub job_id: JobId,
     pub grace_ms: i64,
@@ -99,6 +99,44 @@ pub async fn preempt(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<JobId>,
                select p.id, p.attempt, 'stop', u.grace from preempted p join u on u.id = p.id
            )
            select id as "id!: JobId" from preempted"#,
+        &ids as &[JobId],
+        &graces,
+        &reasons,
+        &messages,
+        &data
+    )
+    .fetch_all(&mut **tx)
+    .await
+}
+
+/// Gives extra replicas of elastic gangs back (a preemption that requeues nothing): each is cancelled, keeps its GPUs until its object is gone, and
+/// gets an event and a `stop` outbox row with its grace period. Returns those given back.
+pub async fn shrink(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<JobId>, sqlx::Error> {
+    if rows.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
+    let graces: Vec<i64> = rows.iter().map(|r| r.grace_ms).collect();
+    let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
+    let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
+    let data: Vec<Value> = rows.iter().map(|r| r.data.clone()).collect();
+    sqlx::query_scalar!(
+        r#"with u as (
+               select * from unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::jsonb[])
+                   as u(id, grace, reason, message, data)
+           ), given as (
+               update jobs j set state = 'cancelled', stop_requested_at = now(), updated_at = now(),
+                      version = j.version + 1
+               from u where j.id = u.id and j.extra_of is not null and j.state in ('admitted', 'running')
+               returning j.id, j.attempt
+           ), events as (
+               insert into job_events (job_id, attempt, kind, reason, message, data)
+               select g.id, g.attempt, 'cancel_requested', u.reason, u.message, u.data from given g join u on u.id = g.id
+           ), outbox as (
+               insert into dispatch_outbox (job_id, attempt, action, grace_ms)
+               select g.id, g.attempt, 'stop', u.grace from given g join u on u.id = g.id
+           )
+           select id as "id!: JobId" from given"#,
         &ids as &[JobId],
         &graces,
         &reasons,

@@ -9,21 +9,12 @@ use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
 
 use crate::{
-    lifecycle::{start_control, submit, wait_for, wait_for_inventory},
+    lifecycle::{h100_inventory, start_control, submit, wait_for, wait_for_inventory},
     portal::{body, sign_in},
 };
 
 /// One node of 8 GPUs.
-const INVENTORY: &str = r#"
-cluster = "sim"
-speedup = 10.0
-
-[[class]]
-name = "h100-80gb"
-kind = "whole"
-memory_mib = 81920
-fraction_milli = 1000
-
+const NODES: &str = r#"
 [[node]]
 name = "n1"
 gpu_class = "h100-80gb"
@@ -33,11 +24,7 @@ rack = "r1"
 
 /// Team prod reserves the node and lends it; team research may borrow all of it.
 async fn fleet() -> (TestApp, String, String) {
-    let dir = std::env::temp_dir().join(format!("fairway-elastic-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("inventory.toml");
-    std::fs::write(&file, INVENTORY).unwrap();
-    let app = TestApp::spawn_with(|c| c.sim_inventory = Some(file)).await;
+    let app = TestApp::spawn_with(|c| c.sim_inventory = Some(h100_inventory(NODES))).await;
     start_control(&app).await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;

@@ -17,17 +17,46 @@ pub(crate) async fn start_control(app: &TestApp) {
 
 /// The same, with the engine's minimum runtime before a job may be preempted.
 async fn start_control_with(app: &TestApp, min_runtime_before_preemption_ms: i64) {
+    start_control_tuned(app, |c| c.engine.min_runtime_before_preemption_ms = min_runtime_before_preemption_ms).await;
+}
+
+/// The control loop of `app` with 50 ms cycles and reconciler passes, a simulated cluster
+/// at 10× speed, and whatever else `tune` changes.
+pub(crate) async fn start_control_tuned(app: &TestApp, tune: impl FnOnce(&mut control::ControlConfig)) {
     let mut state = app.state.clone();
     let mut config = (*state.config).clone();
     config.sim_speedup = Some(10.0);
     config.cycle_interval = Duration::from_millis(50);
     state.config = std::sync::Arc::new(config);
     let mut ctx = serve::control_context(&state).await.expect("control context");
-    ctx.config.engine.min_runtime_before_preemption_ms = min_runtime_before_preemption_ms;
     ctx.config.reconcile_interval = Duration::from_millis(50);
+    tune(&mut ctx.config);
     let options = (*app.pool.connect_options()).clone();
     control::spawn(ctx, options, format!("test-{}", uuid::Uuid::new_v4().simple()));
 }
+
+/// Writes a simulated cluster's inventory, at 10× speed with the class `h100-80gb`, and
+/// `nodes` (its `[[node]]` tables), into a fresh file; returns its path, for
+/// `Config::sim_inventory`. The file may be rewritten while the service runs.
+pub(crate) fn h100_inventory(nodes: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("fairway-inventory-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("inventory.toml");
+    std::fs::write(&file, format!("{H100_CLASS}{nodes}")).unwrap();
+    file
+}
+
+/// The head of [`h100_inventory`]'s file: the cluster and its one class.
+pub(crate) const H100_CLASS: &str = r#"
+cluster = "sim"
+speedup = 10.0
+
+[[class]]
+name = "h100-80gb"
+kind = "whole"
+memory_mib = 81920
+fraction_milli = 1000
+"#;
 
 pub(crate) async fn job(app: &TestApp, token: &str, id: &str) -> Value {
     let r = app.send(call("GET", &format!("/api/v1/jobs/{id}")).token(token)).await;

@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use fairway::{control, serve};
 use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
 
@@ -20,17 +19,11 @@ async fn platform(tail_lines: u32) -> (TestApp, String) {
 /// As [`platform`], the collector reading running attempts' logs every `log_interval`.
 async fn platform_reading_every(tail_lines: u32, log_interval: Duration) -> (TestApp, String) {
     let app = TestApp::spawn().await;
-    let mut state = app.state.clone();
-    let mut config = (*state.config).clone();
-    config.sim_speedup = Some(10.0);
-    config.cycle_interval = Duration::from_millis(50);
-    state.config = std::sync::Arc::new(config);
-    let mut ctx = serve::control_context(&state).await.expect("control context");
-    ctx.config.reconcile_interval = Duration::from_millis(50);
-    ctx.config.log_interval = log_interval;
-    ctx.config.log_tail_lines = tail_lines;
-    let options = (*app.pool.connect_options()).clone();
-    control::spawn(ctx, options, format!("test-{}", uuid::Uuid::new_v4().simple()));
+    crate::lifecycle::start_control_tuned(&app, |c| {
+        c.log_interval = log_interval;
+        c.log_tail_lines = tail_lines;
+    })
+    .await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     app.team(&admin, "ml", None).await;

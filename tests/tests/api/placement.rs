@@ -9,19 +9,10 @@ use fairway::scheduler::Placement;
 use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
 
-use crate::lifecycle::{start_control, submit, wait_for, wait_for_inventory};
+use crate::lifecycle::{h100_inventory, start_control, submit, wait_for, wait_for_inventory};
 
 /// A 2-GPU node with 16 cores and a 4-GPU node with 64, in one rack.
-const INVENTORY: &str = r#"
-cluster = "sim"
-speedup = 10.0
-
-[[class]]
-name = "h100-80gb"
-kind = "whole"
-memory_mib = 81920
-fraction_milli = 1000
-
+const NODES: &str = r#"
 [[node]]
 name = "a-lean"
 gpu_class = "h100-80gb"
@@ -40,10 +31,7 @@ memory_gib = 1024
 "#;
 
 async fn fleet(placement: Placement) -> (TestApp, String) {
-    let dir = std::env::temp_dir().join(format!("fairway-placement-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("inventory.toml");
-    std::fs::write(&file, INVENTORY).unwrap();
+    let file = h100_inventory(NODES);
     let app = TestApp::spawn_with(|c| {
         c.sim_inventory = Some(file);
         c.placement = placement;

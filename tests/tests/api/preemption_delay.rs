@@ -5,22 +5,10 @@
 
 use std::time::Duration;
 
-use fairway::{control, serve};
 use fairway_tests::{call, TestApp};
 use serde_json::{json, Value};
 
-use crate::lifecycle::{submit, wait_for, wait_for_inventory};
-
-const CLASS: &str = r#"
-cluster = "sim"
-speedup = 10.0
-
-[[class]]
-name = "h100-80gb"
-kind = "whole"
-memory_mib = 81920
-fraction_milli = 1000
-"#;
+use crate::lifecycle::{h100_inventory, start_control_tuned, submit, wait_for, wait_for_inventory, H100_CLASS};
 
 fn node(name: &str) -> String {
     format!("\n[[node]]\nname = \"{name}\"\ngpu_class = \"h100-80gb\"\ngpus = 8\nrack = \"r1\"\n")
@@ -29,22 +17,14 @@ fn node(name: &str) -> String {
 /// One 8-GPU node, run by team research's experiment borrowing team prod's idle reserved
 /// quota; returns the app, the inventory file, and prod's and research's tokens.
 async fn a_borrowed_node() -> (TestApp, std::path::PathBuf, String, String) {
-    let dir = std::env::temp_dir().join(format!("fairway-delay-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("inventory.toml");
-    std::fs::write(&file, format!("{CLASS}{}", node("n1"))).unwrap();
+    let file = h100_inventory(&node("n1"));
     let app = TestApp::spawn_with(|c| c.sim_inventory = Some(file.clone())).await;
-    let mut state = app.state.clone();
-    let mut config = (*state.config).clone();
-    config.sim_speedup = Some(10.0);
-    config.cycle_interval = Duration::from_millis(50);
-    state.config = std::sync::Arc::new(config);
-    let mut ctx = serve::control_context(&state).await.expect("control context");
-    ctx.config.engine.min_runtime_before_preemption_ms = 0;
-    ctx.config.reconcile_interval = Duration::from_millis(50);
-    // Nodes written into the file join within a fraction of a second.
-    ctx.config.inventory_interval = Duration::from_millis(200);
-    control::spawn(ctx, (*app.pool.connect_options()).clone(), format!("test-{}", uuid::Uuid::new_v4().simple()));
+    start_control_tuned(&app, |c| {
+        c.engine.min_runtime_before_preemption_ms = 0;
+        // Nodes written into the file join within a fraction of a second.
+        c.inventory_interval = Duration::from_millis(200);
+    })
+    .await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
     for (team, reserved, burst) in [("prod", 8, 0), ("research", 0, 8)] {
@@ -106,7 +86,7 @@ async fn within_its_delay_a_job_preempts_no_one_and_takes_a_node_that_joins_mean
     let sweep = the_sweep(&app, &research).await;
     assert_eq!((sweep["state"].as_str(), sweep["preemptions"].as_i64()), (Some("running"), Some(0)), "{sweep:#}");
     // A node joins (an autoscaler's): the job starts there, and no one was preempted.
-    std::fs::write(&file, format!("{CLASS}{}{}", node("n1"), node("n2"))).unwrap();
+    std::fs::write(&file, format!("{H100_CLASS}{}{}", node("n1"), node("n2"))).unwrap();
     let running = wait_for(&app, &prod, &id, Duration::from_secs(30), |j| j["state"] == "running").await;
     assert_eq!(running["placement"][0]["node"], "n2", "{running:#}");
     let sweep = the_sweep(&app, &research).await;

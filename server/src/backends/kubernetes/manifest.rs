@@ -502,16 +502,21 @@ mod tests {
         assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
     }
 
+    /// A pod's plain (not from a Secret) environment variables.
+    fn plain_env(pod: &serde_json::Value) -> BTreeMap<String, String> {
+        pod["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| Some((e["name"].as_str()?.to_owned(), e["value"].as_str()?.to_owned())))
+            .collect()
+    }
+
     #[test]
     fn rendezvous_variables_are_ours_even_when_the_user_sets_the_same_names() {
         let g = gang(4);
         let v = serde_json::to_value(pod(&g, "fw-vision", 3, &target(), "u", &settings())).unwrap();
-        let env: BTreeMap<String, String> = v["spec"]["containers"][0]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| (e["name"].as_str().unwrap().to_owned(), e["value"].as_str().unwrap().to_owned()))
-            .collect();
+        let env = plain_env(&v);
         assert_eq!(env["MASTER_ADDR"], format!("{0}-0.{0}", g.object));
         assert_eq!(env["MASTER_PORT"], "29500");
         assert_eq!(env["FAIRWAY_RANK"], "3");
@@ -529,12 +534,7 @@ mod tests {
         let gang_object = crate::backends::object_name(JobId::from_u128(3), 2);
         g.extra_of = Some(crate::backends::ElasticBinding { job_id: JobId::from_u128(3), object: gang_object.clone() });
         let v = serde_json::to_value(pod(&g, "fw-vision", 0, &target(), "u", &settings())).unwrap();
-        let env: BTreeMap<String, String> = v["spec"]["containers"][0]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| (e["name"].as_str().unwrap().to_owned(), e["value"].as_str().unwrap().to_owned()))
-            .collect();
+        let env = plain_env(&v);
         assert_eq!(env["MASTER_ADDR"], format!("{gang_object}-0.{gang_object}"));
         assert_eq!(env["FAIRWAY_ELASTIC_GANG"], JobId::from_u128(3).to_string());
         // Its own pod still has its own name.
@@ -548,12 +548,7 @@ mod tests {
         g.array =
             Some(crate::backends::ArrayTaskEnv { id: crate::domain::ArrayId::from_u128(5), index: 41, count: 1000 });
         let v = serde_json::to_value(pod(&g, "fw-vision", 0, &target(), "u", &settings())).unwrap();
-        let env: BTreeMap<String, String> = v["spec"]["containers"][0]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| (e["name"].as_str().unwrap().to_owned(), e["value"].as_str().unwrap().to_owned()))
-            .collect();
+        let env = plain_env(&v);
         assert_eq!(env["FAIRWAY_ARRAY_TASK_ID"], "41");
         assert_eq!(env["JOB_COMPLETION_INDEX"], "41", "the platform's index wins over the user's");
         assert_eq!(env["FAIRWAY_ARRAY_TASK_COUNT"], "1000");
