@@ -371,6 +371,7 @@ fn synthetic_nodes(count: usize) -> Vec<Node> {
                 spot: false,
                 drivers: Default::default(),
                 host: None,
+                cluster: 0,
             }
         })
         .collect()

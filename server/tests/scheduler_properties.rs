@@ -250,13 +250,16 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             class: ClassId::from(n.class % class_count),
             units: n.units,
             nvlink_domain_size: if n.elastic { 0 } else { n.nvlink_domain_size },
-            rack: if n.elastic { None } else { n.rack },
+            // Each zone is a cluster of its own, and racks are numbered per zone, as
+            // `control::world` numbers them per cluster; each cloud pool is a cluster.
+            rack: if n.elastic { None } else { n.rack.map(|r| r * 2 + n.zone) },
             zone: if n.elastic { None } else { Some(n.zone) },
             elastic: n.elastic,
             // Every other elastic pool is spot capacity.
             spot: n.elastic && i % 2 == 1,
             drivers: Default::default(),
             host: None,
+            cluster: if n.elastic { 2 + i as u32 } else { n.zone },
         })
         .collect();
     let mut capacity = vec![0u64; classes.len()];
@@ -515,12 +518,16 @@ fn domains(s: &Snapshot, class: ClassId, topology: Topology, allow_spot: bool, f
     let fixed = || of_class().filter(|(_, n)| !n.elastic);
     let whole = |(i, n): (usize, &Node)| (i, 0..usize::from(n.units));
     match topology {
-        // A gang goes to the fixed nodes, else into one spot pool (for jobs that allow spot),
-        // else into one on-demand pool.
+        // A gang goes to the fixed nodes of one cluster, else into one spot pool (for jobs that
+        // allow spot), else into one on-demand pool.
         Topology::Any | Topology::Preferred(_) => {
             let pools =
                 |spot: bool| of_class().filter(move |(_, n)| n.elastic && n.spot == spot).map(|n| vec![whole(n)]);
-            let mut tiers = vec![fixed().map(whole).collect::<Domain>()];
+            let mut clusters: BTreeMap<u32, Domain> = BTreeMap::new();
+            for (i, n) in fixed() {
+                clusters.entry(n.cluster).or_default().push(whole((i, n)));
+            }
+            let mut tiers: Vec<Domain> = clusters.into_values().collect();
             if fixed_only {
                 return tiers;
             }
@@ -738,6 +745,8 @@ fn check_placements(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
                 prop_assert_eq!(replica.units.len(), 1, "a share spread over units: {:?}", replica);
             }
         }
+        let clusters: BTreeSet<u32> = a.placement.iter().map(|r| s.nodes[r.node as usize].cluster).collect();
+        prop_assert!(clusters.len() <= 1, "job {} spans clusters {:?}: {:?}", job.id, clusters, a);
         if let Topology::Required(level) = job.topology {
             let keys: BTreeSet<(usize, usize)> = a
                 .placement
@@ -787,6 +796,9 @@ fn check_growths(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
         for replica in &g.placement {
             let node = &s.nodes[replica.node as usize];
             prop_assert_eq!(node.class, gang.spec.class, "job {} grows onto another class: {:?}", g.job, replica);
+            let own = gang.placement.first().map(|r| s.nodes[r.node as usize].cluster);
+            prop_assert_eq!(Some(node.cluster), own, "job {} grows into another cluster: {:?}", g.job, replica);
+            prop_assert!(!node.elastic, "an extra of job {} goes to a cloud pool", g.job);
             prop_assert!(gang.spec.allow_spot || !node.spot, "job {} grows onto spot", g.job);
             prop_assert!(!(gang.spec.fixed_nodes_only && node.elastic), "job {} grows into a cloud pool", g.job);
             let milli: u32 = replica.units.iter().map(|&(_, m)| m).sum();
@@ -1215,6 +1227,11 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
     if capacity.saturating_sub(used) < held_back {
         return None;
     }
+    // A gang lies within one cluster, and what other teams hold within their own reserved
+    // quota may leave no single cluster room for it: reserved quota is per class, across its
+    // clusters. Where the class spans clusters, the asking job is one replica.
+    let clusters: BTreeSet<u32> = s.nodes.iter().filter(|n| n.class == class).map(|n| n.cluster).collect();
+    let replicas = if clusters.len() > 1 { 1 } else { replicas };
     let id = 10_000;
     s.pending.push(JobSpec {
         allow_spot: false,

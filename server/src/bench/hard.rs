@@ -76,6 +76,7 @@ fn nodes(count: usize) -> Vec<Node> {
             spot: false,
             drivers: Default::default(),
             host: None,
+            cluster: 0,
         })
         .collect()
 }

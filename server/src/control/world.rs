@@ -57,6 +57,16 @@ fn host_of(cpu_millis: Option<i32>, memory_mib: Option<i32>) -> scheduler::Host 
     scheduler::Host { cpu_millis: amount(cpu_millis), memory_mib: amount(memory_mib) }
 }
 
+/// A topology level in words, as a job names it.
+fn level_name(level: Level) -> &'static str {
+    match level {
+        Level::NvlinkDomain => "NVLink domain",
+        Level::Node => "node",
+        Level::Rack => "rack",
+        Level::Zone => "zone",
+    }
+}
+
 /// The engine's topology for a stored mode and level.
 pub fn topology(mode: &str, level: Option<&str>) -> Topology {
     let level = match level {
@@ -101,6 +111,7 @@ impl World {
         // Racks and zones are numbered per cluster: two clusters' "rack-1" are different racks.
         let mut racks: BTreeMap<(domain::ClusterId, String), u32> = BTreeMap::new();
         let mut zones: BTreeMap<(domain::ClusterId, String), u32> = BTreeMap::new();
+        let mut clusters: BTreeMap<domain::ClusterId, u32> = BTreeMap::new();
         let mut nodes = Vec::new();
         let mut node_refs = Vec::new();
         let mut node_index: HashMap<(domain::ClusterId, &str, ClassId), NodeId> = HashMap::new();
@@ -112,6 +123,8 @@ impl World {
             let next = zones.len() as u32;
             let zone_key = n.zone.clone().unwrap_or_default();
             let zone = Some(*zones.entry((n.cluster_id, zone_key)).or_insert(next));
+            let next = clusters.len() as u32;
+            let cluster = *clusters.entry(n.cluster_id).or_insert(next);
             node_index.insert((n.cluster_id, n.name.as_str(), class), nodes.len() as NodeId);
             nodes.push(Node {
                 name: format!("{}/{}", n.cluster, n.name),
@@ -120,6 +133,7 @@ impl World {
                 nvlink_domain_size: n.nvlink_domain_size.clamp(0, 64) as u8,
                 rack,
                 zone,
+                cluster,
                 elastic: n.elastic,
                 spot: n.spot,
                 drivers: domain::driver::DriverStack::read(n.driver_version.as_deref(), n.cuda_version.as_deref()),
@@ -456,8 +470,12 @@ impl World {
                 ),
                 None => "the team's hard budget cannot cover this job's maximum cost".to_owned(),
             },
-            PendingReason::NoTopologyFit => format!(
-                "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but not within one domain of the topology level it requires"
+            PendingReason::NoTopologyFit { within: Some(level) } => format!(
+                "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but not within one {} as it requires",
+                level_name(*level)
+            ),
+            PendingReason::NoTopologyFit { within: None } => format!(
+                "{free} GPUs of {of} are free to it, enough for the {needs} it needs, but not within one cluster, and a gang runs within one"
             ),
             PendingReason::FairShareBehind { team } => {
                 // The largest borrower may be the job's own team or department: said so, it
@@ -762,5 +780,31 @@ mod tests {
         assert!(said(team()).contains("the largest borrower, its own team ml, holds no more"), "{}", said(team()));
         assert!(said(dept).contains("the largest borrower, its department research, holds"), "{}", said(dept));
         assert!(said(other).contains("the largest borrower, team prod, holds"), "{}", said(other));
+    }
+
+    #[test]
+    fn a_gang_kept_from_its_gpus_by_topology_says_the_level_or_that_it_runs_within_one_cluster() {
+        let rows = SnapshotRows {
+            teams: Vec::new(),
+            now: Utc::now(),
+            classes: vec![ClassRow { id: class(), name: "h100".into(), rate: 0, fraction_milli: 1000 }],
+            nodes: Vec::new(),
+            quotas: Vec::new(),
+            priorities: Vec::new(),
+            history: Vec::new(),
+            jobs: Vec::new(),
+        };
+        let world = World::build(rows, scheduler::snapshot::Config::default());
+        let figures = Figures { needs: 16_000, free: 20_000, ..Figures::default() };
+        let said = |within| world.pending_message(team(), class(), &PendingReason::NoTopologyFit { within }, &figures);
+        assert_eq!(
+            said(None),
+            "20 GPUs of h100 are free to it, enough for the 16 it needs, but not within one cluster, and a gang runs within one"
+        );
+        assert!(
+            said(Some(Level::Rack)).ends_with("but not within one rack as it requires"),
+            "{}",
+            said(Some(Level::Rack))
+        );
     }
 }

@@ -848,6 +848,9 @@ pub struct ClassCapacity {
     pub largest_nvlink_domain: i32,
     pub largest_rack: i64,
     pub largest_zone: i64,
+    /// The GPUs of the class in its largest cluster: a gang lies within one cluster (a cloud
+    /// pool is a cluster of its own).
+    pub largest_cluster: i64,
     /// CPU (millicores) and memory (MiB) a replica gets per GPU of the class when its job
     /// names none; `None`: the platform's default.
     pub cpu_millis_per_gpu: Option<i32>,
@@ -916,6 +919,7 @@ pub async fn submit_catalogue(
                   coalesce(max(cc.largest_nvlink_domain), 0) as "largest_nvlink_domain!",
                   coalesce(max(cc.largest_rack), 0)::int8 as "largest_rack!",
                   coalesce(max(cc.largest_zone), 0)::int8 as "largest_zone!",
+                  coalesce(max(cc.gpus), 0)::int8 as "largest_cluster!",
                   c.cpu_millis_per_gpu, c.memory_mib_per_gpu,
                   (select case when bool_or(n.cpu_millis is null) then null else max(n.cpu_millis) end
                    from cluster_nodes n where n.gpu_class_id = c.id) as largest_cpu_millis,
@@ -978,6 +982,7 @@ pub async fn submit_catalogue(
                 largest_nvlink_domain: r.largest_nvlink_domain,
                 largest_rack: r.largest_rack,
                 largest_zone: r.largest_zone,
+                largest_cluster: r.largest_cluster,
                 cpu_millis_per_gpu: r.cpu_millis_per_gpu,
                 memory_mib_per_gpu: r.memory_mib_per_gpu,
                 largest_cpu_millis: r.largest_cpu_millis,

@@ -448,6 +448,16 @@ impl Catalogue {
                             cap.total_gpus
                         ),
                     )));
+                } else if spec.replicas.saturating_mul(spec.gpus_per_replica) > cap.largest_cluster {
+                    check(Err(FieldError::new(
+                        at("replicas"),
+                        "never_fits",
+                        format!(
+                            "the gang needs {} GPUs and runs within one cluster, and the largest has {}",
+                            spec.replicas.saturating_mul(spec.gpus_per_replica),
+                            cap.largest_cluster
+                        ),
+                    )));
                 } else if let Some(TopologyWish { level, mode: TopologyMode::Required }) = spec.topology {
                     let largest = match level {
                         TopologyLevel::NvlinkDomain => i64::from(cap.largest_nvlink_domain),

@@ -73,8 +73,9 @@ pub enum PendingReason {
     ReservedQuotaExhausted { team: TeamId },
     /// Its team's hard budget cannot cover the job's maximum cost.
     BudgetExhausted,
-    /// Enough GPUs, but not in one domain of the required topology level.
-    NoTopologyFit,
+    /// Enough GPUs, but not within one domain of the topology level the job requires
+    /// (`within`), or, for `None`, not within one cluster: a gang runs within one.
+    NoTopologyFit { within: Option<super::snapshot::Level> },
     /// Not enough free GPUs for a job that must borrow, and fair share takes nothing back:
     /// `team`, the largest borrower, holds no more burst than its share.
     FairShareBehind { team: TeamId },
@@ -133,7 +134,7 @@ impl PendingReason {
             PendingReason::ExceedsQuota { .. } => 2,
             PendingReason::ReservedQuotaExhausted { .. } => 3,
             PendingReason::BudgetExhausted => 4,
-            PendingReason::NoTopologyFit => 5,
+            PendingReason::NoTopologyFit { .. } => 5,
             PendingReason::FairShareBehind { .. } => 6,
             PendingReason::InsufficientCapacity => 7,
             PendingReason::WaitingForReclaim => 8,

@@ -6,7 +6,8 @@
 //! larger than its quota, is over a hard budget or needs a driver no node runs), within its
 //! team's quota and hard budgets as an admission would be (within reserved quota only for a
 //! class that cannot be preempted), on GPUs neither held for a waiting job nor reserved for a
-//! gang. Growth never takes what a waiting job could have had.
+//! gang, in the gang's own cluster (an extra joins the gang's rendezvous there) and never on a
+//! cloud pool. Growth never takes what a waiting job could have had.
 //!
 //! Its extras (the replicas beyond its minimum) are preemption candidates of their own, each
 //! a one-replica running job that loses no work (the gang goes on without it), so they are
@@ -28,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     decision::{Decisions, Growth, PendingReason, Shrink},
     engine::Cycle,
-    snapshot::{ClassId, JobSpec, Policy, ReplicaPlacement, RunningJob, Snapshot, Topology},
+    snapshot::{ClassId, JobSpec, NodeId, Policy, ReplicaPlacement, RunningJob, Snapshot, Topology},
 };
 
 /// Where a running job of the expanded snapshot comes from.
@@ -183,7 +184,8 @@ impl Cycle<'_> {
                     max_runtime_ms: left_ms,
                     ..r.spec.clone()
                 };
-                let Some(placement) = self.place_extra(&extra) else { continue };
+                let Some(beside) = r.placement.first().map(|p| p.node) else { continue };
+                let Some(placement) = self.place_extra(&extra, beside) else { continue };
                 let borrowing = self.ledger.beyond_reserved(extra.team, extra.class, extra.total_milli()).is_some();
                 self.take(&extra, &placement);
                 let entry = grown.entry(r.spec.id).or_default();
@@ -203,8 +205,9 @@ impl Cycle<'_> {
     }
 
     /// Where one more replica of a gang may go, by its team's quota and budgets and the GPUs
-    /// no one else is promised; `None` when nowhere.
-    fn place_extra(&mut self, extra: &JobSpec) -> Option<Vec<ReplicaPlacement>> {
+    /// no one else is promised, in the cluster of `beside` (a node the gang holds), so that
+    /// it can join the gang's rendezvous; `None` when nowhere.
+    fn place_extra(&mut self, extra: &JobSpec, beside: NodeId) -> Option<Vec<ReplicaPlacement>> {
         let n = extra.total_milli();
         if (extra.team as usize) >= self.s.teams.len()
             || self.ledger.over_limit(extra.team, extra.class, n).is_some()
@@ -214,6 +217,6 @@ impl Cycle<'_> {
         {
             return None;
         }
-        self.inv.find(extra)
+        self.inv.find_beside(extra, beside)
     }
 }

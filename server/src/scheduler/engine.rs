@@ -494,8 +494,10 @@ impl<'a> Cycle<'a> {
     fn capacity_reason(&mut self, job: &JobSpec, available: u64, beyond: Option<TeamId>) -> PendingReason {
         if let Some(holder) = self.held_for(job) {
             PendingReason::ReservedFor { job: holder }
-        } else if available >= job.total_milli() && matches!(job.topology, Topology::Required(_)) {
-            PendingReason::NoTopologyFit
+        } else if let (true, Topology::Required(level)) = (available >= job.total_milli(), job.topology) {
+            PendingReason::NoTopologyFit { within: Some(level) }
+        } else if available >= job.total_milli() && self.inv.fits_only_across_clusters(job) {
+            PendingReason::NoTopologyFit { within: None }
         } else if available >= job.total_milli() && job.min_drivers.requires_any() {
             PendingReason::NoDriverFit
         } else if available >= job.total_milli() && !job.host.is_empty() && self.fits_by_gpus_alone(job) {

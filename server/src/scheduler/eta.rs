@@ -633,7 +633,7 @@ pub fn naive(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions: &
                 | PendingReason::FairShareBehind { .. }
                 | PendingReason::WaitingForReclaim
                 | PendingReason::ReservedFor { .. }
-                | PendingReason::NoTopologyFit
+                | PendingReason::NoTopologyFit { .. }
                 | PendingReason::NoDriverFit
                 | PendingReason::NoHostFit { .. }
                 | PendingReason::PreemptionDelayed { .. }

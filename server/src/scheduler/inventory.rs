@@ -61,6 +61,7 @@ struct NodeState {
     domain_size: u8,
     rack: u64,
     zone: u64,
+    cluster: u32,
 }
 
 impl NodeState {
@@ -87,9 +88,12 @@ struct ClassIndex {
     max_node_units: u8,
     /// Whether any node of the class is an elastic pool (else one tier holds everything).
     has_elastic: bool,
-    /// Free whole units per rack and per zone.
+    /// Free whole units per rack, per zone and per cluster.
     rack_free: BTreeMap<u64, u32>,
     zone_free: BTreeMap<u64, u32>,
+    cluster_free: BTreeMap<u32, u32>,
+    /// Capacity in milli per cluster: a gang lies within one.
+    cluster_capacity: BTreeMap<u32, u64>,
     /// The kinds of node of the class: units and CPU and memory (`None`: not limited), for
     /// whether a replica could ever fit one.
     node_kinds: BTreeSet<(u8, Option<Host>)>,
@@ -133,6 +137,7 @@ impl Inventory {
                 domain_size: if n.elastic { 0 } else { n.nvlink_domain_size },
                 rack,
                 zone,
+                cluster: n.cluster,
             };
             if let Some(c) = classes.get_mut(usize::from(n.class)) {
                 c.buckets[usize::from(units)].insert(i as NodeId);
@@ -142,6 +147,8 @@ impl Inventory {
                 c.has_elastic |= n.elastic;
                 *c.rack_free.entry(rack).or_default() += u32::from(units);
                 *c.zone_free.entry(zone).or_default() += u32::from(units);
+                *c.cluster_free.entry(n.cluster).or_default() += u32::from(units);
+                *c.cluster_capacity.entry(n.cluster).or_default() += u64::from(units) * u64::from(UNIT);
                 c.node_kinds.insert((units, state.host_free));
                 c.has_host_limits |= state.host_free.is_some();
             }
@@ -169,15 +176,16 @@ impl Inventory {
         self.classes.get(usize::from(class)).map_or(0, |c| c.capacity_milli)
     }
 
-    /// True when an idle cluster could hold the job at all (ignoring topology domains
-    /// other than the node a replica must fit on).
+    /// True when an idle cluster could hold the job at all: its replicas on nodes of the
+    /// class, all in one cluster (ignoring topology domains other than the node a replica
+    /// must fit on and the cluster a gang lies in).
     pub fn could_ever_fit(&self, job: &JobSpec) -> bool {
         let Some(c) = self.classes.get(usize::from(job.class)) else { return false };
         let per_replica_units = job.milli_per_replica.div_ceil(UNIT);
         job.milli_per_replica > 0
             && job.replicas > 0
             && per_replica_units <= u32::from(c.max_node_units)
-            && job.total_milli() <= c.capacity_milli
+            && job.total_milli() <= c.cluster_capacity.values().copied().max().unwrap_or(0)
             && (job.host.is_empty()
                 || c.node_kinds.iter().any(|&(units, host)| {
                     u32::from(units) >= per_replica_units && host.is_none_or(|h| h.holds(&job.host))
@@ -311,11 +319,12 @@ impl Inventory {
         }
         if was_whole != is_whole {
             class.buckets[usize::from(state.free_whole)].remove(&node);
-            let (rack, zone) = (state.rack, state.zone);
+            let (rack, zone, cluster) = (state.rack, state.zone, state.cluster);
             if is_whole {
                 state.free_whole += 1;
                 *class.rack_free.entry(rack).or_default() += 1;
                 *class.zone_free.entry(zone).or_default() += 1;
+                *class.cluster_free.entry(cluster).or_default() += 1;
             } else {
                 state.free_whole -= 1;
                 if let Some(r) = class.rack_free.get_mut(&rack) {
@@ -323,6 +332,9 @@ impl Inventory {
                 }
                 if let Some(z) = class.zone_free.get_mut(&zone) {
                     *z -= 1;
+                }
+                if let Some(c) = class.cluster_free.get_mut(&cluster) {
+                    *c -= 1;
                 }
             }
             class.buckets[usize::from(state.free_whole)].insert(node);
@@ -357,7 +369,8 @@ impl Inventory {
             && !job.min_drivers.requires_any()
             && job.milli_per_replica >= UNIT
             && job.milli_per_replica.is_multiple_of(UNIT)
-            && !matches!(job.topology, Topology::Required(_));
+            && !matches!(job.topology, Topology::Required(_))
+            && (job.replicas == 1 || class.cluster_free.len() <= 1);
         if !counted {
             return None;
         }
@@ -375,10 +388,10 @@ impl Inventory {
         let has_elastic = self.classes.get(usize::from(job.class)).is_some_and(|c| c.has_elastic);
         let own = if has_elastic { Some(Tier::OnPrem) } else { None };
         let found = match job.topology {
-            Topology::Any => self.place_replicas(job, None, own),
+            Topology::Any => self.find_in_one_cluster(job, own),
             Topology::Required(level) => self.find_within(job, level, own),
             Topology::Preferred(level) => {
-                self.find_within(job, level, own).or_else(|| self.place_replicas(job, None, own))
+                self.find_within(job, level, own).or_else(|| self.find_in_one_cluster(job, own))
             }
         };
         if found.is_some() || !has_elastic || job.fixed_nodes_only {
@@ -387,6 +400,44 @@ impl Inventory {
         // A cloud gang is one job of one pool (one queue, one price): never split across pools.
         let pools: &[Tier] = if job.allow_spot { &[Tier::Spot, Tier::OnDemand] } else { &[Tier::OnDemand] };
         pools.iter().find_map(|&tier| self.find_in_one_pool(job, tier))
+    }
+
+    /// The gang anywhere within one cluster: the fullest cluster of the class that holds it
+    /// (best-fit, as everywhere else), or anywhere when the class lies in one cluster or the
+    /// job has one replica. Racks and zones lie within a cluster, so a gang kept within one
+    /// of them needs nothing more.
+    fn find_in_one_cluster(&mut self, job: &JobSpec, tier: Option<Tier>) -> Option<Vec<ReplicaPlacement>> {
+        let class = self.classes.get(usize::from(job.class))?;
+        if job.replicas <= 1 || class.cluster_free.len() <= 1 {
+            return self.place_replicas(job, None, tier);
+        }
+        // Shares may all fit on partly used units: no whole unit is required of a cluster.
+        let whole_needed = if job.milli_per_replica >= UNIT { (job.total_milli() / u64::from(UNIT)) as u32 } else { 0 };
+        let mut clusters: Vec<(u32, u32)> =
+            class.cluster_free.iter().filter(|(_, &free)| free >= whole_needed).map(|(&c, &free)| (free, c)).collect();
+        clusters.sort_unstable();
+        clusters.into_iter().find_map(|(_, cluster)| self.place_replicas(job, Some(Within::Cluster(cluster)), tier))
+    }
+
+    /// Whether the gang would be placed now but for keeping it within one cluster: then the
+    /// split of the class over clusters, not a lack of GPUs, keeps it waiting.
+    pub fn fits_only_across_clusters(&mut self, job: &JobSpec) -> bool {
+        let spans = self.classes.get(usize::from(job.class)).is_some_and(|c| c.cluster_free.len() > 1);
+        if !spans || job.replicas <= 1 || matches!(job.topology, Topology::Required(_)) {
+            return false;
+        }
+        let own = self.classes[usize::from(job.class)].has_elastic.then_some(Tier::OnPrem);
+        self.place_replicas(job, None, own).is_some()
+    }
+
+    /// Where one more replica of a running gang goes: a node of the cluster that runs
+    /// `beside` (a node the gang holds), never a cloud pool; `None` when none holds it.
+    pub fn find_beside(&mut self, job: &JobSpec, beside: NodeId) -> Option<Vec<ReplicaPlacement>> {
+        let cluster = self.nodes.get(beside as usize)?.cluster;
+        if self.free_milli(job.class) < job.total_milli() {
+            return None;
+        }
+        self.place_replicas(job, Some(Within::Cluster(cluster)), Some(Tier::OnPrem))
     }
 
     /// The whole gang in the fullest pool of `tier` that holds it.
@@ -410,7 +461,7 @@ impl Inventory {
     fn place_replicas(
         &mut self,
         job: &JobSpec,
-        within: Option<DomainFilter>,
+        within: Option<Within>,
         tier: Option<Tier>,
     ) -> Option<Vec<ReplicaPlacement>> {
         let mut placed: Vec<ReplicaPlacement> = Vec::with_capacity(usize::from(job.replicas));
@@ -461,8 +512,8 @@ impl Inventory {
                     map.iter().filter(|(_, &free)| free >= whole_needed).map(|(&k, &free)| (free, k)).collect();
                 domains.sort_unstable();
                 for (_, key) in domains {
-                    let filter = DomainFilter { level, key };
-                    if let Some(p) = self.place_replicas(job, Some(filter), tier) {
+                    let within = if level == Level::Rack { Within::Rack(key) } else { Within::Zone(key) };
+                    if let Some(p) = self.place_replicas(job, Some(within), tier) {
                         return Some(p);
                     }
                 }
@@ -517,12 +568,7 @@ impl Inventory {
 
     /// The best place for one replica of the job, optionally within a rack or zone, on a node
     /// that runs the driver stack it requires.
-    fn best_replica(
-        &mut self,
-        job: &JobSpec,
-        within: Option<DomainFilter>,
-        tier: Option<Tier>,
-    ) -> Option<ReplicaPlacement> {
+    fn best_replica(&mut self, job: &JobSpec, within: Option<Within>, tier: Option<Tier>) -> Option<ReplicaPlacement> {
         let milli = job.milli_per_replica;
         let index = self.classes.get(usize::from(job.class))?;
         let allowed = |node: NodeId| {
@@ -696,19 +742,20 @@ impl Inventory {
     }
 }
 
-/// Restricts placement to one rack or zone.
+/// Restricts placement to one rack, zone or cluster.
 #[derive(Debug, Clone, Copy)]
-struct DomainFilter {
-    level: Level,
-    key: u64,
+enum Within {
+    Rack(u64),
+    Zone(u64),
+    Cluster(u32),
 }
 
-impl DomainFilter {
-    fn contains(&self, node: &NodeState) -> bool {
-        match self.level {
-            Level::Rack => node.rack == self.key,
-            Level::Zone => node.zone == self.key,
-            Level::Node | Level::NvlinkDomain => true,
+impl Within {
+    fn contains(self, node: &NodeState) -> bool {
+        match self {
+            Within::Rack(rack) => node.rack == rack,
+            Within::Zone(zone) => node.zone == zone,
+            Within::Cluster(cluster) => node.cluster == cluster,
         }
     }
 }
@@ -730,6 +777,7 @@ mod tests {
             spot: false,
             drivers: Default::default(),
             host: None,
+            cluster: 0,
         }
     }
 
@@ -847,6 +895,63 @@ mod tests {
         inv.allocate(&[ReplicaPlacement { node: 0, units: vec![(1, 600)], host: Default::default() }]);
         let p = inv.find(&job(1, 300, Topology::Any)).unwrap();
         assert_eq!(p[0].units, vec![(1, 300)]);
+    }
+
+    #[test]
+    fn a_gang_lies_within_one_cluster_and_waits_while_none_holds_it_whole() {
+        let in_cluster = |name: &str, cluster: u32| Node { cluster, ..node(name, 8, cluster) };
+        let gang = |topology| job(2, 8000, topology);
+        // 16 GPUs free, but 8 in each cluster: no placement, however the gang asks.
+        let mut split = Inventory::new(&[in_cluster("a", 0), in_cluster("b", 1)], 1);
+        assert!(!split.could_ever_fit(&gang(Topology::Any)), "no cluster is large enough");
+        for topology in [Topology::Any, Topology::Preferred(Level::Node), Topology::Preferred(Level::Rack)] {
+            assert_eq!(split.find(&gang(topology)), None, "{topology:?}");
+            assert!(!split.can_place(&gang(topology)), "{topology:?}: counting must agree");
+        }
+        // A cluster that holds it takes it whole, though the other's node is the fuller one.
+        let mut inv = Inventory::new(&[in_cluster("a", 0), in_cluster("b", 1), in_cluster("c", 1)], 1);
+        inv.allocate(&[ReplicaPlacement {
+            node: 0,
+            units: (0..4).map(|u| (u, 1000)).collect(),
+            host: Host::default(),
+        }]);
+        let half = |replicas| job(replicas, 4000, Topology::Any);
+        assert_eq!(inv.find(&half(1)).unwrap()[0].node, 0, "a single replica still goes best-fit, anywhere");
+        let p = inv.find(&half(2)).expect("cluster 1 holds it");
+        assert!(p.iter().all(|r| r.node != 0), "best-fit alone would have put one replica on node a: {p:?}");
+        assert!(inv.can_place(&half(2)));
+        inv.allocate(&[ReplicaPlacement { node: 1, units: vec![(0, 1000)], host: Host::default() }]);
+        inv.allocate(&[ReplicaPlacement { node: 2, units: vec![(0, 1000)], host: Host::default() }]);
+        assert!(inv.could_ever_fit(&gang(Topology::Any)));
+        assert_eq!(inv.find(&gang(Topology::Any)), None, "4 + 7 + 7 whole GPUs free, but 16 in no cluster");
+        // A share gang too: its replicas are never split between clusters.
+        let mut shares = Inventory::new(&[in_cluster("a", 0), Node { units: 1, ..in_cluster("b", 1) }], 1);
+        assert_eq!(
+            shares.find(&job(9, 600, Topology::Any)),
+            None,
+            "nine shares of 0.6 fit both clusters together, not one"
+        );
+        let p = shares.find(&job(8, 600, Topology::Any)).expect("cluster 0 holds eight");
+        assert!(p.iter().all(|r| r.node == 0), "{p:?}");
+    }
+
+    #[test]
+    fn one_more_replica_of_a_running_gang_goes_to_its_cluster_and_never_to_a_cloud_pool() {
+        let in_cluster = |name: &str, cluster: u32| Node { cluster, ..node(name, 8, cluster) };
+        let mut inv =
+            Inventory::new(&[in_cluster("a", 0), in_cluster("b", 1), Node { cluster: 2, ..pool("p", 8, false) }], 1);
+        // Cluster 1's node is the fuller one, but the gang runs on cluster 0.
+        inv.allocate(&[ReplicaPlacement { node: 1, units: vec![(0, 1000)], host: Host::default() }]);
+        let extra = job(1, 4000, Topology::Any);
+        assert_eq!(inv.find(&extra).unwrap()[0].node, 1, "best-fit alone would go to cluster 1");
+        assert_eq!(inv.find_beside(&extra, 0).unwrap()[0].node, 0);
+        inv.allocate(&[ReplicaPlacement {
+            node: 0,
+            units: (0..8).map(|u| (u, 1000)).collect(),
+            host: Host::default(),
+        }]);
+        assert_eq!(inv.find_beside(&extra, 0), None, "its cluster is full: it does not grow elsewhere");
+        assert_eq!(inv.find_beside(&extra, 2), None, "nor on a cloud pool");
     }
 
     #[test]

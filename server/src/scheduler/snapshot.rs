@@ -100,6 +100,10 @@ pub struct Node {
     pub rack: Option<u32>,
     /// Zone index.
     pub zone: Option<u32>,
+    /// Index of the cluster it belongs to. A gang's replicas all lie in one cluster (a
+    /// cluster runs a gang as one set of objects with one rendezvous), and an elastic gang's
+    /// extra replicas join it there.
+    pub cluster: u32,
     /// A cloud-batch pool without topology.
     pub elastic: bool,
     /// Spot capacity (a pool): only jobs that allow spot are placed on it.

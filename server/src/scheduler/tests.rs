@@ -54,6 +54,7 @@ fn cluster(nodes: usize, teams: Vec<Team>) -> Snapshot {
                 spot: false,
                 drivers: Default::default(),
                 host: None,
+                cluster: 0,
             })
             .collect(),
         teams,
@@ -601,7 +602,7 @@ fn every_reason_has_its_own_code_from_the_fixed_list() {
         PendingReason::ExceedsQuota { team: 0 },
         PendingReason::ReservedQuotaExhausted { team: 0 },
         PendingReason::BudgetExhausted,
-        PendingReason::NoTopologyFit,
+        PendingReason::NoTopologyFit { within: None },
         PendingReason::FairShareBehind { team: 0 },
         PendingReason::InsufficientCapacity,
         PendingReason::WaitingForReclaim,
@@ -973,6 +974,40 @@ fn a_running_elastic_gang_grows_one_replica_at_a_time_into_free_gpus_up_to_its_m
     assert_eq!(d.growths.len(), 1);
     assert_eq!((d.growths[0].job, d.growths[0].placement.len()), (1, 4));
     assert!(d.preemptions.is_empty() && d.shrinks.is_empty());
+}
+
+#[test]
+fn an_elastic_gang_grows_only_in_its_own_cluster() {
+    // Two nodes of 8, each a cluster of its own; the gang runs on n0 with 6 of its 8 GPUs.
+    let mut s = cluster(2, vec![team("a", 16, 0), team("b", 0, 0)]);
+    s.nodes[1].cluster = 1;
+    elastic(&mut s, 1, 6, 2, 16, 1);
+    assert!(s.running[0].placement.iter().all(|r| r.node == 0));
+    let d = schedule(&s);
+    let grown: Vec<NodeId> = d.growths.iter().flat_map(|g| g.placement.iter().map(|r| r.node)).collect();
+    assert_eq!(grown, [0, 0], "the 8 idle GPUs of the other cluster are not the gang's to join");
+}
+
+#[test]
+fn a_gang_is_admitted_within_one_cluster_or_waits() {
+    // Three nodes of 8: n0 in cluster 0, n1 and n2 in cluster 1; n0 is half busy.
+    let mut s = cluster(3, vec![team("a", 24, 0), team("b", 8, 0)]);
+    s.nodes[1].cluster = 1;
+    s.nodes[2].cluster = 1;
+    start(&mut s, job(1, 1, 4, 1), HOUR);
+    s.pending = vec![job(10, 0, 4, 1)];
+    s.pending[0].replicas = 3;
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), [10]);
+    assert!(d.admissions[0].placement.iter().all(|r| r.node != 0), "{:?}", d.admissions[0].placement);
+    // Twelve free in cluster 1 once half of n2 is busy too: a gang of 16 waits, though 16
+    // are free in all.
+    s.pending[0].replicas = 4;
+    let on_n2 = ReplicaPlacement { node: 2, units: (0..4).map(|u| (u, 1000)).collect(), host: Default::default() };
+    s.running.push(RunningJob { placement: vec![on_n2], spec: job(2, 1, 4, 1), ..s.running[0].clone() });
+    let d = schedule(&s);
+    assert!(admitted(&d).is_empty());
+    assert_eq!(reason_of(&d, 10), PendingReason::NoTopologyFit { within: None }, "GPUs are free, not in one cluster");
 }
 
 #[test]

@@ -195,6 +195,7 @@ fn build_nodes(groups: &[NodeGroup], class_ids: &HashMap<&str, ClassId>) -> Resu
                 spot: false,
                 drivers: Default::default(),
                 host: None,
+                cluster: 0,
             });
         }
         if let Some(per_rack) = group.nodes_per_rack {

@@ -512,6 +512,7 @@ mod tests {
                 spot: false,
                 drivers: Default::default(),
                 host: Some(Host { cpu_millis: 8000 * u32::from(u), memory_mib: 65536 }),
+                cluster: 0,
             })
             .collect()
     }

@@ -407,6 +407,7 @@ pub fn alibaba_cluster(nodes: &[AlibabaNode], quotas: &[(String, u32)]) -> Clust
             spot: false,
             drivers: Default::default(),
             host: Some(Host { cpu_millis: n.cpu_milli, memory_mib: u32::try_from(n.memory_mib).unwrap_or(u32::MAX) }),
+            cluster: 0,
         })
         .collect();
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();

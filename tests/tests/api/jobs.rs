@@ -101,32 +101,40 @@ fn assert_field(r: &TestResponse, field: &str, code: &str) {
 /// Reports one cluster with two 8-GPU `h100` nodes in different racks, as an inventory
 /// sync would.
 async fn two_nodes_of_eight(app: &TestApp) {
-    // As an inventory sync writes them: the nodes and, from them, the per-class capacity
-    // that submissions are validated against.
+    nodes_of_eight(app, &[("sim-1", "node-1", "rack-1"), ("sim-1", "node-2", "rack-2")]).await;
+}
+
+/// H100 nodes of 8 GPUs, each `(cluster, node, rack)`, written as an inventory sync writes
+/// them: the nodes and, from them, the per-class capacity submissions are validated against.
+async fn nodes_of_eight(app: &TestApp, nodes: &[(&str, &str, &str)]) {
     let mut tx = app.pool.begin().await.expect("begin");
-    let cluster = fairway::db::inventory::ensure_cluster(&mut tx, "sim-1", "sim").await.expect("cluster");
     let class = fairway::db::gpu_classes::by_name(&mut *tx, "h100").await.expect("read class").expect("h100");
-    let nodes: Vec<_> = [("node-1", "rack-1"), ("node-2", "rack-2")]
-        .into_iter()
-        .map(|(node, rack)| fairway::db::inventory::NodeRow {
-            cluster_id: cluster,
-            cluster: "sim-1".into(),
-            name: node.into(),
-            gpu_class_id: class.id,
-            gpus: 8,
-            nvlink_domain_size: 0,
-            rack: Some(rack.into()),
-            zone: Some("zone-1".into()),
-            elastic: false,
-            spot: false,
-            price_micros_per_gpu_hour: None,
-            driver_version: None,
-            cuda_version: None,
-            cpu_millis: None,
-            memory_mib: None,
-        })
-        .collect();
-    fairway::db::inventory::replace_nodes(&mut tx, cluster, &nodes).await.expect("nodes");
+    let clusters: std::collections::BTreeSet<&str> = nodes.iter().map(|n| n.0).collect();
+    for name in clusters {
+        let cluster = fairway::db::inventory::ensure_cluster(&mut tx, name, "sim").await.expect("cluster");
+        let rows: Vec<_> = nodes
+            .iter()
+            .filter(|n| n.0 == name)
+            .map(|&(_, node, rack)| fairway::db::inventory::NodeRow {
+                cluster_id: cluster,
+                cluster: name.into(),
+                name: node.into(),
+                gpu_class_id: class.id,
+                gpus: 8,
+                nvlink_domain_size: 0,
+                rack: Some(rack.into()),
+                zone: Some("zone-1".into()),
+                elastic: false,
+                spot: false,
+                price_micros_per_gpu_hour: None,
+                driver_version: None,
+                cuda_version: None,
+                cpu_millis: None,
+                memory_mib: None,
+            })
+            .collect();
+        fairway::db::inventory::replace_nodes(&mut tx, cluster, &rows).await.expect("nodes");
+    }
     tx.commit().await.expect("commit");
 }
 
@@ -361,6 +369,24 @@ async fn a_job_more_than_any_placement_could_ever_give_is_refused_at_submission(
         s.submit(&s.alice, "ml", &spec_with("fits", changes)).await.assert_status(201);
     }
     assert_eq!(s.job_count().await, 4);
+}
+
+#[tokio::test]
+async fn a_gang_larger_than_any_one_cluster_is_refused_though_all_clusters_together_hold_it() {
+    let s = setup().await;
+    nodes_of_eight(&s.app, &[("east", "node-1", "rack-1"), ("west", "node-1", "rack-1")]).await;
+    let r = s.submit(&s.alice, "ml", &spec_with("both", json!({"replicas": 2, "gpus_per_replica": 8}))).await;
+    assert_field(&r, "replicas", "never_fits");
+    let message = r.json()["errors"][0]["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("needs 16 GPUs and runs within one cluster, and the largest has 8"), "{message}");
+    assert_eq!(s.job_count().await, 0);
+    // One cluster's worth is accepted, and so are two jobs of it.
+    for name in ["east-sized", "west-sized"] {
+        s.submit(&s.alice, "ml", &spec_with(name, json!({"replicas": 1, "gpus_per_replica": 8})))
+            .await
+            .assert_status(201);
+    }
+    assert_eq!(s.job_count().await, 2);
 }
 
 #[tokio::test]
