@@ -33,7 +33,10 @@
 
 use std::fmt::Write as _;
 
-use super::traces::{self, files, AlibabaPod, TraceError, Traces};
+use super::{
+    bound,
+    traces::{self, files, AlibabaPod, TraceError, Traces},
+};
 use crate::{
     rng::SplitMix64,
     scheduler::{
@@ -118,14 +121,65 @@ pub const WORKLOADS: [(&str, &str); 4] = [
     ("gpushare100", files::ALIBABA_GPUSHARE100),
 ];
 
+/// What FGD's own artifact printed for one pod list at 100% arrival (see
+/// `server/data/traces/README.md`): GPUs left unallocated under its best-fit and under FGD.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Published {
+    pub best_fit_unallocated_gpus: f64,
+    pub fgd_unallocated_gpus: f64,
+}
+
+/// The figures FGD's artifact published (`fgd-artifact/allocated-at-arrival.csv`).
+const PUBLISHED: &str = include_str!("../../data/traces/fgd-artifact/allocated-at-arrival.csv");
+
+/// FGD's published figures for `workload` on its cluster of `capacity_gpus`, from the mean
+/// share allocated when the arrivals ask for the whole capacity; `None` for a list the
+/// artifact has no row for.
+pub fn published(workload: &str, capacity_gpus: f64) -> Option<Published> {
+    let allocated = |policy: &str| -> Option<f64> {
+        PUBLISHED.lines().skip(1).find_map(|line| {
+            let f: Vec<&str> = line.split(',').collect();
+            (f.first() == Some(&workload) && f.get(1) == Some(&policy)).then(|| f.get(3)?.parse::<f64>().ok())?
+        })
+    };
+    let unallocated = |percent: f64| (100.0 - percent) / 100.0 * capacity_gpus;
+    Some(Published {
+        best_fit_unallocated_gpus: unallocated(allocated("BestFit")?),
+        fgd_unallocated_gpus: unallocated(allocated("FGD")?),
+    })
+}
+
+/// Everything `fairway fragmentation` prints.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Report {
+    pub rows: Vec<FragmentationRow>,
+    /// Per workload: the fewest GPUs any placement could strand of the sampled arrivals
+    /// until they ask for the capacity (mean over the seeds; [`bound`]), `None` where the
+    /// relaxation was too large to solve.
+    pub bounds: Vec<(String, Option<f64>)>,
+    pub capacity_gpus: f64,
+}
+
 /// Runs every workload in both orders under every placer on the Alibaba GPU nodes, until the
-/// first failure; then, sampled, as FGD measures: until the arrivals ask for the capacity.
-pub fn run(traces: &Traces) -> Result<Vec<FragmentationRow>, TraceError> {
+/// first failure; then, sampled, as FGD measures: until the arrivals ask for the capacity,
+/// with the fewest GPUs any placement could strand of the same arrivals.
+pub fn run(traces: &Traces) -> Result<Report, TraceError> {
     let nodes = traces::load_alibaba_nodes(traces)?;
     let cluster = traces::alibaba_cluster(&nodes, &[("all".into(), 1)]);
+    let capacity: u64 = cluster.nodes.iter().map(|n| u64::from(n.units)).sum();
     let mut rows = Vec::new();
+    let mut bounds = Vec::new();
     for (name, file) in WORKLOADS {
         let pods = traces::load_alibaba_pods(traces, file)?;
+        let asks: Vec<Ask> = pods.iter().map(Ask::of).collect();
+        let per_seed: Option<Vec<f64>> = (0..SAMPLED_RUNS)
+            .map(|seed| {
+                let arrived = arrived_until_capacity(&asks, Order::Sampled(seed), capacity * u64::from(UNIT));
+                bound::fewest_stranded_milli(&arrived, capacity)
+            })
+            .collect();
+        let mean = per_seed.map(|b| b.iter().sum::<f64>() / b.len().max(1) as f64 / f64::from(UNIT));
+        bounds.push((name.to_owned(), mean));
         for placer in Placer::ALL {
             let outcome = place(&cluster.nodes, &pods, placer, Order::Listed, Until::FirstFailure);
             rows.push(outcome.row(name, "listed", Until::FirstFailure, placer));
@@ -139,7 +193,7 @@ pub fn run(traces: &Traces) -> Result<Vec<FragmentationRow>, TraceError> {
             }
         }
     }
-    Ok(rows)
+    Ok(Report { rows, bounds, capacity_gpus: capacity as f64 })
 }
 
 /// What one placement run ended with.
@@ -214,6 +268,58 @@ pub fn place_until_failure(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, 
     place(nodes, pods, placer, order, Until::FirstFailure)
 }
 
+/// The pods in the order they arrive, endlessly: the list's order, cycling, or drawn with
+/// replacement by a generator seeded for the run. Every placer sees the same sequence.
+struct Arrivals<'a> {
+    asks: &'a [Ask],
+    order: Order,
+    rng: SplitMix64,
+    arrived: usize,
+}
+
+impl<'a> Arrivals<'a> {
+    fn new(asks: &'a [Ask], order: Order) -> Self {
+        let seed = match order {
+            Order::Sampled(seed) => seed,
+            Order::Listed => 0,
+        };
+        Self { asks, order, rng: SplitMix64(seed), arrived: 0 }
+    }
+}
+
+impl Iterator for Arrivals<'_> {
+    type Item = Ask;
+
+    fn next(&mut self) -> Option<Ask> {
+        if self.asks.is_empty() {
+            return None;
+        }
+        let next = match self.order {
+            Order::Listed => self.arrived % self.asks.len(),
+            Order::Sampled(_) => self.rng.index(self.asks.len()),
+        };
+        self.arrived += 1;
+        Some(self.asks[next])
+    }
+}
+
+/// The GPU milli of each GPU pod that arrives before the arrivals ask for more than
+/// `capacity_milli` ([`Until::ArrivedCapacity`]), whatever the placer does with them.
+fn arrived_until_capacity(asks: &[Ask], order: Order, capacity_milli: u64) -> Vec<u32> {
+    if !asks.iter().any(|a| a.milli > 0) {
+        return Vec::new();
+    }
+    let mut asked = 0u64;
+    Arrivals::new(asks, order)
+        .filter(|a| a.milli > 0)
+        .take_while(|a| {
+            asked += u64::from(a.milli);
+            asked <= capacity_milli
+        })
+        .map(|a| a.milli)
+        .collect()
+}
+
 /// Places pods in the given order until `until`: the first GPU pod that does not fit, or the
 /// GPU pods that arrived asking for the whole capacity (those that do not fit skipped).
 /// `pods_placed` counts the GPU pods that run.
@@ -230,21 +336,11 @@ pub fn place(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, order: Order, 
     };
     let mut allocated = 0u64;
     let mut placed = 0usize;
-    let (mut arrived, mut asked) = (0usize, 0u64);
-    let mut rng = SplitMix64(match order {
-        Order::Sampled(seed) => seed,
-        Order::Listed => 0,
-    });
+    let mut asked = 0u64;
     // Without a GPU pod nothing ends a run; with one, capacity does (each placed pod takes
     // some, and a failure or the arrivals' total ends it).
     if gpu_pods > 0 {
-        loop {
-            let next = match order {
-                Order::Listed => arrived % asks.len(),
-                Order::Sampled(_) => rng.index(asks.len()),
-            };
-            let ask = asks[next];
-            arrived += 1;
+        for ask in Arrivals::new(&asks, order) {
             if ask.milli == 0 {
                 state.place_host_only(ask.host);
                 continue;
@@ -447,8 +543,10 @@ impl Place for BestFit {
     }
 }
 
-/// Formats the tables: until the first failure, then until the arrivals ask for the capacity.
-pub fn render(rows: &[FragmentationRow]) -> String {
+/// Formats the tables: until the first failure, then until the arrivals ask for the capacity,
+/// then the latter's stranded GPUs beside the bound and FGD's published figures.
+pub fn render(report: &Report) -> String {
+    let rows = &report.rows;
     let mut out = String::new();
     for (until, title) in [
         (Until::FirstFailure, "Pods placed until the first failure"),
@@ -466,6 +564,49 @@ pub fn render(rows: &[FragmentationRow]) -> String {
              fragmentation under the list's GPU shapes as a share of free GPU capacity)"
         );
         render_table(&mut out, rows.iter().filter(|r| r.until == until));
+    }
+    let _ = writeln!(
+        out,
+        "\nStranded GPUs until the arrivals ask for the capacity (sampled), beside the fewest any placement could \
+         strand of the same arrivals (a relaxation: GPUs independent, CPU and memory ignored) and what FGD's own \
+         artifact printed at 100% arrival for its best-fit and FGD"
+    );
+    let _ = writeln!(
+        out,
+        "| workload | best-fit | Fairway, FGD | FGD vs best-fit | no placement strands fewer than | most any placement could cut vs best-fit | artifact: BestFit → FGD |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---|");
+    let percent =
+        |new: f64, old: f64| if old > 0.0 { format!("{:+.1}%", 100.0 * (new - old) / old) } else { "–".into() };
+    for (workload, bound) in &report.bounds {
+        let stranded = |placer: Placer| {
+            rows.iter()
+                .find(|r| {
+                    &r.workload == workload
+                        && r.order == "sampled"
+                        && r.until == Until::ArrivedCapacity
+                        && r.placer == placer
+                })
+                .map(|r| r.stranded_gpus)
+        };
+        let (Some(best_fit), Some(fgd)) = (stranded(Placer::BestFit), stranded(Placer::FairwayFgd)) else { continue };
+        let (bound_text, most) = match bound {
+            Some(b) => (format!("{b:.1}"), percent(*b, best_fit)),
+            None => ("–".to_owned(), "–".to_owned()),
+        };
+        let artifact = published(workload, report.capacity_gpus).map_or("–".to_owned(), |p| {
+            format!(
+                "{:.1} → {:.1} ({})",
+                p.best_fit_unallocated_gpus,
+                p.fgd_unallocated_gpus,
+                percent(p.fgd_unallocated_gpus, p.best_fit_unallocated_gpus)
+            )
+        });
+        let _ = writeln!(
+            out,
+            "| {workload} | {best_fit:.1} | {fgd:.1} | {} | {bound_text} | {most} | {artifact} |",
+            percent(fgd, best_fit)
+        );
     }
     out
 }
@@ -648,5 +789,35 @@ mod tests {
         let mut seen = [0; 3];
         (0..300).for_each(|_| seen[rng.index(3)] += 1);
         assert!(seen.iter().all(|&n| n > 70), "{seen:?}");
+    }
+
+    #[test]
+    fn no_placer_strands_fewer_gpus_than_the_bound_of_the_same_arrivals() {
+        let pods = [pod(1, 810), pod(1, 470), pod(1, 320), pod(1, 650), pod(1, 160), pod(2, 1000), pod(0, 0)];
+        let asks: Vec<Ask> = pods.iter().map(Ask::of).collect();
+        let cluster = nodes(&[8, 4, 2, 2]);
+        for seed in 0..5 {
+            let arrived = arrived_until_capacity(&asks, Order::Sampled(seed), 16_000);
+            assert!(arrived.iter().map(|&m| u64::from(m)).sum::<u64>() <= 16_000);
+            let bound = bound::fewest_stranded_milli(&arrived, 16).unwrap();
+            for placer in Placer::ALL {
+                let outcome = place(&cluster, &pods, placer, Order::Sampled(seed), Until::ArrivedCapacity);
+                let stranded = outcome.capacity_milli - outcome.allocated_milli;
+                assert!(bound <= stranded + 1e-6, "seed {seed}, {}: bound {bound} above {stranded}", placer.name());
+            }
+            assert!(bound > 0.0, "seed {seed}: the 0.81 and 0.65 shares leave what nothing fills");
+        }
+    }
+
+    #[test]
+    fn fgds_published_figures_are_read_for_the_lists_its_artifact_has() {
+        let p = published("gpushare100", 6212.0).unwrap();
+        // 84.616% and 86.640% of 6,212 GPUs allocated.
+        assert!((p.best_fit_unallocated_gpus - 955.7).abs() < 0.1, "{p:?}");
+        assert!((p.fgd_unallocated_gpus - 829.9).abs() < 0.1, "{p:?}");
+        for (name, _) in WORKLOADS {
+            assert!(published(name, 6212.0).is_some(), "{name}");
+        }
+        assert_eq!(published("nothing-like-it", 6212.0), None);
     }
 }

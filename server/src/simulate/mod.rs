@@ -10,9 +10,11 @@
 //! - [`metrics`] turns a replay into utilisation, completion times, queueing delays,
 //!   preemption losses and fairness; [`experiment`] runs the three policies at a contended
 //!   load, measures each team's sharing anomaly and prints the tables.
-//! - [`fragmentation`] compares Fairway's placement with plain best-fit.
+//! - [`fragmentation`] compares Fairway's placement with plain best-fit, beside [`bound`], the
+//!   fewest GPUs any placement could strand.
 //! - [`calibration`] (`fairway simulate --eta`) measures expected starts against real ones.
 
+pub mod bound;
 pub mod calibration;
 pub mod cluster;
 pub mod experiment;
@@ -249,8 +251,8 @@ fn load_workload(options: &SimulateOptions) -> anyhow::Result<Workload> {
 
 /// `fairway fragmentation`: the placement-only experiment's table.
 pub fn fragmentation_command(traces: &traces::Traces, out: &mut dyn Write) -> anyhow::Result<()> {
-    let rows = fragmentation::run(traces)?;
-    write!(out, "{}", fragmentation::render(&rows))?;
+    let report = fragmentation::run(traces)?;
+    write!(out, "{}", fragmentation::render(&report))?;
     Ok(())
 }
 
