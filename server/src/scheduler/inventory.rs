@@ -108,9 +108,10 @@ struct ClassIndex {
 pub struct Inventory {
     nodes: Vec<NodeState>,
     classes: Vec<ClassIndex>,
-    /// Expected fragmentation by a node's class, free CPU and memory, and free units sorted:
-    /// nodes alike (idle ones above all) are measured once.
-    fragmentation_memo: HashMap<(ClassId, Option<Host>, Vec<u16>), f64>,
+    /// Expected fragmentation by a node's class, free CPU and memory, NVLink domain size and
+    /// free units in a canonical order (see [`Inventory::node_fragmentation`]): nodes alike
+    /// (idle ones above all) are measured once.
+    fragmentation_memo: HashMap<(ClassId, Option<Host>, u8, Vec<u16>), f64>,
 }
 
 impl Inventory {
@@ -698,17 +699,37 @@ impl Inventory {
         best.map(|b| b.3)
     }
 
-    /// The expected fragmentation of a node under its class's mix (0 without one).
+    /// The expected fragmentation of a node under its class's mix (0 without one). Its free
+    /// units are measured in a canonical order that keeps what the measure can see: sorted
+    /// within each NVLink domain and the domains sorted where a shape must lie in one domain,
+    /// all of them sorted otherwise.
     fn node_fragmentation(&mut self, node: NodeId) -> f64 {
         let state = &self.nodes[node as usize];
         let Some(mix) = self.classes.get(usize::from(state.class)).and_then(|c| c.mix.as_ref()) else { return 0.0 };
-        let mut units = state.free.clone();
-        units.sort_unstable();
-        let key = (state.class, state.host_free, units);
+        let domain_size = if mix.has_domain_shapes() { state.domain_size } else { 0 };
+        let units = if domain_size > 0 {
+            let mut domains: Vec<Vec<u16>> = state
+                .free
+                .chunks(usize::from(domain_size))
+                .map(|d| {
+                    let mut d = d.to_vec();
+                    d.sort_unstable();
+                    d
+                })
+                .collect();
+            // A last, shorter domain stays last, so the units chunk the same way again.
+            domains.sort_unstable_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+            domains.concat()
+        } else {
+            let mut units = state.free.clone();
+            units.sort_unstable();
+            units
+        };
+        let key = (state.class, state.host_free, domain_size, units);
         if let Some(&f) = self.fragmentation_memo.get(&key) {
             return f;
         }
-        let f = mix.expected(&key.2, key.1);
+        let f = mix.expected(&key.3, domain_size, key.1);
         self.fragmentation_memo.insert(key, f);
         f
     }
@@ -717,7 +738,11 @@ impl Inventory {
     /// set: free milli the arriving shapes could not use, weighted by how often each
     /// arrives); over the class's free milli, it is the fragmentation ratio.
     pub fn fragmentation(&self, class: ClassId, mix: &ShapeMix) -> f64 {
-        self.nodes.iter().filter(|n| n.class == class && !n.elastic).map(|n| mix.expected(&n.free, n.host_free)).sum()
+        self.nodes
+            .iter()
+            .filter(|n| n.class == class && !n.elastic)
+            .map(|n| mix.expected(&n.free, n.domain_size, n.host_free))
+            .sum()
     }
 
     /// Free milli-units that no replica of the given shapes could use: units on nodes whose
@@ -952,6 +977,30 @@ mod tests {
         }]);
         assert_eq!(inv.find_beside(&extra, 0), None, "its cluster is full: it does not grow elsewhere");
         assert_eq!(inv.find_beside(&extra, 2), None, "nor on a cloud pool");
+    }
+
+    #[test]
+    fn by_fragmentation_a_gpu_leaves_alone_the_last_whole_nvlink_domain_a_waiting_gang_needs() {
+        use crate::scheduler::fragmentation::{Shape, ShapeMix};
+        // Node a: domains of four, one whole and one used; node b: two idle units in each.
+        // Both have four GPUs free, so neither best-fit nor a measure blind to domains tells
+        // them apart, and the tie goes to node a, breaking its whole domain.
+        let mut inv = Inventory::new(&[node("a", 8, 0), node("b", 8, 0)], 1);
+        let used = |node: u32, units: &[u8]| ReplicaPlacement {
+            node,
+            units: units.iter().map(|&u| (u, 1000)).collect(),
+            host: Host::default(),
+        };
+        inv.allocate(&[used(0, &[4, 5, 6, 7]), used(1, &[2, 3, 6, 7])]);
+        let one = job(1, 1000, Topology::Any);
+        let gang_shape = |one_domain| Shape { milli: 4000, host: Host::default(), one_domain };
+        let mix = |one_domain| ShapeMix::from_counts([(gang_shape(one_domain), 1.0)]);
+        inv.place_by_fragmentation(vec![mix(false)]);
+        assert_eq!(inv.find(&one).unwrap()[0].node, 0, "blind to domains: a tie, to the lower index");
+        // Gangs that must lie in one NVLink domain arrive: node b's domains are of no use to
+        // them already, node a's whole one is.
+        inv.place_by_fragmentation(vec![mix(true)]);
+        assert_eq!(inv.find(&one).unwrap()[0].node, 1);
     }
 
     #[test]

@@ -326,7 +326,8 @@ fn arrived_until_capacity(asks: &[Ask], order: Order, capacity_milli: u64) -> Ve
 pub fn place(nodes: &[Node], pods: &[AlibabaPod], placer: Placer, order: Order, until: Until) -> Outcome {
     let asks: Vec<Ask> = pods.iter().map(Ask::of).collect();
     let gpu_pods = asks.iter().filter(|a| a.milli > 0).count();
-    let mix = ShapeMix::from_counts(asks.iter().map(|a| (Shape { milli: a.milli, host: a.host }, 1.0)));
+    let mix =
+        ShapeMix::from_counts(asks.iter().map(|a| (Shape { milli: a.milli, host: a.host, one_domain: false }, 1.0)));
     let capacity: u64 = nodes.iter().map(|n| u64::from(n.units) * u64::from(UNIT)).sum();
     let cpu_millis: u64 = nodes.iter().filter_map(|n| n.host).map(|h| u64::from(h.cpu_millis)).sum();
     let mut state: Box<dyn Place> = match placer {
@@ -533,7 +534,7 @@ impl Place for BestFit {
             .zip(&self.host)
             .map(|(units, &host)| {
                 let units: Vec<u16> = units.iter().map(|&f| f as u16).collect();
-                mix.expected(&units, Some(host))
+                mix.expected(&units, 0, Some(host))
             })
             .sum()
     }
