@@ -389,6 +389,43 @@ async fn gfd_sharing_labels_make_a_time_sliced_class_billed_by_its_share_and_req
     owned.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_daemonsets_pod_asks_of_a_gpu_node_is_not_offered_to_replicas() {
+    let t = "daemon";
+    let (labels, alloc) = h100("r1");
+    let owned = Fairway::start(t, &[("daemon-n0", labels, alloc)]).await;
+    let fw = &owned;
+    let offered = |cpu: i32, memory: i32| async move {
+        let row: Option<(Option<i32>, Option<i32>)> =
+            sqlx::query_as("select cpu_millis, memory_mib from cluster_nodes where name = 'daemon-n0'")
+                .fetch_optional(&fw.pool)
+                .await
+                .unwrap();
+        (row == Some((Some(cpu), Some(memory)))).then_some(())
+    };
+    // All of the node's allocatable: 96 cores and 1 TiB.
+    fw.wait("the node's whole allocatable", Duration::from_secs(30), || offered(96_000, 1_048_576)).await;
+    // A monitoring DaemonSet's pod lands on it, as the DaemonSet controller binds one.
+    let namespaces: Api<Namespace> = Api::all(fw.kube.clone());
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "daemon-monitoring"}})).unwrap();
+    namespaces.create(&PostParams::default(), &ns).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(fw.kube.clone(), "daemon-monitoring");
+    let exporter: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "dcgm-exporter-x1"},
+        "spec": {"nodeName": "daemon-n0", "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5",
+                 "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &exporter).await.unwrap();
+    fw.wait("the exporter's requests taken off", Duration::from_secs(30), || offered(94_500, 1_046_528)).await;
+    // Once it is gone, the node offers all of it again.
+    pods.delete("dcgm-exporter-x1", &kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .unwrap();
+    fw.wait("the whole allocatable again", Duration::from_secs(30), || offered(96_000, 1_048_576)).await;
+    owned.stop().await;
+}
+
 /// GPU Feature Discovery's driver labels as NVML's answers on a real H200 give them
 /// (`server/data/gpu/h200/facts.json`): the driver and CUDA version ones only.
 fn real_driver_labels() -> Value {

@@ -784,17 +784,7 @@ mod tests {
 
     #[test]
     fn a_gang_kept_from_its_gpus_by_topology_says_the_level_or_that_it_runs_within_one_cluster() {
-        let rows = SnapshotRows {
-            teams: Vec::new(),
-            now: Utc::now(),
-            classes: vec![ClassRow { id: class(), name: "h100".into(), rate: 0, fraction_milli: 1000 }],
-            nodes: Vec::new(),
-            quotas: Vec::new(),
-            priorities: Vec::new(),
-            history: Vec::new(),
-            jobs: Vec::new(),
-        };
-        let world = World::build(rows, scheduler::snapshot::Config::default());
+        let world = world_of(Vec::new());
         let figures = Figures { needs: 16_000, free: 20_000, ..Figures::default() };
         let said = |within| world.pending_message(team(), class(), &PendingReason::NoTopologyFit { within }, &figures);
         assert_eq!(

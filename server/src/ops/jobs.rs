@@ -438,24 +438,19 @@ impl Catalogue {
                         "never_fits",
                         format!("a replica must fit on one node, and the largest has {} GPUs", cap.largest_node),
                     )));
-                } else if spec.replicas.saturating_mul(spec.gpus_per_replica) > cap.total_gpus {
+                } else if let Some((limit, within)) = [
+                    (cap.total_gpus, "all clusters together have"),
+                    (cap.largest_cluster, "runs within one cluster, and the largest has"),
+                ]
+                .into_iter()
+                .find(|&(limit, _)| spec.replicas.saturating_mul(spec.gpus_per_replica) > limit)
+                {
                     check(Err(FieldError::new(
                         at("replicas"),
                         "never_fits",
                         format!(
-                            "the gang needs {} GPUs and all clusters together have {}",
-                            spec.replicas.saturating_mul(spec.gpus_per_replica),
-                            cap.total_gpus
-                        ),
-                    )));
-                } else if spec.replicas.saturating_mul(spec.gpus_per_replica) > cap.largest_cluster {
-                    check(Err(FieldError::new(
-                        at("replicas"),
-                        "never_fits",
-                        format!(
-                            "the gang needs {} GPUs and runs within one cluster, and the largest has {}",
-                            spec.replicas.saturating_mul(spec.gpus_per_replica),
-                            cap.largest_cluster
+                            "the gang needs {} GPUs and {within} {limit}",
+                            spec.replicas.saturating_mul(spec.gpus_per_replica)
                         ),
                     )));
                 } else if let Some(TopologyWish { level, mode: TopologyMode::Required }) = spec.topology {

@@ -185,25 +185,8 @@ mod tests {
     fn a_gang_that_requires_one_node_or_domain_is_one_shape_of_all_its_units() {
         use crate::scheduler::snapshot::{JobSpec, Level, Topology};
         let spec = |replicas, topology| JobSpec {
-            id: 1,
-            team: 0,
-            class: 0,
-            replicas,
-            milli_per_replica: 2000,
-            priority: 0,
-            topology,
-            submitted_ms: 0,
-            queued_ms: 0,
-            max_runtime_ms: 1,
-            allow_spot: false,
-            fixed_nodes_only: false,
-            kind: None,
-            expected_runtime_ms: None,
-            grace_ms: None,
-            min_drivers: Default::default(),
             host: Host { cpu_millis: 8000, memory_mib: 1024 },
-            preemption_delay_ms: None,
-            elastic: None,
+            ..crate::scheduler::inventory::tests::job(replicas, 2000, topology)
         };
         let (one, n) = Shape::of(&spec(2, Topology::Required(Level::NvlinkDomain)));
         assert_eq!((one.milli, one.host.cpu_millis, one.one_domain, n), (4000, 16000, true, 1.0));

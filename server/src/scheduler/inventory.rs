@@ -786,7 +786,7 @@ impl Within {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::scheduler::snapshot::Topology;
 
@@ -806,7 +806,9 @@ mod tests {
         }
     }
 
-    fn job(replicas: u16, milli: u32, topology: Topology) -> JobSpec {
+    /// A job of `replicas` × `milli` with `topology` and nothing else asked: for the
+    /// scheduler's unit tests.
+    pub(in crate::scheduler) fn job(replicas: u16, milli: u32, topology: Topology) -> JobSpec {
         JobSpec {
             id: 1,
             team: 0,

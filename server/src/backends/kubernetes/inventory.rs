@@ -13,10 +13,10 @@
 //! not Ready, nodes with a taint we do not tolerate and nodes that report a GPU fault (a
 //! condition or taint as NVIDIA's NVSentinel sets them, [`fault`]) offer nothing.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use chrono::{DateTime, Utc};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
 
 use crate::backends::{ClassDecl, InventoryNode};
 
@@ -357,6 +357,66 @@ pub fn node_gpus(node: &Node, settings: &InventorySettings) -> Vec<NodeGpus> {
     out
 }
 
+/// What one pod asks of its node, as the Kubernetes scheduler counts it: its containers'
+/// requests summed (with init containers that keep running, sidecars), or its largest other
+/// init container's if that is more, plus its overhead. CPU in thousandths of a core,
+/// memory in MiB (each quantity rounded down to whole MiB).
+pub fn pod_requests(pod: &Pod) -> (u64, u64) {
+    let Some(spec) = pod.spec.as_ref() else { return (0, 0) };
+    let asks = |c: &Container| -> (u64, u64) {
+        let requests = c.resources.as_ref().and_then(|r| r.requests.as_ref());
+        let get = |key: &str, parse: fn(&str) -> Option<u32>| {
+            requests.and_then(|r| r.get(key)).and_then(|q| parse(&q.0)).map_or(0, u64::from)
+        };
+        (get("cpu", cpu_millis), get("memory", memory_mib))
+    };
+    let add = |a: (u64, u64), b: (u64, u64)| (a.0 + b.0, a.1 + b.1);
+    let inits = spec.init_containers.as_deref().unwrap_or_default();
+    let sidecar = |c: &&Container| c.restart_policy.as_deref() == Some("Always");
+    let running = spec.containers.iter().chain(inits.iter().filter(sidecar)).map(asks).fold((0, 0), add);
+    let first = inits.iter().filter(|c| !sidecar(c)).map(asks).fold((0, 0), |a, b| (a.0.max(b.0), a.1.max(b.1)));
+    let overhead = spec.overhead.as_ref().map_or((0, 0), |o| {
+        let get = |key: &str, parse: fn(&str) -> Option<u32>| o.get(key).and_then(|q| parse(&q.0)).map_or(0, u64::from);
+        (get("cpu", cpu_millis), get("memory", memory_mib))
+    });
+    add((running.0.max(first.0), running.1.max(first.1)), overhead)
+}
+
+/// The CPU and memory that `pods` (bound to a node and not finished) ask of each node, by
+/// node name: what a DaemonSet's pods and any other workload Fairway did not start hold of
+/// a node's allocatable.
+pub fn held_by_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> HashMap<String, (u64, u64)> {
+    let mut held: HashMap<String, (u64, u64)> = HashMap::new();
+    for pod in pods {
+        let finished =
+            pod.status.as_ref().and_then(|s| s.phase.as_deref()).is_some_and(|p| p == "Succeeded" || p == "Failed");
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()).filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        if finished {
+            continue;
+        }
+        let (cpu, memory) = pod_requests(pod);
+        let entry = held.entry(node).or_default();
+        entry.0 += cpu;
+        entry.1 += memory;
+    }
+    held
+}
+
+/// `entries` (a node's GPUs by class) with what other pods hold of each node taken off the
+/// CPU and memory it gives replicas.
+pub fn less_held(mut entries: Vec<InventoryNode>, held: &HashMap<String, (u64, u64)>) -> Vec<InventoryNode> {
+    for e in &mut entries {
+        if let Some(&(cpu, memory)) = held.get(&e.name) {
+            let less = |have: Option<u32>, used: u64| have.map(|h| u64::from(h).saturating_sub(used) as u32);
+            e.cpu_millis = less(e.cpu_millis, cpu);
+            e.memory_mib = less(e.memory_mib, memory);
+        }
+    }
+    entries
+}
+
 /// A Kubernetes CPU quantity (`64`, `63500m`, `0.5`) in thousandths of a core; `None` for a
 /// form this does not read.
 pub fn cpu_millis(text: &str) -> Option<u32> {
@@ -509,6 +569,61 @@ mod tests {
         assert_eq!(g.class.kind, "whole");
         assert_eq!(g.resource, "nvidia.com/gpu");
         assert_eq!(g.hostname, "gpu-1.example");
+    }
+
+    #[test]
+    fn what_other_pods_ask_of_a_node_is_taken_off_the_cpu_and_memory_it_gives_replicas() {
+        let pod = |node: &str, phase: &str, spec: serde_json::Value| -> Pod {
+            let mut spec = spec;
+            spec["nodeName"] = json!(node);
+            serde_json::from_value(json!({"metadata": {"name": "p"}, "spec": spec, "status": {"phase": phase}}))
+                .unwrap()
+        };
+        let asks = |cpu: &str, memory: &str| json!({"requests": {"cpu": cpu, "memory": memory}});
+        // A DaemonSet's pod: two containers, an init container larger than neither in sum, a
+        // sidecar that keeps running, and an overhead.
+        let daemon = pod(
+            "gpu-1",
+            "Running",
+            json!({
+                "containers": [{"name": "a", "resources": asks("500m", "256Mi")}, {"name": "b", "resources": asks("1", "1Gi")}],
+                "initContainers": [
+                    {"name": "setup", "resources": asks("1", "512Mi")},
+                    {"name": "proxy", "restartPolicy": "Always", "resources": asks("250m", "128Mi")}
+                ],
+                "overhead": {"cpu": "100m", "memory": "64Mi"}
+            }),
+        );
+        assert_eq!(pod_requests(&daemon), (1_850, 1_472));
+        // An init container larger than the rest is what the pod holds while it runs first.
+        let big_init = pod(
+            "gpu-1",
+            "Pending",
+            json!({"containers": [{"name": "a", "resources": asks("1", "1Gi")}],
+                   "initContainers": [{"name": "warm", "resources": asks("4", "512Mi")}]}),
+        );
+        assert_eq!(pod_requests(&big_init), (4_000, 1_024));
+        let done = pod("gpu-1", "Succeeded", json!({"containers": [{"name": "a", "resources": asks("8", "8Gi")}]}));
+        let elsewhere = pod("cpu-1", "Running", json!({"containers": [{"name": "a", "resources": asks("8", "8Gi")}]}));
+        let held = held_by_pods([&daemon, &big_init, &done, &elsewhere]);
+        assert_eq!(held.get("gpu-1"), Some(&(5_850, 2_496)), "a finished pod holds nothing");
+        let entry = InventoryNode {
+            name: "gpu-1".into(),
+            gpu_class: "h100-80gb".into(),
+            gpus: 8,
+            nvlink_domain_size: 0,
+            rack: None,
+            zone: None,
+            elastic: false,
+            spot: false,
+            price_micros_per_gpu_hour: None,
+            driver_version: None,
+            cuda_version: None,
+            cpu_millis: Some(96_000),
+            memory_mib: Some(2_000),
+        };
+        let [left] = less_held(vec![entry], &held).try_into().unwrap();
+        assert_eq!((left.cpu_millis, left.memory_mib), (Some(90_150), Some(0)), "never below nothing");
     }
 
     #[test]

@@ -3,8 +3,8 @@
 //! inventory from GPU Feature Discovery labels, and fences each team in a namespace of its
 //! own with a GPU `ResourceQuota` and a network policy.
 //!
-//! Nodes, our Services and our Pods are kept current by watches (reflectors), never by
-//! polling: [`Backend::inventory`] and [`Backend::objects`] read the caches, and every change
+//! Nodes, our Services and our Pods, and the other pods bound to nodes (for the CPU and
+//! memory they hold), are kept current by watches (reflectors), never by polling: [`Backend::inventory`] and [`Backend::objects`] read the caches, and every change
 //! a watch sees asks the reconciler for a pass. While a watch is broken the backend answers
 //! `Transient` rather than from a stale cache, so the reconciler never mistakes lag for loss.
 //!
@@ -180,6 +180,7 @@ struct WatchHealth {
     nodes: AtomicBool,
     services: AtomicBool,
     pods: AtomicBool,
+    others: AtomicBool,
 }
 
 /// The backend of one Kubernetes cluster.
@@ -191,6 +192,9 @@ pub struct KubeBackend {
     nodes: Store<Node>,
     services: Store<Service>,
     pods: Store<Pod>,
+    /// Pods Fairway did not make that are bound to a node and not finished (DaemonSets' and
+    /// any other workload's): what they ask is not the replicas' to have.
+    others: Store<Pod>,
     health: Arc<WatchHealth>,
     /// Namespaces known to exist with their policy, and the GPU limits last applied to each.
     namespaces: Mutex<HashSet<String>>,
@@ -249,6 +253,17 @@ impl KubeBackend {
             let h = health.clone();
             move |ok| h.pods.store(ok, Ordering::Relaxed)
         });
+        let (others, w4) = watch(
+            Api::all(client.clone()),
+            others_watched(&config.name),
+            &config.name,
+            "other pods",
+            vec![wake.inventory],
+            {
+                let h = health.clone();
+                move |ok| h.others.store(ok, Ordering::Relaxed)
+            },
+        );
         Self {
             client,
             config,
@@ -257,10 +272,11 @@ impl KubeBackend {
             nodes,
             services,
             pods,
+            others,
             health,
             namespaces: Mutex::default(),
             quotas: Mutex::default(),
-            watches: vec![w1, w2, w3],
+            watches: vec![w1, w2, w3, w4],
         }
     }
 
@@ -299,6 +315,22 @@ impl KubeBackend {
         let pods =
             Api::<Pod>::all(self.client.clone()).list(&ours).await.map_err(|e| api_error(cluster, "list pods", e))?;
         Ok((arcs(nodes.items), arcs(services.items), arcs(pods.items)))
+    }
+
+    /// The pods that are not ours on the nodes: from their watch cache while it is
+    /// connected, else listed from the API server.
+    async fn others(&self) -> Result<Vec<Arc<Pod>>, BackendError> {
+        let listed = tokio::time::timeout(READY_WAIT, self.others.wait_until_ready()).await.is_ok();
+        if listed && self.health.others.load(Ordering::Relaxed) {
+            return Ok(self.others.state());
+        }
+        let cluster = &self.config.name;
+        let params = ListParams::default().labels(&others_selector(cluster)).fields(OTHERS_FIELDS);
+        let pods = Api::<Pod>::all(self.client.clone())
+            .list(&params)
+            .await
+            .map_err(|e| api_error(cluster, "list other pods", e))?;
+        Ok(arcs(pods.items))
     }
 
     fn transient(&self, why: &str) -> BackendError {
@@ -399,6 +431,20 @@ impl KubeBackend {
     }
 }
 
+/// Pods bound to a node and not finished: the field selector of [`KubeBackend::others`].
+const OTHERS_FIELDS: &str = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed";
+
+/// Pods this Fairway cluster did not make (a label `key!=value` also matches pods without
+/// the label).
+fn others_selector(cluster: &str) -> String {
+    format!("{}!={cluster}", manifest::CLUSTER_LABEL)
+}
+
+/// The watch of the pods that are not ours on the nodes.
+fn others_watched(cluster: &str) -> watcher::Config {
+    watcher::Config::default().labels(&others_selector(cluster)).fields(OTHERS_FIELDS)
+}
+
 /// Starts one reflector; `healthy` follows the watch (false on errors, true once events flow
 /// again).
 fn watch<K>(
@@ -491,7 +537,9 @@ impl Backend for KubeBackend {
 
     async fn inventory(&self) -> Result<Vec<InventoryNode>, BackendError> {
         let (nodes, _, _) = self.state().await?;
-        Ok(self.gpus_of(nodes).into_iter().map(|g| g.entry).collect())
+        let others = self.others().await?;
+        let held = inventory::held_by_pods(others.iter().map(AsRef::as_ref));
+        Ok(inventory::less_held(self.gpus_of(nodes).into_iter().map(|g| g.entry).collect(), &held))
     }
 
     async fn faults(&self) -> Result<Vec<super::NodeFault>, BackendError> {
