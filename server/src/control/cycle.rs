@@ -271,7 +271,7 @@ fn elastic_rows(world: &World, decisions: &Decisions) -> ElasticRows {
                 placement: json!(slots),
                 borrowing,
                 message: format!(
-                    "admitted on cluster {cluster}, {}, as an extra replica of elastic gang {}{}: it is given back when a waiting job needs its GPUs",
+                    "admitted on cluster {cluster}, {}, as an extra replica of elastic gang {}{}: it is given back, before the gang itself, when a job that may preempt the gang (of higher priority in its team, a lender reclaiming its quota, or fair share) needs its GPUs",
                     nodes.join(", "),
                     gang.id,
                     if borrowing { ", borrowing burst capacity" } else { "" }
