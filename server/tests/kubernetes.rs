@@ -412,11 +412,24 @@ async fn what_a_daemonsets_pod_asks_of_a_gpu_node_is_not_offered_to_replicas() {
     let pods: Api<Pod> = Api::namespaced(fw.kube.clone(), "daemon-monitoring");
     let exporter: Pod = serde_json::from_value(json!({
         "metadata": {"name": "dcgm-exporter-x1"},
-        "spec": {"nodeName": "daemon-n0", "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5",
-                 "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}}]}
+        "spec": {"nodeName": "daemon-n0", "automountServiceAccountToken": false,
+                 "containers": [{"name": "exporter", "image": "nvcr.io/nvidia/k8s/dcgm-exporter:3.3.5",
+                                 "resources": {"requests": {"cpu": "1500m", "memory": "2Gi"}}}]}
     }))
     .unwrap();
-    pods.create(&PostParams::default(), &exporter).await.unwrap();
+    // A fresh namespace's default service account may not exist yet: the API server answers
+    // 500 "retry after ..." until the controller has made it.
+    fw.wait("the exporter pod created", Duration::from_secs(30), || {
+        let (pods, exporter) = (pods.clone(), exporter.clone());
+        async move {
+            match pods.create(&PostParams::default(), &exporter).await {
+                Ok(_) => Some(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Some(()),
+                Err(_) => None,
+            }
+        }
+    })
+    .await;
     fw.wait("the exporter's requests taken off", Duration::from_secs(30), || offered(94_500, 1_046_528)).await;
     // Once it is gone, the node offers all of it again.
     pods.delete("dcgm-exporter-x1", &kube::api::DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
