@@ -58,6 +58,9 @@ async fn a_database_outage_answers_503_and_is_logged_once_with_its_cause_and_the
         .with_max_level(tracing::Level::INFO)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
+    // Other tests' threads, with no subscriber, may have registered the request span's
+    // callsite as disabled while this one was being set; ask every callsite again, now.
+    tracing::callsite::rebuild_interest_cache();
 
     app.pool.close().await;
     let spec = json!({"name": "train", "gpu_class": "h100-80gb", "image": "ghcr.io/acme/train:1"});
