@@ -188,13 +188,16 @@ async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preem
     let server = Server::start_demo(&data_dir, "demo.log").await;
     let token = server.sign_in().await;
     let started = Instant::now();
-    // Jobs seen waiting with neither an expected start nor a cause, and the number of cycles
-    // that had run then.
+    // Jobs seen waiting with neither an expected start nor a cause in every poll since, and
+    // the number of cycles that had run when they were first seen so. A job that is answered,
+    // admitted or gone in between starts afresh: one preempted and requeued waits without a
+    // reason again until the next cycle.
     let mut unanswered: BTreeMap<String, f64> = BTreeMap::new();
     let mut checked = 0usize;
     loop {
         let metrics = server.http.get(server.url("/metrics")).send().await.unwrap().text().await.unwrap();
         let cycles = series(&metrics, "fairway_scheduling_cycle_duration_seconds_count");
+        let mut still_unanswered = BTreeMap::new();
         for team in ["nlp", "vision", "prod-inference", "research"] {
             let r = server
                 .http
@@ -220,7 +223,8 @@ async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preem
                     assert!(job["message"].as_str().is_some_and(|m| !m.is_empty()), "the cause in words: {job}");
                     checked += 1;
                 } else {
-                    let seen = *unanswered.entry(id).or_insert(cycles);
+                    let seen = unanswered.get(&id).copied().unwrap_or(cycles);
+                    still_unanswered.insert(id, seen);
                     assert!(
                         cycles < seen + 3.0,
                         "{job} waits two cycles after it was seen with no expected start and no cause\n{}",
@@ -229,6 +233,7 @@ async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preem
                 }
             }
         }
+        unanswered = still_unanswered;
         let counts: Vec<f64> = DECISIONS.iter().map(|d| series(&metrics, d)).collect();
         if counts.iter().all(|&n| n >= 1.0) {
             break;
