@@ -941,6 +941,7 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             s.now_ms,
             p
         );
+        prop_assert!(p.reason != PreemptReason::OwnTeam, "a whole job preempted as if it were an extra: {:?}", p);
         if p.reason == PreemptReason::Priority {
             prop_assert_eq!(beneficiary.team, victim.spec.team, "a priority preemption across teams: {:?}", p);
             prop_assert!(
@@ -972,6 +973,25 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
         prop_assert!(class.preemptible, "takes an extra of non-preemptible job {}: {:?}", k.job, k);
         let beneficiary = pending.get(&k.for_job);
         prop_assert!(beneficiary.is_some(), "an extra taken for job {}, which is not pending: {:?}", k.for_job, k);
+        // Its own team takes it by priority, or, at the gang's priority or above, because it
+        // grew into what that job waits for; another team only by reclaim or fair share.
+        if let Some(b) = beneficiary {
+            let (mine, theirs) = (s.priorities[usize::from(b.priority)].priority, class.priority);
+            let allowed = match k.reason {
+                PreemptReason::Priority => b.team == gang.spec.team && mine > theirs,
+                PreemptReason::OwnTeam => b.team == gang.spec.team && mine >= theirs,
+                PreemptReason::Reclaim | PreemptReason::FairShare => b.team != gang.spec.team,
+            };
+            prop_assert!(
+                allowed,
+                "an extra of job {} (priority {}) taken for job {} (priority {}): {:?}",
+                k.job,
+                theirs,
+                b.id,
+                mine,
+                k
+            );
+        }
         prop_assert!(
             beneficiary.is_some_and(|b| s.preemption_delayed_until(b).is_none()),
             "an extra taken for job {} within its preemption delay: {:?}",

@@ -290,16 +290,23 @@ fn elastic_rows(world: &World, decisions: &Decisions) -> ElasticRows {
         let Some((own, rows)) = world.extras.get(&k.job) else { continue };
         let Some(&extra) = usize::from(k.replica).checked_sub(*own).and_then(|i| rows.get(i)) else { continue };
         let for_team = world.team_name_of(for_job.team_id);
+        let message = match k.reason {
+            scheduler::PreemptReason::OwnTeam => format!(
+                "given back by elastic gang {} to job {} of its own team {for_team}, which waits for the GPUs it grew into (own_team): an extra holds only capacity no waiting job can use",
+                gang.id, for_job.id
+            ),
+            reason => format!(
+                "given back by elastic gang {} for job {} of team {for_team} ({}), before the gang itself would be preempted",
+                gang.id,
+                for_job.id,
+                reason.code()
+            ),
+        };
         shrink.push(PreemptRow {
             job_id: extra,
             grace_ms: k.grace_ms,
             reason: "shrunk".to_owned(),
-            message: format!(
-                "given back by elastic gang {} for job {} of team {for_team} ({}), before the gang itself would be preempted",
-                gang.id,
-                for_job.id,
-                k.reason.code()
-            ),
+            message,
             data: json!({"extra_of": gang.id, "by_job": for_job.id, "by_team": for_team, "rule": k.reason.code(), "grace_ms": k.grace_ms}),
         });
     }
@@ -352,6 +359,11 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
             }
             scheduler::PreemptReason::FairShare => {
                 format!("team {for_team} is below its fair share of burst capacity and this job's team above it")
+            }
+            // The engine takes only extras for it, and those are shrinks; worded for
+            // completeness.
+            scheduler::PreemptReason::OwnTeam => {
+                "a job of the same team and no lower priority waits for the GPUs this job grew into".to_owned()
             }
         };
         // The engine's: the victim's own grace period, or its priority class's.

@@ -30,10 +30,15 @@ pub enum PreemptReason {
     Reclaim,
     /// Its team holds more borrowed capacity than fair share allows.
     FairShare,
+    /// An elastic gang's extra replica, given back to a waiting job of its own team of no
+    /// lower priority: it grew into capacity no waiting job could use, and that is no longer
+    /// so. Only ever a [`Shrink`]'s reason: it never preempts a whole job.
+    OwnTeam,
 }
 
 impl PreemptReason {
-    /// Every reason, for metrics that show each from the start.
+    /// Every reason a whole job is preempted for, for metrics that show each from the start
+    /// ([`PreemptReason::OwnTeam`] only takes extras).
     pub const ALL: [PreemptReason; 3] = [PreemptReason::Priority, PreemptReason::Reclaim, PreemptReason::FairShare];
 
     /// Stable code.
@@ -42,6 +47,7 @@ impl PreemptReason {
             PreemptReason::Priority => "priority",
             PreemptReason::Reclaim => "reclaim",
             PreemptReason::FairShare => "fair_share",
+            PreemptReason::OwnTeam => "own_team",
         }
     }
 }

@@ -12,13 +12,18 @@
 //! Its extras (the replicas beyond its minimum) are preemption candidates of their own, each
 //! a one-replica running job that loses no work (the gang goes on without it), so they are
 //! always taken before any whole job, under the same rules (priority, reclaim, fair share) as
-//! any victim: a job shrinks before it is preempted. A taken extra is a [`Shrink`], not a
-//! preemption: the job keeps running on the rest. Extras of a class that cannot be preempted
-//! are never taken, as such a job is never preempted; it grows only within reserved quota.
+//! any victim, and one more: a waiting job of the gang's own team whose priority is not below
+//! the gang's may take them too ([`PreemptReason::OwnTeam`](super::PreemptReason::OwnTeam)),
+//! since they hold capacity that no waiting job wanted when they grew, and the team's queue
+//! must not wait behind its own gang's growth. A job shrinks before it is preempted. A taken
+//! extra is a [`Shrink`], not a preemption: the job keeps running on the rest. Extras of a
+//! class that cannot be preempted are never taken, as such a job is never preempted; it grows
+//! only within reserved quota.
 //!
 //! Nothing here adds a way to loop: growth happens only into capacity no waiting job can use,
 //! so no preemption takes back what a growth just took for a job that was waiting when it
-//! grew; and a shrink requeues nothing.
+//! grew; a shrink requeues nothing; and a gang never takes from a job (it grows, it does not
+//! preempt), so an extra given to its own team's job stays given.
 //!
 //! The cycle sees each elastic gang with extras as its base (its minimum, the replicas it was
 //! admitted with) and one running job per extra ([`expand`]); the decisions about extras are

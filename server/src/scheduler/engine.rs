@@ -40,6 +40,9 @@ pub(super) struct Cycle<'a> {
     pub(super) preempted: Vec<usize>,
     /// The same, by running-job index, for the hot loops (also marks tentative victims).
     pub(super) victim: Vec<bool>,
+    /// By running-job index, whether it is an elastic gang's extra replica ([`elastic`](super::elastic)):
+    /// a job of its own team of the same priority may take it too.
+    pub(super) extra: Vec<bool>,
     /// Per class, the running jobs that may ever be victims this cycle (preemptible, past
     /// the minimum runtime, not stopping), least work lost first, then largest.
     pub(super) victim_order: BTreeMap<ClassId, Vec<usize>>,
@@ -50,8 +53,9 @@ pub(super) struct Cycle<'a> {
     /// The same per class and team: all a walk may take when only the job's own team's
     /// jobs may be victims, without passing every other team's candidates.
     pub(super) team_victim_order: BTreeMap<(ClassId, TeamId), Vec<usize>>,
-    /// Per class and team, the lowest priority among its candidate victims at the start of
-    /// the cycle: a job of the team with a higher priority may make room by preemption.
+    /// Per class and team, the lowest [`Cycle::yields_below`] among its candidate victims at
+    /// the start of the cycle: a job of the team with a higher priority may make room by
+    /// preemption.
     lowest_victim_priority: BTreeMap<(ClassId, TeamId), i32>,
     /// Per class, the preemptible running jobs not stopping that are still within the
     /// minimum runtime before preemption, soonest preemptible first: only what a wait for
@@ -123,6 +127,20 @@ fn topology_key(t: Topology) -> TopologyKey {
     }
 }
 
+/// The priority a job of running job `index`'s own team must be above to take it: its own
+/// priority, or, for an elastic gang's extra replica (`extra`), one less. An extra grew into
+/// capacity that no waiting job could use then; once a job of its team of no lower priority
+/// waits for that capacity, the extra gives it back rather than have the team's queue wait
+/// behind its own gang's growth.
+fn yields_below(s: &Snapshot, extra: &[bool], index: usize) -> i32 {
+    let priority = s.priorities.get(usize::from(s.running[index].spec.priority)).map_or(0, |p| p.priority);
+    if extra.get(index).copied().unwrap_or(false) {
+        priority.saturating_sub(1)
+    } else {
+        priority
+    }
+}
+
 /// Runs one cycle.
 pub fn run(snapshot: &Snapshot) -> Decisions {
     run_with(snapshot, false)
@@ -142,7 +160,10 @@ fn run_with(snapshot: &Snapshot, exhaustive: bool) -> Decisions {
     // Elastic gangs' extras are running jobs of their own to the cycle.
     let expanded = super::elastic::expand(snapshot);
     let snapshot = expanded.as_ref().map_or(snapshot, |e| &e.snapshot);
-    let mut cycle = Cycle::new(snapshot);
+    let extras = expanded
+        .as_ref()
+        .map(|e| e.origins.iter().map(|o| matches!(o, super::elastic::Origin::Extra { .. })).collect());
+    let mut cycle = Cycle::new(snapshot, extras);
     cycle.exhaustive = exhaustive;
     match snapshot.config.policy {
         Policy::Fifo => cycle.fifo(),
@@ -180,7 +201,9 @@ fn run_with(snapshot: &Snapshot, exhaustive: bool) -> Decisions {
 impl<'a> Cycle<'a> {
     /// Starts a cycle from the snapshot: running jobs hold their GPUs, and those not stopping
     /// their quota and the budget they may still spend, so every check sees what is left.
-    fn new(s: &'a Snapshot) -> Self {
+    /// `extras` marks, by running index, the elastic gangs' extra replicas (`None`: none).
+    fn new(s: &'a Snapshot, extras: Option<Vec<bool>>) -> Self {
+        let extra = extras.unwrap_or_else(|| vec![false; s.running.len()]);
         let mut inv = Inventory::new(&s.nodes, s.classes.len());
         if s.config.placement == Placement::Fragmentation {
             inv.place_by_fragmentation(super::fragmentation::mixes_of(s));
@@ -235,11 +258,7 @@ impl<'a> Cycle<'a> {
         let team_victim_order = preemption::by_team(s, &victim_order);
         let lowest_victim_priority = team_victim_order
             .iter()
-            .filter_map(|(&key, order)| {
-                let priority =
-                    |i: &usize| s.priorities.get(usize::from(s.running[*i].spec.priority)).map_or(0, |p| p.priority);
-                order.iter().map(priority).min().map(|p| (key, p))
-            })
+            .filter_map(|(&key, order)| order.iter().map(|&i| yields_below(s, &extra, i)).min().map(|p| (key, p)))
             .collect();
         let team_young = preemption::by_team(s, &young);
         Self {
@@ -252,6 +271,7 @@ impl<'a> Cycle<'a> {
             victims: BTreeSet::new(),
             preempted: Vec::new(),
             victim: vec![false; s.running.len()],
+            extra,
             victim_order,
             passed,
             place_in_order,
@@ -281,6 +301,13 @@ impl<'a> Cycle<'a> {
             decisions: Decisions::default(),
             position: 0,
         }
+    }
+
+    /// A job of the same team may take running job `index` when its priority is above this:
+    /// the running job's own priority, or, for an elastic gang's extra, one less, so that a
+    /// job of the same priority may take it too (see [`yields_below`]).
+    pub(super) fn yields_below(&self, index: usize) -> i32 {
+        yields_below(self.s, &self.extra, index)
     }
 
     /// The job's priority value (higher goes first), from its priority class.
@@ -457,7 +484,7 @@ impl<'a> Cycle<'a> {
             let r = &s.running[i];
             let may = !self.victim[i]
                 && if r.spec.team == job.team {
-                    self.priority(&r.spec) < priority
+                    self.yields_below(i) < priority
                 } else {
                     within_reserved && self.reclaimable(job.class, &chain, r.spec.team)
                 };

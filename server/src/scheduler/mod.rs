@@ -30,7 +30,8 @@
 //!    a class blocked by capacity gets a shadow time (when enough GPUs return by maximum
 //!    runtimes) and later jobs backfill only if they end before it, so no gang starves.
 //! 5. **Growth** of running elastic gangs into what no waiting job can use ([`elastic`]);
-//!    their extras are the first victims of step 4, taken as shrinks.
+//!    their extras are the first victims of step 4, taken as shrinks, and a waiting job of
+//!    the gang's own team of no lower priority may take them too.
 //! 6. **Expected starts** ([`eta`]) by playing the queue forward on runtimes estimated from
 //!    history ([`runtime`]), as an interval.
 //!

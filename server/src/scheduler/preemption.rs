@@ -242,7 +242,8 @@ impl Cycle<'_> {
     ///
     /// Who may be a victim: a preemptible job past the minimum runtime, of the same class,
     /// not already stopping, and
-    /// - of the same team with a strictly lower priority (priority preemption), or
+    /// - of the same team with a strictly lower priority (priority preemption), or an
+    ///   elastic gang's extra of the same team and no higher priority (`OwnTeam`), or
     /// - when `job` stays within its team's reserved quota: of a team borrowing at a level
     ///   `job`'s team does not share, while that team still borrows (reclaim), or
     /// - when `job` borrows (Fairway policy only): of a team whose fair-share score after
@@ -380,7 +381,11 @@ impl Cycle<'_> {
     fn victim_reason(&self, p: &Preemptor<'_>, index: usize, straddle: bool) -> Option<PreemptReason> {
         let r = &self.s.running[index];
         if r.spec.team == p.job.team {
-            (self.priority(&r.spec) < p.priority).then_some(PreemptReason::Priority)
+            if self.priority(&r.spec) < p.priority {
+                Some(PreemptReason::Priority)
+            } else {
+                (self.yields_below(index) < p.priority).then_some(PreemptReason::OwnTeam)
+            }
         } else if !p.cross_team {
             None
         } else if p.within_reserved {

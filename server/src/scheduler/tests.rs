@@ -1060,6 +1060,31 @@ fn a_reclaim_takes_an_elastic_gangs_extras_last_added_first_and_leaves_the_gang_
 }
 
 #[test]
+fn an_extra_is_given_back_to_a_job_of_its_own_team_of_the_same_priority_and_kept_from_a_lower_one() {
+    // Team a's gang grew into the whole node: 2 needed, 6 extras, all within a's reserved 8.
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
+    elastic(&mut s, 1, 8, 2, 8, 1);
+    // A 3-GPU experiment of a's own arrives: the gang's growth does not make it wait.
+    s.pending = vec![job(10, 0, 3, 1)];
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "the gang itself keeps running: {:?}", d.preemptions);
+    let mut taken: Vec<u16> = d.shrinks.iter().map(|k| k.replica).collect();
+    taken.sort_unstable();
+    assert_eq!(taken, [5, 6, 7], "the last three added");
+    assert!(d.shrinks.iter().all(|k| k.for_job == 10 && k.reason == PreemptReason::OwnTeam), "{:?}", d.shrinks);
+    assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
+    // A scavenger of a's ranks below the gang: it waits, and takes nothing.
+    s.pending = vec![job(10, 0, 3, 2)];
+    let d = schedule(&s);
+    assert!(d.shrinks.is_empty() && d.preemptions.is_empty(), "{d:?}");
+    assert_eq!(reason_of(&d, 10), PendingReason::BurstLimit { team: 0 }, "a holds its 8 with the gang's extras");
+    // Nor does a job of another team take a's extras within a's reserved quota.
+    s.pending = vec![job(10, 1, 3, 1)];
+    let d = schedule(&s);
+    assert!(d.shrinks.is_empty() && d.preemptions.is_empty(), "{d:?}");
+}
+
+#[test]
 fn the_extras_of_a_class_that_cannot_be_preempted_are_never_taken() {
     let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
     elastic(&mut s, 1, 8, 2, 8, 0);

@@ -591,6 +591,9 @@ impl<'a> Replay<'a> {
                 PreemptReason::Priority => 0,
                 PreemptReason::Reclaim => 1,
                 PreemptReason::FairShare => 2,
+                PreemptReason::OwnTeam => {
+                    return Err(self.bad(format!("preempts job {victim} as if it were an extra replica")));
+                }
             };
             self.preemptions_by_reason[reason] += 1;
             let at_ms = self.snapshot.now_ms + preemption.grace_ms.max(0);

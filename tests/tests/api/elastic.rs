@@ -141,6 +141,48 @@ async fn an_elastic_gang_grows_gives_its_extras_back_first_and_is_billed_for_wha
 }
 
 #[tokio::test]
+async fn a_job_of_the_gangs_own_team_and_priority_gets_the_extras_it_needs_and_the_gang_runs_on() {
+    let (app, _prod, research) = fleet().await;
+    let gang = submit(
+        &app,
+        &research,
+        "research",
+        json!({"name": "elastic-train", "gpu_class": "h100-80gb", "replicas": 2, "max_replicas": 8, "image": "x",
+               "priority_class": "experiment", "preemption_grace_seconds": 1,
+               "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "30000"}}),
+    )
+    .await;
+    until_extras(&app, &research, &gang, |e| in_state(e, "running").len() == 6).await;
+    // The gang holds all 8 GPUs research may use; research's next experiment does not wait
+    // behind that growth.
+    let sweep = submit(
+        &app,
+        &research,
+        "research",
+        json!({"name": "sweep", "gpu_class": "h100-80gb", "gpus_per_replica": 3, "image": "x",
+               "priority_class": "experiment", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "30000"}}),
+    )
+    .await;
+    wait_for(&app, &research, &sweep, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let extras = until_extras(&app, &research, &gang, |e| in_state(e, "cancelled").len() == 3).await;
+    assert_eq!(in_state(&extras, "running").len(), 3, "only the three it needs: {extras:#?}");
+    let gang_now = app.send(call("GET", &format!("/api/v1/jobs/{gang}")).token(&research)).await.json();
+    assert_eq!((gang_now["state"].as_str(), gang_now["preemptions"].as_i64()), (Some("running"), Some(0)));
+    let given_back = in_state(&extras, "cancelled")[0]["id"].as_str().unwrap().to_owned();
+    let events = app.send(call("GET", &format!("/api/v1/jobs/{given_back}/events")).token(&research)).await.json();
+    let events = events["items"].as_array().or(events.as_array()).cloned().unwrap_or_default();
+    let shrunk = events.iter().find(|e| e["reason"] == "shrunk").unwrap_or_else(|| panic!("{events:#?}"));
+    assert!(
+        shrunk["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("given back by elastic gang {gang} to job {sweep} of its own team research")),
+        "{shrunk:#}"
+    );
+    assert_eq!(shrunk["data"]["rule"], "own_team", "{shrunk:#}");
+}
+
+#[tokio::test]
 async fn max_replicas_below_replicas_or_above_1024_is_refused_naming_the_field() {
     let (app, _, research) = fleet().await;
     for max in [1, 1025] {
