@@ -232,6 +232,23 @@ pub fn dry_run(result: &Value, now: DateTime<Utc>) -> String {
             .collect();
         rows.push(("would preempt", named.join("; ")));
     }
+    let extras = result.get("would_take_extras").and_then(Value::as_array).cloned().unwrap_or_default();
+    if !extras.is_empty() {
+        let named: Vec<String> = extras
+            .iter()
+            .map(|w| {
+                let gang = w.get("gang").and_then(Value::as_str).map(|g| format!(" {g}")).unwrap_or_default();
+                format!(
+                    "{} extras of {}{gang} ({} GPUs, {})",
+                    field(w, "replicas"),
+                    field(w, "team"),
+                    field(w, "gpus"),
+                    field(w, "reason")
+                )
+            })
+            .collect();
+        rows.push(("would take extras", named.join("; ")));
+    }
     if let Some(micros) = result.get("max_cost_micros").and_then(Value::as_i64) {
         let cents = (micros + 5_000) / 10_000;
         rows.push(("max cost", format!("{}.{:02} {}", cents / 100, cents % 100, field(result, "currency"))));
@@ -328,5 +345,21 @@ mod tests {
             now(),
         );
         assert_eq!(text, "fits           now, on sim\nwould preempt  a (4 GPUs, priority)\nmax cost       12.35 USD\n");
+    }
+
+    #[test]
+    fn a_dry_run_names_the_elastic_gangs_that_would_give_extras_back() {
+        let text = dry_run(
+            &json!({"fits_now": false, "reason": "waiting_for_reclaim", "message": "waits",
+                    "would_take_extras": [{"team": "research", "gang": "g1", "reason": "own_team", "replicas": 3, "gpus": 3},
+                                          {"team": "b", "gang": null, "reason": "reclaim", "replicas": 1, "gpus": 8}]}),
+            now(),
+        );
+        assert!(
+            text.contains(
+                "would take extras  3 extras of research g1 (3 GPUs, own_team); 1 extras of b (8 GPUs, reclaim)\n"
+            ),
+            "{text}"
+        );
     }
 }

@@ -1154,6 +1154,21 @@ pub struct WouldPreempt {
     pub gpus: i32,
 }
 
+/// Extra replicas of one running elastic gang that a job would take.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WouldTakeExtras {
+    pub team: String,
+    /// The gang's id when it is the caller's team's; other teams' jobs are not named.
+    pub gang: Option<JobId>,
+    /// `own_team` (a gang of the caller's team of no higher priority), `priority`,
+    /// `reclaim` or `fair_share`.
+    pub reason: String,
+    /// How many extra replicas it gives back.
+    pub replicas: i32,
+    /// The GPUs they hold.
+    pub gpus: i32,
+}
+
 /// Records that job `id` checkpointed at `at` (default now; not in the future), at training
 /// step `step` if known: preemption then picks victims by the work they would lose.
 pub async fn report_checkpoint(
@@ -1200,6 +1215,9 @@ pub struct DryRunResult {
     pub cluster: Option<String>,
     /// Running jobs it would preempt.
     pub would_preempt: Vec<WouldPreempt>,
+    /// Running elastic gangs that would give extra replicas back to make room for it, and
+    /// run on with the rest.
+    pub would_take_extras: Vec<WouldTakeExtras>,
     /// Why it would wait, if it would.
     pub reason: Option<String>,
     pub message: Option<String>,
@@ -1268,6 +1286,26 @@ pub async fn dry_run(
             })
         })
         .collect();
+    // Per gang (another team's gangs per team, unnamed), in the order the engine took them.
+    let mut would_take_extras: Vec<WouldTakeExtras> = Vec::new();
+    for k in &answer.shrinks {
+        let Some(gang) = world.jobs.get(&k.job) else { continue };
+        let (team, named, reason) =
+            (world.team_name_of(gang.team_id), (gang.team_id == team_id).then_some(gang.id), k.reason.code());
+        match would_take_extras.iter_mut().find(|w| (&w.team, w.gang, w.reason.as_str()) == (&team, named, reason)) {
+            Some(w) => {
+                w.replicas += 1;
+                w.gpus += gang.gpus_per_replica;
+            }
+            None => would_take_extras.push(WouldTakeExtras {
+                team,
+                gang: named,
+                reason: reason.to_owned(),
+                replicas: 1,
+                gpus: gang.gpus_per_replica,
+            }),
+        }
+    }
     let (reason, message) = answer
         .reason
         .as_ref()
@@ -1278,6 +1316,7 @@ pub async fn dry_run(
         placement,
         cluster,
         would_preempt,
+        would_take_extras,
         reason,
         message,
         position: answer.position,

@@ -1,7 +1,7 @@
 //! "If I submitted this job now": the same engine, on the same snapshot plus the job.
 
 use super::{
-    decision::{Figures, PendingReason, Preemption, Unforeseeable},
+    decision::{Figures, PendingReason, Preemption, Shrink, Unforeseeable},
     engine::cost_micros,
     snapshot::{JobSpec, ReplicaPlacement, Snapshot},
 };
@@ -13,6 +13,9 @@ pub struct DryRun {
     pub placement: Option<Vec<ReplicaPlacement>>,
     /// Running jobs that would be preempted to make room for it.
     pub victims: Vec<Preemption>,
+    /// Extra replicas of running elastic gangs that would be given back to make room for it
+    /// (the gangs run on).
+    pub shrinks: Vec<Shrink>,
     /// Why it would wait, if it would, and the numbers behind the reason.
     pub reason: Option<(PendingReason, Figures)>,
     /// Its rank among pending jobs.
@@ -42,6 +45,7 @@ pub fn dry_run(snapshot: &Snapshot, job: &JobSpec) -> DryRun {
     DryRun {
         placement: admission.map(|a| a.placement.clone()),
         victims: decisions.preemptions.iter().filter(|p| p.for_job == job.id).cloned().collect(),
+        shrinks: decisions.shrinks.iter().filter(|k| k.for_job == job.id).cloned().collect(),
         reason: pending.map(|p| (p.reason.clone(), p.figures)),
         position: pending.map(|p| p.position),
         expected_start_ms: if admission.is_some() { Some(s.now_ms) } else { pending.and_then(|p| p.expected_start_ms) },

@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use crate::{
     lifecycle::{h100_inventory, start_control, submit, wait_for, wait_for_inventory},
-    portal::{body, sign_in},
+    portal::{body, csrf_in, sign_in},
 };
 
 /// One node of 8 GPUs.
@@ -24,7 +24,12 @@ rack = "r1"
 
 /// Team prod reserves the node and lends it; team research may borrow all of it.
 async fn fleet() -> (TestApp, String, String) {
-    let app = TestApp::spawn_with(|c| c.sim_inventory = Some(h100_inventory(NODES))).await;
+    // No minimum runtime before preemption, for dry runs as for the control loop.
+    let app = TestApp::spawn_with(|c| {
+        c.sim_inventory = Some(h100_inventory(NODES));
+        c.min_runtime_before_preemption = Duration::ZERO;
+    })
+    .await;
     start_control(&app).await;
     wait_for_inventory(&app).await;
     let admin = app.admin().await;
@@ -154,15 +159,42 @@ async fn a_job_of_the_gangs_own_team_and_priority_gets_the_extras_it_needs_and_t
     .await;
     until_extras(&app, &research, &gang, |e| in_state(e, "running").len() == 6).await;
     // The gang holds all 8 GPUs research may use; research's next experiment does not wait
-    // behind that growth.
-    let sweep = submit(
-        &app,
-        &research,
-        "research",
-        json!({"name": "sweep", "gpu_class": "h100-80gb", "gpus_per_replica": 3, "image": "x",
-               "priority_class": "experiment", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "30000"}}),
-    )
-    .await;
+    // behind that growth. A dry run says so first, naming the gang.
+    let sweep = json!({"name": "sweep", "gpu_class": "h100-80gb", "gpus_per_replica": 3, "image": "x",
+                       "priority_class": "experiment", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "30000"}});
+    let r = app.send(call("POST", "/api/v1/teams/research/jobs:dry-run").token(&research).json(&sweep)).await;
+    r.assert_status(200);
+    let dry = r.json();
+    assert_eq!((dry["fits_now"].as_bool(), dry["would_preempt"].clone()), (Some(false), json!([])), "{dry:#}");
+    assert_eq!(
+        dry["would_take_extras"],
+        json!([{"team": "research", "gang": gang, "reason": "own_team", "replicas": 3, "gpus": 3}]),
+        "{dry:#}"
+    );
+    // And so does the portal's preview of the same form.
+    let cookie = sign_in(&app, "rhea").await;
+    let page = body(&app.send(call("GET", "/teams/research/jobs/new").header("cookie", &cookie)).await);
+    let form = format!(
+        "csrf={}&name=sweep&gpu_class=h100-80gb&replicas=1&gpus_per_replica=3&priority_class=experiment\
+         &max_runtime_seconds=3600&image=x&command=",
+        csrf_in(&page)
+    );
+    let preview = app
+        .send(
+            call("POST", "/teams/research/jobs/preview")
+                .header("cookie", &cookie)
+                .raw("application/x-www-form-urlencoded", form.into_bytes()),
+        )
+        .await;
+    preview.assert_status(200);
+    let fragment = body(&preview);
+    assert!(
+        fragment.contains(&format!(
+            "It would take back:</p><ul><li>3 extra replicas (3 GPUs) of elastic gang {gang}, which runs on (own_team)</li>"
+        )),
+        "{fragment}"
+    );
+    let sweep = submit(&app, &research, "research", sweep).await;
     wait_for(&app, &research, &sweep, Duration::from_secs(30), |j| j["state"] == "running").await;
     let extras = until_extras(&app, &research, &gang, |e| in_state(e, "cancelled").len() == 3).await;
     assert_eq!(in_state(&extras, "running").len(), 3, "only the three it needs: {extras:#?}");

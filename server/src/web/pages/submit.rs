@@ -85,6 +85,8 @@ pub struct PreviewView {
     pub expected_start: String,
     pub max_cost: String,
     pub would_preempt: Vec<String>,
+    /// Running elastic gangs that would give extra replicas back, in words.
+    pub would_take_extras: Vec<String>,
 }
 
 #[derive(Template)]
@@ -463,6 +465,17 @@ fn preview_of(answer: ops::jobs::DryRunResult) -> PreviewView {
             .would_preempt
             .into_iter()
             .map(|v| format!("{} GPUs of team {} ({})", v.gpus, v.team, v.reason))
+            .collect(),
+        would_take_extras: answer
+            .would_take_extras
+            .into_iter()
+            .map(|w| {
+                let gang = w.gang.map_or_else(|| format!("of team {}", w.team), |g| g.to_string());
+                format!(
+                    "{} extra replicas ({} GPUs) of elastic gang {gang}, which runs on ({})",
+                    w.replicas, w.gpus, w.reason
+                )
+            })
             .collect(),
     }
 }
