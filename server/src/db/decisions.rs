@@ -1,7 +1,7 @@
 //! Recording a cycle: admissions (with their attempts, events and outbox rows),
 //! preemptions, why each pending job waits, and the quota invariant the cycle must keep.
 
-use crate::domain::{ClusterId, JobId};
+use crate::domain::{ClusterId, JobId, JobState};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
@@ -74,44 +74,26 @@ pub struct PreemptRow {
 /// Records preemptions: the job becomes `preempted`, keeps its GPUs until its object is
 /// gone, and gets an event and a `stop` outbox row with its grace period.
 pub async fn preempt(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<JobId>, sqlx::Error> {
-    if rows.is_empty() {
-        return Ok(Vec::new());
-    }
-    let ids: Vec<JobId> = rows.iter().map(|r| r.job_id).collect();
-    let graces: Vec<i64> = rows.iter().map(|r| r.grace_ms).collect();
-    let reasons: Vec<String> = rows.iter().map(|r| r.reason.clone()).collect();
-    let messages: Vec<String> = rows.iter().map(|r| r.message.clone()).collect();
-    let data: Vec<Value> = rows.iter().map(|r| r.data.clone()).collect();
-    sqlx::query_scalar!(
-        r#"with u as (
-               select * from unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::jsonb[])
-                   as u(id, grace, reason, message, data)
-           ), preempted as (
-               update jobs j set state = 'preempted', stop_requested_at = now(), updated_at = now(),
-                      version = j.version + 1
-               from u where j.id = u.id and j.state in ('admitted', 'running')
-               returning j.id, j.attempt
-           ), events as (
-               insert into job_events (job_id, attempt, kind, reason, message, data)
-               select p.id, p.attempt, 'preempted', u.reason, u.message, u.data from preempted p join u on u.id = p.id
-           ), outbox as (
-               insert into dispatch_outbox (job_id, attempt, action, grace_ms)
-               select p.id, p.attempt, 'stop', u.grace from preempted p join u on u.id = p.id
-           )
-           select id as "id!: JobId" from preempted"#,
-        &ids as &[JobId],
-        &graces,
-        &reasons,
-        &messages,
-        &data
-    )
-    .fetch_all(&mut **tx)
-    .await
+    stop(tx, rows, JobState::Preempted, "preempted", false).await
 }
 
-/// Gives extra replicas of elastic gangs back (a preemption that requeues nothing): each is cancelled, keeps its GPUs until its object is gone, and
-/// gets an event and a `stop` outbox row with its grace period. Returns those given back.
+/// Gives extra replicas of elastic gangs back (a preemption that requeues nothing): each is
+/// cancelled, keeps its GPUs until its object is gone, and gets an event and a `stop` outbox
+/// row with its grace period. Returns those given back.
 pub async fn shrink(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<JobId>, sqlx::Error> {
+    stop(tx, rows, JobState::Cancelled, "cancel_requested", true).await
+}
+
+/// Tells the admitted or running jobs of `rows` (only extra replicas, with `extras_only`) to
+/// stop: each takes `state` and an event of `kind`, and gets a `stop` outbox row with its
+/// grace period. Returns those told.
+async fn stop(
+    tx: &mut Tx<'_>,
+    rows: &[PreemptRow],
+    state: JobState,
+    kind: &str,
+    extras_only: bool,
+) -> Result<Vec<JobId>, sqlx::Error> {
     if rows.is_empty() {
         return Ok(Vec::new());
     }
@@ -124,24 +106,27 @@ pub async fn shrink(tx: &mut Tx<'_>, rows: &[PreemptRow]) -> Result<Vec<JobId>, 
         r#"with u as (
                select * from unnest($1::uuid[], $2::int8[], $3::text[], $4::text[], $5::jsonb[])
                    as u(id, grace, reason, message, data)
-           ), given as (
-               update jobs j set state = 'cancelled', stop_requested_at = now(), updated_at = now(),
+           ), told as (
+               update jobs j set state = $6, stop_requested_at = now(), updated_at = now(),
                       version = j.version + 1
-               from u where j.id = u.id and j.extra_of is not null and j.state in ('admitted', 'running')
+               from u where j.id = u.id and j.state in ('admitted', 'running') and (not $8 or j.extra_of is not null)
                returning j.id, j.attempt
            ), events as (
                insert into job_events (job_id, attempt, kind, reason, message, data)
-               select g.id, g.attempt, 'cancel_requested', u.reason, u.message, u.data from given g join u on u.id = g.id
+               select t.id, t.attempt, $7, u.reason, u.message, u.data from told t join u on u.id = t.id
            ), outbox as (
                insert into dispatch_outbox (job_id, attempt, action, grace_ms)
-               select g.id, g.attempt, 'stop', u.grace from given g join u on u.id = g.id
+               select t.id, t.attempt, 'stop', u.grace from told t join u on u.id = t.id
            )
-           select id as "id!: JobId" from given"#,
+           select id as "id!: JobId" from told"#,
         &ids as &[JobId],
         &graces,
         &reasons,
         &messages,
-        &data
+        &data,
+        state.as_str(),
+        kind,
+        extras_only
     )
     .fetch_all(&mut **tx)
     .await

@@ -67,18 +67,30 @@ fn in_state<'a>(extras: &'a [Value], state: &str) -> Vec<&'a Value> {
     extras.iter().filter(|e| e["state"] == state).collect()
 }
 
-#[tokio::test]
-async fn an_elastic_gang_grows_gives_its_extras_back_first_and_is_billed_for_what_each_replica_held() {
-    let (app, prod, research) = fleet().await;
-    let gang = submit(
-        &app,
-        &research,
+/// Research's experiment gang of 2 to 8 one-GPU replicas, submitted on the idle node.
+async fn submit_gang(app: &TestApp, research: &str) -> String {
+    submit(
+        app,
+        research,
         "research",
         json!({"name": "elastic-train", "gpu_class": "h100-80gb", "replicas": 2, "max_replicas": 8, "image": "x",
                "priority_class": "experiment", "preemption_grace_seconds": 1,
                "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "30000"}}),
     )
-    .await;
+    .await
+}
+
+/// The event in which given-back extra `extra` was told to stop.
+async fn shrunk_event(app: &TestApp, token: &str, extra: &str) -> Value {
+    let events = app.send(call("GET", &format!("/api/v1/jobs/{extra}/events")).token(token)).await.json();
+    let events = events["items"].as_array().or(events.as_array()).cloned().unwrap_or_default();
+    events.iter().find(|e| e["reason"] == "shrunk").cloned().unwrap_or_else(|| panic!("{events:#?}"))
+}
+
+#[tokio::test]
+async fn an_elastic_gang_grows_gives_its_extras_back_first_and_is_billed_for_what_each_replica_held() {
+    let (app, prod, research) = fleet().await;
+    let gang = submit_gang(&app, &research).await;
     let started = wait_for(&app, &research, &gang, Duration::from_secs(30), |j| j["state"] == "running").await;
     assert_eq!((started["replicas"].as_i64(), started["max_replicas"].as_i64()), (Some(2), Some(8)), "{started:#}");
     // It grows into the six free GPUs, each extra a job of its own naming the gang.
@@ -109,10 +121,7 @@ async fn an_elastic_gang_grows_gives_its_extras_back_first_and_is_billed_for_wha
     assert_eq!(in_state(&extras, "running").len(), 2, "{extras:#?}");
     let gang_now = app.send(call("GET", &format!("/api/v1/jobs/{gang}")).token(&research)).await.json();
     assert_eq!((gang_now["state"].as_str(), gang_now["preemptions"].as_i64()), (Some("running"), Some(0)));
-    let given_back = in_state(&extras, "cancelled")[0]["id"].as_str().unwrap().to_owned();
-    let events = app.send(call("GET", &format!("/api/v1/jobs/{given_back}/events")).token(&research)).await.json();
-    let events = events["items"].as_array().or(events.as_array()).cloned().unwrap_or_default();
-    let shrunk = events.iter().find(|e| e["reason"] == "shrunk").unwrap_or_else(|| panic!("{events:#?}"));
+    let shrunk = shrunk_event(&app, &research, in_state(&extras, "cancelled")[0]["id"].as_str().unwrap()).await;
     assert!(
         shrunk["message"].as_str().unwrap().contains(&format!("given back by elastic gang {gang} for job {reclaim}")),
         "{shrunk:#}"
@@ -148,15 +157,7 @@ async fn an_elastic_gang_grows_gives_its_extras_back_first_and_is_billed_for_wha
 #[tokio::test]
 async fn a_job_of_the_gangs_own_team_and_priority_gets_the_extras_it_needs_and_the_gang_runs_on() {
     let (app, _prod, research) = fleet().await;
-    let gang = submit(
-        &app,
-        &research,
-        "research",
-        json!({"name": "elastic-train", "gpu_class": "h100-80gb", "replicas": 2, "max_replicas": 8, "image": "x",
-               "priority_class": "experiment", "preemption_grace_seconds": 1,
-               "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "30000"}}),
-    )
-    .await;
+    let gang = submit_gang(&app, &research).await;
     until_extras(&app, &research, &gang, |e| in_state(e, "running").len() == 6).await;
     // The gang holds all 8 GPUs research may use; research's next experiment does not wait
     // behind that growth. A dry run says so first, naming the gang.
@@ -200,10 +201,7 @@ async fn a_job_of_the_gangs_own_team_and_priority_gets_the_extras_it_needs_and_t
     assert_eq!(in_state(&extras, "running").len(), 3, "only the three it needs: {extras:#?}");
     let gang_now = app.send(call("GET", &format!("/api/v1/jobs/{gang}")).token(&research)).await.json();
     assert_eq!((gang_now["state"].as_str(), gang_now["preemptions"].as_i64()), (Some("running"), Some(0)));
-    let given_back = in_state(&extras, "cancelled")[0]["id"].as_str().unwrap().to_owned();
-    let events = app.send(call("GET", &format!("/api/v1/jobs/{given_back}/events")).token(&research)).await.json();
-    let events = events["items"].as_array().or(events.as_array()).cloned().unwrap_or_default();
-    let shrunk = events.iter().find(|e| e["reason"] == "shrunk").unwrap_or_else(|| panic!("{events:#?}"));
+    let shrunk = shrunk_event(&app, &research, in_state(&extras, "cancelled")[0]["id"].as_str().unwrap()).await;
     assert!(
         shrunk["message"]
             .as_str()
