@@ -489,6 +489,7 @@ fn spec(id: JobId, team: TeamId, class: ClassId, replicas: u16, milli: u32, topo
         min_drivers: Default::default(),
         host: Default::default(),
         preemption_delay_ms: None,
+        attained_ms: 0,
         elastic: None,
     }
 }

@@ -340,6 +340,7 @@ struct FileConfig {
     queue_order: Option<String>,
     placement: Option<String>,
     starvation_seconds: Option<u64>,
+    service_threshold_gpu_seconds: Option<u64>,
     log_tail_lines: Option<u64>,
     prometheus_url: Option<String>,
     dcgm_exporter_urls: Option<String>,
@@ -496,12 +497,30 @@ impl Config {
             });
         }
         let starvation_ms = starvation.map_or(crate::scheduler::DEFAULT_STARVATION_MS, |s| s as i64 * 1000);
+        let threshold = number("FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS", file.service_threshold_gpu_seconds)?;
+        if threshold.is_some_and(|t| t > 365 * 86_400) {
+            return Err(ConfigError::Invalid {
+                name: "FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS",
+                reason: "must be at most 31536000 (a GPU-year); 0 turns least-attained-service preemption off".into(),
+            });
+        }
+        let threshold_gpu_ms = match threshold {
+            None => Some(crate::scheduler::DEFAULT_SERVICE_THRESHOLD_GPU_MS),
+            Some(0) => None,
+            Some(t) => Some(t as i64 * 1000),
+        };
         config.queue_order = match env("FAIRWAY_QUEUE_ORDER").or(file.queue_order).as_deref() {
-            Some("service") => crate::scheduler::QueueOrder::ServiceIndex { starvation_ms },
-            None | Some("arrival") if starvation.is_none() => crate::scheduler::QueueOrder::Arrival,
+            Some("service") => crate::scheduler::QueueOrder::ServiceIndex { starvation_ms, threshold_gpu_ms },
+            None | Some("arrival") if starvation.is_none() && threshold.is_none() => {
+                crate::scheduler::QueueOrder::Arrival
+            }
             None | Some("arrival") => {
                 return Err(ConfigError::Invalid {
-                    name: "FAIRWAY_STARVATION_SECONDS",
+                    name: if starvation.is_some() {
+                        "FAIRWAY_STARVATION_SECONDS"
+                    } else {
+                        "FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS"
+                    },
                     reason: "applies to FAIRWAY_QUEUE_ORDER=service only: in arrival order no job is overtaken".into(),
                 })
             }
@@ -780,13 +799,29 @@ mod tests {
         use crate::scheduler::QueueOrder;
         let config = |pairs: &[(&str, &str)]| Config::from_layers(FileConfig::default(), &env_of(pairs));
         assert_eq!(config(&[]).unwrap().queue_order, QueueOrder::Arrival);
-        assert_eq!(
-            config(&[("FAIRWAY_QUEUE_ORDER", "service")]).unwrap().queue_order,
-            QueueOrder::ServiceIndex { starvation_ms: crate::scheduler::DEFAULT_STARVATION_MS }
-        );
+        assert_eq!(config(&[("FAIRWAY_QUEUE_ORDER", "service")]).unwrap().queue_order, QueueOrder::SERVICE);
         assert_eq!(
             config(&[("FAIRWAY_QUEUE_ORDER", "service"), ("FAIRWAY_STARVATION_SECONDS", "600")]).unwrap().queue_order,
-            QueueOrder::ServiceIndex { starvation_ms: 600_000 }
+            QueueOrder::ServiceIndex {
+                starvation_ms: 600_000,
+                threshold_gpu_ms: Some(crate::scheduler::DEFAULT_SERVICE_THRESHOLD_GPU_MS)
+            }
+        );
+        assert_eq!(
+            config(&[("FAIRWAY_QUEUE_ORDER", "service"), ("FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS", "0")])
+                .unwrap()
+                .queue_order,
+            QueueOrder::ServiceIndex { starvation_ms: crate::scheduler::DEFAULT_STARVATION_MS, threshold_gpu_ms: None },
+            "0 turns least-attained-service preemption off"
+        );
+        assert_eq!(
+            config(&[("FAIRWAY_QUEUE_ORDER", "service"), ("FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS", "7200")])
+                .unwrap()
+                .queue_order,
+            QueueOrder::ServiceIndex {
+                starvation_ms: crate::scheduler::DEFAULT_STARVATION_MS,
+                threshold_gpu_ms: Some(7_200_000)
+            }
         );
         for (pairs, variable) in [
             (&[("FAIRWAY_QUEUE_ORDER", "fifo")][..], "FAIRWAY_QUEUE_ORDER"),
@@ -795,6 +830,11 @@ mod tests {
                 "FAIRWAY_STARVATION_SECONDS",
             ),
             (&[("FAIRWAY_STARVATION_SECONDS", "600")][..], "FAIRWAY_STARVATION_SECONDS"),
+            (&[("FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS", "600")][..], "FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS"),
+            (
+                &[("FAIRWAY_QUEUE_ORDER", "service"), ("FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS", "99999999999")][..],
+                "FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS",
+            ),
             (
                 &[("FAIRWAY_QUEUE_ORDER", "arrival"), ("FAIRWAY_STARVATION_SECONDS", "600")][..],
                 "FAIRWAY_STARVATION_SECONDS",

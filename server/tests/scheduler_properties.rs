@@ -16,7 +16,7 @@ use std::{
 
 use fairway::scheduler::{
     schedule, Admission, ClassId, Config, Decisions, Elastic, GpuClass, Host, JobId, JobSpec, Level, Node,
-    PendingReason, Placement, Policy, PreemptReason, PriorityClass, Quota, ReplicaPlacement, RunningJob,
+    PendingReason, Placement, Policy, PreemptReason, PriorityClass, QueueOrder, Quota, ReplicaPlacement, RunningJob,
     RuntimeHistory, Snapshot, Team, TeamId, Topology, UNIT,
 };
 use proptest::{prelude::*, test_runner::TestCaseError};
@@ -336,6 +336,13 @@ fn build(raw: &Raw, policy: Policy, whole_units_only: bool) -> Snapshot {
             estimate_start_times: raw.estimate_start_times,
             // Both placements must keep every property; which one is drawn with the nodes.
             placement: if raw.nodes.len().is_multiple_of(2) { Placement::Fragmentation } else { Placement::BestFit },
+            // Every other snapshot orders by expected service, with least-attained-service
+            // preemption above a threshold low enough that jobs cross it between cycles.
+            queue_order: if raw.teams.len().is_multiple_of(2) {
+                QueueOrder::ServiceIndex { starvation_ms: 3_600_000, threshold_gpu_ms: Some(10 * 60_000) }
+            } else {
+                QueueOrder::Arrival
+            },
             ..Config::default()
         },
     };
@@ -411,6 +418,8 @@ fn job_spec(s: &Snapshot, leaves: &[TeamId], r: &RawJob, id: JobId) -> JobSpec {
         grace_ms: None,
         // Every seventh job overrides its class's preemption delay: none.
         preemption_delay_ms: (r.runtime_min % 7 == 0).then_some(0),
+        // Some jobs ran before: 0 to 12 minutes.
+        attained_ms: (r.runtime_min % 5) * 3 * 60_000,
         // Every fourth job is an elastic gang, waiting at its minimum.
         elastic: (r.runtime_min % 4 == 1)
             .then(|| Elastic { min_replicas: r.replicas, max_replicas: r.replicas + 1 + (r.age_s % 3) as u16 }),
@@ -631,12 +640,11 @@ fn apply(s: &Snapshot, d: &Decisions) -> Snapshot {
     }));
     next.pending = s.pending.iter().filter(|job| !admitted.contains_key(&job.id)).cloned().collect();
     // A victim goes back to the queue now: its preemption delay runs anew.
-    next.pending.extend(
-        s.running
-            .iter()
-            .filter(|r| victims.contains(&r.spec.id))
-            .map(|r| JobSpec { queued_ms: s.now_ms, ..r.spec.clone() }),
-    );
+    next.pending.extend(s.running.iter().filter(|r| victims.contains(&r.spec.id)).map(|r| JobSpec {
+        queued_ms: s.now_ms,
+        attained_ms: r.spec.attained_ms + (s.now_ms - r.started_ms),
+        ..r.spec.clone()
+    }));
     next
 }
 
@@ -942,6 +950,20 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
             p
         );
         prop_assert!(p.reason != PreemptReason::OwnTeam, "a whole job preempted as if it were an extra: {:?}", p);
+        if p.reason == PreemptReason::LeastService {
+            prop_assert_eq!(beneficiary.team, victim.spec.team, "least service across teams: {:?}", p);
+            prop_assert_eq!(
+                s.priorities[usize::from(beneficiary.priority)].priority,
+                class.priority,
+                "least service across priorities: {:?}",
+                p
+            );
+            prop_assert!(
+                s.below_service_threshold(beneficiary) && s.past_service_threshold(victim),
+                "least service for a job not below the threshold, or of a victim not past it: {:?}",
+                p
+            );
+        }
         if p.reason == PreemptReason::Priority {
             prop_assert_eq!(beneficiary.team, victim.spec.team, "a priority preemption across teams: {:?}", p);
             prop_assert!(
@@ -981,6 +1003,8 @@ fn check_preemptions(s: &Snapshot, d: &Decisions) -> Result<(), TestCaseError> {
                 PreemptReason::Priority => b.team == gang.spec.team && mine > theirs,
                 PreemptReason::OwnTeam => b.team == gang.spec.team && mine >= theirs,
                 PreemptReason::Reclaim | PreemptReason::FairShare => b.team != gang.spec.team,
+                // An extra of the gang's own priority is taken as `OwnTeam` first.
+                PreemptReason::LeastService => false,
             };
             prop_assert!(
                 allowed,
@@ -1270,6 +1294,7 @@ fn reserved_scenario(raw: &Raw, asker: usize, replicas: u16, priority: usize) ->
         // It has waited out its preemption delay: the promise is one round from then on.
         queued_ms: s.now_ms - s.priorities[priority % s.priorities.len()].preemption_delay_ms,
         preemption_delay_ms: None,
+        attained_ms: 0,
         max_runtime_ms: 3_600_000,
         min_drivers: Default::default(),
         host: Default::default(),

@@ -139,6 +139,7 @@ fn job(id: JobId, team: TeamId, replicas: u16, gpus_per_replica: u32, priority: 
         min_drivers: Default::default(),
         host: Default::default(),
         preemption_delay_ms: None,
+        attained_ms: 0,
         elastic: None,
     }
 }

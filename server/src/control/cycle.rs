@@ -365,6 +365,9 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
             scheduler::PreemptReason::OwnTeam => {
                 "a job of the same team and no lower priority waits for the GPUs this job grew into".to_owned()
             }
+            scheduler::PreemptReason::LeastService => {
+                "a job of the same team and priority that has had less GPU time waits, and this one has had more than the threshold".to_owned()
+            }
         };
         // The engine's: the victim's own grace period, or its priority class's.
         let grace_ms = p.grace_ms;

@@ -314,6 +314,7 @@ impl World {
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
             preemption_delay_ms: job.preemption_delay_seconds.map(|s| i64::from(s) * 1000),
+            attained_ms: job.attained_ms,
             elastic: None,
         })
     }
@@ -350,6 +351,7 @@ impl World {
             ),
             host: host_of(job.cpu_millis, job.memory_mib),
             preemption_delay_ms: job.preemption_delay_seconds.map(|s| i64::from(s) * 1000),
+            attained_ms: 0,
             elastic: None,
         })
     }
@@ -683,6 +685,7 @@ mod tests {
             admitted_at: None,
             started_at: None,
             last_checkpoint_at: None,
+            attained_ms: 0,
             pending_reason: None,
             allow_spot: false,
             min_driver_version: None,

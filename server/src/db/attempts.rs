@@ -199,6 +199,8 @@ pub async fn end_attempts(tx: &mut Tx<'_>, updates: &[EndUpdate]) -> Result<(), 
         "update jobs j set holds_gpus = false, state = u.state, exit_code = coalesce(u.exit_code, j.exit_code),
                 finished_at = case when u.state = 'pending' then null else now() end,
                 queued_at = case when u.state = 'pending' then now() else j.queued_at end,
+                attained_ms = j.attained_ms + case when u.state = 'pending' and j.started_at is not null
+                    then greatest(0, floor(extract(epoch from now() - j.started_at) * 1000))::bigint else 0 end,
                 preemptions = j.preemptions + (case when u.bump = 'preemptions' then 1 else 0 end),
                 capacity_retries = j.capacity_retries + (case when u.bump = 'capacity_retries' then 1 else 0 end),
                 node_lost_retries = j.node_lost_retries + (case when u.bump = 'node_lost_retries' then 1 else 0 end),

@@ -84,6 +84,8 @@ pub struct LiveJob {
     pub admitted_at: Option<DateTime<Utc>>,
     pub started_at: Option<DateTime<Utc>>,
     pub last_checkpoint_at: Option<DateTime<Utc>>,
+    /// How long it ran in its earlier attempts (ms), its current one not counted.
+    pub attained_ms: i64,
     /// The reason last recorded while it waits.
     pub pending_reason: Option<String>,
     pub allow_spot: bool,
@@ -179,7 +181,7 @@ macro_rules! select_live_jobs {
                       max_replicas, extra_of as "extra_of: JobId", topology_mode,
                       topology_level, max_runtime_seconds, expected_runtime_seconds, preemption_grace_seconds, preemption_delay_seconds, state as "state: JobState",
                       attempt, holds_gpus, cluster_id as "cluster_id: ClusterId", placement, submitted_at, queued_at, admitted_at, started_at,
-                      last_checkpoint_at, pending_reason, allow_spot, min_driver_version, min_cuda_version,
+                      last_checkpoint_at, attained_ms, pending_reason, allow_spot, min_driver_version, min_cuda_version,
                       cpu_millis, memory_mib,
                       (waits_for_dependencies or held_by_array) as "held!",
                       service_id is not null as "service_replica!",

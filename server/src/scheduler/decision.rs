@@ -34,12 +34,17 @@ pub enum PreemptReason {
     /// lower priority: it grew into capacity no waiting job could use, and that is no longer
     /// so. Only ever a [`Shrink`]'s reason: it never preempts a whole job.
     OwnTeam,
+    /// Least attained service ([`QueueOrder::ServiceIndex`](super::QueueOrder::ServiceIndex)
+    /// with a threshold): a job of the same team and priority that has had less than the
+    /// threshold's GPU time takes the place of this one, which has had more.
+    LeastService,
 }
 
 impl PreemptReason {
     /// Every reason a whole job is preempted for, for metrics that show each from the start
     /// ([`PreemptReason::OwnTeam`] only takes extras).
-    pub const ALL: [PreemptReason; 3] = [PreemptReason::Priority, PreemptReason::Reclaim, PreemptReason::FairShare];
+    pub const ALL: [PreemptReason; 4] =
+        [PreemptReason::Priority, PreemptReason::Reclaim, PreemptReason::FairShare, PreemptReason::LeastService];
 
     /// Stable code.
     pub fn code(self) -> &'static str {
@@ -48,6 +53,7 @@ impl PreemptReason {
             PreemptReason::Reclaim => "reclaim",
             PreemptReason::FairShare => "fair_share",
             PreemptReason::OwnTeam => "own_team",
+            PreemptReason::LeastService => "least_service",
         }
     }
 }

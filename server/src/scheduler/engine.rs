@@ -54,8 +54,8 @@ pub(super) struct Cycle<'a> {
     /// jobs may be victims, without passing every other team's candidates.
     pub(super) team_victim_order: BTreeMap<(ClassId, TeamId), Vec<usize>>,
     /// Per class and team, the lowest [`Cycle::yields_below`] among its candidate victims at
-    /// the start of the cycle: a job of the team with a higher priority may make room by
-    /// preemption.
+    /// the start of the cycle (one below its priority for a job past the service threshold):
+    /// a job of the team with a higher priority may make room by preemption.
     lowest_victim_priority: BTreeMap<(ClassId, TeamId), i32>,
     /// Per class, the preemptible running jobs not stopping that are still within the
     /// minimum runtime before preemption, soonest preemptible first: only what a wait for
@@ -68,10 +68,11 @@ pub(super) struct Cycle<'a> {
     stopping_unclaimed: BTreeMap<ClassId, u64>,
     /// The largest borrower per class, valid until the next admission of that class.
     pub(super) largest_borrowers: BTreeMap<ClassId, Vec<TeamId>>,
-    /// Teams with a job waiting for its victims, per class: the waiting job and its priority.
-    /// The team's lower-priority jobs of the class wait behind it, so they cannot take the
-    /// reserved room its victims free and be preempted for it in turn.
-    waiting_in_team: BTreeMap<(TeamId, ClassId), (JobId, i32)>,
+    /// Teams with a job waiting for its victims, per class: the waiting job, its priority and
+    /// whether it is below the least-attained-service threshold. The team's jobs it could
+    /// preempt (see [`Cycle::could_take`]) wait behind it, so they cannot take the reserved
+    /// room its victims free and be preempted for it in turn.
+    waiting_in_team: BTreeMap<(TeamId, ClassId), (JobId, i32, bool)>,
     /// Every team (at any level) borrowing a class, valid until the class's usage changes:
     /// the exhaustive walks' list, rebuilt over every team after each admission.
     pub(super) borrowers: BTreeMap<ClassId, Vec<TeamId>>,
@@ -110,8 +111,9 @@ pub(super) struct Cycle<'a> {
     /// Whether the job allows spot, and whether it may use cloud pools at all, are part of
     /// the shape: they change where the job may go.
     unplaceable: BTreeSet<(ClassId, u16, u32, TopologyKey, bool, bool)>,
-    /// (team, class, priority, within reserved) → smallest demand whose preemption failed.
-    pub(super) unpreemptable: BTreeMap<(TeamId, ClassId, u8, bool, bool), u64>,
+    /// (team, class, priority, within reserved, own team only, below the service threshold)
+    /// → smallest demand whose preemption failed.
+    pub(super) unpreemptable: BTreeMap<(TeamId, ClassId, u8, bool, bool, bool), u64>,
     pub(super) decisions: Decisions,
     /// The queue position of the job being decided: one more for every job considered.
     pub(super) position: u32,
@@ -256,9 +258,19 @@ impl<'a> Cycle<'a> {
         }
         let passed = victim_order.iter().map(|(&class, order)| (class, Passed::new(order.len()))).collect();
         let team_victim_order = preemption::by_team(s, &victim_order);
+        // A job past the service threshold may yield to one of its own priority: counted as
+        // one below it, which only keeps a job that might take it in rank order.
+        let may_yield_below = |i: usize| {
+            let below = yields_below(s, &extra, i);
+            if s.past_service_threshold(&s.running[i]) {
+                below.min(s.priorities.get(usize::from(s.running[i].spec.priority)).map_or(0, |p| p.priority) - 1)
+            } else {
+                below
+            }
+        };
         let lowest_victim_priority = team_victim_order
             .iter()
-            .filter_map(|(&key, order)| order.iter().map(|&i| yields_below(s, &extra, i)).min().map(|p| (key, p)))
+            .filter_map(|(&key, order)| order.iter().map(|&i| may_yield_below(i)).min().map(|p| (key, p)))
             .collect();
         let team_young = preemption::by_team(s, &young);
         Self {
@@ -308,6 +320,14 @@ impl<'a> Cycle<'a> {
     /// job of the same priority may take it too (see [`yields_below`]).
     pub(super) fn yields_below(&self, index: usize) -> i32 {
         yields_below(self.s, &self.extra, index)
+    }
+
+    /// Whether a job of `job`'s team with priority `priority`, below the least-attained-service
+    /// threshold or not (`below`), could preempt waiting job `job` once it ran: `job` has a
+    /// lower priority, or the same and is past the threshold.
+    pub(super) fn could_take(&self, priority: i32, below: bool, job: &JobSpec) -> bool {
+        let mine = self.priority(job);
+        mine < priority || (mine == priority && below && self.yields_to_less_service(job))
     }
 
     /// The job's priority value (higher goes first), from its priority class.
@@ -379,7 +399,10 @@ impl<'a> Cycle<'a> {
             || !self.inv.could_ever_fit(job)
             || !self.inv.drivers_could_ever_fit(job)
             || !self.hard_budgets_cover(job)
-            || self.waiting_in_team.get(&(job.team, job.class)).is_some_and(|&(_, p)| self.priority(job) < p)
+            || self
+                .waiting_in_team
+                .get(&(job.team, job.class))
+                .is_some_and(|&(_, p, below)| self.could_take(p, below, job))
             || (over_quota() && !self.may_preempt_own_team(job))
     }
 
@@ -405,8 +428,8 @@ impl<'a> Cycle<'a> {
         if !self.hard_budgets_cover(job) {
             return self.pend(job, PendingReason::BudgetExhausted);
         }
-        if let Some(&(waiting, priority)) = self.waiting_in_team.get(&(job.team, job.class)) {
-            if self.priority(job) < priority {
+        if let Some(&(waiting, priority, below)) = self.waiting_in_team.get(&(job.team, job.class)) {
+            if self.could_take(priority, below, job) {
                 return self.pend(job, PendingReason::ReservedFor { job: waiting });
             }
         }
@@ -485,6 +508,9 @@ impl<'a> Cycle<'a> {
             let may = !self.victim[i]
                 && if r.spec.team == job.team {
                     self.yields_below(i) < priority
+                        || (self.priority(&r.spec) == priority
+                            && s.below_service_threshold(job)
+                            && s.past_service_threshold(r))
                 } else {
                     within_reserved && self.reclaimable(job.class, &chain, r.spec.team)
                 };
@@ -612,7 +638,8 @@ impl<'a> Cycle<'a> {
             self.refresh_borrowing(job.team, job.class);
         }
         let priority = self.priority(job);
-        self.waiting_in_team.entry((job.team, job.class)).or_insert((job.id, priority));
+        let below = self.s.below_service_threshold(job);
+        self.waiting_in_team.entry((job.team, job.class)).or_insert((job.id, priority, below));
     }
 
     /// Finds the job a placement in free capacity, remembering shapes that found none: free

@@ -236,6 +236,10 @@ impl Inventory {
 
     /// Takes, of each unit in `placement`, what is free of it now, up to what the placement
     /// asks; returns exactly what was taken, so that releasing it restores the inventory.
+    ///
+    /// Each replica is taken before the next is looked at: replicas sharing a unit (shares
+    /// of one GPU) or a node's CPU and memory must not each count what the other takes, or
+    /// more would be held than was free and releasing it would give back more than there is.
     pub fn hold(&mut self, placement: &[ReplicaPlacement]) -> Vec<ReplicaPlacement> {
         let mut held = Vec::new();
         for replica in placement {
@@ -253,10 +257,11 @@ impl Inventory {
                     },
                     None => replica.host,
                 };
-                held.push(ReplicaPlacement { node: replica.node, units, host });
+                let taken = ReplicaPlacement { node: replica.node, units, host };
+                self.allocate(std::slice::from_ref(&taken));
+                held.push(taken);
             }
         }
-        self.allocate(&held);
         held
     }
 
@@ -828,8 +833,30 @@ pub(super) mod tests {
             min_drivers: Default::default(),
             host: Default::default(),
             preemption_delay_ms: None,
+            attained_ms: 0,
             elastic: None,
         }
+    }
+
+    #[test]
+    fn holding_replicas_that_share_a_unit_and_a_nodes_cpus_takes_no_more_than_is_free_and_gives_it_all_back() {
+        // One GPU with 600 milli free and 10 cores free; three replicas of 250 milli and 4
+        // cores each: 500 milli of the unit and 8 cores go to the first two, the third gets
+        // the last 100 milli and 2 cores.
+        let mut n = node("n", 1, 0);
+        n.host = Some(Host { cpu_millis: 14_000, memory_mib: 1_000 });
+        let mut inv = Inventory::new(&[n], 1);
+        let busy = ReplicaPlacement { node: 0, units: vec![(0, 400)], host: Host { cpu_millis: 4_000, memory_mib: 0 } };
+        inv.allocate(std::slice::from_ref(&busy));
+        let ask = ReplicaPlacement { node: 0, units: vec![(0, 250)], host: Host { cpu_millis: 4_000, memory_mib: 0 } };
+        let before = inv.node_free(0);
+        let held = inv.hold(&[ask.clone(), ask.clone(), ask]);
+        let units: u32 = held.iter().flat_map(|r| r.units.iter()).map(|u| u.1).sum();
+        let cpu: u32 = held.iter().map(|r| r.host.cpu_millis).sum();
+        assert_eq!((units, cpu), (600, 10_000), "{held:?}");
+        assert_eq!(inv.node_free(0), (0, Some(Host { cpu_millis: 0, memory_mib: 1_000 })));
+        inv.release(&held);
+        assert_eq!(inv.node_free(0), before, "releasing what was held restores the node exactly");
     }
 
     fn pool(name: &str, units: u8, spot: bool) -> Node {

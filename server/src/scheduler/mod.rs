@@ -8,10 +8,12 @@
 //! # A cycle
 //!
 //! 1. **Ranking.** Each team's queue is ordered by priority, then age; or, with
-//!    [`QueueOrder::ServiceIndex`], jobs that waited past the starvation bound first (oldest
-//!    first), then least expected GPU-time first by the Gittins index of the runtime's
-//!    distribution as history estimates it ([`runtime::RuntimeHistory::gittins_index`]),
-//!    then age. Team heads compete:
+//!    [`QueueOrder::ServiceIndex`], jobs that waited past the starvation bound since they
+//!    last entered the queue first (oldest first), then jobs below the
+//!    least-attained-service threshold before those past it, then least expected remaining
+//!    GPU-time first by the Gittins index of the runtime's distribution as history
+//!    estimates it, given how long the job has already run
+//!    ([`runtime::RuntimeHistory::gittins_index`]), then age. Team heads compete:
 //!    a head that fits within its team's reserved quota (at every level of the team tree)
 //!    goes before any head that needs to borrow; among borrowers the lowest fair-share
 //!    score goes first (see [`fairshare`] for the formula: cost-weighted borrowed capacity
@@ -39,11 +41,22 @@
 //!
 //! Only preemptible jobs past the minimum runtime are victims, cheapest first by work lost
 //! since their last checkpoint × GPUs, then the fewest; a victim gets its priority class's
-//! grace period and goes back to the queue. A job preempts only in one of three ways:
+//! grace period and goes back to the queue. A job preempts only in one of four ways:
 //!
 //! - **Priority**, within its own team: the victim has a strictly lower priority. A
 //!   requeued victim can never preempt its preemptor back (it would need a strictly higher
 //!   priority), and priorities are finite, so chains end.
+//! - **Least attained service** ([`QueueOrder::ServiceIndex`] with a threshold, Fairway
+//!   policy only), within its own team and priority: the preemptor has had less GPU time
+//!   than the threshold over its attempts, the victim at least that much (and did not
+//!   start after waiting past the starvation bound). Attained service only grows, so a
+//!   requeued victim stays past the threshold: it can never take its preemptor's place by
+//!   this rule, nor by priority (equal), reclaim or fair share (same team); and it ranks
+//!   after every job of its priority below the threshold, so it is not admitted ahead of
+//!   its preemptor into the room it was stopped for. A job is a preemptor by this rule only
+//!   while below the threshold and a victim only once past it, so at a standing clock each
+//!   job takes part at most on one side; as time passes the threshold, not a loop, lets
+//!   jobs that crossed it be taken, each at most once per run past the minimum runtime.
 //! - **Reclaim**: the preemptor stays within its team's reserved quota; the victim's team
 //!   borrows at a level the preemptor's team does not share, and loses at most what it
 //!   borrows. So after the preemption the victim's team still holds at least its reserved

@@ -234,6 +234,9 @@ struct Preemptor<'j> {
     /// Whether victims may come from other teams at all (reclaim or fair share); if not,
     /// only the team's own lower-priority jobs may be.
     cross_team: bool,
+    /// Whether the job has had less GPU time than the least-attained-service threshold, so
+    /// that its team's jobs of its priority past it may be victims too.
+    below_threshold: bool,
 }
 
 impl Cycle<'_> {
@@ -243,7 +246,9 @@ impl Cycle<'_> {
     /// Who may be a victim: a preemptible job past the minimum runtime, of the same class,
     /// not already stopping, and
     /// - of the same team with a strictly lower priority (priority preemption), or an
-    ///   elastic gang's extra of the same team and no higher priority (`OwnTeam`), or
+    ///   elastic gang's extra of the same team and no higher priority (`OwnTeam`), or of the
+    ///   same team and priority past the least-attained-service threshold while `job` is
+    ///   below it (`LeastService`), or
     /// - when `job` stays within its team's reserved quota: of a team borrowing at a level
     ///   `job`'s team does not share, while that team still borrows (reclaim), or
     /// - when `job` borrows (Fairway policy only): of a team whose fair-share score after
@@ -251,7 +256,7 @@ impl Cycle<'_> {
     ///   taking that team below its reserved quota (fair share).
     ///
     /// Candidates are walked once per pass in the cycle's victim order (least work lost,
-    /// then largest, so the fewest victims); see the module docs for why none of the three
+    /// then largest, so the fewest victims); see the module docs for why none of the rules
     /// can loop.
     pub(super) fn try_preempt(
         &mut self,
@@ -259,7 +264,8 @@ impl Cycle<'_> {
         within_reserved: bool,
         own_team_only: bool,
     ) -> Option<Vec<(usize, PreemptReason)>> {
-        let memo_key = (job.team, job.class, job.priority, within_reserved, own_team_only);
+        let below_threshold = self.s.below_service_threshold(job);
+        let memo_key = (job.team, job.class, job.priority, within_reserved, own_team_only, below_threshold);
         if self.unpreemptable.get(&memo_key).is_some_and(|&m| m <= job.total_milli()) {
             return None;
         }
@@ -331,7 +337,8 @@ impl Cycle<'_> {
             && (within_reserved || s.config.policy == Policy::Fairway)
             && !known_to_fail
             && self.other_borrower(job.class, &chain);
-        Preemptor { job, n, within_reserved, priority, chain, score_after, live_after, cross_team }
+        let below_threshold = s.below_service_threshold(job);
+        Preemptor { job, n, within_reserved, priority, chain, score_after, live_after, cross_team, below_threshold }
     }
 
     /// Takes candidates out, in victim order, each one the rules allow for the job, until
@@ -381,10 +388,14 @@ impl Cycle<'_> {
     fn victim_reason(&self, p: &Preemptor<'_>, index: usize, straddle: bool) -> Option<PreemptReason> {
         let r = &self.s.running[index];
         if r.spec.team == p.job.team {
-            if self.priority(&r.spec) < p.priority {
+            let priority = self.priority(&r.spec);
+            if priority < p.priority {
                 Some(PreemptReason::Priority)
+            } else if self.yields_below(index) < p.priority {
+                Some(PreemptReason::OwnTeam)
             } else {
-                (self.yields_below(index) < p.priority).then_some(PreemptReason::OwnTeam)
+                (priority == p.priority && p.below_threshold && self.s.past_service_threshold(r))
+                    .then_some(PreemptReason::LeastService)
             }
         } else if !p.cross_team {
             None
@@ -421,7 +432,7 @@ impl Cycle<'_> {
         &mut self,
         p: &Preemptor<'_>,
         chosen: &[(usize, PreemptReason)],
-        memo_key: (TeamId, ClassId, u8, bool, bool),
+        memo_key: (TeamId, ClassId, u8, bool, bool, bool),
     ) {
         for &(index, _) in chosen {
             self.take_out(index, false);

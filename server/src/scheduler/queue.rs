@@ -103,19 +103,42 @@ impl<'a> Cycle<'a> {
 
     /// A job's place in the order of waiting jobs: priority first; then, under
     /// [`QueueOrder::ServiceIndex`] and Fairway's policy, the jobs that waited past the
-    /// starvation bound, oldest first, before the rest by Gittins index (least expected
-    /// GPU-time first); then age. Totally ordered (the job id last).
-    fn wait_order(&self, job: &JobSpec) -> (Reverse<i32>, bool, Reverse<u64>, i64, JobId) {
+    /// starvation bound since they last entered the queue, oldest first; then, with a
+    /// least-attained-service threshold, the jobs below it before those past it (Tiresias's
+    /// two queues: a job past it may be preempted for one below it, so it must not be ranked
+    /// ahead of that job into the room its preemption made, or the two would take turns);
+    /// then by Gittins index (least expected remaining GPU-time first); then age. Totally
+    /// ordered (the job id last).
+    fn wait_order(&self, job: &JobSpec) -> (Reverse<i32>, bool, bool, Reverse<u64>, i64, JobId) {
         let index = match self.s.config.queue_order {
-            QueueOrder::ServiceIndex { starvation_ms }
-                if self.s.config.policy == Policy::Fairway && self.s.now_ms - job.submitted_ms < starvation_ms =>
+            QueueOrder::ServiceIndex { starvation_ms, .. }
+                if self.s.config.policy == Policy::Fairway && !self.s.starving(job, starvation_ms) =>
             {
                 // A non-negative finite f64's bits order as the number does.
                 Some(self.s.history.gittins_index(job).to_bits())
             }
             _ => None,
         };
-        (Reverse(self.priority(job)), index.is_some(), Reverse(index.unwrap_or(0)), job.submitted_ms, job.id)
+        (
+            Reverse(self.priority(job)),
+            index.is_some(),
+            self.yields_to_less_service(job),
+            Reverse(index.unwrap_or(0)),
+            job.submitted_ms,
+            job.id,
+        )
+    }
+
+    /// Whether waiting job `job`, once running, could be preempted for a job of its team and
+    /// priority below the least-attained-service threshold: it is past the threshold, and
+    /// not let through by the starvation bound (which protects its next run).
+    pub(super) fn yields_to_less_service(&self, job: &JobSpec) -> bool {
+        match self.s.config.queue_order {
+            QueueOrder::ServiceIndex { starvation_ms, .. } => {
+                !self.s.starving(job, starvation_ms) && self.s.past_service_threshold_waiting(job)
+            }
+            QueueOrder::Arrival => false,
+        }
     }
 
     /// Reserved first, then burst by fair share.
@@ -137,20 +160,21 @@ impl<'a> Cycle<'a> {
         let mut order: Vec<&'a JobSpec> = self.s.pending.iter().collect();
         order.sort_by_cached_key(|j| self.wait_order(j));
         let mut queues: Queues<'a> = BTreeMap::new();
-        // Highest priority deferred to phase two per (team, class): the team's lower-priority
-        // jobs wait for phase two too, or they would take room the higher-priority job then
-        // preempts them for, cycle after cycle.
-        let mut deferred: BTreeMap<(TeamId, ClassId), i32> = BTreeMap::new();
+        // The first job deferred to phase two per (team, class), by priority and whether it
+        // is below the least-attained-service threshold: the team's jobs it could preempt
+        // (of lower priority, or of its priority and past the threshold) wait for phase two
+        // too, or they would take room it then preempts them for, cycle after cycle.
+        let mut deferred: BTreeMap<(TeamId, ClassId), (i32, bool)> = BTreeMap::new();
         for job in order {
             let within = (job.team as usize) < self.s.teams.len()
                 && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
-                && deferred.get(&(job.team, job.class)).is_none_or(|&p| self.priority(job) >= p);
+                && !deferred.get(&(job.team, job.class)).is_some_and(|&(p, below)| self.could_take(p, below, job));
             if within || self.blocked_by_rules(job) {
                 self.position += 1;
                 self.consider(job);
             } else {
                 let priority = self.priority(job);
-                deferred.entry((job.team, job.class)).or_insert(priority);
+                deferred.entry((job.team, job.class)).or_insert((priority, self.s.below_service_threshold(job)));
                 if (job.team as usize) < self.s.teams.len()
                     && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
                 {

@@ -127,7 +127,7 @@ impl RuntimeHistory {
     /// not known but their distribution is (Gittins; Tiresias without known durations).
     pub fn gittins_index(&self, job: &JobSpec) -> f64 {
         let gpus = (job.total_milli() as f64 / f64::from(super::snapshot::UNIT)).max(0.001);
-        gittins_index(&self.remaining_at(job, 0, INDEX_GRID).map(|ms| ms as f64 * gpus))
+        gittins_index(&self.remaining_at(job, job.attained_ms, INDEX_GRID).map(|ms| ms as f64 * gpus))
     }
 }
 
@@ -201,6 +201,7 @@ mod tests {
             min_drivers: Default::default(),
             host: Default::default(),
             preemption_delay_ms: None,
+            attained_ms: 0,
             elastic: None,
         }
     }

@@ -209,6 +209,10 @@ pub struct JobSpec {
     /// Its own preemption delay (ms), overriding its priority class's; see
     /// [`Snapshot::preemption_delay_ms`].
     pub preemption_delay_ms: Option<i64>,
+    /// How long it ran in its earlier attempts (ms), its current one not counted: with its
+    /// GPUs, the service it has attained, which [`QueueOrder::ServiceIndex`] orders and
+    /// preempts by.
+    pub attained_ms: i64,
     /// The least driver and CUDA version its nodes must run; default: none.
     pub min_drivers: DriverStack,
     /// CPU and memory each replica needs beside its GPUs, on the replica's node.
@@ -308,11 +312,39 @@ pub enum QueueOrder {
     Arrival,
     /// Least expected service first, as Tiresias: by the Gittins index of the job's GPU-time
     /// ([`runtime::gittins_index`](super::runtime::gittins_index)), its runtime not known
-    /// but its distribution estimated from history. A job that has waited `starvation_ms`
-    /// goes before every job that has not, oldest first, so no job waits forever behind
-    /// shorter ones.
-    ServiceIndex { starvation_ms: i64 },
+    /// but its distribution estimated from history, given the time it has already run
+    /// ([`JobSpec::attained_ms`]). A job that has waited `starvation_ms` since it last
+    /// entered the queue goes before every job that has not, oldest first, so no job waits
+    /// forever behind shorter ones.
+    ///
+    /// With `threshold_gpu_ms`, least attained service also preempts, as Tiresias's
+    /// two-queue LAS does: a waiting job that has had less than that much GPU time may take
+    /// the place of a running job of its own team and priority that has had at least that
+    /// much (GPU-ms, GPUs × time over all its attempts), unless that job started after
+    /// waiting past the starvation bound. See the [module docs](super) for why it cannot loop.
+    ServiceIndex { starvation_ms: i64, threshold_gpu_ms: Option<i64> },
 }
+
+impl QueueOrder {
+    /// Least expected service first, with least-attained-service preemption above
+    /// [`DEFAULT_SERVICE_THRESHOLD_GPU_MS`].
+    pub const SERVICE: QueueOrder = QueueOrder::ServiceIndex {
+        starvation_ms: DEFAULT_STARVATION_MS,
+        threshold_gpu_ms: Some(DEFAULT_SERVICE_THRESHOLD_GPU_MS),
+    };
+}
+
+/// GPU-ms of `ms` of running with `spec`'s GPUs (whole GPUs of its class).
+fn attained_gpu_ms(spec: &JobSpec, ms: i64) -> i64 {
+    let milli = i64::try_from(spec.total_milli()).unwrap_or(i64::MAX);
+    ms.saturating_mul(milli) / i64::from(UNIT)
+}
+
+/// The attained-service threshold of [`QueueOrder::ServiceIndex`] by default: four
+/// GPU-hours. Lower thresholds preempt more often and lose more work to it (jobs checkpoint
+/// now and then, not when told to stop); on the Alibaba replay one GPU-hour waited longer
+/// than none at all (README, "Replaying the Alibaba GPU trace").
+pub const DEFAULT_SERVICE_THRESHOLD_GPU_MS: i64 = 4 * 3600 * 1000;
 
 /// The starvation bound of [`QueueOrder::ServiceIndex`] by default.
 pub const DEFAULT_STARVATION_MS: i64 = 4 * 3600 * 1000;
@@ -400,6 +432,53 @@ impl Snapshot {
     pub fn preemption_delay_ms(&self, spec: &JobSpec) -> i64 {
         spec.preemption_delay_ms
             .unwrap_or_else(|| self.priorities.get(usize::from(spec.priority)).map_or(0, |p| p.preemption_delay_ms))
+    }
+
+    /// The GPU time (GPU-ms, whole GPUs of its class) running job `r` has had over all its
+    /// attempts, this one up to now included.
+    pub fn attained_gpu_ms(&self, r: &RunningJob) -> i64 {
+        attained_gpu_ms(&r.spec, r.spec.attained_ms.saturating_add((self.now_ms - r.started_ms).max(0)))
+    }
+
+    /// Whether waiting job `spec` has waited `starvation_ms` since it last entered the queue:
+    /// [`QueueOrder::ServiceIndex`] then ranks it before every job that has not.
+    pub fn starving(&self, spec: &JobSpec, starvation_ms: i64) -> bool {
+        self.now_ms.saturating_sub(spec.queued_ms) >= starvation_ms
+    }
+
+    /// The threshold and starvation bound of least-attained-service preemption, when the
+    /// policy (Fairway's) and the queue order use one.
+    fn service_threshold(&self) -> Option<(i64, i64)> {
+        match self.config.queue_order {
+            QueueOrder::ServiceIndex { starvation_ms, threshold_gpu_ms: Some(t) }
+                if self.config.policy == Policy::Fairway =>
+            {
+                Some((t, starvation_ms))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether waiting job `spec` has had less GPU time than the threshold of
+    /// [`QueueOrder::ServiceIndex`] over its earlier attempts: it may then take the place of
+    /// a running job of its team and priority that [`Self::past_service_threshold`].
+    pub fn below_service_threshold(&self, spec: &JobSpec) -> bool {
+        self.service_threshold().is_some_and(|(t, _)| attained_gpu_ms(spec, spec.attained_ms) < t)
+    }
+
+    /// Whether waiting job `spec` has had at least the threshold's GPU time: it then ranks
+    /// after the jobs of its priority below it (unless it waited past the starvation bound).
+    pub fn past_service_threshold_waiting(&self, spec: &JobSpec) -> bool {
+        self.service_threshold().is_some_and(|(t, _)| attained_gpu_ms(spec, spec.attained_ms) >= t)
+    }
+
+    /// Whether running job `r` has had at least the threshold's GPU time, and did not start
+    /// after waiting past the starvation bound (a job the bound let through runs its
+    /// attempt, or it could starve for ever, started and preempted in turn).
+    pub fn past_service_threshold(&self, r: &RunningJob) -> bool {
+        self.service_threshold().is_some_and(|(t, starvation_ms)| {
+            self.attained_gpu_ms(r) >= t && r.started_ms.saturating_sub(r.spec.queued_ms) < starvation_ms
+        })
     }
 
     /// Until when `spec` may not preempt (ms since the epoch), if that is still ahead.

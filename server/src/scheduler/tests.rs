@@ -87,6 +87,7 @@ fn job(id: JobId, team: TeamId, gpus: u32, priority: PriorityId) -> JobSpec {
         min_drivers: Default::default(),
         host: Default::default(),
         preemption_delay_ms: None,
+        attained_ms: 0,
         elastic: None,
     }
 }
@@ -731,7 +732,7 @@ fn a_long_and_a_short_job_wait_for_two_gpus() -> Snapshot {
     s.pending = vec![job(1, 0, 2, 1), job(2, 0, 2, 1)];
     s.pending[0].kind = Some(8);
     s.pending[1].kind = Some(7);
-    s.config.queue_order = QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS };
+    s.config.queue_order = QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS, threshold_gpu_ms: None };
     s
 }
 
@@ -757,7 +758,95 @@ fn in_arrival_order_and_under_the_quota_baseline_the_earlier_job_goes_first() {
 fn a_job_that_waited_past_the_starvation_bound_goes_before_shorter_ones() {
     let mut s = a_long_and_a_short_job_wait_for_two_gpus();
     s.pending[0].submitted_ms = NOW - DEFAULT_STARVATION_MS;
+    s.pending[0].queued_ms = NOW - DEFAULT_STARVATION_MS;
     assert_eq!(admitted(&schedule(&s)), vec![1]);
+}
+
+#[test]
+fn the_starvation_bound_counts_from_when_a_job_last_entered_the_queue_not_from_its_submission() {
+    // Submitted long ago, but preempted and back in the queue only for an hour.
+    let mut s = a_long_and_a_short_job_wait_for_two_gpus();
+    s.pending[0].submitted_ms = NOW - 2 * DEFAULT_STARVATION_MS;
+    assert_eq!(admitted(&schedule(&s)), vec![2]);
+}
+
+#[test]
+fn a_job_that_already_ran_a_while_goes_after_a_fresh_one_of_its_kind() {
+    // Most runs of the kind end within minutes, a few take hours: one that has run for an
+    // hour is one of the few, so the fresh job, submitted later, is likelier to end soon.
+    let mut s = a_long_and_a_short_job_wait_for_two_gpus();
+    let mut history = runtime::RuntimeHistory::default();
+    for m in 1..=8 {
+        history.record(0, Some(7), m * 60_000);
+    }
+    history.record(0, Some(7), 3 * HOUR);
+    history.record(0, Some(7), 4 * HOUR);
+    s.history = std::sync::Arc::new(history);
+    s.pending[0].kind = Some(7);
+    s.pending[0].attained_ms = HOUR;
+    assert_eq!(admitted(&schedule(&s)), vec![2]);
+    s.pending[0].attained_ms = 0;
+    assert_eq!(admitted(&schedule(&s)), vec![1], "without its hour the earlier job goes first");
+}
+
+/// Team a, within its reserved 8 GPUs, fills one node: job 9 (4 GPUs) has run 2 hours, 8
+/// GPU-hours; job 8 (4 GPUs) 30 minutes, 2 GPU-hours. Its fresh 4-GPU job 1 of the same
+/// priority waits, with least-attained-service preemption above 4 GPU-hours.
+fn a_fresh_job_waits_behind_its_teams_long_runner() -> Snapshot {
+    let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
+    start(&mut s, job(9, 0, 4, 1), 2 * HOUR);
+    start(&mut s, job(8, 0, 4, 1), HOUR / 2);
+    s.pending = vec![job(1, 0, 4, 1)];
+    s.config.queue_order = QueueOrder::SERVICE;
+    s
+}
+
+#[test]
+fn a_job_with_little_service_takes_the_place_of_its_teams_job_of_its_priority_past_the_threshold() {
+    let s = a_fresh_job_waits_behind_its_teams_long_runner();
+    let d = schedule(&s);
+    assert_eq!(
+        d.preemptions.iter().map(|p| (p.victim, p.for_job, p.reason)).collect::<Vec<_>>(),
+        vec![(9, 1, PreemptReason::LeastService)],
+        "the job past 4 GPU-hours gives way, the one at 2 does not"
+    );
+    assert_eq!(reason_of(&d, 1), PendingReason::WaitingForReclaim);
+}
+
+#[test]
+fn least_attained_service_preempts_only_below_the_threshold_within_the_team_and_its_priority() {
+    let expect_none = |s: &Snapshot, why: &str| {
+        let d = schedule(s);
+        assert!(d.preemptions.is_empty(), "{why}: {:?}", d.preemptions);
+    };
+    let mut s = a_fresh_job_waits_behind_its_teams_long_runner();
+    s.pending[0].attained_ms = HOUR;
+    expect_none(&s, "4 GPUs for an hour is already at the threshold");
+    let mut s = a_fresh_job_waits_behind_its_teams_long_runner();
+    s.pending[0].team = 1;
+    expect_none(&s, "another team's job takes nothing from a team within its reserved quota");
+    let mut s = a_fresh_job_waits_behind_its_teams_long_runner();
+    s.pending[0].priority = 2;
+    expect_none(&s, "a lower-priority job takes nothing");
+    let mut s = a_fresh_job_waits_behind_its_teams_long_runner();
+    s.running[0].spec.queued_ms = s.running[0].started_ms - DEFAULT_STARVATION_MS;
+    expect_none(&s, "a job the starvation bound let through runs its attempt");
+    let mut s = a_fresh_job_waits_behind_its_teams_long_runner();
+    s.config.queue_order = QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS, threshold_gpu_ms: None };
+    expect_none(&s, "without a threshold");
+    let mut s = a_fresh_job_waits_behind_its_teams_long_runner();
+    s.config.policy = Policy::QuotaNoHistory;
+    expect_none(&s, "under the quota baseline");
+}
+
+#[test]
+fn a_job_past_the_threshold_counts_its_earlier_attempts() {
+    // Job 8 has run 30 minutes now, but 90 minutes before it was preempted: 8 GPU-hours.
+    let mut s = a_fresh_job_waits_behind_its_teams_long_runner();
+    s.running[0].started_ms = NOW - HOUR / 2;
+    s.running[1].spec.attained_ms = 90 * 60_000;
+    let d = schedule(&s);
+    assert_eq!(d.preemptions.iter().map(|p| p.victim).collect::<Vec<_>>(), vec![8]);
 }
 
 #[test]

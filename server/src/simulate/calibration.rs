@@ -228,6 +228,7 @@ mod tests {
                 submit_ms: i * 5 * MINUTE,
                 duration_ms: (9 + i % 3) * MINUTE,
                 max_runtime_ms: 240 * MINUTE,
+                template: None,
             })
             .collect();
         let c = calibrate(&Workload { name: "queue".into(), cluster, jobs }, 1).unwrap();

@@ -56,7 +56,7 @@ use super::{
     replay::{replay, replay_ordered, BadDecision, ReplayOutcome, PENDING_REASONS},
     Cluster, TraceJob, Workload,
 };
-use crate::scheduler::{ClassId, Policy, QueueOrder, Quota, TeamId, DEFAULT_STARVATION_MS, UNIT};
+use crate::scheduler::{ClassId, Policy, QueueOrder, Quota, TeamId, UNIT};
 
 /// FIFO's utilisation over the window that counts as contended.
 pub const TARGET_UTILISATION: f64 = 0.70;
@@ -67,7 +67,7 @@ pub const MAX_COMPRESSION: f64 = 1024.0;
 /// (which only Fairway's policy uses) and its name. Fairway runs twice, in arrival order
 /// (its default) and by expected service, to show what the order alone changes.
 pub const POLICIES: [(Policy, QueueOrder, &str); 4] = [
-    (Policy::Fairway, QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS }, "Fairway, by service"),
+    (Policy::Fairway, QueueOrder::SERVICE, "Fairway, by service"),
     (Policy::Fairway, QueueOrder::Arrival, "Fairway"),
     (Policy::Fifo, QueueOrder::Arrival, "FIFO"),
     (Policy::QuotaNoHistory, QueueOrder::Arrival, "Quota (no history)"),
@@ -432,13 +432,13 @@ fn render_load(out: &mut String, c: &Comparison, search: Option<&LoadSearch>) {
 fn render_policies(out: &mut String, c: &Comparison) {
     let _ = writeln!(
         out,
-        "| policy | util (window) | util (makespan) | avg JCT s | p99 JCT s | avg wait s | p99 wait s | makespan s | preemptions (priority/reclaim/fair share) | most of one job | GPU-h lost | Jain | completed |"
+        "| policy | util (window) | util (makespan) | avg JCT s | p99 JCT s | avg wait s | p99 wait s | avg queued s | p99 queued s | makespan s | preemptions (priority/reclaim/fair share/least service) | most of one job | GPU-h lost | Jain | completed |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &c.rows {
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.2}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} ({}/{}/{}) | {} | {:.1} | {:.3} | {}/{} |",
+            "| {} | {:.1}% | {:.2}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} ({}/{}/{}/{}) | {} | {:.1} | {:.3} | {}/{} |",
             r.name,
             r.window_utilisation * 100.0,
             r.utilisation * 100.0,
@@ -446,11 +446,14 @@ fn render_policies(out: &mut String, c: &Comparison) {
             r.p99_completion_s,
             r.avg_wait_s,
             r.p99_wait_s,
+            r.avg_queued_s,
+            r.p99_queued_s,
             r.makespan_s,
             r.preemptions,
             r.preemptions_by_reason[0],
             r.preemptions_by_reason[1],
             r.preemptions_by_reason[2],
+            r.preemptions_by_reason[3],
             r.max_preemptions_of_one_job,
             r.lost_gpu_hours,
             r.jain,
@@ -595,6 +598,7 @@ mod tests {
             submit_ms: submit_s * 1000,
             duration_ms: duration_s * 1000,
             max_runtime_ms: crate::simulate::traces::max_runtime_ms(duration_s * 1000),
+            template: None,
         }
     }
 

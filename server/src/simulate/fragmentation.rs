@@ -429,6 +429,7 @@ impl Place for FairwayPlacer {
             min_drivers: Default::default(),
             host: ask.host,
             preemption_delay_ms: None,
+            attained_ms: 0,
             elastic: None,
         };
         match self.inventory.find(&job) {

@@ -4,8 +4,11 @@
 //!   arrival to last completion) and over a window the caller chooses (the experiment uses one
 //!   window for every policy, see [`super::experiment`]). GPUs held by preempted jobs during
 //!   their grace period count as allocated: nobody else can use them.
-//! - **Job completion time** (completion − submit) and **queueing delay** (first start −
-//!   submit), averaged and at the 99th percentile (nearest rank), over completed jobs.
+//! - **Job completion time** (completion − submit), **queueing delay** (first start −
+//!   submit) and **time queued** (completion − submit − runtime: every wait, the first and
+//!   those after preemptions, and the work preemptions made it redo), averaged and at the
+//!   99th percentile (nearest rank), over completed jobs. A policy that preempts can start
+//!   jobs sooner by stopping others; time queued counts what that costs them.
 //! - **Preemptions** and the **GPU-hours lost** to them: each victim's GPUs × its runtime
 //!   since its last checkpoint when it stopped.
 //! - **Jain's fairness index** over teams of each team's *service rate*: the GPU-time its
@@ -48,13 +51,16 @@ pub struct RunMetrics {
     pub p99_completion_s: f64,
     pub avg_wait_s: f64,
     pub p99_wait_s: f64,
+    /// Completion − submit − runtime: waits after preemptions and lost work included.
+    pub avg_queued_s: f64,
+    pub p99_queued_s: f64,
     /// Mean bounded slowdown of completed jobs (see [`TeamWaits::avg_slowdown`]).
     pub avg_slowdown: f64,
     /// First arrival to last completion.
     pub makespan_s: f64,
     pub preemptions: u64,
-    /// Preemptions decided by reason: priority, reclaim, fair share.
-    pub preemptions_by_reason: [u64; 3],
+    /// Preemptions decided by reason: priority, reclaim, fair share, least attained service.
+    pub preemptions_by_reason: [u64; 4],
     /// The most times one job was preempted.
     pub max_preemptions_of_one_job: u32,
     /// Share of all waiting time per pending reason (see [`PENDING_REASONS`](super::replay::PENDING_REASONS)).
@@ -74,6 +80,9 @@ pub struct TeamWaits {
     pub jobs: usize,
     pub avg_wait_s: f64,
     pub p99_wait_s: f64,
+    /// Completion − submit − runtime: waits after preemptions and lost work included.
+    pub avg_queued_s: f64,
+    pub p99_queued_s: f64,
     /// Mean bounded slowdown: (wait + runtime) / max(runtime, [`SLOWDOWN_BOUND_S`]), so a
     /// one-second job that waited a minute counts as 6, not 60.
     pub avg_slowdown: f64,
@@ -91,10 +100,12 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
     let makespan = Window { from_ms: first_arrival, to_ms: last_completion };
     let mut completion = Vec::new();
     let mut wait = Vec::new();
+    let mut queued = Vec::new();
     let mut slowdown = Vec::new();
     // The same waits and slowdowns per team (by index).
     let mut team_wait = vec![Vec::new(); workload.cluster.teams.len()];
     let mut team_slowdown = team_wait.clone();
+    let mut team_queued = team_wait.clone();
     for (job, o) in workload.jobs.iter().zip(&outcome.jobs) {
         if let (Some(start), Some(end)) = (o.first_start_ms, o.completion_ms) {
             completion.push((end - job.submit_ms) as f64 / 1000.0);
@@ -102,6 +113,11 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
             let run = job.duration_ms as f64 / 1000.0;
             let s = (w + run) / run.max(SLOWDOWN_BOUND_S);
             wait.push(w);
+            let q = (end - job.submit_ms - job.duration_ms) as f64 / 1000.0;
+            queued.push(q);
+            if let Some(tq) = team_queued.get_mut(job.team as usize) {
+                tq.push(q);
+            }
             slowdown.push(s);
             if let (Some(tw), Some(ts)) =
                 (team_wait.get_mut(job.team as usize), team_slowdown.get_mut(job.team as usize))
@@ -121,6 +137,8 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
         p99_completion_s: percentile(&completion, 99.0),
         avg_wait_s: mean(&wait),
         p99_wait_s: percentile(&wait, 99.0),
+        avg_queued_s: mean(&queued),
+        p99_queued_s: percentile(&queued, 99.0),
         avg_slowdown: mean(&slowdown),
         makespan_s: makespan.seconds(),
         preemptions: outcome.preemptions,
@@ -132,17 +150,19 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
         cycles: outcome.cycles,
         stopped: outcome.stopped.clone(),
         name: "",
-        teams: team_wait.iter().zip(&team_slowdown).map(|(w, s)| TeamWaits::of(w, s)).collect(),
+        teams: (0..team_wait.len()).map(|t| TeamWaits::of(&team_wait[t], &team_queued[t], &team_slowdown[t])).collect(),
     }
 }
 
 impl TeamWaits {
     /// From one team's waits (seconds) and slowdowns, one per completed job.
-    fn of(waits: &[f64], slowdowns: &[f64]) -> Self {
+    fn of(waits: &[f64], queued: &[f64], slowdowns: &[f64]) -> Self {
         TeamWaits {
             jobs: waits.len(),
             avg_wait_s: mean(waits),
             p99_wait_s: percentile(waits, 99.0),
+            avg_queued_s: mean(queued),
+            p99_queued_s: percentile(queued, 99.0),
             avg_slowdown: mean(slowdowns),
         }
     }

@@ -96,6 +96,11 @@ pub struct TraceJob {
     pub duration_ms: i64,
     /// The maximum runtime it declares (at least `duration_ms`).
     pub max_runtime_ms: i64,
+    /// What it asked for beside its GPUs, where the trace says (an Alibaba pod's CPU and
+    /// memory), as a label: the trace has no job names, and jobs started from one request
+    /// template are most likely runs of one workload, as jobs of one name are. The replay's
+    /// runtime history tells kinds apart by it ([`replay::trace_kind`]).
+    pub template: Option<String>,
 }
 
 impl TraceJob {
@@ -272,6 +277,7 @@ mod tests {
             submit_ms,
             duration_ms: 5000,
             max_runtime_ms: 7_200_000,
+            template: None,
         };
         let w = Workload { name: "w".into(), cluster, jobs: vec![job(1000), job(5000), job(9000)] };
         let c = w.compressed(4.0);

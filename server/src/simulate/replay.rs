@@ -10,7 +10,8 @@
 //!   placement is an engine bug and stops the replay) and completes after its remaining work;
 //! - a preempted job keeps its GPUs for its grace period, then stops and goes back to the
 //!   queue. It keeps the work of its last checkpoint (one every
-//!   [`CHECKPOINT_INTERVAL_MS`] of runtime) and loses the rest.
+//!   [`CHECKPOINT_INTERVAL_MS`] of runtime) and loses the rest; the whole run counts as
+//!   service it attained ([`JobSpec::attained_ms`]), as the control loop counts it.
 //!
 //! Between events the simulator keeps each team's usage history up to date: the money value
 //! of the capacity it holds beyond its reserved quota (per class, counting its descendants'
@@ -71,9 +72,10 @@ pub struct ReplayOutcome {
     pub allocation: Vec<(i64, u64)>,
     /// Preemptions applied (victims that stopped before completing).
     pub preemptions: u64,
-    /// Preemptions decided, by reason: priority, reclaim, fair share. (A victim that
+    /// Preemptions decided, by reason: priority, reclaim, fair share, least attained
+    /// service. (A victim that
     /// completes within its grace period counts here but not in `preemptions`.)
-    pub preemptions_by_reason: [u64; 3],
+    pub preemptions_by_reason: [u64; 4],
     /// The most times one job was preempted.
     pub max_preemptions_of_one_job: u32,
     /// Time jobs spent waiting, by the reason the engine gave (ms × jobs), indexed as
@@ -142,10 +144,11 @@ fn interval(p: &crate::scheduler::Pending) -> Option<[i64; 3]> {
     }
 }
 
-/// A trace job's kind for runtime history: its priority class and shape, the labels a trace
-/// has (the Alibaba pods' names say nothing).
+/// A trace job's kind for runtime history: its priority class, shape and request template,
+/// the labels a trace has (the Alibaba pods' names say nothing).
 pub fn trace_kind(job: &TraceJob) -> KindId {
-    kind_of(&format!("p{}:{}x{}", job.priority, job.replicas, job.milli_per_replica))
+    let template = job.template.as_deref().unwrap_or("");
+    kind_of(&format!("p{}:{}x{}:{template}", job.priority, job.replicas, job.milli_per_replica))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -189,6 +192,8 @@ struct Replay<'a> {
     runs: Vec<Option<Run>>,
     /// Work left per job.
     remaining_ms: Vec<i64>,
+    /// Per job, how long it ran in its attempts so far: the service it attained.
+    attained_ms: Vec<i64>,
     run_counts: Vec<u32>,
     outcomes: Vec<JobOutcome>,
     events: BinaryHeap<Reverse<Event>>,
@@ -197,7 +202,7 @@ struct Replay<'a> {
     allocated_milli: u64,
     allocation: Vec<(i64, u64)>,
     preemptions: u64,
-    preemptions_by_reason: [u64; 3],
+    preemptions_by_reason: [u64; 4],
     /// Pending jobs per reason as of the last cycle, and their accumulated waiting.
     pending_by_reason: [u64; PENDING_REASONS.len()],
     waiting_ms_by_reason: [u128; PENDING_REASONS.len()],
@@ -254,6 +259,7 @@ impl<'a> Replay<'a> {
             free,
             runs: vec![None; n],
             remaining_ms: workload.jobs.iter().map(|j| j.duration_ms).collect(),
+            attained_ms: vec![0; n],
             run_counts: vec![0; n],
             outcomes: vec![JobOutcome::default(); n],
             events,
@@ -261,7 +267,7 @@ impl<'a> Replay<'a> {
             allocated_milli: 0,
             allocation: Vec::new(),
             preemptions: 0,
-            preemptions_by_reason: [0; 3],
+            preemptions_by_reason: [0; 4],
             pending_by_reason: [0; PENDING_REASONS.len()],
             waiting_ms_by_reason: [0; PENDING_REASONS.len()],
             lost_milli_ms: 0,
@@ -421,6 +427,7 @@ impl<'a> Replay<'a> {
         let total_milli = self.workload.jobs[job as usize].total_milli();
         self.lost_milli_ms += u128::from(total_milli) * (ran - saved) as u128;
         self.remaining_ms[job as usize] = run.remaining_ms - saved;
+        self.attained_ms[job as usize] += ran;
         self.outcomes[job as usize].preemptions += 1;
         self.preemptions += 1;
         self.stop(job);
@@ -485,6 +492,7 @@ impl<'a> Replay<'a> {
             min_drivers: Default::default(),
             host: Default::default(),
             preemption_delay_ms: None,
+            attained_ms: self.attained_ms[job as usize],
             elastic: None,
         }
     }
@@ -591,6 +599,7 @@ impl<'a> Replay<'a> {
                 PreemptReason::Priority => 0,
                 PreemptReason::Reclaim => 1,
                 PreemptReason::FairShare => 2,
+                PreemptReason::LeastService => 3,
                 PreemptReason::OwnTeam => {
                     return Err(self.bad(format!("preempts job {victim} as if it were an extra replica")));
                 }
@@ -784,6 +793,7 @@ mod tests {
                 submit_ms,
                 duration_ms,
                 max_runtime_ms: super::super::traces::max_runtime_ms(duration_ms),
+                template: None,
             })
             .collect();
         Workload { name: "tiny".into(), cluster, jobs }

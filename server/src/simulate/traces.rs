@@ -327,6 +327,7 @@ pub fn load_job_trace(path: &Path, cluster: &Cluster) -> Result<Vec<TraceJob>, T
             submit_ms: i64::try_from(submit_ms).map_err(|_| r.error("submit_s too large"))?,
             duration_ms: i64::try_from(duration_ms).map_err(|_| r.error("duration_s too large"))?,
             max_runtime_ms: 0,
+            template: None,
         });
     }
     for job in &mut jobs {
@@ -475,6 +476,7 @@ pub fn alibaba_jobs(pods: &[AlibabaPod], quotas: &[(String, u32)]) -> Vec<TraceJ
                 submit_ms: submit * 1000,
                 duration_ms,
                 max_runtime_ms: max_runtime_ms(duration_ms),
+                template: Some(format!("cpu={}m,memory={}Mi", pod.cpu_milli, pod.memory_mib)),
             })
         })
         .collect();

@@ -225,6 +225,16 @@ async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_
     assert_eq!(victim["state"], "pending", "{victim:#}");
     assert_eq!(victim["preemptions"], 1);
     assert!(victim["pending"]["reason"].as_str().is_some(), "{victim:#}");
+    // The run it lost counts as service attained (what the service order and its
+    // least-attained-service threshold rank by): more than nothing, less than its life.
+    let (attained, lived): (i64, f64) = sqlx::query_as(
+        "select attained_ms, extract(epoch from now() - submitted_at)::float8 * 1000 from jobs where id = $1::uuid",
+    )
+    .bind(&preempted[0])
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(attained > 0 && (attained as f64) < lived, "attained {attained} ms of {lived} ms since submission");
     assert!(db::decisions::quota_violations(&app.pool).await.unwrap().is_empty());
 }
 
@@ -686,8 +696,7 @@ async fn with_the_service_order_a_teams_job_declared_to_take_a_minute_runs_befor
     config.sim_speedup = Some(10.0);
     config.cycle_interval = Duration::from_millis(50);
     // What `FAIRWAY_QUEUE_ORDER=service` sets.
-    config.queue_order =
-        fairway::scheduler::QueueOrder::ServiceIndex { starvation_ms: fairway::scheduler::DEFAULT_STARVATION_MS };
+    config.queue_order = fairway::scheduler::QueueOrder::SERVICE;
     state.config = std::sync::Arc::new(config);
     let mut ctx = serve::control_context(&state).await.expect("control context");
     ctx.config.reconcile_interval = Duration::from_millis(50);
@@ -721,4 +730,48 @@ async fn with_the_service_order_a_teams_job_declared_to_take_a_minute_runs_befor
         at(&long_done) >= chrono::DateTime::parse_from_rfc3339(short_done["finished_at"].as_str().unwrap()).unwrap(),
         "the long job waited for the team's quota the short one held"
     );
+}
+
+#[tokio::test]
+async fn with_the_service_order_a_fresh_job_takes_the_place_of_its_teams_job_that_ran_past_the_service_threshold() {
+    let app = TestApp::spawn().await;
+    // What `FAIRWAY_QUEUE_ORDER=service` with `FAIRWAY_SERVICE_THRESHOLD_GPU_SECONDS=8` sets:
+    // an 8-GPU job is past the threshold after one second.
+    start_control_tuned(&app, |c| {
+        c.engine.min_runtime_before_preemption_ms = 0;
+        c.engine.queue_order = fairway::scheduler::QueueOrder::ServiceIndex {
+            starvation_ms: fairway::scheduler::DEFAULT_STARVATION_MS,
+            threshold_gpu_ms: Some(8_000),
+        };
+    })
+    .await;
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "ml", None).await;
+    app.quota(&admin, "ml", "h100-80gb", 8, 0).await;
+    let (_, ci) = app.api_token(&admin, "ml", "member").await;
+    let spec = |name: &str, ran: &str| {
+        json!({"name": name, "gpu_class": "h100-80gb", "replicas": 1, "gpus_per_replica": 8,
+               "image": "nvcr.io/nvidia/pytorch:24.05-py3", "priority_class": "experiment",
+               "preemption_grace_seconds": 1, "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": ran}})
+    };
+    // The team's 8 GPUs go to a job of hours; then the team's next experiment arrives.
+    let long = submit(&app, &ci, "ml", spec("long", "36000")).await;
+    wait_for(&app, &ci, &long, Duration::from_secs(30), |j| j["state"] == "running").await;
+    let fresh = submit(&app, &ci, "ml", spec("fresh", "30")).await;
+    // It does not wait for the long job's hours: the long job gives way and queues again.
+    wait_for(&app, &ci, &fresh, Duration::from_secs(60), |j| j["state"] == "running").await;
+    let timeline = events(&app, &ci, &long).await;
+    let preempted = timeline.iter().find(|e| e["kind"] == "preempted").expect("the long job was preempted");
+    assert_eq!(preempted["reason"], "least_service", "{preempted:#}");
+    assert_eq!(preempted["data"]["by_job"], fresh.as_str(), "{preempted:#}");
+    assert!(preempted["message"].as_str().unwrap_or_default().contains("less GPU time"), "{preempted:#}");
+    let requeued = wait_for(&app, &ci, &long, Duration::from_secs(30), |j| j["state"] == "pending").await;
+    assert_eq!(requeued["preemptions"], 1, "{requeued:#}");
+    // It ran past the threshold and ranks after the team's jobs below it: the fresh job
+    // finishes first, then it runs again.
+    let fresh_done = wait_for(&app, &ci, &fresh, Duration::from_secs(60), |j| j["state"] == "succeeded").await;
+    let again = wait_for(&app, &ci, &long, Duration::from_secs(60), |j| j["state"] == "running").await;
+    let at = |j: &Value, field: &str| chrono::DateTime::parse_from_rfc3339(j[field].as_str().expect(field)).unwrap();
+    assert!(at(&again, "admitted_at") >= at(&fresh_done, "finished_at"), "{again:#}\n{fresh_done:#}");
 }
