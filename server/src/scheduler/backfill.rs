@@ -3,7 +3,7 @@
 
 use super::{
     engine::Cycle,
-    snapshot::{JobId, JobSpec, ReplicaPlacement},
+    snapshot::{JobId, JobSpec, QueueOrder, ReplicaPlacement},
 };
 
 /// A blocked gang's hold on the future. By `shadow_ms` the running jobs' maximum runtimes
@@ -55,6 +55,18 @@ impl Cycle<'_> {
                 self.reservations.insert(job.class, Reservation { job: job.id, shadow_ms: end, held });
                 return;
             }
+        }
+    }
+
+    /// Whether blocked gang `job` may reserve GPUs: in arrival order always (EASY backfill);
+    /// by expected service only once it has waited past the starvation bound (selective
+    /// reservation, as Srinivasan et al.'s). Held GPUs serve the gang at the cost of the
+    /// short jobs the service order puts first; the starvation bound is what promises the
+    /// gang its turn, and from then on its reservation keeps that turn from being taken.
+    pub(super) fn may_reserve(&self, job: &JobSpec) -> bool {
+        match self.s.config.queue_order {
+            QueueOrder::ServiceIndex { starvation_ms, .. } => self.s.starving(job, starvation_ms),
+            QueueOrder::Arrival => true,
         }
     }
 

@@ -457,6 +457,7 @@ impl<'a> Cycle<'a> {
         if s.config.policy == Policy::Fairway
             && job.total_milli() >= 2 * u64::from(super::snapshot::UNIT)
             && !self.reservations.contains_key(&job.class)
+            && self.may_reserve(job)
         {
             self.reserve(job);
         }

@@ -31,6 +31,9 @@
 //! 4. **Preemption** when it does not fit (below), else a **reservation**: the first gang of
 //!    a class blocked by capacity gets a shadow time (when enough GPUs return by maximum
 //!    runtimes) and later jobs backfill only if they end before it, so no gang starves.
+//!    By expected service ([`QueueOrder::ServiceIndex`]) a gang reserves only once it has
+//!    waited past the starvation bound, which then also ranks it first: until then the
+//!    order's short jobs may use what it would hold (selective reservation).
 //! 5. **Growth** of running elastic gangs into what no waiting job can use ([`elastic`]);
 //!    their extras are the first victims of step 4, taken as shrinks, and a waiting job of
 //!    the gang's own team of no lower priority may take them too.

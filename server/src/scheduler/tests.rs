@@ -299,6 +299,29 @@ fn a_blocked_gang_gets_a_reservation_and_only_short_jobs_backfill() {
     assert_eq!(gang_eta, Some(NOW + 3 * HOUR), "the naive model waits for the maximum runtimes");
 }
 
+#[test]
+fn by_service_a_blocked_gang_holds_gpus_only_once_it_has_waited_past_the_starvation_bound() {
+    let mut s = cluster(2, vec![team("a", 32, 0)]);
+    start(&mut s, job(1, 0, 8, 0), HOUR); // production, ends in 3 h
+    start(&mut s, job(2, 0, 4, 0), HOUR);
+    let mut gang = job(10, 0, 8, 1);
+    gang.replicas = 2;
+    let mut long = job(11, 0, 2, 2);
+    long.max_runtime_ms = 10 * HOUR;
+    s.pending = vec![gang, long];
+    s.config.queue_order = QueueOrder::SERVICE;
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
+    assert_eq!(admitted(&d), vec![11], "an hour in the queue, the gang holds nothing against a later job");
+    s.pending[0].queued_ms = NOW - DEFAULT_STARVATION_MS;
+    let d = schedule(&s);
+    assert_eq!(reason_of(&d, 11), PendingReason::ReservedFor { job: 10 }, "past the bound, it holds the free GPUs");
+    assert!(admitted(&d).is_empty());
+    s.pending[0].queued_ms = NOW - HOUR;
+    s.config.queue_order = QueueOrder::Arrival;
+    assert_eq!(reason_of(&schedule(&s), 11), PendingReason::ReservedFor { job: 10 }, "in arrival order, at once");
+}
+
 fn pending_of(d: &Decisions, id: JobId) -> &Pending {
     d.pending.iter().find(|p| p.job == id).expect("pending")
 }
@@ -791,13 +814,15 @@ fn a_job_that_already_ran_a_while_goes_after_a_fresh_one_of_its_kind() {
 
 /// Team a, within its reserved 8 GPUs, fills one node: job 9 (4 GPUs) has run 2 hours, 8
 /// GPU-hours; job 8 (4 GPUs) 30 minutes, 2 GPU-hours. Its fresh 4-GPU job 1 of the same
-/// priority waits, with least-attained-service preemption above 4 GPU-hours.
+/// priority waits, with least-attained-service preemption above 4 GPU-hours (not the
+/// default's one, so that the two running jobs fall on either side).
 fn a_fresh_job_waits_behind_its_teams_long_runner() -> Snapshot {
     let mut s = cluster(1, vec![team("a", 8, 0), team("b", 0, 8)]);
     start(&mut s, job(9, 0, 4, 1), 2 * HOUR);
     start(&mut s, job(8, 0, 4, 1), HOUR / 2);
     s.pending = vec![job(1, 0, 4, 1)];
-    s.config.queue_order = QueueOrder::SERVICE;
+    s.config.queue_order =
+        QueueOrder::ServiceIndex { starvation_ms: DEFAULT_STARVATION_MS, threshold_gpu_ms: Some(4 * HOUR) };
     s
 }
 
