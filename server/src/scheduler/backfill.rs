@@ -3,7 +3,7 @@
 
 use super::{
     engine::Cycle,
-    snapshot::{JobId, JobSpec, QueueOrder, ReplicaPlacement},
+    snapshot::{JobId, JobSpec, ReplicaPlacement},
 };
 
 /// A blocked gang's hold on the future. By `shadow_ms` the running jobs' maximum runtimes
@@ -21,8 +21,8 @@ pub(super) struct Reservation {
 impl Cycle<'_> {
     /// Gives a blocked gang its reservation: replays the running and just-admitted jobs of
     /// its class ending in order of their maximum runtimes until the gang can be placed, and
-    /// holds the GPUs of that placement that are free now. Only gangs of two or more GPUs get
-    /// one: a single GPU is served by whichever frees first and cannot starve.
+    /// holds the GPUs of that placement that are free now. Which gangs get one is
+    /// [`Snapshot::reserves`](super::Snapshot::reserves).
     pub(super) fn reserve(&mut self, job: &JobSpec) {
         let s = self.s;
         let mut ends: Vec<(i64, JobId, &[ReplicaPlacement])> = s
@@ -55,18 +55,6 @@ impl Cycle<'_> {
                 self.reservations.insert(job.class, Reservation { job: job.id, shadow_ms: end, held });
                 return;
             }
-        }
-    }
-
-    /// Whether blocked gang `job` may reserve GPUs: in arrival order always (EASY backfill);
-    /// by expected service only once it has waited past the starvation bound (selective
-    /// reservation, as Srinivasan et al.'s). Held GPUs serve the gang at the cost of the
-    /// short jobs the service order puts first; the starvation bound is what promises the
-    /// gang its turn, and from then on its reservation keeps that turn from being taken.
-    pub(super) fn may_reserve(&self, job: &JobSpec) -> bool {
-        match self.s.config.queue_order {
-            QueueOrder::ServiceIndex { starvation_ms, .. } => self.s.starving(job, starvation_ms),
-            QueueOrder::Arrival => true,
         }
     }
 

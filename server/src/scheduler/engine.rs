@@ -454,11 +454,7 @@ impl<'a> Cycle<'a> {
             return;
         }
         let reason = self.capacity_reason(job, available, beyond);
-        if s.config.policy == Policy::Fairway
-            && job.total_milli() >= 2 * u64::from(super::snapshot::UNIT)
-            && !self.reservations.contains_key(&job.class)
-            && self.may_reserve(job)
-        {
+        if !self.reservations.contains_key(&job.class) && s.reserves(job, s.now_ms) {
             self.reserve(job);
         }
         self.pend(job, reason);

@@ -12,9 +12,10 @@
 //!   within its team's reserved quota: a job blocked by quota starts when its own team's jobs
 //!   free that quota, which is as foreseeable as any end;
 //! - the class has enough free GPUs (those held for waiting jobs count as free), and the GPUs
-//!   held for the first blocked gang of two or more GPUs (its reservation, until the running
-//!   jobs' maximum runtimes free enough for it) are used only by a job whose maximum runtime
-//!   ends before then (EASY backfill), as in the engine; under FIFO the first job that does
+//!   held for the first blocked gang that may reserve at that instant
+//!   ([`Snapshot::reserves`]: by expected service, only past the starvation bound), until the
+//!   running jobs' maximum runtimes free enough for it, are used only by a job whose maximum
+//!   runtime ends before then (EASY backfill), as in the engine; under FIFO the first job that does
 //!   not fit blocks all behind it.
 //!
 //! A started job ends after its own estimated runtime. A waiting job may also preempt, as
@@ -47,7 +48,7 @@ use std::{
 use super::{
     decision::{Decisions, PendingReason, Unforeseeable},
     quota::Ledger,
-    snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, TeamId, UNIT},
+    snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, TeamId},
 };
 
 /// At each event, the most waiting jobs of a class looked at, in order, that do not start; a
@@ -541,8 +542,7 @@ impl<'s, 'w> Play<'s, 'w> {
             let key = (w.spec.team, w.preemptible);
             // Too large for what is free, or its team found over quota for as much: it cannot
             // start now (under FIFO, a job too large blocks the rest).
-            let could_reserve =
-                s.config.policy == Policy::Fairway && n >= 2 * u64::from(UNIT) && self.reservations[c].is_none();
+            let could_reserve = self.reservations[c].is_none() && s.reserves(w.spec, t);
             if (!fifo && n > self.free[c] && !could_reserve) || over.get(&key).is_some_and(|&m| n >= m) {
                 prev = i;
                 i = next;
@@ -581,7 +581,7 @@ impl<'s, 'w> Play<'s, 'w> {
             if fifo {
                 break;
             }
-            if s.config.policy == Policy::Fairway && n >= 2 * u64::from(UNIT) && self.reservations[c].is_none() {
+            if self.reservations[c].is_none() && s.reserves(w.spec, t) {
                 let shadow = match self.shadows[c] {
                     Some((holder, shadow)) if holder == k && shadow >= t => shadow,
                     _ => self.shadow(c, n, t),

@@ -447,6 +447,23 @@ impl Snapshot {
         self.now_ms.saturating_sub(spec.queued_ms) >= starvation_ms
     }
 
+    /// Whether waiting job `spec`, blocked by capacity at `at_ms`, gets a reservation
+    /// ([`backfill`](super::backfill)): under Fairway's policy, for a gang of two or more
+    /// GPUs (a single GPU is served by whichever frees first); in arrival order at once (EASY
+    /// backfill), by expected service only once it has waited past the starvation bound
+    /// (selective reservation, as Srinivasan et al.'s). Held GPUs serve the gang at the cost
+    /// of the short jobs the service order puts first; the starvation bound is what promises
+    /// the gang its turn, and from then on its reservation keeps that turn from being taken.
+    /// The engine asks at its clock, expected starts at each instant they play.
+    pub fn reserves(&self, spec: &JobSpec, at_ms: i64) -> bool {
+        self.config.policy == Policy::Fairway
+            && spec.total_milli() >= 2 * u64::from(UNIT)
+            && match self.config.queue_order {
+                QueueOrder::ServiceIndex { starvation_ms, .. } => at_ms.saturating_sub(spec.queued_ms) >= starvation_ms,
+                QueueOrder::Arrival => true,
+            }
+    }
+
     /// The threshold and starvation bound of least-attained-service preemption, when the
     /// policy (Fairway's) and the queue order use one.
     fn service_threshold(&self) -> Option<(i64, i64)> {

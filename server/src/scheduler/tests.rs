@@ -322,6 +322,32 @@ fn by_service_a_blocked_gang_holds_gpus_only_once_it_has_waited_past_the_starvat
     assert_eq!(reason_of(&schedule(&s), 11), PendingReason::ReservedFor { job: 10 }, "in arrival order, at once");
 }
 
+#[test]
+fn by_service_expected_starts_give_a_blocked_gang_no_reservation_before_the_starvation_bound() {
+    // Both nodes full: job 1 ends within the hour, job 2 within three. The 16-GPU gang waits
+    // for both; a scavenger of 8 GPUs for up to 10 hours waits for either.
+    let mut s = cluster(2, vec![team("a", 32, 0)]);
+    start(&mut s, job(1, 0, 8, 0), 3 * HOUR);
+    start(&mut s, job(2, 0, 8, 0), HOUR);
+    let mut gang = job(10, 0, 8, 1);
+    gang.replicas = 2;
+    let mut long = job(11, 0, 8, 2);
+    long.max_runtime_ms = 10 * HOUR;
+    s.pending = vec![gang, long];
+    let expected = |s: &Snapshot| {
+        let d = schedule(s);
+        (pending_of(&d, 10).expected_start_ms.unwrap(), pending_of(&d, 11).expected_start_ms.unwrap())
+    };
+    let (gang, long) = expected(&s);
+    assert!(gang < long, "in arrival order the gang holds the first node freed: {gang} {long}");
+    s.config.queue_order = QueueOrder::SERVICE;
+    let (gang, long) = expected(&s);
+    assert!(long < gang, "by service, an hour in the queue, it does not: {gang} {long}");
+    s.pending[0].queued_ms = NOW - DEFAULT_STARVATION_MS;
+    let (gang, long) = expected(&s);
+    assert!(gang < long, "past the starvation bound it does: {gang} {long}");
+}
+
 fn pending_of(d: &Decisions, id: JobId) -> &Pending {
     d.pending.iter().find(|p| p.job == id).expect("pending")
 }
