@@ -334,6 +334,13 @@ impl QueueOrder {
     };
 }
 
+/// Whether `spec` had waited `starvation_ms` at `at_ms` since it last entered the queue: the
+/// one rule behind ranking a starving job first, letting its next run alone, and the
+/// reservations of selective backfill.
+fn waited_past(spec: &JobSpec, starvation_ms: i64, at_ms: i64) -> bool {
+    at_ms.saturating_sub(spec.queued_ms) >= starvation_ms
+}
+
 /// GPU-ms of `ms` of running with `spec`'s GPUs (whole GPUs of its class).
 fn attained_gpu_ms(spec: &JobSpec, ms: i64) -> i64 {
     let milli = i64::try_from(spec.total_milli()).unwrap_or(i64::MAX);
@@ -444,7 +451,7 @@ impl Snapshot {
     /// Whether waiting job `spec` has waited `starvation_ms` since it last entered the queue:
     /// [`QueueOrder::ServiceIndex`] then ranks it before every job that has not.
     pub fn starving(&self, spec: &JobSpec, starvation_ms: i64) -> bool {
-        self.now_ms.saturating_sub(spec.queued_ms) >= starvation_ms
+        waited_past(spec, starvation_ms, self.now_ms)
     }
 
     /// Whether waiting job `spec`, blocked by capacity at `at_ms`, gets a reservation
@@ -459,7 +466,7 @@ impl Snapshot {
         self.config.policy == Policy::Fairway
             && spec.total_milli() >= 2 * u64::from(UNIT)
             && match self.config.queue_order {
-                QueueOrder::ServiceIndex { starvation_ms, .. } => at_ms.saturating_sub(spec.queued_ms) >= starvation_ms,
+                QueueOrder::ServiceIndex { starvation_ms, .. } => waited_past(spec, starvation_ms, at_ms),
                 QueueOrder::Arrival => true,
             }
     }
@@ -495,7 +502,7 @@ impl Snapshot {
     /// attempt, or it could starve for ever, started and preempted in turn).
     pub fn past_service_threshold(&self, r: &RunningJob) -> bool {
         self.service_threshold().is_some_and(|(t, starvation_ms)| {
-            self.attained_gpu_ms(r) >= t && r.started_ms.saturating_sub(r.spec.queued_ms) < starvation_ms
+            self.attained_gpu_ms(r) >= t && !waited_past(&r.spec, starvation_ms, r.started_ms)
         })
     }
 

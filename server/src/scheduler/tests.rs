@@ -304,11 +304,7 @@ fn by_service_a_blocked_gang_holds_gpus_only_once_it_has_waited_past_the_starvat
     let mut s = cluster(2, vec![team("a", 32, 0)]);
     start(&mut s, job(1, 0, 8, 0), HOUR); // production, ends in 3 h
     start(&mut s, job(2, 0, 4, 0), HOUR);
-    let mut gang = job(10, 0, 8, 1);
-    gang.replicas = 2;
-    let mut long = job(11, 0, 2, 2);
-    long.max_runtime_ms = 10 * HOUR;
-    s.pending = vec![gang, long];
+    s.pending = gang_and_a_ten_hour_job(2);
     s.config.queue_order = QueueOrder::SERVICE;
     let d = schedule(&s);
     assert_eq!(reason_of(&d, 10), PendingReason::InsufficientCapacity);
@@ -329,11 +325,7 @@ fn by_service_expected_starts_give_a_blocked_gang_no_reservation_before_the_star
     let mut s = cluster(2, vec![team("a", 32, 0)]);
     start(&mut s, job(1, 0, 8, 0), 3 * HOUR);
     start(&mut s, job(2, 0, 8, 0), HOUR);
-    let mut gang = job(10, 0, 8, 1);
-    gang.replicas = 2;
-    let mut long = job(11, 0, 8, 2);
-    long.max_runtime_ms = 10 * HOUR;
-    s.pending = vec![gang, long];
+    s.pending = gang_and_a_ten_hour_job(8);
     let expected = |s: &Snapshot| {
         let d = schedule(s);
         (pending_of(&d, 10).expected_start_ms.unwrap(), pending_of(&d, 11).expected_start_ms.unwrap())
@@ -346,6 +338,16 @@ fn by_service_expected_starts_give_a_blocked_gang_no_reservation_before_the_star
     s.pending[0].queued_ms = NOW - DEFAULT_STARVATION_MS;
     let (gang, long) = expected(&s);
     assert!(gang < long, "past the starvation bound it does: {gang} {long}");
+}
+
+/// Job 10, an experiment gang of two 8-GPU replicas, and job 11, a scavenger of `gpus` GPUs
+/// for up to 10 hours, both of team 0 and class 0.
+fn gang_and_a_ten_hour_job(gpus: u32) -> Vec<JobSpec> {
+    let mut gang = job(10, 0, 8, 1);
+    gang.replicas = 2;
+    let mut long = job(11, 0, gpus, 2);
+    long.max_runtime_ms = 10 * HOUR;
+    vec![gang, long]
 }
 
 fn pending_of(d: &Decisions, id: JobId) -> &Pending {
