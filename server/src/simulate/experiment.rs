@@ -432,15 +432,16 @@ fn render_load(out: &mut String, c: &Comparison, search: Option<&LoadSearch>) {
 fn render_policies(out: &mut String, c: &Comparison) {
     let _ = writeln!(
         out,
-        "| policy | util (window) | util (makespan) | avg JCT s | p99 JCT s | avg wait s | p99 wait s | avg queued s | p99 queued s | makespan s | preemptions (priority/reclaim/fair share/least service) | most of one job | GPU-h lost | Jain | completed |"
+        "| policy | util (window) | idle while jobs wait (window) | util (makespan) | avg JCT s | p99 JCT s | avg wait s | p99 wait s | avg queued s | p99 queued s | makespan s | preemptions (priority/reclaim/fair share/least service) | most of one job | GPU-h lost | Jain | completed |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in &c.rows {
         let _ = writeln!(
             out,
-            "| {} | {:.1}% | {:.2}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} ({}/{}/{}/{}) | {} | {:.1} | {:.3} | {}/{} |",
+            "| {} | {:.1}% | {:.2}% | {:.2}% | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} ({}/{}/{}/{}) | {} | {:.1} | {:.3} | {}/{} |",
             r.name,
             r.window_utilisation * 100.0,
+            r.idle_while_waiting * 100.0,
             r.utilisation * 100.0,
             r.avg_completion_s,
             r.p99_completion_s,

@@ -4,6 +4,10 @@
 //!   arrival to last completion) and over a window the caller chooses (the experiment uses one
 //!   window for every policy, see [`super::experiment`]). GPUs held by preempted jobs during
 //!   their grace period count as allocated: nobody else can use them.
+//! - **Idle while jobs wait**: the capacity left unallocated at times when some job waited,
+//!   over the same window, as a share of it. Unallocated capacity while no job waits is lost
+//!   to every policy alike; this part is what a policy's rules (gang reservations, room held
+//!   for preemptors, quota, shapes that do not fit what is free) leave idle.
 //! - **Job completion time** (completion − submit), **queueing delay** (first start −
 //!   submit) and **time queued** (completion − submit − runtime: every wait, the first and
 //!   those after preemptions, and the work preemptions made it redo), averaged and at the
@@ -47,6 +51,8 @@ pub struct RunMetrics {
     pub utilisation: f64,
     /// Over the caller's window.
     pub window_utilisation: f64,
+    /// Over the caller's window, the share of capacity left idle while some job waited.
+    pub idle_while_waiting: f64,
     pub avg_completion_s: f64,
     pub p99_completion_s: f64,
     pub avg_wait_s: f64,
@@ -133,6 +139,7 @@ pub fn summarize(workload: &Workload, outcome: &ReplayOutcome, window: Window) -
         completed: completion.len(),
         utilisation: utilisation(&outcome.allocation, capacity, makespan),
         window_utilisation: utilisation(&outcome.allocation, capacity, window),
+        idle_while_waiting: idle_while_waiting(&outcome.allocation, &outcome.waiting, capacity, window),
         avg_completion_s: mean(&completion),
         p99_completion_s: percentile(&completion, 99.0),
         avg_wait_s: mean(&wait),
@@ -181,6 +188,39 @@ pub fn utilisation(allocation: &[(i64, u64)], capacity_milli: u64, window: Windo
         return 0.0;
     }
     allocated_within(allocation, window) as f64 / (capacity_milli as f64 * span as f64)
+}
+
+/// Unallocated over available milli-unit-ms within a window, counting only the times when
+/// `waiting` (a step function: from each time on, whether some job waited) says a job
+/// waited; 0 for an empty window.
+pub fn idle_while_waiting(
+    allocation: &[(i64, u64)],
+    waiting: &[(i64, bool)],
+    capacity_milli: u64,
+    window: Window,
+) -> f64 {
+    let span = window.to_ms - window.from_ms;
+    if span <= 0 || capacity_milli == 0 {
+        return 0.0;
+    }
+    let mut changes: Vec<i64> = allocation.iter().map(|a| a.0).chain(waiting.iter().map(|w| w.0)).collect();
+    changes.sort_unstable();
+    changes.dedup();
+    let mut idle = 0u128;
+    for (i, &from) in changes.iter().enumerate() {
+        let to = changes.get(i + 1).copied().unwrap_or(window.to_ms);
+        let (start, end) = (from.max(window.from_ms), to.min(window.to_ms));
+        if end > start && step_at(waiting, from).unwrap_or(false) {
+            let allocated = step_at(allocation, from).unwrap_or(0);
+            idle += u128::from(capacity_milli.saturating_sub(allocated)) * (end - start) as u128;
+        }
+    }
+    idle as f64 / (capacity_milli as f64 * span as f64)
+}
+
+/// A step function's value at `at_ms`: that of its last step at or before it.
+fn step_at<T: Copy>(steps: &[(i64, T)], at_ms: i64) -> Option<T> {
+    steps.partition_point(|s| s.0 <= at_ms).checked_sub(1).map(|i| steps[i].1)
 }
 
 /// Integral of the allocation step function over a window, in milli-unit-ms.
@@ -285,5 +325,20 @@ mod tests {
         assert!((utilisation(&steps, 2000, Window { from_ms: 10, to_ms: 30 }) - 0.5).abs() < 1e-12);
         assert!((utilisation(&steps, 2000, Window { from_ms: 5, to_ms: 15 }) - 0.75).abs() < 1e-12);
         assert_eq!(utilisation(&steps, 2000, Window { from_ms: 5, to_ms: 5 }), 0.0);
+    }
+
+    #[test]
+    fn idle_capacity_counts_only_while_some_job_waits() {
+        // 4 GPUs: 1 allocated from t=0, all 4 from t=10, none from t=20. Jobs wait from 0 to
+        // 10 (3 idle) and from 15 on (none idle until 20, then 4).
+        let allocation = [(0, 1000), (10, 4000), (20, 0)];
+        let waiting = [(0, true), (10, false), (15, true)];
+        let all = Window { from_ms: 0, to_ms: 30 };
+        let idle = idle_while_waiting(&allocation, &waiting, 4000, all);
+        assert!((idle - (3000.0 * 10.0 + 4000.0 * 10.0) / (4000.0 * 30.0)).abs() < 1e-12, "{idle}");
+        let late = Window { from_ms: 12, to_ms: 18 };
+        assert_eq!(idle_while_waiting(&allocation, &waiting, 4000, late), 0.0, "full or nobody waiting");
+        let none = [(0, false)];
+        assert_eq!(idle_while_waiting(&allocation, &none, 4000, all), 0.0);
     }
 }

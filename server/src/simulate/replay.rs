@@ -70,6 +70,8 @@ pub struct ReplayOutcome {
     pub jobs: Vec<JobOutcome>,
     /// Allocated milli-units over time, as a step function: from each time on, that many.
     pub allocation: Vec<(i64, u64)>,
+    /// Whether some job waited, as a step function: from each time on, whether one did.
+    pub waiting: Vec<(i64, bool)>,
     /// Preemptions applied (victims that stopped before completing).
     pub preemptions: u64,
     /// Preemptions decided, by reason: priority, reclaim, fair share, least attained
@@ -201,6 +203,7 @@ struct Replay<'a> {
     lineage: Vec<Vec<usize>>,
     allocated_milli: u64,
     allocation: Vec<(i64, u64)>,
+    waiting: Vec<(i64, bool)>,
     preemptions: u64,
     preemptions_by_reason: [u64; 4],
     /// Pending jobs per reason as of the last cycle, and their accumulated waiting.
@@ -266,6 +269,7 @@ impl<'a> Replay<'a> {
             lineage,
             allocated_milli: 0,
             allocation: Vec::new(),
+            waiting: Vec::new(),
             preemptions: 0,
             preemptions_by_reason: [0; 4],
             pending_by_reason: [0; PENDING_REASONS.len()],
@@ -295,6 +299,7 @@ impl<'a> Replay<'a> {
             }
             if self.snapshot.pending.is_empty() {
                 self.pending_by_reason = [0; PENDING_REASONS.len()];
+                self.note_waiting();
                 continue;
             }
             let decisions = self.cycle();
@@ -304,6 +309,7 @@ impl<'a> Replay<'a> {
             }
             let acted = !decisions.admissions.is_empty() || !decisions.preemptions.is_empty();
             self.apply(&decisions)?;
+            self.note_waiting();
             if !acted && self.events.is_empty() {
                 self.stopped = Some(self.stuck_report(&decisions));
                 break;
@@ -460,6 +466,16 @@ impl<'a> Replay<'a> {
             }
         }
         self.set_allocated(self.allocated_milli - removed.spec.total_milli());
+    }
+
+    /// Records whether a job waits from now on, for the idle capacity while jobs wait.
+    fn note_waiting(&mut self) {
+        let (now, waits) = (self.snapshot.now_ms, !self.snapshot.pending.is_empty());
+        match self.waiting.last_mut() {
+            Some(last) if last.0 == now => last.1 = waits,
+            Some(last) if last.1 == waits => {}
+            _ => self.waiting.push((now, waits)),
+        }
     }
 
     fn set_allocated(&mut self, milli: u64) {
@@ -750,6 +766,7 @@ impl<'a> Replay<'a> {
             policy: self.policy,
             jobs: self.outcomes,
             allocation: self.allocation,
+            waiting: self.waiting,
             preemptions: self.preemptions,
             preemptions_by_reason: self.preemptions_by_reason,
             waiting_ms_by_reason: self.waiting_ms_by_reason,
@@ -814,6 +831,8 @@ mod tests {
         let metrics = summarize(&w, &outcome, everything(&w));
         assert!((metrics.utilisation - 1.0).abs() < 1e-9, "the GPU is never idle: {}", metrics.utilisation);
         assert_eq!(metrics.preemptions, 0);
+        assert_eq!(outcome.waiting, [(0, false), (1, true), (30_000, false)], "jobs 1 and 2 wait until job 2 starts");
+        assert_eq!(metrics.idle_while_waiting, 0.0);
     }
 
     #[test]
