@@ -158,8 +158,9 @@ const fn shape(
 ///    burst, so one of nlp's borrowing runs is preempted for vision.
 /// 3. **Reclaim**: prod-inference's second serving replica set needs its reserved quota back
 ///    from the borrowers.
-/// 4. **Priority**: nlp's nightly production evaluation must run within nlp's reserved quota,
-///    which nlp's own experiments fill; they make room. **Backfill**: a vision A100 gang
+/// 4. **Priority**: nlp's nightly production evaluation cannot be preempted, and the cluster
+///    is full: one of nlp's own experiments makes room for it (the evaluation runs in nlp's
+///    reserved quota; the experiments beside it are what nlp borrows). **Backfill**: a vision A100 gang
 ///    cannot fit beside the fine-tune and holds the four free GPUs; a short evaluation ends
 ///    (by its maximum runtime) before the gang could start, so it runs on them. Last, as the
 ///    gang waits for the fine-tune to end.

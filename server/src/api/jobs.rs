@@ -132,7 +132,9 @@ pub struct JobView {
     pub cluster: Option<String>,
     /// Per replica: the node and GPU indices.
     pub placement: Option<Vec<ReplicaSlot>>,
-    /// Runs on burst capacity and may be preempted to give it back.
+    /// Admitted beyond its team's reserved quota: billed as burst and, if its priority class
+    /// is preemptible, it may be preempted to give the capacity back. (A non-preemptible job
+    /// runs beside its team's preemptible ones in the reserved quota; those give it back.)
     pub borrowing: bool,
     /// Present while pending.
     pub pending: Option<PendingInfo>,

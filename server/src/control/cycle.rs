@@ -323,10 +323,18 @@ fn rows(world: &World, decisions: &Decisions, refresh: Refresh) -> (Vec<AdmitRow
         let nodes: Vec<String> =
             slots.iter().map(|s| format!("{} (GPUs {})", s.node, join(s.gpus.iter().map(u8::to_string)))).collect();
         let gang = a.backfilled_ahead_of.and_then(|g| world.jobs.get(&g));
+        let preemptible =
+            world.snapshot.priorities.iter().find(|p| p.name == job.priority_class).is_none_or(|p| p.preemptible);
         let message = format!(
             "admitted on cluster {cluster}, {}{}{}",
             nodes.join(", "),
-            if a.borrowing { "; borrowing burst capacity, so it may be preempted to give it back" } else { "" },
+            match (a.borrowing, preemptible) {
+                (true, true) => "; borrowing burst capacity, so it may be preempted to give it back",
+                // Its team's preemptible jobs hold the reserved quota it runs beside: what
+                // the team now holds beyond it is burst, billed so, and theirs to give back.
+                (true, false) => "; its team now holds more than its reserved quota, so it is billed as burst, and the team's preemptible jobs give the capacity back if it is reclaimed",
+                (false, _) => "",
+            },
             gang.map_or(String::new(), |g| format!(
                 "; backfilled on GPUs held for job {}, a gang it ends before by its maximum runtime",
                 g.id

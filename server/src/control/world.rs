@@ -453,7 +453,7 @@ impl World {
             PendingReason::ReservedQuotaExhausted { team } => {
                 let (team, reserved, _, _, holds) = quota(team);
                 format!(
-                    "its priority class cannot be preempted, so it runs only within reserved quota: team {team} holds {holds} of its {reserved} reserved GPUs of {of}, and this job needs {needs}"
+                    "its priority class cannot be preempted, so it runs only within reserved quota: team {team}'s non-preemptible jobs hold {holds} of its {reserved} reserved GPUs of {of}, and this job needs {needs}"
                 )
             }
             PendingReason::BudgetExhausted => match f.budget {

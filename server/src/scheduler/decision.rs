@@ -81,7 +81,8 @@ pub enum PendingReason {
     /// The job alone is larger than that team's reserved + burst (or, non-preemptible, its
     /// reserved): it waits until the quota is raised.
     ExceedsQuota { team: TeamId },
-    /// A non-preemptible job needs reserved quota the team has used up.
+    /// A non-preemptible job needs reserved quota the team's other non-preemptible jobs have
+    /// used up (its preemptible jobs do not count: they borrow instead).
     ReservedQuotaExhausted { team: TeamId },
     /// Its team's hard budget cannot cover the job's maximum cost.
     BudgetExhausted,

@@ -216,7 +216,7 @@ impl Cycle<'_> {
         let n = extra.total_milli();
         if (extra.team as usize) >= self.s.teams.len()
             || self.ledger.over_limit(extra.team, extra.class, n).is_some()
-            || (!self.preemptible(extra) && self.ledger.beyond_reserved(extra.team, extra.class, n).is_some())
+            || (!self.preemptible(extra) && self.ledger.firm_beyond_reserved(extra.team, extra.class, n).is_some())
             || !self.hard_budgets_cover(extra)
             || self.available(extra) < n
         {

@@ -219,7 +219,8 @@ impl<'a> Cycle<'a> {
             // A stopping job keeps its GPUs until it exits, but no longer its quota: like a
             // victim chosen in this cycle, it is leaving.
             if (r.spec.team as usize) < s.teams.len() && !r.terminating {
-                ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), false);
+                let firm = !s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible);
+                ledger.add_job(r.spec.team, r.spec.class, r.spec.total_milli(), firm, false);
                 // A hard budget must also cover what running jobs may still spend.
                 let remaining =
                     s.within_budget_period(s.now_ms, (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0));
@@ -362,10 +363,13 @@ impl<'a> Cycle<'a> {
         let known_team = (job.team as usize) < self.s.teams.len();
         let free = if known_team { self.available(job) } else { self.inv.free_milli(job.class) };
         let quota = match *reason {
-            PendingReason::BurstLimit { team }
-            | PendingReason::ExceedsQuota { team }
-            | PendingReason::ReservedQuotaExhausted { team } => {
+            PendingReason::BurstLimit { team } | PendingReason::ExceedsQuota { team } => {
                 Some((self.ledger.quota(team, job.class), self.ledger.usage(team, job.class)))
+            }
+            // What counts against a non-preemptible job's limit: the team's other
+            // non-preemptible jobs.
+            PendingReason::ReservedQuotaExhausted { team } => {
+                Some((self.ledger.quota(team, job.class), self.ledger.firm(team, job.class)))
             }
             _ => None,
         };
@@ -381,7 +385,8 @@ impl<'a> Cycle<'a> {
     }
 
     /// True when the job cannot be admitted now whatever the order: it never fits, its
-    /// budget is spent, its quota is exhausted and no lower-priority job of its own team
+    /// budget is spent, it is not preemptible and its team's other non-preemptible jobs hold
+    /// its reserved quota, its quota is exhausted and no lower-priority job of its own team
     /// could make room, or a higher-priority job of its team waits.
     ///
     /// A job over its quota that could preempt its own team's lower-priority jobs is not
@@ -391,10 +396,6 @@ impl<'a> Cycle<'a> {
     /// victim would then take the room back, and the two would take turns for ever.
     pub(super) fn blocked_by_rules(&self, job: &JobSpec) -> bool {
         let n = job.total_milli();
-        let over_quota = || {
-            self.ledger.over_limit(job.team, job.class, n).is_some()
-                || (!self.preemptible(job) && self.ledger.beyond_reserved(job.team, job.class, n).is_some())
-        };
         (job.team as usize) >= self.s.teams.len()
             || !self.inv.could_ever_fit(job)
             || !self.inv.drivers_could_ever_fit(job)
@@ -403,7 +404,9 @@ impl<'a> Cycle<'a> {
                 .waiting_in_team
                 .get(&(job.team, job.class))
                 .is_some_and(|&(_, p, below)| self.could_take(p, below, job))
-            || (over_quota() && !self.may_preempt_own_team(job))
+            // No preemption lowers a team's non-preemptible use: beyond it, the job waits.
+            || (!self.preemptible(job) && self.ledger.firm_beyond_reserved(job.team, job.class, n).is_some())
+            || (self.ledger.over_limit(job.team, job.class, n).is_some() && !self.may_preempt_own_team(job))
     }
 
     /// Whether some running job of the job's own team and class had a lower priority and
@@ -433,10 +436,15 @@ impl<'a> Cycle<'a> {
                 return self.pend(job, PendingReason::ReservedFor { job: waiting });
             }
         }
+        if !self.preemptible(job) {
+            if let Some(team) = self.ledger.firm_beyond_reserved(job.team, job.class, n) {
+                return self.firm_beyond_reserved(job, team);
+            }
+        }
         let over = self.ledger.over_limit(job.team, job.class, n);
         let beyond = self.ledger.beyond_reserved(job.team, job.class, n);
-        if over.is_some() || (beyond.is_some() && !self.preemptible(job)) {
-            return self.consider_over_quota(job, over, beyond);
+        if let Some(team) = over {
+            return self.consider_over_quota(job, team, beyond);
         }
         let available = self.available(job);
         if available >= n {
@@ -460,21 +468,27 @@ impl<'a> Cycle<'a> {
         self.pend(job, reason);
     }
 
-    /// Quota, not capacity, blocks the job (`over` is the team over reserved + burst,
-    /// `beyond` the team it would borrow from for a non-preemptible job). A team within its
-    /// own reserved quota takes back what borrowing siblings hold; otherwise only the team's
-    /// own lower-priority work can make room. Failing that, it waits with the quota reason.
-    fn consider_over_quota(&mut self, job: &JobSpec, over: Option<TeamId>, beyond: Option<TeamId>) {
+    /// Quota, not capacity, blocks the job: `over` is the team it would take above reserved +
+    /// burst, `beyond` whether it would take its own team beyond its reserved quota. A team
+    /// within its own reserved quota takes back what borrowing siblings hold; otherwise only
+    /// the team's own lower-priority work can make room. Failing that, it waits with the
+    /// quota reason.
+    fn consider_over_quota(&mut self, job: &JobSpec, over: TeamId, beyond: Option<TeamId>) {
         if self.preempt(job, beyond.is_none(), beyond.is_some()) {
             return;
         }
         if let Some(team) = self.quota_too_small(job) {
             return self.pend(job, PendingReason::ExceedsQuota { team });
         }
-        match (beyond, over) {
-            (Some(team), _) if !self.preemptible(job) => self.pend(job, PendingReason::ReservedQuotaExhausted { team }),
-            (_, Some(team)) => self.pend(job, PendingReason::BurstLimit { team }),
-            (_, None) => self.pend(job, PendingReason::InsufficientCapacity),
+        self.pend(job, PendingReason::BurstLimit { team: over });
+    }
+
+    /// A non-preemptible job that its team's other non-preemptible jobs leave no room for in
+    /// `team`'s reserved quota waits: preempting anyone would not lower that use.
+    fn firm_beyond_reserved(&mut self, job: &JobSpec, team: TeamId) {
+        match self.quota_too_small(job) {
+            Some(team) => self.pend(job, PendingReason::ExceedsQuota { team }),
+            None => self.pend(job, PendingReason::ReservedQuotaExhausted { team }),
         }
     }
 
@@ -629,7 +643,7 @@ impl<'a> Cycle<'a> {
     /// it cannot take the room its victims are making.
     pub(super) fn claim_quota(&mut self, job: &JobSpec) {
         if (job.team as usize) < self.s.teams.len() {
-            self.ledger.add(job.team, job.class, job.total_milli(), false);
+            self.ledger.add_job(job.team, job.class, job.total_milli(), !self.preemptible(job), false);
             self.largest_borrowers.remove(&job.class);
             self.borrowers.remove(&job.class);
             self.refresh_borrowing(job.team, job.class);
@@ -695,7 +709,7 @@ impl<'a> Cycle<'a> {
         self.largest_borrowers.remove(&job.class);
         self.borrowers.remove(&job.class);
         if (job.team as usize) < s.teams.len() {
-            self.ledger.add(job.team, job.class, n, false);
+            self.ledger.add_job(job.team, job.class, n, !self.preemptible(job), false);
             self.refresh_borrowing(job.team, job.class);
             let time = gpu_time(s, job, budgeted_ms);
             for t in budget_chain(s, job.team) {

@@ -9,8 +9,9 @@
 //! freed GPUs are taken in this cycle's order, as the engine would rank them, and a job starts
 //! when
 //! - its team and every ancestor stay within reserved + burst, and a non-preemptible job
-//!   within its team's reserved quota: a job blocked by quota starts when its own team's jobs
-//!   free that quota, which is as foreseeable as any end;
+//!   within its team's reserved quota beside the team's other non-preemptible jobs: a job
+//!   blocked by quota starts when its own team's jobs free that quota, which is as
+//!   foreseeable as any end;
 //! - the class has enough free GPUs (those held for waiting jobs count as free), and the GPUs
 //!   held for the first blocked gang that may reserve at that instant
 //!   ([`Snapshot::reserves`]: by expected service, only past the starvation bound), until the
@@ -72,6 +73,8 @@ struct Holder {
     team: TeamId,
     /// Counts against its team's quota (not a victim or a stopping job).
     quota: bool,
+    /// Not preemptible: counts against its team's non-preemptible use too.
+    firm: bool,
     /// When it ends in this play.
     end_ms: i64,
     /// When its maximum runtime ends: what the engine's reservations count on.
@@ -122,9 +125,10 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             runtimes(&r.spec, s.now_ms - r.started_ms).into_iter().map(|l| s.now_ms.saturating_add(l)).collect()
         };
         let quota = !leaving && (r.spec.team as usize) < s.teams.len();
+        let firm = !preemptible(&r.spec);
         if quota {
-            ledger.add(r.spec.team, r.spec.class, r.spec.total_milli(), false);
-            if preemptible(&r.spec) {
+            ledger.add_job(r.spec.team, r.spec.class, r.spec.total_milli(), firm, false);
+            if !firm {
                 reclaimable.push((holders.len(), i));
             }
         }
@@ -133,6 +137,7 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             milli: r.spec.total_milli(),
             team: r.spec.team,
             quota,
+            firm,
             end_ms: median(end.as_slice()).max(s.now_ms),
             max_end_ms: r.started_ms.saturating_add(r.spec.max_runtime_ms).max(s.now_ms),
             alive: true,
@@ -143,14 +148,16 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
         let Some(&job) = specs.get(&a.job) else { continue };
         let runtime = runtimes(job, 0);
         let quota = (job.team as usize) < s.teams.len();
+        let firm = !preemptible(job);
         if quota {
-            ledger.add(job.team, job.class, job.total_milli(), false);
+            ledger.add_job(job.team, job.class, job.total_milli(), firm, false);
         }
         holders.push(Holder {
             class: job.class,
             milli: job.total_milli(),
             team: job.team,
             quota,
+            firm,
             end_ms: s.now_ms.saturating_add(median(runtime.as_slice())),
             max_end_ms: s.now_ms.saturating_add(job.max_runtime_ms),
             alive: true,
@@ -408,12 +415,12 @@ impl<'s, 'w> Play<'s, 'w> {
             return None;
         }
         holder.alive = false;
-        let (class, milli, team, quota) = (holder.class, holder.milli, holder.team, holder.quota);
+        let (class, milli, team, quota, firm) = (holder.class, holder.milli, holder.team, holder.quota, holder.firm);
         if let Some(f) = self.free.get_mut(usize::from(class)) {
             *f += milli;
         }
         if quota {
-            self.ledger.add(team, class, milli, true);
+            self.ledger.add_job(team, class, milli, firm, true);
         }
         Some(class)
     }
@@ -468,7 +475,7 @@ impl<'s, 'w> Play<'s, 'w> {
         let w = &waiting[k];
         let (class, n) = (w.spec.class, w.spec.total_milli());
         self.free[usize::from(class)] -= n;
-        self.ledger.add(w.spec.team, class, n, false);
+        self.ledger.add_job(w.spec.team, class, n, !w.preemptible, false);
         let h = self.holders.len();
         let r = self.runtimes;
         let end = t.saturating_add(r.all[k * r.plays + r.play]);
@@ -478,6 +485,7 @@ impl<'s, 'w> Play<'s, 'w> {
             milli: n,
             team: w.spec.team,
             quota: true,
+            firm: !w.preemptible,
             end_ms: end,
             max_end_ms: max_end,
             alive: true,
@@ -550,7 +558,7 @@ impl<'s, 'w> Play<'s, 'w> {
             }
             let quota_ok = fifo
                 || (self.ledger.over_limit(w.spec.team, w.spec.class, n).is_none()
-                    && (w.preemptible || self.ledger.beyond_reserved(w.spec.team, w.spec.class, n).is_none()));
+                    && (w.preemptible || self.ledger.firm_beyond_reserved(w.spec.team, w.spec.class, n).is_none()));
             if !quota_ok {
                 let m = over.entry(key).or_insert(n);
                 *m = (*m).min(n);

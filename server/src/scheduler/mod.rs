@@ -21,9 +21,11 @@
 //!    is re-ranked with its new usage.
 //! 2. **Checks**, in order, each giving the pending reason when it fails: the gang can
 //!    ever fit (`never_fits`); the hard budgets of the team and its ancestors cover the job's maximum cost
-//!    (`budget_exhausted`); the team and its ancestors stay within reserved + burst
-//!    (`burst_limit`); a non-preemptible job stays within reserved quota
-//!    (`reserved_quota_exhausted`); the job ends before a starving gang's reservation
+//!    (`budget_exhausted`); a non-preemptible job fits its team's reserved quota beside the
+//!    team's other non-preemptible jobs (`reserved_quota_exhausted`; its preemptible jobs do
+//!    not count, so whatever the team holds beyond its reserved quota is held by jobs that
+//!    can give it back); the team and its ancestors stay within reserved + burst
+//!    (`burst_limit`); the job ends before a starving gang's reservation
 //!    (`reserved_for:<job>`).
 //! 3. **Placement** of the whole gang ([`inventory`]): best-fit packing, topology required
 //!    or preferred, never partial. Capacity held back for other teams' idle, unlendable

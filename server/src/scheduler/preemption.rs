@@ -571,10 +571,9 @@ impl Cycle<'_> {
     /// for a gang of hundreds of replicas a search each time is most of a cycle.
     fn fits_now(&mut self, job: &JobSpec) -> bool {
         let n = job.total_milli();
-        self.ledger.over_limit(job.team, job.class, n).is_none()
-            && (self.preemptible(job) || self.ledger.beyond_reserved(job.team, job.class, n).is_none())
-            && self.available(job) >= n
-            && self.inv.can_place(job)
+        // A non-preemptible job asks for victims only with room in its team's
+        // non-preemptible use, which no victim changes: quota means reserved + burst here.
+        self.ledger.over_limit(job.team, job.class, n).is_none() && self.available(job) >= n && self.inv.can_place(job)
     }
 
     /// The burst a team deserves: the borrowed value in use across the platform at the

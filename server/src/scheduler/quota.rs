@@ -8,6 +8,14 @@
 //! nothing keeps its reserved quota from teams outside its department too, whatever the
 //! department itself lends. (Without that, capacity a sibling could not touch went to an
 //! outside borrower, the sibling reclaimed it, and the two took turns preempting each other.)
+//!
+//! Non-preemptible ("firm") use is also kept apart, at each team's own level: a
+//! non-preemptible job must fit its team's reserved quota beside the team's other
+//! non-preemptible jobs, not beside its preemptible ones. Those fill the rest of the reserved
+//! quota and borrow beyond it, so what a team borrows is always held by jobs that can give it
+//! back (reclaim still takes it in one round), and a non-preemptible job never preempts its
+//! team's experiments only to bring the team's total under its reserved quota when free GPUs
+//! would have done.
 
 use super::snapshot::{ClassId, Quota, Snapshot, TeamId};
 
@@ -18,6 +26,9 @@ pub struct Ledger {
     parent: Vec<Option<TeamId>>,
     quota: Vec<Quota>,
     usage: Vec<u64>,
+    /// Milli-units each team's own non-preemptible jobs hold, per class (not summed up the
+    /// tree: only a team's own level is checked, see [`Self::firm_beyond_reserved`]).
+    firm: Vec<u64>,
     /// Held-back milli of all children of a group (a team, or the virtual root at index
     /// `teams`) per class.
     held_back_children: Vec<u64>,
@@ -57,6 +68,7 @@ impl Ledger {
             parent,
             quota,
             usage: vec![0; teams * classes],
+            firm: vec![0; teams * classes],
             held_back_children: vec![0; (teams + 1) * classes],
         };
         ledger.break_cycles();
@@ -149,6 +161,33 @@ impl Ledger {
     /// by borrowing siblings, which reclaim can take back.
     pub fn beyond_reserved(&self, team: TeamId, class: ClassId, milli: u64) -> Option<TeamId> {
         (self.usage(team, class) + milli > self.quota(team, class).reserved).then_some(team)
+    }
+
+    /// `Some(team)` when a non-preemptible job of `milli` would take the team's
+    /// non-preemptible use above its own reserved quota: the one limit such a job has beyond
+    /// [`Self::over_limit`]. Its preemptible use does not count: whatever of it a
+    /// non-preemptible job pushes past the reserved quota is borrowed, and preemptible, so
+    /// reclaim can still take it back. As with [`Self::beyond_reserved`], children's reserved
+    /// quotas sum to no more than their parent's, so the team's own level is the only one
+    /// to check.
+    pub fn firm_beyond_reserved(&self, team: TeamId, class: ClassId, milli: u64) -> Option<TeamId> {
+        (self.firm(team, class) + milli > self.quota(team, class).reserved).then_some(team)
+    }
+
+    /// Milli-units the team's own non-preemptible jobs hold of a class.
+    pub fn firm(&self, team: TeamId, class: ClassId) -> u64 {
+        self.firm.get(team as usize * self.classes + usize::from(class)).copied().unwrap_or(0)
+    }
+
+    /// Records `milli` more (or less, when `release`) held by a job of `team`: like
+    /// [`Self::add`], and counted as the team's non-preemptible use when the job is `firm`.
+    pub fn add_job(&mut self, team: TeamId, class: ClassId, milli: u64, firm: bool, release: bool) {
+        self.add(team, class, milli, release);
+        if firm {
+            if let Some(slot) = self.firm.get_mut(team as usize * self.classes + usize::from(class)) {
+                *slot = if release { slot.saturating_sub(milli) } else { *slot + milli };
+            }
+        }
     }
 
     /// Capacity held back for other teams that a job of `team` must leave alone: at every

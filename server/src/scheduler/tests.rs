@@ -191,6 +191,50 @@ fn non_preemptible_jobs_never_borrow() {
 }
 
 #[test]
+fn a_production_job_runs_on_free_gpus_beside_its_teams_experiments_instead_of_preempting_them() {
+    // a's experiments fill its reserved 8; 8 GPUs are free and a may borrow 8.
+    let mut s = cluster(2, vec![team("a", 8, 8)]);
+    start(&mut s, job(1, 0, 4, 1), HOUR);
+    start(&mut s, job(2, 0, 4, 1), HOUR);
+    s.pending = vec![job(3, 0, 4, 0)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![3]);
+    assert!(d.preemptions.is_empty(), "no experiment stops for GPUs that are free: {:?}", d.preemptions);
+    // The team now holds 12 of its reserved 8: the job is billed as burst.
+    assert!(d.admissions[0].borrowing);
+}
+
+#[test]
+fn a_production_job_in_a_full_cluster_stops_only_as_many_of_its_teams_experiments_as_it_needs_gpus() {
+    // a (reserved 4, burst 4) runs three 2-GPU experiments, one of them borrowed; 2 GPUs are
+    // free. Its 4-GPU production job needs 2 more GPUs and 2 more of quota: one experiment.
+    let mut s = cluster(1, vec![team("a", 4, 4)]);
+    for id in 1..=3 {
+        start(&mut s, job(id, 0, 2, 1), HOUR);
+    }
+    s.pending = vec![job(4, 0, 4, 0)];
+    let d = schedule(&s);
+    let victims: Vec<(JobId, PreemptReason)> = d.preemptions.iter().map(|p| (p.victim, p.reason)).collect();
+    assert_eq!(victims.len(), 1, "one experiment makes room, not all three: {victims:?}");
+    assert_eq!(victims[0].1, PreemptReason::Priority);
+    assert_eq!(reason_of(&d, 4), PendingReason::WaitingForReclaim);
+}
+
+#[test]
+fn reclaim_takes_what_a_production_job_took_its_team_past_reserved_from_the_teams_experiments() {
+    // a runs two 8-GPU experiments, one in its reserved 8, and an 8-GPU production job beside
+    // them, on GPUs b lends; b wants 8 of its reserved 16 back.
+    let mut s = cluster(3, vec![team("a", 8, 16), team("b", 16, 0)]);
+    start(&mut s, job(1, 0, 8, 1), HOUR);
+    start(&mut s, job(2, 0, 8, 1), 2 * HOUR);
+    start(&mut s, job(3, 0, 8, 0), HOUR);
+    s.pending = vec![job(10, 1, 8, 1)];
+    let d = schedule(&s);
+    let victims: Vec<(JobId, PreemptReason)> = d.preemptions.iter().map(|p| (p.victim, p.reason)).collect();
+    assert_eq!(victims, vec![(1, PreemptReason::Reclaim)], "one experiment, the one that ran least");
+}
+
+#[test]
 fn a_team_never_exceeds_reserved_plus_burst_nor_its_ancestors_limits() {
     let mut s = cluster(2, vec![team("dept", 4, 0), team("a", 2, 8)]);
     s.teams[1].parent = Some(0);

@@ -165,6 +165,55 @@ async fn a_gang_job_goes_from_pending_to_succeeded_with_its_timeline_and_one_usa
     assert_eq!(objects, 0, "finished objects are collected");
 }
 
+/// An 8-GPU experiment of the simulated cluster's `h100-80gb` that runs 3,000 s, checkpoints
+/// every second and stops within a second when preempted.
+fn sweep(i: usize) -> Value {
+    json!({"name": format!("sweep-{i}"), "gpu_class": "h100-80gb", "gpus_per_replica": 8,
+           "image": "research:latest", "priority_class": "experiment", "preemption_grace_seconds": 1,
+           "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000", "FAIRWAY_SIM_CHECKPOINT_SECONDS": "1"}})
+}
+
+#[tokio::test]
+async fn a_production_job_takes_free_gpus_beside_its_teams_experiments_instead_of_preempting_them() {
+    let app = TestApp::spawn_with(|c| c.min_runtime_before_preemption = Duration::ZERO).await;
+    start_control(&app).await;
+    wait_for_inventory(&app).await;
+    let admin = app.admin().await;
+    app.team(&admin, "research", None).await;
+    app.quota(&admin, "research", "h100-80gb", 16, 48).await;
+    let (_, research) = app.api_token(&admin, "research", "member").await;
+    // Two experiments fill research's reserved 16 GPUs; 48 more are free.
+    let mut experiments = Vec::new();
+    for i in 0..2 {
+        experiments.push(submit(&app, &research, "research", sweep(i)).await);
+    }
+    for id in &experiments {
+        let j = wait_for(&app, &research, id, Duration::from_secs(30), |j| j["state"] == "running").await;
+        assert_eq!(j["borrowing"], false, "{j:#}");
+    }
+    let body = json!({"name": "nightly-eval", "gpu_class": "h100-80gb", "gpus_per_replica": 8, "image": "eval:1",
+                      "priority_class": "production", "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000"}});
+    let eval = submit(&app, &research, "research", body).await;
+    let running = wait_for(&app, &research, &eval, Duration::from_secs(30), |j| j["state"] == "running").await;
+    // It cannot be preempted, so it runs in the reserved quota and the experiments beside it
+    // are what research borrows; the team now holds 24 of its reserved 16, billed as burst.
+    assert_eq!(running["borrowing"], true, "{running:#}");
+    let admitted = events(&app, &research, &eval).await.into_iter().find(|e| e["kind"] == "admitted").unwrap();
+    assert!(
+        admitted["message"].as_str().unwrap().contains(
+            "its team now holds more than its reserved quota, so it is billed as burst, and the team's preemptible jobs give the capacity back if it is reclaimed"
+        ),
+        "{admitted:#}"
+    );
+    // No experiment stopped for GPUs that were free.
+    for id in &experiments {
+        let j = job(&app, &research, id).await;
+        assert_eq!((j["state"].as_str(), j["preemptions"].as_i64()), (Some("running"), Some(0)), "{j:#}");
+        let timeline = events(&app, &research, id).await;
+        assert!(timeline.iter().all(|e| e["kind"] != "preempted"), "{timeline:#?}");
+    }
+}
+
 #[tokio::test]
 async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_and_requeues() {
     // The API's dry runs decide with the service's configuration, as the control loop does.
@@ -180,10 +229,7 @@ async fn a_borrowing_job_is_preempted_when_the_lender_claims_its_reserved_quota_
     let (_, prod) = app.api_token(&admin, "prod", "member").await;
     let mut borrowers = Vec::new();
     for i in 0..8 {
-        let body = json!({"name": format!("sweep-{i}"), "gpu_class": "h100-80gb", "gpus_per_replica": 8,
-                          "image": "research:latest", "priority_class": "experiment", "preemption_grace_seconds": 1,
-                          "env": {"FAIRWAY_SIM_RUNTIME_SECONDS": "3000", "FAIRWAY_SIM_CHECKPOINT_SECONDS": "1"}});
-        borrowers.push(submit(&app, &research, "research", body).await);
+        borrowers.push(submit(&app, &research, "research", sweep(i)).await);
     }
     for id in &borrowers {
         let j = wait_for(&app, &research, id, Duration::from_secs(30), |j| j["state"] == "running").await;
