@@ -1307,3 +1307,24 @@ fn an_extra_still_leaving_is_listed_as_a_stopping_job_of_its_own_and_its_gpus_go
     assert_eq!(reason_of(&d, 10), PendingReason::WaitingForReclaim);
     assert!(d.growths.is_empty(), "no growth while a job waits: {:?}", d.growths);
 }
+
+#[test]
+fn a_production_job_waits_for_the_experiment_it_stopped_instead_of_stopping_another() {
+    // The demo's H100s at its fourth act: research (32 + 32) over nlp (16 + 32) and vision
+    // (16 + 16), prod-inference (16 + 0); 64 GPUs, all held.
+    let mut s =
+        cluster(8, vec![team("research", 32, 32), team("nlp", 16, 32), team("vision", 16, 16), team("prod", 16, 0)]);
+    s.teams[1].parent = Some(0);
+    s.teams[2].parent = Some(0);
+    for (id, t) in [(1, 3), (2, 3), (10, 2), (11, 2), (12, 2), (20, 1), (21, 1), (22, 1)] {
+        start(&mut s, job(id, t, 8, if t == 3 { 0 } else { 1 }), HOUR);
+    }
+    // Cycle 1 chose nlp's sweep 22 for the production job, which is stopping.
+    s.running[7].terminating = true;
+    s.pending = vec![job(30, 1, 8, 0), job(23, 1, 8, 1), job(24, 1, 8, 1)];
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "{:?} {:?}", d.preemptions, d.pending);
+    assert_eq!(reason_of(&d, 30), PendingReason::WaitingForReclaim);
+    // The stopping sweep's GPUs are the production job's, not its requeued teammates'.
+    assert_eq!(reason_of(&d, 23), PendingReason::ReservedFor { job: 30 });
+}
