@@ -219,8 +219,7 @@ impl<'a> Cycle<'a> {
             // A stopping job keeps its GPUs until it exits, but no longer its quota: like a
             // victim chosen in this cycle, it is leaving.
             if (r.spec.team as usize) < s.teams.len() && !r.terminating {
-                let firm = !s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible);
-                ledger.add_job(r.spec.team, r.spec.class, r.spec.total_milli(), firm, false);
+                ledger.add_job(r.spec.team, r.spec.class, r.spec.total_milli(), !s.preemptible(&r.spec), false);
                 // A hard budget must also cover what running jobs may still spend.
                 let remaining =
                     s.within_budget_period(s.now_ms, (r.started_ms + r.spec.max_runtime_ms - s.now_ms).max(0));
@@ -338,7 +337,7 @@ impl<'a> Cycle<'a> {
 
     /// Whether the job's priority class lets it be preempted (and so borrow).
     pub(super) fn preemptible(&self, job: &JobSpec) -> bool {
-        self.s.priorities.get(usize::from(job.priority)).is_some_and(|p| p.preemptible)
+        self.s.preemptible(job)
     }
 
     /// Records that the job waits, at the current queue position, why, and the numbers

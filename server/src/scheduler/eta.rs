@@ -103,7 +103,7 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
     let runtimes = |job: &JobSpec, elapsed: i64| -> Vec<i64> { s.history.remaining(job, elapsed).to_vec() };
     let specs: BTreeMap<JobId, &JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
     let grace = |j: &JobSpec| s.grace_ms(j);
-    let preemptible = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).is_some_and(|p| p.preemptible);
+    let preemptible = |j: &JobSpec| s.preemptible(j);
     let priority = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.priority);
     let mut ledger = Ledger::new(s);
     // The holders' ends in each play (holder × plays + play); the rest of a holder is the

@@ -31,7 +31,7 @@ pub(super) fn candidates(s: &Snapshot) -> (BTreeMap<ClassId, Vec<usize>>, BTreeM
     let mut past: Vec<(ClassId, u64, u64, JobId, usize)> = Vec::new();
     let mut young: Vec<(ClassId, i64, JobId, usize)> = Vec::new();
     for (i, r) in s.running.iter().enumerate() {
-        if r.terminating || !s.priorities.get(usize::from(r.spec.priority)).is_some_and(|p| p.preemptible) {
+        if r.terminating || !s.preemptible(&r.spec) {
             continue;
         }
         if s.now_ms - r.started_ms >= s.config.min_runtime_before_preemption_ms {

@@ -428,6 +428,12 @@ impl Snapshot {
         }
     }
 
+    /// Whether `spec`'s priority class lets it be preempted (and so borrow); a job of an
+    /// unknown class is not.
+    pub fn preemptible(&self, spec: &JobSpec) -> bool {
+        self.priorities.get(usize::from(spec.priority)).is_some_and(|p| p.preemptible)
+    }
+
     /// How long `spec` has to checkpoint once told to stop: its own grace period, or its
     /// priority class's.
     pub fn grace_ms(&self, spec: &JobSpec) -> i64 {

@@ -720,7 +720,7 @@ impl<'a> Replay<'a> {
         }
         let at_ms = now + self.remaining_ms[id];
         self.events.push(Reverse(Event { at_ms, kind: EventKind::Completion, job: spec.id, run: run.number }));
-        let preemptible = self.snapshot.priorities.get(usize::from(spec.priority)).is_some_and(|p| p.preemptible);
+        let preemptible = self.snapshot.preemptible(&spec);
         let eligible_ms = now + self.snapshot.config.min_runtime_before_preemption_ms;
         if preemptible && eligible_ms < at_ms {
             self.events.push(Reverse(Event {
