@@ -247,6 +247,36 @@ async fn a_fresh_demo_shows_fair_share_a_backfill_a_reclaim_and_a_priority_preem
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     assert!(checked > 0, "no waiting job was ever seen: the demo showed no queue");
+    // The priority preemption lost one run's work, not two: once nlp's evaluation runs, it
+    // has stopped exactly one of nlp's sweeps (another team's burst job once took the GPUs
+    // its first victim freed, and it stopped a second).
+    let nlp_jobs = |server: &Server, token: &str| {
+        let request = server.http.get(server.url("/api/v1/teams/nlp/jobs?limit=200")).bearer_auth(token);
+        async move { request.send().await.unwrap().json::<Value>().await.unwrap()["items"].as_array().unwrap().clone() }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let (eval, jobs) = loop {
+        let jobs = nlp_jobs(&server, &token).await;
+        let eval = jobs.iter().find(|j| j["name"] == "nlp-nightly-eval").expect("act four submitted the evaluation");
+        if eval["state"] == "running" {
+            break (eval["id"].as_str().unwrap().to_owned(), jobs);
+        }
+        assert!(Instant::now() < deadline, "nlp's evaluation never ran: {eval:#}\n{}", read_log(&server.log));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    let mut stopped_for_eval = Vec::new();
+    for job in &jobs {
+        let r = server.http.get(server.url(&format!("/api/v1/jobs/{}/events", job["id"].as_str().unwrap())));
+        let events: Value = r.bearer_auth(&token).send().await.unwrap().json().await.unwrap();
+        let events = events.get("items").unwrap_or(&events).as_array().unwrap().clone();
+        stopped_for_eval.extend(
+            events
+                .iter()
+                .filter(|e| e["kind"] == "preempted" && e["data"]["by_job"] == eval.as_str())
+                .map(|_| job["name"].clone()),
+        );
+    }
+    assert_eq!(stopped_for_eval.len(), 1, "the evaluation stopped {stopped_for_eval:?}");
     // Its GPUs have activity to show, read from the simulated cluster's dcgm-exporter: the
     // stalled detector's nearly idle GPUs, with the MIG slice that would have held it.
     let get = |path: String| {

@@ -84,8 +84,7 @@ impl<'a> Cycle<'a> {
 
     /// A head's rank with its team's usage as it is now.
     fn key(&self, job: &JobSpec) -> HeadKey {
-        let within = self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
-            || self.reserved_demand.contains(&job.team);
+        let within = self.guaranteed(job) || self.reserved_demand.contains(&job.team);
         let score = if within || self.s.config.policy != Policy::Fairway {
             0.0
         } else {
@@ -99,6 +98,18 @@ impl<'a> Cycle<'a> {
             job: job.id,
             team: job.team,
         }
+    }
+
+    /// Whether the job is part of its team's guaranteed demand, which phase one decides
+    /// ahead of all burst: it fits its team's reserved quota, or, not preemptible, it fits
+    /// beside the team's other non-preemptible jobs, so that the team's own experiments make
+    /// room for it if nothing else does. Ranked with burst instead, such a job came after
+    /// other teams' burst jobs, which took the GPUs its preemption had freed (or free ones
+    /// it would have used), and it stopped a second experiment of its team for nothing.
+    fn guaranteed(&self, job: &JobSpec) -> bool {
+        let n = job.total_milli();
+        self.ledger.beyond_reserved(job.team, job.class, n).is_none()
+            || (!self.preemptible(job) && self.ledger.firm_beyond_reserved(job.team, job.class, n).is_none())
     }
 
     /// A job's place in the order of waiting jobs: priority first; then, under
@@ -167,7 +178,7 @@ impl<'a> Cycle<'a> {
         let mut deferred: BTreeMap<(TeamId, ClassId), (i32, bool)> = BTreeMap::new();
         for job in order {
             let within = (job.team as usize) < self.s.teams.len()
-                && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
+                && self.guaranteed(job)
                 && !deferred.get(&(job.team, job.class)).is_some_and(|&(p, below)| self.could_take(p, below, job));
             if within || self.blocked_by_rules(job) {
                 self.position += 1;
@@ -175,9 +186,7 @@ impl<'a> Cycle<'a> {
             } else {
                 let priority = self.priority(job);
                 deferred.entry((job.team, job.class)).or_insert((priority, self.s.below_service_threshold(job)));
-                if (job.team as usize) < self.s.teams.len()
-                    && self.ledger.beyond_reserved(job.team, job.class, job.total_milli()).is_none()
-                {
+                if (job.team as usize) < self.s.teams.len() && self.guaranteed(job) {
                     // Reserved demand queued behind the team's own higher-priority burst job:
                     // the team still ranks with reserved demand in phase two.
                     self.reserved_demand.insert(job.team);

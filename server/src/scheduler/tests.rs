@@ -1328,3 +1328,28 @@ fn a_production_job_waits_for_the_experiment_it_stopped_instead_of_stopping_anot
     // The stopping sweep's GPUs are the production job's, not its requeued teammates'.
     assert_eq!(reason_of(&d, 23), PendingReason::ReservedFor { job: 30 });
 }
+
+#[test]
+fn a_production_job_keeps_the_gpus_it_stopped_an_experiment_for_against_another_teams_burst_job() {
+    // The demo's fourth act as it happens: vision's third detector, reclaimed in act three,
+    // waits for burst beside vision's two reserved runs; nlp runs four sweeps, one of which
+    // cycle 1 stopped for nlp's production evaluation.
+    let mut s =
+        cluster(8, vec![team("research", 32, 32), team("nlp", 16, 32), team("vision", 16, 16), team("prod", 16, 0)]);
+    s.teams[1].parent = Some(0);
+    s.teams[2].parent = Some(0);
+    for (id, t) in [(1, 3), (2, 3), (10, 2), (11, 2), (20, 1), (21, 1), (22, 1), (23, 1)] {
+        start(&mut s, job(id, t, 8, if t == 3 { 0 } else { 1 }), HOUR);
+    }
+    s.running[6].terminating = true;
+    s.pending = vec![job(30, 1, 8, 0), job(24, 1, 8, 1), job(12, 2, 8, 1)];
+    let d = schedule(&s);
+    assert!(d.preemptions.is_empty(), "{:?} {:?}", d.preemptions, d.pending);
+    assert_eq!(reason_of(&d, 30), PendingReason::WaitingForReclaim);
+    assert_ne!(reason_of(&d, 12), PendingReason::WaitingForReclaim);
+    // Once the sweep is gone, its GPUs go to the evaluation, and still no one else stops.
+    s.running.remove(6);
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![30]);
+    assert!(d.preemptions.is_empty(), "{:?}", d.preemptions);
+}
