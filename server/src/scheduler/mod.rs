@@ -14,9 +14,10 @@
 //!    GPU-time first by the Gittins index of the runtime's distribution as history
 //!    estimates it, given how long the job has already run
 //!    ([`runtime::RuntimeHistory::gittins_index`]), then age. Team heads compete:
-//!    a head that fits within its team's reserved quota (at every level of the team tree),
-//!    or a non-preemptible one that fits beside its team's other non-preemptible jobs (its
-//!    team's experiments make room for it), goes before any head that needs to borrow; among borrowers the lowest fair-share
+//!    a head that fits within its team's reserved quota (at every level of the team tree)
+//!    goes before any head that needs to borrow, and a non-preemptible one that fits beside
+//!    its team's other non-preemptible jobs (its team's experiments make room for it) goes
+//!    between the two; among borrowers the lowest fair-share
 //!    score goes first (see [`fairshare`] for the formula: cost-weighted borrowed capacity
 //!    plus decayed history, per unit of weight). After each decision the team's next head
 //!    is re-ranked with its new usage.

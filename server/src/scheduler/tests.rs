@@ -221,6 +221,22 @@ fn a_production_job_in_a_full_cluster_stops_only_as_many_of_its_teams_experiment
 }
 
 #[test]
+fn a_production_job_past_its_teams_reserved_quota_leaves_free_gpus_to_another_teams_reserved_demand() {
+    // a's young experiment fills a's reserved 4; 4 GPUs are free. a's production job came
+    // first and outranks everything, but on the free GPUs it would borrow, and b, which asks
+    // within its reserved 4, could not take them back from a's experiment in its minimum
+    // runtime.
+    let mut s = cluster(1, vec![team("a", 4, 4), team("b", 4, 4)]);
+    start(&mut s, job(1, 0, 4, 1), 60_000);
+    s.pending = vec![job(10, 0, 4, 0), job(20, 1, 4, 1)];
+    let d = schedule(&s);
+    assert_eq!(admitted(&d), vec![20], "b's reserved demand runs now: {:?}", d.pending);
+    assert!(d.preemptions.is_empty());
+    // a's own experiment makes room for it once it may be preempted.
+    assert_eq!(reason_of(&d, 10), PendingReason::VictimsInMinimumRuntime { at_ms: NOW + 4 * 60_000 });
+}
+
+#[test]
 fn reclaim_takes_what_a_production_job_took_its_team_past_reserved_from_the_teams_experiments() {
     // a runs two 8-GPU experiments, one in its reserved 8, and an 8-GPU production job beside
     // them, on GPUs b lends; b wants 8 of its reserved 16 back.
