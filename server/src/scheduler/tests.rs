@@ -1324,17 +1324,23 @@ fn an_extra_still_leaving_is_listed_as_a_stopping_job_of_its_own_and_its_gpus_go
     assert!(d.growths.is_empty(), "no growth while a job waits: {:?}", d.growths);
 }
 
-#[test]
-fn a_production_job_waits_for_the_experiment_it_stopped_instead_of_stopping_another() {
-    // The demo's H100s at its fourth act: research (32 + 32) over nlp (16 + 32) and vision
-    // (16 + 16), prod-inference (16 + 0); 64 GPUs, all held.
+/// The demo's H100s at its fourth act, all 64 held by `running` (job id, team): research
+/// (32 + 32) over nlp (16 + 32) and vision (16 + 16), and prod-inference (16 + 0), whose jobs
+/// serve (production); everyone else's are experiments, started an hour ago.
+fn demo_act_four(running: &[(JobId, TeamId)]) -> Snapshot {
     let mut s =
         cluster(8, vec![team("research", 32, 32), team("nlp", 16, 32), team("vision", 16, 16), team("prod", 16, 0)]);
     s.teams[1].parent = Some(0);
     s.teams[2].parent = Some(0);
-    for (id, t) in [(1, 3), (2, 3), (10, 2), (11, 2), (12, 2), (20, 1), (21, 1), (22, 1)] {
+    for &(id, t) in running {
         start(&mut s, job(id, t, 8, if t == 3 { 0 } else { 1 }), HOUR);
     }
+    s
+}
+
+#[test]
+fn a_production_job_waits_for_the_experiment_it_stopped_instead_of_stopping_another() {
+    let mut s = demo_act_four(&[(1, 3), (2, 3), (10, 2), (11, 2), (12, 2), (20, 1), (21, 1), (22, 1)]);
     // Cycle 1 chose nlp's sweep 22 for the production job, which is stopping.
     s.running[7].terminating = true;
     s.pending = vec![job(30, 1, 8, 0), job(23, 1, 8, 1), job(24, 1, 8, 1)];
@@ -1350,13 +1356,7 @@ fn a_production_job_keeps_the_gpus_it_stopped_an_experiment_for_against_another_
     // The demo's fourth act as it happens: vision's third detector, reclaimed in act three,
     // waits for burst beside vision's two reserved runs; nlp runs four sweeps, one of which
     // cycle 1 stopped for nlp's production evaluation.
-    let mut s =
-        cluster(8, vec![team("research", 32, 32), team("nlp", 16, 32), team("vision", 16, 16), team("prod", 16, 0)]);
-    s.teams[1].parent = Some(0);
-    s.teams[2].parent = Some(0);
-    for (id, t) in [(1, 3), (2, 3), (10, 2), (11, 2), (20, 1), (21, 1), (22, 1), (23, 1)] {
-        start(&mut s, job(id, t, 8, if t == 3 { 0 } else { 1 }), HOUR);
-    }
+    let mut s = demo_act_four(&[(1, 3), (2, 3), (10, 2), (11, 2), (20, 1), (21, 1), (22, 1), (23, 1)]);
     s.running[6].terminating = true;
     s.pending = vec![job(30, 1, 8, 0), job(24, 1, 8, 1), job(12, 2, 8, 1)];
     let d = schedule(&s);
