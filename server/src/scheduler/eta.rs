@@ -43,11 +43,12 @@
 
 use std::{
     cmp::Reverse,
-    collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque},
+    collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque},
 };
 
 use super::{
     decision::{Decisions, PendingReason, Unforeseeable},
+    preemption::Passed,
     quota::Ledger,
     snapshot::{ClassId, JobId, JobSpec, Policy, Snapshot, TeamId},
 };
@@ -84,11 +85,21 @@ struct Holder {
 }
 
 /// A waiting job in the play.
+///
+/// What every scan reads of its spec is copied here: the play scans tens of thousands of
+/// waiting jobs, and reading each from its spec was a cache miss apiece (a quarter of the
+/// forecast with 50,000 waiting).
 #[derive(Debug, Clone)]
 struct Waiting<'a> {
     /// Index into `decisions.pending`.
     pending: usize,
     spec: &'a JobSpec,
+    class: ClassId,
+    team: TeamId,
+    milli: u64,
+    max_runtime_ms: i64,
+    /// From when it may hold GPUs as a blocked gang ([`Snapshot::reserves_from`]).
+    reserves_from: Option<i64>,
     preemptible: bool,
     /// Victims it reclaims and when, if it has not started by then.
     reclaim: Option<(i64, Vec<usize>)>,
@@ -101,7 +112,8 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
     let plays = 3;
     // A job's remaining runtime in each play.
     let runtimes = |job: &JobSpec, elapsed: i64| -> Vec<i64> { s.history.remaining(job, elapsed).to_vec() };
-    let specs: BTreeMap<JobId, &JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
+    // Hashed, not ordered: looked up once per waiting job, tens of thousands a cycle.
+    let specs: HashMap<JobId, &JobSpec> = s.pending.iter().map(|j| (j.id, j)).collect();
     let grace = |j: &JobSpec| s.grace_ms(j);
     let preemptible = |j: &JobSpec| s.preemptible(j);
     let priority = |j: &JobSpec| s.priorities.get(usize::from(j.priority)).map_or(0, |p| p.priority);
@@ -188,7 +200,17 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
         if usize::from(spec.class) >= s.classes.len() || (spec.team as usize) >= s.teams.len() {
             continue;
         }
-        waiting.push(Waiting { pending: i, spec, preemptible: preemptible(spec), reclaim: None });
+        waiting.push(Waiting {
+            pending: i,
+            spec,
+            class: spec.class,
+            team: spec.team,
+            milli: spec.total_milli(),
+            max_runtime_ms: spec.max_runtime_ms,
+            reserves_from: s.reserves_from(spec),
+            preemptible: preemptible(spec),
+            reclaim: None,
+        });
         waiting_runtimes.extend(runtimes(spec, 0));
     }
     if waiting.is_empty() {
@@ -198,100 +220,27 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
     // Reclaim plans, made once at the start: a job within its team's reserved quota that
     // does not fit takes the cheapest victims in order of when they may be preempted.
     if s.config.policy != Policy::Fifo {
-        // The candidates in the order every plan takes them (when they are gone, then job
-        // id), sorted once, when the first job needs a plan: per class for jobs within
-        // reserved quota, which may take other teams' work, and per class and team for the
-        // others, which may take only their own team's. Walking them in order until enough is
-        // freed takes what sorting each job's own candidates did, without a pass over every
-        // running job for every waiting job, which was most of a cycle once thousands run.
-        type Candidates = BTreeMap<ClassId, Vec<(i64, JobId, usize, usize)>>;
-        type TeamCandidates = BTreeMap<(ClassId, TeamId), Vec<(i64, JobId, usize, usize)>>;
-        // With them, the milli-units of the candidates whose team borrows that no plan took
-        // yet, per class, and of each team's candidates, per class and team: a plan that
-        // could not free enough from all of them fails without a walk. Once the borrowers'
-        // work is all taken, every later job within its reserved quota failed after walking
-        // the whole class (46 s of a cycle at 10x).
-        type Left = BTreeMap<ClassId, u64>;
-        type TeamTotals = BTreeMap<(ClassId, TeamId), u64>;
-        let index = || -> (Candidates, TeamCandidates, Left, TeamTotals) {
-            let mut by_class: Candidates = BTreeMap::new();
-            for &(h, i) in &reclaimable {
-                let r = &s.running[i];
-                let eligible = (r.started_ms + s.config.min_runtime_before_preemption_ms).max(s.now_ms);
-                let gone = eligible.saturating_add(grace(&r.spec));
-                if gone < holders[h].end_ms {
-                    by_class.entry(r.spec.class).or_default().push((gone, r.spec.id, h, i));
-                }
-            }
-            let mut by_team: TeamCandidates = BTreeMap::new();
-            let mut borrowers_left: Left = BTreeMap::new();
-            let mut team_totals: TeamTotals = BTreeMap::new();
-            for (&class, candidates) in &mut by_class {
-                candidates.sort_unstable();
-                for &c in candidates.iter() {
-                    let team = s.running[c.3].spec.team;
-                    by_team.entry((class, team)).or_default().push(c);
-                    *team_totals.entry((class, team)).or_default() += holders[c.2].milli;
-                    if ledger.borrowed(team, class) > 0 {
-                        *borrowers_left.entry(class).or_default() += holders[c.2].milli;
-                    }
-                }
-            }
-            (by_class, by_team, borrowers_left, team_totals)
-        };
-        let mut sorted: Option<(Candidates, TeamCandidates, Left, TeamTotals)> = None;
-        // By holder: taken by an earlier plan. A flag, not a set: every plan walks its
-        // candidates past the ones taken, and a set lookup for each was most of the forecast
-        // with 50,000 jobs waiting.
-        let mut claimed = vec![false; holders.len()];
+        let mut plans: Option<Plans> = None;
         let mut unclaimed_free: Vec<u64> = free.to_vec();
         for w in &mut waiting {
-            let (job, n, c) = (w.spec, w.spec.total_milli(), usize::from(w.spec.class));
+            let (job, n, c) = (w.spec, w.milli, usize::from(w.class));
             let have = unclaimed_free.get(c).copied().unwrap_or(0);
-            let within = ledger.beyond_reserved(job.team, job.class, n).is_none();
             if n <= have {
                 continue;
             }
-            let (by_class, by_team, borrowers_left, team_totals) = sorted.get_or_insert_with(index);
-            let own = team_totals.get(&(job.class, job.team)).copied().unwrap_or(0);
-            let others = if within { borrowers_left.get(&job.class).copied().unwrap_or(0) } else { 0 };
-            if have + own + others < n {
-                continue;
-            }
-            let candidates = if within { by_class.get(&job.class) } else { by_team.get(&(job.class, job.team)) };
-            let mut freed = have;
-            let mut chosen = Vec::new();
+            let within = ledger.beyond_reserved(job.team, job.class, n).is_none();
+            // Sorted once, when the first job needs a plan.
+            let plans = plans.get_or_insert_with(|| Plans::new(s, &ledger, &holders, &reclaimable));
             // Within its preemption delay the job preempts no one before the delay ends.
             let delayed_until = s.preemption_delayed_until(job).unwrap_or(s.now_ms);
-            for &(gone, _, h, i) in candidates.map_or(&[][..], Vec::as_slice) {
-                if freed >= n {
-                    break;
-                }
-                if claimed[h] {
-                    continue;
-                }
-                let r = &s.running[i];
-                let other_borrower = within && r.spec.team != job.team && ledger.borrowed(r.spec.team, job.class) > 0;
-                let lower = r.spec.team == job.team && priority(&r.spec) < priority(job);
-                if !(other_borrower || lower) {
-                    continue;
-                }
-                freed += holders[h].milli;
-                chosen.push((gone.max(delayed_until.saturating_add(grace(&r.spec))), h));
-            }
-            if freed >= n {
-                let at = chosen.iter().map(|c| c.0).max().unwrap_or(s.now_ms);
-                for c in &chosen {
-                    claimed[c.1] = true;
-                    if ledger.borrowed(holders[c.1].team, job.class) > 0 {
-                        if let Some(left) = borrowers_left.get_mut(&job.class) {
-                            *left -= holders[c.1].milli;
-                        }
-                    }
-                }
-                unclaimed_free[c] = 0;
-                w.reclaim = Some((at, chosen.into_iter().map(|c| c.1).collect()));
-            }
+            let Some(chosen) = plans.take(s, &holders, job, n - have, within, priority) else { continue };
+            let at = chosen
+                .iter()
+                .map(|&(gone, _, _, i)| gone.max(delayed_until.saturating_add(grace(&s.running[i].spec))))
+                .max()
+                .unwrap_or(s.now_ms);
+            unclaimed_free[c] = 0;
+            w.reclaim = Some((at, chosen.into_iter().map(|c| c.2).collect()));
         }
     }
 
@@ -323,6 +272,171 @@ pub fn forecast(s: &Snapshot, free: &[u64], victims: &BTreeSet<usize>, decisions
             p.expected_start_ms = Some(expected);
             p.latest_start_ms = v.iter().rev().flatten().next().copied().or(Some(expected));
         }
+    }
+}
+
+/// A running job a reclaim plan may take: (when its GPUs are free, job id, holder, running
+/// index), the order in which every plan takes them.
+type Candidate = (i64, JobId, usize, usize);
+
+/// Candidates in plan order; those taken by earlier plans are passed in one step.
+struct Candidates {
+    items: Vec<Candidate>,
+    passed: Passed,
+}
+
+impl Candidates {
+    fn new(items: Vec<Candidate>) -> Self {
+        let passed = Passed::new(items.len());
+        Candidates { items, passed }
+    }
+}
+
+/// No place in a list of candidates.
+const NOWHERE: usize = usize::MAX;
+
+/// The reclaim plans' candidates and what is left of them.
+///
+/// A plan walks its candidates in order until it frees enough: those of borrowing teams of
+/// its class, if it is within its team's reserved quota, and lower-priority ones of its own
+/// team. Each list is sorted once and holds only those a plan may take, so a plan passes over
+/// no running job it could never take (a walk over the whole class for every plan was most of
+/// a cycle once thousands of jobs run), and it passes those already taken in one step.
+/// Merging a plan's two lists takes the same candidates in the same order as walking the
+/// whole class sorted.
+struct Plans {
+    /// Per class, the candidates of borrowing teams.
+    borrowers: BTreeMap<ClassId, Candidates>,
+    /// Per class and team, the team's candidates.
+    teams: BTreeMap<(ClassId, TeamId), Candidates>,
+    /// Per class, the milli of borrowers' candidates no plan took yet.
+    borrowers_left: BTreeMap<ClassId, u64>,
+    /// Per class and team, the milli of the team's candidates no plan took yet.
+    teams_left: BTreeMap<(ClassId, TeamId), u64>,
+    /// By holder: its place in its team's list and in its class's borrowers' list
+    /// ([`NOWHERE`] if it is in none: not a candidate, or its team does not borrow).
+    places: Vec<(usize, usize)>,
+}
+
+impl Plans {
+    /// `reclaimable`: (holder, running index) of the preemptible running jobs counted in
+    /// their teams' quota.
+    fn new(s: &Snapshot, ledger: &Ledger, holders: &[Holder], reclaimable: &[(usize, usize)]) -> Self {
+        let mut all: Vec<Candidate> = Vec::new();
+        for &(h, i) in reclaimable {
+            let r = &s.running[i];
+            let eligible = (r.started_ms + s.config.min_runtime_before_preemption_ms).max(s.now_ms);
+            let gone = eligible.saturating_add(s.grace_ms(&r.spec));
+            // A job expected to end before a plan could free it is no candidate.
+            if gone < holders[h].end_ms {
+                all.push((gone, r.spec.id, h, i));
+            }
+        }
+        all.sort_unstable();
+        let mut borrowers: BTreeMap<ClassId, Vec<Candidate>> = BTreeMap::new();
+        let mut teams: BTreeMap<(ClassId, TeamId), Vec<Candidate>> = BTreeMap::new();
+        let mut borrowers_left: BTreeMap<ClassId, u64> = BTreeMap::new();
+        let mut teams_left: BTreeMap<(ClassId, TeamId), u64> = BTreeMap::new();
+        let mut places = vec![(NOWHERE, NOWHERE); holders.len()];
+        for c in all {
+            let (class, team, milli) = (holders[c.2].class, holders[c.2].team, holders[c.2].milli);
+            let list = teams.entry((class, team)).or_default();
+            places[c.2].0 = list.len();
+            list.push(c);
+            *teams_left.entry((class, team)).or_default() += milli;
+            // The ledger does not change while plans are made, so neither does who borrows.
+            if ledger.borrowed(team, class) > 0 {
+                let list = borrowers.entry(class).or_default();
+                places[c.2].1 = list.len();
+                list.push(c);
+                *borrowers_left.entry(class).or_default() += milli;
+            }
+        }
+        Plans {
+            borrowers: borrowers.into_iter().map(|(k, v)| (k, Candidates::new(v))).collect(),
+            teams: teams.into_iter().map(|(k, v)| (k, Candidates::new(v))).collect(),
+            borrowers_left,
+            teams_left,
+            places,
+        }
+    }
+
+    /// The victims that free at least
+    /// `need` for `job`, no longer candidates for later plans; none if its candidates cannot
+    /// free that much. `within`: the job is within its team's reserved quota.
+    fn take(
+        &mut self,
+        s: &Snapshot,
+        holders: &[Holder],
+        job: &JobSpec,
+        need: u64,
+        within: bool,
+        priority: impl Fn(&JobSpec) -> i32,
+    ) -> Option<Vec<Candidate>> {
+        let (class, team) = (job.class, job.team);
+        let mut none = Candidates::new(Vec::new());
+        let mut empty = Candidates::new(Vec::new());
+        let own = self.teams.get_mut(&(class, team)).unwrap_or(&mut none);
+        let others = if within { self.borrowers.get_mut(&class).unwrap_or(&mut empty) } else { &mut empty };
+        // Without a walk: what the job could take at most. A team that borrows is in both
+        // sums; its own work counts once.
+        let own_left = self.teams_left.get(&(class, team)).copied().unwrap_or(0);
+        let mut most = own_left;
+        if within {
+            let borrowers = self.borrowers_left.get(&class).copied().unwrap_or(0);
+            let own_borrows = own.items.first().is_some_and(|c| self.places[c.2].1 != NOWHERE);
+            most += if own_borrows { borrowers - own_left } else { borrowers };
+        }
+        if most < need {
+            return None;
+        }
+        let (mut a, mut b) = (own.passed.first_from(0), others.passed.first_from(0));
+        let mut freed = 0;
+        let mut chosen = Vec::new();
+        while freed < need {
+            // Of its own team, only lower-priority work; of the borrowers, only other teams'.
+            while a < own.items.len() && priority(&s.running[own.items[a].3].spec) >= priority(job) {
+                a = own.passed.first_from(a + 1);
+            }
+            while b < others.items.len() && holders[others.items[b].2].team == team {
+                b = others.passed.first_from(b + 1);
+            }
+            let next = match (own.items.get(a).copied(), others.items.get(b).copied()) {
+                (Some(x), y) if y.is_none_or(|y| x <= y) => {
+                    a = own.passed.first_from(a + 1);
+                    x
+                }
+                (_, Some(y)) => {
+                    b = others.passed.first_from(b + 1);
+                    y
+                }
+                _ => break,
+            };
+            freed += holders[next.2].milli;
+            chosen.push(next);
+        }
+        if freed < need {
+            return None;
+        }
+        for &(_, _, h, _) in &chosen {
+            let (holder_team, milli) = (holders[h].team, holders[h].milli);
+            let (team_place, borrower_place) = self.places[h];
+            if let Some(list) = self.teams.get_mut(&(class, holder_team)) {
+                list.passed.leave(team_place);
+            }
+            if let Some(left) = self.teams_left.get_mut(&(class, holder_team)) {
+                *left -= milli;
+            }
+            if borrower_place != NOWHERE {
+                if let Some(list) = self.borrowers.get_mut(&class) {
+                    list.passed.leave(borrower_place);
+                }
+                if let Some(left) = self.borrowers_left.get_mut(&class) {
+                    *left -= milli;
+                }
+            }
+        }
+        Some(chosen)
     }
 }
 
@@ -370,11 +484,20 @@ impl Queue {
         let mut min_need = vec![u64::MAX; n];
         let mut m = u64::MAX;
         for k in (0..n).rev() {
-            m = m.min(waiting[items[k]].spec.total_milli());
+            m = m.min(waiting[items[k]].milli);
             min_need[k] = m;
         }
         let next = (1..=n).map(|k| if k == n { END } else { k }).collect();
         Queue { items, next, head: if n == 0 { END } else { 0 }, min_need }
+    }
+
+    /// Removes item `i`, which follows `prev` (or is the head when `prev` is [`END`]).
+    fn unlink(&mut self, prev: usize, i: usize) {
+        if prev == END {
+            self.head = self.next[i];
+        } else {
+            self.next[prev] = self.next[i];
+        }
     }
 }
 
@@ -395,7 +518,7 @@ impl<'s, 'w> Play<'s, 'w> {
         }
         let mut items: Vec<Vec<usize>> = vec![Vec::new(); if fifo { 1 } else { classes }];
         for (k, w) in waiting.iter().enumerate() {
-            items[if fifo { 0 } else { usize::from(w.spec.class) }].push(k);
+            items[if fifo { 0 } else { usize::from(w.class) }].push(k);
             if let Some((at, _)) = &w.reclaim {
                 events.push(Reverse((*at, RECLAIMS, k)));
             }
@@ -472,50 +595,30 @@ impl<'s, 'w> Play<'s, 'w> {
                 self.end(h, t);
             }
         }
-        let c = usize::from(w.spec.class);
-        let n = w.spec.total_milli();
-        if self.free[c] >= n && self.ledger.over_limit(w.spec.team, w.spec.class, n).is_none() {
+        let (c, n) = (usize::from(w.class), w.milli);
+        // It stays linked in its queue until a scan passes it: unlinking here was a walk of
+        // the queue for every reclaim, a quarter of the forecast with 35,000 plans at 10x.
+        if self.free[c] >= n && self.ledger.over_limit(w.team, w.class, n).is_none() {
             self.begin(k, t);
-            self.unlink(k);
         }
-        Some(w.spec.class)
-    }
-
-    /// Removes a started job from its queue (a walk: only for reclaims, which are few).
-    fn unlink(&mut self, k: usize) {
-        let fifo = self.s.config.policy == Policy::Fifo;
-        let index = if fifo { 0 } else { usize::from(self.waiting[k].spec.class) };
-        let queue = &mut self.queues[index];
-        let (mut prev, mut i) = (END, queue.head);
-        while i != END {
-            if queue.items[i] == k {
-                if prev == END {
-                    queue.head = queue.next[i];
-                } else {
-                    queue.next[prev] = queue.next[i];
-                }
-                return;
-            }
-            prev = i;
-            i = queue.next[i];
-        }
+        Some(w.class)
     }
 
     /// Starts waiting job `k` at `t`.
     fn begin(&mut self, k: usize, t: i64) {
         let waiting = self.waiting;
         let w = &waiting[k];
-        let (class, n) = (w.spec.class, w.spec.total_milli());
+        let (class, n) = (w.class, w.milli);
         self.free[usize::from(class)] -= n;
-        self.ledger.add_job(w.spec.team, class, n, !w.preemptible, false);
+        self.ledger.add_job(w.team, class, n, !w.preemptible, false);
         let h = self.holders.len();
         let r = self.runtimes;
         let end = t.saturating_add(r.all[k * r.plays + r.play]);
-        let max_end = t.saturating_add(w.spec.max_runtime_ms);
+        let max_end = t.saturating_add(w.max_runtime_ms);
         self.holders.push(Holder {
             class,
             milli: n,
-            team: w.spec.team,
+            team: w.team,
             quota: true,
             firm: !w.preemptible,
             end_ms: end,
@@ -571,26 +674,33 @@ impl<'s, 'w> Play<'s, 'w> {
         let (mut prev, mut i) = (END, self.queues[queue].head);
         let mut missed = 0;
         while i != END && missed < SCAN_LIMIT {
-            missed += 1;
             let k = self.queues[queue].items[i];
             let next = self.queues[queue].next[i];
+            if self.start[k].is_some() {
+                // Started by its reclaim: unlinked as the scan passes, as if it had been then.
+                self.queues[queue].unlink(prev, i);
+                i = next;
+                continue;
+            }
+            missed += 1;
             let w = &waiting[k];
-            let (c, n) = (usize::from(w.spec.class), w.spec.total_milli());
+            let (c, n) = (usize::from(w.class), w.milli);
             if !fifo && self.free[c] < self.queues[queue].min_need[i] {
                 break;
             }
-            let key = (w.spec.team, w.preemptible);
+            let key = (w.team, w.preemptible);
             // Too large for what is free, or its team found over quota for as much: it cannot
             // start now (under FIFO, a job too large blocks the rest).
-            let could_reserve = self.reservations[c].is_none() && s.reserves(w.spec, t);
+            let may_reserve = w.reserves_from.is_some_and(|from| t >= from);
+            let could_reserve = self.reservations[c].is_none() && may_reserve;
             if (!fifo && n > self.free[c] && !could_reserve) || over.get(&key).is_some_and(|&m| n >= m) {
                 prev = i;
                 i = next;
                 continue;
             }
             let quota_ok = fifo
-                || (self.ledger.over_limit(w.spec.team, w.spec.class, n).is_none()
-                    && (w.preemptible || self.ledger.firm_beyond_reserved(w.spec.team, w.spec.class, n).is_none()));
+                || (self.ledger.over_limit(w.team, w.class, n).is_none()
+                    && (w.preemptible || self.ledger.firm_beyond_reserved(w.team, w.class, n).is_none()));
             if !quota_ok {
                 let m = over.entry(key).or_insert(n);
                 *m = (*m).min(n);
@@ -601,27 +711,22 @@ impl<'s, 'w> Play<'s, 'w> {
             let fits = match self.reservations[c] {
                 Some((holder, _)) if holder == k => n <= self.free[c],
                 Some((holder, shadow)) => {
-                    let held = self.waiting[holder].spec.total_milli().min(self.free[c]);
-                    n <= self.free[c] - held || (n <= self.free[c] && t.saturating_add(w.spec.max_runtime_ms) <= shadow)
+                    let held = self.waiting[holder].milli.min(self.free[c]);
+                    n <= self.free[c] - held || (n <= self.free[c] && t.saturating_add(w.max_runtime_ms) <= shadow)
                 }
                 None => n <= self.free[c],
             };
             if fits {
                 missed -= 1;
                 self.begin(k, t);
-                let queue = &mut self.queues[queue];
-                if prev == END {
-                    queue.head = next;
-                } else {
-                    queue.next[prev] = next;
-                }
+                self.queues[queue].unlink(prev, i);
                 i = next;
                 continue;
             }
             if fifo {
                 break;
             }
-            if self.reservations[c].is_none() && s.reserves(w.spec, t) {
+            if self.reservations[c].is_none() && may_reserve {
                 let shadow = match self.shadows[c] {
                     Some((holder, shadow)) if holder == k && shadow >= t => shadow,
                     _ => self.shadow(c, n, t),

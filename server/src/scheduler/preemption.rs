@@ -82,7 +82,7 @@ impl Passed {
 
     /// The first place at or after `at` whose job is not a victim chosen earlier (the
     /// order's length when none is), shortening the way for the next look.
-    fn first_from(&mut self, at: usize) -> usize {
+    pub(super) fn first_from(&mut self, at: usize) -> usize {
         let mut p = at.min(self.next.len() - 1);
         loop {
             let n = self.next[p] as usize;
@@ -96,7 +96,7 @@ impl Passed {
     }
 
     /// The job at place `at` became a victim: walks pass it from now on.
-    fn leave(&mut self, at: usize) {
+    pub(super) fn leave(&mut self, at: usize) {
         if at + 1 < self.next.len() {
             self.next[at] = at as u32 + 1;
         }

@@ -341,6 +341,11 @@ fn waited_past(spec: &JobSpec, starvation_ms: i64, at_ms: i64) -> bool {
     at_ms.saturating_sub(spec.queued_ms) >= starvation_ms
 }
 
+/// From when [`waited_past`] holds for `spec` (`i64::MAX` if only then, or never).
+fn starved_from(spec: &JobSpec, starvation_ms: i64) -> i64 {
+    spec.queued_ms.saturating_add(starvation_ms)
+}
+
 /// GPU-ms of `ms` of running with `spec`'s GPUs (whole GPUs of its class).
 fn attained_gpu_ms(spec: &JobSpec, ms: i64) -> i64 {
     let milli = i64::try_from(spec.total_milli()).unwrap_or(i64::MAX);
@@ -469,12 +474,19 @@ impl Snapshot {
     /// the gang its turn, and from then on its reservation keeps that turn from being taken.
     /// The engine asks at its clock, expected starts at each instant they play.
     pub fn reserves(&self, spec: &JobSpec, at_ms: i64) -> bool {
-        self.config.policy == Policy::Fairway
-            && spec.total_milli() >= 2 * u64::from(UNIT)
-            && match self.config.queue_order {
-                QueueOrder::ServiceIndex { starvation_ms, .. } => waited_past(spec, starvation_ms, at_ms),
-                QueueOrder::Arrival => true,
-            }
+        self.reserves_from(spec).is_some_and(|from| at_ms >= from)
+    }
+
+    /// From when [`reserves`](Self::reserves) holds for `spec` (it holds from then on), or
+    /// `None` if it never does.
+    pub fn reserves_from(&self, spec: &JobSpec) -> Option<i64> {
+        if self.config.policy != Policy::Fairway || spec.total_milli() < 2 * u64::from(UNIT) {
+            return None;
+        }
+        Some(match self.config.queue_order {
+            QueueOrder::ServiceIndex { starvation_ms, .. } => starved_from(spec, starvation_ms),
+            QueueOrder::Arrival => i64::MIN,
+        })
     }
 
     /// The threshold and starvation bound of least-attained-service preemption, when the
