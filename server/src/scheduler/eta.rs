@@ -292,6 +292,32 @@ impl Candidates {
     }
 }
 
+/// A plan's way through one list of candidates (none if the plan may take from no such
+/// list), past those earlier plans took.
+struct Walk<'c> {
+    list: Option<&'c mut Candidates>,
+    at: usize,
+}
+
+impl<'c> Walk<'c> {
+    fn new(mut list: Option<&'c mut Candidates>) -> Self {
+        let at = list.as_deref_mut().map_or(0, |l| l.passed.first_from(0));
+        Walk { list, at }
+    }
+
+    /// The candidate the walk is at, if any is left.
+    fn peek(&self) -> Option<Candidate> {
+        self.list.as_deref().and_then(|l| l.items.get(self.at).copied())
+    }
+
+    /// Moves to the next candidate no earlier plan took.
+    fn advance(&mut self) {
+        if let Some(l) = self.list.as_deref_mut() {
+            self.at = l.passed.first_from(self.at + 1);
+        }
+    }
+}
+
 /// No place in a list of candidates.
 const NOWHERE: usize = usize::MAX;
 
@@ -374,40 +400,38 @@ impl Plans {
         priority: impl Fn(&JobSpec) -> i32,
     ) -> Option<Vec<Candidate>> {
         let (class, team) = (job.class, job.team);
-        let mut none = Candidates::new(Vec::new());
-        let mut empty = Candidates::new(Vec::new());
-        let own = self.teams.get_mut(&(class, team)).unwrap_or(&mut none);
-        let others = if within { self.borrowers.get_mut(&class).unwrap_or(&mut empty) } else { &mut empty };
         // Without a walk: what the job could take at most. A team that borrows is in both
         // sums; its own work counts once.
         let own_left = self.teams_left.get(&(class, team)).copied().unwrap_or(0);
         let mut most = own_left;
         if within {
             let borrowers = self.borrowers_left.get(&class).copied().unwrap_or(0);
-            let own_borrows = own.items.first().is_some_and(|c| self.places[c.2].1 != NOWHERE);
+            let own_borrows = (self.teams.get(&(class, team)).and_then(|l| l.items.first()))
+                .is_some_and(|c| self.places[c.2].1 != NOWHERE);
             most += if own_borrows { borrowers - own_left } else { borrowers };
         }
         if most < need {
             return None;
         }
-        let (mut a, mut b) = (own.passed.first_from(0), others.passed.first_from(0));
+        let mut own = Walk::new(self.teams.get_mut(&(class, team)));
+        let mut others = Walk::new(if within { self.borrowers.get_mut(&class) } else { None });
         let mut freed = 0;
         let mut chosen = Vec::new();
         while freed < need {
             // Of its own team, only lower-priority work; of the borrowers, only other teams'.
-            while a < own.items.len() && priority(&s.running[own.items[a].3].spec) >= priority(job) {
-                a = own.passed.first_from(a + 1);
+            while own.peek().is_some_and(|c| priority(&s.running[c.3].spec) >= priority(job)) {
+                own.advance();
             }
-            while b < others.items.len() && holders[others.items[b].2].team == team {
-                b = others.passed.first_from(b + 1);
+            while others.peek().is_some_and(|c| holders[c.2].team == team) {
+                others.advance();
             }
-            let next = match (own.items.get(a).copied(), others.items.get(b).copied()) {
+            let next = match (own.peek(), others.peek()) {
                 (Some(x), y) if y.is_none_or(|y| x <= y) => {
-                    a = own.passed.first_from(a + 1);
+                    own.advance();
                     x
                 }
                 (_, Some(y)) => {
-                    b = others.passed.first_from(b + 1);
+                    others.advance();
                     y
                 }
                 _ => break,
